@@ -1,0 +1,1 @@
+//! hipfire-config (being built).

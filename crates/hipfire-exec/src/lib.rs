@@ -1,0 +1,1 @@
+//! hipfire-exec (being built).

@@ -1,0 +1,1 @@
+//! hipfire-gpu (being built).

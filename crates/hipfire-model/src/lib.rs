@@ -1,0 +1,1 @@
+//! hipfire-model (being built).

@@ -1,0 +1,179 @@
+//! hipfire-quant: the weight formats hipfire multiplies, and the CPU row dot.
+//!
+//! # Layout (CONTRACT — other crates code against these names; extend, do not rename)
+//! - `Format` — type-erased format enum (GGUF id ↔ variant, block geometry, row bytes,
+//!   `has_cpu_simd()`, `has_gpu_kernel()`).
+//! - `formats/` — one file per family with the exact GGUF byte layouts.
+//! - `dot/` — scalar reference + AVX2 + AVX-512 row dots; `dispatch.rs` picks the tier once.
+//!
+//! Public functions every other crate uses:
+//! - `Format::row_bytes(k) -> Result<usize, QuantError>`
+//! - `dequantize_row(fmt, bytes, out: &mut [f32])` (out.len() == k) and `dequantize_row_f64`
+//! - `quantize_row(fmt, src: &[f32]) -> Result<Vec<u8>, QuantError>` (src.len() == k)
+//! - `ActivationBuf::prepare(fmt, x)` — the per-GEMV activation in the form the row dot wants
+//!   (may be 8-bit quantised, like ggml's q8); prepared once per GEMV, shared read-only by workers.
+//! - `gemv_rows(fmt, w_rows: &[u8], k, act: &ActivationBuf, y: &mut [f32], accumulate: bool)`
+//!   — y[i] (+)= row_i · x for i in 0..y.len(), rows taken contiguously from `w_rows`
+//!   (w_rows.len() must be >= y.len() * row_bytes(k)).
+//! - `simd_tier() -> SimdTier` — the detected path (printed by `hipfire version`).
+#![deny(missing_docs)]
+
+use thiserror::Error;
+
+/// Errors for bad input. Never panics on user data.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum QuantError {
+    /// `k` is not a multiple of the format's block size.
+    #[error("k = {k} is not a multiple of {format}'s block of {block} elements")]
+    KNotBlockMultiple {
+        /// Format.
+        format: Format,
+        /// Requested k.
+        k: usize,
+        /// Elements per block.
+        block: usize,
+    },
+    /// A buffer is shorter than the shape needs.
+    #[error("{what}: buffer holds {got} bytes/elements, {need} needed")]
+    ShortBuffer {
+        /// Which buffer.
+        what: &'static str,
+        /// Needed length.
+        need: usize,
+        /// Actual length.
+        got: usize,
+    },
+    /// A scale or value is NaN/inf where the format cannot carry it.
+    #[error("non-finite {what} in {format} block {block}")]
+    NonFinite {
+        /// Format.
+        format: Format,
+        /// Which value.
+        what: &'static str,
+        /// Block index.
+        block: usize,
+    },
+    /// Unknown GGUF type id.
+    #[error("unknown or unsupported GGML type id {0}")]
+    UnknownGgmlType(u32),
+}
+
+/// A weight format. GGUF formats use GGUF's exact byte layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Format {
+    /// 32-bit float.
+    F32,
+    /// IEEE half.
+    F16,
+    /// bfloat16.
+    BF16,
+    /// GGML Q8_0: f16 d + 32 × i8 (34 B / 32).
+    Q8_0,
+    /// GGML Q4_0: f16 d + 16 B nibbles (18 B / 32), value = d·(q−8).
+    Q4_0,
+    /// GGML Q4_1: f16 d, f16 m + 16 B nibbles (20 B / 32), value = d·q + m.
+    Q4_1,
+    /// GGML Q4_K super-block (144 B / 256).
+    Q4K,
+    /// GGML Q6_K super-block (210 B / 256).
+    Q6K,
+    /// HFQ4G256: f32 scale, f32 zero, 128 B nibbles (136 B / 256), low nibble = even index.
+    Hfq4G256,
+}
+
+impl Format {
+    /// Every format, in a stable order (tests and benches iterate this).
+    pub const ALL: [Format; 9] = [
+        Format::F32,
+        Format::F16,
+        Format::BF16,
+        Format::Q8_0,
+        Format::Q4_0,
+        Format::Q4_1,
+        Format::Q4K,
+        Format::Q6K,
+        Format::Hfq4G256,
+    ];
+
+    /// Elements per block.
+    pub const fn block_elems(self) -> usize {
+        match self {
+            Format::F32 | Format::F16 | Format::BF16 => 1,
+            Format::Q8_0 | Format::Q4_0 | Format::Q4_1 => 32,
+            Format::Q4K | Format::Q6K | Format::Hfq4G256 => 256,
+        }
+    }
+
+    /// Bytes per block.
+    pub const fn block_bytes(self) -> usize {
+        match self {
+            Format::F32 => 4,
+            Format::F16 | Format::BF16 => 2,
+            Format::Q8_0 => 34,
+            Format::Q4_0 => 18,
+            Format::Q4_1 => 20,
+            Format::Q4K => 144,
+            Format::Q6K => 210,
+            Format::Hfq4G256 => 136,
+        }
+    }
+
+    /// Bytes of one row of `k` elements.
+    pub fn row_bytes(self, k: usize) -> Result<usize, QuantError> {
+        let block = self.block_elems();
+        if k == 0 || k % block != 0 {
+            return Err(QuantError::KNotBlockMultiple { format: self, k, block });
+        }
+        Ok(k / block * self.block_bytes())
+    }
+
+    /// GGML type id (GGUF tensor info), `None` for hipfire-only formats.
+    pub const fn ggml_type(self) -> Option<u32> {
+        match self {
+            Format::F32 => Some(0),
+            Format::F16 => Some(1),
+            Format::Q4_0 => Some(2),
+            Format::Q4_1 => Some(3),
+            Format::Q8_0 => Some(8),
+            Format::Q4K => Some(12),
+            Format::Q6K => Some(14),
+            Format::BF16 => Some(30),
+            Format::Hfq4G256 => None,
+        }
+    }
+
+    /// Format for a GGML type id.
+    pub fn from_ggml_type(id: u32) -> Result<Format, QuantError> {
+        Format::ALL
+            .into_iter()
+            .find(|f| f.ggml_type() == Some(id))
+            .ok_or(QuantError::UnknownGgmlType(id))
+    }
+
+    /// Short lower-case name used on the CLI and in traces (`q4_k`, `hfq4g256`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Format::F32 => "f32",
+            Format::F16 => "f16",
+            Format::BF16 => "bf16",
+            Format::Q8_0 => "q8_0",
+            Format::Q4_0 => "q4_0",
+            Format::Q4_1 => "q4_1",
+            Format::Q4K => "q4_k",
+            Format::Q6K => "q6_k",
+            Format::Hfq4G256 => "hfq4g256",
+        }
+    }
+
+    /// Parse a CLI name (as printed by [`Format::name`]).
+    pub fn from_name(s: &str) -> Option<Format> {
+        let s = s.to_ascii_lowercase().replace('-', "_");
+        Format::ALL.into_iter().find(|f| f.name() == s || f.name().replace('_', "") == s)
+    }
+}
+
+impl std::fmt::Display for Format {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
