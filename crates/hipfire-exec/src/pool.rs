@@ -1,0 +1,789 @@
+//! The CPU engine: a pool of pinned worker threads that multiply row ranges.
+//!
+//! Actor split (Ryhl): [`CpuWorker`] is the task — it owns its receiver and its loop, runs on
+//! its own pinned thread and only executes; [`CpuPool`] is the cloneable handle — it owns the
+//! senders, cuts a row range into one contiguous slice per worker, sends, and waits for every
+//! reply. When the last handle is dropped the senders go, each worker's loop ends, and the
+//! drop guard joins the threads.
+//!
+//! Why not rayon: a decode step is a few hundred microseconds of GEMV; rayon's work stealing
+//! and its wake-up of sleeping workers cost tens of microseconds and move rows between cores
+//! (and caches) from call to call. Here each worker keeps the same slice of every matrix, spins
+//! for [`SPIN_WINDOW`] after finishing so the next step finds it awake, then blocks.
+//!
+//! Borrowed data across threads: a call hands workers a raw pointer to a job that borrows the
+//! caller's weight, activation and output, and then blocks until every worker that received the
+//! pointer has answered (or died, dropping the message). That blocking wait is what makes the
+//! erased lifetime sound; see the SAFETY comments in [`CpuPool::run_job`].
+
+use crate::error::ExecError;
+use crate::kernel::{gemv_rows, ActivationBuf};
+use crate::topology;
+use core_affinity::CoreId;
+use crossbeam_channel::{bounded, Receiver, Sender, TryRecvError};
+use hipfire_quant::Format;
+use std::ops::Range;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long an idle worker spins (polling its channel) before it blocks.
+///
+/// Value: chosen, not yet measured on the target box. Consecutive spilled GEMVs of one layer
+/// arrive within ~100 µs of each other (reference system, per split step: d2h 30–80 µs, join
+/// 30–50 µs), while a futex wake-up of a blocked thread costs tens of µs; 50 µs of spinning keeps
+/// workers awake through those gaps and bounds the wasted core time between tokens.
+pub const SPIN_WINDOW: Duration = Duration::from_micros(50);
+
+/// Polls between two clock reads while spinning (a clock read costs ~20 ns; a `pause` ~10–40).
+const SPIN_POLLS_PER_CLOCK_READ: u32 = 64;
+
+/// Row alignment of each worker's slice of the output: 16 f32 = one 64-byte cache line, so two
+/// workers never write the same line (no false sharing). Cut points are multiples of this
+/// *absolute* row index, so they stay aligned when a CPU arm starts at row `g`.
+pub const WORKER_ROW_ALIGN: usize = 16;
+
+/// How to build a pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// Worker threads; 0 means one per physical core ([`topology::default_threads`]).
+    pub threads: usize,
+    /// Pin worker `i` to the `i`-th physical core (wrapping when `threads` exceeds them).
+    pub pin: bool,
+    /// Spin window of an idle worker before it blocks.
+    pub spin: Duration,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            threads: 0,
+            pin: true,
+            spin: SPIN_WINDOW,
+        }
+    }
+}
+
+/// Work a pool runs: called once per worker with that worker's disjoint row range.
+///
+/// Returns a value the pool XOR-folds over workers (the bandwidth probe's checksum; 0 for GEMV).
+pub(crate) trait PoolJob: Sync {
+    /// Run rows `rows` (absolute row indices).
+    fn run(&self, rows: Range<usize>) -> Result<u64, ExecError>;
+}
+
+/// A job pointer with its borrow lifetime erased, so it can cross the channel.
+struct JobPtr(*const (dyn PoolJob + 'static));
+
+// SAFETY: `PoolJob: Sync`, so sharing `&dyn PoolJob` between threads is sound; the pointer is
+// only dereferenced while the caller of `run_job` is blocked waiting (see `run_job`).
+unsafe impl Send for JobPtr {}
+
+/// One request to a worker.
+enum WorkerMsg {
+    /// Run `job` over `rows` and answer on `respond_to`.
+    Run {
+        /// The job (borrowed from the blocked caller).
+        job: JobPtr,
+        /// This worker's rows.
+        rows: Range<usize>,
+        /// Reply slot; shared by the workers of one call, sized so sends never block.
+        respond_to: Sender<Reply>,
+    },
+}
+
+/// A worker's answer.
+struct Reply {
+    /// Which worker answered (for the error).
+    worker: usize,
+    /// The job's result, or the caught panic as `WorkerPanicked`.
+    result: Result<u64, ExecError>,
+}
+
+/// The worker task: owns its receiver and loop; runs on its own (pinned) thread.
+pub struct CpuWorker {
+    /// Index in the pool (names the worker in errors).
+    index: usize,
+    /// Requests; the loop ends when every sender (every pool handle) is gone.
+    rx: Receiver<WorkerMsg>,
+    /// Core to pin to, if pinning.
+    core: Option<CoreId>,
+    /// Spin window before blocking.
+    spin: Duration,
+    /// Live-worker count, decremented when the loop exits (lets tests see that drop joined).
+    live: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl CpuWorker {
+    /// The loop: pin, then execute requests until the channel closes.
+    fn run(self) {
+        if let Some(core) = self.core {
+            if !core_affinity::set_for_current(core) {
+                tracing::warn!(target: "hipfire::cpu_exec", worker = self.index, core = core.id,
+                    "could not pin cpu worker; running unpinned");
+            }
+        }
+        while let Some(msg) = self.next_msg() {
+            match msg {
+                WorkerMsg::Run {
+                    job,
+                    rows,
+                    respond_to,
+                } => {
+                    // SAFETY: the caller of `run_job` blocks until this reply is sent or this
+                    // message is dropped, so the job it points to is alive here.
+                    let job: &dyn PoolJob = unsafe { &*job.0 };
+                    let result = match catch_unwind(AssertUnwindSafe(|| job.run(rows))) {
+                        Ok(r) => r,
+                        Err(payload) => Err(ExecError::WorkerPanicked {
+                            worker: self.index,
+                            message: panic_message(payload.as_ref()),
+                        }),
+                    };
+                    // The caller may have gone only if it is itself unwinding; nothing to do then.
+                    let _ = respond_to.send(Reply {
+                        worker: self.index,
+                        result,
+                    });
+                }
+            }
+        }
+        self.live.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Next request: spin for the window, then block. `None` when all senders are gone.
+    fn next_msg(&self) -> Option<WorkerMsg> {
+        let deadline = Instant::now() + self.spin;
+        loop {
+            for _ in 0..SPIN_POLLS_PER_CLOCK_READ {
+                match self.rx.try_recv() {
+                    Ok(m) => return Some(m),
+                    Err(TryRecvError::Disconnected) => return None,
+                    Err(TryRecvError::Empty) => std::hint::spin_loop(),
+                }
+            }
+            if Instant::now() >= deadline {
+                return self.rx.recv().ok();
+            }
+        }
+    }
+}
+
+/// Text of a panic payload.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_string()
+    }
+}
+
+/// Owned by every handle clone; dropping the last one stops and joins the workers.
+struct PoolInner {
+    /// One request channel per worker (bounded(1): a worker holds at most one queued request
+    /// per caller; replies go on a separate per-call channel, so the graph has no cycle).
+    senders: Vec<Sender<WorkerMsg>>,
+    /// Threads to join on drop.
+    handles: Mutex<Vec<JoinHandle<()>>>,
+    /// Logical CPU each worker was asked to pin to (for reports).
+    cores: Vec<Option<usize>>,
+    /// Live-worker count (see [`CpuWorker::live`]).
+    live: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Drop for PoolInner {
+    fn drop(&mut self) {
+        // Closing the channels ends each worker's `while let` loop.
+        self.senders.clear();
+        let handles = match self.handles.get_mut() {
+            Ok(h) => std::mem::take(h),
+            Err(poisoned) => std::mem::take(poisoned.into_inner()),
+        };
+        for h in handles {
+            // A worker catches job panics itself; a join error would be a bug in the loop.
+            let _ = h.join();
+        }
+    }
+}
+
+/// Handle to the CPU engine (cloneable; the pool stops when the last clone drops).
+#[derive(Clone)]
+pub struct CpuPool {
+    inner: Arc<PoolInner>,
+}
+
+impl std::fmt::Debug for CpuPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuPool")
+            .field("threads", &self.threads())
+            .field("cores", &self.inner.cores)
+            .finish()
+    }
+}
+
+impl CpuPool {
+    /// A pool of `threads` pinned workers; `threads == 0` means one per physical core.
+    pub fn new(threads: usize) -> Result<CpuPool, ExecError> {
+        CpuPool::with_config(PoolConfig {
+            threads,
+            ..PoolConfig::default()
+        })
+    }
+
+    /// A pool built from `config`.
+    pub fn with_config(config: PoolConfig) -> Result<CpuPool, ExecError> {
+        let cores = if config.pin {
+            topology::physical_core_ids()
+        } else {
+            Vec::new()
+        };
+        let threads = if config.threads == 0 {
+            cores.len().max(1)
+        } else {
+            config.threads
+        };
+        let live = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut senders = Vec::with_capacity(threads);
+        let mut handles = Vec::with_capacity(threads);
+        let mut pinned = Vec::with_capacity(threads);
+        for index in 0..threads {
+            let (tx, rx) = bounded(1);
+            let core = if cores.is_empty() {
+                None
+            } else {
+                Some(cores[index % cores.len()])
+            };
+            pinned.push(core.map(|c| c.id));
+            let worker = CpuWorker {
+                index,
+                rx,
+                core,
+                spin: config.spin,
+                live: Arc::clone(&live),
+            };
+            live.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let spawned = std::thread::Builder::new()
+                .name(format!("hipfire-cpu-{index}"))
+                .spawn(move || worker.run());
+            match spawned {
+                Ok(h) => {
+                    senders.push(tx);
+                    handles.push(h);
+                }
+                Err(source) => {
+                    live.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                    // Dropping the partial pool joins the workers already started.
+                    drop(PoolInner {
+                        senders,
+                        handles: Mutex::new(handles),
+                        cores: pinned,
+                        live,
+                    });
+                    return Err(ExecError::Spawn {
+                        worker: index,
+                        source,
+                    });
+                }
+            }
+        }
+        Ok(CpuPool {
+            inner: Arc::new(PoolInner {
+                senders,
+                handles: Mutex::new(handles),
+                cores: pinned,
+                live,
+            }),
+        })
+    }
+
+    /// Number of worker threads.
+    pub fn threads(&self) -> usize {
+        self.inner.senders.len()
+    }
+
+    /// Logical CPU each worker was pinned to (`None`: unpinned), in worker order.
+    pub fn cores(&self) -> &[Option<usize>] {
+        &self.inner.cores
+    }
+
+    /// `y = W·x` (or `y += W·x` with `accumulate`) over all `m = y.len()` rows of `w`, split
+    /// across the workers; the activation is prepared once.
+    ///
+    /// `w.len()` must equal `m × fmt.row_bytes(k)` and `x.len()` must equal `k`.
+    pub fn gemv(
+        &self,
+        fmt: Format,
+        w: &[u8],
+        k: usize,
+        x: &[f32],
+        y: &mut [f32],
+        accumulate: bool,
+    ) -> Result<(), ExecError> {
+        if x.len() != k {
+            return Err(ExecError::Shape {
+                what: "x",
+                need: k,
+                got: x.len(),
+            });
+        }
+        let row_bytes = fmt.row_bytes(k)?;
+        let need = y.len() * row_bytes;
+        if w.len() != need {
+            return Err(ExecError::Shape {
+                what: "weight bytes (m × row_bytes)",
+                need,
+                got: w.len(),
+            });
+        }
+        if y.is_empty() {
+            return Ok(());
+        }
+        let act = ActivationBuf::prepare(fmt, x)?;
+        self.gemv_prepared(fmt, w, k, &act, 0, y, accumulate)
+    }
+
+    /// Rows `[row0, row0 + y.len())` of the matrix `w` (all of its rows, `w.len()` a whole number
+    /// of rows covering at least `row0 + y.len()`): `y[i] (+)= W[row0 + i]·x`, with `act`
+    /// already prepared for `fmt`. This is the passback CPU arm: `row0 = g`, `y = &mut out[g..m]`.
+    ///
+    /// Worker cut points are multiples of [`WORKER_ROW_ALIGN`] in absolute rows.
+    #[allow(clippy::too_many_arguments)] // the GEMV's own operands; a struct would only rename them
+    pub fn gemv_prepared(
+        &self,
+        fmt: Format,
+        w: &[u8],
+        k: usize,
+        act: &ActivationBuf,
+        row0: usize,
+        y: &mut [f32],
+        accumulate: bool,
+    ) -> Result<(), ExecError> {
+        let row_bytes = fmt.row_bytes(k)?;
+        let end = row0 + y.len();
+        let need = end * row_bytes;
+        if w.len() < need {
+            return Err(ExecError::Shape {
+                what: "weight bytes (rows × row_bytes)",
+                need,
+                got: w.len(),
+            });
+        }
+        if y.is_empty() {
+            return Ok(());
+        }
+        let job = GemvJob {
+            fmt,
+            k,
+            row_bytes,
+            w,
+            act,
+            row0,
+            y: y.as_mut_ptr(),
+            y_len: y.len(),
+            accumulate,
+        };
+        self.run_job(&job, row0..end).map(|_| ())
+    }
+
+    /// Cut `rows` into one aligned slice per worker, run `job` on each, wait for all replies.
+    ///
+    /// Returns the XOR of the workers' values, or the first error (after every reply is in).
+    pub(crate) fn run_job(
+        &self,
+        job: &(dyn PoolJob + '_),
+        rows: Range<usize>,
+    ) -> Result<u64, ExecError> {
+        let parts = partition(rows, self.threads(), WORKER_ROW_ALIGN);
+        if parts.is_empty() {
+            return Ok(0);
+        }
+        let (tx, rx) = bounded::<Reply>(parts.len());
+        let short: *const (dyn PoolJob + '_) = job;
+        // SAFETY: only the lifetime bound changes (same fat-pointer layout). The pointer is
+        // dereferenced by workers strictly before they send their reply or drop the message,
+        // and this function does not return until it has received one reply per message sent
+        // or seen every reply sender dropped (a worker that died dropped its message, and the
+        // pointer with it). So `job` outlives every use.
+        let erased: *const (dyn PoolJob + 'static) = unsafe { std::mem::transmute(short) };
+        let mut sent = 0usize;
+        let mut first_err: Option<ExecError> = None;
+        for (worker, part) in parts.into_iter().enumerate() {
+            let msg = WorkerMsg::Run {
+                job: JobPtr(erased),
+                rows: part,
+                respond_to: tx.clone(),
+            };
+            match self.inner.senders[worker].send(msg) {
+                Ok(()) => sent += 1,
+                Err(_) => {
+                    first_err.get_or_insert(ExecError::PoolStopped { worker });
+                }
+            }
+        }
+        // Our own sender must go so that `recv` reports disconnection if every worker died.
+        drop(tx);
+        let mut acc = 0u64;
+        for _ in 0..sent {
+            match rx.recv() {
+                Ok(Reply { result: Ok(v), .. }) => acc ^= v,
+                Ok(Reply {
+                    worker,
+                    result: Err(e),
+                }) => {
+                    tracing::debug!(target: "hipfire::cpu_exec", worker, error = %e, "cpu worker failed");
+                    first_err.get_or_insert(e);
+                }
+                Err(_) => {
+                    first_err.get_or_insert(ExecError::PoolStopped { worker: usize::MAX });
+                    break;
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(acc),
+        }
+    }
+
+    /// Worker threads whose loop is still running (equals [`CpuPool::threads`] while healthy).
+    pub fn live_workers(&self) -> usize {
+        self.inner.live.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Live worker threads (test hook for the drop-joins contract).
+    #[cfg(test)]
+    fn live_counter(&self) -> Arc<std::sync::atomic::AtomicUsize> {
+        Arc::clone(&self.inner.live)
+    }
+}
+
+/// Cut `rows` into at most `parts` contiguous, non-empty ranges whose interior cut points are
+/// multiples of `align` (absolute), as even as that allows. Covers `rows` exactly, in order.
+pub fn partition(rows: Range<usize>, parts: usize, align: usize) -> Vec<Range<usize>> {
+    let (start, end) = (rows.start, rows.end);
+    if start >= end || parts == 0 {
+        return Vec::new();
+    }
+    let align = align.max(1);
+    // Aligned units between the first aligned row after `start` and the last before `end`.
+    let first_cut = start.div_ceil(align) * align;
+    let last_cut = end / align * align;
+    let units = if last_cut > first_cut {
+        (last_cut - first_cut) / align
+    } else {
+        0
+    };
+    let mut out = Vec::with_capacity(parts);
+    let mut lo = start;
+    // The head (start..first_cut) and tail (last_cut..end) partial units ride with the first and
+    // last parts; interior cuts spread the `units` whole units as evenly as integer steps allow.
+    for i in 1..parts {
+        let cut = first_cut + (units * i / parts) * align;
+        let cut = cut.clamp(lo, end);
+        if cut > lo {
+            out.push(lo..cut);
+            lo = cut;
+        }
+    }
+    if lo < end {
+        out.push(lo..end);
+    }
+    out
+}
+
+/// GEMV over a row range, writing into the caller's output through a raw pointer.
+struct GemvJob<'a> {
+    fmt: Format,
+    k: usize,
+    row_bytes: usize,
+    /// The whole weight (row `r` starts at `r × row_bytes`).
+    w: &'a [u8],
+    act: &'a ActivationBuf,
+    /// Absolute row of `y[0]`.
+    row0: usize,
+    /// `y.as_mut_ptr()` of the caller's `&mut [f32]`, exclusively borrowed for the call.
+    y: *mut f32,
+    y_len: usize,
+    accumulate: bool,
+}
+
+// SAFETY: workers only write through `y` into the disjoint ranges `partition` hands them, and
+// only read `w`/`act` (shared borrows); the caller's `&mut` borrow of `y` lasts the whole call.
+unsafe impl Sync for GemvJob<'_> {}
+
+impl PoolJob for GemvJob<'_> {
+    fn run(&self, rows: Range<usize>) -> Result<u64, ExecError> {
+        debug_assert!(rows.start >= self.row0 && rows.end - self.row0 <= self.y_len);
+        let local = rows.start - self.row0;
+        // SAFETY: `rows` is inside `[row0, row0 + y_len)` (partition of exactly that range) and
+        // disjoint from every other worker's rows of this call; the pointer comes from a live
+        // `&mut [f32]` of length `y_len` held by the blocked caller.
+        let y = unsafe { std::slice::from_raw_parts_mut(self.y.add(local), rows.len()) };
+        let w = &self.w[rows.start * self.row_bytes..rows.end * self.row_bytes];
+        gemv_rows(self.fmt, w, self.k, self.act, y, self.accumulate)?;
+        Ok(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Formats the pool is checked on: every format whose CPU row dot is available.
+    fn test_formats() -> Vec<Format> {
+        Format::ALL
+            .into_iter()
+            .filter(|f| {
+                ActivationBuf::prepare(*f, &vec![0.5; 256]).is_ok()
+                    && gemv_rows(
+                        *f,
+                        &vec![0u8; f.row_bytes(256).unwrap_or(0)],
+                        256,
+                        &ActivationBuf::prepare(*f, &vec![0.5; 256]).expect("checked"),
+                        &mut [0.0],
+                        false,
+                    )
+                    .is_ok()
+            })
+            .collect()
+    }
+
+    /// Seeded random weight of `m` rows in `fmt` (random f32 rows quantised, or raw f32 bytes).
+    fn random_weight(fmt: Format, k: usize, m: usize, rng: &mut ChaCha8Rng) -> Vec<u8> {
+        let rb = fmt.row_bytes(k).expect("k fits");
+        let mut w = Vec::with_capacity(m * rb);
+        for _ in 0..m {
+            let row: Vec<f32> = (0..k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+            w.extend(crate::kernel::test_support::encode_row(fmt, &row));
+        }
+        w
+    }
+
+    #[test]
+    fn pool_matches_single_thread_bit_exact() {
+        let mut rng = ChaCha8Rng::seed_from_u64(0x5eed_0001);
+        let k = 256;
+        let formats = test_formats();
+        assert!(!formats.is_empty());
+        for fmt in formats {
+            for m in [1usize, 17, 4097] {
+                let w = random_weight(fmt, k, m, &mut rng);
+                let x: Vec<f32> = (0..k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+                let act = ActivationBuf::prepare(fmt, &x).expect("prepare");
+                let mut want = vec![f32::NAN; m];
+                gemv_rows(fmt, &w, k, &act, &mut want, false).expect("reference");
+                let base: Vec<f32> = (0..m).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+                let mut want_acc = base.clone();
+                gemv_rows(fmt, &w, k, &act, &mut want_acc, true).expect("reference acc");
+                for threads in 1..=4 {
+                    let pool = CpuPool::with_config(PoolConfig {
+                        threads,
+                        ..PoolConfig::default()
+                    })
+                    .expect("pool");
+                    // Poison: a row the pool never writes stays NaN and fails the comparison.
+                    let mut y = vec![f32::NAN; m];
+                    pool.gemv(fmt, &w, k, &x, &mut y, false).expect("gemv");
+                    assert_eq!(bits(&y), bits(&want), "{fmt} m={m} threads={threads}");
+                    let mut y = base.clone();
+                    pool.gemv(fmt, &w, k, &x, &mut y, true).expect("gemv acc");
+                    assert_eq!(
+                        bits(&y),
+                        bits(&want_acc),
+                        "{fmt} m={m} threads={threads} residual"
+                    );
+                    // Passback CPU arm: rows [g, m) into a slice, rows below g untouched.
+                    let g = m / 3 / 16 * 16;
+                    let mut out = vec![f32::NAN; m];
+                    out[..g].fill(7.0);
+                    pool.gemv_prepared(fmt, &w, k, &act, g, &mut out[g..], false)
+                        .expect("arm");
+                    assert!(out[..g].iter().all(|v| *v == 7.0));
+                    assert_eq!(
+                        bits(&out[g..]),
+                        bits(&want[g..]),
+                        "{fmt} m={m} threads={threads} arm g={g}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn pool_matches_f64_reference() {
+        // Independent check of the whole path on f32 weights (exactly representable).
+        let mut rng = ChaCha8Rng::seed_from_u64(0x5eed_0002);
+        let (k, m) = (64usize, 33usize);
+        let wf: Vec<f32> = (0..k * m).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        let w: Vec<u8> = wf.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let x: Vec<f32> = (0..k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        let pool = CpuPool::new(3).expect("pool");
+        let mut y = vec![f32::NAN; m];
+        pool.gemv(Format::F32, &w, k, &x, &mut y, false)
+            .expect("gemv");
+        for (r, yv) in y.iter().enumerate() {
+            let want: f64 = (0..k)
+                .map(|c| f64::from(wf[r * k + c]) * f64::from(x[c]))
+                .sum();
+            // f32 accumulation of 64 products of magnitude <= 1: error well under 64 * 2^-24 * 64.
+            assert!(
+                (f64::from(*yv) - want).abs() < 1e-4,
+                "row {r}: {yv} vs {want}"
+            );
+        }
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|f| f.to_bits()).collect()
+    }
+
+    #[test]
+    fn shape_errors_are_typed() {
+        let pool = CpuPool::new(2).expect("pool");
+        let k = 32;
+        let w = vec![0u8; 4 * k * 3];
+        let mut y = vec![0.0f32; 4];
+        assert!(matches!(
+            pool.gemv(Format::F32, &w, k, &[1.0; 31], &mut y, false),
+            Err(ExecError::Shape { what: "x", .. })
+        ));
+        assert!(matches!(
+            pool.gemv(Format::F32, &w, k, &[1.0; 32], &mut y, false),
+            Err(ExecError::Shape { .. })
+        ));
+        assert!(matches!(
+            pool.gemv(Format::Q8_0, &w, 33, &[1.0; 33], &mut y, false),
+            Err(ExecError::Quant(_))
+        ));
+        let act = ActivationBuf::prepare(Format::F32, &[1.0; 32]).expect("prepare");
+        assert!(matches!(
+            pool.gemv_prepared(Format::F32, &w, k, &act, 2, &mut y, false),
+            Err(ExecError::Shape { .. })
+        ));
+        // Empty output is a no-op, not an error.
+        pool.gemv(Format::F32, &[], k, &[1.0; 32], &mut [], false)
+            .expect("empty");
+    }
+
+    /// Test-only fault: panics in the worker that gets row `panic_row`.
+    struct PanicJob {
+        panic_row: usize,
+        ran: AtomicUsize,
+    }
+
+    impl PoolJob for PanicJob {
+        fn run(&self, rows: Range<usize>) -> Result<u64, ExecError> {
+            self.ran.fetch_add(1, Ordering::SeqCst);
+            if rows.contains(&self.panic_row) {
+                panic!("injected fault at rows {rows:?}");
+            }
+            Ok(rows.start as u64)
+        }
+    }
+
+    #[test]
+    fn worker_panic_is_an_error_and_pool_survives() {
+        let pool = CpuPool::new(4).expect("pool");
+        let job = PanicJob {
+            panic_row: 40,
+            ran: AtomicUsize::new(0),
+        };
+        let err = pool.run_job(&job, 0..64).expect_err("panic must surface");
+        match err {
+            ExecError::WorkerPanicked { worker, message } => {
+                assert_eq!(worker, 2);
+                assert!(message.contains("injected fault"), "{message}");
+            }
+            other => panic!("wrong error {other}"),
+        }
+        // Every worker that got rows ran (the call waited for all of them).
+        assert_eq!(job.ran.load(Ordering::SeqCst), 4);
+        // The pool still works afterwards.
+        let ok = PanicJob {
+            panic_row: usize::MAX,
+            ran: AtomicUsize::new(0),
+        };
+        assert_eq!(pool.run_job(&ok, 0..64).expect("ok"), 16 ^ 32 ^ 48);
+    }
+
+    #[test]
+    fn drop_joins_workers() {
+        let pool = CpuPool::new(3).expect("pool");
+        let clone = pool.clone();
+        let live = pool.live_counter();
+        assert_eq!(live.load(Ordering::SeqCst), 3);
+        drop(pool);
+        // A clone keeps the pool running.
+        let ok = PanicJob {
+            panic_row: usize::MAX,
+            ran: AtomicUsize::new(0),
+        };
+        clone.run_job(&ok, 0..48).expect("clone still runs");
+        drop(clone);
+        // Drop of the last handle returned only after every thread exited its loop.
+        assert_eq!(live.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn concurrent_callers_on_clones() {
+        let pool = CpuPool::new(2).expect("pool");
+        std::thread::scope(|s| {
+            for t in 0..3u64 {
+                let p = pool.clone();
+                s.spawn(move || {
+                    for _ in 0..50 {
+                        let job = PanicJob {
+                            panic_row: usize::MAX,
+                            ran: AtomicUsize::new(0),
+                        };
+                        assert_eq!(p.run_job(&job, 0..32).expect("run"), 16, "caller {t}");
+                    }
+                });
+            }
+        });
+    }
+
+    #[test]
+    fn default_pool_uses_physical_cores() {
+        let pool = CpuPool::new(0).expect("pool");
+        assert_eq!(pool.threads(), topology::default_threads());
+        assert_eq!(pool.cores().len(), pool.threads());
+    }
+
+    #[test]
+    fn partition_covers_and_aligns() {
+        for (start, end) in [
+            (0usize, 1usize),
+            (0, 17),
+            (0, 4097),
+            (16, 33),
+            (5, 4096),
+            (3, 7),
+            (100, 12288),
+        ] {
+            for parts in 1..=9 {
+                let p = partition(start..end, parts, 16);
+                assert!(!p.is_empty() && p.len() <= parts);
+                assert_eq!(p[0].start, start);
+                assert_eq!(p.last().map(|r| r.end), Some(end));
+                for w in p.windows(2) {
+                    assert_eq!(w[0].end, w[1].start);
+                    assert_eq!(w[0].end % 16, 0, "cut {} not aligned", w[0].end);
+                }
+                assert!(p.iter().all(|r| !r.is_empty()));
+            }
+        }
+        // Even spread: 4096 rows over 4 parts = 1024 each.
+        assert_eq!(
+            partition(0..4096, 4, 16),
+            vec![0..1024, 1024..2048, 2048..3072, 3072..4096]
+        );
+        assert!(partition(5..5, 3, 16).is_empty());
+    }
+}
