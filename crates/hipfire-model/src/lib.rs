@@ -1,1 +1,4 @@
-//! hipfire-model (being built).
+//! hipfire-model: GGUF reader/writer, tokenizer, llama-family decode.
+#![deny(missing_docs)]
+
+pub mod gguf;
