@@ -3,7 +3,10 @@
 //! # Layout (CONTRACT — other crates code against these names; extend, do not rename)
 //! - `Format` — type-erased format enum (GGUF id ↔ variant, block geometry, row bytes,
 //!   `has_cpu_simd()`, `has_gpu_kernel()`).
-//! - `formats/` — one file per family with the exact GGUF byte layouts.
+//! - `formats/` — one file per family with the exact GGUF byte layouts
+//!   (`float.rs`, `legacy.rs`, `kquant.rs`, `hfq.rs`), each block a `#[repr(C)]` struct with a
+//!   compile-time size assertion, described by the [`formats::BlockFormat`] trait.
+//! - `act.rs` — [`ActivationBuf`], the activation in the form the row dots want.
 //! - `dot/` — scalar reference + AVX2 + AVX-512 row dots; `dispatch.rs` picks the tier once.
 //!
 //! Public functions every other crate uses:
@@ -16,7 +19,30 @@
 //!   — y[i] (+)= row_i · x for i in 0..y.len(), rows taken contiguously from `w_rows`
 //!   (w_rows.len() must be >= y.len() * row_bytes(k)).
 //! - `simd_tier() -> SimdTier` — the detected path (printed by `hipfire version`).
+//!
+//! # The one design decision: integer dots on a quantised activation
+//! CPU decode is memory-bound only if the row dot keeps up with DRAM (~6 GB/s of weight bytes
+//! per core). Like ggml, [`ActivationBuf::prepare`] therefore quantises `x` to 8 bits for the
+//! block formats (per 32 elements for Q8_0/Q4_0/Q4_1/HFQ4G256 — ggml's q8_0/q8_1 —, per 256
+//! with per-16 sums for Q4_K/Q6_K — ggml's q8_K), and the row dots multiply integers
+//! (`vpmaddubsw` on AVX2, `vpdpbusd` on AVX-512 VNNI). Each element of `x` is then off by at
+//! most half a step, `amax(group)/254`, so a row's result moves by at most
+//! `Σ |w_i| · amax(group(i)) / 254`; `tests/activation_error.rs` checks that bound against the
+//! f64 reference with the unquantised `x`. Float formats (F32/F16/BF16) keep `x` in f32.
+//! The scalar reference dot computes the same function on the same quantised `x` (exact integer
+//! block sums), so SIMD and scalar differ only by f32 summation order.
 #![deny(missing_docs)]
+
+mod act;
+mod dispatch;
+mod dot;
+pub mod formats;
+
+pub use act::ActivationBuf;
+pub use dispatch::{
+    dequantize_row, dequantize_row_f64, gemv_rows, gemv_rows_scalar, gemv_rows_with, quantize_row,
+    simd_tier, SimdTier,
+};
 
 use thiserror::Error;
 
@@ -56,6 +82,21 @@ pub enum QuantError {
     /// Unknown GGUF type id.
     #[error("unknown or unsupported GGML type id {0}")]
     UnknownGgmlType(u32),
+    /// The [`ActivationBuf`] was prepared for another format or another `k`.
+    #[error("activation prepared for {act_format} k = {act_k}, used with {format} k = {k}")]
+    ActivationMismatch {
+        /// Format of the weights.
+        format: Format,
+        /// k of the weights.
+        k: usize,
+        /// Format the activation was prepared for.
+        act_format: Format,
+        /// k the activation was prepared for.
+        act_k: usize,
+    },
+    /// A SIMD tier was requested explicitly that this CPU does not support.
+    #[error("SIMD tier {0} is not supported by this CPU")]
+    TierUnavailable(SimdTier),
 }
 
 /// A weight format. GGUF formats use GGUF's exact byte layout.
@@ -121,8 +162,12 @@ impl Format {
     /// Bytes of one row of `k` elements.
     pub fn row_bytes(self, k: usize) -> Result<usize, QuantError> {
         let block = self.block_elems();
-        if k == 0 || k % block != 0 {
-            return Err(QuantError::KNotBlockMultiple { format: self, k, block });
+        if k == 0 || !k.is_multiple_of(block) {
+            return Err(QuantError::KNotBlockMultiple {
+                format: self,
+                k,
+                block,
+            });
         }
         Ok(k / block * self.block_bytes())
     }
@@ -168,7 +213,22 @@ impl Format {
     /// Parse a CLI name (as printed by [`Format::name`]).
     pub fn from_name(s: &str) -> Option<Format> {
         let s = s.to_ascii_lowercase().replace('-', "_");
-        Format::ALL.into_iter().find(|f| f.name() == s || f.name().replace('_', "") == s)
+        Format::ALL
+            .into_iter()
+            .find(|f| f.name() == s || f.name().replace('_', "") == s)
+    }
+}
+
+impl Format {
+    /// True if and only if this format has a SIMD row dot on some x86-64 tier (all nine do).
+    /// On other architectures every format runs the scalar reference.
+    pub const fn has_cpu_simd(self) -> bool {
+        cfg!(target_arch = "x86_64")
+    }
+
+    /// True if and only if the GPU crate ships a GEMV kernel for this format (all nine).
+    pub const fn has_gpu_kernel(self) -> bool {
+        true
     }
 }
 

@@ -1,0 +1,355 @@
+//! Tier choice and the public row functions.
+//!
+//! The tier is chosen once, at first use, with `is_x86_feature_detected!` (never
+//! `target-cpu=native`: the binary is built for the baseline target), as candle's
+//! `repack_x86.rs` does; each tier is a static table of fn pointers, one per format.
+
+use crate::act::{ActKind, ActivationBuf, Q8x32, Q8K};
+use crate::dot::scalar;
+use crate::formats::{self, BlockFormat};
+use crate::{Format, QuantError};
+use std::sync::OnceLock;
+
+/// A CPU SIMD tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SimdTier {
+    /// Portable scalar reference.
+    Scalar,
+    /// AVX2 + FMA + F16C (`vpmaddubsw` integer dots).
+    Avx2,
+    /// AVX-512 F/BW/VL without VNNI (`vpmaddubsw` on 512 bits).
+    Avx512,
+    /// AVX-512 F/BW/VL + VNNI (`vpdpbusd`).
+    Avx512Vnni,
+}
+
+impl SimdTier {
+    /// Every tier, slowest first.
+    pub const ALL: [SimdTier; 4] = [
+        SimdTier::Scalar,
+        SimdTier::Avx2,
+        SimdTier::Avx512,
+        SimdTier::Avx512Vnni,
+    ];
+
+    /// Name as printed (`scalar`, `avx2`, `avx512`, `avx512-vnni`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            SimdTier::Scalar => "scalar",
+            SimdTier::Avx2 => "avx2",
+            SimdTier::Avx512 => "avx512",
+            SimdTier::Avx512Vnni => "avx512-vnni",
+        }
+    }
+
+    /// True if and only if this CPU can run the tier.
+    pub fn is_supported(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 = std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("f16c");
+            let avx512 = avx2
+                && std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+                && std::arch::is_x86_feature_detected!("avx512vl");
+            match self {
+                SimdTier::Scalar => true,
+                SimdTier::Avx2 => avx2,
+                SimdTier::Avx512 => avx512,
+                SimdTier::Avx512Vnni => avx512 && std::arch::is_x86_feature_detected!("avx512vnni"),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self == SimdTier::Scalar
+        }
+    }
+
+    /// The fastest tier this CPU supports.
+    pub fn detect() -> SimdTier {
+        SimdTier::ALL
+            .into_iter()
+            .rev()
+            .find(|t| t.is_supported())
+            .unwrap_or(SimdTier::Scalar)
+    }
+}
+
+impl std::fmt::Display for SimdTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A row dot of one activation shape.
+///
+/// # Safety (for every pointer)
+/// Call only when the CPU supports the tier of the table the pointer came from, with a row of
+/// exactly `row_bytes(k)` bytes and an activation prepared for the same format and `k`.
+#[derive(Clone, Copy)]
+pub(crate) enum RowDot {
+    /// Float formats.
+    F32(unsafe fn(&[u8], &[f32]) -> f32),
+    /// Legacy formats and HFQ4G256.
+    Q8x32(unsafe fn(&[u8], &Q8x32) -> f32),
+    /// K-quants.
+    Q8K(unsafe fn(&[u8], &Q8K) -> f32),
+}
+
+/// One tier's kernels, indexed by [`format_index`].
+pub(crate) type Kernels = [RowDot; 9];
+
+/// Position of `fmt` in [`Format::ALL`] (and in every [`Kernels`] table).
+const fn format_index(fmt: Format) -> usize {
+    match fmt {
+        Format::F32 => 0,
+        Format::F16 => 1,
+        Format::BF16 => 2,
+        Format::Q8_0 => 3,
+        Format::Q4_0 => 4,
+        Format::Q4_1 => 5,
+        Format::Q4K => 6,
+        Format::Q6K => 7,
+        Format::Hfq4G256 => 8,
+    }
+}
+
+static SCALAR: Kernels = [
+    RowDot::F32(scalar::dot_f32_f32_scalar),
+    RowDot::F32(scalar::dot_f16_f32_scalar),
+    RowDot::F32(scalar::dot_bf16_f32_scalar),
+    RowDot::Q8x32(scalar::dot_q8_0_q8_0_scalar),
+    RowDot::Q8x32(scalar::dot_q4_0_q8_0_scalar),
+    RowDot::Q8x32(scalar::dot_q4_1_q8_1_scalar),
+    RowDot::Q8K(scalar::dot_q4k_q8k_scalar),
+    RowDot::Q8K(scalar::dot_q6k_q8k_scalar),
+    RowDot::Q8x32(scalar::dot_hfq4_q8_0_scalar),
+];
+
+/// The table of `tier`, `None` where the tier is not compiled for this architecture.
+fn table(tier: SimdTier) -> Option<&'static Kernels> {
+    match tier {
+        SimdTier::Scalar => Some(&SCALAR),
+        #[cfg(target_arch = "x86_64")]
+        SimdTier::Avx2 => Some(&crate::dot::avx2::KERNELS),
+        #[cfg(target_arch = "x86_64")]
+        SimdTier::Avx512 => Some(&crate::dot::avx512::KERNELS_512),
+        #[cfg(target_arch = "x86_64")]
+        SimdTier::Avx512Vnni => Some(&crate::dot::avx512::KERNELS_VNNI),
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => None,
+    }
+}
+
+static CHOSEN: OnceLock<SimdTier> = OnceLock::new();
+
+/// The SIMD tier `gemv_rows` uses on this CPU (detected once, then cached).
+pub fn simd_tier() -> SimdTier {
+    *CHOSEN.get_or_init(|| {
+        let t = SimdTier::detect();
+        tracing::info!(tier = %t, "hipfire-quant CPU SIMD tier chosen");
+        t
+    })
+}
+
+/// y[i] (+)= row_i · x for i in 0..y.len(), on the detected tier.
+///
+/// Rows are taken contiguously from `w_rows` (`row_bytes(k)` each); extra bytes after the
+/// last row are ignored. Every `y[i]` is written. Errors: `k` not a block multiple, an
+/// activation prepared for another format or `k`, or `w_rows` shorter than
+/// `y.len() * row_bytes(k)`.
+pub fn gemv_rows(
+    fmt: Format,
+    w_rows: &[u8],
+    k: usize,
+    act: &ActivationBuf,
+    y: &mut [f32],
+    accumulate: bool,
+) -> Result<(), QuantError> {
+    gemv_rows_with(simd_tier(), fmt, w_rows, k, act, y, accumulate)
+}
+
+/// [`gemv_rows`] on the scalar reference path (tests and benches).
+pub fn gemv_rows_scalar(
+    fmt: Format,
+    w_rows: &[u8],
+    k: usize,
+    act: &ActivationBuf,
+    y: &mut [f32],
+    accumulate: bool,
+) -> Result<(), QuantError> {
+    gemv_rows_with(SimdTier::Scalar, fmt, w_rows, k, act, y, accumulate)
+}
+
+/// [`gemv_rows`] on an explicit tier; [`QuantError::TierUnavailable`] if this CPU lacks it.
+pub fn gemv_rows_with(
+    tier: SimdTier,
+    fmt: Format,
+    w_rows: &[u8],
+    k: usize,
+    act: &ActivationBuf,
+    y: &mut [f32],
+    accumulate: bool,
+) -> Result<(), QuantError> {
+    let rb = fmt.row_bytes(k)?;
+    if act.format() != fmt || act.k() != k {
+        return Err(QuantError::ActivationMismatch {
+            format: fmt,
+            k,
+            act_format: act.format(),
+            act_k: act.k(),
+        });
+    }
+    let need = y.len().checked_mul(rb).ok_or(QuantError::ShortBuffer {
+        what: "w_rows",
+        need: usize::MAX,
+        got: w_rows.len(),
+    })?;
+    if w_rows.len() < need {
+        return Err(QuantError::ShortBuffer {
+            what: "w_rows",
+            need,
+            got: w_rows.len(),
+        });
+    }
+    let table = match table(tier) {
+        Some(t) if tier.is_supported() => t,
+        _ => return Err(QuantError::TierUnavailable(tier)),
+    };
+    let rows = w_rows[..need].chunks_exact(rb);
+    let store = |yi: &mut f32, v: f32| *yi = if accumulate { *yi + v } else { v };
+    // SAFETY (all three arms): the tier is supported (checked above), every row is exactly
+    // `rb = row_bytes(k)` bytes (chunks_exact of a checked prefix), and `act` was prepared for
+    // `fmt` and `k` (checked above), which is each kernel's whole contract (see `RowDot`).
+    match (table[format_index(fmt)], &act.kind) {
+        (RowDot::F32(f), ActKind::F32(x)) => {
+            for (yi, row) in y.iter_mut().zip(rows) {
+                store(yi, unsafe { f(row, x) });
+            }
+        }
+        (RowDot::Q8x32(f), ActKind::Q8x32(a)) => {
+            for (yi, row) in y.iter_mut().zip(rows) {
+                store(yi, unsafe { f(row, a) });
+            }
+        }
+        (RowDot::Q8K(f), ActKind::Q8K(a)) => {
+            for (yi, row) in y.iter_mut().zip(rows) {
+                store(yi, unsafe { f(row, a) });
+            }
+        }
+        _ => {
+            // Unreachable: prepare() picks the shape from the format checked above.
+            return Err(QuantError::ActivationMismatch {
+                format: fmt,
+                k,
+                act_format: act.format(),
+                act_k: act.k(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Run `f` for `fmt`'s marker type.
+macro_rules! with_format {
+    ($fmt:expr, $t:ident => $body:expr) => {
+        match $fmt {
+            Format::F32 => {
+                type $t = formats::float::F32;
+                $body
+            }
+            Format::F16 => {
+                type $t = formats::float::F16;
+                $body
+            }
+            Format::BF16 => {
+                type $t = formats::float::BF16;
+                $body
+            }
+            Format::Q8_0 => {
+                type $t = formats::legacy::Q8_0;
+                $body
+            }
+            Format::Q4_0 => {
+                type $t = formats::legacy::Q4_0;
+                $body
+            }
+            Format::Q4_1 => {
+                type $t = formats::legacy::Q4_1;
+                $body
+            }
+            Format::Q4K => {
+                type $t = formats::kquant::Q4K;
+                $body
+            }
+            Format::Q6K => {
+                type $t = formats::kquant::Q6K;
+                $body
+            }
+            Format::Hfq4G256 => {
+                type $t = formats::hfq::Hfq4G256;
+                $body
+            }
+        }
+    };
+}
+
+/// Check `bytes` holds one row of `k` and return `row_bytes(k)`.
+fn check_row(fmt: Format, bytes: &[u8], k: usize) -> Result<usize, QuantError> {
+    let rb = fmt.row_bytes(k)?;
+    if bytes.len() < rb {
+        return Err(QuantError::ShortBuffer {
+            what: "row bytes",
+            need: rb,
+            got: bytes.len(),
+        });
+    }
+    Ok(rb)
+}
+
+/// Dequantise one row of `k = out.len()` elements from `bytes` (at least `row_bytes(k)` long).
+/// Bit-identical to ggml / gguf-py for the GGUF formats.
+pub fn dequantize_row(fmt: Format, bytes: &[u8], out: &mut [f32]) -> Result<(), QuantError> {
+    let rb = check_row(fmt, bytes, out.len())?;
+    with_format!(fmt, T => {
+        for (blk, o) in bytes[..rb].chunks_exact(T::BLOCK_BYTES).zip(out.chunks_exact_mut(T::BLOCK_ELEMS)) {
+            T::dequantize_block(blk, o);
+        }
+    });
+    Ok(())
+}
+
+/// Dequantise one row in f64 (the test reference; no f32 rounding after decoding scales).
+pub fn dequantize_row_f64(fmt: Format, bytes: &[u8], out: &mut [f64]) -> Result<(), QuantError> {
+    let rb = check_row(fmt, bytes, out.len())?;
+    with_format!(fmt, T => {
+        for (blk, o) in bytes[..rb].chunks_exact(T::BLOCK_BYTES).zip(out.chunks_exact_mut(T::BLOCK_ELEMS)) {
+            T::dequantize_block_f64(blk, o);
+        }
+    });
+    Ok(())
+}
+
+/// Quantise one row of `k = src.len()` values with ggml's reference quantiser
+/// (byte-identical to ggml / gguf-py for Q8_0, Q4_0, Q4_1 and the float formats).
+/// Errors: `k` not a block multiple, or a non-finite value (NaN/inf) in `src`.
+pub fn quantize_row(fmt: Format, src: &[f32]) -> Result<Vec<u8>, QuantError> {
+    let rb = fmt.row_bytes(src.len())?;
+    // F32 carries non-finite values faithfully; F16/BF16 would too, but a block format cannot,
+    // so every format refuses them alike: a NaN in a weight is a bug upstream.
+    if let Some(i) = src.iter().position(|v| !v.is_finite()) {
+        return Err(QuantError::NonFinite {
+            format: fmt,
+            what: "input value",
+            block: i / fmt.block_elems(),
+        });
+    }
+    let mut out = vec![0u8; rb];
+    with_format!(fmt, T => {
+        for (s, o) in src.chunks_exact(T::BLOCK_ELEMS).zip(out.chunks_exact_mut(T::BLOCK_BYTES)) {
+            T::quantize_block(s, o);
+        }
+    });
+    Ok(out)
+}

@@ -1,0 +1,395 @@
+//! AVX2 + FMA + F16C row dots.
+//!
+//! Integer formats follow ggml's AVX2 `ggml_vec_dot_*` (x86 `quants.c`): `vpmaddubsw` of
+//! unsigned weight codes with the signed 8-bit activation, `vpmaddwd` to i32, one f32 FMA per
+//! block. Offsets (Q4_0's −8) are folded into the integer lanes through the activation's
+//! `nsum8`, so the integer block sums are exact and equal the scalar reference's.
+//!
+//! # Safety (every `unsafe fn` here)
+//! The caller must ensure the CPU supports AVX2, FMA and F16C, that `row` is exactly
+//! `row_bytes(k)` bytes, and that the activation was prepared for the same format and `k`
+//! (`dispatch::gemv_rows_with` checks all three before calling through the table).
+
+use crate::act::{Q8x32, Q4K_ACT_ORDER, Q8K};
+use crate::dispatch::{Kernels, RowDot};
+use crate::formats::hfq::HFQ_GROUP;
+use crate::formats::kquant::{Q4K_SUB, QK_K};
+use crate::formats::legacy::QK;
+use std::arch::x86_64::*;
+
+/// The AVX2 tier's table (order of [`crate::Format::ALL`]).
+pub(crate) static KERNELS: Kernels = [
+    RowDot::F32(dot_f32_f32_avx2),
+    RowDot::F32(dot_f16_f32_avx2),
+    RowDot::F32(dot_bf16_f32_avx2),
+    RowDot::Q8x32(dot_q8_0_q8_0_avx2),
+    RowDot::Q8x32(dot_q4_0_q8_0_avx2),
+    RowDot::Q8x32(dot_q4_1_q8_1_avx2),
+    RowDot::Q8K(dot_q4k_q8k_avx2),
+    RowDot::Q8K(dot_q6k_q8k_avx2),
+    RowDot::Q8x32(dot_hfq4_q8_0_avx2),
+];
+
+/// Bytes per block, as laid out in `formats::legacy` / `kquant` / `hfq`.
+pub(crate) const Q8_0_BYTES: usize = 34;
+pub(crate) const Q4_0_BYTES: usize = 18;
+pub(crate) const Q4_1_BYTES: usize = 20;
+pub(crate) const Q4K_BYTES: usize = 144;
+pub(crate) const Q6K_BYTES: usize = 210;
+pub(crate) const HFQ_BYTES: usize = 136;
+/// Offsets inside a Q4_K block: d, dmin, scales[12], qs[128].
+pub(crate) const Q4K_SCALES: usize = 4;
+pub(crate) const Q4K_QS: usize = 16;
+/// Offsets inside a Q6_K block: ql[128], qh[64], scales[16], d.
+pub(crate) const Q6K_QH: usize = 128;
+pub(crate) const Q6K_SCALES: usize = 192;
+pub(crate) const Q6K_D: usize = 208;
+/// Float lanes processed per unrolled step by the float dots (4 accumulators × 8).
+const F_UNROLL: usize = 32;
+
+/// Unaligned little-endian u16 at `p`.
+#[inline(always)]
+pub(crate) unsafe fn rd16(p: *const u8) -> u16 {
+    u16::from_le((p as *const u16).read_unaligned())
+}
+
+/// f16 bits → f32 through F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn h2f(h: u16) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h))))
+}
+
+/// Horizontal sum of 8 f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn hsum8(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// Q4_K's packed 12 bytes → ([scales 0..8], [mins 0..8]) as two u64 of bytes
+/// (ggml's `utmp` shuffle, equivalent to `get_scale_min_k4` for j = 0..8).
+#[inline(always)]
+pub(crate) unsafe fn q4k_unpack_scales(p: *const u8) -> (u64, u64) {
+    const KMASK1: u32 = 0x3f3f_3f3f;
+    const KMASK2: u32 = 0x0f0f_0f0f;
+    const KMASK3: u32 = 0x0303_0303;
+    let rd = |o: usize| u32::from_le((p.add(o) as *const u32).read_unaligned());
+    let (u0, u1, u2) = (rd(0), rd(4), rd(8));
+    let u3 = ((u2 >> 4) & KMASK2) | (((u1 >> 6) & KMASK3) << 4);
+    let m_lo = u1 & KMASK1;
+    let s_hi = (u2 & KMASK2) | (((u0 >> 6) & KMASK3) << 4);
+    let s_lo = u0 & KMASK1;
+    (
+        u64::from(s_lo) | (u64::from(s_hi) << 32),
+        u64::from(m_lo) | (u64::from(u3) << 32),
+    )
+}
+
+/// Σ_j m_j·S_j of one Q4_K super-block as 4 i32 lanes (8 × u8 mins by 8 × i16 sums).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q4k_mins_dot(mins: u64, sums32: *const i16) -> __m128i {
+    let m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mins as i64));
+    _mm_madd_epi16(m16, _mm_loadu_si128(sums32 as *const __m128i))
+}
+
+/// Σ_g sc_g·bsum_g of one Q6_K super-block as 8 i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q6k_bsum_dot(scales: *const u8, bsums: *const i16) -> __m256i {
+    let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(scales as *const __m128i));
+    _mm256_madd_epi16(sc16, _mm256_loadu_si256(bsums as *const __m256i))
+}
+
+/// Shared float-dot loop: `load(i)` yields 8 f32 weights starting at element i.
+macro_rules! float_dot {
+    ($row:expr, $x:expr, $load:expr, $tail:expr) => {{
+        let (row, x) = ($row, $x);
+        let k = x.len();
+        let xp = x.as_ptr();
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        while i + F_UNROLL <= k {
+            for (u, a) in acc.iter_mut().enumerate() {
+                let j = i + 8 * u;
+                *a = _mm256_fmadd_ps($load(row, j), _mm256_loadu_ps(xp.add(j)), *a);
+            }
+            i += F_UNROLL;
+        }
+        while i + 8 <= k {
+            acc[0] = _mm256_fmadd_ps($load(row, i), _mm256_loadu_ps(xp.add(i)), acc[0]);
+            i += 8;
+        }
+        let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+        let mut s = hsum8(v);
+        while i < k {
+            s += $tail(row, i) * x[i];
+            i += 1;
+        }
+        s
+    }};
+}
+
+/// F32 row · x.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_f32_f32_avx2(row: &[u8], x: &[f32]) -> f32 {
+    let w = row.as_ptr() as *const f32;
+    float_dot!(
+        w,
+        x,
+        |w: *const f32, j| _mm256_loadu_ps(w.add(j)),
+        |w: *const f32, j| w.add(j).read_unaligned()
+    )
+}
+
+/// F16 row · x.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_f16_f32_avx2(row: &[u8], x: &[f32]) -> f32 {
+    let w = row.as_ptr();
+    float_dot!(
+        w,
+        x,
+        |w: *const u8, j| _mm256_cvtph_ps(_mm_loadu_si128(w.add(2 * j) as *const __m128i)),
+        |w: *const u8, j| h2f(rd16(w.add(2 * j)))
+    )
+}
+
+/// BF16 row · x.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_bf16_f32_avx2(row: &[u8], x: &[f32]) -> f32 {
+    let w = row.as_ptr();
+    float_dot!(
+        w,
+        x,
+        |w: *const u8, j| {
+            let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(w.add(2 * j) as *const __m128i));
+            _mm256_castsi256_ps(_mm256_slli_epi32(h, 16))
+        },
+        |w: *const u8, j| f32::from_bits(u32::from(rd16(w.add(2 * j))) << 16)
+    )
+}
+
+/// Integer dot of 32 unsigned codes with 32 signed quants → 8 i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dp_u8i8_256(w: __m256i, x: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))
+}
+
+/// 16 bytes of legacy nibbles → 32 codes in element order (low nibbles, then high).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn nibbles32(p: *const u8) -> __m256i {
+    let q = _mm_loadu_si128(p as *const __m128i);
+    let w = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
+    _mm256_and_si256(w, _mm256_set1_epi8(0x0F))
+}
+
+/// One Q4_0 block's exact integer lanes Σ q·xq − 8·Σxq.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q4_0_block(blk: *const u8, a: &Q8x32, b: usize) -> __m256i {
+    let x = _mm256_loadu_si256(a.qs.as_ptr().add(QK * b) as *const __m256i);
+    let corr = _mm256_loadu_si256(a.nsum8.as_ptr().add(8 * b) as *const __m256i);
+    _mm256_add_epi32(
+        dp_u8i8_256(nibbles32(blk.add(2)), x),
+        _mm256_slli_epi32(corr, 3),
+    )
+}
+
+/// One Q8_0 block's integer lanes Σ w·xq (sign trick: |w| · sign(x, w)).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q8_0_block(blk: *const u8, a: &Q8x32, b: usize) -> __m256i {
+    let w = _mm256_loadu_si256(blk.add(2) as *const __m256i);
+    let x = _mm256_loadu_si256(a.qs.as_ptr().add(QK * b) as *const __m256i);
+    dp_u8i8_256(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
+}
+
+/// Q8_0 row · q8 activation.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q8_0_q8_0_avx2(row: &[u8], a: &Q8x32) -> f32 {
+    let nb = row.len() / Q8_0_BYTES;
+    let p = row.as_ptr();
+    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut b = 0;
+    while b + 2 <= nb {
+        let (b0, b1) = (p.add(Q8_0_BYTES * b), p.add(Q8_0_BYTES * (b + 1)));
+        let s0 = _mm256_set1_ps(h2f(rd16(b0)) * a.d[b]);
+        let s1 = _mm256_set1_ps(h2f(rd16(b1)) * a.d[b + 1]);
+        acc0 = _mm256_fmadd_ps(s0, _mm256_cvtepi32_ps(q8_0_block(b0, a, b)), acc0);
+        acc1 = _mm256_fmadd_ps(s1, _mm256_cvtepi32_ps(q8_0_block(b1, a, b + 1)), acc1);
+        b += 2;
+    }
+    if b < nb {
+        let b0 = p.add(Q8_0_BYTES * b);
+        let s0 = _mm256_set1_ps(h2f(rd16(b0)) * a.d[b]);
+        acc0 = _mm256_fmadd_ps(s0, _mm256_cvtepi32_ps(q8_0_block(b0, a, b)), acc0);
+    }
+    hsum8(_mm256_add_ps(acc0, acc1))
+}
+
+/// Q4_0 row · q8 activation.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q4_0_q8_0_avx2(row: &[u8], a: &Q8x32) -> f32 {
+    let nb = row.len() / Q4_0_BYTES;
+    let p = row.as_ptr();
+    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut b = 0;
+    while b + 2 <= nb {
+        let (b0, b1) = (p.add(Q4_0_BYTES * b), p.add(Q4_0_BYTES * (b + 1)));
+        let s0 = _mm256_set1_ps(h2f(rd16(b0)) * a.d[b]);
+        let s1 = _mm256_set1_ps(h2f(rd16(b1)) * a.d[b + 1]);
+        acc0 = _mm256_fmadd_ps(s0, _mm256_cvtepi32_ps(q4_0_block(b0, a, b)), acc0);
+        acc1 = _mm256_fmadd_ps(s1, _mm256_cvtepi32_ps(q4_0_block(b1, a, b + 1)), acc1);
+        b += 2;
+    }
+    if b < nb {
+        let b0 = p.add(Q4_0_BYTES * b);
+        let s0 = _mm256_set1_ps(h2f(rd16(b0)) * a.d[b]);
+        acc0 = _mm256_fmadd_ps(s0, _mm256_cvtepi32_ps(q4_0_block(b0, a, b)), acc0);
+    }
+    hsum8(_mm256_add_ps(acc0, acc1))
+}
+
+/// Q4_1 row · q8 activation (the `m·Σx` term uses the exact Σx).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q4_1_q8_1_avx2(row: &[u8], a: &Q8x32) -> f32 {
+    let nb = row.len() / Q4_1_BYTES;
+    let p = row.as_ptr();
+    let mut acc = _mm256_setzero_ps();
+    let mut macc = 0f32;
+    for b in 0..nb {
+        let blk = p.add(Q4_1_BYTES * b);
+        let x = _mm256_loadu_si256(a.qs.as_ptr().add(QK * b) as *const __m256i);
+        let pi = dp_u8i8_256(nibbles32(blk.add(4)), x);
+        let s = _mm256_set1_ps(h2f(rd16(blk)) * a.d[b]);
+        acc = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(pi), acc);
+        macc += h2f(rd16(blk.add(2))) * a.s[b];
+    }
+    hsum8(acc) + macc
+}
+
+/// HFQ4G256 row · q8 activation (activation permuted per 128: evens, then odds).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_hfq4_q8_0_avx2(row: &[u8], a: &Q8x32) -> f32 {
+    const BLOCKS_PER_GROUP: usize = HFQ_GROUP / QK;
+    let ng = row.len() / HFQ_BYTES;
+    let p = row.as_ptr();
+    let m4 = _mm256_set1_epi8(0x0F);
+    let mut acc = _mm256_setzero_ps();
+    let mut zacc = 0f32;
+    for g in 0..ng {
+        let blk = p.add(HFQ_BYTES * g);
+        let scale = f32::from_le_bytes([*blk, *blk.add(1), *blk.add(2), *blk.add(3)]);
+        let zero = f32::from_le_bytes([*blk.add(4), *blk.add(5), *blk.add(6), *blk.add(7)]);
+        let mut gacc = _mm256_setzero_ps();
+        for c in 0..4 {
+            // 32 bytes = 64 elements; half h = c / 2 of the group, chunk c % 2 within it.
+            let q = _mm256_loadu_si256(blk.add(8 + 32 * c) as *const __m256i);
+            let lo = _mm256_and_si256(q, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            let base = g * BLOCKS_PER_GROUP + 4 * (c / 2) + c % 2;
+            for (w, bb) in [(lo, base), (hi, base + 2)] {
+                let x = _mm256_loadu_si256(a.qs.as_ptr().add(QK * bb) as *const __m256i);
+                let pi = dp_u8i8_256(w, x);
+                gacc = _mm256_fmadd_ps(_mm256_set1_ps(a.d[bb]), _mm256_cvtepi32_ps(pi), gacc);
+            }
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(scale), gacc, acc);
+        zacc += zero * a.gsum[g];
+    }
+    hsum8(acc) + zacc
+}
+
+/// Q4_K row · q8_K activation.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q4k_q8k_avx2(row: &[u8], a: &Q8K) -> f32 {
+    let nsb = row.len() / Q4K_BYTES;
+    let p = row.as_ptr();
+    let m4 = _mm256_set1_epi8(0x0F);
+    let mut acc = _mm256_setzero_ps();
+    let mut macc = _mm_setzero_ps();
+    for s in 0..nsb {
+        let blk = p.add(Q4K_BYTES * s);
+        let (sc, mins) = q4k_unpack_scales(blk.add(Q4K_SCALES));
+        let xq = a.qs.as_ptr().add(QK_K * s);
+        let mut sumi = _mm256_setzero_si256();
+        for c in 0..4 {
+            let q = _mm256_loadu_si256(blk.add(Q4K_QS + 32 * c) as *const __m256i);
+            let lo = _mm256_and_si256(q, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            for (w, j) in [(lo, 2 * c), (hi, 2 * c + 1)] {
+                let x = _mm256_loadu_si256(xq.add(Q4K_SUB * Q4K_ACT_ORDER[j]) as *const __m256i);
+                let p16 = _mm256_maddubs_epi16(w, x);
+                let scj = _mm256_set1_epi16(((sc >> (8 * j)) & 0xFF) as i16);
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, scj));
+            }
+        }
+        let dx = a.d[s];
+        let d = _mm256_set1_ps(h2f(rd16(blk)) * dx);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+        let mn = q4k_mins_dot(mins, a.sums32.as_ptr().add(8 * s));
+        let dmin = _mm_set1_ps(h2f(rd16(blk.add(2))) * dx);
+        macc = _mm_fmadd_ps(dmin, _mm_cvtepi32_ps(mn), macc);
+    }
+    let m = _mm_add_ps(macc, _mm_movehl_ps(macc, macc));
+    let m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    hsum8(acc) - _mm_cvtss_f32(m)
+}
+
+/// Q6_K row · q8_K activation.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q6k_q8k_avx2(row: &[u8], a: &Q8K) -> f32 {
+    let nsb = row.len() / Q6K_BYTES;
+    let p = row.as_ptr();
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m30 = _mm256_set1_epi8(0x30);
+    let mut acc = _mm256_setzero_ps();
+    for s in 0..nsb {
+        let blk = p.add(Q6K_BYTES * s);
+        let scales = blk.add(Q6K_SCALES);
+        let xq = a.qs.as_ptr().add(QK_K * s);
+        let corr = q6k_bsum_dot(scales, a.bsums.as_ptr().add(16 * s));
+        let mut sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr, 5));
+        for n in 0..2 {
+            let ql0 = _mm256_loadu_si256(blk.add(64 * n) as *const __m256i);
+            let ql1 = _mm256_loadu_si256(blk.add(64 * n + 32) as *const __m256i);
+            let qh = _mm256_loadu_si256(blk.add(Q6K_QH + 32 * n) as *const __m256i);
+            let q = [
+                _mm256_or_si256(
+                    _mm256_and_si256(ql0, m4),
+                    _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(ql1, m4),
+                    _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                    _mm256_and_si256(qh, m30),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                    _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30),
+                ),
+            ];
+            for (gq, w) in q.into_iter().enumerate() {
+                let x = _mm256_loadu_si256(xq.add(128 * n + 32 * gq) as *const __m256i);
+                let p16 = _mm256_maddubs_epi16(w, x);
+                let g = 8 * n + 2 * gq;
+                let sc_lo = i16::from(*scales.add(g) as i8);
+                let sc_hi = i16::from(*scales.add(g + 1) as i8);
+                let sc16 = _mm256_set_m128i(_mm_set1_epi16(sc_hi), _mm_set1_epi16(sc_lo));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, sc16));
+            }
+        }
+        let d = _mm256_set1_ps(h2f(rd16(blk.add(Q6K_D))) * a.d[s]);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum8(acc)
+}

@@ -1,0 +1,420 @@
+//! AVX-512 row dots, in two integer flavours generated from one body:
+//! `plain` (F/BW/VL: `vpmaddubsw` + `vpmaddwd`) and `vnni` (adds VNNI: one `vpdpbusd`).
+//!
+//! Each 512-bit step covers two 32-element activation blocks; weight codes are unsigned,
+//! and offsets are folded into the integer lanes exactly (Q4_0's −8 and, on VNNI, Q8_0's
+//! +128 sign bias, through the activation's `nsum8`), so integer block sums equal the scalar
+//! reference's. Per-lane scales are built with `vpermd`/`vpermps` from small vectors.
+//!
+//! # Safety (every `unsafe fn` here)
+//! The caller must ensure the CPU supports the module's features (AVX-512 F/BW/VL, plus VNNI
+//! for `vnni`, plus AVX2/FMA/F16C), that `row` is exactly `row_bytes(k)` bytes and that the
+//! activation was prepared for the same format and `k` (`dispatch::gemv_rows_with` checks).
+
+use crate::act::{Q8x32, Q8K};
+use crate::dispatch::{Kernels, RowDot};
+use crate::dot::avx2::{
+    h2f, hsum8, nibbles32, q4_0_block, q4k_mins_dot, q4k_unpack_scales, q6k_bsum_dot, q8_0_block,
+    rd16, HFQ_BYTES, Q4K_BYTES, Q4K_QS, Q4K_SCALES, Q4_0_BYTES, Q4_1_BYTES, Q6K_BYTES, Q6K_D,
+    Q6K_QH, Q6K_SCALES, Q8_0_BYTES,
+};
+use crate::formats::hfq::HFQ_GROUP;
+use crate::formats::kquant::QK_K;
+use crate::formats::legacy::QK;
+use std::arch::x86_64::*;
+
+/// The AVX-512 (no VNNI) tier's table.
+pub(crate) static KERNELS_512: Kernels = [
+    RowDot::F32(dot_f32_f32_avx512),
+    RowDot::F32(dot_f16_f32_avx512),
+    RowDot::F32(dot_bf16_f32_avx512),
+    RowDot::Q8x32(plain::dot_q8_0_q8_0_avx512),
+    RowDot::Q8x32(plain::dot_q4_0_q8_0_avx512),
+    RowDot::Q8x32(plain::dot_q4_1_q8_1_avx512),
+    RowDot::Q8K(plain::dot_q4k_q8k_avx512),
+    RowDot::Q8K(plain::dot_q6k_q8k_avx512),
+    RowDot::Q8x32(plain::dot_hfq4_q8_0_avx512),
+];
+
+/// The AVX-512 VNNI tier's table (float dots are shared: they have no integer part).
+pub(crate) static KERNELS_VNNI: Kernels = [
+    RowDot::F32(dot_f32_f32_avx512),
+    RowDot::F32(dot_f16_f32_avx512),
+    RowDot::F32(dot_bf16_f32_avx512),
+    RowDot::Q8x32(vnni::dot_q8_0_q8_0_avx512),
+    RowDot::Q8x32(vnni::dot_q4_0_q8_0_avx512),
+    RowDot::Q8x32(vnni::dot_q4_1_q8_1_avx512),
+    RowDot::Q8K(vnni::dot_q4k_q8k_avx512),
+    RowDot::Q8K(vnni::dot_q6k_q8k_avx512),
+    RowDot::Q8x32(vnni::dot_hfq4_q8_0_avx512),
+];
+
+/// Lane → block selector for two blocks per vector: lanes 0..8 block 0, 8..16 block 1.
+const IDX_2BLK: [i32; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1];
+/// Q4_K: the sub-block pair each of the four 512-bit products covers ((0,2), (1,3), (4,6), (5,7)).
+const IDX_Q4K: [[i32; 16]; 4] = [
+    [0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2],
+    [1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3],
+    [4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6],
+    [5, 5, 5, 5, 5, 5, 5, 5, 7, 7, 7, 7, 7, 7, 7, 7],
+];
+/// Q6_K: lane i of product z covers elements 64z + 4i.. → scale group 4z + i/4.
+const IDX_Q6K: [[i32; 16]; 4] = [
+    [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3],
+    [4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7],
+    [8, 8, 8, 8, 9, 9, 9, 9, 10, 10, 10, 10, 11, 11, 11, 11],
+    [
+        12, 12, 12, 12, 13, 13, 13, 13, 14, 14, 14, 14, 15, 15, 15, 15,
+    ],
+];
+/// Float lanes per unrolled step of the float dots (4 accumulators × 16).
+const F_UNROLL: usize = 64;
+/// f32 lanes in a 512-bit vector.
+const F_LANES: usize = 16;
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn ld_idx(a: &[i32; 16]) -> __m512i {
+    _mm512_loadu_si512(a.as_ptr() as *const _)
+}
+
+/// Two 256-bit halves → one 512-bit vector.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+}
+
+/// [s(b0) ×8, s(b1) ×8] from two f16 scales and the activation's `d8` at block `b`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn scales2(h0: u16, h1: u16, d8: *const f32) -> __m512 {
+    let h = u32::from(h0) | (u32::from(h1) << 16);
+    let dw = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)));
+    _mm512_mul_ps(
+        _mm512_permutexvar_ps(ld_idx(&IDX_2BLK), dw),
+        _mm512_loadu_ps(d8),
+    )
+}
+
+/// Shared float-dot loop with masked tails (masked-off lanes are not read).
+macro_rules! float_dot512 {
+    ($x:expr, $load:expr, $load_mask:expr) => {{
+        let x = $x;
+        let k = x.len();
+        let xp = x.as_ptr();
+        let mut acc = [_mm512_setzero_ps(); 4];
+        let mut i = 0;
+        while i + F_UNROLL <= k {
+            for (u, a) in acc.iter_mut().enumerate() {
+                let j = i + F_LANES * u;
+                *a = _mm512_fmadd_ps($load(j), _mm512_loadu_ps(xp.add(j)), *a);
+            }
+            i += F_UNROLL;
+        }
+        while i < k {
+            let n = (k - i).min(F_LANES);
+            let m: __mmask16 = if n == F_LANES {
+                0xFFFF
+            } else {
+                (1u16 << n) - 1
+            };
+            let xv = _mm512_maskz_loadu_ps(m, xp.add(i));
+            acc[0] = _mm512_fmadd_ps($load_mask(m, i), xv, acc[0]);
+            i += n;
+        }
+        let v = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+        _mm512_reduce_add_ps(v)
+    }};
+}
+
+/// F32 row · x.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(crate) unsafe fn dot_f32_f32_avx512(row: &[u8], x: &[f32]) -> f32 {
+    let w = row.as_ptr() as *const f32;
+    float_dot512!(x, |j| _mm512_loadu_ps(w.add(j)), |m, j| {
+        _mm512_maskz_loadu_ps(m, w.add(j))
+    })
+}
+
+/// F16 row · x.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(crate) unsafe fn dot_f16_f32_avx512(row: &[u8], x: &[f32]) -> f32 {
+    let w = row.as_ptr() as *const i16;
+    float_dot512!(
+        x,
+        |j| _mm512_cvtph_ps(_mm256_loadu_si256(w.add(j) as *const __m256i)),
+        |m, j| _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, w.add(j)))
+    )
+}
+
+/// BF16 row · x.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(crate) unsafe fn dot_bf16_f32_avx512(row: &[u8], x: &[f32]) -> f32 {
+    let w = row.as_ptr() as *const i16;
+    let widen = |h: __m256i| _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)));
+    float_dot512!(
+        x,
+        |j| widen(_mm256_loadu_si256(w.add(j) as *const __m256i)),
+        |m, j| widen(_mm256_maskz_loadu_epi16(m, w.add(j)))
+    )
+}
+
+/// u8 × i8 → i32 lanes without VNNI.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn dp_u8i8_plain(acc: __m512i, w: __m512i, x: __m512i) -> __m512i {
+    let p = _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), _mm512_set1_epi16(1));
+    _mm512_add_epi32(acc, p)
+}
+
+/// i8 × i8 → i32 lanes without VNNI: |w| · (x negated where w < 0). `nsum8` is unused.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn dp_i8i8_plain(_nsum8: __m512i, w: __m512i, x: __m512i) -> __m512i {
+    let neg = _mm512_movepi8_mask(w);
+    let sx = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
+    dp_u8i8_plain(_mm512_setzero_si512(), _mm512_abs_epi8(w), sx)
+}
+
+/// u8 × i8 → i32 lanes with VNNI.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn dp_u8i8_vnni(acc: __m512i, w: __m512i, x: __m512i) -> __m512i {
+    _mm512_dpbusd_epi32(acc, w, x)
+}
+
+/// i8 × i8 → i32 lanes with VNNI: (w + 128) · x − 128·Σx, the bias cancelled exactly
+/// through `nsum8` = [−Σx, 0, …] per block.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn dp_i8i8_vnni(nsum8: __m512i, w: __m512i, x: __m512i) -> __m512i {
+    let wu = _mm512_xor_si512(w, _mm512_set1_epi8(i8::MIN));
+    _mm512_dpbusd_epi32(_mm512_slli_epi32::<7>(nsum8), wu, x)
+}
+
+macro_rules! int_kernels {
+    ($m:ident, $feat:literal, $dp:ident, $dpi8:ident) => {
+        /// Integer row dots of this flavour.
+        pub(crate) mod $m {
+            use super::*;
+
+            /// Q8_0 row · q8 activation.
+            #[target_feature(enable = $feat)]
+            pub(crate) unsafe fn dot_q8_0_q8_0_avx512(row: &[u8], a: &Q8x32) -> f32 {
+                let nb = row.len() / Q8_0_BYTES;
+                let (p, xq) = (row.as_ptr(), a.qs.as_ptr());
+                let mut acc = _mm512_setzero_ps();
+                let mut b = 0;
+                while b + 2 <= nb {
+                    let (b0, b1) = (p.add(Q8_0_BYTES * b), p.add(Q8_0_BYTES * (b + 1)));
+                    let w = join(
+                        _mm256_loadu_si256(b0.add(2) as *const __m256i),
+                        _mm256_loadu_si256(b1.add(2) as *const __m256i),
+                    );
+                    let x = _mm512_loadu_si512(xq.add(QK * b) as *const _);
+                    let ns = _mm512_loadu_si512(a.nsum8.as_ptr().add(8 * b) as *const _);
+                    let pi = $dpi8(ns, w, x);
+                    let s = scales2(rd16(b0), rd16(b1), a.d8.as_ptr().add(8 * b));
+                    acc = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(pi), acc);
+                    b += 2;
+                }
+                let mut tail = 0f32;
+                if b < nb {
+                    let b0 = p.add(Q8_0_BYTES * b);
+                    let pi = _mm256_cvtepi32_ps(q8_0_block(b0, a, b));
+                    tail = hsum8(_mm256_mul_ps(_mm256_set1_ps(h2f(rd16(b0)) * a.d[b]), pi));
+                }
+                _mm512_reduce_add_ps(acc) + tail
+            }
+
+            /// Q4_0 row · q8 activation.
+            #[target_feature(enable = $feat)]
+            pub(crate) unsafe fn dot_q4_0_q8_0_avx512(row: &[u8], a: &Q8x32) -> f32 {
+                let nb = row.len() / Q4_0_BYTES;
+                let (p, xq) = (row.as_ptr(), a.qs.as_ptr());
+                let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+                let mut b = 0;
+                // Four blocks per step, two independent accumulators.
+                while b + 4 <= nb {
+                    for (h, acc) in [(0usize, &mut acc0), (2, &mut acc1)] {
+                        let bb = b + h;
+                        let (b0, b1) = (p.add(Q4_0_BYTES * bb), p.add(Q4_0_BYTES * (bb + 1)));
+                        let w = join(nibbles32(b0.add(2)), nibbles32(b1.add(2)));
+                        let x = _mm512_loadu_si512(xq.add(QK * bb) as *const _);
+                        let ns = _mm512_loadu_si512(a.nsum8.as_ptr().add(8 * bb) as *const _);
+                        let pi = $dp(_mm512_slli_epi32::<3>(ns), w, x);
+                        let s = scales2(rd16(b0), rd16(b1), a.d8.as_ptr().add(8 * bb));
+                        *acc = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(pi), *acc);
+                    }
+                    b += 4;
+                }
+                let mut tail = _mm256_setzero_ps();
+                while b < nb {
+                    let b0 = p.add(Q4_0_BYTES * b);
+                    let s = _mm256_set1_ps(h2f(rd16(b0)) * a.d[b]);
+                    tail = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(q4_0_block(b0, a, b)), tail);
+                    b += 1;
+                }
+                _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + hsum8(tail)
+            }
+
+            /// Q4_1 row · q8 activation.
+            #[target_feature(enable = $feat)]
+            pub(crate) unsafe fn dot_q4_1_q8_1_avx512(row: &[u8], a: &Q8x32) -> f32 {
+                let nb = row.len() / Q4_1_BYTES;
+                let (p, xq) = (row.as_ptr(), a.qs.as_ptr());
+                let mut acc = _mm512_setzero_ps();
+                let mut macc = 0f32;
+                let mut b = 0;
+                while b + 2 <= nb {
+                    let (b0, b1) = (p.add(Q4_1_BYTES * b), p.add(Q4_1_BYTES * (b + 1)));
+                    let w = join(nibbles32(b0.add(4)), nibbles32(b1.add(4)));
+                    let x = _mm512_loadu_si512(xq.add(QK * b) as *const _);
+                    let pi = $dp(_mm512_setzero_si512(), w, x);
+                    let s = scales2(rd16(b0), rd16(b1), a.d8.as_ptr().add(8 * b));
+                    acc = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(pi), acc);
+                    macc += h2f(rd16(b0.add(2))) * a.s[b] + h2f(rd16(b1.add(2))) * a.s[b + 1];
+                    b += 2;
+                }
+                if b < nb {
+                    let b0 = p.add(Q4_1_BYTES * b);
+                    let x = _mm256_loadu_si256(xq.add(QK * b) as *const __m256i);
+                    let pi = crate::dot::avx2::dp_u8i8_256(nibbles32(b0.add(4)), x);
+                    let s = _mm256_set1_ps(h2f(rd16(b0)) * a.d[b]);
+                    macc += hsum8(_mm256_mul_ps(s, _mm256_cvtepi32_ps(pi)));
+                    macc += h2f(rd16(b0.add(2))) * a.s[b];
+                }
+                _mm512_reduce_add_ps(acc) + macc
+            }
+
+            /// HFQ4G256 row · q8 activation (activation permuted per 128: evens, odds).
+            #[target_feature(enable = $feat)]
+            pub(crate) unsafe fn dot_hfq4_q8_0_avx512(row: &[u8], a: &Q8x32) -> f32 {
+                const BLOCKS_PER_GROUP: usize = HFQ_GROUP / QK;
+                let ng = row.len() / HFQ_BYTES;
+                let (p, xq, d8) = (row.as_ptr(), a.qs.as_ptr(), a.d8.as_ptr());
+                let m4 = _mm512_set1_epi8(0x0F);
+                let mut acc = _mm512_setzero_ps();
+                let mut zacc = 0f32;
+                for g in 0..ng {
+                    let blk = p.add(HFQ_BYTES * g);
+                    // x86-64 is little-endian, as the format is.
+                    let scale = (blk as *const f32).read_unaligned();
+                    let zero = (blk.add(4) as *const f32).read_unaligned();
+                    let mut gacc = _mm512_setzero_ps();
+                    for h in 0..2 {
+                        let q = _mm512_loadu_si512(blk.add(8 + 64 * h) as *const _);
+                        let lo = _mm512_and_si512(q, m4);
+                        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
+                        let base = g * BLOCKS_PER_GROUP + 4 * h;
+                        for (w, bb) in [(lo, base), (hi, base + 2)] {
+                            let x = _mm512_loadu_si512(xq.add(QK * bb) as *const _);
+                            let pi = $dp(_mm512_setzero_si512(), w, x);
+                            let dx = _mm512_loadu_ps(d8.add(8 * bb));
+                            gacc = _mm512_fmadd_ps(dx, _mm512_cvtepi32_ps(pi), gacc);
+                        }
+                    }
+                    acc = _mm512_fmadd_ps(_mm512_set1_ps(scale), gacc, acc);
+                    zacc += zero * a.gsum[g];
+                }
+                _mm512_reduce_add_ps(acc) + zacc
+            }
+
+            /// Q4_K row · q8_K activation.
+            #[target_feature(enable = $feat)]
+            pub(crate) unsafe fn dot_q4k_q8k_avx512(row: &[u8], a: &Q8K) -> f32 {
+                let nsb = row.len() / Q4K_BYTES;
+                let p = row.as_ptr();
+                let m4 = _mm512_set1_epi8(0x0F);
+                let mut acc = _mm512_setzero_ps();
+                let mut macc = _mm_setzero_ps();
+                for s in 0..nsb {
+                    let blk = p.add(Q4K_BYTES * s);
+                    let (sc, mins) = q4k_unpack_scales(blk.add(Q4K_SCALES));
+                    let sc32 = _mm512_cvtepu8_epi32(_mm_cvtsi64_si128(sc as i64));
+                    let xq = a.qs.as_ptr().add(QK_K * s);
+                    let q0 = _mm512_loadu_si512(blk.add(Q4K_QS) as *const _);
+                    let q1 = _mm512_loadu_si512(blk.add(Q4K_QS + 64) as *const _);
+                    let w = [
+                        _mm512_and_si512(q0, m4),
+                        _mm512_and_si512(_mm512_srli_epi16::<4>(q0), m4),
+                        _mm512_and_si512(q1, m4),
+                        _mm512_and_si512(_mm512_srli_epi16::<4>(q1), m4),
+                    ];
+                    let mut sumi = _mm512_setzero_si512();
+                    for (t, wt) in w.into_iter().enumerate() {
+                        let x = _mm512_loadu_si512(xq.add(64 * t) as *const _);
+                        let pi = $dp(_mm512_setzero_si512(), wt, x);
+                        let sct = _mm512_permutexvar_epi32(ld_idx(&IDX_Q4K[t]), sc32);
+                        sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(pi, sct));
+                    }
+                    let dx = a.d[s];
+                    let d = _mm512_set1_ps(h2f(rd16(blk)) * dx);
+                    acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc);
+                    let mn = q4k_mins_dot(mins, a.sums32.as_ptr().add(8 * s));
+                    let dmin = _mm_set1_ps(h2f(rd16(blk.add(2))) * dx);
+                    macc = _mm_fmadd_ps(dmin, _mm_cvtepi32_ps(mn), macc);
+                }
+                let m = _mm_add_ps(macc, _mm_movehl_ps(macc, macc));
+                let m = _mm_add_ss(m, _mm_movehdup_ps(m));
+                _mm512_reduce_add_ps(acc) - _mm_cvtss_f32(m)
+            }
+
+            /// Q6_K row · q8_K activation.
+            #[target_feature(enable = $feat)]
+            pub(crate) unsafe fn dot_q6k_q8k_avx512(row: &[u8], a: &Q8K) -> f32 {
+                let nsb = row.len() / Q6K_BYTES;
+                let p = row.as_ptr();
+                let m4 = _mm512_set1_epi8(0x0F);
+                let m30 = _mm512_set1_epi8(0x30);
+                let mut acc = _mm512_setzero_ps();
+                for s in 0..nsb {
+                    let blk = p.add(Q6K_BYTES * s);
+                    let scales = blk.add(Q6K_SCALES);
+                    let sc32 = _mm512_cvtepi8_epi32(_mm_loadu_si128(scales as *const __m128i));
+                    let xq = a.qs.as_ptr().add(QK_K * s);
+                    let corr = q6k_bsum_dot(scales, a.bsums.as_ptr().add(16 * s));
+                    let corr = _mm512_zextsi256_si512(_mm256_slli_epi32::<5>(corr));
+                    let mut sumi = _mm512_sub_epi32(_mm512_setzero_si512(), corr);
+                    for n in 0..2 {
+                        let ql = _mm512_loadu_si512(blk.add(64 * n) as *const _);
+                        let qh = _mm256_loadu_si256(blk.add(Q6K_QH + 32 * n) as *const __m256i);
+                        let h_lo = join(_mm256_slli_epi16::<4>(qh), _mm256_slli_epi16::<2>(qh));
+                        let h_hi = join(qh, _mm256_srli_epi16::<2>(qh));
+                        let w = [
+                            _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_and_si512(h_lo, m30)),
+                            _mm512_or_si512(
+                                _mm512_and_si512(_mm512_srli_epi16::<4>(ql), m4),
+                                _mm512_and_si512(h_hi, m30),
+                            ),
+                        ];
+                        for (hh, wt) in w.into_iter().enumerate() {
+                            let z = 2 * n + hh;
+                            let x = _mm512_loadu_si512(xq.add(64 * z) as *const _);
+                            let pi = $dp(_mm512_setzero_si512(), wt, x);
+                            let scz = _mm512_permutexvar_epi32(ld_idx(&IDX_Q6K[z]), sc32);
+                            sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(pi, scz));
+                        }
+                    }
+                    let d = _mm512_set1_ps(h2f(rd16(blk.add(Q6K_D))) * a.d[s]);
+                    acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc);
+                }
+                _mm512_reduce_add_ps(acc)
+            }
+        }
+    };
+}
+
+int_kernels!(
+    plain,
+    "avx512f,avx512bw,avx512vl,avx2,fma,f16c",
+    dp_u8i8_plain,
+    dp_i8i8_plain
+);
+int_kernels!(
+    vnni,
+    "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
+    dp_u8i8_vnni,
+    dp_i8i8_vnni
+);

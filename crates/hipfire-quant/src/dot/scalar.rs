@@ -1,0 +1,151 @@
+//! Scalar reference row dots. Safe code; the SIMD tiers must agree with these within the
+//! bounds stated in `tests/formats.rs`.
+
+use crate::act::{Q8x32, Q4K_ACT_ORDER, Q8K};
+use crate::formats::float::bf16_to_f32;
+use crate::formats::hfq::{BlockHfq4G256, HFQ_GROUP};
+use crate::formats::kquant::{
+    q4k_scale_min, BlockQ4K, BlockQ6K, Q4K_SUB, Q6K_OFFSET, Q6K_SUB, QK_K,
+};
+use crate::formats::legacy::{nibble, BlockQ4_0, BlockQ4_1, BlockQ8_0, Q4_0_OFFSET, QK};
+use crate::formats::{arr, f16_to_f32};
+
+/// F32 row · x.
+pub(crate) fn dot_f32_f32_scalar(row: &[u8], x: &[f32]) -> f32 {
+    row.chunks_exact(4)
+        .zip(x)
+        .map(|(w, &x)| f64::from(f32::from_le_bytes(arr(w))) * f64::from(x))
+        .sum::<f64>() as f32
+}
+
+/// F16 row · x.
+pub(crate) fn dot_f16_f32_scalar(row: &[u8], x: &[f32]) -> f32 {
+    row.chunks_exact(2)
+        .zip(x)
+        .map(|(w, &x)| f64::from(f16_to_f32(arr(w))) * f64::from(x))
+        .sum::<f64>() as f32
+}
+
+/// BF16 row · x.
+pub(crate) fn dot_bf16_f32_scalar(row: &[u8], x: &[f32]) -> f32 {
+    row.chunks_exact(2)
+        .zip(x)
+        .map(|(w, &x)| f64::from(bf16_to_f32(arr(w))) * f64::from(x))
+        .sum::<f64>() as f32
+}
+
+/// Σ over a block of 32: weight code · activation quant.
+fn isum32(codes: impl Iterator<Item = i32>, xq: &[i8]) -> i32 {
+    codes.zip(xq).map(|(w, &x)| w * i32::from(x)).sum()
+}
+
+/// Q8_0 row · q8 activation.
+pub(crate) fn dot_q8_0_q8_0_scalar(row: &[u8], a: &Q8x32) -> f32 {
+    let mut acc = 0f64;
+    for (b, blk) in row.chunks_exact(34).enumerate() {
+        let w = BlockQ8_0::read(blk);
+        let p = isum32(w.qs.iter().map(|&q| i32::from(q)), &a.qs[QK * b..]);
+        acc += f64::from(f16_to_f32(w.d) * a.d[b]) * f64::from(p);
+    }
+    acc as f32
+}
+
+/// Q4_0 row · q8 activation: Σ d·dx·(Σ q·xq − 8·Σxq).
+pub(crate) fn dot_q4_0_q8_0_scalar(row: &[u8], a: &Q8x32) -> f32 {
+    let mut acc = 0f64;
+    for (b, blk) in row.chunks_exact(18).enumerate() {
+        let w = BlockQ4_0::read(blk);
+        let p = isum32(
+            (0..QK).map(|i| i32::from(nibble(&w.qs, i))),
+            &a.qs[QK * b..],
+        );
+        let p = p - Q4_0_OFFSET * a.isum[b];
+        acc += f64::from(f16_to_f32(w.d) * a.d[b]) * f64::from(p);
+    }
+    acc as f32
+}
+
+/// Q4_1 row · q8 activation: Σ d·dx·Σ q·xq + m·Σx.
+pub(crate) fn dot_q4_1_q8_1_scalar(row: &[u8], a: &Q8x32) -> f32 {
+    let mut acc = 0f64;
+    for (b, blk) in row.chunks_exact(20).enumerate() {
+        let w = BlockQ4_1::read(blk);
+        let p = isum32(
+            (0..QK).map(|i| i32::from(nibble(&w.qs, i))),
+            &a.qs[QK * b..],
+        );
+        acc += f64::from(f16_to_f32(w.d) * a.d[b]) * f64::from(p);
+        acc += f64::from(f16_to_f32(w.m)) * f64::from(a.s[b]);
+    }
+    acc as f32
+}
+
+/// HFQ4G256 row · q8 activation (permuted per 128: evens then odds).
+pub(crate) fn dot_hfq4_q8_0_scalar(row: &[u8], a: &Q8x32) -> f32 {
+    let mut acc = 0f64;
+    for (g, blk) in row.chunks_exact(136).enumerate() {
+        let w = BlockHfq4G256::read(blk);
+        let (scale, zero) = w.scale_zero();
+        let mut inner = 0f64;
+        for j in 0..HFQ_GROUP / QK {
+            let b = g * HFQ_GROUP / QK + j;
+            let p = isum32(
+                (0..QK).map(|i| {
+                    let pos = j * QK + i;
+                    let src = crate::act::act_source(crate::Format::Hfq4G256, pos);
+                    i32::from(w.q(src))
+                }),
+                &a.qs[QK * b..],
+            );
+            inner += f64::from(a.d[b]) * f64::from(p);
+        }
+        acc += f64::from(scale) * inner + f64::from(zero) * f64::from(a.gsum[g]);
+    }
+    acc as f32
+}
+
+/// Q4_K row · q8_K activation: Σ dx·(d·Σ sc_j·P_j − dmin·Σ m_j·S_j).
+pub(crate) fn dot_q4k_q8k_scalar(row: &[u8], a: &Q8K) -> f32 {
+    let mut acc = 0f64;
+    for (s, blk) in row.chunks_exact(144).enumerate() {
+        let w = BlockQ4K::read(blk);
+        let q = w.quants();
+        let xq = &a.qs[QK_K * s..QK_K * (s + 1)];
+        let (mut isc, mut imn) = (0i32, 0i32);
+        for (t, &j) in Q4K_ACT_ORDER.iter().enumerate() {
+            let (sc, m) = q4k_scale_min(j, &w.scales);
+            let p = isum32(
+                q[Q4K_SUB * j..Q4K_SUB * (j + 1)]
+                    .iter()
+                    .map(|&v| i32::from(v)),
+                &xq[Q4K_SUB * t..],
+            );
+            isc += i32::from(sc) * p;
+            imn += i32::from(m) * i32::from(a.sums32[8 * s + j]);
+        }
+        let dx = a.d[s];
+        acc += f64::from(f16_to_f32(w.d) * dx) * f64::from(isc);
+        acc -= f64::from(f16_to_f32(w.dmin) * dx) * f64::from(imn);
+    }
+    acc as f32
+}
+
+/// Q6_K row · q8_K activation: Σ d·dx·Σ_g sc_g·(P_g − 32·S_g).
+pub(crate) fn dot_q6k_q8k_scalar(row: &[u8], a: &Q8K) -> f32 {
+    let mut acc = 0f64;
+    for (s, blk) in row.chunks_exact(210).enumerate() {
+        let w = BlockQ6K::read(blk);
+        let q = w.quants();
+        let xq = &a.qs[QK_K * s..QK_K * (s + 1)];
+        let mut isum = 0i32;
+        for g in 0..QK_K / Q6K_SUB {
+            let p: i32 = (0..Q6K_SUB)
+                .map(|l| i32::from(q[Q6K_SUB * g + l]) * i32::from(xq[Q6K_SUB * g + l]))
+                .sum();
+            let bs = i32::from(a.bsums[16 * s + g]);
+            isum += i32::from(w.scales[g]) * (p - Q6K_OFFSET * bs);
+        }
+        acc += f64::from(f16_to_f32(w.d) * a.d[s]) * f64::from(isum);
+    }
+    acc as f32
+}
