@@ -27,7 +27,7 @@ pub mod error;
 mod kernel;
 pub mod pool;
 // pub mod refusal;
-// pub mod share;
+pub mod share;
 pub mod topology;
 
 pub use error::ExecError;
