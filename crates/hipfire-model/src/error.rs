@@ -1,0 +1,70 @@
+//! The crate's error type.
+//!
+//! One enum for the whole crate: a caller (the CLI, the server) reacts to every model
+//! failure the same way — stop and report — so one type carrying the offending values is
+//! enough; the GGUF layer keeps its own [`GgufError`] so the fuzz target and the reader's
+//! tests can match on parse failures precisely.
+
+use thiserror::Error;
+
+use crate::gguf::GgufError;
+
+/// Everything that can go wrong loading or running a model.
+#[derive(Debug, Error)]
+pub enum ModelError {
+    /// The GGUF file is malformed or lacks a key/tensor.
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    /// The file is valid GGUF but not a model this crate can run.
+    #[error("unsupported model: {0}")]
+    Unsupported(String),
+    /// A tensor has the wrong shape for the architecture.
+    #[error("tensor {name:?} has shape {got:?}, expected {want:?}")]
+    Shape {
+        /// Tensor.
+        name: String,
+        /// Expected dims (ggml order).
+        want: Vec<u64>,
+        /// Dims in the file.
+        got: Vec<u64>,
+    },
+    /// Building the tokenizer from the file's vocabulary failed.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    /// A token id outside the vocabulary.
+    #[error("token id {id} is outside the vocabulary of {vocab}")]
+    BadToken {
+        /// Token id.
+        id: u32,
+        /// Vocabulary size.
+        vocab: usize,
+    },
+    /// The session's context is full.
+    #[error("context full: {need} positions needed, context length is {ctx}")]
+    ContextFull {
+        /// Positions needed.
+        need: usize,
+        /// Context length.
+        ctx: usize,
+    },
+    /// A weight-format operation failed.
+    #[error(transparent)]
+    Quant(#[from] hipfire_quant::QuantError),
+    /// The CPU engine failed.
+    #[error(transparent)]
+    Exec(#[from] hipfire_exec::ExecError),
+    /// A backend (engine) failed; the string is the backend's own message.
+    #[error("backend {backend}: {message}")]
+    Backend {
+        /// Backend name.
+        backend: &'static str,
+        /// What went wrong.
+        message: String,
+    },
+    /// Invalid sampling or load options.
+    #[error("invalid option: {0}")]
+    InvalidOption(String),
+    /// Writing a file failed.
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+}
