@@ -1,1 +1,63 @@
-//! hipfire-gpu (being built).
+//! hipfire-gpu: the GPU engine — device, streams, events, device and host-mapped buffers, a kernel
+//! registry that compiles `kernels/*.cu` at run time, and row-range GEMV launches.
+//!
+//! # Layout
+//! - [`backend`] — the [`Backend`] trait: the raw surface a GPU runtime provides (object-safe,
+//!   integer handles, every call returns `Result`). `cuda` implements it over cudarc (default
+//!   feature `cuda`); `hip` over runtime-loaded HIP (feature `hip`, compiled but **untested on AMD
+//!   hardware**).
+//! - [`context`] — the owned safe types over any backend: [`Context`], [`Stream`], [`Event`],
+//!   [`DeviceBuffer`], [`HostMappedBuffer`], [`Module`]. Each holds an `Arc<Context>`.
+//! - [`registry`] — [`KernelRegistry`]: NVRTC/hiprtc compile for the device's own architecture,
+//!   disk cache keyed by a hash of source, architecture and options, compile-once under concurrency.
+//! - [`gemv`] — [`WeightRef`], [`RowRange`], [`GemvForm`], [`Activation`], [`GemvKernels`] and the
+//!   [`ReadKernel`] used as the bandwidth ceiling in benchmarks.
+//!
+//! # The one design decision
+//! A row range is a pointer offset: every kernel reads row `i` at `W + i·row_bytes` and writes
+//! `y[i]`, so launching rows `[a, b)` moves the weight base by `a·row_bytes` and the output base by
+//! `a`. The GPU arm of a split GEMV is therefore bit-identical to the same rows of a whole-matrix
+//! launch (the tests check it), and host-mapped and device-resident weights run the same kernel.
+//!
+//! Errors are one enum, [`GpuError`], so the executor can tell "no GPU" from a driver fault from a
+//! bad launch; driver failures name the call (`GpuError::Driver { call, source }`).
+#![deny(missing_docs)]
+
+pub mod backend;
+pub mod context;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+mod error;
+pub mod gemv;
+#[cfg(feature = "hip")]
+pub mod hip;
+pub mod registry;
+
+pub use backend::{Backend, DeviceInfo, LaunchDims};
+pub use context::{BackendKind, Context, DeviceBuffer, DeviceElem, DeviceMemory, Event, Function, HostMappedBuffer, Module, Stream};
+pub use error::{mem_available_bytes, DriverCode, GpuError};
+pub use gemv::{Activation, GemvConfig, GemvForm, GemvKernels, ReadKernel, RowRange, WeightLocation, WeightRef, QX_BLOCK};
+pub use registry::{KernelRegistry, KernelSource, GEMV_SOURCE, KERNEL_CACHE_ENV, READ_SOURCE};
+
+/// Environment variable that enables the GPU test tier (`HIPFIRE_GPU_TESTS=1`).
+pub const GPU_TESTS_ENV: &str = "HIPFIRE_GPU_TESTS";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn meminfo_parses_mem_available() {
+        let text = "MemTotal:       131072 kB\nMemFree:          1000 kB\nMemAvailable:    2048 kB\n";
+        assert_eq!(error::parse_mem_available(text), Some(2048 * 1024));
+        assert_eq!(error::parse_mem_available("MemTotal: 1 kB\n"), None);
+    }
+
+    #[test]
+    fn row_range_len() {
+        assert_eq!(RowRange::new(3, 10).len(), 7);
+        assert!(RowRange::new(5, 5).is_empty());
+        assert!(RowRange::new(6, 5).is_empty());
+        assert_eq!(RowRange::all(9), RowRange::new(0, 9));
+    }
+}

@@ -1,0 +1,146 @@
+//! The crate's error type.
+//!
+//! One enum for every backend so callers (the executor's GPU actor) match on causes, not on
+//! backend-specific codes: a driver failure names the call that failed and carries the driver's own
+//! name and text for the code, like cudarc's `DriverError`.
+
+use hipfire_quant::{Format, QuantError};
+use thiserror::Error;
+
+/// A failing driver/runtime call's code, with the driver's name and description of it.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{backend} error {code} ({name}): {message}")]
+pub struct DriverCode {
+    /// Which backend produced it ("cuda", "hip", "nvrtc", "hiprtc").
+    pub backend: &'static str,
+    /// The raw status code.
+    pub code: i64,
+    /// The driver's symbolic name (e.g. `CUDA_ERROR_OUT_OF_MEMORY`).
+    pub name: String,
+    /// The driver's description.
+    pub message: String,
+}
+
+/// Everything that can go wrong in hipfire-gpu.
+#[derive(Debug, Error)]
+pub enum GpuError {
+    /// No usable GPU: the driver library is missing, failed to initialise, or reports no devices.
+    #[error("no GPU: {reason}")]
+    NoGpu {
+        /// Why.
+        reason: String,
+    },
+    /// The requested backend was not compiled in (cargo feature off).
+    #[error("GPU backend `{backend}` is not built into this binary (enable cargo feature `{backend}`)")]
+    BackendNotBuilt {
+        /// The backend's name.
+        backend: &'static str,
+    },
+    /// A driver call failed.
+    #[error("{call} failed: {source}")]
+    Driver {
+        /// The driver entry point that failed.
+        call: &'static str,
+        /// The driver's code.
+        source: DriverCode,
+    },
+    /// Run-time compilation of a kernel module failed.
+    #[error("compiling kernel module `{module}` for {arch} failed:\n{log}")]
+    Compile {
+        /// Module name.
+        module: String,
+        /// Target architecture.
+        arch: String,
+        /// Compiler log.
+        log: String,
+    },
+    /// Pinned (page-locked) host memory could not be allocated.
+    #[error(
+        "cannot pin {requested} bytes of host memory (MemAvailable: {}): {source}",
+        .mem_available.map(|b| format!("{b} bytes")).unwrap_or_else(|| "unknown".into())
+    )]
+    HostAlloc {
+        /// Bytes requested.
+        requested: usize,
+        /// `MemAvailable` from /proc/meminfo at the time of the failure, if readable.
+        mem_available: Option<u64>,
+        /// The driver's answer.
+        source: DriverCode,
+    },
+    /// A row range outside `[0, m)` or empty.
+    #[error("row range [{start}, {end}) is not a non-empty range within [0, {m})")]
+    BadRowRange {
+        /// Range start.
+        start: usize,
+        /// Range end (exclusive).
+        end: usize,
+        /// Rows in the matrix.
+        m: usize,
+    },
+    /// A buffer is smaller than the launch needs.
+    #[error("{what}: {got} bytes, {need} needed")]
+    BufferTooSmall {
+        /// Which buffer.
+        what: &'static str,
+        /// Bytes needed.
+        need: usize,
+        /// Bytes present.
+        got: usize,
+    },
+    /// A pointer or stride does not have the alignment the kernel needs.
+    #[error("{what} is not {align}-byte aligned")]
+    Misaligned {
+        /// What is misaligned.
+        what: &'static str,
+        /// Required alignment in bytes.
+        align: usize,
+    },
+    /// A shape the GPU kernels do not cover.
+    #[error("unsupported shape for {format}: {why}")]
+    Unsupported {
+        /// Format.
+        format: Format,
+        /// Why.
+        why: String,
+    },
+    /// Activation prepared for a different `k` than the weight's.
+    #[error("activation prepared for k = {got}, weight has k = {need}")]
+    ActivationMismatch {
+        /// Weight k.
+        need: usize,
+        /// Activation k.
+        got: usize,
+    },
+    /// Objects from two different contexts were mixed in one call.
+    #[error("{what} belongs to another GPU context")]
+    WrongContext {
+        /// Which object.
+        what: &'static str,
+    },
+    /// A format/shape error from hipfire-quant.
+    #[error(transparent)]
+    Quant(#[from] QuantError),
+    /// Kernel cache I/O failed.
+    #[error("kernel cache {path}: {source}")]
+    Cache {
+        /// The file or folder.
+        path: std::path::PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+/// Bytes of `MemAvailable` in /proc/meminfo, if it can be read (Linux only).
+pub fn mem_available_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    parse_mem_available(&text)
+}
+
+/// Parses the `MemAvailable:  N kB` line of a /proc/meminfo text.
+pub(crate) fn parse_mem_available(text: &str) -> Option<u64> {
+    /// /proc/meminfo reports kibibytes.
+    const KIB: u64 = 1024;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * KIB)
+}

@@ -1,0 +1,395 @@
+//! Row-range GEMV launches, the activation quantiser and the read-bandwidth kernel.
+//!
+//! The host side owns geometry and preconditions (as ggml's `mul_mat_vec_q_cuda` does): it checks
+//! the row range, the weight's byte length, the output's length and the alignment, picks the widest
+//! load the row stride and base allow, and launches. A row range `[a, b)` is a launch over the
+//! matrix that starts at row `a`: the weight base moves by `a * row_bytes` and the output base by
+//! `a`, and the kernel writes exactly `b - a` outputs.
+
+use crate::backend::LaunchDims;
+use crate::context::{Context, DeviceBuffer, DeviceMemory, Function, Stream};
+use crate::registry::{KernelRegistry, GEMV_SOURCE, READ_SOURCE};
+use crate::GpuError;
+use hipfire_quant::Format;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+/// Elements per activation block of the int8 form (kernels/blocks.cuh `HF_QX_BLOCK`, ggml's QK8_1).
+pub const QX_BLOCK: usize = 32;
+/// Elements per "block" of the float formats in the kernel (two 16-byte f32 loads of x per unit).
+pub const FLOAT_KERNEL_BLOCK: usize = 8;
+/// Threads per block of the quantiser (8 warps; kernels/gemv.cu `__launch_bounds__(256)`).
+const QUANTIZE_THREADS: u32 = 256;
+/// Threads per block of the read kernel (kernels/read.cu `__launch_bounds__(256)`).
+const READ_THREADS: u32 = 256;
+/// Read-kernel blocks per multiprocessor: 8 × 256 threads = 2048, a full SM on sm_90.
+const READ_BLOCKS_PER_SM: u32 = 8;
+/// Threads per warp (NVIDIA; the HIP build targets wave32-compatible launch shapes too).
+const WARP: u32 = 32;
+/// Load widths the GEMV is instantiated for, widest first (kernels/gemv.cu `HF_GEMV_WIDTHS`).
+const LOAD_WIDTHS: [usize; 3] = [16, 4, 2];
+
+/// Where a weight's bytes live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WeightLocation {
+    /// Device memory (HBM).
+    Device,
+    /// Pinned host memory mapped into the device (read over PCIe, "zero-copy").
+    HostMapped,
+}
+
+/// `y = W x` or `y += W x`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GemvForm {
+    /// `y[r] = W[r] · x`.
+    Plain,
+    /// `y[r] += W[r] · x`.
+    Residual,
+}
+
+impl GemvForm {
+    fn name(self) -> &'static str {
+        match self {
+            GemvForm::Plain => "plain",
+            GemvForm::Residual => "residual",
+        }
+    }
+}
+
+/// Output rows `[start, end)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RowRange {
+    /// First row.
+    pub start: usize,
+    /// One past the last row.
+    pub end: usize,
+}
+
+impl RowRange {
+    /// `[start, end)`.
+    pub fn new(start: usize, end: usize) -> RowRange {
+        RowRange { start, end }
+    }
+    /// `[0, m)`.
+    pub fn all(m: usize) -> RowRange {
+        RowRange { start: 0, end: m }
+    }
+    /// Rows in the range (0 when `end <= start`).
+    pub fn len(&self) -> usize {
+        self.end.saturating_sub(self.start)
+    }
+    /// True if and only if the range holds no row.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A weight matrix the GPU can read: `m` rows of `k` elements in `format`, rows `row_bytes` apart
+/// with no padding, in device or host-mapped memory. Borrows the memory it points into.
+#[derive(Debug, Clone)]
+pub struct WeightRef<'a> {
+    ptr: u64,
+    len: usize,
+    format: Format,
+    m: usize,
+    k: usize,
+    row_bytes: usize,
+    location: WeightLocation,
+    ctx: Arc<Context>,
+    _borrow: PhantomData<&'a ()>,
+}
+
+impl<'a> WeightRef<'a> {
+    /// Views `mem[offset..]` as an `m × k` matrix. Errors if `k` is not a block multiple or the
+    /// memory holds fewer than `m * row_bytes` bytes after `offset`.
+    pub fn new<M: DeviceMemory + ?Sized>(mem: &'a M, offset: usize, format: Format, m: usize, k: usize) -> Result<WeightRef<'a>, GpuError> {
+        let row_bytes = format.row_bytes(k)?;
+        let need = m.checked_mul(row_bytes).and_then(|b| b.checked_add(offset)).unwrap_or(usize::MAX);
+        if need > mem.byte_len() {
+            return Err(GpuError::BufferTooSmall { what: "weight", need, got: mem.byte_len() });
+        }
+        Ok(WeightRef {
+            ptr: mem.device_ptr() + offset as u64,
+            len: m * row_bytes,
+            format,
+            m,
+            k,
+            row_bytes,
+            location: mem.location(),
+            ctx: mem.context().clone(),
+            _borrow: PhantomData,
+        })
+    }
+
+    /// Builds a view from a raw device address.
+    ///
+    /// # Safety
+    /// `ptr..ptr + m * format.row_bytes(k)` is device-addressable memory of `ctx` that stays
+    /// allocated for as long as any launch using this view can run.
+    pub unsafe fn from_raw(ctx: &Arc<Context>, ptr: u64, format: Format, m: usize, k: usize, location: WeightLocation) -> Result<WeightRef<'static>, GpuError> {
+        let row_bytes = format.row_bytes(k)?;
+        Ok(WeightRef { ptr, len: m * row_bytes, format, m, k, row_bytes, location, ctx: ctx.clone(), _borrow: PhantomData })
+    }
+
+    /// Format.
+    pub fn format(&self) -> Format {
+        self.format
+    }
+    /// Rows.
+    pub fn m(&self) -> usize {
+        self.m
+    }
+    /// Columns.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+    /// Bytes per row.
+    pub fn row_bytes(&self) -> usize {
+        self.row_bytes
+    }
+    /// Bytes of the whole matrix.
+    pub fn byte_len(&self) -> usize {
+        self.len
+    }
+    /// Where the bytes live.
+    pub fn location(&self) -> WeightLocation {
+        self.location
+    }
+    /// Device address of row 0.
+    pub fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+}
+
+/// The activation `x` in the forms the kernels read: f32 (float formats) and int8 per 32 elements
+/// with `(d, d·Σq)` (quantised formats, ggml's q8_1). Prepared once per GEMV with
+/// [`GemvKernels::prepare`], shared by every row-range launch of that GEMV.
+#[derive(Debug)]
+pub struct Activation {
+    k: usize,
+    xf: DeviceBuffer<f32>,
+    qs: DeviceBuffer<i8>,
+    ds: DeviceBuffer<f32>,
+}
+
+impl Activation {
+    /// Device storage for an activation of `k` elements (`k` a multiple of 32).
+    pub fn new(ctx: &Arc<Context>, k: usize) -> Result<Activation, GpuError> {
+        if k == 0 || k % QX_BLOCK != 0 {
+            return Err(GpuError::Unsupported { format: Format::F32, why: format!("activation length {k} is not a positive multiple of {QX_BLOCK}") });
+        }
+        Ok(Activation { k, xf: ctx.alloc(k)?, qs: ctx.alloc(k)?, ds: ctx.alloc(2 * (k / QX_BLOCK))? })
+    }
+    /// Elements.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+    /// The int8 values (for tests and the CPU-side error bound): `k` values.
+    pub fn quantized(&self) -> &DeviceBuffer<i8> {
+        &self.qs
+    }
+    /// `(d, d·Σq)` pairs, one per block of 32: `2 * k / 32` floats.
+    pub fn scales(&self) -> &DeviceBuffer<f32> {
+        &self.ds
+    }
+}
+
+/// Kernel-shape choices compiled into the GEMV module (kernels/gemv.cu `HF_WARPS`, `HF_ROWS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GemvConfig {
+    /// Warps per thread block.
+    pub warps: u32,
+    /// Rows per warp (the activation unit is loaded once and reused for each).
+    pub rows_per_warp: u32,
+}
+
+impl Default for GemvConfig {
+    /// 4 warps × 2 rows: the shape measured best on the H200 (docs/perf-checkpoints/2026-11-29-gpu-gemv).
+    fn default() -> Self {
+        GemvConfig { warps: 4, rows_per_warp: 2 }
+    }
+}
+
+/// The GEMV kernels of every format, loaded for one context.
+#[derive(Debug)]
+pub struct GemvKernels {
+    ctx: Arc<Context>,
+    config: GemvConfig,
+    gemv: HashMap<(Format, GemvForm, usize), Function>,
+    quantize: Function,
+}
+
+impl GemvKernels {
+    /// Compiles (or loads from cache) and loads the GEMV module with the default shape.
+    pub fn new(registry: &KernelRegistry) -> Result<GemvKernels, GpuError> {
+        GemvKernels::with_config(registry, GemvConfig::default())
+    }
+
+    /// As [`GemvKernels::new`] with a chosen kernel shape (benchmarks compare shapes).
+    pub fn with_config(registry: &KernelRegistry, config: GemvConfig) -> Result<GemvKernels, GpuError> {
+        let options = vec![format!("-DHF_WARPS={}", config.warps), format!("-DHF_ROWS={}", config.rows_per_warp)];
+        let module = registry.module(&GEMV_SOURCE, &options)?;
+        let mut gemv = HashMap::new();
+        for format in Format::ALL {
+            for form in [GemvForm::Plain, GemvForm::Residual] {
+                for width in LOAD_WIDTHS {
+                    let name = format!("gemv_{}_{}_v{width}", format.name(), form.name());
+                    gemv.insert((format, form, width), module.function(&name)?);
+                }
+            }
+        }
+        let quantize = module.function("quantize_x_q8")?;
+        Ok(GemvKernels { ctx: registry.context().clone(), config, gemv, quantize })
+    }
+
+    /// The shape compiled in.
+    pub fn config(&self) -> GemvConfig {
+        self.config
+    }
+
+    /// Queues the preparation of `act` from `x` (`act.k()` f32 values at the start of `x`).
+    pub fn prepare<X: DeviceMemory + ?Sized>(&self, stream: &Stream, x: &X, act: &mut Activation) -> Result<(), GpuError> {
+        self.ctx.check_same(stream.context(), "stream")?;
+        self.ctx.check_same(x.context(), "x")?;
+        let need = act.k * 4;
+        if x.byte_len() < need {
+            return Err(GpuError::BufferTooSmall { what: "x", need, got: x.byte_len() });
+        }
+        if x.device_ptr() % 4 != 0 {
+            return Err(GpuError::Misaligned { what: "x", align: 4 });
+        }
+        let mut px = x.device_ptr();
+        let mut k = act.k as i32;
+        let mut pq = act.qs.device_ptr();
+        let mut pd = act.ds.device_ptr();
+        let mut pf = act.xf.device_ptr();
+        let mut params: [*mut c_void; 5] = [
+            (&mut px as *mut u64).cast(),
+            (&mut k as *mut i32).cast(),
+            (&mut pq as *mut u64).cast(),
+            (&mut pd as *mut u64).cast(),
+            (&mut pf as *mut u64).cast(),
+        ];
+        let dims = LaunchDims { grid: (act.k as u32).div_ceil(QUANTIZE_THREADS), block: QUANTIZE_THREADS, shared_bytes: 0 };
+        // SAFETY: kernel `quantize_x_q8(const float* x, int k, signed char* qs, float2* ds, float* xf)`:
+        // five parameters of exactly these types; x holds k floats (checked), qs k bytes, ds 2k/32
+        // floats and xf k floats (allocated by Activation::new for this k); threads past k write
+        // nothing; all buffers are owned by borrowed live objects whose Drop frees synchronously.
+        unsafe { self.ctx.backend().launch(self.quantize.raw(), dims, stream.raw(), &mut params) }
+    }
+
+    /// Queues `y[r] = W[r]·x` (plain) or `y[r] += W[r]·x` (residual) for `r` in `rows` only. `y`
+    /// holds at least `w.m()` f32 values (indexed by absolute row); `x` is `act` from
+    /// [`GemvKernels::prepare`] on the same stream (or one ordered before it).
+    pub fn gemv<Y: DeviceMemory + ?Sized>(
+        &self,
+        stream: &Stream,
+        w: &WeightRef<'_>,
+        act: &Activation,
+        y: &mut Y,
+        rows: RowRange,
+        form: GemvForm,
+    ) -> Result<(), GpuError> {
+        self.ctx.check_same(stream.context(), "stream")?;
+        self.ctx.check_same(&w.ctx, "weight")?;
+        self.ctx.check_same(y.context(), "y")?;
+        if rows.is_empty() || rows.end > w.m {
+            return Err(GpuError::BadRowRange { start: rows.start, end: rows.end, m: w.m });
+        }
+        if act.k != w.k {
+            return Err(GpuError::ActivationMismatch { need: w.k, got: act.k });
+        }
+        let y_need = w.m * 4;
+        if y.byte_len() < y_need {
+            return Err(GpuError::BufferTooSmall { what: "y", need: y_need, got: y.byte_len() });
+        }
+        if y.device_ptr() % 4 != 0 {
+            return Err(GpuError::Misaligned { what: "y", align: 4 });
+        }
+        let float = matches!(w.format, Format::F32 | Format::F16 | Format::BF16);
+        let elems = if float { FLOAT_KERNEL_BLOCK } else { w.format.block_elems() };
+        if w.k % elems != 0 {
+            return Err(GpuError::Unsupported { format: w.format, why: format!("k = {} is not a multiple of {elems}", w.k) });
+        }
+        let (Ok(nrows), Ok(nblocks)) = (i32::try_from(rows.len()), i32::try_from(w.k / elems)) else {
+            return Err(GpuError::Unsupported { format: w.format, why: "more than 2^31 rows or blocks".into() });
+        };
+        let base = w.ptr + (rows.start * w.row_bytes) as u64;
+        let Some(width) = LOAD_WIDTHS.into_iter().find(|&v| w.row_bytes % v == 0 && base % v as u64 == 0) else {
+            return Err(GpuError::Misaligned { what: "weight rows (base and row stride)", align: 2 });
+        };
+        let Some(f) = self.gemv.get(&(w.format, form, width)) else {
+            return Err(GpuError::Unsupported { format: w.format, why: "no GPU kernel".into() });
+        };
+        let rows_per_block = self.config.warps * self.config.rows_per_warp;
+        let dims = LaunchDims { grid: (nrows as u32).div_ceil(rows_per_block), block: self.config.warps * WARP, shared_bytes: 0 };
+        let mut pw = base;
+        let mut prb = w.row_bytes as u64;
+        let mut pq = act.qs.device_ptr();
+        let mut pd = act.ds.device_ptr();
+        let mut pf = act.xf.device_ptr();
+        let mut py = y.device_ptr() + (rows.start * 4) as u64;
+        let mut pn = nrows;
+        let mut pb = nblocks;
+        let mut params: [*mut c_void; 8] = [
+            (&mut pw as *mut u64).cast(),
+            (&mut prb as *mut u64).cast(),
+            (&mut pq as *mut u64).cast(),
+            (&mut pd as *mut u64).cast(),
+            (&mut pf as *mut u64).cast(),
+            (&mut py as *mut u64).cast(),
+            (&mut pn as *mut i32).cast(),
+            (&mut pb as *mut i32).cast(),
+        ];
+        // SAFETY: kernel `gemv_<fmt>_<form>_v<width>(const u8* W, u64 row_bytes, const i8* qs,
+        // const float2* ds, const float* xf, float* y, int nrows, int nblocks)`: eight parameters of
+        // these types. The kernel reads rows [0, nrows) at W + i*row_bytes, i.e. bytes
+        // [start*row_bytes, end*row_bytes) of the weight (end <= m and m*row_bytes bytes present,
+        // checked in WeightRef::new); loads are `width` bytes wide and `width` divides both base and
+        // row_bytes (checked above); it reads k = nblocks*elems activation values (act.k == w.k,
+        // checked) and writes y[start..end] (y holds m floats, checked). All memory is owned by
+        // borrowed live objects whose Drop frees synchronously.
+        unsafe { self.ctx.backend().launch(f.raw(), dims, stream.raw(), &mut params) }
+    }
+}
+
+/// The read-bandwidth kernel: reads a buffer once with 16-byte loads (the ceiling GEMVs are measured against).
+#[derive(Debug)]
+pub struct ReadKernel {
+    ctx: Arc<Context>,
+    f: Function,
+    sink: DeviceBuffer<u32>,
+}
+
+impl ReadKernel {
+    /// Loads the read kernel.
+    pub fn new(registry: &KernelRegistry) -> Result<ReadKernel, GpuError> {
+        let module = registry.module(&READ_SOURCE, &[])?;
+        let ctx = registry.context().clone();
+        Ok(ReadKernel { f: module.function("read_sum")?, sink: ctx.alloc(1)?, ctx })
+    }
+
+    /// Queues a read of the first `bytes` of `mem` (`bytes` a multiple of 16, base 16-aligned).
+    pub fn read<M: DeviceMemory + ?Sized>(&self, stream: &Stream, mem: &M, bytes: usize) -> Result<(), GpuError> {
+        self.ctx.check_same(mem.context(), "buffer")?;
+        self.ctx.check_same(stream.context(), "stream")?;
+        if bytes > mem.byte_len() {
+            return Err(GpuError::BufferTooSmall { what: "read", need: bytes, got: mem.byte_len() });
+        }
+        if bytes % 16 != 0 || mem.device_ptr() % 16 != 0 {
+            return Err(GpuError::Misaligned { what: "read buffer", align: 16 });
+        }
+        let mut p = mem.device_ptr();
+        let mut n16 = (bytes / 16) as u64;
+        let mut out = self.sink.device_ptr();
+        let mut params: [*mut c_void; 3] = [(&mut p as *mut u64).cast(), (&mut n16 as *mut u64).cast(), (&mut out as *mut u64).cast()];
+        let grid = self.ctx.info().multiprocessors * READ_BLOCKS_PER_SM;
+        let dims = LaunchDims { grid, block: READ_THREADS, shared_bytes: 0 };
+        // SAFETY: kernel `read_sum(const uint4* p, u64 n16, unsigned* out)`: reads n16 16-byte words
+        // from a 16-aligned buffer holding at least that many (checked) and may write one u32 to
+        // the sink, owned by self.
+        unsafe { self.ctx.backend().launch(self.f.raw(), dims, stream.raw(), &mut params) }
+    }
+}

@@ -1,0 +1,188 @@
+//! Shared pieces of the GPU test tier: the env gate, seeded random weights in every format, and an
+//! independent f64 dequantiser written from ggml's `dequantize_row_*` (ggml/src/ggml-quants.c).
+#![allow(dead_code)]
+
+use half::{bf16, f16};
+use hipfire_gpu::{Context, GPU_TESTS_ENV};
+use hipfire_quant::Format;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::sync::Arc;
+
+/// The GPU context when the tier is enabled; `None` (after printing why) when it is not.
+/// Enabled but no GPU is a test failure, with the reason.
+pub fn gpu() -> Option<Arc<Context>> {
+    if std::env::var_os(GPU_TESTS_ENV).is_none() {
+        println!("skipped: {GPU_TESTS_ENV} not set");
+        return None;
+    }
+    match Context::new(0) {
+        Ok(ctx) => Some(ctx),
+        Err(e) => panic!("{GPU_TESTS_ENV} is set but no GPU is usable: {e}"),
+    }
+}
+
+pub fn rng(seed: u64) -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(seed)
+}
+
+fn put_f16(b: &mut [u8], v: f32) {
+    b[..2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
+}
+
+/// `m` random rows of `k` elements in `format`, scales in realistic ranges (never zero, never NaN).
+pub fn random_weights(format: Format, m: usize, k: usize, r: &mut ChaCha8Rng) -> Vec<u8> {
+    let rb = format.row_bytes(k).expect("k fits format");
+    let mut out = vec![0u8; m * rb];
+    match format {
+        Format::F32 => out
+            .chunks_exact_mut(4)
+            .for_each(|c| c.copy_from_slice(&r.random_range(-1.0f32..1.0).to_le_bytes())),
+        Format::F16 => out.chunks_exact_mut(2).for_each(|c| {
+            c.copy_from_slice(&f16::from_f32(r.random_range(-1.0f32..1.0)).to_le_bytes())
+        }),
+        Format::BF16 => out.chunks_exact_mut(2).for_each(|c| {
+            c.copy_from_slice(&bf16::from_f32(r.random_range(-1.0f32..1.0)).to_le_bytes())
+        }),
+        _ => {
+            r.fill(&mut out[..]);
+            let bb = format.block_bytes();
+            for b in out.chunks_exact_mut(bb) {
+                match format {
+                    Format::Q8_0 | Format::Q4_0 => put_f16(b, r.random_range(0.001f32..0.02)),
+                    Format::Q4_1 => {
+                        put_f16(b, r.random_range(0.001f32..0.02));
+                        put_f16(&mut b[2..], r.random_range(-0.1f32..0.1));
+                    }
+                    Format::Q4K => {
+                        put_f16(b, r.random_range(0.0005f32..0.005));
+                        put_f16(&mut b[2..], r.random_range(0.0005f32..0.005));
+                    }
+                    Format::Q6K => put_f16(&mut b[208..], r.random_range(0.0005f32..0.005)),
+                    Format::Hfq4G256 => {
+                        b[..4].copy_from_slice(&r.random_range(0.001f32..0.02).to_le_bytes());
+                        b[4..8].copy_from_slice(&r.random_range(-0.1f32..0.1).to_le_bytes());
+                    }
+                    _ => unreachable!("float formats handled above"),
+                }
+            }
+        }
+    }
+    out
+}
+
+pub fn random_x(k: usize, r: &mut ChaCha8Rng) -> Vec<f32> {
+    (0..k).map(|_| r.random_range(-1.0f32..1.0)).collect()
+}
+
+fn h(b: &[u8]) -> f64 {
+    f16::from_le_bytes([b[0], b[1]]).to_f64()
+}
+
+/// ggml get_scale_min_k4.
+fn scale_min_k4(j: usize, q: &[u8]) -> (f64, f64) {
+    if j < 4 {
+        ((q[j] & 63) as f64, (q[j + 4] & 63) as f64)
+    } else {
+        (
+            ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4)) as f64,
+            ((q[j + 4] >> 4) | ((q[j] >> 6) << 4)) as f64,
+        )
+    }
+}
+
+/// One row dequantised in f64, following ggml's dequantize_row_* exactly.
+pub fn dequant_f64(format: Format, row: &[u8], k: usize) -> Vec<f64> {
+    let mut y = Vec::with_capacity(k);
+    match format {
+        Format::F32 => row
+            .chunks_exact(4)
+            .for_each(|c| y.push(f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64)),
+        Format::F16 => row.chunks_exact(2).for_each(|c| y.push(h(c))),
+        Format::BF16 => row
+            .chunks_exact(2)
+            .for_each(|c| y.push(bf16::from_le_bytes([c[0], c[1]]).to_f64())),
+        Format::Q8_0 => {
+            for b in row.chunks_exact(34) {
+                let d = h(b);
+                y.extend(b[2..34].iter().map(|&q| d * (q as i8) as f64));
+            }
+        }
+        Format::Q4_0 | Format::Q4_1 => {
+            let bb = format.block_bytes();
+            for b in row.chunks_exact(bb) {
+                let d = h(b);
+                let (m, qs) = if format == Format::Q4_1 {
+                    (h(&b[2..]), &b[4..20])
+                } else {
+                    (-8.0 * d, &b[2..18])
+                };
+                let mut v = [0f64; 32];
+                for j in 0..16 {
+                    v[j] = d * (qs[j] & 0xF) as f64 + m;
+                    v[j + 16] = d * (qs[j] >> 4) as f64 + m;
+                }
+                y.extend(v);
+            }
+        }
+        Format::Q4K => {
+            for b in row.chunks_exact(144) {
+                let (d, dmin) = (h(b), h(&b[2..]));
+                let sc = &b[4..16];
+                let mut q = &b[16..144];
+                for j in 0..4 {
+                    let (s1, m1) = scale_min_k4(2 * j, sc);
+                    let (s2, m2) = scale_min_k4(2 * j + 1, sc);
+                    for l in 0..32 {
+                        y.push(d * s1 * (q[l] & 0xF) as f64 - dmin * m1);
+                    }
+                    for l in 0..32 {
+                        y.push(d * s2 * (q[l] >> 4) as f64 - dmin * m2);
+                    }
+                    q = &q[32..];
+                }
+            }
+        }
+        Format::Q6K => {
+            for b in row.chunks_exact(210) {
+                let d = h(&b[208..]);
+                let mut v = [0f64; 256];
+                for n in 0..2 {
+                    let ql = &b[64 * n..];
+                    let qh = &b[128 + 32 * n..];
+                    let sc = &b[192 + 8 * n..];
+                    for l in 0..32 {
+                        let is = l / 16;
+                        let q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i32 - 32;
+                        let q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
+                        let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
+                        let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
+                        let s = |i: usize| sc[i] as i8 as f64;
+                        v[128 * n + l] = d * s(is) * q1 as f64;
+                        v[128 * n + l + 32] = d * s(is + 2) * q2 as f64;
+                        v[128 * n + l + 64] = d * s(is + 4) * q3 as f64;
+                        v[128 * n + l + 96] = d * s(is + 6) * q4 as f64;
+                    }
+                }
+                y.extend(v);
+            }
+        }
+        Format::Hfq4G256 => {
+            for b in row.chunks_exact(136) {
+                let scale = f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64;
+                let zero = f32::from_le_bytes([b[4], b[5], b[6], b[7]]) as f64;
+                for &q in &b[8..136] {
+                    y.push(scale * (q & 0xF) as f64 + zero);
+                    y.push(scale * (q >> 4) as f64 + zero);
+                }
+            }
+        }
+    }
+    assert_eq!(y.len(), k);
+    y
+}
+
+/// True for the formats whose kernels use the int8 activation.
+pub fn uses_int8_activation(format: Format) -> bool {
+    !matches!(format, Format::F32 | Format::F16 | Format::BF16)
+}

@@ -1,0 +1,444 @@
+//! GPU tier: every GEMV kernel against an f64 reference, row-range parity, poisoned outputs,
+//! host-mapped vs device weights, typed errors, the registry and async copies.
+//! Runs only with `HIPFIRE_GPU_TESTS=1` (each test prints why it skipped otherwise).
+
+mod common;
+
+use common::{dequant_f64, gpu, random_weights, random_x, rng, uses_int8_activation};
+use hipfire_gpu::{
+    Activation, Context, DeviceBuffer, DeviceMemory, GemvForm, GemvKernels, GpuError,
+    KernelRegistry, RowRange, Stream, WeightRef, GEMV_SOURCE,
+};
+use hipfire_quant::Format;
+use std::sync::Arc;
+
+/// Quiet NaN bit pattern used to poison outputs: any row left unwritten keeps exactly these bits.
+const POISON: u32 = 0x7FC0_0000;
+/// Unit roundoff of f32, for the accumulation error bound.
+const F32_U: f64 = 6.0e-8;
+
+/// The weight bytes in one of the two memories.
+enum Placed {
+    Device(DeviceBuffer<u8>),
+    Host(hipfire_gpu::HostMappedBuffer),
+}
+
+impl Placed {
+    fn mem(&self) -> &dyn DeviceMemory {
+        match self {
+            Placed::Device(b) => b,
+            Placed::Host(b) => b,
+        }
+    }
+}
+
+fn place(ctx: &Arc<Context>, stream: &Stream, bytes: &[u8], host: bool) -> Placed {
+    if host {
+        let mut b = ctx.alloc_host_mapped(bytes.len()).expect("pinned alloc");
+        b.as_mut_slice().copy_from_slice(bytes);
+        Placed::Host(b)
+    } else {
+        let mut b = ctx.alloc::<u8>(bytes.len()).expect("device alloc");
+        b.upload(stream, bytes).expect("upload");
+        Placed::Device(b)
+    }
+}
+
+struct Gpu {
+    ctx: Arc<Context>,
+    stream: Stream,
+    kernels: GemvKernels,
+}
+
+fn setup() -> Option<Gpu> {
+    let ctx = gpu()?;
+    let dir = std::env::temp_dir().join(format!("hipfire-gpu-tests-{}", std::process::id()));
+    let registry = KernelRegistry::with_cache_dir(&ctx, dir);
+    let kernels = GemvKernels::new(&registry).expect("GEMV module compiles and loads");
+    let stream = ctx.new_stream().expect("stream");
+    Some(Gpu {
+        ctx,
+        stream,
+        kernels,
+    })
+}
+
+/// Runs one launch on `y0` (uploaded first), returns y.
+fn run(
+    g: &Gpu,
+    w: &WeightRef<'_>,
+    act: &Activation,
+    y0: &[f32],
+    rows: RowRange,
+    form: GemvForm,
+) -> Vec<f32> {
+    let mut y = g.ctx.alloc::<f32>(y0.len()).expect("y");
+    y.upload(&g.stream, y0).expect("y upload");
+    g.kernels
+        .gemv(&g.stream, w, act, &mut y, rows, form)
+        .expect("launch");
+    let mut out = vec![0f32; y0.len()];
+    y.download(&g.stream, &mut out).expect("y download");
+    out
+}
+
+/// The activation the kernels actually multiplied by (x itself for the float formats) and the
+/// quantisation step d of each element's block.
+fn effective_x(g: &Gpu, act: &Activation, x: &[f32], format: Format) -> (Vec<f64>, Vec<f64>) {
+    if !uses_int8_activation(format) {
+        return (x.iter().map(|&v| v as f64).collect(), vec![0.0; x.len()]);
+    }
+    let mut q = vec![0i8; act.k()];
+    let mut ds = vec![0f32; 2 * act.k() / 32];
+    act.quantized().download(&g.stream, &mut q).expect("qs");
+    act.scales().download(&g.stream, &mut ds).expect("ds");
+    let d: Vec<f64> = (0..act.k()).map(|j| ds[2 * (j / 32)] as f64).collect();
+    ((0..act.k()).map(|j| d[j] * q[j] as f64).collect(), d)
+}
+
+fn prepare(g: &Gpu, x: &[f32]) -> Activation {
+    let mut xd = g.ctx.alloc::<f32>(x.len()).expect("x");
+    xd.upload(&g.stream, x).expect("x upload");
+    let mut act = Activation::new(&g.ctx, x.len()).expect("activation");
+    g.kernels
+        .prepare(&g.stream, &xd, &mut act)
+        .expect("prepare");
+    g.stream.synchronize().expect("sync");
+    act
+}
+
+/// Checks `y` against the f64 reference for every row; returns the worst error relative to its bound.
+#[allow(clippy::too_many_arguments)]
+fn check_rows(
+    format: Format,
+    wbytes: &[u8],
+    k: usize,
+    x: &[f32],
+    xhat: &[f64],
+    dstep: &[f64],
+    y0: &[f32],
+    y: &[f32],
+    form: GemvForm,
+) -> f64 {
+    let rb = format.row_bytes(k).expect("row bytes");
+    let mut worst = 0f64;
+    for (r, row) in wbytes.chunks_exact(rb).enumerate() {
+        let w = dequant_f64(format, row, k);
+        let base = if form == GemvForm::Residual {
+            y0[r] as f64
+        } else {
+            0.0
+        };
+        let dot_hat: f64 = w.iter().zip(xhat).map(|(a, b)| a * b).sum();
+        let abs_hat: f64 = w.iter().zip(xhat).map(|(a, b)| (a * b).abs()).sum();
+        let dot_x: f64 = w.iter().zip(x).map(|(a, &b)| a * b as f64).sum();
+        // Rounding bound of the kernel's f32 arithmetic: per-lane sums over k/32 units, a 32-way tree,
+        // per-block scale products and the offset terms (x8 covers their cancellation).
+        let tol_arith = 8.0 * ((k / 32 + 64) as f64) * F32_U * (abs_hat + base.abs()) + 1e-30;
+        // Quantising x: |x - x̂| <= d/2 per element (rint), so |W·x - W·x̂| <= Σ|w|·d/2.
+        let tol_q: f64 = w
+            .iter()
+            .zip(dstep)
+            .map(|(a, d)| a.abs() * d * 0.5)
+            .sum::<f64>()
+            * 1.001;
+        let got = y[r] as f64;
+        assert!(got.is_finite(), "{format} row {r}: non-finite {got}");
+        let e_hat = (got - base - dot_hat).abs();
+        assert!(
+            e_hat <= tol_arith,
+            "{format} k={k} row {r}: |y - W·x̂| = {e_hat:e} > {tol_arith:e} (y={got}, ref={})",
+            base + dot_hat
+        );
+        let e_x = (got - base - dot_x).abs();
+        assert!(
+            e_x <= tol_arith + tol_q,
+            "{format} k={k} row {r}: |y - W·x| = {e_x:e} > {:e}",
+            tol_arith + tol_q
+        );
+        worst = worst.max(e_hat / tol_arith);
+    }
+    worst
+}
+
+fn shapes(format: Format) -> Vec<(usize, usize)> {
+    // (m, k): a 16-byte-row shape with odd m; one block-row shape; and for 32-element and float
+    // formats k = 96, whose rows are only 2- or 4-byte aligned (the narrow-load instantiations).
+    let mut s = vec![(67, 2048), (33, 256)];
+    if format.block_elems() <= 32 {
+        s.push((17, 96));
+    }
+    s
+}
+
+#[test]
+fn gpu_every_format_matches_f64_reference_on_both_memories() {
+    let Some(g) = setup() else { return };
+    let mut r = rng(0x5EED_0001);
+    for format in Format::ALL {
+        for (m, k) in shapes(format) {
+            let wbytes = random_weights(format, m, k, &mut r);
+            let x = random_x(k, &mut r);
+            let y0 = random_x(m, &mut r);
+            let act = prepare(&g, &x);
+            let (xhat, dstep) = effective_x(&g, &act, &x, format);
+            for form in [GemvForm::Plain, GemvForm::Residual] {
+                let mut outs = Vec::new();
+                for host in [false, true] {
+                    let placed = place(&g.ctx, &g.stream, &wbytes, host);
+                    let w = WeightRef::new(placed.mem(), 0, format, m, k).expect("weight view");
+                    let y = run(&g, &w, &act, &y0, RowRange::all(m), form);
+                    let worst = check_rows(format, &wbytes, k, &x, &xhat, &dstep, &y0, &y, form);
+                    println!("{format:>9} m={m:<3} k={k:<5} {form:?} host={host}: worst error {worst:.3} of bound");
+                    outs.push(y);
+                }
+                let bits = |v: &Vec<f32>| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&outs[0]),
+                    bits(&outs[1]),
+                    "{format} {form:?}: host-mapped and device results differ"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn gpu_row_ranges_are_bit_exact_and_write_only_their_rows() {
+    let Some(g) = setup() else { return };
+    let mut r = rng(0x5EED_0002);
+    let m = 257;
+    for format in Format::ALL {
+        for k in [2048, 96] {
+            if format.row_bytes(k).is_err() {
+                continue;
+            }
+            let wbytes = random_weights(format, m, k, &mut r);
+            let x = random_x(k, &mut r);
+            let act = prepare(&g, &x);
+            let placed = place(&g.ctx, &g.stream, &wbytes, false);
+            let w = WeightRef::new(placed.mem(), 0, format, m, k).expect("view");
+            let poison = vec![f32::from_bits(POISON); m];
+            for form in [GemvForm::Plain, GemvForm::Residual] {
+                let y0 = if form == GemvForm::Plain {
+                    poison.clone()
+                } else {
+                    random_x(m, &mut r)
+                };
+                let full = run(&g, &w, &act, &y0, RowRange::all(m), form);
+                let g_split = 100;
+                for (a, b) in [
+                    (0, g_split),
+                    (g_split, m),
+                    (1, 2),
+                    (37, 102),
+                    (255, 257),
+                    (0, 1),
+                    (128, 129),
+                    (3, 254),
+                ] {
+                    // Poison everything; for the residual form the rows in range start from y0.
+                    let start: Vec<f32> = (0..m)
+                        .map(|i| {
+                            if (a..b).contains(&i) {
+                                y0[i]
+                            } else {
+                                f32::from_bits(POISON)
+                            }
+                        })
+                        .collect();
+                    let y = run(&g, &w, &act, &start, RowRange::new(a, b), form);
+                    for i in 0..m {
+                        if (a..b).contains(&i) {
+                            assert_eq!(y[i].to_bits(), full[i].to_bits(), "{format} k={k} {form:?} [{a},{b}) row {i} differs from the full launch");
+                        } else {
+                            assert_eq!(
+                                y[i].to_bits(),
+                                POISON,
+                                "{format} k={k} {form:?} [{a},{b}) wrote row {i} outside its range"
+                            );
+                        }
+                    }
+                }
+                // The two arms of a split together equal the whole launch.
+                let mut yd = g.ctx.alloc::<f32>(m).expect("y");
+                yd.upload(&g.stream, &y0).expect("up");
+                let kern = &g.kernels;
+                kern.gemv(
+                    &g.stream,
+                    &w,
+                    &act,
+                    &mut yd,
+                    RowRange::new(0, g_split),
+                    form,
+                )
+                .expect("arm 1");
+                kern.gemv(
+                    &g.stream,
+                    &w,
+                    &act,
+                    &mut yd,
+                    RowRange::new(g_split, m),
+                    form,
+                )
+                .expect("arm 2");
+                let mut y = vec![0f32; m];
+                yd.download(&g.stream, &mut y).expect("down");
+                assert!(
+                    y.iter().zip(&full).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{format} {form:?}: split != whole"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn gpu_bad_launches_are_typed_errors() {
+    let Some(g) = setup() else { return };
+    let mut r = rng(0x5EED_0003);
+    let (m, k) = (64, 256);
+    let format = Format::Q4K;
+    let wbytes = random_weights(format, m, k, &mut r);
+    let placed = place(&g.ctx, &g.stream, &wbytes, false);
+    let w = WeightRef::new(placed.mem(), 0, format, m, k).expect("view");
+    let act = prepare(&g, &random_x(k, &mut r));
+    let mut y = g.ctx.alloc::<f32>(m).expect("y");
+    let k = &g.kernels;
+    let s = &g.stream;
+    let e = k
+        .gemv(
+            s,
+            &w,
+            &act,
+            &mut y,
+            RowRange::new(0, m + 1),
+            GemvForm::Plain,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            GpuError::BadRowRange {
+                start: 0,
+                end: 65,
+                m: 64
+            }
+        ),
+        "{e}"
+    );
+    let e = k
+        .gemv(s, &w, &act, &mut y, RowRange::new(5, 5), GemvForm::Plain)
+        .unwrap_err();
+    assert!(matches!(e, GpuError::BadRowRange { .. }), "{e}");
+    let mut short = g.ctx.alloc::<f32>(m - 1).expect("short y");
+    let e = k
+        .gemv(
+            s,
+            &w,
+            &act,
+            &mut short,
+            RowRange::new(0, 1),
+            GemvForm::Plain,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(e, GpuError::BufferTooSmall { what: "y", .. }),
+        "{e}"
+    );
+    let other = prepare(&g, &random_x(512, &mut r));
+    let e = k
+        .gemv(s, &w, &other, &mut y, RowRange::all(m), GemvForm::Plain)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            GpuError::ActivationMismatch {
+                need: 256,
+                got: 512
+            }
+        ),
+        "{e}"
+    );
+    let e = WeightRef::new(placed.mem(), 0, format, m + 1, 256).unwrap_err();
+    assert!(
+        matches!(e, GpuError::BufferTooSmall { what: "weight", .. }),
+        "{e}"
+    );
+    let e = WeightRef::new(placed.mem(), 0, format, m, 100).unwrap_err();
+    assert!(matches!(e, GpuError::Quant(_)), "{e}");
+    // A weight view at an odd byte offset cannot be read with any load width the kernels have.
+    let big = place(&g.ctx, &g.stream, &vec![1u8; wbytes.len() + 1], false);
+    let wodd = WeightRef::new(big.mem(), 1, format, m, 256).expect("odd view");
+    let e = k
+        .gemv(s, &wodd, &act, &mut y, RowRange::all(m), GemvForm::Plain)
+        .unwrap_err();
+    assert!(matches!(e, GpuError::Misaligned { .. }), "{e}");
+    // Nothing above queued work that faults.
+    s.synchronize()
+        .expect("stream healthy after refused launches");
+}
+
+#[test]
+fn gpu_registry_compiles_once_under_concurrency_and_caches_on_disk() {
+    let Some(ctx) = gpu() else { return };
+    let dir = std::env::temp_dir().join(format!("hipfire-gpu-reg-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let registry = KernelRegistry::with_cache_dir(&ctx, &dir);
+    let opts = vec!["-DHF_ROWS=1".to_string()];
+    let mods: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..4)
+            .map(|_| s.spawn(|| registry.module(&GEMV_SOURCE, &opts).expect("module")))
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("thread")).collect()
+    });
+    assert!(
+        mods.windows(2).all(|p| Arc::ptr_eq(&p[0], &p[1])),
+        "one module shared by all first users"
+    );
+    let files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("cache dir")
+        .filter_map(|e| e.ok())
+        .collect();
+    assert_eq!(
+        files.len(),
+        1,
+        "exactly one cached image, no temp files: {files:?}"
+    );
+    // A second registry (a new process, in effect) loads from disk and gets a working module.
+    let t0 = std::time::Instant::now();
+    let again = KernelRegistry::with_cache_dir(&ctx, &dir)
+        .module(&GEMV_SOURCE, &opts)
+        .expect("cached module");
+    again
+        .function("gemv_q4_k_plain_v16")
+        .expect("kernel present");
+    println!("cached module load: {:?}", t0.elapsed());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn gpu_async_copies_events_and_cross_stream_wait() {
+    let Some(ctx) = gpu() else { return };
+    let mut r = rng(0x5EED_0004);
+    let n = 1 << 20;
+    let a = ctx.new_stream().expect("a");
+    let b = ctx.new_stream().expect("b");
+    let mut src = ctx.alloc_pinned_host(n).expect("src");
+    let data: Vec<u8> = (0..n).map(|_| rand::Rng::random::<u8>(&mut r)).collect();
+    src.as_mut_slice().copy_from_slice(&data);
+    let mut dst = ctx.alloc_pinned_host(n).expect("dst");
+    let mut dev = ctx.alloc::<u8>(n).expect("dev");
+    let (e0, e1) = (ctx.new_event().expect("e0"), ctx.new_event().expect("e1"));
+    e0.record(&a).expect("record");
+    a.memcpy_htod_async(&mut dev, 0, &src, 0, n).expect("htod");
+    e1.record(&a).expect("record");
+    b.wait_event(&e1).expect("wait");
+    b.memcpy_dtoh_async(&mut dst, 0, &dev, 0, n).expect("dtoh");
+    b.synchronize().expect("sync");
+    assert_eq!(dst.as_slice(), &data[..], "round trip through two streams");
+    let ms = e0.elapsed_ms(&e1).expect("elapsed");
+    assert!(ms > 0.0 && ms.is_finite(), "event time {ms}");
+    let e = a.memcpy_htod_async(&mut dev, 1, &src, 0, n).unwrap_err();
+    assert!(matches!(e, GpuError::BufferTooSmall { .. }), "{e}");
+}
