@@ -1,0 +1,132 @@
+// Decode-step kernels for the llama family (batch 1): RMSNorm, RoPE, grouped-query attention over an
+// f32 KV cache, SwiGLU, bias add. CUDA/HIP common subset: no cooperative groups, no warp-size
+// assumptions beyond 32 (HIP wave64 builds set HF_WARP to 64).
+//
+// Everything here is bandwidth-trivial next to the projections (a 4096-wide vector per call), so the
+// kernels favour simplicity: one block per vector or per head, shared-memory reductions.
+
+#ifndef HF_WARP
+#define HF_WARP 32
+#endif
+
+// Block-wide sum; `scratch` holds one float per warp. Every thread gets the total.
+__device__ __forceinline__ float hf_block_sum(float v, float* scratch) {
+    for (int o = HF_WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int lane = threadIdx.x % HF_WARP, warp = threadIdx.x / HF_WARP;
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    const int n_warps = (blockDim.x + HF_WARP - 1) / HF_WARP;
+    float t = (threadIdx.x < n_warps) ? scratch[threadIdx.x] : 0.0f;
+    if (warp == 0)
+        for (int o = HF_WARP / 2; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+    if (threadIdx.x == 0) scratch[0] = t;
+    __syncthreads();
+    return scratch[0];
+}
+
+__device__ __forceinline__ float hf_block_max(float v, float* scratch) {
+    for (int o = HF_WARP / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    const int lane = threadIdx.x % HF_WARP, warp = threadIdx.x / HF_WARP;
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    const int n_warps = (blockDim.x + HF_WARP - 1) / HF_WARP;
+    float t = (threadIdx.x < n_warps) ? scratch[threadIdx.x] : -INFINITY;
+    if (warp == 0)
+        for (int o = HF_WARP / 2; o > 0; o >>= 1) t = fmaxf(t, __shfl_xor_sync(0xffffffffu, t, o));
+    if (threadIdx.x == 0) scratch[0] = t;
+    __syncthreads();
+    return scratch[0];
+}
+
+// y[r*n + i] = x[r*n + i] * w[i] / rms(x[r*n ..]); one block per row `r` (rows > 1 for per-head q/k-norm).
+extern "C" __global__ void rms_norm_f32(const float* __restrict__ x, const float* __restrict__ w,
+                                        float* __restrict__ y, int n, float eps) {
+    __shared__ float scratch[32];
+    const float* xr = x + (size_t)blockIdx.x * n;
+    float* yr = y + (size_t)blockIdx.x * n;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = hf_block_sum(ss, scratch);
+    const float inv = rsqrtf(ss / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
+}
+
+// Rotary embedding in place over `n_heads` heads of `head_dim` at position `pos`.
+// neox = 0: pairs (2i, 2i+1) (llama.cpp LLAMA_ROPE_TYPE_NORM); neox = 1: pairs (i, i + d/2) (NEOX: qwen2/3).
+// Frequencies follow llama.cpp: theta_i = pos * base^(-2i/d), computed in f32 with powf.
+extern "C" __global__ void rope_f32(float* __restrict__ x, int n_heads, int head_dim, int pos,
+                                    float freq_base, int neox) {
+    const int h = blockIdx.x;
+    const int half = head_dim / 2;
+    float* xh = x + (size_t)h * head_dim;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const float theta = (float)pos * powf(freq_base, -2.0f * (float)i / (float)head_dim);
+        float s, c;
+        sincosf(theta, &s, &c);
+        const int a = neox ? i : 2 * i;
+        const int b = neox ? i + half : 2 * i + 1;
+        const float x0 = xh[a], x1 = xh[b];
+        xh[a] = x0 * c - x1 * s;
+        xh[b] = x0 * s + x1 * c;
+    }
+}
+
+// Decode attention for one query token. q: [n_head][head_dim]; caches: [n_pos_max][n_kv_head][head_dim]
+// (row `p` written at position p); out: [n_head][head_dim]. One block per query head; scores for all
+// n_pos positions live in dynamic shared memory (n_pos floats).
+extern "C" __global__ void attention_f32(const float* __restrict__ q, const float* __restrict__ kc,
+                                         const float* __restrict__ vc, float* __restrict__ out,
+                                         int n_head, int n_kv_head, int head_dim, int n_pos, float scale) {
+    extern __shared__ float scores[];
+    __shared__ float scratch[32];
+    const int h = blockIdx.x;
+    const int kvh = h / (n_head / n_kv_head);
+    const size_t stride = (size_t)n_kv_head * head_dim;
+    const float* qh = q + (size_t)h * head_dim;
+    const int lane = threadIdx.x % HF_WARP, warp = threadIdx.x / HF_WARP;
+    const int n_warps = blockDim.x / HF_WARP;
+    // One warp per position: lanes split the head dimension.
+    for (int p = warp; p < n_pos; p += n_warps) {
+        const float* kp = kc + p * stride + (size_t)kvh * head_dim;
+        float s = 0.0f;
+        for (int i = lane; i < head_dim; i += HF_WARP) s += qh[i] * kp[i];
+        for (int o = HF_WARP / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (lane == 0) scores[p] = s * scale;
+    }
+    __syncthreads();
+    float m = -INFINITY;
+    for (int p = threadIdx.x; p < n_pos; p += blockDim.x) m = fmaxf(m, scores[p]);
+    m = hf_block_max(m, scratch);
+    float sum = 0.0f;
+    for (int p = threadIdx.x; p < n_pos; p += blockDim.x) {
+        const float e = __expf(scores[p] - m);
+        scores[p] = e;
+        sum += e;
+    }
+    sum = hf_block_sum(sum, scratch);
+    const float inv = 1.0f / sum;
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+        float acc = 0.0f;
+        const float* vp = vc + (size_t)kvh * head_dim + i;
+        for (int p = 0; p < n_pos; ++p) acc += scores[p] * vp[p * stride];
+        out[(size_t)h * head_dim + i] = acc * inv;
+    }
+}
+
+// out[i] = silu(gate[i]) * up[i]
+extern "C" __global__ void swiglu_f32(const float* __restrict__ gate, const float* __restrict__ up,
+                                      float* __restrict__ out, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        const float g = gate[i];
+        out[i] = g / (1.0f + __expf(-g)) * up[i];
+    }
+}
+
+// y[i] += b[i]
+extern "C" __global__ void add_f32(float* __restrict__ y, const float* __restrict__ b, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] += b[i];
+}
