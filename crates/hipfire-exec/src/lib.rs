@@ -22,7 +22,7 @@
 //! returned as [`ExecError::WorkerPanicked`], never hung on.
 #![deny(missing_docs)]
 
-// pub mod bench;
+pub mod bench;
 pub mod error;
 mod kernel;
 pub mod pool;

@@ -535,23 +535,9 @@ mod tests {
     use rand_chacha::ChaCha8Rng;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    /// Formats the pool is checked on: every format whose CPU row dot is available.
+    /// Formats the pool is checked on: all of them (each has a CPU row dot).
     fn test_formats() -> Vec<Format> {
-        Format::ALL
-            .into_iter()
-            .filter(|f| {
-                ActivationBuf::prepare(*f, &vec![0.5; 256]).is_ok()
-                    && gemv_rows(
-                        *f,
-                        &vec![0u8; f.row_bytes(256).unwrap_or(0)],
-                        256,
-                        &ActivationBuf::prepare(*f, &vec![0.5; 256]).expect("checked"),
-                        &mut [0.0],
-                        false,
-                    )
-                    .is_ok()
-            })
-            .collect()
+        Format::ALL.to_vec()
     }
 
     /// Seeded random weight of `m` rows in `fmt` (random f32 rows quantised, or raw f32 bytes).
