@@ -26,7 +26,7 @@ pub mod bench;
 pub mod error;
 mod kernel;
 pub mod pool;
-// pub mod refusal;
+pub mod refusal;
 pub mod share;
 pub mod topology;
 
