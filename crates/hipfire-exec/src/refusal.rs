@@ -264,10 +264,10 @@ mod tests {
                 },
             ),
             (
-                SplitCheck { k: 4000, ..ok() },
+                SplitCheck { k: 4001, ..ok() },
                 Refusal::BadK {
                     format: Format::Q4_0,
-                    k: 4000,
+                    k: 4001,
                 },
             ),
             (
