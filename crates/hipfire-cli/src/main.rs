@@ -1,1 +1,105 @@
-fn main() {}
+//! `hipfire`: the command-line program. It parses, dispatches and prints; the work is done by
+//! the library crates (hipfire-config, -quant, -gpu, -exec, -model).
+//!
+//! # Layout
+//! - `args` — clap definitions (phase one: only what was typed).
+//! - `config_cmd` — `hipfire config ...` over hipfire-config.
+//! - `version` — `hipfire version`, including the GPU probe.
+//! - `offload_bench` — `hipfire offload-bench`.
+//! - `model_cmd` — `run`, `bench`, `synth` over hipfire-model.
+//! - `daemon` — the live-daemon check that keeps measurements off a busy device.
+//! - `logging` — tracing setup.
+//!
+//! # Exit status
+//! 0 success; 1 refused or nothing to do (a live daemon, nothing to write); 2 error (bad
+//! flag or value, I/O, model or device failure). A closed stdout (`hipfire ... | head`) is a
+//! quiet success, as in ripgrep.
+
+mod args;
+mod config_cmd;
+mod daemon;
+mod gpu_probe;
+mod logging;
+mod model_cmd;
+mod offload_bench;
+mod version;
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use args::{Cli, Command};
+
+/// Success.
+pub const EXIT_OK: u8 = 0;
+/// Refused or nothing to do.
+pub const EXIT_REFUSED: u8 = 1;
+/// Error.
+pub const EXIT_ERROR: u8 = 2;
+
+fn main() -> ExitCode {
+    // clap exits 2 on a usage error and 0 for --help/--version, matching our codes.
+    let cli = Cli::parse();
+    logging::init(cli.verbose, cli.quiet);
+    match run(cli) {
+        Ok(code) => code,
+        Err(err) if is_broken_pipe(&err) => ExitCode::from(EXIT_OK),
+        Err(err) => {
+            // {:#} prints the whole context chain on one line: "cannot read x: permission denied".
+            let _ = writeln!(std::io::stderr(), "error: {err:#}");
+            ExitCode::from(EXIT_ERROR)
+        }
+    }
+}
+
+/// Every mode, one match.
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let ctx = Ctx {
+        config_file: cli.config.clone(),
+        quiet: cli.quiet,
+    };
+    match cli.command {
+        Command::Version(a) => version::run(&a),
+        Command::Config(a) => config_cmd::run(&ctx, &a.action),
+        Command::OffloadBench(a) => offload_bench::run(&ctx, &a),
+        Command::Run(a) => model_cmd::run(&ctx, &a),
+        Command::Bench(a) => model_cmd::bench(&ctx, &a),
+        Command::Synth(a) => model_cmd::synth(&ctx, &a),
+    }
+}
+
+/// What every command may need from the global flags.
+#[derive(Debug, Clone)]
+pub struct Ctx {
+    /// `--config PATH`, overriding `$HIPFIRE_CONFIG` and the default.
+    pub config_file: Option<std::path::PathBuf>,
+    /// `--quiet`: no notes on stderr.
+    pub quiet: bool,
+}
+
+impl Ctx {
+    /// A note for the user on stderr (suppressed by `--quiet`); stdout stays machine-readable.
+    pub fn note(&self, msg: impl std::fmt::Display) {
+        if !self.quiet {
+            let _ = writeln!(std::io::stderr(), "{msg}");
+        }
+    }
+
+    /// Resolve every config key with these flag overrides.
+    pub fn settings_with(
+        &self,
+        cli: &[hipfire_config::CliOverride],
+    ) -> anyhow::Result<(hipfire_config::Config, hipfire_config::Settings)> {
+        let config = hipfire_config::Config::load(self.config_file.as_deref(), cli)?;
+        let settings = config.settings()?;
+        Ok((config, settings))
+    }
+}
+
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}

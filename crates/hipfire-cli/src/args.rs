@@ -1,0 +1,525 @@
+//! Phase one of argument handling: clap turns argv into these types and checks only what was
+//! typed (flag names, value shapes). Values that are config keys stay strings here and are
+//! validated by hipfire-config, so a bad `--share` and a bad `HIPFIRE_OFFLOAD_PASSBACK_SHARE`
+//! are refused by the same rule with the same message.
+
+use std::path::PathBuf;
+
+use clap::builder::TypedValueParser;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use hipfire_config::CliOverride;
+
+/// One-line help of a config key, from the schema (so `-h`, the docs and the key agree).
+fn key_help(name: &str) -> &'static str {
+    hipfire_config::KEYS
+        .iter()
+        .find(|k| k.name == name)
+        .map(|k| k.summary)
+        .unwrap_or("")
+}
+
+/// Long help of a config key: doc, rule, default, env var.
+fn key_long(name: &str) -> String {
+    match hipfire_config::KEYS.iter().find(|k| k.name == name) {
+        Some(k) => format!(
+            "{}\n\nRule: {}. Default: {}. Env: {}. Config key: {}.",
+            k.doc, k.rule, k.default, k.env, k.name
+        ),
+        None => String::new(),
+    }
+}
+
+const ABOUT: &str =
+    "Run LLMs that spill out of VRAM, with the GPU and the CPU sharing spilled layers";
+
+const LONG_ABOUT: &str = "\
+hipfire runs llama-family GGUF models whose weights do not all fit in VRAM. Layers that do \
+not fit are spilled to pinned host memory, and each spilled matrix-vector product is split \
+by output rows: the GPU reads its share over PCIe while the CPU cores multiply the rest, \
+concurrently (`memory.offload_exec = passback`). Without a GPU everything runs on the CPU.
+
+Settings come from flags, then HIPFIRE_* environment variables, then the config file \
+(`hipfire config list` shows each value and where it came from), then defaults.";
+
+const AFTER_HELP: &str = "\
+Examples:
+  hipfire run model.gguf \"The capital of France is\" -n 32 -t 0
+  hipfire run model.gguf --offload-exec passback --gpu-layer-budget 20 \"Hi\"
+  hipfire bench model.gguf --offload-exec cpu,pcie,passback --rounds 3 --json
+  hipfire offload-bench --format q4_k --buffer-mb 192 --write
+  hipfire config set memory.offload_exec cpu
+  hipfire config list --json
+
+Exit status: 0 success, 1 refused or nothing to do (e.g. a live daemon holds the device), \
+2 error (bad flag or value, I/O, model or device failure).";
+
+/// The `hipfire` command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "hipfire",
+    version,
+    about = ABOUT,
+    long_about = LONG_ABOUT,
+    after_help = AFTER_HELP,
+    max_term_width = 100,
+    propagate_version = true
+)]
+pub struct Cli {
+    /// More log output (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+
+    /// Only errors on stderr.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    pub quiet: bool,
+
+    /// Config file to use instead of $HIPFIRE_CONFIG / the default path.
+    #[arg(long, global = true, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The modes; `run` in main.rs matches on this one enum.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Generate text from a prompt with a GGUF model.
+    #[command(
+        after_help = "Examples:\n  hipfire run model.gguf \"Once upon a time\" -n 64\n  \
+        hipfire run model.gguf -t 0 --seed 1 --device cpu \"2+2=\"\n  \
+        echo \"Hi\" | hipfire run model.gguf --no-chat"
+    )]
+    Run(RunArgs),
+    /// Measure prefill and decode speed of a model, per offload mode, in interleaved rounds.
+    #[command(after_help = "Examples:\n  hipfire bench model.gguf\n  \
+        hipfire bench model.gguf --offload-exec cpu,passback --rounds 5 --json > bench.json")]
+    Bench(BenchArgs),
+    /// Measure this machine's host-memory GEMV bandwidth per engine and recommend a GPU share.
+    #[command(
+        name = "offload-bench",
+        long_about = "Measure, per weight format, the GEMV bandwidth over a host-resident matrix for \
+            the CPU workers alone, the GPU reading host-mapped memory alone, and both at once \
+            split at the balanced share r_gpu/(r_gpu+r_cpu). Prints the share and the speedup \
+            bound (r_gpu+r_cpu)/max(r_gpu,r_cpu), and recommends one \
+            memory.offload_passback_share (the median of the per-format balanced shares, \
+            capped at 0.5). Without a GPU only the CPU is measured. Refuses (exit 1) while a \
+            hipfire daemon is running, because it would measure the daemon's load too.",
+        after_help = "Examples:\n  hipfire offload-bench\n  \
+            hipfire offload-bench --format q4_k,q8_0 --k 4096 --reps 9 --json\n  \
+            hipfire offload-bench --write   # store the recommended share in the config file"
+    )]
+    OffloadBench(OffloadBenchArgs),
+    /// Write a synthetic GGUF model (random weights) with a real architecture's shapes.
+    #[command(
+        after_help = "Examples:\n  hipfire synth --arch tiny --format q4_k --out /tmp/tiny.gguf\n  \
+        hipfire synth --arch llama3-8b --format q4_k --layers 4 --out l8b-4l.gguf"
+    )]
+    Synth(SynthArgs),
+    /// Read or change settings: get, set, reset, list, explain, path, docs.
+    #[command(after_help = "Examples:\n  hipfire config list\n  \
+        hipfire config get memory.offload_exec\n  \
+        hipfire config set memory.offload_passback_share 0.3\n  \
+        hipfire config reset memory.offload_passback_share\n  \
+        hipfire config explain memory.join_strategy\n  \
+        HIPFIRE_CONFIG=/tmp/c.toml hipfire config set device cpu")]
+    Config(ConfigArgs),
+    /// Print version, build commit, CPU SIMD tier and whether a GPU was found.
+    Version(VersionArgs),
+}
+
+/// Flags shared by `run` and `bench` that choose engines and placement.
+#[derive(Debug, Args, Default)]
+pub struct EngineArgs {
+    #[arg(long, value_name = "auto|cpu|gpu", help = key_help("device"), long_help = key_long("device"))]
+    pub device: Option<String>,
+
+    #[arg(long, value_name = "auto|N", help = key_help("memory.gpu_layer_budget"),
+        long_help = key_long("memory.gpu_layer_budget"))]
+    pub gpu_layer_budget: Option<String>,
+
+    #[arg(long, value_name = "auto|0|X", help = key_help("memory.offload_passback_share"),
+        long_help = key_long("memory.offload_passback_share"))]
+    pub share: Option<String>,
+
+    #[arg(long, value_name = "STRATEGY", help = key_help("memory.join_strategy"),
+        long_help = key_long("memory.join_strategy"))]
+    pub join_strategy: Option<String>,
+
+    #[arg(long, value_name = "auto|N", help = key_help("cpu.threads"), long_help = key_long("cpu.threads"))]
+    pub threads: Option<String>,
+}
+
+impl EngineArgs {
+    /// The config overrides these flags make.
+    pub fn overrides(&self) -> Vec<CliOverride> {
+        let mut v = Vec::new();
+        push(&mut v, "device", "--device", &self.device);
+        push(
+            &mut v,
+            "memory.gpu_layer_budget",
+            "--gpu-layer-budget",
+            &self.gpu_layer_budget,
+        );
+        push(
+            &mut v,
+            "memory.offload_passback_share",
+            "--share",
+            &self.share,
+        );
+        push(
+            &mut v,
+            "memory.join_strategy",
+            "--join-strategy",
+            &self.join_strategy,
+        );
+        push(&mut v, "cpu.threads", "--threads", &self.threads);
+        v
+    }
+}
+
+fn push(v: &mut Vec<CliOverride>, key: &str, flag: &str, value: &Option<String>) {
+    if let Some(x) = value {
+        v.push(CliOverride::new(key, flag, x.clone()));
+    }
+}
+
+/// Sampling flags of `run`.
+#[derive(Debug, Args, Default)]
+pub struct SamplingArgs {
+    #[arg(short = 'n', long, value_name = "N", help = key_help("sampling.max_tokens"),
+        long_help = key_long("sampling.max_tokens"))]
+    pub max_tokens: Option<String>,
+
+    #[arg(short = 't', long, value_name = "T", help = key_help("sampling.temperature"),
+        long_help = key_long("sampling.temperature"))]
+    pub temperature: Option<String>,
+
+    #[arg(long, value_name = "K", help = key_help("sampling.top_k"), long_help = key_long("sampling.top_k"))]
+    pub top_k: Option<String>,
+
+    #[arg(long, value_name = "P", help = key_help("sampling.top_p"), long_help = key_long("sampling.top_p"))]
+    pub top_p: Option<String>,
+
+    #[arg(long, value_name = "random|N", help = key_help("sampling.seed"), long_help = key_long("sampling.seed"))]
+    pub seed: Option<String>,
+}
+
+impl SamplingArgs {
+    /// The config overrides these flags make.
+    pub fn overrides(&self) -> Vec<CliOverride> {
+        let mut v = Vec::new();
+        push(
+            &mut v,
+            "sampling.max_tokens",
+            "--max-tokens",
+            &self.max_tokens,
+        );
+        push(
+            &mut v,
+            "sampling.temperature",
+            "--temperature",
+            &self.temperature,
+        );
+        push(&mut v, "sampling.top_k", "--top-k", &self.top_k);
+        push(&mut v, "sampling.top_p", "--top-p", &self.top_p);
+        push(&mut v, "sampling.seed", "--seed", &self.seed);
+        v
+    }
+}
+
+/// `hipfire run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Path of the GGUF model.
+    #[arg(value_name = "MODEL")]
+    pub model: PathBuf,
+
+    /// Prompt text; read from stdin when absent.
+    #[arg(value_name = "PROMPT")]
+    pub prompt: Option<String>,
+
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+
+    #[command(flatten)]
+    pub engine: EngineArgs,
+
+    #[arg(long, value_name = "MODE", help = key_help("memory.offload_exec"),
+        long_help = key_long("memory.offload_exec"))]
+    pub offload_exec: Option<String>,
+
+    /// Wrap the prompt in the model's chat template (default when the model has one).
+    #[arg(long, overrides_with = "no_chat")]
+    pub chat: bool,
+
+    /// Feed the prompt as raw text, without the chat template.
+    #[arg(long, overrides_with = "chat")]
+    pub no_chat: bool,
+
+    /// Print one JSON object (text, token counts, timings) instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl RunArgs {
+    /// Every config override from this command's flags.
+    pub fn overrides(&self) -> Vec<CliOverride> {
+        let mut v = self.engine.overrides();
+        v.extend(self.sampling.overrides());
+        push(
+            &mut v,
+            "memory.offload_exec",
+            "--offload-exec",
+            &self.offload_exec,
+        );
+        v
+    }
+
+    /// `Some(true)` for `--chat`, `Some(false)` for `--no-chat`, `None` = model decides.
+    pub fn chat(&self) -> Option<bool> {
+        match (self.chat, self.no_chat) {
+            (true, _) => Some(true),
+            (_, true) => Some(false),
+            _ => None,
+        }
+    }
+}
+
+/// Default prompt length of `hipfire bench`: long enough that prefill is measured on real
+/// batches, short enough to run on a 2-core CI machine with a 135M model.
+const DEFAULT_BENCH_PROMPT_TOKENS: &str = "128";
+/// Default generated tokens per bench round (enough decode steps for a stable median).
+const DEFAULT_BENCH_GEN_TOKENS: &str = "64";
+/// Default interleaved rounds per mode.
+const DEFAULT_BENCH_ROUNDS: &str = "3";
+
+/// `hipfire bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Path of the GGUF model.
+    #[arg(value_name = "MODEL")]
+    pub model: PathBuf,
+
+    /// Prompt length in tokens (a fixed synthetic prompt).
+    #[arg(long, value_name = "N", default_value = DEFAULT_BENCH_PROMPT_TOKENS)]
+    pub prompt_tokens: u32,
+
+    /// Tokens generated per round (greedy).
+    #[arg(long, value_name = "N", default_value = DEFAULT_BENCH_GEN_TOKENS)]
+    pub gen_tokens: u32,
+
+    /// Rounds; modes are interleaved within each round so drift hits them alike.
+    #[arg(long, value_name = "N", default_value = DEFAULT_BENCH_ROUNDS,
+        value_parser = clap::value_parser!(u32).range(1..))]
+    pub rounds: u32,
+
+    /// Offload modes to compare, comma-separated (default: the configured one).
+    #[arg(long, value_name = "MODE,..", value_delimiter = ',')]
+    pub offload_exec: Vec<String>,
+
+    #[command(flatten)]
+    pub engine: EngineArgs,
+
+    /// Print one JSON object with every sample and the medians.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Default k of offload-bench: the reference system's default matrix width (5120, a
+/// multiple of every block size: 20 × 256).
+pub const DEFAULT_BENCH_K: usize = 5120;
+/// Default weight buffer per format, MiB: the reference system's 192 MiB, far above any
+/// last-level cache so the figure is DRAM/PCIe bandwidth, not cache bandwidth.
+pub const DEFAULT_BENCH_BUFFER_MIB: usize = 192;
+/// Default timed repetitions per format and engine (the median is reported).
+pub const DEFAULT_BENCH_REPS: usize = 5;
+
+/// `hipfire offload-bench`.
+#[derive(Debug, Args)]
+pub struct OffloadBenchArgs {
+    /// Formats to measure, comma-separated (default: every format with a CPU row dot).
+    #[arg(long, value_name = "FMT,..", value_delimiter = ',')]
+    pub format: Vec<String>,
+
+    /// Row length (columns) of the synthetic matrix; must be a multiple of each format's block.
+    #[arg(long, value_name = "K", default_value_t = DEFAULT_BENCH_K)]
+    pub k: usize,
+
+    /// Weight bytes per format, MiB (rows = ceil(bytes / row bytes)).
+    #[arg(long, value_name = "MIB", default_value_t = DEFAULT_BENCH_BUFFER_MIB,
+        value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
+    pub buffer_mb: usize,
+
+    /// Timed repetitions per engine (after one warm-up); the median is reported.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_BENCH_REPS,
+        value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
+    pub reps: usize,
+
+    #[arg(long, value_name = "auto|N", help = key_help("cpu.threads"), long_help = key_long("cpu.threads"))]
+    pub threads: Option<String>,
+
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Store the recommended share as memory.offload_passback_share in the config file.
+    #[arg(long)]
+    pub write: bool,
+}
+
+/// Architectures `synth` can imitate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SynthArch {
+    /// Llama 3 8B shapes (32 layers, d 4096, ffn 14336, GQA 32/8).
+    #[value(name = "llama3-8b")]
+    Llama3_8b,
+    /// Qwen ~9B-class shapes.
+    #[value(name = "qwen-9b")]
+    Qwen9b,
+    /// A tiny model for tests (seconds to write and run).
+    Tiny,
+}
+
+/// `hipfire synth`.
+#[derive(Debug, Args)]
+pub struct SynthArgs {
+    /// Architecture whose shapes to copy.
+    #[arg(long, value_enum, default_value_t = SynthArch::Tiny)]
+    pub arch: SynthArch,
+
+    /// Weight format of the matrices (q4_k, q8_0, hfq4g256, f16, ...).
+    #[arg(long, value_name = "FMT", default_value = "q4_k")]
+    pub format: String,
+
+    /// Output GGUF path.
+    #[arg(long, value_name = "PATH")]
+    pub out: PathBuf,
+
+    /// Override the number of repeating layers (fewer layers, same per-layer shapes).
+    #[arg(long, value_name = "N")]
+    pub layers: Option<u32>,
+
+    /// Seed of the random weights (the file is a pure function of the flags).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub seed: u64,
+}
+
+/// `hipfire config`.
+#[derive(Debug, Args)]
+pub struct ConfigArgs {
+    /// The config action.
+    #[command(subcommand)]
+    pub action: ConfigAction,
+}
+
+/// `hipfire config <action>`.
+#[derive(Debug, Subcommand)]
+pub enum ConfigAction {
+    /// Print a key's effective value (flag > env > file > default).
+    Get {
+        /// Dotted key, e.g. memory.offload_exec.
+        key: String,
+        /// Print {key, value, source} as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Validate a value and store it in the config file (atomically; other keys kept).
+    Set {
+        /// Dotted key.
+        key: String,
+        /// New value; refused with the key's rule when invalid.
+        value: String,
+    },
+    /// Remove a key from the config file (back to env or default).
+    Reset {
+        /// Dotted key.
+        key: String,
+    },
+    /// Every key with its value and where it came from.
+    List {
+        /// Print a JSON array instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A key's documentation, rule, default and env var.
+    Explain {
+        /// Dotted key.
+        key: String,
+    },
+    /// Print the config file path in use.
+    Path,
+    /// Regenerate CONFIG.md and env-vars.md from the schema.
+    Docs {
+        /// Output directory.
+        #[arg(long, value_name = "DIR", default_value = "docs")]
+        out: PathBuf,
+    },
+}
+
+/// `hipfire version`.
+#[derive(Debug, Args)]
+pub struct VersionArgs {
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_key_help_exists() {
+        for k in [
+            "device",
+            "cpu.threads",
+            "memory.offload_exec",
+            "sampling.seed",
+        ] {
+            assert!(!key_help(k).is_empty(), "{k}");
+        }
+    }
+
+    #[test]
+    fn run_flags_become_overrides() {
+        let cli = Cli::try_parse_from([
+            "hipfire",
+            "run",
+            "m.gguf",
+            "hi",
+            "-n",
+            "5",
+            "-t",
+            "0",
+            "--share",
+            "0.3",
+            "--offload-exec",
+            "cpu",
+            "--no-chat",
+        ])
+        .expect("parse");
+        let Command::Run(r) = cli.command else {
+            panic!("not run")
+        };
+        let o = r.overrides();
+        let find = |k: &str| o.iter().find(|x| x.key == k).map(|x| x.value.as_str());
+        assert_eq!(find("sampling.max_tokens"), Some("5"));
+        assert_eq!(find("sampling.temperature"), Some("0"));
+        assert_eq!(find("memory.offload_passback_share"), Some("0.3"));
+        assert_eq!(find("memory.offload_exec"), Some("cpu"));
+        assert_eq!(find("device"), None);
+        assert_eq!(r.chat(), Some(false));
+        // Every override names a real key.
+        for x in &o {
+            assert!(hipfire_config::key(&x.key).is_ok(), "{}", x.key);
+        }
+    }
+}

@@ -1,0 +1,435 @@
+//! `hipfire offload-bench`: per format, GEMV bandwidth over a host-resident matrix for the
+//! CPU alone, the GPU (reading host-mapped memory) alone, and both at once at the balanced
+//! share; recommends one `memory.offload_passback_share`.
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use hipfire_config::{CliOverride, ConfigFile, ProcessEnv};
+use hipfire_quant::{ActivationBuf, Format};
+use serde::Serialize;
+
+use crate::args::OffloadBenchArgs;
+use crate::{daemon, gpu_probe, Ctx, EXIT_OK, EXIT_REFUSED};
+
+/// Bytes in a MiB.
+const MIB: usize = 1 << 20;
+
+/// Seed of the synthetic weights and activation (contents do not change the timing, but a
+/// fixed seed makes runs byte-identical and keeps the data away from all-zeros fast paths).
+const DATA_SEED: u64 = 0x6869_7066_6972_6521;
+
+/// One format's measurement.
+#[derive(Debug, Clone, Serialize)]
+pub struct FormatResult {
+    /// Format name.
+    pub format: String,
+    /// Rows of the synthetic matrix.
+    pub m: usize,
+    /// Columns.
+    pub k: usize,
+    /// Weight bytes (m × row bytes).
+    pub bytes: usize,
+    /// CPU workers alone, weight bytes per second (median of the reps).
+    pub cpu_bytes_per_s: f64,
+    /// GPU alone over host-mapped memory; `None` without a GPU.
+    pub gpu_bytes_per_s: Option<f64>,
+    /// Both engines at once at `share`; `None` without a GPU.
+    pub both_bytes_per_s: Option<f64>,
+    /// Balanced GPU share r_gpu / (r_gpu + r_cpu); 0 without a GPU.
+    pub share: f64,
+    /// Speedup bound of the split over the faster engine alone: (r_gpu + r_cpu) / max(r_gpu, r_cpu).
+    pub predicted_speedup: f64,
+    /// Measured both-at-once over the faster engine alone; `None` without a GPU.
+    pub measured_speedup: Option<f64>,
+}
+
+/// The whole report (`--json` prints this).
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// hipfire version.
+    pub version: &'static str,
+    /// Build commit, when known.
+    pub commit: Option<&'static str>,
+    /// CPU SIMD tier used by the row dots.
+    pub simd: String,
+    /// GPU measured, or why none was.
+    pub gpu: GpuJson,
+    /// CPU worker threads.
+    pub threads: usize,
+    /// Matrix columns.
+    pub k: usize,
+    /// Weight MiB per format.
+    pub buffer_mib: usize,
+    /// Timed repetitions per engine.
+    pub reps: usize,
+    /// Per-format results.
+    pub formats: Vec<FormatResult>,
+    /// The recommended share, `None` without a GPU.
+    pub recommended_share: Option<f64>,
+    /// How the recommendation was derived.
+    pub recommendation_rule: &'static str,
+}
+
+/// GPU part of the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuJson {
+    /// Whether a GPU was measured.
+    pub found: bool,
+    /// Device name, or why there is none.
+    pub detail: String,
+}
+
+const RECOMMENDATION_RULE: &str =
+    "median of the per-format balanced shares, capped at 0.5 (the rule of memory.offload_passback_share)";
+
+/// Run the benchmark.
+pub fn run(ctx: &Ctx, a: &OffloadBenchArgs) -> anyhow::Result<ExitCode> {
+    if let Some(pf) = daemon::pid_file() {
+        if let Some(pid) = daemon::live_daemon(&pf) {
+            // stdout stays empty so a script capturing JSON sees nothing rather than a half report.
+            let _ = writeln!(
+                std::io::stderr(),
+                "a hipfire daemon is live (pid {pid}, {}); stop it first — offload-bench measures \
+                 the device directly and would measure the daemon's load too",
+                pf.display()
+            );
+            return Ok(ExitCode::from(EXIT_REFUSED));
+        }
+    }
+    let formats = parse_formats(&a.format)?;
+    let mut overrides = Vec::new();
+    if let Some(t) = &a.threads {
+        overrides.push(CliOverride::new("cpu.threads", "--threads", t.clone()));
+    }
+    let (_, settings) = ctx.settings_with(&overrides)?;
+    let threads = settings.threads.get().get();
+
+    let gpu = gpu_probe::bench_engine();
+    let gpu_json = match &gpu {
+        Ok(g) => GpuJson {
+            found: true,
+            detail: g.name(),
+        },
+        Err(why) => {
+            ctx.note(format!("no GPU measured ({why}): measuring the CPU only"));
+            GpuJson {
+                found: false,
+                detail: why.clone(),
+            }
+        }
+    };
+
+    let mut results = Vec::new();
+    for fmt in formats {
+        let r = measure(fmt, a, threads, gpu.as_ref().ok())
+            .with_context(|| format!("measuring {fmt}"))?;
+        results.push(r);
+    }
+    let recommended = gpu.is_ok().then(|| recommend(&results)).flatten();
+    let report = Report {
+        version: env!("CARGO_PKG_VERSION"),
+        commit: crate::version::commit(),
+        simd: hipfire_quant::simd_tier().to_string(),
+        gpu: gpu_json,
+        threads,
+        k: a.k,
+        buffer_mib: a.buffer_mb,
+        reps: a.reps,
+        formats: results,
+        recommended_share: recommended,
+        recommendation_rule: RECOMMENDATION_RULE,
+    };
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
+    } else {
+        print_table(&mut out, &report)?;
+    }
+    out.flush()?;
+    if a.write {
+        let Some(share) = recommended else {
+            ctx.note("nothing written: no GPU was measured, so there is no share to recommend");
+            return Ok(ExitCode::from(EXIT_REFUSED));
+        };
+        let path = hipfire_config::config_path(ctx.config_file.as_deref(), &ProcessEnv)?;
+        let mut file = ConfigFile::open(&path)?;
+        let v = file.set("memory.offload_passback_share", &format!("{share:.3}"))?;
+        file.save()?;
+        ctx.note(format!(
+            "wrote memory.offload_passback_share = {v} to {}",
+            path.display()
+        ));
+    }
+    Ok(ExitCode::from(EXIT_OK))
+}
+
+/// `--format` names, or every format with a CPU row dot.
+fn parse_formats(names: &[String]) -> anyhow::Result<Vec<Format>> {
+    if names.is_empty() {
+        return Ok(Format::ALL
+            .into_iter()
+            .filter(|f| f.has_cpu_simd())
+            .collect());
+    }
+    names
+        .iter()
+        .map(|n| {
+            Format::from_name(n).with_context(|| {
+                let all: Vec<_> = Format::ALL.iter().map(|f| f.name()).collect();
+                format!("unknown format `{n}`; known: {}", all.join(", "))
+            })
+        })
+        .collect()
+}
+
+/// Balanced share of each format → one recommendation (see [`RECOMMENDATION_RULE`]).
+fn recommend(results: &[FormatResult]) -> Option<f64> {
+    let mut shares: Vec<f64> = results
+        .iter()
+        .map(|r| r.share)
+        .filter(|s| s.is_finite())
+        .collect();
+    if shares.is_empty() {
+        return None;
+    }
+    shares.sort_by(f64::total_cmp);
+    let mid = shares.len() / 2;
+    let median = if shares.len() % 2 == 1 {
+        shares[mid]
+    } else {
+        0.5 * (shares[mid - 1] + shares[mid])
+    };
+    Some(median.min(hipfire_config::schema::MAX_PASSBACK_SHARE))
+}
+
+/// xorshift64*: a tiny seeded generator, enough for filler data (no statistics asked of it).
+struct Filler(u64);
+impl Filler {
+    fn next_f32(&mut self) -> f32 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let x = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        // Top 24 bits → [-1, 1).
+        ((x >> 40) as f32 / (1u64 << 23) as f32) - 1.0
+    }
+}
+
+/// The synthetic matrix: one quantised random row repeated m times (the bytes streamed are
+/// what matters; a row repeated every few KiB cannot be cached across a 192 MiB sweep).
+fn synthetic(
+    fmt: Format,
+    k: usize,
+    buffer_bytes: usize,
+) -> anyhow::Result<(Vec<u8>, usize, ActivationBuf)> {
+    let rb = fmt.row_bytes(k)?;
+    let m = buffer_bytes.div_ceil(rb).max(1);
+    let mut rng = Filler(DATA_SEED);
+    let row_f: Vec<f32> = (0..k).map(|_| rng.next_f32()).collect();
+    let row = hipfire_quant::quantize_row(fmt, &row_f)?;
+    let mut w = vec![0u8; m * rb];
+    for dst in w.chunks_exact_mut(rb) {
+        dst.copy_from_slice(&row);
+    }
+    let x: Vec<f32> = (0..k).map(|_| rng.next_f32()).collect();
+    Ok((w, m, ActivationBuf::prepare(fmt, &x)?))
+}
+
+/// Time one CPU GEMV over all rows with `threads` scoped workers (contiguous row slices).
+fn cpu_gemv(
+    fmt: Format,
+    w: &[u8],
+    k: usize,
+    act: &ActivationBuf,
+    y: &mut [f32],
+    threads: usize,
+) -> anyhow::Result<f64> {
+    let rb = fmt.row_bytes(k)?;
+    let per = y.len().div_ceil(threads);
+    let t0 = Instant::now();
+    let results: Vec<std::thread::Result<Result<(), hipfire_quant::QuantError>>> =
+        std::thread::scope(|s| {
+            let handles: Vec<_> = y
+                .chunks_mut(per)
+                .enumerate()
+                .map(|(i, ys)| {
+                    let rows = &w[i * per * rb..];
+                    s.spawn(move || hipfire_quant::gemv_rows(fmt, rows, k, act, ys, false))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join()).collect()
+        });
+    let dt = t0.elapsed().as_secs_f64();
+    for r in results {
+        match r {
+            Ok(r) => r?,
+            Err(_) => bail!("a CPU bench worker panicked"),
+        }
+    }
+    Ok(dt)
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+fn measure(
+    fmt: Format,
+    a: &OffloadBenchArgs,
+    threads: usize,
+    gpu: Option<&gpu_probe::BenchGpu>,
+) -> anyhow::Result<FormatResult> {
+    let (w, m, act) = synthetic(fmt, a.k, a.buffer_mb * MIB)?;
+    let bytes = w.len();
+    let mut y = vec![f32::NAN; m];
+    // One warm-up: page faults, thread start-up and the tier's first use are not bandwidth.
+    cpu_gemv(fmt, &w, a.k, &act, &mut y, threads)?;
+    if y.iter().any(|v| v.is_nan()) {
+        bail!("the CPU GEMV left rows unwritten");
+    }
+    let mut cpu_t = Vec::with_capacity(a.reps);
+    for _ in 0..a.reps {
+        cpu_t.push(cpu_gemv(fmt, &w, a.k, &act, &mut y, threads)?);
+    }
+    let r_cpu = bytes as f64 / median(cpu_t);
+    let (r_gpu, r_both) = match gpu {
+        Some(g) => {
+            let (rg, rb) = g.measure(fmt, &w, a.k, m, a.reps, r_cpu, threads)?;
+            (Some(rg), Some(rb))
+        }
+        None => (None, None),
+    };
+    let (share, predicted, measured) = match (r_gpu, r_both) {
+        (Some(rg), Some(rb)) => {
+            let best = rg.max(r_cpu);
+            (rg / (rg + r_cpu), (rg + r_cpu) / best, Some(rb / best))
+        }
+        _ => (0.0, 1.0, None),
+    };
+    Ok(FormatResult {
+        format: fmt.name().to_string(),
+        m,
+        k: a.k,
+        bytes,
+        cpu_bytes_per_s: r_cpu,
+        gpu_bytes_per_s: r_gpu,
+        both_bytes_per_s: r_both,
+        share,
+        predicted_speedup: predicted,
+        measured_speedup: measured,
+    })
+}
+
+fn gbs(x: Option<f64>) -> String {
+    x.map(|v| format!("{:.1}", v / 1e9))
+        .unwrap_or_else(|| "—".into())
+}
+
+fn print_table(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "offload-bench: {} CPU threads ({}), GPU: {}; k {}, {} MiB per format, median of {}",
+        r.threads, r.simd, r.gpu.detail, r.k, r.buffer_mib, r.reps
+    )?;
+    writeln!(
+        out,
+        "{:<9} {:>8} {:>6} {:>6} {:>9} {:>9} {:>10} {:>6} {:>8} {:>9}",
+        "format",
+        "m",
+        "k",
+        "MiB",
+        "cpu GB/s",
+        "gpu GB/s",
+        "both GB/s",
+        "share",
+        "bound",
+        "measured"
+    )?;
+    for f in &r.formats {
+        writeln!(
+            out,
+            "{:<9} {:>8} {:>6} {:>6.0} {:>9} {:>9} {:>10} {:>6.3} {:>7.2}x {:>9}",
+            f.format,
+            f.m,
+            f.k,
+            f.bytes as f64 / MIB as f64,
+            gbs(Some(f.cpu_bytes_per_s)),
+            gbs(f.gpu_bytes_per_s),
+            gbs(f.both_bytes_per_s),
+            f.share,
+            f.predicted_speedup,
+            f.measured_speedup
+                .map(|s| format!("{s:.2}x"))
+                .unwrap_or_else(|| "—".into()),
+        )?;
+    }
+    match r.recommended_share {
+        Some(s) => writeln!(
+            out,
+            "recommended: memory.offload_passback_share = {s:.3} ({})",
+            r.recommendation_rule
+        ),
+        None => writeln!(
+            out,
+            "no GPU measured: no share to recommend (the CPU does every spilled row)"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fr(share: f64) -> FormatResult {
+        FormatResult {
+            format: "x".into(),
+            m: 1,
+            k: 1,
+            bytes: 1,
+            cpu_bytes_per_s: 1.0,
+            gpu_bytes_per_s: None,
+            both_bytes_per_s: None,
+            share,
+            predicted_speedup: 1.0,
+            measured_speedup: None,
+        }
+    }
+
+    #[test]
+    fn recommendation_is_capped_median() {
+        assert_eq!(recommend(&[fr(0.3), fr(0.1), fr(0.2)]), Some(0.2));
+        assert_eq!(recommend(&[fr(0.3), fr(0.1)]), Some(0.2));
+        assert_eq!(recommend(&[fr(0.7), fr(0.9), fr(0.6)]), Some(0.5));
+        assert_eq!(recommend(&[]), None);
+    }
+
+    #[test]
+    fn cpu_gemv_matches_single_thread_rows() {
+        // Splitting rows over threads must give the same bytes as one call over all rows.
+        for fmt in [Format::Q8_0, Format::Q4K, Format::F16] {
+            let k = 512;
+            let rb = fmt.row_bytes(k).expect("rb");
+            let (w, m, act) = synthetic(fmt, k, 7 * rb + 3).expect("synth");
+            assert_eq!(m, 8);
+            let mut y1 = vec![f32::NAN; m];
+            hipfire_quant::gemv_rows(fmt, &w, k, &act, &mut y1, false).expect("gemv");
+            let mut y3 = vec![f32::NAN; m];
+            cpu_gemv(fmt, &w, k, &act, &mut y3, 3).expect("threads");
+            assert_eq!(y1, y3, "{fmt}");
+            assert!(
+                y1.iter().all(|v| v.is_finite() && *v != 0.0),
+                "{fmt}: {y1:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_format_is_named() {
+        let e = parse_formats(&["q9_z".to_string()]).expect_err("bad");
+        assert!(format!("{e:#}").contains("q9_z"));
+    }
+}

@@ -1,0 +1,39 @@
+//! `hipfire version`.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use crate::args::VersionArgs;
+use crate::{gpu_probe, EXIT_OK};
+
+/// The commit the binary was built from, when the build knew it.
+pub fn commit() -> Option<&'static str> {
+    option_env!("HIPFIRE_GIT_COMMIT")
+}
+
+/// Print version, commit, SIMD tier and GPU probe.
+pub fn run(a: &VersionArgs) -> anyhow::Result<ExitCode> {
+    let simd = hipfire_quant::simd_tier();
+    let gpu = gpu_probe::probe();
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        let v = serde_json::json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "commit": commit(),
+            "simd": simd.to_string(),
+            "gpu": { "found": gpu.found, "detail": gpu.detail },
+            "target": format!("{}-{}", std::env::consts::ARCH, std::env::consts::OS),
+        });
+        writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
+    } else {
+        writeln!(
+            out,
+            "hipfire {} (commit {})",
+            env!("CARGO_PKG_VERSION"),
+            commit().unwrap_or("unknown")
+        )?;
+        writeln!(out, "cpu simd: {simd}")?;
+        writeln!(out, "gpu: {}", gpu.detail)?;
+    }
+    Ok(ExitCode::from(EXIT_OK))
+}
