@@ -25,15 +25,19 @@ fn run(args: &[String]) -> Result<(), Box<dyn Error>> {
             if data.len() % (4 * k) != 0 {
                 return Err(format!("{input}: {} bytes is not rows of {k} f32", data.len()).into());
             }
-            let vals: Vec<f32> =
-                data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+            let vals: Vec<f32> = data
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
             for row in vals.chunks_exact(k) {
                 out.extend_from_slice(&quantize_row(fmt, row)?);
             }
         }
         "dequantize" => {
             if data.len() % rb != 0 {
-                return Err(format!("{input}: {} bytes is not rows of {rb} bytes", data.len()).into());
+                return Err(
+                    format!("{input}: {} bytes is not rows of {rb} bytes", data.len()).into(),
+                );
             }
             let mut row = vec![0f32; k];
             for blocks in data.chunks_exact(rb) {

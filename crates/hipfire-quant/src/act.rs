@@ -224,3 +224,84 @@ const _: () = {
     const fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<ActivationBuf>();
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    #[test]
+    fn permutations_are_bijections_within_their_span() {
+        for fmt in Format::ALL {
+            let k = 512;
+            let mut seen = vec![false; k];
+            for p in 0..k {
+                let s = act_source(fmt, p);
+                assert!(s < k && !seen[s], "{fmt}: position {p} → {s} repeats");
+                // Never leaves its 256 block: per-256 scales and sums stay valid.
+                assert_eq!(s / QK_K, p / QK_K, "{fmt}");
+                seen[s] = true;
+            }
+        }
+    }
+
+    #[test]
+    fn q8_blocks_reconstruct_within_half_a_step() {
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        let x: Vec<f32> = (0..1024)
+            .map(|i| rng.random_range(-3.0f32..3.0) * (1 + i % 5) as f32)
+            .collect();
+        for fmt in [Format::Q4_0, Format::Hfq4G256] {
+            let a = ActivationBuf::prepare(fmt, &x).unwrap();
+            let ActKind::Q8x32(q) = &a.kind else {
+                panic!("{fmt} should be q8x32")
+            };
+            for p in 0..x.len() {
+                let b = p / QK;
+                let got = q.d[b] * f32::from(q.qs[p]);
+                assert!(
+                    (got - x[act_source(fmt, p)]).abs() <= q.d[b] * 0.5001,
+                    "{fmt} p={p}"
+                );
+                assert_eq!(q.d8[LANES8 * b], q.d[b]);
+                assert_eq!(q.nsum8[LANES8 * b], -q.isum[b]);
+                assert_eq!(q.nsum8[LANES8 * b + 1], 0);
+            }
+            for b in 0..x.len() / QK {
+                let s: i32 = q.qs[QK * b..QK * (b + 1)]
+                    .iter()
+                    .map(|&v| i32::from(v))
+                    .sum();
+                assert_eq!(s, q.isum[b]);
+            }
+        }
+    }
+
+    #[test]
+    fn q8k_sums_match_natural_order() {
+        let mut rng = ChaCha8Rng::seed_from_u64(12);
+        let x: Vec<f32> = (0..512).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        let a = ActivationBuf::prepare(Format::Q4K, &x).unwrap();
+        let ActKind::Q8K(q) = &a.kind else {
+            panic!("q4_k should be q8k")
+        };
+        for s in 0..2 {
+            let d = q.d[s];
+            for j in 0..QK_K / Q4K_SUB {
+                // Natural sub-block j sits at activation position Q4K_ACT_ORDER[j].
+                let t = Q4K_ACT_ORDER[j];
+                let sum: i16 = q.qs[QK_K * s + Q4K_SUB * t..][..Q4K_SUB]
+                    .iter()
+                    .map(|&v| i16::from(v))
+                    .sum();
+                assert_eq!(sum, q.sums32[8 * s + j]);
+                let xs = &x[QK_K * s + Q4K_SUB * j..][..Q4K_SUB];
+                let qs = &q.qs[QK_K * s + Q4K_SUB * t..][..Q4K_SUB];
+                for (xv, qv) in xs.iter().zip(qs) {
+                    assert!((d * f32::from(*qv) - xv).abs() <= d * 0.5001);
+                }
+            }
+        }
+    }
+}

@@ -27,8 +27,11 @@
 //! with per-16 sums for Q4_K/Q6_K — ggml's q8_K), and the row dots multiply integers
 //! (`vpmaddubsw` on AVX2, `vpdpbusd` on AVX-512 VNNI). Each element of `x` is then off by at
 //! most half a step, `amax(group)/254`, so a row's result moves by at most
-//! `Σ |w_i| · amax(group(i)) / 254`; `tests/activation_error.rs` checks that bound against the
-//! f64 reference with the unquantised `x`. Float formats (F32/F16/BF16) keep `x` in f32.
+//! `Σ |w_i| · amax(group(i)) / 254`. `tests/formats.rs` asserts that bound for every format
+//! and tier against the f64 reference (dequantised weights, unquantised `x`) and prints the
+//! error it measured: on its seeded data the worst row was off by 1.5e-3 to 3.9e-3 of
+//! `Σ |w_i·x_i|` (K-quants and HFQ4G256 at the low end, Q4_1 at the high end), against
+//! ~1e-7 for the float formats. Float formats (F32/F16/BF16) keep `x` in f32.
 //! The scalar reference dot computes the same function on the same quantised `x` (exact integer
 //! block sums), so SIMD and scalar differ only by f32 summation order.
 #![deny(missing_docs)]

@@ -393,3 +393,26 @@ pub(crate) unsafe fn dot_q6k_q8k_avx2(row: &[u8], a: &Q8K) -> f32 {
     }
     hsum8(acc)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::formats::kquant::{q4k_scale_min, K_SCALE_SIZE};
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    #[test]
+    fn utmp_unpack_matches_get_scale_min_k4() {
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        for _ in 0..1000 {
+            let q: [u8; K_SCALE_SIZE] = std::array::from_fn(|_| rng.random());
+            // SAFETY: q is 12 readable bytes, all the function reads.
+            let (sc, mn) = unsafe { q4k_unpack_scales(q.as_ptr()) };
+            for j in 0..8 {
+                let (s, m) = q4k_scale_min(j, &q);
+                assert_eq!(((sc >> (8 * j)) & 0xFF) as u8, s, "scale {j} of {q:?}");
+                assert_eq!(((mn >> (8 * j)) & 0xFF) as u8, m, "min {j} of {q:?}");
+            }
+        }
+    }
+}

@@ -209,3 +209,29 @@ impl BlockFormat for Q4_1 {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn q4_0_nibble_order_is_ggml_order() {
+        // Element j in the low nibble of byte j, element j + 16 in its high nibble.
+        let src: Vec<f32> = (0..QK).map(|i| i as f32 - 8.0).collect();
+        let mut out = [0u8; 18];
+        Q4_0::quantize_block(&src, &mut out);
+        let b = BlockQ4_0::read(&out);
+        // d = max / −8 with max = 23 (i = 31); every value lands within one step.
+        let d = f16_to_f32(b.d);
+        for i in 0..QK {
+            let v = d * (i32::from(nibble(&b.qs, i)) - Q4_0_OFFSET) as f32;
+            assert!(
+                (v - src[i]).abs() <= d.abs() * 1.01,
+                "element {i}: {v} vs {}",
+                src[i]
+            );
+        }
+        assert_eq!(out[2] & 0x0F, nibble(&b.qs, 0));
+        assert_eq!(out[2] >> 4, nibble(&b.qs, 16));
+    }
+}

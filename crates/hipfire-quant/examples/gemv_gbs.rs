@@ -1,0 +1,199 @@
+//! GEMV throughput (weight GB/s) per format at 1..N threads, next to a plain memory read of
+//! the same bytes on the same threads in the same run.
+//!
+//! ```text
+//! cargo run --release -p hipfire-quant --example gemv_gbs -- [--k 4096] [--m 4096]
+//!     [--threads 1,2] [--footprint-mib 512] [--reps 5] [--formats q4_0,q8_0,...]
+//! ```
+//! The m × k matrix is replicated until the copies fill `--footprint-mib`, and each pass
+//! walks all copies, so the figure is DRAM-fed, not cache-fed. Rows are split into one
+//! contiguous slice per thread with `std::thread::scope` (the pinned pool is hipfire-exec's).
+//! The activation is prepared once per pass, as a real GEMV would, and that time counts.
+//! Each figure is the best of `--reps` passes.
+
+use hipfire_quant::{gemv_rows, quantize_row, simd_tier, ActivationBuf, Format};
+use std::error::Error;
+use std::hint::black_box;
+use std::time::Instant;
+
+/// Distinct quantised rows tiled into each copy (quantising K-quants row by row is slow).
+const DISTINCT_ROWS: usize = 64;
+
+struct Args {
+    k: usize,
+    m: usize,
+    threads: Vec<usize>,
+    footprint: usize,
+    reps: usize,
+    formats: Vec<Format>,
+}
+
+fn parse() -> Result<Args, Box<dyn Error>> {
+    let mut a = Args {
+        k: 4096,
+        m: 4096,
+        threads: vec![1, 2],
+        footprint: 512 << 20,
+        reps: 5,
+        formats: Format::ALL.to_vec(),
+    };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    for pair in argv.chunks(2) {
+        let [flag, val] = pair else {
+            return Err(format!("{} needs a value", pair[0]).into());
+        };
+        match flag.as_str() {
+            "--k" => a.k = val.parse()?,
+            "--m" => a.m = val.parse()?,
+            "--threads" => a.threads = val.split(',').map(str::parse).collect::<Result<_, _>>()?,
+            "--footprint-mib" => a.footprint = val.parse::<usize>()? << 20,
+            "--reps" => a.reps = val.parse()?,
+            "--formats" => {
+                a.formats = val
+                    .split(',')
+                    .map(|s| Format::from_name(s).ok_or(format!("unknown format {s}")))
+                    .collect::<Result<_, _>>()?
+            }
+            other => return Err(format!("unknown flag {other}").into()),
+        }
+    }
+    Ok(a)
+}
+
+/// Plain read of `buf`: sum of u64 lanes, AVX2 when available so one core can saturate.
+fn read_sum(buf: &[u8]) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 was detected just above.
+        return unsafe { read_sum_avx2(buf) };
+    }
+    buf.chunks_exact(8).fold(0u64, |s, c| {
+        s.wrapping_add(u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+    })
+}
+
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn read_sum_avx2(buf: &[u8]) -> u64 {
+    use std::arch::x86_64::*;
+    const STEP: usize = 128;
+    let mut acc = [_mm256_setzero_si256(); 4];
+    let n = buf.len() / STEP * STEP;
+    let p = buf.as_ptr();
+    let mut i = 0;
+    while i < n {
+        for (u, a) in acc.iter_mut().enumerate() {
+            // SAFETY: i + 32u + 32 <= n <= buf.len().
+            let v = unsafe { _mm256_loadu_si256(p.add(i + 32 * u) as *const __m256i) };
+            *a = _mm256_add_epi64(*a, v);
+        }
+        i += STEP;
+    }
+    let s = _mm256_add_epi64(
+        _mm256_add_epi64(acc[0], acc[1]),
+        _mm256_add_epi64(acc[2], acc[3]),
+    );
+    let mut out = [0u64; 4];
+    // SAFETY: out is 32 bytes.
+    unsafe { _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, s) };
+    out.iter().fold(0u64, |a, &b| a.wrapping_add(b))
+}
+
+fn split(m: usize, t: usize) -> Vec<std::ops::Range<usize>> {
+    (0..t).map(|i| (m * i / t)..(m * (i + 1) / t)).collect()
+}
+
+fn main() -> Result<(), Box<dyn Error>> {
+    let a = parse()?;
+    println!(
+        "tier {} | k {} m {} | footprint {} MiB | best of {} passes",
+        simd_tier(),
+        a.k,
+        a.m,
+        a.footprint >> 20,
+        a.reps
+    );
+    println!(
+        "{:<9} {:>7} {:>10} {:>10} {:>8}",
+        "format", "threads", "gemv GB/s", "read GB/s", "ratio"
+    );
+    let x: Vec<f32> = (0..a.k)
+        .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
+        .collect();
+    for &fmt in &a.formats {
+        let rb = fmt.row_bytes(a.k)?;
+        let distinct: Vec<Vec<u8>> = (0..DISTINCT_ROWS)
+            .map(|r| {
+                let src: Vec<f32> = (0..a.k)
+                    .map(|i| (((i + 31 * r) * 2654435761usize % 2001) as f32 / 1000.0) - 1.0)
+                    .collect();
+                quantize_row(fmt, &src)
+            })
+            .collect::<Result<_, _>>()?;
+        let mat_bytes = a.m * rb;
+        let copies = a.footprint.div_ceil(mat_bytes).max(1);
+        let mats: Vec<Vec<u8>> = (0..copies)
+            .map(|_| {
+                (0..a.m)
+                    .flat_map(|i| distinct[i % DISTINCT_ROWS].iter().copied())
+                    .collect()
+            })
+            .collect();
+        let total = (copies * mat_bytes) as f64;
+        for &t in &a.threads {
+            let ranges = split(a.m, t);
+            let mut y = vec![0f32; a.m];
+            let mut best_gemv = f64::MAX;
+            let mut best_read = f64::MAX;
+            for _ in 0..a.reps {
+                let t0 = Instant::now();
+                for w in &mats {
+                    let act = ActivationBuf::prepare(fmt, &x)?;
+                    let mut rest: &mut [f32] = &mut y;
+                    std::thread::scope(|s| -> Result<(), Box<dyn Error + Send + Sync>> {
+                        let mut handles = Vec::new();
+                        for r in &ranges {
+                            let (mine, tail) = std::mem::take(&mut rest).split_at_mut(r.len());
+                            rest = tail;
+                            let (act, rows) = (&act, &w[r.start * rb..r.end * rb]);
+                            handles
+                                .push(s.spawn(move || gemv_rows(fmt, rows, a.k, act, mine, false)));
+                        }
+                        for h in handles {
+                            h.join().map_err(|_| "worker panicked")??;
+                        }
+                        Ok(())
+                    })
+                    .map_err(|e| e.to_string())?;
+                    black_box(&y);
+                }
+                best_gemv = best_gemv.min(t0.elapsed().as_secs_f64());
+                let t0 = Instant::now();
+                for w in &mats {
+                    std::thread::scope(|s| {
+                        let hs: Vec<_> = ranges
+                            .iter()
+                            .map(|r| s.spawn(move || read_sum(&w[r.start * rb..r.end * rb])))
+                            .collect();
+                        for h in hs {
+                            black_box(h.join().unwrap_or(0));
+                        }
+                    });
+                }
+                best_read = best_read.min(t0.elapsed().as_secs_f64());
+            }
+            let (g, r) = (total / best_gemv / 1e9, total / best_read / 1e9);
+            println!(
+                "{:<9} {:>7} {:>10.2} {:>10.2} {:>8.2}",
+                fmt.name(),
+                t,
+                g,
+                r,
+                g / r
+            );
+        }
+    }
+    Ok(())
+}
