@@ -316,3 +316,43 @@ impl Backend for CudaBackend {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::{GEMV_SOURCE, READ_SOURCE};
+
+    /// Compiles every kernel source for sm_90 wherever libnvrtc is installed (no GPU needed) and
+    /// checks each kernel the launchers look up is in the image. Skips, saying so, without NVRTC.
+    #[test]
+    fn kernels_compile_for_sm90_with_nvrtc() {
+        // SAFETY: only tries to dlopen the library names.
+        if !unsafe { nvrtc::is_culib_present() } {
+            println!("skipped: libnvrtc not found");
+            return;
+        }
+        for src in [GEMV_SOURCE, READ_SOURCE] {
+            let image = nvrtc_compile(src.name, src.source, src.headers, "sm_90", &[]).unwrap_or_else(|e| panic!("{e}"));
+            assert!(image.starts_with(b"\x7fELF"), "{}: CUBIN is an ELF image", src.name);
+            let names: Vec<String> = if src.name == "read.cu" {
+                vec!["read_sum".into()]
+            } else {
+                let mut v = vec!["quantize_x_q8".to_string()];
+                for f in hipfire_quant::Format::ALL {
+                    for form in ["plain", "residual"] {
+                        for w in [16, 4, 2] {
+                            v.push(format!("gemv_{}_{form}_v{w}", f.name()));
+                        }
+                    }
+                }
+                v
+            };
+            for n in names {
+                let needle = format!("{n}\0");
+                assert!(image.windows(needle.len()).any(|w| w == needle.as_bytes()), "{}: kernel {n} missing", src.name);
+            }
+        }
+        let e = nvrtc_compile("bad.cu", "extern \"C\" __global__ void f() { undefined_thing(); }", &[], "sm_90", &[]).unwrap_err();
+        assert!(matches!(&e, GpuError::Compile { log, .. } if log.contains("undefined_thing")), "{e}");
+    }
+}

@@ -371,24 +371,27 @@ impl ReadKernel {
         Ok(ReadKernel { f: module.function("read_sum")?, sink: ctx.alloc(1)?, ctx })
     }
 
-    /// Queues a read of the first `bytes` of `mem` (`bytes` a multiple of 16, base 16-aligned).
-    pub fn read<M: DeviceMemory + ?Sized>(&self, stream: &Stream, mem: &M, bytes: usize) -> Result<(), GpuError> {
+    /// Queues a read of `mem[offset..offset + bytes]` (16-byte aligned start; a tail of fewer
+    /// than 16 bytes is not read).
+    pub fn read_at<M: DeviceMemory + ?Sized>(&self, stream: &Stream, mem: &M, offset: usize, bytes: usize) -> Result<(), GpuError> {
         self.ctx.check_same(mem.context(), "buffer")?;
         self.ctx.check_same(stream.context(), "stream")?;
-        if bytes > mem.byte_len() {
-            return Err(GpuError::BufferTooSmall { what: "read", need: bytes, got: mem.byte_len() });
+        let end = offset.checked_add(bytes).unwrap_or(usize::MAX);
+        if end > mem.byte_len() {
+            return Err(GpuError::BufferTooSmall { what: "read", need: end, got: mem.byte_len() });
         }
-        if bytes % 16 != 0 || mem.device_ptr() % 16 != 0 {
+        let base = mem.device_ptr() + offset as u64;
+        if base % 16 != 0 {
             return Err(GpuError::Misaligned { what: "read buffer", align: 16 });
         }
-        let mut p = mem.device_ptr();
+        let mut p = base;
         let mut n16 = (bytes / 16) as u64;
         let mut out = self.sink.device_ptr();
         let mut params: [*mut c_void; 3] = [(&mut p as *mut u64).cast(), (&mut n16 as *mut u64).cast(), (&mut out as *mut u64).cast()];
         let grid = self.ctx.info().multiprocessors * READ_BLOCKS_PER_SM;
         let dims = LaunchDims { grid, block: READ_THREADS, shared_bytes: 0 };
         // SAFETY: kernel `read_sum(const uint4* p, u64 n16, unsigned* out)`: reads n16 16-byte words
-        // from a 16-aligned buffer holding at least that many (checked) and may write one u32 to
+        // from a 16-aligned address with at least 16*n16 bytes after it in the buffer (checked) and may write one u32 to
         // the sink, owned by self.
         unsafe { self.ctx.backend().launch(self.f.raw(), dims, stream.raw(), &mut params) }
     }

@@ -1,0 +1,281 @@
+//! GPU GEMV bandwidth bench: per format and shape, the read kernel's GB/s and the GEMV's GB/s over
+//! the same weight bytes, in device memory (HBM) and in pinned host-mapped memory (PCIe zero-copy),
+//! and their ratios. Event-timed, warmed up, median of repetitions; every timed pass rotates over
+//! enough weight copies that the bytes exceed the L2 cache.
+//!
+//! `gpu_bench [--json PATH] [--reps N] [--config WxR]... [--formats f1,f2] [--pool-mib N]`
+
+use hipfire_gpu::{
+    Activation, Context, DeviceBuffer, DeviceMemory, GemvConfig, GemvForm, GemvKernels,
+    HostMappedBuffer, KernelRegistry, ReadKernel, RowRange, Stream, WeightRef,
+};
+use hipfire_quant::Format;
+use std::sync::Arc;
+
+/// (m, k) shapes of the acceptance targets: k=4096 with m=4096 and 12288, and k=12288 with m=4096.
+const SHAPES: [(usize, usize); 3] = [(4096, 4096), (12288, 4096), (4096, 12288)];
+/// Bytes each timed pass reads at least: 4x the H200's 60 MiB L2 so no pass is served from cache.
+const MIN_PASS_BYTES: usize = 256 << 20;
+/// Default size of each rotation pool (device and host): two copies of the largest F32 matrix fit.
+const DEFAULT_POOL_MIB: usize = 512;
+/// Copies are placed at this alignment (the widest kernel load is 16 bytes; 256 matches allocation).
+const COPY_ALIGN: usize = 256;
+/// Untimed passes before measuring (module load, clocks, TLB warm-up).
+const WARMUP_PASSES: usize = 3;
+/// Default timed passes per measurement; the median is reported.
+const DEFAULT_REPS: usize = 15;
+
+struct Args {
+    json: Option<String>,
+    reps: usize,
+    configs: Vec<GemvConfig>,
+    formats: Vec<Format>,
+    pool_mib: usize,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut a = Args {
+        json: None,
+        reps: DEFAULT_REPS,
+        configs: vec![],
+        formats: Format::ALL.to_vec(),
+        pool_mib: DEFAULT_POOL_MIB,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut val = || it.next().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--json" => a.json = Some(val()?),
+            "--reps" => a.reps = val()?.parse().map_err(|e| format!("--reps: {e}"))?,
+            "--pool-mib" => a.pool_mib = val()?.parse().map_err(|e| format!("--pool-mib: {e}"))?,
+            "--config" => {
+                let v = val()?;
+                let (w, r) = v.split_once('x').ok_or("--config WxR, e.g. 4x2")?;
+                a.configs.push(GemvConfig {
+                    warps: w.parse().map_err(|e| format!("--config: {e}"))?,
+                    rows_per_warp: r.parse().map_err(|e| format!("--config: {e}"))?,
+                });
+            }
+            "--formats" => {
+                a.formats = val()?
+                    .split(',')
+                    .map(|s| Format::from_name(s).ok_or(format!("unknown format {s}")))
+                    .collect::<Result<_, _>>()?
+            }
+            "-h" | "--help" => {
+                println!("gpu_bench [--json PATH] [--reps N] [--config WxR]... [--formats f1,f2] [--pool-mib N]");
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    if a.configs.is_empty() {
+        a.configs.push(GemvConfig::default());
+    }
+    Ok(a)
+}
+
+/// Median milliseconds of `reps` passes of `pass` (each pass queued between two events).
+fn time_ms(
+    ctx: &Arc<Context>,
+    stream: &Stream,
+    reps: usize,
+    mut pass: impl FnMut() -> Result<(), hipfire_gpu::GpuError>,
+) -> Result<f64, hipfire_gpu::GpuError> {
+    for _ in 0..WARMUP_PASSES {
+        pass()?;
+    }
+    stream.synchronize()?;
+    let (e0, e1) = (ctx.new_event()?, ctx.new_event()?);
+    let mut t = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        e0.record(stream)?;
+        pass()?;
+        e1.record(stream)?;
+        e1.synchronize()?;
+        t.push(e0.elapsed_ms(&e1)? as f64);
+    }
+    t.sort_by(f64::total_cmp);
+    Ok(t[t.len() / 2])
+}
+
+fn fill_random(buf: &mut [u8], mut seed: u64) {
+    // xorshift64*: fast enough to fill hundreds of MiB; bandwidth does not depend on the values,
+    // but random bytes keep any compression or zero shortcut out of the picture.
+    for c in buf.chunks_mut(8) {
+        seed ^= seed >> 12;
+        seed ^= seed << 25;
+        seed ^= seed >> 27;
+        let v = seed.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes();
+        c.copy_from_slice(&v[..c.len()]);
+    }
+}
+
+struct Row {
+    format: Format,
+    m: usize,
+    k: usize,
+    config: GemvConfig,
+    bytes: usize,
+    copies: usize,
+    dev_read: f64,
+    dev_gemv: f64,
+    host_read: f64,
+    host_gemv: f64,
+    gemv_us_dev: f64,
+    gemv_us_host: f64,
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = parse_args()?;
+    let ctx = Context::new(0)?;
+    let info = ctx.info().clone();
+    eprintln!(
+        "device: {} ({}, {} SMs, {:.1} GiB)",
+        info.name,
+        info.arch,
+        info.multiprocessors,
+        info.total_mem as f64 / (1u64 << 30) as f64
+    );
+    let stream = ctx.new_stream()?;
+    let registry = KernelRegistry::new(&ctx);
+    let read = ReadKernel::new(&registry)?;
+    let pool = args.pool_mib << 20;
+    let mut host = ctx.alloc_host_mapped(pool)?;
+    fill_random(host.as_mut_slice(), 0x9E37_79B9_7F4A_7C15);
+    let mut dev: DeviceBuffer<u8> = ctx.alloc(pool)?;
+    dev.upload(&stream, host.as_slice())?;
+
+    let mut rows = Vec::new();
+    for &config in &args.configs {
+        let t0 = std::time::Instant::now();
+        let kernels = GemvKernels::with_config(&registry, config)?;
+        eprintln!(
+            "config {}x{}: module ready in {:?}",
+            config.warps,
+            config.rows_per_warp,
+            t0.elapsed()
+        );
+        for &(m, k) in &SHAPES {
+            let mut xd: DeviceBuffer<f32> = ctx.alloc(k)?;
+            let x: Vec<f32> = (0..k)
+                .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
+                .collect();
+            xd.upload(&stream, &x)?;
+            let mut act = Activation::new(&ctx, k)?;
+            kernels.prepare(&stream, &xd, &mut act)?;
+            let mut y: DeviceBuffer<f32> = ctx.alloc(m)?;
+            for &format in &args.formats {
+                let bytes = m * format.row_bytes(k)?;
+                let stride = bytes.div_ceil(COPY_ALIGN) * COPY_ALIGN;
+                let copies = (pool / stride).min(MIN_PASS_BYTES.div_ceil(bytes).max(2));
+                if copies < 2 {
+                    eprintln!("skip {format} {m}x{k}: pool too small for two copies");
+                    continue;
+                }
+                let mut measure =
+                    |mem: &dyn DeviceMemory| -> Result<(f64, f64), hipfire_gpu::GpuError> {
+                        let views: Vec<WeightRef<'_>> = (0..copies)
+                            .map(|c| WeightRef::new(mem, c * stride, format, m, k))
+                            .collect::<Result<_, _>>()?;
+                        let read_ms = time_ms(&ctx, &stream, args.reps, || {
+                            for c in 0..copies {
+                                read.read_at(&stream, mem, c * stride, bytes)?;
+                            }
+                            Ok(())
+                        })?;
+                        let gemv_ms = time_ms(&ctx, &stream, args.reps, || {
+                            for w in &views {
+                                kernels.gemv(
+                                    &stream,
+                                    w,
+                                    &act,
+                                    &mut y,
+                                    RowRange::all(m),
+                                    GemvForm::Plain,
+                                )?;
+                            }
+                            Ok(())
+                        })?;
+                        Ok((read_ms / copies as f64, gemv_ms / copies as f64))
+                    };
+                let (dr, dg) = measure(&dev)?;
+                let (hr, hg) = measure(&host as &HostMappedBuffer)?;
+                let gbps = |ms: f64| bytes as f64 / (ms * 1e-3) / 1e9;
+                let row = Row {
+                    format,
+                    m,
+                    k,
+                    config,
+                    bytes,
+                    copies,
+                    dev_read: gbps(dr),
+                    dev_gemv: gbps(dg),
+                    host_read: gbps(hr),
+                    host_gemv: gbps(hg),
+                    gemv_us_dev: dg * 1e3,
+                    gemv_us_host: hg * 1e3,
+                };
+                eprintln!(
+                    "{:>9} {:>5}x{:<5} dev {:7.1}/{:7.1} GB/s ({:.2})  host {:5.1}/{:5.1} GB/s ({:.2})",
+                    format.name(),
+                    m,
+                    k,
+                    row.dev_gemv,
+                    row.dev_read,
+                    row.dev_gemv / row.dev_read,
+                    row.host_gemv,
+                    row.host_read,
+                    row.host_gemv / row.host_read
+                );
+                rows.push(row);
+            }
+            // The activation preparation is per GEMV too: report its time for the largest k.
+            let prep_ms = time_ms(&ctx, &stream, args.reps, || {
+                kernels.prepare(&stream, &xd, &mut act)
+            })?;
+            eprintln!("prepare (quantise x) k={k}: {:.2} us", prep_ms * 1e3);
+        }
+    }
+
+    println!("| config | format | m | k | MiB | HBM read GB/s | HBM GEMV GB/s | ratio | GEMV µs | host read GB/s | host GEMV GB/s | ratio | GEMV µs |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for r in &rows {
+        println!(
+            "| {}x{} | {} | {} | {} | {:.1} | {:.0} | {:.0} | {:.3} | {:.1} | {:.1} | {:.1} | {:.3} | {:.0} |",
+            r.config.warps,
+            r.config.rows_per_warp,
+            r.format.name(),
+            r.m,
+            r.k,
+            r.bytes as f64 / (1 << 20) as f64,
+            r.dev_read,
+            r.dev_gemv,
+            r.dev_gemv / r.dev_read,
+            r.gemv_us_dev,
+            r.host_read,
+            r.host_gemv,
+            r.host_gemv / r.host_read,
+            r.gemv_us_host
+        );
+    }
+    if let Some(path) = args.json {
+        let json: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "config": format!("{}x{}", r.config.warps, r.config.rows_per_warp),
+                    "format": r.format.name(), "m": r.m, "k": r.k, "bytes": r.bytes, "copies": r.copies,
+                    "device_read_gbps": r.dev_read, "device_gemv_gbps": r.dev_gemv, "device_ratio": r.dev_gemv / r.dev_read,
+                    "device_gemv_us": r.gemv_us_dev,
+                    "host_read_gbps": r.host_read, "host_gemv_gbps": r.host_gemv, "host_ratio": r.host_gemv / r.host_read,
+                    "host_gemv_us": r.gemv_us_host,
+                })
+            })
+            .collect();
+        let doc = serde_json::json!({ "device": info.name, "arch": info.arch, "sms": info.multiprocessors, "reps": args.reps, "rows": json });
+        std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
+        eprintln!("wrote {path}");
+    }
+    Ok(())
+}
