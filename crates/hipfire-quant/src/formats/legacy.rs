@@ -223,13 +223,9 @@ mod tests {
         let b = BlockQ4_0::read(&out);
         // d = max / −8 with max = 23 (i = 31); every value lands within one step.
         let d = f16_to_f32(b.d);
-        for i in 0..QK {
+        for (i, &x) in src.iter().enumerate() {
             let v = d * (i32::from(nibble(&b.qs, i)) - Q4_0_OFFSET) as f32;
-            assert!(
-                (v - src[i]).abs() <= d.abs() * 1.01,
-                "element {i}: {v} vs {}",
-                src[i]
-            );
+            assert!((v - x).abs() <= d.abs() * 1.01, "element {i}: {v} vs {x}");
         }
         assert_eq!(out[2] & 0x0F, nibble(&b.qs, 0));
         assert_eq!(out[2] >> 4, nibble(&b.qs, 16));
