@@ -53,18 +53,18 @@ extern "C" __global__ void rms_norm_f32(const float* __restrict__ x, const float
     for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
 }
 
-// Rotary embedding in place over `n_heads` heads of `head_dim` at position `pos`.
-// neox = 0: pairs (2i, 2i+1) (llama.cpp LLAMA_ROPE_TYPE_NORM); neox = 1: pairs (i, i + d/2) (NEOX: qwen2/3).
-// Frequencies follow llama.cpp: theta_i = pos * base^(-2i/d), computed in f32 with powf.
-extern "C" __global__ void rope_f32(float* __restrict__ x, int n_heads, int head_dim, int pos,
-                                    float freq_base, int neox) {
+// Rotary embedding in place over `n_heads` heads of `head_dim` at position `pos`; the first
+// `rope_dim` dims of each head rotate with angles pos * inv_freq[i] (inv_freq precomputed on the host
+// in f64, so llama-3.1 frequency factors apply without a second kernel).
+// neox = 0: pairs (2i, 2i+1) (llama.cpp LLAMA_ROPE_TYPE_NORM); neox = 1: pairs (i, i + rope_dim/2) (NEOX).
+extern "C" __global__ void rope_f32(float* __restrict__ x, int head_dim, int rope_dim, int pos,
+                                    const float* __restrict__ inv_freq, int neox) {
     const int h = blockIdx.x;
-    const int half = head_dim / 2;
+    const int half = rope_dim / 2;
     float* xh = x + (size_t)h * head_dim;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        const float theta = (float)pos * powf(freq_base, -2.0f * (float)i / (float)head_dim);
         float s, c;
-        sincosf(theta, &s, &c);
+        sincosf((float)pos * inv_freq[i], &s, &c);
         const int a = neox ? i : 2 * i;
         const int b = neox ? i + half : 2 * i + 1;
         const float x0 = xh[a], x1 = xh[b];

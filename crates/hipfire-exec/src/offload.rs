@@ -1,0 +1,493 @@
+//! Spilled steps over device-resident activations: `pcie`, `cpu` and `passback`.
+//!
+//! The decode step keeps its activations on the GPU. A projection over a weight in pinned
+//! host-mapped memory comes here as a [`SpilledStep`] and runs in the configured
+//! [`OffloadMode`]:
+//! - `pcie`: the GPU kernel reads the weight over the link (no host involvement);
+//! - `cpu`: D2H of `x` (and of `y` for the residual form), the pinned pool multiplies all rows,
+//!   H2D of `y`;
+//! - `passback`: rows `[0, g)` on the GPU while the pool computes `[g, m)`, `g` from the
+//!   [`ShareController`]; the CPU rows go up and join under the chosen [`JoinStrategy`].
+//!
+//! The executor only sequences engines and feeds timings to the controller; the controller
+//! decides (engines execute, the scheduler schedules).
+//!
+//! GPU arm timings come from an event pair around the arm; they are read at the *next* step of
+//! the same executor, after that step's blocking D2H has drained the stream, so reading them
+//! never adds a host wait.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use hipfire_gpu::{Activation, Context, DeviceMemory, Event, GemvForm, GemvKernels, GpuError, HostMappedBuffer, RowRange, Stream, WeightRef};
+use hipfire_quant::{ActivationBuf, Format};
+
+use crate::refusal::{OutDtype, Refusal, SplitCheck};
+use crate::share::{cut_rows, ArmSample, ArmTime, Form, ShapeKey, ShareController, ShareSetting, CPU_ENGINE};
+use crate::{CpuPool, ExecError};
+
+/// Trace target for spilled-step lines (`HIPFIRE_CPU_EXEC_TRACE=1` enables it at debug).
+pub const TRACE_TARGET: &str = "hipfire::cpu_exec";
+
+/// Probe repetitions per engine when seeding a shape; the median is used. Three is the
+/// reference system's choice (its probe medians were stable to ±3 % at 3 reps).
+const PROBE_REPS: usize = 3;
+
+/// How the CPU rows of a split step rejoin the GPU's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JoinStrategy {
+    /// Blocking D2H of x, GPU arm async, CPU arm, then the H2D of the CPU rows on the same
+    /// stream followed by a host wait (the reference system's join).
+    Ordering,
+    /// CPU rows go up on a copy stream; the compute stream waits on the copy's event; the host
+    /// never waits for the GPU arm.
+    TwoStream,
+}
+
+impl JoinStrategy {
+    /// Parse `ordering` / `two-stream`.
+    pub fn parse(s: &str) -> Result<JoinStrategy, ExecError> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "ordering" => Ok(JoinStrategy::Ordering),
+            "two-stream" | "two_stream" | "twostream" => Ok(JoinStrategy::TwoStream),
+            _ => Err(ExecError::Invalid { what: "memory.join_strategy", value: s.into(), rule: "ordering or two-stream" }),
+        }
+    }
+
+    /// Config spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            JoinStrategy::Ordering => "ordering",
+            JoinStrategy::TwoStream => "two-stream",
+        }
+    }
+}
+
+/// `memory.offload_exec` for spilled weights.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OffloadMode {
+    /// The GPU reads the host-mapped weight over the link.
+    Pcie,
+    /// The CPU pool runs the whole spilled step.
+    Cpu,
+    /// Rows split between the GPU and the CPU pool.
+    Passback {
+        /// `memory.offload_passback_share`.
+        share: ShareSetting,
+        /// `memory.join_strategy`.
+        strategy: JoinStrategy,
+    },
+}
+
+impl OffloadMode {
+    /// Config spelling of the mode.
+    pub fn name(&self) -> &'static str {
+        match self {
+            OffloadMode::Pcie => "pcie",
+            OffloadMode::Cpu => "cpu",
+            OffloadMode::Passback { .. } => "passback",
+        }
+    }
+}
+
+/// One projection over a spilled weight, with its activation and output on the device.
+pub struct SpilledStep<'a> {
+    /// The weight as the GPU sees it (host-mapped).
+    pub weight: &'a WeightRef<'a>,
+    /// The same bytes as the CPU sees them.
+    pub host_bytes: &'a [u8],
+    /// The f32 activation (`k` values) the GPU `Activation` was prepared from.
+    pub x: &'a dyn DeviceMemory,
+    /// The output (`m` values): written (plain) or accumulated into (residual).
+    pub y: &'a mut dyn DeviceMemory,
+    /// Plain or residual.
+    pub form: GemvForm,
+}
+
+/// Running totals for one shape's trace line.
+#[derive(Debug, Default, Clone)]
+struct ShapeStats {
+    calls: u64,
+    split: u64,
+    d2h_ns: f64,
+    cpu_ns: f64,
+    gpu_ns: f64,
+    join_ns: f64,
+    wall_ns: f64,
+    refusal: Option<String>,
+}
+
+/// A GPU arm whose event pair is read at the next step.
+#[derive(Debug)]
+struct PendingGpuArm {
+    key: ShapeKey,
+    stat_key: (Format, usize, usize, bool),
+    gpu_bytes: u64,
+    cpu: ArmSample,
+}
+
+/// Runs spilled steps in one mode; owns the pinned staging buffers and the share state.
+pub struct OffloadExecutor {
+    ctx: Arc<Context>,
+    pool: CpuPool,
+    mode: OffloadMode,
+    controller: ShareController,
+    x_host: HostMappedBuffer,
+    y_host: HostMappedBuffer,
+    copy_stream: Stream,
+    gpu_start: Event,
+    gpu_end: Event,
+    copy_done: Event,
+    pending: Option<PendingGpuArm>,
+    stats: HashMap<(Format, usize, usize, bool), ShapeStats>,
+    /// `cpu exec: idle` window: steps, wall and CPU time since the window opened.
+    window_start: Instant,
+    window_steps: u64,
+    window_cpu_ns: f64,
+    window_split_steps: u64,
+    total_steps: u64,
+}
+
+impl std::fmt::Debug for OffloadExecutor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OffloadExecutor").field("mode", &self.mode).finish()
+    }
+}
+
+fn gpu_err(e: GpuError) -> ExecError {
+    ExecError::Gpu(e.to_string())
+}
+
+fn f32s(buf: &HostMappedBuffer, n: usize) -> &[f32] {
+    let bytes = &buf.as_slice()[..n * 4];
+    // SAFETY: pinned allocations are page-aligned (so 4-aligned) and every bit pattern is a
+    // valid f32; the length is n*4 bytes, checked by the slice above.
+    unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<f32>(), n) }
+}
+
+fn f32s_mut(buf: &mut HostMappedBuffer, n: usize) -> &mut [f32] {
+    let bytes = &mut buf.as_mut_slice()[..n * 4];
+    // SAFETY: as in `f32s`, with the unique borrow of `buf`.
+    unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<f32>(), n) }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+impl OffloadExecutor {
+    /// An executor for activations up to `max_k` and outputs up to `max_m` elements.
+    pub fn new(ctx: &Arc<Context>, pool: CpuPool, mode: OffloadMode, max_k: usize, max_m: usize) -> Result<OffloadExecutor, ExecError> {
+        let setting = match &mode {
+            OffloadMode::Passback { share, .. } => *share,
+            _ => ShareSetting::Off,
+        };
+        Ok(OffloadExecutor {
+            ctx: ctx.clone(),
+            pool,
+            controller: ShareController::new(setting, 1),
+            x_host: ctx.alloc_pinned_host(max_k * 4).map_err(gpu_err)?,
+            y_host: ctx.alloc_pinned_host(max_m * 4).map_err(gpu_err)?,
+            copy_stream: ctx.new_stream().map_err(gpu_err)?,
+            gpu_start: ctx.new_event().map_err(gpu_err)?,
+            gpu_end: ctx.new_event().map_err(gpu_err)?,
+            copy_done: ctx.new_event().map_err(gpu_err)?,
+            pending: None,
+            stats: HashMap::new(),
+            window_start: Instant::now(),
+            window_steps: 0,
+            window_cpu_ns: 0.0,
+            window_split_steps: 0,
+            total_steps: 0,
+            mode,
+        })
+    }
+
+    /// Mode and, for passback, share setting and join strategy.
+    pub fn describe(&self) -> String {
+        match &self.mode {
+            OffloadMode::Passback { share, strategy } => {
+                let s = match share {
+                    ShareSetting::Auto => "auto".to_string(),
+                    ShareSetting::Off => "0".to_string(),
+                    ShareSetting::Pinned(x) => format!("{x}"),
+                };
+                format!("passback, share {s}, join {}, {} cpu workers", strategy.name(), self.pool.threads())
+            }
+            OffloadMode::Cpu => format!("cpu, {} cpu workers", self.pool.threads()),
+            OffloadMode::Pcie => "pcie".into(),
+        }
+    }
+
+    /// The controller (GPU share per shape) for reports.
+    pub fn controller(&self) -> &ShareController {
+        &self.controller
+    }
+
+    /// Queue or run one spilled step on `stream`. `act` was prepared from `step.x` on `stream`.
+    pub fn run(&mut self, stream: &Stream, kernels: &GemvKernels, act: &Activation, step: SpilledStep<'_>) -> Result<(), ExecError> {
+        let w = step.weight;
+        let t0 = Instant::now();
+        self.total_steps += 1;
+        self.window_steps += 1;
+        let key = (w.format(), w.m(), w.k(), matches!(step.form, GemvForm::Residual));
+        match self.mode.clone() {
+            OffloadMode::Pcie => {
+                kernels.gemv(stream, w, act, step.y, RowRange::all(w.m()), step.form).map_err(gpu_err)?;
+                self.stats.entry(key).or_default().calls += 1;
+                return Ok(());
+            }
+            OffloadMode::Cpu => {
+                let (d2h, cpu, up) = self.run_cpu_whole(stream, step)?;
+                self.note(key, d2h, cpu, 0.0, up, t0, None, false);
+            }
+            OffloadMode::Passback { strategy, .. } => self.run_passback(stream, kernels, act, step, strategy, t0)?,
+        }
+        if self.total_steps.is_power_of_two() {
+            self.trace_idle();
+        }
+        Ok(())
+    }
+
+    /// CPU path for the whole matrix: returns (d2h, multiply, h2d) ns.
+    fn run_cpu_whole(&mut self, stream: &Stream, step: SpilledStep<'_>) -> Result<(f64, f64, f64), ExecError> {
+        let w = step.weight;
+        let (m, k) = (w.m(), w.k());
+        let residual = matches!(step.form, GemvForm::Residual);
+        let t = Instant::now();
+        stream.memcpy_dtoh_async(&mut self.x_host, 0, step.x, 0, k * 4).map_err(gpu_err)?;
+        if residual {
+            stream.memcpy_dtoh_async(&mut self.y_host, 0, &*step.y, 0, m * 4).map_err(gpu_err)?;
+        }
+        stream.synchronize().map_err(gpu_err)?;
+        self.resolve_pending()?;
+        let d2h = t.elapsed().as_nanos() as f64;
+        let t = Instant::now();
+        let x: Vec<f32> = f32s(&self.x_host, k).to_vec();
+        self.pool.gemv(w.format(), step.host_bytes, k, &x, f32s_mut(&mut self.y_host, m), residual)?;
+        let cpu = t.elapsed().as_nanos() as f64;
+        let t = Instant::now();
+        stream.memcpy_htod_async(step.y, 0, &self.y_host, 0, m * 4).map_err(gpu_err)?;
+        let up = t.elapsed().as_nanos() as f64;
+        self.window_cpu_ns += d2h + cpu;
+        Ok((d2h, cpu, up))
+    }
+
+    fn split_check(&self, step: &SpilledStep<'_>) -> Result<usize, Refusal> {
+        let w = step.weight;
+        SplitCheck {
+            format: w.format(),
+            k: w.k(),
+            m: w.m(),
+            row_stride: w.row_bytes(),
+            weight_len: step.host_bytes.len(),
+            out_dtype: OutDtype::F32,
+            out_len: step.y.byte_len() / 4,
+            residual: matches!(step.form, GemvForm::Residual),
+            cpu_simd: w.format().has_cpu_simd(),
+            gpu_kernel: w.format().has_gpu_kernel(),
+            gpu_residual_kernel: w.format().has_gpu_kernel(),
+        }
+        .check()
+    }
+
+    /// Time both engines alone over the step's own weight (medians of [`PROBE_REPS`]); the GPU
+    /// with events. Scratch outputs only: the real `y` is untouched.
+    fn probe(&mut self, stream: &Stream, kernels: &GemvKernels, act: &Activation, step: &SpilledStep<'_>) -> Result<Vec<ArmSample>, ExecError> {
+        let w = step.weight;
+        let (m, k) = (w.m(), w.k());
+        let mut scratch = self.ctx.alloc::<f32>(m).map_err(gpu_err)?;
+        let mut gpu = Vec::with_capacity(PROBE_REPS);
+        for _ in 0..PROBE_REPS {
+            self.gpu_start.record(stream).map_err(gpu_err)?;
+            kernels.gemv(stream, w, act, &mut scratch, RowRange::all(m), GemvForm::Plain).map_err(gpu_err)?;
+            self.gpu_end.record(stream).map_err(gpu_err)?;
+            self.gpu_end.synchronize().map_err(gpu_err)?;
+            gpu.push(f64::from(self.gpu_start.elapsed_ms(&self.gpu_end).map_err(gpu_err)?) * 1e6);
+        }
+        stream.memcpy_dtoh_async(&mut self.x_host, 0, step.x, 0, k * 4).map_err(gpu_err)?;
+        stream.synchronize().map_err(gpu_err)?;
+        let x: Vec<f32> = f32s(&self.x_host, k).to_vec();
+        let mut out = vec![0f32; m];
+        let mut cpu = Vec::with_capacity(PROBE_REPS);
+        for _ in 0..PROBE_REPS {
+            let t = Instant::now();
+            self.pool.gemv(w.format(), step.host_bytes, k, &x, &mut out, false)?;
+            cpu.push(t.elapsed().as_nanos() as f64);
+        }
+        let bytes = step.host_bytes.len() as u64;
+        Ok(vec![
+            ArmSample { engine: CPU_ENGINE, bytes, time: ArmTime::Exact { ns: median(&mut cpu) } },
+            ArmSample { engine: 1, bytes, time: ArmTime::Exact { ns: median(&mut gpu) } },
+        ])
+    }
+
+    /// Reads the previous split's GPU event pair (the stream has drained past it) and feeds
+    /// both arms to the controller.
+    fn resolve_pending(&mut self) -> Result<(), ExecError> {
+        if let Some(p) = self.pending.take() {
+            let ns = f64::from(self.gpu_start.elapsed_ms(&self.gpu_end).map_err(gpu_err)?) * 1e6;
+            let gpu = ArmSample { engine: 1, bytes: p.gpu_bytes, time: ArmTime::Exact { ns } };
+            self.controller.observe(p.key, &[p.cpu, gpu]);
+            self.stats.entry(p.stat_key).or_default().gpu_ns += ns;
+        }
+        Ok(())
+    }
+
+    fn run_passback(
+        &mut self,
+        stream: &Stream,
+        kernels: &GemvKernels,
+        act: &Activation,
+        step: SpilledStep<'_>,
+        strategy: JoinStrategy,
+        t0: Instant,
+    ) -> Result<(), ExecError> {
+        let w = step.weight;
+        let (m, k) = (w.m(), w.k());
+        let residual = matches!(step.form, GemvForm::Residual);
+        let stat_key = (w.format(), m, k, residual);
+        let form = if residual { Form::Residual } else { Form::Plain };
+        let key = ShapeKey { format: w.format(), k, form };
+        let row_bytes = match self.split_check(&step) {
+            Ok(rb) => rb,
+            Err(rule) => {
+                let (d2h, cpu, up) = self.run_cpu_whole(stream, step)?;
+                self.note(stat_key, d2h, cpu, 0.0, up, t0, Some(rule.to_string()), false);
+                return Ok(());
+            }
+        };
+        if self.controller.needs_probe(&key) {
+            self.resolve_pending()?;
+            // A failed probe degrades to the controller's default share, never fails the step.
+            let probe = self.probe(stream, kernels, act, &step);
+            if let Err(e) = &probe {
+                tracing::warn!(target: TRACE_TARGET, cause = %e, "probe failed; default share");
+            }
+            self.controller.seed(key, probe.as_ref().ok().map(Vec::as_slice));
+        }
+        let shares = self.controller.shares(&key);
+        let Some(cut) = cut_rows(m, row_bytes, &shares) else {
+            // Share 0 (or too small to split): byte-identical to `cpu` mode.
+            let (d2h, cpu, up) = self.run_cpu_whole(stream, step)?;
+            self.note(stat_key, d2h, cpu, 0.0, up, t0, None, false);
+            return Ok(());
+        };
+        let g = cut[1].end;
+        let cpu_rows = cut[CPU_ENGINE].clone();
+
+        // 1. x (and the CPU rows of the residual) down, blocking: the CPU arm needs them now.
+        let t = Instant::now();
+        stream.memcpy_dtoh_async(&mut self.x_host, 0, step.x, 0, k * 4).map_err(gpu_err)?;
+        if residual {
+            stream
+                .memcpy_dtoh_async(&mut self.y_host, g * 4, &*step.y, g * 4, (m - g) * 4)
+                .map_err(gpu_err)?;
+        }
+        stream.synchronize().map_err(gpu_err)?;
+        self.resolve_pending()?;
+        let d2h = t.elapsed().as_nanos() as f64;
+
+        // 2. GPU arm, asynchronous, between an event pair.
+        self.gpu_start.record(stream).map_err(gpu_err)?;
+        kernels.gemv(stream, w, act, step.y, RowRange::new(0, g), step.form).map_err(gpu_err)?;
+        self.gpu_end.record(stream).map_err(gpu_err)?;
+
+        // 3. CPU arm over rows [g, m) while the kernel runs.
+        let t = Instant::now();
+        let cpu_act = ActivationBuf::prepare(w.format(), f32s(&self.x_host, k))?;
+        let y_cpu = &mut f32s_mut(&mut self.y_host, m)[g..m];
+        self.pool.gemv_prepared(w.format(), step.host_bytes, k, &cpu_act, g, y_cpu, residual)?;
+        let cpu = t.elapsed().as_nanos() as f64;
+
+        // 4. Join.
+        let t = Instant::now();
+        match strategy {
+            JoinStrategy::Ordering => {
+                stream.memcpy_htod_async(step.y, g * 4, &self.y_host, g * 4, (m - g) * 4).map_err(gpu_err)?;
+                stream.synchronize().map_err(gpu_err)?;
+            }
+            JoinStrategy::TwoStream => {
+                self.copy_stream
+                    .memcpy_htod_async(step.y, g * 4, &self.y_host, g * 4, (m - g) * 4)
+                    .map_err(gpu_err)?;
+                self.copy_done.record(&self.copy_stream).map_err(gpu_err)?;
+                stream.wait_event(&self.copy_done).map_err(gpu_err)?;
+            }
+        }
+        let join = t.elapsed().as_nanos() as f64;
+        self.pending = Some(PendingGpuArm {
+            key,
+            stat_key,
+            gpu_bytes: (g * row_bytes) as u64,
+            cpu: ArmSample { engine: CPU_ENGINE, bytes: (cpu_rows.len() * row_bytes) as u64, time: ArmTime::Exact { ns: cpu } },
+        });
+        if strategy == JoinStrategy::Ordering {
+            self.resolve_pending()?;
+        }
+        self.window_split_steps += 1;
+        self.note(stat_key, d2h, cpu, join, 0.0, t0, None, true);
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)] // one trace record's fields
+    fn note(&mut self, key: (Format, usize, usize, bool), d2h: f64, cpu: f64, join: f64, up: f64, t0: Instant, refusal: Option<String>, split: bool) {
+        let s = self.stats.entry(key).or_default();
+        s.calls += 1;
+        s.d2h_ns += d2h;
+        s.cpu_ns += cpu;
+        s.join_ns += join + up;
+        s.wall_ns += t0.elapsed().as_nanos() as f64;
+        if split {
+            s.split += 1;
+        }
+        if refusal.is_some() {
+            s.refusal = refusal;
+        }
+        if s.calls.is_power_of_two() && tracing::enabled!(target: TRACE_TARGET, tracing::Level::DEBUG) {
+            let (format, m, k, residual) = key;
+            let n = s.calls as f64;
+            let fkey = ShapeKey { format, k, form: if residual { Form::Residual } else { Form::Plain } };
+            let snap = self.controller.snapshot(&fkey);
+            let share = self.controller.gpu_share(&fkey);
+            let bytes = step_bytes(format, m, k);
+            let cpu_gbs = bytes as f64 * (1.0 - if s.split > 0 { share } else { 0.0 }) / (s.cpu_ns / n);
+            tracing::debug!(
+                target: TRACE_TARGET,
+                format = %format, m, k, residual, calls = s.calls, split_steps = s.split,
+                share, state = ?snap,
+                mean_d2h_us = s.d2h_ns / n / 1e3, mean_multiply_us = s.cpu_ns / n / 1e3,
+                mean_join_us = s.join_ns / n / 1e3,
+                mean_gpu_arm_us = if s.split > 0 { s.gpu_ns / s.split as f64 / 1e3 } else { 0.0 },
+                mean_wall_us = s.wall_ns / n / 1e3,
+                cpu_gb_s = cpu_gbs, refusal = s.refusal.as_deref().unwrap_or("none"),
+                "split: step gemv"
+            );
+        }
+    }
+
+    fn trace_idle(&mut self) {
+        let wall = self.window_start.elapsed().as_nanos() as f64;
+        if wall > 0.0 && tracing::enabled!(target: TRACE_TARGET, tracing::Level::DEBUG) {
+            tracing::debug!(
+                target: TRACE_TARGET,
+                window_steps = self.window_steps,
+                wall_ms = wall / 1e6,
+                cpu_ms = self.window_cpu_ns / 1e6,
+                gpu_idle_pct = 100.0 * self.window_cpu_ns / wall,
+                split_steps_excluded = self.window_split_steps,
+                "cpu exec: idle (GPU-idle lower bound over the window; split steps are not counted as idle)"
+            );
+        }
+        self.window_start = Instant::now();
+        self.window_steps = 0;
+        self.window_cpu_ns = 0.0;
+        self.window_split_steps = 0;
+    }
+}
+
+fn step_bytes(format: Format, m: usize, k: usize) -> usize {
+    format.row_bytes(k).map_or(0, |rb| rb * m)
+}

@@ -1,0 +1,656 @@
+//! GPU decode: the whole step on the device, every projection through the offload executor.
+//!
+//! The activation never leaves the GPU except where a spilled projection needs the CPU: the
+//! embedding row is dequantised on the host (one `d_model` row per token) and uploaded, norms,
+//! RoPE, attention over a device KV cache and SwiGLU run as kernels from `kernels/decode.cu`,
+//! resident weights live in device memory, and weights beyond `memory.gpu_layer_budget` live in
+//! pinned host-mapped memory where both the GPU (over PCIe) and the CPU pool can read them. Each
+//! projection over a spilled weight is handed to [`hipfire_exec::offload::OffloadExecutor`],
+//! which runs it as `pcie`, `cpu` or `passback` (split by rows, both engines at once).
+//!
+//! Layer placement follows llama.cpp's convention: the *first* `n_layer − budget` blocks spill,
+//! the last `budget` stay resident; embeddings, output norm and head are always resident.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::time::Instant;
+
+use hipfire_exec::offload::{OffloadExecutor, OffloadMode, SpilledStep};
+use hipfire_exec::CpuPool;
+use hipfire_gpu::backend::LaunchDims;
+use hipfire_gpu::{
+    Activation, Context, DeviceBuffer, DeviceMemory, Function, GemvForm, GemvKernels, GpuError, HostMappedBuffer,
+    KernelRegistry, KernelSource, RowRange, Stream, WeightLocation, WeightRef,
+};
+use hipfire_quant::Format;
+
+use crate::model::GenerationStats;
+use crate::sampling::{Sampler, SamplingParams};
+use crate::{Model, ModelError, Weight};
+
+/// `kernels/decode.cu`: RMSNorm, RoPE, attention, SwiGLU, add.
+pub const DECODE_SOURCE: KernelSource =
+    KernelSource { name: "decode.cu", source: include_str!("../../../kernels/decode.cu"), headers: &[] };
+
+/// Threads per block of the small decode kernels: one block covers a 4096-wide row in 4 strides,
+/// and 256 threads = 8 warps keeps the two-level reductions in `decode.cu` to one shuffle round.
+const DECODE_THREADS: u32 = 256;
+/// Largest context the attention kernel's shared-memory score row can hold: 48 KiB of f32
+/// scores (the default dynamic shared-memory limit without an opt-in attribute).
+pub const MAX_GPU_CTX: usize = 48 * 1024 / 4;
+/// Device memory kept free for the driver, cuBLAS-free scratch and fragmentation when `auto`
+/// fits layers (measured: the context, modules and decode buffers take < 1 GiB on the H200).
+const VRAM_MARGIN_BYTES: u64 = 2 << 30;
+
+/// How to place and run the model on the GPU.
+#[derive(Debug, Clone)]
+pub struct GpuOptions {
+    /// Device ordinal.
+    pub ordinal: usize,
+    /// Repeating layers kept in VRAM; `None` = as many as fit (`auto`).
+    pub gpu_layer_budget: Option<usize>,
+    /// How spilled projections run.
+    pub mode: OffloadMode,
+}
+
+/// Errors of the GPU path are GPU errors with the call named, or model errors.
+impl From<GpuError> for ModelError {
+    fn from(e: GpuError) -> ModelError {
+        ModelError::Backend { backend: "gpu", message: e.to_string() }
+    }
+}
+
+
+/// A device address range that kernels may read or write: a sub-slice of a [`DeviceBuffer`].
+#[derive(Debug)]
+struct DeviceView<'a> {
+    ptr: u64,
+    bytes: usize,
+    ctx: &'a Arc<Context>,
+}
+
+impl DeviceMemory for DeviceView<'_> {
+    fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+    fn byte_len(&self) -> usize {
+        self.bytes
+    }
+    fn context(&self) -> &Arc<Context> {
+        self.ctx
+    }
+}
+
+/// Where one weight's bytes live on the GPU side.
+#[derive(Debug)]
+enum GpuWeight {
+    Device(DeviceBuffer<u8>),
+    Host(HostMappedBuffer),
+}
+
+impl GpuWeight {
+    fn weight_ref(&self, w: &Weight) -> Result<WeightRef<'_>, GpuError> {
+        match self {
+            GpuWeight::Device(b) => WeightRef::new(b, 0, w.format, w.m, w.k),
+            GpuWeight::Host(b) => WeightRef::new(b, 0, w.format, w.m, w.k),
+        }
+    }
+}
+
+struct GpuLayer {
+    attn_norm: DeviceBuffer<f32>,
+    ffn_norm: DeviceBuffer<f32>,
+    q_norm: Option<DeviceBuffer<f32>>,
+    k_norm: Option<DeviceBuffer<f32>>,
+    bq: Option<DeviceBuffer<f32>>,
+    bk: Option<DeviceBuffer<f32>>,
+    bv: Option<DeviceBuffer<f32>>,
+    wq: usize,
+    wk: usize,
+    wv: usize,
+    wo: usize,
+    gate: usize,
+    up: usize,
+    down: usize,
+    k_cache: DeviceBuffer<f32>,
+    v_cache: DeviceBuffer<f32>,
+}
+
+struct DecodeKernels {
+    rms_norm: Function,
+    rope: Function,
+    attention: Function,
+    swiglu: Function,
+    add: Function,
+}
+
+/// Scratch activations on the device.
+struct Scratch {
+    x: DeviceBuffer<f32>,
+    xn: DeviceBuffer<f32>,
+    q: DeviceBuffer<f32>,
+    att: DeviceBuffer<f32>,
+    gate: DeviceBuffer<f32>,
+    up: DeviceBuffer<f32>,
+    logits: DeviceBuffer<f32>,
+    act_model: Activation,
+    act_q: Activation,
+    act_ff: Activation,
+    /// Pinned staging: embedding row up, logits down.
+    stage_x: HostMappedBuffer,
+    stage_logits: HostMappedBuffer,
+    inv_freq: DeviceBuffer<f32>,
+}
+
+/// A model placed on the GPU with one decode session (KV cache) of its own.
+pub struct GpuDecoder<'m> {
+    model: &'m Model,
+    ctx: Arc<Context>,
+    stream: Stream,
+    gemv: GemvKernels,
+    k: DecodeKernels,
+    weights: Vec<Option<GpuWeight>>,
+    layers: Vec<GpuLayer>,
+    head: usize,
+    output_norm: DeviceBuffer<f32>,
+    s: Scratch,
+    offload: OffloadExecutor,
+    logits: Vec<f32>,
+    pos: usize,
+    ctx_len: usize,
+    summary: String,
+}
+
+impl std::fmt::Debug for GpuDecoder<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuDecoder").field("summary", &self.summary).field("pos", &self.pos).finish()
+    }
+}
+
+fn upload_f32(ctx: &Arc<Context>, stream: &Stream, v: &[f32]) -> Result<DeviceBuffer<f32>, GpuError> {
+    let mut b = ctx.alloc::<f32>(v.len())?;
+    b.upload(stream, v)?;
+    Ok(b)
+}
+
+fn read_vector(model: &Model, name: &str, n: usize) -> Result<Option<Vec<f32>>, ModelError> {
+    let Some(t) = model.gguf().index().tensor(name) else { return Ok(None) };
+    let fmt = Format::from_ggml_type(t.ggml_type.0)
+        .map_err(|_| ModelError::Unsupported(format!("tensor {name} has type {}", t.ggml_type)))?;
+    if t.n_elements() != n as u64 {
+        return Err(ModelError::Shape { name: name.into(), want: vec![n as u64], got: t.dims.clone() });
+    }
+    let mut v = vec![0f32; n];
+    crate::ops::dequantize_row(fmt, model.gguf().tensor_data(t), &mut v)?;
+    Ok(Some(v))
+}
+
+fn need_vector(model: &Model, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {
+    read_vector(model, name, n)?.ok_or_else(|| ModelError::Unsupported(format!("missing tensor {name}")))
+}
+
+fn weight_id(model: &Model, name: &str) -> Result<usize, ModelError> {
+    model
+        .weights()
+        .iter()
+        .position(|w| w.name == name)
+        .ok_or_else(|| ModelError::Unsupported(format!("missing weight {name}")))
+}
+
+impl<'m> GpuDecoder<'m> {
+    /// Place `model` on GPU `opts.ordinal`: resident layers in VRAM, spilled ones in pinned
+    /// host-mapped memory, spilled projections run by `opts.mode` on `pool` and the GPU.
+    pub fn new(model: &'m Model, pool: CpuPool, opts: &GpuOptions) -> Result<GpuDecoder<'m>, ModelError> {
+        let c = model.config().clone();
+        let ctx = Context::new(opts.ordinal)?;
+        let stream = ctx.new_stream()?;
+        let registry = KernelRegistry::new(&ctx);
+        let gemv = GemvKernels::new(&registry)?;
+        let module = registry.module(&DECODE_SOURCE, &[])?;
+        let k = DecodeKernels {
+            rms_norm: module.function("rms_norm_f32")?,
+            rope: module.function("rope_f32")?,
+            attention: module.function("attention_f32")?,
+            swiglu: module.function("swiglu_f32")?,
+            add: module.function("add_f32")?,
+        };
+        let ctx_len = model.ctx_len().min(MAX_GPU_CTX);
+
+        // Budget: bytes of one layer's projections, and of what stays resident regardless.
+        let layer_names = |i: usize| {
+            ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]
+                .map(|s| format!("blk.{i}.{s}.weight"))
+        };
+        let mut layer_bytes = vec![0u64; c.n_layer];
+        for (i, lb) in layer_bytes.iter_mut().enumerate() {
+            for n in layer_names(i) {
+                *lb += model.weights()[weight_id(model, &n)?].n_bytes as u64;
+            }
+        }
+        let budget = match opts.gpu_layer_budget {
+            Some(b) => b.min(c.n_layer),
+            None => {
+                let fixed: u64 = model
+                    .weights()
+                    .iter()
+                    .filter(|w| !w.name.starts_with("blk."))
+                    .map(|w| w.n_bytes as u64)
+                    .sum();
+                let kv = (2 * ctx_len * c.kv_dim() * 4 * c.n_layer) as u64;
+                let free = ctx.info().total_mem.saturating_sub(VRAM_MARGIN_BYTES + fixed + kv);
+                let mut n = 0;
+                let mut used = 0u64;
+                for lb in layer_bytes.iter().rev() {
+                    if used + lb > free {
+                        break;
+                    }
+                    used += lb;
+                    n += 1;
+                }
+                n
+            }
+        };
+        let n_spilled = c.n_layer - budget;
+        let spilled_bytes: u64 = layer_bytes[..n_spilled].iter().sum();
+        if let Some(avail) = hipfire_gpu::mem_available_bytes() {
+            // Pinned pages cannot be reclaimed: keep a margin for the OS and the mapped file.
+            let margin = 4u64 << 30;
+            if spilled_bytes + margin > avail {
+                return Err(ModelError::Unsupported(format!(
+                    "spilling {n_spilled} layers needs {:.2} GiB of pinned RAM plus a {:.0} GiB margin, but only {:.2} GiB is available; raise memory.gpu_layer_budget",
+                    spilled_bytes as f64 / (1u64 << 30) as f64,
+                    margin as f64 / (1u64 << 30) as f64,
+                    avail as f64 / (1u64 << 30) as f64
+                )));
+            }
+        }
+
+        let mut weights: Vec<Option<GpuWeight>> = (0..model.weights().len()).map(|_| None).collect();
+        let mut place = |id: usize, host: bool| -> Result<(), ModelError> {
+            if weights[id].is_some() {
+                return Ok(());
+            }
+            let w = &model.weights()[id];
+            let bytes = model.weight_bytes(w);
+            weights[id] = Some(if host {
+                let mut b = ctx.alloc_host_mapped(bytes.len())?;
+                b.as_mut_slice().copy_from_slice(bytes);
+                GpuWeight::Host(b)
+            } else {
+                let mut b = ctx.alloc::<u8>(bytes.len())?;
+                b.upload(&stream, bytes)?;
+                GpuWeight::Device(b)
+            });
+            Ok(())
+        };
+        let mut layers = Vec::with_capacity(c.n_layer);
+        let (qd, kvd) = (c.q_dim(), c.kv_dim());
+        for i in 0..c.n_layer {
+            let spilled = i < n_spilled;
+            let n = |s: &str| format!("blk.{i}.{s}");
+            let ids = layer_names(i).map(|nm| weight_id(model, &nm));
+            let [wq, wk, wv, wo, gate, up, down] = ids;
+            let (wq, wk, wv, wo, gate, up, down) = (wq?, wk?, wv?, wo?, gate?, up?, down?);
+            for id in [wq, wk, wv, wo, gate, up, down] {
+                place(id, spilled)?;
+            }
+            let opt = |name: &str, len: usize| -> Result<Option<DeviceBuffer<f32>>, ModelError> {
+                read_vector(model, &n(name), len)?.map(|v| upload_f32(&ctx, &stream, &v)).transpose().map_err(Into::into)
+            };
+            let mut k_cache = ctx.alloc::<f32>(ctx_len * kvd)?;
+            let mut v_cache = ctx.alloc::<f32>(ctx_len * kvd)?;
+            stream.fill_u32_async(&mut k_cache, 0)?;
+            stream.fill_u32_async(&mut v_cache, 0)?;
+            layers.push(GpuLayer {
+                attn_norm: upload_f32(&ctx, &stream, &need_vector(model, &n("attn_norm.weight"), c.d_model)?)?,
+                ffn_norm: upload_f32(&ctx, &stream, &need_vector(model, &n("ffn_norm.weight"), c.d_model)?)?,
+                q_norm: opt("attn_q_norm.weight", c.head_dim)?,
+                k_norm: opt("attn_k_norm.weight", c.head_dim)?,
+                bq: opt("attn_q.bias", qd)?,
+                bk: opt("attn_k.bias", kvd)?,
+                bv: opt("attn_v.bias", kvd)?,
+                wq,
+                wk,
+                wv,
+                wo,
+                gate,
+                up,
+                down,
+                k_cache,
+                v_cache,
+            });
+        }
+        let head = match model.weights().iter().position(|w| w.name == "output.weight") {
+            Some(id) => id,
+            None => weight_id(model, "token_embd.weight")?,
+        };
+        place(head, false)?;
+        let output_norm = upload_f32(&ctx, &stream, &need_vector(model, "output_norm.weight", c.d_model)?)?;
+
+        let factors = read_vector(model, "rope_freqs.weight", c.rope_dim / 2)?;
+        let inv_freq: Vec<f32> = (0..c.rope_dim / 2)
+            .map(|i| {
+                let f = factors.as_ref().and_then(|f| f.get(i)).map_or(1.0, |&v| f64::from(v));
+                (c.rope_theta.powf(-2.0 * i as f64 / c.rope_dim as f64) / f) as f32
+            })
+            .collect();
+        let s = Scratch {
+            x: ctx.alloc(c.d_model)?,
+            xn: ctx.alloc(c.d_model)?,
+            q: ctx.alloc(qd)?,
+            att: ctx.alloc(qd)?,
+            gate: ctx.alloc(c.n_ff)?,
+            up: ctx.alloc(c.n_ff)?,
+            logits: ctx.alloc(c.vocab)?,
+            act_model: Activation::new(&ctx, c.d_model)?,
+            act_q: Activation::new(&ctx, qd)?,
+            act_ff: Activation::new(&ctx, c.n_ff)?,
+            stage_x: ctx.alloc_pinned_host(c.d_model * 4)?,
+            stage_logits: ctx.alloc_pinned_host(c.vocab * 4)?,
+            inv_freq: upload_f32(&ctx, &stream, &inv_freq)?,
+        };
+        stream.synchronize()?;
+        let max_k = c.d_model.max(c.n_ff).max(qd);
+        let max_m = c.d_model.max(c.n_ff).max(qd);
+        let offload = OffloadExecutor::new(&ctx, pool, opts.mode.clone(), max_k, max_m)?;
+        let resident_gib = layer_bytes[n_spilled..].iter().sum::<u64>() as f64 / (1u64 << 30) as f64;
+        let summary = format!(
+            "{} on {} ({}): {} of {} layers resident ({:.2} GiB VRAM), {} spilled to pinned host memory ({:.2} GiB, offload_exec={}); embeddings, head, KV cache and attention on the GPU",
+            c.arch.name(),
+            ctx.info().name,
+            ctx.info().arch,
+            budget,
+            c.n_layer,
+            resident_gib,
+            n_spilled,
+            spilled_bytes as f64 / (1u64 << 30) as f64,
+            offload.describe(),
+        );
+        tracing::info!(target: "hipfire::model", summary = %summary, "model placed");
+        let vocab = c.vocab;
+        Ok(GpuDecoder {
+            model,
+            ctx,
+            stream,
+            gemv,
+            k,
+            weights,
+            layers,
+            head,
+            output_norm,
+            s,
+            offload,
+            logits: vec![0.0; vocab],
+            pos: 0,
+            ctx_len,
+            summary,
+        })
+    }
+
+    /// One line: what was placed where.
+    pub fn placement_summary(&self) -> &str {
+        &self.summary
+    }
+
+    /// The offload executor (trace and share state).
+    pub fn offload(&self) -> &OffloadExecutor {
+        &self.offload
+    }
+
+    /// Positions filled so far.
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// Forget the conversation.
+    pub fn reset(&mut self) {
+        self.pos = 0;
+    }
+
+    /// Logits of the last position fed.
+    pub fn logits(&self) -> &[f32] {
+        &self.logits
+    }
+
+    /// Feed `tokens`; returns the logits after the last one.
+    pub fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32], ModelError> {
+        if self.pos + tokens.len() > self.ctx_len {
+            return Err(ModelError::ContextFull { need: self.pos + tokens.len(), ctx: self.ctx_len });
+        }
+        for &t in tokens {
+            self.forward(t)?;
+        }
+        Ok(&self.logits)
+    }
+
+    /// Feed one token; returns the next-token logits.
+    pub fn step(&mut self, token: u32) -> Result<&[f32], ModelError> {
+        self.forward(token)?;
+        Ok(&self.logits)
+    }
+
+    /// As [`crate::Session::generate`], on the GPU.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        params: &SamplingParams,
+        mut on_token: impl FnMut(u32) -> bool,
+    ) -> Result<GenerationStats, ModelError> {
+        let mut sampler = Sampler::new(params)?;
+        let mut stats = GenerationStats { prompt_tokens: prompt.len(), ..Default::default() };
+        if prompt.is_empty() {
+            return Err(ModelError::InvalidOption("empty prompt".into()));
+        }
+        let t0 = Instant::now();
+        self.prefill(prompt)?;
+        stats.prefill_s = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        while stats.generated < params.max_tokens {
+            let tok = sampler.sample(&self.logits);
+            if params.stop_at_eog && self.model.tokenizer().is_eog(tok) {
+                break;
+            }
+            stats.generated += 1;
+            if !on_token(tok) || stats.generated == params.max_tokens || self.pos >= self.ctx_len {
+                break;
+            }
+            self.forward(tok)?;
+            stats.decode_steps += 1;
+        }
+        stats.decode_s = t1.elapsed().as_secs_f64();
+        Ok(stats)
+    }
+
+    fn launch(&self, f: &Function, grid: u32, block: u32, shared: u32, params: &mut [*mut c_void]) -> Result<(), GpuError> {
+        let dims = LaunchDims { grid, block, shared_bytes: shared };
+        // SAFETY: every caller passes parameters matching the kernel's signature in
+        // kernels/decode.cu, over device buffers owned by `self` (alive for the launch, freed
+        // only by Drop after the stream is synchronised), with extents checked at allocation.
+        unsafe { self.ctx.backend().launch(f.raw(), dims, self.stream.raw(), params) }
+    }
+
+    fn rms_norm(&self, x: u64, w: &DeviceBuffer<f32>, y: u64, rows: usize, n: usize) -> Result<(), GpuError> {
+        let (mut px, mut pw, mut py) = (x, w.device_ptr(), y);
+        let mut pn = n as i32;
+        let mut eps = self.model.config().rms_eps;
+        let mut p: [*mut c_void; 5] = [
+            (&mut px as *mut u64).cast(),
+            (&mut pw as *mut u64).cast(),
+            (&mut py as *mut u64).cast(),
+            (&mut pn as *mut i32).cast(),
+            (&mut eps as *mut f32).cast(),
+        ];
+        self.launch(&self.k.rms_norm, rows as u32, DECODE_THREADS, 0, &mut p)
+    }
+
+    fn rope(&self, x: u64, n_heads: usize) -> Result<(), GpuError> {
+        let c = self.model.config();
+        let mut px = x;
+        let (mut hd, mut rd, mut pos) = (c.head_dim as i32, c.rope_dim as i32, self.pos as i32);
+        let mut pf = self.s.inv_freq.device_ptr();
+        let mut neox = i32::from(c.rope_neox);
+        let mut p: [*mut c_void; 6] = [
+            (&mut px as *mut u64).cast(),
+            (&mut hd as *mut i32).cast(),
+            (&mut rd as *mut i32).cast(),
+            (&mut pos as *mut i32).cast(),
+            (&mut pf as *mut u64).cast(),
+            (&mut neox as *mut i32).cast(),
+        ];
+        self.launch(&self.k.rope, n_heads as u32, 64, 0, &mut p)
+    }
+
+    fn add(&self, y: u64, b: &DeviceBuffer<f32>) -> Result<(), GpuError> {
+        let (mut py, mut pb, mut n) = (y, b.device_ptr(), b.len() as i32);
+        let mut p: [*mut c_void; 3] =
+            [(&mut py as *mut u64).cast(), (&mut pb as *mut u64).cast(), (&mut n as *mut i32).cast()];
+        self.launch(&self.k.add, (b.len() as u32).div_ceil(DECODE_THREADS), DECODE_THREADS, 0, &mut p)
+    }
+
+    /// `y (+)= W·act` for weight `id`: resident weights on the GPU, spilled ones through the
+    /// offload executor. `x` is the f32 activation `act` was prepared from (the CPU arm reads it).
+    #[allow(clippy::too_many_arguments)] // the GEMV's operands
+    fn project(&mut self, id: usize, x: u64, which_act: ActSlot, y: u64, y_len: usize, form: GemvForm) -> Result<(), ModelError> {
+        let w = &self.model.weights()[id];
+        let gw = self.weights[id].as_ref().ok_or_else(|| ModelError::Unsupported(format!("weight {} not placed", w.name)))?;
+        let wr = gw.weight_ref(w)?;
+        let act = match which_act {
+            ActSlot::Model => &self.s.act_model,
+            ActSlot::Q => &self.s.act_q,
+            ActSlot::Ff => &self.s.act_ff,
+        };
+        let mut yv = DeviceView { ptr: y, bytes: y_len * 4, ctx: &self.ctx };
+        match (wr.location(), gw) {
+            (WeightLocation::HostMapped, GpuWeight::Host(host)) => {
+                let xv = DeviceView { ptr: x, bytes: w.k * 4, ctx: &self.ctx };
+                let step = SpilledStep { weight: &wr, host_bytes: host.as_slice(), x: &xv, y: &mut yv, form };
+                self.offload.run(&self.stream, &self.gemv, act, step)?;
+            }
+            _ => self.gemv.gemv(&self.stream, &wr, act, &mut yv, RowRange::all(w.m), form)?,
+        }
+        Ok(())
+    }
+
+    fn prepare(&mut self, slot: ActSlot, x: u64, k: usize) -> Result<(), GpuError> {
+        let xv = DeviceView { ptr: x, bytes: k * 4, ctx: &self.ctx };
+        let act = match slot {
+            ActSlot::Model => &mut self.s.act_model,
+            ActSlot::Q => &mut self.s.act_q,
+            ActSlot::Ff => &mut self.s.act_ff,
+        };
+        self.gemv.prepare(&self.stream, &xv, act)
+    }
+
+    fn forward(&mut self, token: u32) -> Result<(), ModelError> {
+        let c = self.model.config().clone();
+        if token as usize >= c.vocab {
+            return Err(ModelError::BadToken { id: token, vocab: c.vocab });
+        }
+        if self.pos >= self.ctx_len {
+            return Err(ModelError::ContextFull { need: self.pos + 1, ctx: self.ctx_len });
+        }
+        // Embedding row: dequantised on the host from the mapped file, uploaded from pinned memory.
+        let emb = &self.model.weights()[weight_id(self.model, "token_embd.weight")?];
+        let rb = emb.format.row_bytes(emb.k)?;
+        let row = &self.model.weight_bytes(emb)[token as usize * rb..(token as usize + 1) * rb];
+        let mut xrow = vec![0f32; c.d_model];
+        crate::ops::dequantize_row(emb.format, row, &mut xrow)?;
+        // The previous step synchronised the stream, so the staging buffer is free to overwrite.
+        for (dst, v) in self.s.stage_x.as_mut_slice().chunks_exact_mut(4).zip(&xrow) {
+            dst.copy_from_slice(&v.to_ne_bytes());
+        }
+        self.stream.memcpy_htod_async(&mut self.s.x, 0, &self.s.stage_x, 0, c.d_model * 4)?;
+
+        let (qd, kvd, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
+        let x = self.s.x.device_ptr();
+        let xn = self.s.xn.device_ptr();
+        let q = self.s.q.device_ptr();
+        let att = self.s.att.device_ptr();
+        let gate = self.s.gate.device_ptr();
+        let up = self.s.up.device_ptr();
+        for li in 0..self.layers.len() {
+            let l = &self.layers[li];
+            let (wq, wk, wv, wo, wg, wu, wd) = (l.wq, l.wk, l.wv, l.wo, l.gate, l.up, l.down);
+            let kslot = l.k_cache.device_ptr() + (self.pos * kvd * 4) as u64;
+            let vslot = l.v_cache.device_ptr() + (self.pos * kvd * 4) as u64;
+            self.rms_norm(x, &self.layers[li].attn_norm, xn, 1, c.d_model)?;
+            self.prepare(ActSlot::Model, xn, c.d_model)?;
+            self.project(wq, xn, ActSlot::Model, q, qd, GemvForm::Plain)?;
+            self.project(wk, xn, ActSlot::Model, kslot, kvd, GemvForm::Plain)?;
+            self.project(wv, xn, ActSlot::Model, vslot, kvd, GemvForm::Plain)?;
+            let l = &self.layers[li];
+            if let Some(b) = &l.bq {
+                self.add(q, b)?;
+            }
+            if let Some(b) = &l.bk {
+                self.add(kslot, b)?;
+            }
+            if let Some(b) = &l.bv {
+                self.add(vslot, b)?;
+            }
+            if let Some(w) = &l.q_norm {
+                self.rms_norm(q, w, q, c.n_head, hd)?;
+            }
+            if let Some(w) = &l.k_norm {
+                self.rms_norm(kslot, w, kslot, c.n_head_kv, hd)?;
+            }
+            self.rope(q, c.n_head)?;
+            self.rope(kslot, c.n_head_kv)?;
+            {
+                let n_pos = self.pos + 1;
+                let (mut pq, mut pk, mut pv, mut po) = (q, l.k_cache.device_ptr(), l.v_cache.device_ptr(), att);
+                let (mut nh, mut nkv, mut phd, mut np) = (c.n_head as i32, c.n_head_kv as i32, hd as i32, n_pos as i32);
+                let mut scale = 1.0f32 / (hd as f32).sqrt();
+                let mut p: [*mut c_void; 9] = [
+                    (&mut pq as *mut u64).cast(),
+                    (&mut pk as *mut u64).cast(),
+                    (&mut pv as *mut u64).cast(),
+                    (&mut po as *mut u64).cast(),
+                    (&mut nh as *mut i32).cast(),
+                    (&mut nkv as *mut i32).cast(),
+                    (&mut phd as *mut i32).cast(),
+                    (&mut np as *mut i32).cast(),
+                    (&mut scale as *mut f32).cast(),
+                ];
+                self.launch(&self.k.attention, c.n_head as u32, DECODE_THREADS, (n_pos * 4) as u32, &mut p)?;
+            }
+            self.prepare(ActSlot::Q, att, qd)?;
+            self.project(wo, att, ActSlot::Q, x, c.d_model, GemvForm::Residual)?;
+
+            self.rms_norm(x, &self.layers[li].ffn_norm, xn, 1, c.d_model)?;
+            self.prepare(ActSlot::Model, xn, c.d_model)?;
+            self.project(wg, xn, ActSlot::Model, gate, c.n_ff, GemvForm::Plain)?;
+            self.project(wu, xn, ActSlot::Model, up, c.n_ff, GemvForm::Plain)?;
+            {
+                let (mut pg, mut pu, mut po, mut n) = (gate, up, gate, c.n_ff as i32);
+                let mut p: [*mut c_void; 4] = [
+                    (&mut pg as *mut u64).cast(),
+                    (&mut pu as *mut u64).cast(),
+                    (&mut po as *mut u64).cast(),
+                    (&mut n as *mut i32).cast(),
+                ];
+                self.launch(&self.k.swiglu, (c.n_ff as u32).div_ceil(DECODE_THREADS), DECODE_THREADS, 0, &mut p)?;
+            }
+            self.prepare(ActSlot::Ff, gate, c.n_ff)?;
+            self.project(wd, gate, ActSlot::Ff, x, c.d_model, GemvForm::Residual)?;
+        }
+        self.rms_norm(x, &self.output_norm, xn, 1, c.d_model)?;
+        self.prepare(ActSlot::Model, xn, c.d_model)?;
+        let logits = self.s.logits.device_ptr();
+        self.project(self.head, xn, ActSlot::Model, logits, c.vocab, GemvForm::Plain)?;
+        self.stream.memcpy_dtoh_async(&mut self.s.stage_logits, 0, &self.s.logits, 0, c.vocab * 4)?;
+        self.stream.synchronize()?;
+        for (l, b) in self.logits.iter_mut().zip(self.s.stage_logits.as_slice().chunks_exact(4)) {
+            *l = f32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
+        }
+        self.pos += 1;
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum ActSlot {
+    Model,
+    Q,
+    Ff,
+}
