@@ -12,7 +12,10 @@ use hipfire_quant::{ActivationBuf, Format};
 use serde::Serialize;
 
 use crate::args::OffloadBenchArgs;
-use crate::{daemon, gpu_probe, Ctx, EXIT_OK, EXIT_REFUSED};
+use crate::gpu_probe::{self, BenchGpu, GpuAvail};
+use crate::{daemon, Ctx, EXIT_OK, EXIT_REFUSED};
+use hipfire_exec::CpuPool;
+use hipfire_gpu::RowRange;
 
 /// Bytes in a MiB.
 const MIB: usize = 1 << 20;
@@ -34,10 +37,15 @@ pub struct FormatResult {
     pub bytes: usize,
     /// CPU workers alone, weight bytes per second (median of the reps).
     pub cpu_bytes_per_s: f64,
+    /// Plain read of the same bytes by the same workers (hipfire-exec's read probe): the
+    /// ceiling the CPU GEMV is measured against.
+    pub cpu_read_bytes_per_s: f64,
     /// GPU alone over host-mapped memory; `None` without a GPU.
     pub gpu_bytes_per_s: Option<f64>,
     /// Both engines at once at `share`; `None` without a GPU.
     pub both_bytes_per_s: Option<f64>,
+    /// Rows the GPU took in the both-at-once run (share × m, rounded); 0 without a GPU.
+    pub gpu_rows: usize,
     /// Balanced GPU share r_gpu / (r_gpu + r_cpu); 0 without a GPU.
     pub share: f64,
     /// Speedup bound of the split over the faster engine alone: (r_gpu + r_cpu) / max(r_gpu, r_cpu).
@@ -106,29 +114,34 @@ pub fn run(ctx: &Ctx, a: &OffloadBenchArgs) -> anyhow::Result<ExitCode> {
     }
     let (_, settings) = ctx.settings_with(&overrides)?;
     let threads = settings.threads.get().get();
+    // Pinned workers, as in a real split step: the CPU figure is what the executor can reach.
+    let pool = CpuPool::new(threads)?;
 
-    let gpu = gpu_probe::bench_engine();
+    let gpu = gpu_probe::bench_engine(settings.device, settings.kernel_cache.dir())?;
     let gpu_json = match &gpu {
-        Ok(g) => GpuJson {
+        GpuAvail::Found(g) => GpuJson {
             found: true,
             detail: g.name(),
         },
-        Err(why) => {
+        GpuAvail::Absent(why) => {
             ctx.note(format!("no GPU measured ({why}): measuring the CPU only"));
             GpuJson {
                 found: false,
-                detail: why.clone(),
+                detail: format!("none ({why})"),
             }
         }
+    };
+    let gpu_ref = match &gpu {
+        GpuAvail::Found(g) => Some(g.as_ref()),
+        GpuAvail::Absent(_) => None,
     };
 
     let mut results = Vec::new();
     for fmt in formats {
-        let r = measure(fmt, a, threads, gpu.as_ref().ok())
-            .with_context(|| format!("measuring {fmt}"))?;
+        let r = measure(fmt, a, &pool, gpu_ref).with_context(|| format!("measuring {fmt}"))?;
         results.push(r);
     }
-    let recommended = gpu.is_ok().then(|| recommend(&results)).flatten();
+    let recommended = gpu_ref.and_then(|_| recommend(&results));
     let report = Report {
         version: env!("CARGO_PKG_VERSION"),
         commit: crate::version::commit(),
@@ -205,6 +218,18 @@ fn recommend(results: &[FormatResult]) -> Option<f64> {
     Some(median.min(hipfire_config::schema::MAX_PASSBACK_SHARE))
 }
 
+/// The synthetic GEMV operands.
+struct Synthetic {
+    /// m rows of weight bytes.
+    w: Vec<u8>,
+    /// Rows.
+    m: usize,
+    /// The activation, f32.
+    x: Vec<f32>,
+    /// The activation prepared for the CPU row dot.
+    act: ActivationBuf,
+}
+
 /// xorshift64*: a tiny seeded generator, enough for filler data (no statistics asked of it).
 struct Filler(u64);
 impl Filler {
@@ -220,11 +245,7 @@ impl Filler {
 
 /// The synthetic matrix: one quantised random row repeated m times (the bytes streamed are
 /// what matters; a row repeated every few KiB cannot be cached across a 192 MiB sweep).
-fn synthetic(
-    fmt: Format,
-    k: usize,
-    buffer_bytes: usize,
-) -> anyhow::Result<(Vec<u8>, usize, ActivationBuf)> {
+fn synthetic(fmt: Format, k: usize, buffer_bytes: usize) -> anyhow::Result<Synthetic> {
     let rb = fmt.row_bytes(k)?;
     let m = buffer_bytes.div_ceil(rb).max(1);
     let mut rng = Filler(DATA_SEED);
@@ -235,41 +256,23 @@ fn synthetic(
         dst.copy_from_slice(&row);
     }
     let x: Vec<f32> = (0..k).map(|_| rng.next_f32()).collect();
-    Ok((w, m, ActivationBuf::prepare(fmt, &x)?))
+    let act = ActivationBuf::prepare(fmt, &x)?;
+    Ok(Synthetic { w, m, x, act })
 }
 
-/// Time one CPU GEMV over all rows with `threads` scoped workers (contiguous row slices).
-fn cpu_gemv(
+/// Seconds for the pool to compute rows `[row0, row0 + y.len())` of `w`.
+fn cpu_rows(
+    pool: &CpuPool,
     fmt: Format,
     w: &[u8],
     k: usize,
     act: &ActivationBuf,
+    row0: usize,
     y: &mut [f32],
-    threads: usize,
 ) -> anyhow::Result<f64> {
-    let rb = fmt.row_bytes(k)?;
-    let per = y.len().div_ceil(threads);
     let t0 = Instant::now();
-    let results: Vec<std::thread::Result<Result<(), hipfire_quant::QuantError>>> =
-        std::thread::scope(|s| {
-            let handles: Vec<_> = y
-                .chunks_mut(per)
-                .enumerate()
-                .map(|(i, ys)| {
-                    let rows = &w[i * per * rb..];
-                    s.spawn(move || hipfire_quant::gemv_rows(fmt, rows, k, act, ys, false))
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join()).collect()
-        });
-    let dt = t0.elapsed().as_secs_f64();
-    for r in results {
-        match r {
-            Ok(r) => r?,
-            Err(_) => bail!("a CPU bench worker panicked"),
-        }
-    }
-    Ok(dt)
+    pool.gemv_prepared(fmt, w, k, act, row0, y, false)?;
+    Ok(t0.elapsed().as_secs_f64())
 }
 
 fn median(mut xs: Vec<f64>) -> f64 {
@@ -277,51 +280,96 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
+/// Rows the GPU takes at `share` of `m`: at least one and at most m − 1, so both arms run.
+fn gpu_rows(share: f64, m: usize) -> usize {
+    if m < 2 {
+        return m;
+    }
+    ((share * m as f64).round() as usize).clamp(1, m - 1)
+}
+
 fn measure(
     fmt: Format,
     a: &OffloadBenchArgs,
-    threads: usize,
-    gpu: Option<&gpu_probe::BenchGpu>,
+    pool: &CpuPool,
+    gpu: Option<&BenchGpu>,
 ) -> anyhow::Result<FormatResult> {
-    let (w, m, act) = synthetic(fmt, a.k, a.buffer_mb * MIB)?;
-    let bytes = w.len();
+    let syn = synthetic(fmt, a.k, a.buffer_mb * MIB)?;
+    let (m, k) = (syn.m, a.k);
+    // With a GPU the CPU reads the same pinned host-mapped pages the GPU does, as in a real
+    // spilled step; without one, plain heap memory.
+    let mut staged = match gpu {
+        Some(g) => Some(g.stage(fmt, &syn.w, &syn.x, m, k)?),
+        None => None,
+    };
+    let bytes = syn.w.len();
     let mut y = vec![f32::NAN; m];
-    // One warm-up: page faults, thread start-up and the tier's first use are not bandwidth.
-    cpu_gemv(fmt, &w, a.k, &act, &mut y, threads)?;
-    if y.iter().any(|v| v.is_nan()) {
-        bail!("the CPU GEMV left rows unwritten");
+    {
+        let w: &[u8] = staged.as_ref().map(|s| s.host()).unwrap_or(&syn.w);
+        // One warm-up: page faults, worker wake-up and the tier's first use are not bandwidth.
+        cpu_rows(pool, fmt, w, k, &syn.act, 0, &mut y)?;
+        if y.iter().any(|v| v.is_nan()) {
+            bail!("the CPU GEMV left rows unwritten");
+        }
     }
     let mut cpu_t = Vec::with_capacity(a.reps);
+    let mut gpu_t = Vec::with_capacity(a.reps);
+    // Interleave the engines round by round so drift in host load hits both alike.
+    if let (Some(g), Some(s)) = (gpu, staged.as_mut()) {
+        g.time_rows(s, RowRange::all(m))?;
+    }
     for _ in 0..a.reps {
-        cpu_t.push(cpu_gemv(fmt, &w, a.k, &act, &mut y, threads)?);
+        let w: &[u8] = staged.as_ref().map(|s| s.host()).unwrap_or(&syn.w);
+        cpu_t.push(cpu_rows(pool, fmt, w, k, &syn.act, 0, &mut y)?);
+        if let (Some(g), Some(s)) = (gpu, staged.as_mut()) {
+            gpu_t.push(g.time_rows(s, RowRange::all(m))?);
+        }
     }
     let r_cpu = bytes as f64 / median(cpu_t);
-    let (r_gpu, r_both) = match gpu {
-        Some(g) => {
-            let (rg, rb) = g.measure(fmt, &w, a.k, m, a.reps, r_cpu, threads)?;
-            (Some(rg), Some(rb))
-        }
-        None => (None, None),
+    let read = {
+        let w: &[u8] = staged.as_ref().map(|s| s.host()).unwrap_or(&syn.w);
+        hipfire_exec::bench::read_bandwidth(pool, w, fmt.row_bytes(k)?, a.reps)?
     };
-    let (share, predicted, measured) = match (r_gpu, r_both) {
-        (Some(rg), Some(rb)) => {
-            let best = rg.max(r_cpu);
-            (rg / (rg + r_cpu), (rg + r_cpu) / best, Some(rb / best))
-        }
-        _ => (0.0, 1.0, None),
-    };
-    Ok(FormatResult {
+    let mut res = FormatResult {
         format: fmt.name().to_string(),
         m,
-        k: a.k,
+        k,
         bytes,
         cpu_bytes_per_s: r_cpu,
-        gpu_bytes_per_s: r_gpu,
-        both_bytes_per_s: r_both,
-        share,
-        predicted_speedup: predicted,
-        measured_speedup: measured,
-    })
+        cpu_read_bytes_per_s: read.rate.gbps * 1e9,
+        gpu_bytes_per_s: None,
+        both_bytes_per_s: None,
+        gpu_rows: 0,
+        share: 0.0,
+        predicted_speedup: 1.0,
+        measured_speedup: None,
+    };
+    let (Some(g), Some(s)) = (gpu, staged.as_mut()) else {
+        return Ok(res);
+    };
+    let r_gpu = bytes as f64 / median(gpu_t);
+    let share = r_gpu / (r_gpu + r_cpu);
+    let rows = gpu_rows(share, m);
+    let mut both_t = Vec::with_capacity(a.reps);
+    for rep in 0..=a.reps {
+        let t0 = Instant::now();
+        g.launch(s, RowRange::new(0, rows))?;
+        pool.gemv_prepared(fmt, s.host(), k, &syn.act, rows, &mut y[rows..], false)?;
+        g.sync()?;
+        // Rep 0 is the warm-up of the split itself (both engines on the same pages at once).
+        if rep > 0 {
+            both_t.push(t0.elapsed().as_secs_f64());
+        }
+    }
+    let r_both = bytes as f64 / median(both_t);
+    let best = r_gpu.max(r_cpu);
+    res.gpu_bytes_per_s = Some(r_gpu);
+    res.both_bytes_per_s = Some(r_both);
+    res.gpu_rows = rows;
+    res.share = share;
+    res.predicted_speedup = (r_gpu + r_cpu) / best;
+    res.measured_speedup = Some(r_both / best);
+    Ok(res)
 }
 
 fn gbs(x: Option<f64>) -> String {
@@ -337,11 +385,12 @@ fn print_table(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
     )?;
     writeln!(
         out,
-        "{:<9} {:>8} {:>6} {:>6} {:>9} {:>9} {:>10} {:>6} {:>8} {:>9}",
+        "{:<9} {:>8} {:>6} {:>6} {:>9} {:>9} {:>9} {:>10} {:>6} {:>8} {:>9}",
         "format",
         "m",
         "k",
         "MiB",
+        "cpu read",
         "cpu GB/s",
         "gpu GB/s",
         "both GB/s",
@@ -352,11 +401,12 @@ fn print_table(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
     for f in &r.formats {
         writeln!(
             out,
-            "{:<9} {:>8} {:>6} {:>6.0} {:>9} {:>9} {:>10} {:>6.3} {:>7.2}x {:>9}",
+            "{:<9} {:>8} {:>6} {:>6.0} {:>9} {:>9} {:>9} {:>10} {:>6.3} {:>7.2}x {:>9}",
             f.format,
             f.m,
             f.k,
             f.bytes as f64 / MIB as f64,
+            gbs(Some(f.cpu_read_bytes_per_s)),
             gbs(Some(f.cpu_bytes_per_s)),
             gbs(f.gpu_bytes_per_s),
             gbs(f.both_bytes_per_s),
@@ -391,8 +441,10 @@ mod tests {
             k: 1,
             bytes: 1,
             cpu_bytes_per_s: 1.0,
+            cpu_read_bytes_per_s: 1.0,
             gpu_bytes_per_s: None,
             both_bytes_per_s: None,
+            gpu_rows: 0,
             share,
             predicted_speedup: 1.0,
             measured_speedup: None,
@@ -408,23 +460,34 @@ mod tests {
     }
 
     #[test]
-    fn cpu_gemv_matches_single_thread_rows() {
-        // Splitting rows over threads must give the same bytes as one call over all rows.
+    fn pool_rows_match_one_call_and_are_written() {
+        // The pool's row split (and a row0 offset, as the CPU arm of a split uses) must give
+        // the same bytes as one call of the row dot over the same rows.
+        let pool = CpuPool::new(3).expect("pool");
         for fmt in [Format::Q8_0, Format::Q4K, Format::F16] {
             let k = 512;
             let rb = fmt.row_bytes(k).expect("rb");
-            let (w, m, act) = synthetic(fmt, k, 7 * rb + 3).expect("synth");
-            assert_eq!(m, 8);
-            let mut y1 = vec![f32::NAN; m];
-            hipfire_quant::gemv_rows(fmt, &w, k, &act, &mut y1, false).expect("gemv");
-            let mut y3 = vec![f32::NAN; m];
-            cpu_gemv(fmt, &w, k, &act, &mut y3, 3).expect("threads");
+            let syn = synthetic(fmt, k, 7 * rb + 3).expect("synth");
+            assert_eq!(syn.m, 8);
+            let mut y1 = vec![f32::NAN; syn.m];
+            hipfire_quant::gemv_rows(fmt, &syn.w, k, &syn.act, &mut y1, false).expect("gemv");
+            let mut y3 = vec![f32::NAN; syn.m];
+            cpu_rows(&pool, fmt, &syn.w, k, &syn.act, 0, &mut y3[..3]).expect("head");
+            cpu_rows(&pool, fmt, &syn.w, k, &syn.act, 3, &mut y3[3..]).expect("tail");
             assert_eq!(y1, y3, "{fmt}");
             assert!(
                 y1.iter().all(|v| v.is_finite() && *v != 0.0),
                 "{fmt}: {y1:?}"
             );
         }
+    }
+
+    #[test]
+    fn gpu_rows_keep_both_arms() {
+        assert_eq!(gpu_rows(0.3, 10), 3);
+        assert_eq!(gpu_rows(0.0001, 10), 1);
+        assert_eq!(gpu_rows(0.9999, 10), 9);
+        assert_eq!(gpu_rows(0.5, 1), 1);
     }
 
     #[test]
