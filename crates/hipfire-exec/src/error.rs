@@ -58,6 +58,14 @@ pub enum ExecError {
     /// The GPU engine failed (only with a GPU actor present).
     #[error("gpu engine: {0}")]
     Gpu(String),
+    /// An actor caught a panic while running a request; the request's output is unspecified.
+    #[error("{actor} actor panicked: {message}")]
+    Panicked {
+        /// Which actor.
+        actor: &'static str,
+        /// The panic payload, when it was a string.
+        message: String,
+    },
     /// An actor (planner / GPU) has stopped: its request channel is closed.
     #[error("{actor} actor stopped")]
     ActorStopped {

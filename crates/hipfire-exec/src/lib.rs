@@ -8,6 +8,14 @@
 //! - [`share`] — the share scheduler: a pure state machine (no threads, no clocks) fed arm
 //!   timings, and the row cut [`share::plan_rows`].
 //! - [`refusal`] — the rules that keep a step off the split (it then runs whole on the CPU).
+//! - [`step`] — what the model hands over: `Step::Gemv` / `Step::GemvResidual`, the
+//!   `OffloadExec` mode, weight residency.
+//! - [`gpu`] — the `GpuEngine` trait, its actor (`GpuActor` / `GpuHandle`) and a CPU-backed
+//!   `SimulatedGpu` stand-in.
+//! - [`join`] — join strategies behind a trait, selected by `JoinKind`.
+//! - [`planner`] — the planner actor (`Planner` / `PlannerHandle`): route, refuse, schedule,
+//!   cut, run, feed back, trace.
+//! - [`trace`] — the `hipfire::cpu_exec` trace lines.
 //! - [`topology`] — one logical CPU per physical core.
 //!
 //! # The one design decision
@@ -24,12 +32,24 @@
 
 pub mod bench;
 pub mod error;
+pub mod gpu;
+pub mod join;
 mod kernel;
+pub mod offload;
+pub mod planner;
 pub mod pool;
 pub mod refusal;
 pub mod share;
+pub mod step;
 pub mod topology;
+pub mod trace;
 
 pub use error::ExecError;
+pub use gpu::{GpuEngine, GpuHandle, SimulatedGpu};
+pub use join::{JoinKind, JoinStrategy};
 pub use kernel::ActivationBuf;
+pub use planner::{PlannerConfig, PlannerHandle, Route, StepReport};
 pub use pool::{CpuPool, PoolConfig};
+pub use refusal::Refusal;
+pub use share::{ShareController, ShareSetting};
+pub use step::{OffloadExec, Residency, Step, WeightView};

@@ -362,8 +362,36 @@ impl CpuPool {
         accumulate: bool,
     ) -> Result<(), ExecError> {
         let row_bytes = fmt.row_bytes(k)?;
+        self.gemv_strided(fmt, w, k, row_bytes, act, row0, y, accumulate)
+    }
+
+    /// As [`CpuPool::gemv_prepared`] for rows `stride` bytes apart (`stride >= row_bytes`;
+    /// padded rows, which the split refuses but the CPU still runs whole).
+    #[allow(clippy::too_many_arguments)] // as gemv_prepared, plus the stride
+    pub fn gemv_strided(
+        &self,
+        fmt: Format,
+        w: &[u8],
+        k: usize,
+        stride: usize,
+        act: &ActivationBuf,
+        row0: usize,
+        y: &mut [f32],
+        accumulate: bool,
+    ) -> Result<(), ExecError> {
+        let row_bytes = fmt.row_bytes(k)?;
+        if stride < row_bytes {
+            return Err(ExecError::Shape {
+                what: "row stride (bytes)",
+                need: row_bytes,
+                got: stride,
+            });
+        }
+        if y.is_empty() {
+            return Ok(());
+        }
         let end = row0 + y.len();
-        let need = end * row_bytes;
+        let need = (end - 1) * stride + row_bytes;
         if w.len() < need {
             return Err(ExecError::Shape {
                 what: "weight bytes (rows × row_bytes)",
@@ -371,13 +399,11 @@ impl CpuPool {
                 got: w.len(),
             });
         }
-        if y.is_empty() {
-            return Ok(());
-        }
         let job = GemvJob {
             fmt,
             k,
             row_bytes,
+            stride,
             w,
             act,
             row0,
@@ -499,7 +525,9 @@ struct GemvJob<'a> {
     fmt: Format,
     k: usize,
     row_bytes: usize,
-    /// The whole weight (row `r` starts at `r × row_bytes`).
+    /// Bytes between row starts (`row_bytes` when packed).
+    stride: usize,
+    /// The whole weight (row `r` starts at `r × stride`).
     w: &'a [u8],
     act: &'a ActivationBuf,
     /// Absolute row of `y[0]`.
@@ -522,8 +550,23 @@ impl PoolJob for GemvJob<'_> {
         // disjoint from every other worker's rows of this call; the pointer comes from a live
         // `&mut [f32]` of length `y_len` held by the blocked caller.
         let y = unsafe { std::slice::from_raw_parts_mut(self.y.add(local), rows.len()) };
-        let w = &self.w[rows.start * self.row_bytes..rows.end * self.row_bytes];
-        gemv_rows(self.fmt, w, self.k, self.act, y, self.accumulate)?;
+        if self.stride == self.row_bytes {
+            let w = &self.w[rows.start * self.row_bytes..rows.end * self.row_bytes];
+            gemv_rows(self.fmt, w, self.k, self.act, y, self.accumulate)?;
+        } else {
+            // Padded rows: one row at a time (the same row dot, so the same bits per row).
+            for (i, yi) in y.chunks_mut(1).enumerate() {
+                let start = (rows.start + i) * self.stride;
+                gemv_rows(
+                    self.fmt,
+                    &self.w[start..start + self.row_bytes],
+                    self.k,
+                    self.act,
+                    yi,
+                    self.accumulate,
+                )?;
+            }
+        }
         Ok(0)
     }
 }
@@ -627,6 +670,32 @@ mod tests {
 
     fn bits(v: &[f32]) -> Vec<u32> {
         v.iter().map(|f| f.to_bits()).collect()
+    }
+
+    #[test]
+    fn padded_rows_match_packed() {
+        let mut rng = ChaCha8Rng::seed_from_u64(0x5eed_0003);
+        let (fmt, k, m, pad) = (Format::Q4_0, 256usize, 37usize, 48usize);
+        let rb = fmt.row_bytes(k).expect("k");
+        let packed = random_weight(fmt, k, m, &mut rng);
+        let mut padded = vec![0xAAu8; m * (rb + pad)];
+        for r in 0..m {
+            padded[r * (rb + pad)..r * (rb + pad) + rb]
+                .copy_from_slice(&packed[r * rb..(r + 1) * rb]);
+        }
+        let x: Vec<f32> = (0..k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        let act = ActivationBuf::prepare(fmt, &x).expect("prepare");
+        let pool = CpuPool::new(3).expect("pool");
+        let mut want = vec![f32::NAN; m];
+        pool.gemv(fmt, &packed, k, &x, &mut want, false)
+            .expect("packed");
+        let mut got = vec![f32::NAN; m];
+        pool.gemv_strided(fmt, &padded, k, rb + pad, &act, 0, &mut got, false)
+            .expect("padded");
+        assert_eq!(bits(&got), bits(&want));
+        assert!(pool
+            .gemv_strided(fmt, &padded, k, rb - 1, &act, 0, &mut got, false)
+            .is_err());
     }
 
     #[test]
