@@ -7,7 +7,8 @@ Usage:
 
 For each prompt (raw and chat-templated) it records the prompt token ids, the greedy next
 N_GEN tokens (argmax of llama.cpp's logits, no sampler chain), and at the first N_LOGIT_POS
-generated positions the top-K logits plus the logits of a few fixed ids. llama.cpp runs on the
+generated positions the top-K logits plus the logits of a few fixed ids, and at every
+generated position the two best ids and their logits (the greedy margin). llama.cpp runs on the
 CPU with one thread and one batch covering the whole prompt, so the result is deterministic.
 Tokenization-only strings record just their ids.
 """
@@ -22,6 +23,7 @@ import numpy as np
 N_GEN = 24  # greedy tokens per prompt
 N_LOGIT_POS = 4  # generated positions whose logits are recorded
 TOP_K = 32
+GGML_TYPE_F32 = 0  # ggml_type enum value
 FIXED_IDS = [0, 1, 2, 17, 100, 1000, 10000, 30000, 49151]
 
 RAW_PROMPTS = [
@@ -81,6 +83,12 @@ def main():
         logits_all=True,
         verbose=False,
         seed=0,
+        # Exact attention in f32: no flash-attention kernel (its CPU path accumulates V in
+        # f16) and an f32 KV cache, so the reference differs from hipfire only by the weight
+        # dots' activation quantisation and summation order.
+        flash_attn=False,
+        type_k=GGML_TYPE_F32,
+        type_v=GGML_TYPE_F32,
     )
     tmpl = jinja2.Environment().from_string(llm.metadata["tokenizer.chat_template"])
 
@@ -92,7 +100,7 @@ def main():
         ids = tok(text)
         llm.reset()
         llm.eval(ids)
-        gen, logit_rec = [], []
+        gen, logit_rec, step_rec = [], [], []
         for step in range(N_GEN):
             logits = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float64)
             nxt = int(np.argmax(logits))
@@ -108,9 +116,13 @@ def main():
                         "top1_margin": float(top2),
                     }
                 )
+            order2 = np.argsort(-logits)[:2]
+            step_rec.append(
+                {"top2_ids": [int(i) for i in order2], "top2_logits": [float(logits[i]) for i in order2]}
+            )
             gen.append(nxt)
             llm.eval([nxt])
-        rec = {"kind": kind, "text": text, "prompt_ids": ids, "greedy_ids": gen, "logits": logit_rec}
+        rec = {"kind": kind, "text": text, "prompt_ids": ids, "greedy_ids": gen, "logits": logit_rec, "steps": step_rec}
         rec.update(extra)
         return rec
 
@@ -122,7 +134,14 @@ def main():
     out = {
         "model": os.path.basename(path),
         "llama_cpp_python": llama_cpp.__version__,
-        "settings": {"n_threads": 1, "n_batch": 512, "n_ctx": 512, "greedy": "argmax of raw logits"},
+        "settings": {
+            "n_threads": 1,
+            "n_batch": 512,
+            "n_ctx": 512,
+            "flash_attn": False,
+            "kv_cache": "f32",
+            "greedy": "argmax of raw logits",
+        },
         "n_gen": N_GEN,
         "cases": cases,
         "tokenize": tok_only,

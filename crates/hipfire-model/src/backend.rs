@@ -1,0 +1,115 @@
+//! The engine seam: everything the decode step multiplies goes through [`Backend::gemv`].
+//!
+//! The decode loop (norms, RoPE, attention, sampling) runs on the host and hands each weight
+//! GEMV to a backend. [`CpuBackend`] runs them on hipfire-exec's pinned [`CpuPool`]; a GPU or
+//! split (passback) backend implements the same trait and uses [`Weight::id`] to find its own
+//! copy or mapping of the weight. [`ReferenceBackend`] is the slow, independent f64 path the
+//! tests compare against.
+
+use hipfire_exec::CpuPool;
+use hipfire_quant::Format;
+
+use crate::ModelError;
+
+/// One weight matrix of the model, `m` rows of `k` elements, stored in the GGUF.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Weight {
+    /// Dense index in load order (`0..Model::weights().len()`), for backends that keep a table.
+    pub id: usize,
+    /// GGUF tensor name.
+    pub name: String,
+    /// Storage format.
+    pub format: Format,
+    /// Output rows.
+    pub m: usize,
+    /// Elements per row.
+    pub k: usize,
+    /// Absolute byte offset of row 0 in the file.
+    pub offset: usize,
+    /// `m × format.row_bytes(k)`.
+    pub n_bytes: usize,
+}
+
+/// An engine that multiplies weights by activation vectors.
+pub trait Backend: Send + Sync {
+    /// Short name for summaries and errors (`"cpu"`, `"cuda"`, ...).
+    fn name(&self) -> &'static str;
+
+    /// `y = W·x`, or `y += W·x` when `accumulate`. `bytes` are `w`'s bytes in the host file
+    /// (`bytes.len() == w.n_bytes`), `x.len() == w.k`, `y.len() == w.m`.
+    fn gemv(&self, w: &Weight, bytes: &[u8], x: &[f32], y: &mut [f32], accumulate: bool) -> Result<(), ModelError>;
+
+    /// One line on where weights live and who multiplies them.
+    fn describe(&self) -> String;
+}
+
+/// All GEMVs on hipfire-exec's pinned CPU worker pool (`--device cpu`, and the default
+/// without a GPU).
+#[derive(Debug, Clone)]
+pub struct CpuBackend {
+    pool: CpuPool,
+}
+
+impl CpuBackend {
+    /// A backend over a new pool of `threads` workers (0: one per physical core).
+    pub fn new(threads: usize) -> Result<CpuBackend, ModelError> {
+        Ok(CpuBackend { pool: CpuPool::new(threads)? })
+    }
+
+    /// A backend over an existing pool (shared with other users of the CPU engine).
+    pub fn with_pool(pool: CpuPool) -> CpuBackend {
+        CpuBackend { pool }
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &CpuPool {
+        &self.pool
+    }
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn gemv(&self, w: &Weight, bytes: &[u8], x: &[f32], y: &mut [f32], accumulate: bool) -> Result<(), ModelError> {
+        self.pool.gemv(w.format, bytes, w.k, x, y, accumulate)?;
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        format!("cpu pool, {} pinned workers, simd {:?}", self.pool.threads(), hipfire_quant::simd_tier())
+    }
+}
+
+/// Single-threaded reference: dequantise each row to f64 and dot in f64 with the f32
+/// activation (no activation quantisation). Slow; for tests and debugging only.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReferenceBackend;
+
+impl Backend for ReferenceBackend {
+    fn name(&self) -> &'static str {
+        "reference"
+    }
+
+    fn gemv(&self, w: &Weight, bytes: &[u8], x: &[f32], y: &mut [f32], accumulate: bool) -> Result<(), ModelError> {
+        let rb = w.format.row_bytes(w.k)?;
+        if bytes.len() < w.m * rb || x.len() != w.k || y.len() != w.m {
+            return Err(ModelError::Backend {
+                backend: "reference",
+                message: format!("shape mismatch for {}", w.name),
+            });
+        }
+        let mut row = vec![0f64; w.k];
+        for (i, yi) in y.iter_mut().enumerate() {
+            hipfire_quant::dequantize_row_f64(w.format, &bytes[i * rb..(i + 1) * rb], &mut row)?;
+            let d: f64 = row.iter().zip(x).map(|(&a, &b)| a * f64::from(b)).sum();
+            *yi = if accumulate { (f64::from(*yi) + d) as f32 } else { d as f32 };
+        }
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        "reference (f64, single thread)".into()
+    }
+}

@@ -1,0 +1,509 @@
+//! Loading a llama-family GGUF and decoding with it.
+//!
+//! [`Model`] owns the mapped file, the tokenizer, the small f32 vectors (norms, biases) and a
+//! table of [`Weight`]s that stay in the file's pages; a [`Session`] owns one conversation's
+//! KV cache and scratch. Every matrix product goes through the model's [`Backend`].
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use hipfire_quant::Format;
+
+use crate::backend::{Backend, CpuBackend, Weight};
+use crate::config::{Arch, ModelConfig};
+use crate::gguf::{GgufFile, TensorInfo};
+use crate::ops::{self, Rope};
+use crate::sampling::{Sampler, SamplingParams};
+use crate::tokenizer::Tokenizer;
+use crate::ModelError;
+
+/// Context cap when the caller does not choose one: enough for chat and benchmarks while
+/// keeping the KV cache bound of an 8B model at 1 GiB (32 layers × 4096 × 1024 × 2 × 4 B).
+pub const DEFAULT_CTX: usize = 4096;
+/// Page size used to pre-fault the mapped weights while reporting load progress.
+const PAGE: usize = 4096;
+
+/// Load progress, reported once per tensor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadProgress {
+    /// Weight bytes made resident so far.
+    pub done_bytes: u64,
+    /// All weight bytes.
+    pub total_bytes: u64,
+    /// Tensor just finished.
+    pub tensor: String,
+}
+
+/// Progress callback type.
+pub type ProgressFn = Arc<dyn Fn(&LoadProgress) + Send + Sync>;
+
+/// Options for [`Model::load`].
+#[derive(Clone, Default)]
+pub struct LoadOptions {
+    /// CPU worker threads (0: one per physical core).
+    pub threads: usize,
+    /// Context length of sessions (default: the model's, capped at [`DEFAULT_CTX`]).
+    pub ctx_len: Option<usize>,
+    /// Called after each tensor is paged in (the CLI draws a bar from it).
+    pub progress: Option<ProgressFn>,
+}
+
+impl std::fmt::Debug for LoadOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadOptions")
+            .field("threads", &self.threads)
+            .field("ctx_len", &self.ctx_len)
+            .field("progress", &self.progress.is_some())
+            .finish()
+    }
+}
+
+/// One transformer block: indices into [`Model::weights`] plus its small vectors.
+#[derive(Debug, Clone)]
+struct Layer {
+    attn_norm: Vec<f32>,
+    wq: usize,
+    wk: usize,
+    wv: usize,
+    wo: usize,
+    bq: Option<Vec<f32>>,
+    bk: Option<Vec<f32>>,
+    bv: Option<Vec<f32>>,
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    ffn_norm: Vec<f32>,
+    gate: usize,
+    up: usize,
+    down: usize,
+}
+
+/// A loaded model.
+pub struct Model {
+    file: GgufFile,
+    config: ModelConfig,
+    tokenizer: Tokenizer,
+    weights: Vec<Weight>,
+    layers: Vec<Layer>,
+    token_embd: usize,
+    output: usize,
+    output_norm: Vec<f32>,
+    rope: Rope,
+    backend: Arc<dyn Backend>,
+    ctx_len: usize,
+    summary: String,
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model").field("config", &self.config).field("summary", &self.summary).finish()
+    }
+}
+
+fn shape_err(t: &TensorInfo, want: &[u64]) -> ModelError {
+    ModelError::Shape { name: t.name.clone(), want: want.to_vec(), got: t.dims.clone() }
+}
+
+struct Loader<'a> {
+    file: &'a GgufFile,
+    weights: Vec<Weight>,
+}
+
+impl Loader<'_> {
+    fn matrix(&mut self, name: &str, k: usize, m: usize) -> Result<usize, ModelError> {
+        let (t, _) = self.file.tensor(name)?;
+        if t.dims != [k as u64, m as u64] {
+            return Err(shape_err(t, &[k as u64, m as u64]));
+        }
+        let format = Format::from_ggml_type(t.ggml_type.0)
+            .map_err(|_| ModelError::Unsupported(format!("tensor {name} has type {}", t.ggml_type)))?;
+        let n_bytes = m * format.row_bytes(k)?;
+        if n_bytes as u64 != t.n_bytes {
+            return Err(shape_err(t, &[k as u64, m as u64]));
+        }
+        let id = self.weights.len();
+        self.weights.push(Weight { id, name: name.to_owned(), format, m, k, offset: t.start as usize, n_bytes });
+        Ok(id)
+    }
+
+    fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {
+        let (t, bytes) = self.file.tensor(name)?;
+        if t.n_elements() != n as u64 || t.n_rows() != 1 {
+            return Err(shape_err(t, &[n as u64]));
+        }
+        let format = Format::from_ggml_type(t.ggml_type.0)
+            .map_err(|_| ModelError::Unsupported(format!("tensor {name} has type {}", t.ggml_type)))?;
+        let mut v = vec![0f32; n];
+        ops::dequantize_row(format, bytes, &mut v)?;
+        Ok(v)
+    }
+
+    fn opt_vector(&self, name: &str, n: usize) -> Result<Option<Vec<f32>>, ModelError> {
+        match self.file.index().tensor(name) {
+            Some(_) => self.vector(name, n).map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+impl Model {
+    /// Map and load a GGUF, multiplying on the CPU pool (`opts.threads` workers).
+    pub fn load(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<Model, ModelError> {
+        let backend: Arc<dyn Backend> = Arc::new(CpuBackend::new(opts.threads)?);
+        Model::load_with_backend(path, opts, backend)
+    }
+
+    /// Map and load a GGUF with a caller-built backend (GPU, split, reference).
+    pub fn load_with_backend(path: impl AsRef<Path>, opts: &LoadOptions, backend: Arc<dyn Backend>) -> Result<Model, ModelError> {
+        Model::from_gguf(GgufFile::open(path)?, opts, backend)
+    }
+
+    /// Load from an already parsed file.
+    pub fn from_gguf(file: GgufFile, opts: &LoadOptions, backend: Arc<dyn Backend>) -> Result<Model, ModelError> {
+        let idx = file.index();
+        let config = ModelConfig::from_gguf(idx)?;
+        let tokenizer = Tokenizer::from_gguf(idx)?;
+        if tokenizer.vocab_size() != config.vocab {
+            return Err(ModelError::Unsupported(format!(
+                "tokenizer has {} tokens, model {}",
+                tokenizer.vocab_size(),
+                config.vocab
+            )));
+        }
+        let c = &config;
+        let mut ld = Loader { file: &file, weights: Vec::new() };
+        let token_embd = ld.matrix("token_embd.weight", c.d_model, c.vocab)?;
+        let mut layers = Vec::with_capacity(c.n_layer);
+        for i in 0..c.n_layer {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            let (qd, kvd) = (c.q_dim(), c.kv_dim());
+            let biases = c.arch == Arch::Qwen2;
+            layers.push(Layer {
+                attn_norm: ld.vector(&n("attn_norm.weight"), c.d_model)?,
+                wq: ld.matrix(&n("attn_q.weight"), c.d_model, qd)?,
+                wk: ld.matrix(&n("attn_k.weight"), c.d_model, kvd)?,
+                wv: ld.matrix(&n("attn_v.weight"), c.d_model, kvd)?,
+                wo: ld.matrix(&n("attn_output.weight"), qd, c.d_model)?,
+                // Optional everywhere (some llama fine-tunes carry biases too); Qwen2 requires them.
+                bq: if biases { Some(ld.vector(&n("attn_q.bias"), qd)?) } else { ld.opt_vector(&n("attn_q.bias"), qd)? },
+                bk: if biases { Some(ld.vector(&n("attn_k.bias"), kvd)?) } else { ld.opt_vector(&n("attn_k.bias"), kvd)? },
+                bv: if biases { Some(ld.vector(&n("attn_v.bias"), kvd)?) } else { ld.opt_vector(&n("attn_v.bias"), kvd)? },
+                q_norm: ld.opt_vector(&n("attn_q_norm.weight"), c.head_dim)?,
+                k_norm: ld.opt_vector(&n("attn_k_norm.weight"), c.head_dim)?,
+                ffn_norm: ld.vector(&n("ffn_norm.weight"), c.d_model)?,
+                gate: ld.matrix(&n("ffn_gate.weight"), c.d_model, c.n_ff)?,
+                up: ld.matrix(&n("ffn_up.weight"), c.d_model, c.n_ff)?,
+                down: ld.matrix(&n("ffn_down.weight"), c.n_ff, c.d_model)?,
+            });
+            if c.arch == Arch::Qwen3 && (layers[i].q_norm.is_none() || layers[i].k_norm.is_none()) {
+                return Err(ModelError::Unsupported(format!("qwen3 layer {i} lacks q/k norms")));
+            }
+        }
+        let output_norm = ld.vector("output_norm.weight", c.d_model)?;
+        // Tied embeddings: no output.weight means the head reuses token_embd (SmolLM2, Qwen small).
+        let output = match file.index().tensor("output.weight") {
+            Some(_) => ld.matrix("output.weight", c.d_model, c.vocab)?,
+            None => token_embd,
+        };
+        let factors = ld.opt_vector("rope_freqs.weight", c.rope_dim / 2)?;
+        let rope = Rope::new(c.rope_dim, c.rope_theta, c.rope_neox, factors.as_deref());
+        let weights = ld.weights;
+
+        // Page the weights in now (in tensor order, reporting progress) so the first token
+        // does not pay for page faults and the CLI can show a bar.
+        let total: u64 = weights.iter().map(|w| w.n_bytes as u64).sum();
+        let mut done = 0u64;
+        let bytes = file.bytes();
+        for w in &weights {
+            let mut acc = 0u8;
+            for p in bytes[w.offset..w.offset + w.n_bytes].iter().step_by(PAGE) {
+                acc ^= *p;
+            }
+            std::hint::black_box(acc);
+            done += w.n_bytes as u64;
+            if let Some(cb) = &opts.progress {
+                cb(&LoadProgress { done_bytes: done, total_bytes: total, tensor: w.name.clone() });
+            }
+        }
+
+        let ctx_len = opts.ctx_len.unwrap_or(c.ctx_len.min(DEFAULT_CTX)).max(1);
+        let mut counts: std::collections::BTreeMap<Format, usize> = Default::default();
+        for w in &weights {
+            *counts.entry(w.format).or_default() += 1;
+        }
+        let formats: Vec<String> = counts.iter().map(|(f, n)| format!("{f}×{n}")).collect();
+        let summary = format!(
+            "{} {} layers, d_model {}, vocab {}: all {} layers + head on {} ({}); weights {:.1} MiB [{}]; ctx {}",
+            c.arch.name(),
+            c.n_layer,
+            c.d_model,
+            c.vocab,
+            c.n_layer,
+            backend.name(),
+            backend.describe(),
+            total as f64 / (1024.0 * 1024.0),
+            formats.join(", "),
+            ctx_len
+        );
+        tracing::info!(target: "hipfire::model", summary = %summary, "model loaded");
+        Ok(Model { file, config, tokenizer, weights, layers, token_embd, output, output_norm, rope, backend, ctx_len, summary })
+    }
+
+    /// Hyper-parameters.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// Tokenizer built from the file's vocabulary.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// Every weight matrix, indexed by [`Weight::id`].
+    pub fn weights(&self) -> &[Weight] {
+        &self.weights
+    }
+
+    /// The bytes of a weight, in place in the mapped file.
+    pub fn weight_bytes(&self, w: &Weight) -> &[u8] {
+        &self.file.bytes()[w.offset..w.offset + w.n_bytes]
+    }
+
+    /// The parsed file (metadata, e.g. `general.description`).
+    pub fn gguf(&self) -> &GgufFile {
+        &self.file
+    }
+
+    /// One line: architecture, where every layer runs, weight bytes and formats, context.
+    pub fn placement_summary(&self) -> &str {
+        &self.summary
+    }
+
+    /// Context length of new sessions.
+    pub fn ctx_len(&self) -> usize {
+        self.ctx_len
+    }
+
+    /// A fresh session (empty KV cache).
+    pub fn session(&self) -> Session<'_> {
+        Session::new(self)
+    }
+
+    fn gemv(&self, id: usize, x: &[f32], y: &mut [f32], accumulate: bool) -> Result<(), ModelError> {
+        let w = &self.weights[id];
+        self.backend.gemv(w, self.weight_bytes(w), x, y, accumulate)
+    }
+}
+
+/// Timings and counts of one [`Session::generate`] call.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct GenerationStats {
+    /// Prompt tokens prefilled.
+    pub prompt_tokens: usize,
+    /// Tokens generated (passed to the callback).
+    pub generated: usize,
+    /// Seconds spent in prefill.
+    pub prefill_s: f64,
+    /// Seconds spent generating (sampling + decode steps after the prompt).
+    pub decode_s: f64,
+    /// Decode steps run after the prompt (each one forward pass).
+    pub decode_steps: usize,
+}
+
+impl GenerationStats {
+    /// Decode throughput: forward passes per second after the prompt.
+    pub fn decode_tok_per_s(&self) -> f64 {
+        if self.decode_s > 0.0 {
+            self.decode_steps as f64 / self.decode_s
+        } else {
+            0.0
+        }
+    }
+}
+
+/// One conversation: KV cache, position and scratch buffers.
+pub struct Session<'m> {
+    model: &'m Model,
+    pos: usize,
+    /// Per layer, `pos × kv_dim` keys (grown as positions are added).
+    k_cache: Vec<Vec<f32>>,
+    /// Per layer, `pos × kv_dim` values.
+    v_cache: Vec<Vec<f32>>,
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    att: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    scores: Vec<f32>,
+    logits: Vec<f32>,
+}
+
+impl std::fmt::Debug for Session<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("pos", &self.pos).finish()
+    }
+}
+
+impl<'m> Session<'m> {
+    fn new(model: &'m Model) -> Session<'m> {
+        let c = &model.config;
+        Session {
+            model,
+            pos: 0,
+            k_cache: vec![Vec::new(); c.n_layer],
+            v_cache: vec![Vec::new(); c.n_layer],
+            x: vec![0.0; c.d_model],
+            xn: vec![0.0; c.d_model],
+            q: vec![0.0; c.q_dim()],
+            k: vec![0.0; c.kv_dim()],
+            v: vec![0.0; c.kv_dim()],
+            att: vec![0.0; c.q_dim()],
+            gate: vec![0.0; c.n_ff],
+            up: vec![0.0; c.n_ff],
+            scores: Vec::new(),
+            logits: vec![0.0; c.vocab],
+        }
+    }
+
+    /// Positions filled so far.
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// Forget the conversation (keeps allocations).
+    pub fn reset(&mut self) {
+        self.pos = 0;
+        self.k_cache.iter_mut().chain(self.v_cache.iter_mut()).for_each(Vec::clear);
+    }
+
+    /// Feed `tokens` one position at a time; returns the logits after the last one.
+    pub fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32], ModelError> {
+        if self.pos + tokens.len() > self.model.ctx_len {
+            return Err(ModelError::ContextFull { need: self.pos + tokens.len(), ctx: self.model.ctx_len });
+        }
+        for &t in tokens {
+            self.forward(t)?;
+        }
+        Ok(&self.logits)
+    }
+
+    /// Feed one token; returns the next-token logits.
+    pub fn step(&mut self, token: u32) -> Result<&[f32], ModelError> {
+        self.forward(token)?;
+        Ok(&self.logits)
+    }
+
+    /// Logits of the last position fed.
+    pub fn logits(&self) -> &[f32] {
+        &self.logits
+    }
+
+    /// Prefill `prompt`, then sample up to `params.max_tokens` tokens, calling `on_token` with
+    /// each; generation stops early at an end-of-generation token (if `stop_at_eog`), when
+    /// the callback returns `false`, or at the end of the context.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        params: &SamplingParams,
+        mut on_token: impl FnMut(u32) -> bool,
+    ) -> Result<GenerationStats, ModelError> {
+        let mut sampler = Sampler::new(params)?;
+        let mut stats = GenerationStats { prompt_tokens: prompt.len(), ..Default::default() };
+        let t0 = Instant::now();
+        if prompt.is_empty() {
+            return Err(ModelError::InvalidOption("empty prompt".into()));
+        }
+        self.prefill(prompt)?;
+        stats.prefill_s = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        while stats.generated < params.max_tokens {
+            let tok = sampler.sample(&self.logits);
+            if params.stop_at_eog && self.model.tokenizer.is_eog(tok) {
+                break;
+            }
+            stats.generated += 1;
+            if !on_token(tok) || stats.generated == params.max_tokens || self.pos >= self.model.ctx_len {
+                break;
+            }
+            self.forward(tok)?;
+            stats.decode_steps += 1;
+        }
+        stats.decode_s = t1.elapsed().as_secs_f64();
+        Ok(stats)
+    }
+
+    /// One forward pass at position `self.pos`; leaves the logits in `self.logits`.
+    fn forward(&mut self, token: u32) -> Result<(), ModelError> {
+        let m = self.model;
+        let c = &m.config;
+        if token as usize >= c.vocab {
+            return Err(ModelError::BadToken { id: token, vocab: c.vocab });
+        }
+        if self.pos >= m.ctx_len {
+            return Err(ModelError::ContextFull { need: self.pos + 1, ctx: m.ctx_len });
+        }
+        let pos = self.pos;
+        let emb = &m.weights[m.token_embd];
+        let rb = emb.format.row_bytes(emb.k)?;
+        let row = &m.weight_bytes(emb)[token as usize * rb..(token as usize + 1) * rb];
+        ops::dequantize_row(emb.format, row, &mut self.x)?;
+
+        let (hd, kvd) = (c.head_dim, c.kv_dim());
+        let group = c.n_head / c.n_head_kv;
+        let scale = 1.0 / (hd as f32).sqrt();
+        for (li, l) in m.layers.iter().enumerate() {
+            ops::rms_norm(&self.x, &l.attn_norm, c.rms_eps, &mut self.xn);
+            m.gemv(l.wq, &self.xn, &mut self.q, false)?;
+            m.gemv(l.wk, &self.xn, &mut self.k, false)?;
+            m.gemv(l.wv, &self.xn, &mut self.v, false)?;
+            for (buf, b) in [(&mut self.q, &l.bq), (&mut self.k, &l.bk), (&mut self.v, &l.bv)] {
+                if let Some(b) = b {
+                    buf.iter_mut().zip(b).for_each(|(y, &bb)| *y += bb);
+                }
+            }
+            if let Some(w) = &l.q_norm {
+                self.q.chunks_exact_mut(hd).for_each(|h| ops::rms_norm_inplace(h, w, c.rms_eps));
+            }
+            if let Some(w) = &l.k_norm {
+                self.k.chunks_exact_mut(hd).for_each(|h| ops::rms_norm_inplace(h, w, c.rms_eps));
+            }
+            m.rope.apply(&mut self.q, hd, pos);
+            m.rope.apply(&mut self.k, hd, pos);
+            self.k_cache[li].extend_from_slice(&self.k);
+            self.v_cache[li].extend_from_slice(&self.v);
+            let (kc, vc) = (&self.k_cache[li], &self.v_cache[li]);
+            let n_pos = pos + 1;
+            self.scores.resize(n_pos, 0.0);
+            for h in 0..c.n_head {
+                let kvh = h / group;
+                let qh = &self.q[h * hd..(h + 1) * hd];
+                for (t, s) in self.scores.iter_mut().enumerate() {
+                    let kt = &kc[t * kvd + kvh * hd..t * kvd + (kvh + 1) * hd];
+                    *s = qh.iter().zip(kt).map(|(a, b)| a * b).sum::<f32>() * scale;
+                }
+                ops::softmax(&mut self.scores);
+                let out = &mut self.att[h * hd..(h + 1) * hd];
+                out.fill(0.0);
+                for (t, &p) in self.scores.iter().enumerate() {
+                    let vt = &vc[t * kvd + kvh * hd..t * kvd + (kvh + 1) * hd];
+                    out.iter_mut().zip(vt).for_each(|(o, &vv)| *o += p * vv);
+                }
+            }
+            // Residual folded into the GEMV: x += Wo·att.
+            m.gemv(l.wo, &self.att, &mut self.x, true)?;
+
+            ops::rms_norm(&self.x, &l.ffn_norm, c.rms_eps, &mut self.xn);
+            m.gemv(l.gate, &self.xn, &mut self.gate, false)?;
+            m.gemv(l.up, &self.xn, &mut self.up, false)?;
+            ops::swiglu(&mut self.gate, &self.up);
+            m.gemv(l.down, &self.gate, &mut self.x, true)?;
+        }
+        ops::rms_norm(&self.x, &m.output_norm, c.rms_eps, &mut self.xn);
+        m.gemv(m.output, &self.xn, &mut self.logits, false)?;
+        self.pos += 1;
+        Ok(())
+    }
+}

@@ -1,0 +1,114 @@
+//! Token selection: greedy, or seeded temperature / top-k / top-p sampling.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::ModelError;
+
+/// How to pick the next token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// Softmax temperature; `<= 0` means greedy (argmax).
+    pub temperature: f32,
+    /// Keep only the `top_k` most likely tokens (0: all).
+    pub top_k: usize,
+    /// Keep the smallest set whose probability reaches `top_p` (1.0: all).
+    pub top_p: f32,
+    /// RNG seed (same seed, same logits → same tokens).
+    pub seed: u64,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Stop at an end-of-generation token (it is not passed to the callback).
+    pub stop_at_eog: bool,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0, max_tokens: 128, stop_at_eog: true }
+    }
+}
+
+impl SamplingParams {
+    /// Greedy decoding of up to `max_tokens`.
+    pub fn greedy(max_tokens: usize) -> SamplingParams {
+        SamplingParams { max_tokens, ..SamplingParams::default() }
+    }
+
+    /// Reject NaN or out-of-range values.
+    pub fn validate(&self) -> Result<(), ModelError> {
+        if !self.temperature.is_finite() || !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(ModelError::InvalidOption(format!(
+                "temperature {} must be finite and top_p {} in (0, 1]",
+                self.temperature, self.top_p
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Index of the largest logit (lowest index on ties, as `std`'s max_by would not guarantee).
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// A seeded sampler.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    params: SamplingParams,
+    rng: ChaCha8Rng,
+}
+
+impl Sampler {
+    /// A sampler for `params` (validated).
+    pub fn new(params: &SamplingParams) -> Result<Sampler, ModelError> {
+        params.validate()?;
+        Ok(Sampler { params: params.clone(), rng: ChaCha8Rng::seed_from_u64(params.seed) })
+    }
+
+    /// Pick a token from `logits`.
+    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        let p = &self.params;
+        if p.temperature <= 0.0 || logits.len() < 2 {
+            return argmax(logits);
+        }
+        let mut cand: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+        // Descending by logit, ties by id, so the candidate order is deterministic.
+        cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        if p.top_k > 0 && p.top_k < cand.len() {
+            cand.truncate(p.top_k);
+        }
+        let max = cand[0].1;
+        let mut probs: Vec<f64> = cand.iter().map(|c| (f64::from(c.1 - max) / f64::from(p.temperature)).exp()).collect();
+        let total: f64 = probs.iter().sum();
+        probs.iter_mut().for_each(|v| *v /= total);
+        if p.top_p < 1.0 {
+            let mut acc = 0.0;
+            let mut keep = probs.len();
+            for (i, &v) in probs.iter().enumerate() {
+                acc += v;
+                if acc >= f64::from(p.top_p) {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            probs.truncate(keep);
+            let t: f64 = probs.iter().sum();
+            probs.iter_mut().for_each(|v| *v /= t);
+        }
+        let r: f64 = self.rng.random();
+        let mut acc = 0.0;
+        for (i, &v) in probs.iter().enumerate() {
+            acc += v;
+            if r < acc {
+                return cand[i].0;
+            }
+        }
+        cand[probs.len() - 1].0
+    }
+}
