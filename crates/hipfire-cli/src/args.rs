@@ -92,7 +92,7 @@ pub enum Command {
         echo \"Hi\" | hipfire run model.gguf --no-chat"
     )]
     Run(RunArgs),
-    /// Measure prefill and decode speed of a model, per offload mode, in interleaved rounds.
+    /// Measure prefill and decode speed of a model, per offload mode.
     #[command(after_help = "Examples:\n  hipfire bench model.gguf\n  \
         hipfire bench model.gguf --offload-exec cpu,passback --rounds 5 --json > bench.json")]
     Bench(BenchArgs),
@@ -310,7 +310,7 @@ pub struct BenchArgs {
     #[arg(long, value_name = "N", default_value = DEFAULT_BENCH_GEN_TOKENS)]
     pub gen_tokens: u32,
 
-    /// Rounds; modes are interleaved within each round so drift hits them alike.
+    /// Timed rounds per mode, after one warm-up round; the median is reported.
     #[arg(long, value_name = "N", default_value = DEFAULT_BENCH_ROUNDS,
         value_parser = clap::value_parser!(u32).range(1..))]
     pub rounds: u32,

@@ -93,6 +93,13 @@ impl Ctx {
     ) -> anyhow::Result<(hipfire_config::Config, hipfire_config::Settings)> {
         let config = hipfire_config::Config::load(self.config_file.as_deref(), cli)?;
         let settings = config.settings()?;
+        // hipfire-gpu's kernel registry reads its cache folder from the environment; hand it
+        // the resolved `gpu.kernel_cache` so the file and flags count too. This runs before
+        // any worker thread exists (every command resolves settings first), so no thread can
+        // be reading the environment while it changes.
+        if let hipfire_config::KernelCache::Dir(d) = &settings.kernel_cache {
+            std::env::set_var(hipfire_gpu::KERNEL_CACHE_ENV, d);
+        }
         Ok((config, settings))
     }
 }

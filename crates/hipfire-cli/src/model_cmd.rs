@@ -1,27 +1,456 @@
-//! `run`, `bench`, `synth`: thin wrappers over hipfire-model.
+//! `run`, `bench`, `synth`: thin wrappers over hipfire-model (phase two of argument handling:
+//! resolved settings → a device, a loaded model, a decoder).
 
+use std::hash::{BuildHasher, Hasher};
+use std::io::{IsTerminal, Read, Write};
 use std::process::ExitCode;
+use std::sync::Arc;
 
-use anyhow::bail;
+use anyhow::{bail, Context as _};
+use hipfire_config::{Device, JoinStrategy, OffloadExec, PassbackShare, Settings, Source};
+use hipfire_exec::offload::{JoinStrategy as ExecJoin, OffloadMode};
+use hipfire_exec::share::ShareSetting;
+use hipfire_exec::CpuPool;
+use hipfire_model::gpu::{GpuDecoder, GpuOptions};
+use hipfire_model::{
+    ChatMessage, ChatTemplate, GenerationStats, LoadOptions, LoadProgress, Model, ProgressFn,
+    ReferenceBackend, SamplingParams, StreamDecoder,
+};
 
 use crate::args::{BenchArgs, RunArgs, SynthArgs};
-use crate::Ctx;
+use crate::{gpu_probe, Ctx, EXIT_OK};
+
+/// The executor's spelling of the configured offload mode. `flags` is refused: the executor
+/// in this build implements the `ordering` and `two-stream` joins only.
+fn offload_mode(s: &Settings) -> anyhow::Result<OffloadMode> {
+    Ok(match s.offload_exec {
+        OffloadExec::Pcie => OffloadMode::Pcie,
+        OffloadExec::Cpu => OffloadMode::Cpu,
+        OffloadExec::Passback => OffloadMode::Passback {
+            share: match s.passback_share {
+                PassbackShare::Auto => ShareSetting::Auto,
+                PassbackShare::CpuOnly => ShareSetting::Off,
+                PassbackShare::Pinned(x) => ShareSetting::Pinned(x),
+            },
+            strategy: match s.join_strategy {
+                JoinStrategy::Ordering => ExecJoin::Ordering,
+                JoinStrategy::TwoStream => ExecJoin::TwoStream,
+                JoinStrategy::Flags => bail!(
+                    "memory.join_strategy = flags is not implemented by this build's executor; \
+                     use ordering or two-stream"
+                ),
+            },
+        },
+    })
+}
+
+/// Where the model runs.
+enum Engine {
+    /// Every matrix product on the CPU pool.
+    Cpu,
+    /// On GPU 0 with spilled layers run by the configured mode.
+    Gpu,
+}
+
+/// `device` → engine: `auto` probes (and says when it falls back), `gpu` requires one.
+fn choose_engine(ctx: &Ctx, s: &Settings) -> anyhow::Result<Engine> {
+    match s.device {
+        Device::Cpu => Ok(Engine::Cpu),
+        Device::Gpu => {
+            let p = gpu_probe::probe();
+            if !p.found {
+                bail!("device = gpu, but no GPU could be opened: {}", p.detail);
+            }
+            Ok(Engine::Gpu)
+        }
+        Device::Auto => {
+            let p = gpu_probe::probe();
+            if p.found {
+                Ok(Engine::Gpu)
+            } else {
+                ctx.note(format!("gpu: {}; running on the CPU", p.detail));
+                Ok(Engine::Cpu)
+            }
+        }
+    }
+}
+
+/// A seed from the OS (std's hash keys are drawn from OS randomness per `RandomState`).
+fn random_seed() -> u64 {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(std::process::id().into());
+    h.finish()
+}
+
+fn sampling(s: &Settings) -> (SamplingParams, u64) {
+    let seed = s.sampling.seed.unwrap_or_else(random_seed);
+    let p = SamplingParams {
+        temperature: s.sampling.temperature,
+        top_k: s.sampling.top_k as usize,
+        top_p: s.sampling.top_p,
+        seed,
+        max_tokens: s.sampling.max_tokens as usize,
+        stop_at_eog: true,
+    };
+    (p, seed)
+}
+
+/// A load progress bar on an interactive stderr; nothing otherwise.
+fn progress(ctx: &Ctx, enabled: bool) -> Option<ProgressFn> {
+    if ctx.quiet || !enabled || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("loading {bar:40} {bytes}/{total_bytes} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    Some(Arc::new(move |p: &LoadProgress| {
+        bar.set_length(p.total_bytes);
+        bar.set_position(p.done_bytes);
+        if p.done_bytes >= p.total_bytes {
+            bar.finish_and_clear();
+        }
+    }))
+}
+
+/// The model plus whichever decoder runs it.
+struct Loaded {
+    model: Model,
+    engine: Engine,
+    threads: usize,
+}
+
+fn load(
+    ctx: &Ctx,
+    engine: Engine,
+    path: &std::path::Path,
+    s: &Settings,
+    ctx_len: Option<usize>,
+    bar: bool,
+) -> anyhow::Result<Loaded> {
+    let threads = s.threads.get().get();
+    let opts = LoadOptions {
+        threads,
+        ctx_len,
+        progress: progress(ctx, bar),
+    };
+    let model = match engine {
+        Engine::Cpu => Model::load(path, &opts),
+        // The GPU decoder brings its own pool and never calls the model's backend, so the
+        // model gets the pool-free reference backend instead of a second set of pinned workers.
+        Engine::Gpu => Model::load_with_backend(path, &opts, Arc::new(ReferenceBackend)),
+    }
+    .with_context(|| format!("loading {}", path.display()))?;
+    Ok(Loaded {
+        model,
+        engine,
+        threads,
+    })
+}
+
+fn gpu_decoder<'m>(
+    l: &'m Loaded,
+    s: &Settings,
+    mode: OffloadMode,
+) -> anyhow::Result<GpuDecoder<'m>> {
+    let opts = GpuOptions {
+        ordinal: 0,
+        gpu_layer_budget: match s.gpu_layer_budget {
+            hipfire_config::LayerBudget::Auto => None,
+            hipfire_config::LayerBudget::Layers(n) => Some(n as usize),
+        },
+        mode,
+    };
+    let pool = CpuPool::new(l.threads)?;
+    Ok(GpuDecoder::new(&l.model, pool, &opts)?)
+}
+
+/// Say once when a passback-only key was set but the mode is not passback (it is inert).
+fn note_inert(ctx: &Ctx, config: &hipfire_config::Config, s: &Settings) {
+    if s.offload_exec == OffloadExec::Passback {
+        return;
+    }
+    for k in ["memory.offload_passback_share", "memory.join_strategy"] {
+        if let Ok(r) = config.get(k) {
+            if r.source != Source::Default {
+                ctx.note(format!(
+                    "note: {k} = {} ({}) is inert with offload_exec = {}",
+                    r.value, r.source, s.offload_exec
+                ));
+            }
+        }
+    }
+}
 
 /// `hipfire run`.
 pub fn run(ctx: &Ctx, a: &RunArgs) -> anyhow::Result<ExitCode> {
-    let (_, _settings) = ctx.settings_with(&a.overrides())?;
-    let _chat = a.chat();
-    bail!("`hipfire run` needs hipfire-model's decode API, which this build does not have")
+    let (config, s) = ctx.settings_with(&a.overrides())?;
+    let prompt = match &a.prompt {
+        Some(p) => p.clone(),
+        None => {
+            let mut t = String::new();
+            std::io::stdin()
+                .read_to_string(&mut t)
+                .context("reading the prompt from stdin")?;
+            t
+        }
+    };
+    if prompt.trim().is_empty() {
+        bail!("empty prompt (give PROMPT or pipe text on stdin)");
+    }
+    let engine = choose_engine(ctx, &s)?;
+    // Refuse a mode the executor cannot run before spending time on the load.
+    let mode = match engine {
+        Engine::Gpu => Some(offload_mode(&s)?),
+        Engine::Cpu => None,
+    };
+    let l = load(ctx, engine, &a.model, &s, None, !a.json)?;
+    let tok = l.model.tokenizer();
+    let chat = a.chat().unwrap_or(tok.chat != ChatTemplate::Raw);
+    let ids = if chat {
+        tok.encode_chat(&[ChatMessage::new("user", &prompt)])?
+    } else {
+        tok.encode(&prompt, tok.add_bos)?
+    };
+    let (params, seed) = sampling(&s);
+    tracing::info!(seed, chat, prompt_tokens = ids.len(), "sampling");
+
+    let mut out = std::io::stdout().lock();
+    let mut text = String::new();
+    let mut dec = StreamDecoder::new();
+    let mut write_err: Option<anyhow::Error> = None;
+    let stream = !a.json;
+    let mut on_token = |id: u32| -> bool {
+        match dec.push(tok, id) {
+            Ok(piece) => {
+                text.push_str(&piece);
+                if stream {
+                    if let Err(e) = out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
+                        write_err = Some(e.into());
+                        return false;
+                    }
+                }
+                true
+            }
+            Err(e) => {
+                write_err = Some(e.into());
+                false
+            }
+        }
+    };
+    let (stats, placement): (GenerationStats, String) = match (&l.engine, mode) {
+        (Engine::Cpu, _) | (Engine::Gpu, None) => {
+            let mut sess = l.model.session();
+            (
+                sess.generate(&ids, &params, &mut on_token)?,
+                l.model.placement_summary().to_string(),
+            )
+        }
+        (Engine::Gpu, Some(mode)) => {
+            note_inert(ctx, &config, &s);
+            let mut d = gpu_decoder(&l, &s, mode)?;
+            let st = d.generate(&ids, &params, &mut on_token)?;
+            (st, d.placement_summary().to_string())
+        }
+    };
+    if let Some(e) = write_err {
+        return Err(e);
+    }
+    let tail = dec.finish();
+    text.push_str(&tail);
+    if a.json {
+        let v = serde_json::json!({
+            "text": text,
+            "prompt_tokens": stats.prompt_tokens,
+            "generated": stats.generated,
+            "prefill_s": stats.prefill_s,
+            "decode_s": stats.decode_s,
+            "decode_tok_per_s": stats.decode_tok_per_s(),
+            "seed": seed,
+            "chat": chat,
+            "engine": match l.engine { Engine::Cpu => "cpu", Engine::Gpu => "gpu" },
+            "offload_exec": s.offload_exec.name(),
+            "placement": placement,
+        });
+        writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
+    } else {
+        writeln!(out, "{tail}")?;
+        out.flush()?;
+        ctx.note(format!(
+            "[{} prompt tokens, {} generated, {:.1} tok/s decode; {placement}]",
+            stats.prompt_tokens,
+            stats.generated,
+            stats.decode_tok_per_s()
+        ));
+    }
+    Ok(ExitCode::from(EXIT_OK))
+}
+
+/// Filler text for bench prompts: ordinary English so the tokenizer produces ordinary tokens.
+const BENCH_TEXT: &str =
+    "The quick brown fox jumps over the lazy dog while the river runs to the sea. ";
+
+/// Slack context positions beyond prompt + generation (BOS and the closing step).
+const BENCH_CTX_SLACK: usize = 8;
+
+fn bench_prompt(model: &Model, n: usize) -> anyhow::Result<Vec<u32>> {
+    let tok = model.tokenizer();
+    let mut text = BENCH_TEXT.to_string();
+    loop {
+        let ids = tok.encode(&text, tok.add_bos)?;
+        if ids.len() >= n {
+            return Ok(ids[..n].to_vec());
+        }
+        text.push_str(BENCH_TEXT);
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 /// `hipfire bench`.
 pub fn bench(ctx: &Ctx, a: &BenchArgs) -> anyhow::Result<ExitCode> {
-    let (_, _settings) = ctx.settings_with(&a.engine.overrides())?;
-    bail!("`hipfire bench` needs hipfire-model's decode API, which this build does not have")
+    let mut overrides = a.engine.overrides();
+    let (_, base) = ctx.settings_with(&overrides)?;
+    // Validate every requested mode by the config rule before loading anything.
+    let mut modes = Vec::new();
+    for m in &a.offload_exec {
+        overrides.push(hipfire_config::CliOverride::new(
+            "memory.offload_exec",
+            "--offload-exec",
+            m.clone(),
+        ));
+        let (_, s) = ctx.settings_with(&overrides)?;
+        overrides.pop();
+        modes.push(s);
+    }
+    if modes.is_empty() {
+        modes.push(base.clone());
+    }
+    if a.prompt_tokens == 0 || a.gen_tokens == 0 {
+        bail!("--prompt-tokens and --gen-tokens must be at least 1");
+    }
+    let ctx_len = (a.prompt_tokens + a.gen_tokens) as usize + BENCH_CTX_SLACK;
+    let engine = choose_engine(ctx, &base)?;
+    if matches!(engine, Engine::Gpu) {
+        for s in &modes {
+            offload_mode(s)?;
+        }
+    }
+    let l = load(ctx, engine, &a.model, &base, Some(ctx_len), !a.json)?;
+    let prompt = bench_prompt(&l.model, a.prompt_tokens as usize)?;
+    // Greedy, no early stop: every round decodes exactly gen_tokens tokens.
+    let params = SamplingParams {
+        max_tokens: a.gen_tokens as usize,
+        stop_at_eog: false,
+        ..SamplingParams::greedy(0)
+    };
+    if matches!(l.engine, Engine::Cpu) && modes.len() > 1 {
+        ctx.note("no GPU: offload modes do not apply; measuring the CPU once");
+        modes.truncate(1);
+    }
+    let mut results = Vec::new();
+    // Modes run one after another (each needs the model placed anew); rounds within a mode
+    // follow one warm-up round.
+    for s in &modes {
+        let mut samples = Vec::new();
+        let mut run_round =
+            |gen: &mut dyn FnMut() -> anyhow::Result<GenerationStats>| -> anyhow::Result<()> {
+                gen()?; // warm-up
+                for _ in 0..a.rounds {
+                    samples.push(gen()?);
+                }
+                Ok(())
+            };
+        let (mode_name, placement) = match l.engine {
+            Engine::Cpu => {
+                let mut sess = l.model.session();
+                run_round(&mut || {
+                    sess.reset();
+                    Ok(sess.generate(&prompt, &params, |_| true)?)
+                })?;
+                (
+                    "cpu-only".to_string(),
+                    l.model.placement_summary().to_string(),
+                )
+            }
+            Engine::Gpu => {
+                let mut d = gpu_decoder(&l, s, offload_mode(s)?)?;
+                run_round(&mut || {
+                    d.reset();
+                    Ok(d.generate(&prompt, &params, |_| true)?)
+                })?;
+                (
+                    s.offload_exec.name().to_string(),
+                    d.placement_summary().to_string(),
+                )
+            }
+        };
+        let prefill: Vec<f64> = samples
+            .iter()
+            .map(|x| x.prompt_tokens as f64 / x.prefill_s)
+            .collect();
+        let decode: Vec<f64> = samples.iter().map(|x| x.decode_tok_per_s()).collect();
+        results.push(serde_json::json!({
+            "offload_exec": mode_name,
+            "placement": placement,
+            "prefill_tok_s": { "median": median(prefill.clone()), "samples": prefill },
+            "decode_tok_s": { "median": median(decode.clone()), "samples": decode },
+        }));
+    }
+    let report = serde_json::json!({
+        "model": a.model.display().to_string(),
+        "version": env!("CARGO_PKG_VERSION"),
+        "commit": crate::version::commit(),
+        "simd": hipfire_quant::simd_tier().to_string(),
+        "threads": l.threads,
+        "prompt_tokens": a.prompt_tokens,
+        "gen_tokens": a.gen_tokens,
+        "rounds": a.rounds,
+        "modes": results,
+    });
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
+    } else {
+        writeln!(
+            out,
+            "{:<10} {:>14} {:>14}  placement",
+            "mode", "prefill tok/s", "decode tok/s"
+        )?;
+        for r in &results {
+            writeln!(
+                out,
+                "{:<10} {:>14.1} {:>14.1}  {}",
+                r["offload_exec"].as_str().unwrap_or("?"),
+                r["prefill_tok_s"]["median"].as_f64().unwrap_or(f64::NAN),
+                r["decode_tok_s"]["median"].as_f64().unwrap_or(f64::NAN),
+                r["placement"].as_str().unwrap_or("")
+            )?;
+        }
+        ctx.note(format!(
+            "medians of {} rounds after one warm-up; {} prompt + {} generated tokens, greedy",
+            a.rounds, a.prompt_tokens, a.gen_tokens
+        ));
+    }
+    Ok(ExitCode::from(EXIT_OK))
 }
 
 /// `hipfire synth`.
 pub fn synth(_ctx: &Ctx, a: &SynthArgs) -> anyhow::Result<ExitCode> {
-    let _ = a;
-    bail!("`hipfire synth` needs hipfire-model's GGUF writer API, which this build does not have")
+    if hipfire_quant::Format::from_name(&a.format).is_none() {
+        bail!("unknown format `{}`", a.format);
+    }
+    bail!(
+        "`hipfire synth` needs hipfire-model's synthetic-GGUF writer, which this build does not \
+         have (arch {:?}, out {})",
+        a.arch,
+        a.out.display()
+    )
 }
