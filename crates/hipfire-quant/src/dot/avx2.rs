@@ -54,10 +54,59 @@ pub(crate) unsafe fn rd16(p: *const u8) -> u16 {
 }
 
 /// f16 bits → f32 through F16C.
+///
+/// Inline asm on purpose: every intrinsic form (`_mm_cvtsi32_si128`, `_mm_set1_epi16`, a
+/// 32-bit load) is narrowed by LLVM to a `vpinsrw` that merges into an arbitrary register —
+/// in the loops here a live FMA accumulator — which chained each block behind the previous
+/// FMA and halved Q4_0 throughput (seen in the disassembly). `vmovd` from a GPR zeroes the
+/// upper lanes, so the conversion depends on `h` alone.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn h2f(h: u16) -> f32 {
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h))))
+    let v: __m128;
+    // SAFETY: register-only instructions (no memory, no stack, no flags); F16C is enabled
+    // for every caller by this function's target features.
+    unsafe {
+        std::arch::asm!(
+            "vmovd {v}, {h:e}",
+            "vcvtph2ps {v}, {v}",
+            h = in(reg) u32::from(h),
+            v = out(xmm_reg) v,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    _mm_cvtss_f32(v)
+}
+
+/// Unaligned little-endian u32 at `p`.
+#[inline(always)]
+pub(crate) unsafe fn rd32(p: *const u8) -> i32 {
+    i32::from_le((p as *const i32).read_unaligned())
+}
+
+/// Two Q4_1 blocks' (d, m) pairs → [d0, m0, d1, m1] through one F16C conversion.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q4_1_dm2(b0: *const u8, b1: *const u8) -> __m128 {
+    _mm_cvtph_ps(_mm_set_epi32(0, 0, rd32(b1), rd32(b0)))
+}
+
+/// [0, s0, 0, s1] from two consecutive exact block sums, to pair with [`q4_1_dm2`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q4_1_s2(s: *const f32) -> __m128 {
+    _mm_unpacklo_ps(
+        _mm_setzero_ps(),
+        _mm_castsi128_ps(_mm_loadl_epi64(s as *const __m128i)),
+    )
+}
+
+/// Sum of 4 f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn hsum4(v: __m128) -> f32 {
+    let s = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
 }
 
 /// Horizontal sum of 8 f32.
@@ -261,17 +310,36 @@ pub(crate) unsafe fn dot_q4_0_q8_0_avx2(row: &[u8], a: &Q8x32) -> f32 {
 pub(crate) unsafe fn dot_q4_1_q8_1_avx2(row: &[u8], a: &Q8x32) -> f32 {
     let nb = row.len() / Q4_1_BYTES;
     let p = row.as_ptr();
-    let mut acc = _mm256_setzero_ps();
-    let mut macc = 0f32;
-    for b in 0..nb {
+    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut macc = _mm_setzero_ps();
+    let xq = a.qs.as_ptr();
+    let mut b = 0;
+    while b + 2 <= nb {
+        let (b0, b1) = (p.add(Q4_1_BYTES * b), p.add(Q4_1_BYTES * (b + 1)));
+        let dm = q4_1_dm2(b0, b1);
+        // [dx0, 0, dx1, 0] so dd = [d0·dx0, 0, d1·dx1, 0].
+        let dx = _mm_castsi128_ps(_mm_loadl_epi64(a.d.as_ptr().add(b) as *const __m128i));
+        let dd = _mm_mul_ps(dm, _mm_unpacklo_ps(dx, _mm_setzero_ps()));
+        macc = _mm_fmadd_ps(dm, q4_1_s2(a.s.as_ptr().add(b)), macc);
+        let s0 = _mm256_broadcastss_ps(dd);
+        let s1 = _mm256_broadcastss_ps(_mm_movehl_ps(dd, dd));
+        let x0 = _mm256_loadu_si256(xq.add(QK * b) as *const __m256i);
+        let x1 = _mm256_loadu_si256(xq.add(QK * (b + 1)) as *const __m256i);
+        let p0 = dp_u8i8_256(nibbles32(b0.add(4)), x0);
+        let p1 = dp_u8i8_256(nibbles32(b1.add(4)), x1);
+        acc0 = _mm256_fmadd_ps(s0, _mm256_cvtepi32_ps(p0), acc0);
+        acc1 = _mm256_fmadd_ps(s1, _mm256_cvtepi32_ps(p1), acc1);
+        b += 2;
+    }
+    let mut tail = 0f32;
+    if b < nb {
         let blk = p.add(Q4_1_BYTES * b);
-        let x = _mm256_loadu_si256(a.qs.as_ptr().add(QK * b) as *const __m256i);
+        let x = _mm256_loadu_si256(xq.add(QK * b) as *const __m256i);
         let pi = dp_u8i8_256(nibbles32(blk.add(4)), x);
         let s = _mm256_set1_ps(h2f(rd16(blk)) * a.d[b]);
-        acc = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(pi), acc);
-        macc += h2f(rd16(blk.add(2))) * a.s[b];
+        tail = hsum8(_mm256_mul_ps(s, _mm256_cvtepi32_ps(pi))) + h2f(rd16(blk.add(2))) * a.s[b];
     }
-    hsum8(acc) + macc
+    hsum8(_mm256_add_ps(acc0, acc1)) + hsum4(macc) + tail
 }
 
 /// HFQ4G256 row · q8 activation (activation permuted per 128: evens, then odds).

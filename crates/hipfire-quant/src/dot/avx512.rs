@@ -14,9 +14,9 @@
 use crate::act::{Q8x32, Q8K};
 use crate::dispatch::{Kernels, RowDot};
 use crate::dot::avx2::{
-    h2f, hsum8, nibbles32, q4_0_block, q4k_mins_dot, q4k_unpack_scales, q6k_bsum_dot, q8_0_block,
-    rd16, HFQ_BYTES, Q4K_BYTES, Q4K_QS, Q4K_SCALES, Q4_0_BYTES, Q4_1_BYTES, Q6K_BYTES, Q6K_D,
-    Q6K_QH, Q6K_SCALES, Q8_0_BYTES,
+    h2f, hsum4, hsum8, nibbles32, q4_0_block, q4_1_dm2, q4_1_s2, q4k_mins_dot, q4k_unpack_scales,
+    q6k_bsum_dot, q8_0_block, rd16, HFQ_BYTES, Q4K_BYTES, Q4K_QS, Q4K_SCALES, Q4_0_BYTES,
+    Q4_1_BYTES, Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_SCALES, Q8_0_BYTES,
 };
 use crate::formats::hfq::HFQ_GROUP;
 use crate::formats::kquant::QK_K;
@@ -51,6 +51,8 @@ pub(crate) static KERNELS_VNNI: Kernels = [
 
 /// Lane → block selector for two blocks per vector: lanes 0..8 block 0, 8..16 block 1.
 const IDX_2BLK: [i32; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1];
+/// Q4_1: [d0, m0, d1, m1] → lanes 0..8 take d0 (lane 0), lanes 8..16 take d1 (lane 2).
+const IDX_DM: [i32; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2];
 /// Q4_K: the sub-block pair each of the four 512-bit products covers ((0,2), (1,3), (4,6), (5,7)).
 const IDX_Q4K: [[i32; 16]; 4] = [
     [0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2],
@@ -265,27 +267,31 @@ macro_rules! int_kernels {
                 let nb = row.len() / Q4_1_BYTES;
                 let (p, xq) = (row.as_ptr(), a.qs.as_ptr());
                 let mut acc = _mm512_setzero_ps();
-                let mut macc = 0f32;
+                let mut macc = _mm_setzero_ps();
+                let idx = ld_idx(&IDX_DM);
                 let mut b = 0;
                 while b + 2 <= nb {
                     let (b0, b1) = (p.add(Q4_1_BYTES * b), p.add(Q4_1_BYTES * (b + 1)));
                     let w = join(nibbles32(b0.add(4)), nibbles32(b1.add(4)));
                     let x = _mm512_loadu_si512(xq.add(QK * b) as *const _);
                     let pi = $dp(_mm512_setzero_si512(), w, x);
-                    let s = scales2(rd16(b0), rd16(b1), a.d8.as_ptr().add(8 * b));
+                    let dm = q4_1_dm2(b0, b1);
+                    let dw = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(dm));
+                    let s = _mm512_mul_ps(dw, _mm512_loadu_ps(a.d8.as_ptr().add(8 * b)));
                     acc = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(pi), acc);
-                    macc += h2f(rd16(b0.add(2))) * a.s[b] + h2f(rd16(b1.add(2))) * a.s[b + 1];
+                    macc = _mm_fmadd_ps(dm, q4_1_s2(a.s.as_ptr().add(b)), macc);
                     b += 2;
                 }
+                let mut tail = 0f32;
                 if b < nb {
                     let b0 = p.add(Q4_1_BYTES * b);
                     let x = _mm256_loadu_si256(xq.add(QK * b) as *const __m256i);
                     let pi = crate::dot::avx2::dp_u8i8_256(nibbles32(b0.add(4)), x);
                     let s = _mm256_set1_ps(h2f(rd16(b0)) * a.d[b]);
-                    macc += hsum8(_mm256_mul_ps(s, _mm256_cvtepi32_ps(pi)));
-                    macc += h2f(rd16(b0.add(2))) * a.s[b];
+                    tail = hsum8(_mm256_mul_ps(s, _mm256_cvtepi32_ps(pi)));
+                    tail += h2f(rd16(b0.add(2))) * a.s[b];
                 }
-                _mm512_reduce_add_ps(acc) + macc
+                _mm512_reduce_add_ps(acc) + hsum4(macc) + tail
             }
 
             /// HFQ4G256 row · q8 activation (activation permuted per 128: evens, odds).
