@@ -372,14 +372,34 @@ pub struct OffloadBenchArgs {
 /// Architectures `synth` can imitate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum SynthArch {
-    /// Llama 3 8B shapes (32 layers, d 4096, ffn 14336, GQA 32/8).
+    /// Llama 3 8B shapes (32 layers, d 4096, ffn 14336, GQA 32/8, vocab 128256).
     #[value(name = "llama3-8b")]
     Llama3_8b,
     /// Qwen ~9B-class shapes.
     #[value(name = "qwen-9b")]
     Qwen9b,
-    /// A tiny model for tests (seconds to write and run).
+    /// A tiny llama-style model for tests (seconds to write and run).
+    #[value(name = "tiny", alias = "tiny-llama")]
     Tiny,
+    /// A tiny Qwen2-style model (biases, tied embeddings).
+    #[value(name = "tiny-qwen2")]
+    TinyQwen2,
+    /// A tiny Qwen3-style model (q/k norms).
+    #[value(name = "tiny-qwen3")]
+    TinyQwen3,
+}
+
+impl SynthArch {
+    /// hipfire-model's preset name.
+    pub fn preset(self) -> &'static str {
+        match self {
+            SynthArch::Llama3_8b => "llama3-8b",
+            SynthArch::Qwen9b => "qwen-9b",
+            SynthArch::Tiny => "tiny-llama",
+            SynthArch::TinyQwen2 => "tiny-qwen2",
+            SynthArch::TinyQwen3 => "tiny-qwen3",
+        }
+    }
 }
 
 /// `hipfire synth`.

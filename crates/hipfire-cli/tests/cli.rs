@@ -380,3 +380,60 @@ fn bench_json_on_cpu() {
         1
     );
 }
+
+#[test]
+fn synth_then_run_on_cpu() {
+    let s = Scratch::new("synth");
+    let out = s.dir.join("tiny.gguf");
+    let out_s = out.display().to_string();
+    let o = s.run(&[
+        "synth", "--arch", "tiny", "--format", "q8_0", "--out", &out_s, "--seed", "3",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stdout(&o).contains("SYNTHETIC"), "{}", stdout(&o));
+    let len = std::fs::metadata(&out).expect("written").len();
+    assert!(len > 0);
+    // Same flags, same bytes: the file is a pure function of the flags.
+    let again = s.dir.join("again.gguf");
+    let o = s.run(&[
+        "synth",
+        "--arch",
+        "tiny",
+        "--format",
+        "q8_0",
+        "--out",
+        &again.display().to_string(),
+        "--seed",
+        "3",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read(&out).expect("a"),
+        std::fs::read(&again).expect("b")
+    );
+    let o = s.run(&[
+        "run",
+        &out_s,
+        "hello",
+        "-n",
+        "2",
+        "-t",
+        "0",
+        "--no-chat",
+        "--json",
+        "--device",
+        "cpu",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert!(
+        v["placement"]
+            .as_str()
+            .expect("placement")
+            .contains("SYNTHETIC"),
+        "{v}"
+    );
+    let o = s.run(&["synth", "--format", "q9_z", "--out", &out_s]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("q9_z"));
+}
