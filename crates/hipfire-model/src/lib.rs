@@ -30,6 +30,7 @@ pub mod gpu;
 pub mod model;
 pub mod ops;
 pub mod sampling;
+pub mod synth;
 pub mod tokenizer;
 
 pub use backend::{Backend, CpuBackend, ReferenceBackend, Weight};
@@ -37,4 +38,5 @@ pub use config::{Arch, ModelConfig};
 pub use error::ModelError;
 pub use model::{GenerationStats, LoadOptions, LoadProgress, Model, ProgressFn, Session};
 pub use sampling::{SamplingParams, Sampler};
+pub use synth::{write_synthetic, SynthReport, SynthSpec, SYNTH_DESCRIPTION};
 pub use tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer};

@@ -232,8 +232,10 @@ impl Model {
             *counts.entry(w.format).or_default() += 1;
         }
         let formats: Vec<String> = counts.iter().map(|(f, n)| format!("{f}×{n}")).collect();
+        let synthetic = file.index().get(crate::synth::SYNTH_KEY).and_then(|v| v.as_bool()) == Some(true);
         let summary = format!(
-            "{} {} layers, d_model {}, vocab {}: all {} layers + head on {} ({}); weights {:.1} MiB [{}]; ctx {}",
+            "{}{} {} layers, d_model {}, vocab {}: all {} layers + head on {} ({}); weights {:.1} MiB [{}]; ctx {}",
+            if synthetic { "[SYNTHETIC] " } else { "" },
             c.arch.name(),
             c.n_layer,
             c.d_model,
@@ -277,6 +279,11 @@ impl Model {
     /// One line: architecture, where every layer runs, weight bytes and formats, context.
     pub fn placement_summary(&self) -> &str {
         &self.summary
+    }
+
+    /// True if and only if the file was written by [`crate::synth`] (random weights).
+    pub fn is_synthetic(&self) -> bool {
+        self.file.index().get(crate::synth::SYNTH_KEY).and_then(|v| v.as_bool()) == Some(true)
     }
 
     /// Context length of new sessions.

@@ -1,0 +1,330 @@
+//! Synthetic GGUFs: a real architecture's shapes, random weights in a chosen format, and a
+//! minimal vocabulary, for performance work on models we do not have (or cannot ship).
+//!
+//! Every file says what it is: `general.description` = [`SYNTH_DESCRIPTION`] and
+//! `hipfire.synthetic = true`, and [`crate::Model::placement_summary`] of such a file starts
+//! with `[SYNTHETIC]`, so a benchmark record made with one cannot pass for a real model.
+//!
+//! The file is written as a stream (header, then each tensor in order, a batch of rows at a
+//! time): an 8B Q4_K file is ~4.6 GB and never sits in memory. Rows are generated and
+//! quantised in parallel with rayon (load-time work, not the decode path); each row's values
+//! come from its own seeded RNG, so the bytes do not depend on the thread count.
+
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+use hipfire_quant::Format;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
+
+use crate::config::Arch;
+use crate::gguf::{GgmlType, GgufWriter, MetaValue, MetaValueType, TensorSpec};
+use crate::ModelError;
+
+/// `general.description` of every synthetic file.
+pub const SYNTH_DESCRIPTION: &str = "SYNTHETIC random weights - for performance work only, outputs are meaningless";
+/// Metadata flag of synthetic files.
+pub const SYNTH_KEY: &str = "hipfire.synthetic";
+/// Standard deviation of the random weights: the usual transformer init (GPT-2 / Llama use
+/// N(0, 0.02)); it keeps activations finite through many layers so decode timings exercise
+/// the same code paths as a real model.
+const WEIGHT_STD: f32 = 0.02;
+/// Rows generated per batch before writing: bounds memory to about this many rows of f32.
+const ROWS_PER_BATCH: usize = 256;
+/// GGML type id of f32 (norms and biases stay f32, as in converted models).
+const GGML_F32: u32 = 0;
+
+/// Shape of a synthetic model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SynthSpec {
+    /// `general.name` (prefixed with `synthetic-`).
+    pub name: String,
+    /// Architecture (sets RoPE style, q/k norms for Qwen3, biases for Qwen2).
+    pub arch: Arch,
+    /// Transformer blocks.
+    pub n_layer: usize,
+    /// Residual width.
+    pub d_model: usize,
+    /// FFN width.
+    pub n_ff: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// KV heads.
+    pub n_head_kv: usize,
+    /// Per-head width.
+    pub head_dim: usize,
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Context length written to the metadata.
+    pub ctx_len: usize,
+    /// RoPE base.
+    pub rope_theta: f32,
+    /// Whether the head reuses the embedding (no `output.weight`).
+    pub tied_embeddings: bool,
+}
+
+impl SynthSpec {
+    /// Llama-3-8B's shapes (Meta's `config.json`: 32 layers, 4096, FFN 14336, 32/8 heads,
+    /// vocab 128256, rope θ 500000).
+    pub fn llama3_8b() -> SynthSpec {
+        SynthSpec {
+            name: "llama3-8b".into(),
+            arch: Arch::Llama,
+            n_layer: 32,
+            d_model: 4096,
+            n_ff: 14336,
+            n_head: 32,
+            n_head_kv: 8,
+            head_dim: 128,
+            vocab: 128_256,
+            ctx_len: 8192,
+            rope_theta: 500_000.0,
+            tied_embeddings: false,
+        }
+    }
+
+    /// A Qwen3-style ~9B (40 layers of Qwen3-8B's block: 4096, FFN 12288, 32/8 heads of 128,
+    /// vocab 151936; 36 layers would be Qwen3-8B itself): ≈ 9.0 B parameters.
+    pub fn qwen_9b() -> SynthSpec {
+        SynthSpec {
+            name: "qwen3-9b-like".into(),
+            arch: Arch::Qwen3,
+            n_layer: 40,
+            d_model: 4096,
+            n_ff: 12288,
+            n_head: 32,
+            n_head_kv: 8,
+            head_dim: 128,
+            vocab: 151_936,
+            ctx_len: 32768,
+            rope_theta: 1_000_000.0,
+            tied_embeddings: false,
+        }
+    }
+
+    /// A tiny model for tests (every dim a multiple of 256 so every format applies).
+    pub fn tiny(arch: Arch) -> SynthSpec {
+        SynthSpec {
+            name: format!("tiny-{}", arch.name()),
+            arch,
+            n_layer: 2,
+            d_model: 256,
+            n_ff: 512,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 64,
+            vocab: 512,
+            ctx_len: 256,
+            rope_theta: 10_000.0,
+            tied_embeddings: arch == Arch::Qwen2,
+        }
+    }
+
+    /// Preset by name: `llama3-8b`, `qwen-9b`, `tiny-llama`, `tiny-qwen2`, `tiny-qwen3`.
+    pub fn preset(name: &str) -> Option<SynthSpec> {
+        Some(match name {
+            "llama3-8b" => SynthSpec::llama3_8b(),
+            "qwen-9b" => SynthSpec::qwen_9b(),
+            "tiny-llama" => SynthSpec::tiny(Arch::Llama),
+            "tiny-qwen2" => SynthSpec::tiny(Arch::Qwen2),
+            "tiny-qwen3" => SynthSpec::tiny(Arch::Qwen3),
+            _ => return None,
+        })
+    }
+
+    /// Every tensor: (name, dims in ggml order, is a matrix in the chosen format).
+    fn tensors(&self) -> Vec<(String, Vec<u64>, bool)> {
+        let (d, ff, q, kv, hd) = (
+            self.d_model as u64,
+            self.n_ff as u64,
+            (self.n_head * self.head_dim) as u64,
+            (self.n_head_kv * self.head_dim) as u64,
+            self.head_dim as u64,
+        );
+        let mut t = vec![("token_embd.weight".to_owned(), vec![d, self.vocab as u64], true)];
+        for i in 0..self.n_layer {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            t.push((n("attn_norm.weight"), vec![d], false));
+            t.push((n("attn_q.weight"), vec![d, q], true));
+            t.push((n("attn_k.weight"), vec![d, kv], true));
+            t.push((n("attn_v.weight"), vec![d, kv], true));
+            if self.arch == Arch::Qwen2 {
+                t.push((n("attn_q.bias"), vec![q], false));
+                t.push((n("attn_k.bias"), vec![kv], false));
+                t.push((n("attn_v.bias"), vec![kv], false));
+            }
+            if self.arch == Arch::Qwen3 {
+                t.push((n("attn_q_norm.weight"), vec![hd], false));
+                t.push((n("attn_k_norm.weight"), vec![hd], false));
+            }
+            t.push((n("attn_output.weight"), vec![q, d], true));
+            t.push((n("ffn_norm.weight"), vec![d], false));
+            t.push((n("ffn_gate.weight"), vec![d, ff], true));
+            t.push((n("ffn_up.weight"), vec![d, ff], true));
+            t.push((n("ffn_down.weight"), vec![ff, d], true));
+        }
+        t.push(("output_norm.weight".to_owned(), vec![d], false));
+        if !self.tied_embeddings {
+            t.push(("output.weight".to_owned(), vec![d, self.vocab as u64], true));
+        }
+        t
+    }
+
+    /// Parameter count.
+    pub fn n_params(&self) -> u64 {
+        self.tensors().iter().map(|(_, d, _)| d.iter().product::<u64>()).sum()
+    }
+
+    fn metadata(&self) -> Vec<(String, MetaValue)> {
+        let a = self.arch.name();
+        let u = |v: usize| MetaValue::U32(v as u32);
+        let mut m = vec![
+            ("general.architecture".to_owned(), MetaValue::String(a.into())),
+            ("general.name".to_owned(), MetaValue::String(format!("synthetic-{}", self.name))),
+            ("general.description".to_owned(), MetaValue::String(SYNTH_DESCRIPTION.into())),
+            (SYNTH_KEY.to_owned(), MetaValue::Bool(true)),
+            (format!("{a}.block_count"), u(self.n_layer)),
+            (format!("{a}.context_length"), u(self.ctx_len)),
+            (format!("{a}.embedding_length"), u(self.d_model)),
+            (format!("{a}.feed_forward_length"), u(self.n_ff)),
+            (format!("{a}.attention.head_count"), u(self.n_head)),
+            (format!("{a}.attention.head_count_kv"), u(self.n_head_kv)),
+            (format!("{a}.attention.key_length"), u(self.head_dim)),
+            (format!("{a}.attention.value_length"), u(self.head_dim)),
+            (format!("{a}.attention.layer_norm_rms_epsilon"), MetaValue::F32(1e-5)),
+            (format!("{a}.rope.freq_base"), MetaValue::F32(self.rope_theta)),
+            (format!("{a}.rope.dimension_count"), u(self.head_dim)),
+        ];
+        // Minimal byte-level vocabulary: the 256 byte symbols, two control tokens, filler.
+        let table = byte_symbols();
+        let mut tokens: Vec<MetaValue> = Vec::with_capacity(self.vocab);
+        let mut types: Vec<MetaValue> = Vec::with_capacity(self.vocab);
+        for i in 0..self.vocab {
+            let (s, ty) = match i {
+                0 => ("<|synth_bos|>".to_owned(), 3),
+                1 => ("<|synth_eos|>".to_owned(), 3),
+                i if i - 2 < 256 => (table[i - 2].to_string(), 1),
+                i => (format!("<|synth_{i}|>"), 4),
+            };
+            tokens.push(MetaValue::String(s));
+            types.push(MetaValue::I32(ty));
+        }
+        m.extend([
+            ("tokenizer.ggml.model".to_owned(), MetaValue::String("gpt2".into())),
+            ("tokenizer.ggml.pre".to_owned(), MetaValue::String("default".into())),
+            ("tokenizer.ggml.tokens".to_owned(), MetaValue::Array(MetaValueType::String, tokens)),
+            ("tokenizer.ggml.token_type".to_owned(), MetaValue::Array(MetaValueType::I32, types)),
+            ("tokenizer.ggml.merges".to_owned(), MetaValue::Array(MetaValueType::String, vec![])),
+            ("tokenizer.ggml.bos_token_id".to_owned(), MetaValue::U32(0)),
+            ("tokenizer.ggml.eos_token_id".to_owned(), MetaValue::U32(1)),
+            ("tokenizer.ggml.add_bos_token".to_owned(), MetaValue::Bool(true)),
+        ]);
+        m
+    }
+}
+
+/// GPT-2's 256 byte symbols in byte order (`bytes_to_unicode`).
+fn byte_symbols() -> Vec<char> {
+    let mut out = vec!['\0'; 256];
+    let mut extra = 0u32;
+    for b in 0..256u32 {
+        let printable = (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+        let c = if printable {
+            b
+        } else {
+            extra += 1;
+            255 + extra
+        };
+        out[b as usize] = char::from_u32(c).unwrap_or('?');
+    }
+    out
+}
+
+/// What [`write_synthetic`] produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SynthReport {
+    /// Bytes written.
+    pub bytes: u64,
+    /// Parameters.
+    pub n_params: u64,
+    /// Tensors.
+    pub n_tensors: usize,
+}
+
+fn row_seed(seed: u64, tensor: usize, row: usize) -> u64 {
+    // SplitMix64-style mixing of (seed, tensor, row) so neighbouring rows get unrelated streams.
+    let mut z = seed ^ (tensor as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (row as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Write a synthetic GGUF for `spec` with matrices in `format` to `path`. `progress` gets
+/// (bytes written, total bytes) after each tensor.
+pub fn write_synthetic(
+    path: &Path,
+    spec: &SynthSpec,
+    format: Format,
+    seed: u64,
+    progress: Option<&dyn Fn(u64, u64)>,
+) -> Result<SynthReport, ModelError> {
+    let ggml = format
+        .ggml_type()
+        .ok_or_else(|| ModelError::InvalidOption(format!("{format} has no GGUF type id")))?;
+    let tensors = spec.tensors();
+    let specs: Vec<TensorSpec> = tensors
+        .iter()
+        .map(|(name, dims, mat)| TensorSpec {
+            name: name.clone(),
+            dims: dims.clone(),
+            ggml_type: GgmlType(if *mat { ggml } else { GGML_F32 }),
+        })
+        .collect();
+    let mut total = 0u64;
+    for s in &specs {
+        total += s.n_bytes()?;
+    }
+    let file = std::fs::File::create(path)?;
+    let mut w = GgufWriter::new(BufWriter::new(file), &spec.metadata(), &specs)?;
+    let uniform_half_width = WEIGHT_STD * 3f32.sqrt();
+    let mut done = 0u64;
+    for (ti, (name, dims, mat)) in tensors.iter().enumerate() {
+        let k = dims[0] as usize;
+        let rows: usize = dims[1..].iter().product::<u64>() as usize;
+        if !*mat {
+            // Norm weights near 1 (as trained models have), biases near 0.
+            let mut rng = ChaCha8Rng::seed_from_u64(row_seed(seed, ti, 0));
+            let base = if name.ends_with(".bias") { 0.0 } else { 1.0 };
+            let v: Vec<u8> = (0..k)
+                .flat_map(|_| (base + rng.random_range(-0.1f32..0.1)).to_le_bytes())
+                .collect();
+            w.write_data(&v)?;
+            done += v.len() as u64;
+            continue;
+        }
+        for start in (0..rows).step_by(ROWS_PER_BATCH) {
+            let end = (start + ROWS_PER_BATCH).min(rows);
+            let batch: Result<Vec<Vec<u8>>, ModelError> = (start..end)
+                .into_par_iter()
+                .map(|r| {
+                    let mut rng = ChaCha8Rng::seed_from_u64(row_seed(seed, ti, r));
+                    let row: Vec<f32> =
+                        (0..k).map(|_| rng.random_range(-uniform_half_width..uniform_half_width)).collect();
+                    Ok(hipfire_quant::quantize_row(format, &row)?)
+                })
+                .collect();
+            for r in batch? {
+                w.write_data(&r)?;
+                done += r.len() as u64;
+            }
+        }
+        if let Some(p) = progress {
+            p(done, total);
+        }
+    }
+    let mut out = w.finish()?;
+    out.flush()?;
+    let bytes = std::fs::metadata(path)?.len();
+    Ok(SynthReport { bytes, n_params: spec.n_params(), n_tensors: tensors.len() })
+}

@@ -1,0 +1,186 @@
+//! Decode of tiny synthetic llama / qwen2 / qwen3 models against an independent f64
+//! forward pass written here from the architectures' definitions (HF `modeling_llama.py`,
+//! `modeling_qwen2.py`, `modeling_qwen3.py`, with llama.cpp's RoPE pairing per arch).
+
+use std::path::PathBuf;
+
+use hipfire_model::gguf::GgufFile;
+use hipfire_model::{write_synthetic, Arch, LoadOptions, Model, SynthSpec, SYNTH_DESCRIPTION};
+use hipfire_quant::Format;
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("hipfire-synth-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+/// Every tensor of the file dequantised to f64, by name.
+fn tensor(f: &GgufFile, name: &str) -> Option<(Vec<f64>, usize)> {
+    let (t, bytes) = f.tensor(name).ok()?;
+    let fmt = Format::from_ggml_type(t.ggml_type.0).unwrap();
+    let k = t.row_len() as usize;
+    let rows = t.n_rows() as usize;
+    let rb = fmt.row_bytes(k).unwrap();
+    let mut out = vec![0f64; k * rows];
+    for r in 0..rows {
+        hipfire_quant::dequantize_row_f64(fmt, &bytes[r * rb..(r + 1) * rb], &mut out[r * k..(r + 1) * k]).unwrap();
+    }
+    Some((out, k))
+}
+
+fn matvec(w: &(Vec<f64>, usize), x: &[f64]) -> Vec<f64> {
+    w.0.chunks_exact(w.1).map(|row| row.iter().zip(x).map(|(a, b)| a * b).sum()).collect()
+}
+
+fn rms(x: &[f64], w: &[f64], eps: f64) -> Vec<f64> {
+    let s = (x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64 + eps).sqrt();
+    x.iter().zip(w).map(|(v, g)| v / s * g).collect()
+}
+
+/// Independent forward over `tokens`, returning the last position's logits.
+fn reference_logits(f: &GgufFile, s: &SynthSpec, tokens: &[u32]) -> Vec<f64> {
+    let (d, hd, nh, nkv) = (s.d_model, s.head_dim, s.n_head, s.n_head_kv);
+    let eps = 1e-5;
+    let emb = tensor(f, "token_embd.weight").unwrap();
+    let neox = s.arch != Arch::Llama;
+    let rope = |v: &mut [f64], pos: usize| {
+        for h in v.chunks_exact_mut(hd) {
+            for i in 0..hd / 2 {
+                let th = pos as f64 * f64::from(s.rope_theta).powf(-2.0 * i as f64 / hd as f64);
+                let (a, b) = if neox { (i, i + hd / 2) } else { (2 * i, 2 * i + 1) };
+                let (x0, x1) = (h[a], h[b]);
+                h[a] = x0 * th.cos() - x1 * th.sin();
+                h[b] = x0 * th.sin() + x1 * th.cos();
+            }
+        }
+    };
+    let mut kc: Vec<Vec<Vec<f64>>> = vec![vec![]; s.n_layer];
+    let mut vc: Vec<Vec<Vec<f64>>> = vec![vec![]; s.n_layer];
+    let mut x = vec![];
+    for (pos, &t) in tokens.iter().enumerate() {
+        x = emb.0[t as usize * d..(t as usize + 1) * d].to_vec();
+        for l in 0..s.n_layer {
+            let g = |n: &str| tensor(f, &format!("blk.{l}.{n}"));
+            let xn = rms(&x, &g("attn_norm.weight").unwrap().0, eps);
+            let mut q = matvec(&g("attn_q.weight").unwrap(), &xn);
+            let mut k = matvec(&g("attn_k.weight").unwrap(), &xn);
+            let mut v = matvec(&g("attn_v.weight").unwrap(), &xn);
+            for (buf, n) in [(&mut q, "attn_q.bias"), (&mut k, "attn_k.bias"), (&mut v, "attn_v.bias")] {
+                if let Some(b) = g(n) {
+                    buf.iter_mut().zip(&b.0).for_each(|(y, b)| *y += b);
+                }
+            }
+            for (buf, n) in [(&mut q, "attn_q_norm.weight"), (&mut k, "attn_k_norm.weight")] {
+                if let Some(w) = g(n) {
+                    let normed: Vec<f64> = buf.chunks_exact(hd).flat_map(|h| rms(h, &w.0, eps)).collect();
+                    *buf = normed;
+                }
+            }
+            rope(&mut q, pos);
+            rope(&mut k, pos);
+            kc[l].push(k);
+            vc[l].push(v);
+            let mut att = vec![0f64; nh * hd];
+            for h in 0..nh {
+                let kvh = h / (nh / nkv);
+                let qh = &q[h * hd..(h + 1) * hd];
+                let sc: Vec<f64> = kc[l]
+                    .iter()
+                    .map(|kt| qh.iter().zip(&kt[kvh * hd..(kvh + 1) * hd]).map(|(a, b)| a * b).sum::<f64>() / (hd as f64).sqrt())
+                    .collect();
+                let mx = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = sc.iter().map(|v| (v - mx).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for (p, vt) in e.iter().zip(&vc[l]) {
+                    for i in 0..hd {
+                        att[h * hd + i] += p / z * vt[kvh * hd + i];
+                    }
+                }
+            }
+            let o = matvec(&g("attn_output.weight").unwrap(), &att);
+            x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+            let xn = rms(&x, &g("ffn_norm.weight").unwrap().0, eps);
+            let gt = matvec(&g("ffn_gate.weight").unwrap(), &xn);
+            let up = matvec(&g("ffn_up.weight").unwrap(), &xn);
+            let hmid: Vec<f64> = gt.iter().zip(&up).map(|(a, b)| a / (1.0 + (-a).exp()) * b).collect();
+            let dn = matvec(&g("ffn_down.weight").unwrap(), &hmid);
+            x.iter_mut().zip(&dn).for_each(|(a, b)| *a += b);
+        }
+    }
+    let xn = rms(&x, &tensor(f, "output_norm.weight").unwrap().0, eps);
+    let head = tensor(f, "output.weight").unwrap_or_else(|| emb.clone());
+    matvec(&head, &xn)
+}
+
+fn check(arch: Arch, fmt: Format, rel_bound: f64) {
+    let spec = SynthSpec::tiny(arch);
+    let path = tmp(&format!("{}-{}.gguf", arch.name(), fmt.name()));
+    let rep = write_synthetic(&path, &spec, fmt, 42, None).unwrap();
+    assert_eq!(rep.bytes, std::fs::metadata(&path).unwrap().len());
+    let model = Model::load(&path, &LoadOptions { threads: 2, ..Default::default() }).unwrap();
+    assert!(model.is_synthetic());
+    assert!(model.placement_summary().starts_with("[SYNTHETIC]"), "{}", model.placement_summary());
+    assert_eq!(model.gguf().index().get_str("general.description").unwrap(), SYNTH_DESCRIPTION);
+    let tokens = [0u32, 77, 300, 5, 511, 42, 42];
+    let mut s = model.session();
+    // Poison: logits from a previous state must be overwritten.
+    s.prefill(&tokens[..1]).unwrap();
+    let got = s.prefill(&tokens[1..]).unwrap().to_vec();
+    let file = GgufFile::open(&path).unwrap();
+    let want = reference_logits(&file, &spec, &tokens);
+    let scale = want.iter().fold(0f64, |a, v| a.max(v.abs()));
+    let err = got.iter().zip(&want).fold(0f64, |a, (g, w)| a.max((f64::from(*g) - w).abs()));
+    eprintln!("{} {}: max |logit err| {err:.3e} of max |logit| {scale:.3e}", arch.name(), fmt.name());
+    assert!(scale > 1e-3, "degenerate logits");
+    assert!(err <= rel_bound * scale, "{} {}: err {err} > {rel_bound} × {scale}", arch.name(), fmt.name());
+    std::fs::remove_file(&path).unwrap();
+}
+
+// F32 weights: activations stay f32 on both sides, so only summation order differs;
+// measured max err 2.3e-7 of max |logit| ≈ 1.1 (2026-11-29), bound 1e-4 relative.
+#[test]
+fn llama_f32_matches_f64_reference() {
+    check(Arch::Llama, Format::F32, 1e-4);
+}
+#[test]
+fn qwen2_f32_matches_f64_reference() {
+    check(Arch::Qwen2, Format::F32, 1e-4);
+}
+#[test]
+fn qwen3_f32_matches_f64_reference() {
+    check(Arch::Qwen3, Format::F32, 1e-4);
+}
+// Quantised weights: the reference uses the same dequantised weights, the pool quantises the
+// activation to 8 bits; measured max err 1.5e-2 (q4_k) and 1.1e-2 (q8_0) of max |logit|
+// ≈ 1.0 (2026-11-29), bound 5e-2 relative.
+#[test]
+fn llama_q4k_matches_f64_reference() {
+    check(Arch::Llama, Format::Q4K, 5e-2);
+}
+#[test]
+fn qwen3_q8_0_matches_f64_reference() {
+    check(Arch::Qwen3, Format::Q8_0, 5e-2);
+}
+
+#[test]
+fn synthetic_vocab_tokenizes_bytes() {
+    let spec = SynthSpec::tiny(Arch::Llama);
+    let path = tmp("tok.gguf");
+    write_synthetic(&path, &spec, Format::Q8_0, 1, None).unwrap();
+    let model = Model::load(&path, &LoadOptions { threads: 1, ..Default::default() }).unwrap();
+    let t = model.tokenizer();
+    // BOS (id 0) then one token per byte: the byte-level symbol of byte b has id b + 2.
+    assert_eq!(t.encode("hi!", true).unwrap(), vec![0, 2 + u32::from(b'h'), 2 + u32::from(b'i'), 2 + u32::from(b'!')]);
+    assert_eq!(t.decode(&[2 + 0xC3, 2 + 0xA9], false).unwrap(), "é");
+    assert!(t.is_eog(1));
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn presets_have_the_published_sizes() {
+    // Llama-3-8B: 8.03 B parameters (Meta model card).
+    let p = SynthSpec::llama3_8b().n_params();
+    assert!((8_000_000_000..8_060_000_000).contains(&p), "{p}");
+    let q = SynthSpec::qwen_9b().n_params();
+    assert!((8_800_000_000..9_300_000_000).contains(&q), "{q}");
+}
