@@ -9,7 +9,9 @@
 //! Shapes are `KxM` (row length × rows); the defaults are a 9B model's attention/FFN matrices.
 //! `--threads N` measures 1..=N workers (default: one per physical core).
 
-use hipfire_exec::bench::{cpu_gemv_bandwidth_on, GemvBandwidth, COLD_SET_BYTES};
+use hipfire_exec::bench::{
+    cpu_gemv_bandwidth_on, dispatch_latency, DispatchLatency, GemvBandwidth, COLD_SET_BYTES,
+};
 use hipfire_exec::{CpuPool, ExecError};
 use hipfire_quant::Format;
 use std::process::ExitCode;
@@ -84,10 +86,29 @@ fn parse() -> Result<Args, String> {
     Ok(args)
 }
 
-fn run(args: &Args) -> Result<Vec<GemvBandwidth>, ExecError> {
+/// Empty pool calls per dispatch-latency case.
+const LATENCY_REPS: usize = 200;
+
+/// Everything one run measured (the `--json` document).
+#[derive(serde::Serialize)]
+struct Report {
+    gemv: Vec<GemvBandwidth>,
+    dispatch: Vec<DispatchLatency>,
+}
+
+fn run(args: &Args) -> Result<Report, ExecError> {
     let mut out = Vec::new();
+    let mut dispatch = Vec::new();
     for threads in 1..=args.threads {
         let pool = CpuPool::new(threads)?;
+        let d = dispatch_latency(&pool, LATENCY_REPS)?;
+        if !args.json {
+            println!(
+                "# {threads} worker(s): empty-call round trip {:.1} µs warm, {:.1} µs parked (spin window {:.0} µs)",
+                d.warm_us, d.parked_us, d.spin_window_us
+            );
+        }
+        dispatch.push(d);
         for &fmt in &args.formats {
             for &(k, m) in &args.shapes {
                 let r = cpu_gemv_bandwidth_on(&pool, fmt, k, m, args.reps, COLD_SET_BYTES)?;
@@ -109,7 +130,10 @@ fn run(args: &Args) -> Result<Vec<GemvBandwidth>, ExecError> {
             }
         }
     }
-    Ok(out)
+    Ok(Report {
+        gemv: out,
+        dispatch,
+    })
 }
 
 fn main() -> ExitCode {

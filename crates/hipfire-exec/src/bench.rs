@@ -150,6 +150,64 @@ pub fn read_bandwidth(
     })
 }
 
+/// Round-trip cost of one pool call that does no work: send to every worker, all reply.
+#[derive(Debug, Clone, Serialize)]
+pub struct DispatchLatency {
+    /// Worker threads.
+    pub threads: usize,
+    /// Calls measured per case.
+    pub reps: usize,
+    /// Median µs when the previous call just returned (workers still spinning).
+    pub warm_us: f64,
+    /// Median µs after the workers have been idle past their spin window (parked).
+    pub parked_us: f64,
+    /// The spin window the pool was built with, µs.
+    pub spin_window_us: f64,
+}
+
+/// A job that touches nothing (dispatch cost only).
+struct EmptyJob;
+
+impl PoolJob for EmptyJob {
+    fn run(&self, rows: Range<usize>) -> Result<u64, ExecError> {
+        Ok(rows.start as u64)
+    }
+}
+
+/// Idle gap before a "parked" call: well past any spin window we would configure.
+const PARK_GAP: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// Measure [`DispatchLatency`] on `pool` (`reps` calls per case; one row block per worker).
+pub fn dispatch_latency(pool: &CpuPool, reps: usize) -> Result<DispatchLatency, ExecError> {
+    let rows = pool.threads() * crate::pool::WORKER_ROW_ALIGN;
+    let reps = reps.max(1);
+    let mut warm = Vec::with_capacity(reps);
+    let mut parked = Vec::with_capacity(reps);
+    pool.run_job(&EmptyJob, 0..rows)?;
+    for _ in 0..reps {
+        let t0 = Instant::now();
+        pool.run_job(&EmptyJob, 0..rows)?;
+        warm.push(t0.elapsed().as_secs_f64() * 1e6);
+    }
+    for _ in 0..reps {
+        std::thread::sleep(PARK_GAP);
+        let t0 = Instant::now();
+        pool.run_job(&EmptyJob, 0..rows)?;
+        parked.push(t0.elapsed().as_secs_f64() * 1e6);
+    }
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    Ok(DispatchLatency {
+        threads: pool.threads(),
+        reps,
+        warm_us: med(&mut warm),
+        parked_us: med(&mut parked),
+        spin_window_us: pool.spin_window().as_secs_f64() * 1e6,
+    })
+}
+
 /// A cold set of copies of one random `m × k` matrix in `fmt`: returns the buffer and the
 /// number of copies (at least 2, so consecutive rounds never reuse the same bytes).
 fn cold_weights(
@@ -269,6 +327,14 @@ mod tests {
         let serial = job.run(0..100).expect("serial");
         assert_eq!(pooled, serial);
         assert_ne!(serial, 0);
+    }
+
+    #[test]
+    fn dispatch_latency_is_measured() {
+        let pool = CpuPool::new(2).expect("pool");
+        let d = dispatch_latency(&pool, 3).expect("latency");
+        assert!(d.warm_us > 0.0 && d.parked_us > 0.0);
+        assert_eq!(d.threads, 2);
     }
 
     #[test]

@@ -192,6 +192,8 @@ struct PoolInner {
     cores: Vec<Option<usize>>,
     /// Live-worker count (see [`CpuWorker::live`]).
     live: Arc<std::sync::atomic::AtomicUsize>,
+    /// Spin window the workers use (reported by benches).
+    spin: Duration,
 }
 
 impl Drop for PoolInner {
@@ -281,6 +283,7 @@ impl CpuPool {
                         handles: Mutex::new(handles),
                         cores: pinned,
                         live,
+                        spin: config.spin,
                     });
                     return Err(ExecError::Spawn {
                         worker: index,
@@ -295,6 +298,7 @@ impl CpuPool {
                 handles: Mutex::new(handles),
                 cores: pinned,
                 live,
+                spin: config.spin,
             }),
         })
     }
@@ -477,6 +481,11 @@ impl CpuPool {
     /// Worker threads whose loop is still running (equals [`CpuPool::threads`] while healthy).
     pub fn live_workers(&self) -> usize {
         self.inner.live.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The idle spin window the workers were built with.
+    pub fn spin_window(&self) -> Duration {
+        self.inner.spin
     }
 
     /// Live worker threads (test hook for the drop-joins contract).
