@@ -7,7 +7,14 @@
 //!   the activation is stored as [the 64 even elements, the 64 odd elements];
 //! - Q4_K's 64-byte load (two 32-byte chunks) yields sub-blocks (0, 2) from the low nibbles and
 //!   (1, 3) from the high ones, so per 256 the activation stores sub-blocks in
-//!   [`Q4K_ACT_ORDER`].
+//!   [`Q4K_ACT_ORDER`];
+//! - Q4_0 stores element j of a block in the low nibble of byte j and element j + 16 in the
+//!   high one; the 512-bit dot loads the 16 nibble bytes of four blocks into one vector, so per
+//!   four blocks the activation is stored as [first halves of blocks 0..4, second halves of
+//!   blocks 0..4] ([`Q4_0_ACT_GROUP`] elements; a trailing partial group stays in order).
+//!   Q4_0's activation is quantised per natural block *before* this permutation, so each
+//!   weight block still meets one activation scale; HFQ4G256's is quantised after (its weight
+//!   scale spans the whole 256-group, so any 32 activation elements may share a scale).
 
 use crate::formats::hfq::HFQ_GROUP;
 use crate::formats::kquant::{Q4K_SUB, Q6K_SUB, QK_K};
@@ -21,6 +28,8 @@ pub(crate) const ACT_QMAX: f32 = 127.0;
 pub(crate) const LANES8: usize = 8;
 /// HFQ4G256's activation permutation span: one 64-byte load of nibbles covers 128 elements.
 pub(crate) const HFQ_PERM_SPAN: usize = 128;
+/// Elements of one Q4_0 activation group: four blocks, one 512-bit load of nibbles.
+pub(crate) const Q4_0_ACT_GROUP: usize = 4 * QK;
 /// Sub-block order of a Q4_K activation super-block (see the module docs).
 pub(crate) const Q4K_ACT_ORDER: [usize; 8] = [0, 2, 1, 3, 4, 6, 5, 7];
 
@@ -57,9 +66,10 @@ pub(crate) struct Q8x32 {
     pub d: Vec<f32>,
     /// `d` repeated [`LANES8`] times per block, so a 512-bit dot loads two blocks' scales.
     pub d8: Vec<f32>,
-    /// Per block `[-Σq, 0, 0, 0, 0, 0, 0, 0]`: added (shifted) into the integer lanes so the
-    /// weight offset of Q4_0 (−8) and the VNNI sign bias of Q8_0 (+128) cancel exactly.
-    pub nsum8: Vec<i32>,
+    /// Per block `[−off·Σq, 0, …]` ([`corr_lanes`] lanes): the initial value of the block's
+    /// integer lanes, so the weight offset of Q4_0 (off = 8) and the VNNI sign bias of Q8_0
+    /// (off = 128) cancel exactly. Empty for formats without an offset.
+    pub corr: Vec<i32>,
     /// Per block Σq, for the scalar reference.
     pub isum: Vec<i32>,
     /// Per block Σx of the unquantised x (summed in f64): Q4_1's `m·Σx` term is exact.
@@ -79,6 +89,21 @@ pub(crate) struct Q8K {
     pub bsums: Vec<i16>,
     /// Σq per 32 elements, natural order (Q4_K's mins).
     pub sums32: Vec<i16>,
+}
+
+/// Q4_0 code offset (value = d·(q − 8)).
+const Q4_0_OFF: i32 = 8;
+/// Q8_0 VNNI sign bias: `vpdpbusd` needs unsigned weights, so the dot uses w + 128.
+const Q8_0_VNNI_BIAS: i32 = 128;
+
+/// Lanes per block of [`Q8x32::corr`] and the offset it is scaled by: Q4_0's dots put one
+/// block in each 128-bit lane (4 × i32), Q8_0's one block in each 256-bit half (8 × i32).
+pub(crate) const fn corr_lanes(fmt: Format) -> (usize, i32) {
+    match fmt {
+        Format::Q4_0 => (4, Q4_0_OFF),
+        Format::Q8_0 => (LANES8, Q8_0_VNNI_BIAS),
+        _ => (0, 0),
+    }
 }
 
 /// Quantise `src` to `dst` with one symmetric scale; returns (d, Σq).
@@ -101,8 +126,8 @@ fn sum_f64(v: &[f32]) -> f32 {
     v.iter().map(|&a| f64::from(a)).sum::<f64>() as f32
 }
 
-/// Source index (within its block) of activation position `p` for `fmt`.
-pub(crate) fn act_source(fmt: Format, p: usize) -> usize {
+/// Index in `x` (of length `k`) of the element stored at activation position `p` for `fmt`.
+pub(crate) fn act_source(fmt: Format, p: usize, k: usize) -> usize {
     match fmt {
         Format::Hfq4G256 => {
             let (base, r) = (p - p % HFQ_PERM_SPAN, p % HFQ_PERM_SPAN);
@@ -113,8 +138,26 @@ pub(crate) fn act_source(fmt: Format, p: usize) -> usize {
             let (base, r) = (p - p % QK_K, p % QK_K);
             base + Q4K_ACT_ORDER[r / Q4K_SUB] * Q4K_SUB + r % Q4K_SUB
         }
+        Format::Q4_0 if p - p % Q4_0_ACT_GROUP + Q4_0_ACT_GROUP <= k => {
+            // Position r of a full group: half = r / 64, block = (r % 64) / 16, j = r % 16.
+            let (base, r) = (p - p % Q4_0_ACT_GROUP, p % Q4_0_ACT_GROUP);
+            let half_len = Q4_0_ACT_GROUP / 2;
+            let (half, blk, j) = (r / half_len, (r % half_len) / (QK / 2), r % (QK / 2));
+            base + QK * blk + (QK / 2) * half + j
+        }
         _ => p,
     }
+}
+
+/// Activation position of element `e` of `x` (length `k`) for Q4_0: the inverse of
+/// [`act_source`] (the scalar reference walks weights in element order).
+pub(crate) fn q4_0_pos(e: usize, k: usize) -> usize {
+    let base = e - e % Q4_0_ACT_GROUP;
+    if base + Q4_0_ACT_GROUP > k {
+        return e;
+    }
+    let (blk, i) = ((e % Q4_0_ACT_GROUP) / QK, e % QK);
+    base + (Q4_0_ACT_GROUP / 2) * (i / (QK / 2)) + (QK / 2) * blk + i % (QK / 2)
 }
 
 impl ActivationBuf {
@@ -148,31 +191,42 @@ impl ActivationBuf {
     fn q8x32(fmt: Format, x: &[f32]) -> Q8x32 {
         let k = x.len();
         let nb = k / QK;
-        let xp: Vec<f32> = (0..k).map(|p| x[act_source(fmt, p)]).collect();
+        let (lanes, off) = corr_lanes(fmt);
         let mut a = Q8x32 {
             qs: vec![0; k],
             d: Vec::with_capacity(nb),
             d8: Vec::with_capacity(nb * LANES8),
-            nsum8: Vec::with_capacity(nb * LANES8),
+            corr: Vec::with_capacity(nb * lanes),
             isum: Vec::with_capacity(nb),
             s: Vec::with_capacity(nb),
             gsum: Vec::new(),
         };
-        for (b, (src, dst)) in xp
-            .chunks_exact(QK)
-            .zip(a.qs.chunks_exact_mut(QK))
-            .enumerate()
-        {
+        // HFQ4G256 quantises the permuted x (see the module docs); the others quantise per
+        // natural block and permute the quants afterwards.
+        let quant_src: Vec<f32> = if fmt == Format::Hfq4G256 {
+            (0..k).map(|p| x[act_source(fmt, p, k)]).collect()
+        } else {
+            x.to_vec()
+        };
+        let mut natural = vec![0i8; k];
+        for (src, dst) in quant_src.chunks_exact(QK).zip(natural.chunks_exact_mut(QK)) {
             let (d, sum) = quantise_block(src, dst);
             a.d.push(d);
             a.d8.extend_from_slice(&[d; LANES8]);
-            a.nsum8.push(-sum);
-            a.nsum8.extend_from_slice(&[0; LANES8 - 1]);
+            if lanes > 0 {
+                a.corr.push(-off * sum);
+                a.corr.extend(std::iter::repeat_n(0, lanes - 1));
+            }
             a.isum.push(sum);
-            a.s.push(sum_f64(&xp[b * QK..(b + 1) * QK]));
+            a.s.push(sum_f64(src));
         }
         if fmt == Format::Hfq4G256 {
+            a.qs = natural;
             a.gsum = x.chunks_exact(HFQ_GROUP).map(sum_f64).collect();
+        } else {
+            for (p, o) in a.qs.iter_mut().enumerate() {
+                *o = natural[act_source(fmt, p, k)];
+            }
         }
         a
     }
@@ -197,7 +251,7 @@ impl ActivationBuf {
                 a.sums32.push(g.iter().map(|&q| i16::from(q)).sum());
             }
             for (p, o) in dst.iter_mut().enumerate() {
-                *o = natural[act_source(fmt, p)];
+                *o = natural[act_source(fmt, p, QK_K)];
             }
         }
         a
@@ -237,7 +291,7 @@ mod tests {
             let k = 512;
             let mut seen = vec![false; k];
             for p in 0..k {
-                let s = act_source(fmt, p);
+                let s = act_source(fmt, p, k);
                 assert!(s < k && !seen[s], "{fmt}: position {p} → {s} repeats");
                 // Never leaves its 256 block: per-256 scales and sums stay valid.
                 assert_eq!(s / QK_K, p / QK_K, "{fmt}");
@@ -249,33 +303,67 @@ mod tests {
     #[test]
     fn q8_blocks_reconstruct_within_half_a_step() {
         let mut rng = ChaCha8Rng::seed_from_u64(11);
-        let x: Vec<f32> = (0..1024)
+        // 1056 = 8 full Q4_0 groups of 128 plus a trailing partial group of one block.
+        let x: Vec<f32> = (0..1056)
             .map(|i| rng.random_range(-3.0f32..3.0) * (1 + i % 5) as f32)
             .collect();
-        for fmt in [Format::Q4_0, Format::Hfq4G256] {
+        let k = x.len();
+        for fmt in [Format::Q8_0, Format::Q4_0, Format::Q4_1] {
             let a = ActivationBuf::prepare(fmt, &x).unwrap();
             let ActKind::Q8x32(q) = &a.kind else {
                 panic!("{fmt} should be q8x32")
             };
-            for p in 0..x.len() {
-                let b = p / QK;
+            for p in 0..k {
+                // Quantised per natural block: the scale is the source block's.
+                let src = act_source(fmt, p, k);
+                let b = src / QK;
                 let got = q.d[b] * f32::from(q.qs[p]);
-                assert!(
-                    (got - x[act_source(fmt, p)]).abs() <= q.d[b] * 0.5001,
-                    "{fmt} p={p}"
-                );
-                assert_eq!(q.d8[LANES8 * b], q.d[b]);
-                assert_eq!(q.nsum8[LANES8 * b], -q.isum[b]);
-                assert_eq!(q.nsum8[LANES8 * b + 1], 0);
+                assert!((got - x[src]).abs() <= q.d[b] * 0.5001, "{fmt} p={p}");
             }
-            for b in 0..x.len() / QK {
-                let s: i32 = q.qs[QK * b..QK * (b + 1)]
-                    .iter()
-                    .map(|&v| i32::from(v))
+            let (lanes, off) = corr_lanes(fmt);
+            for b in 0..k / QK {
+                let s: i32 = (0..QK)
+                    .map(|i| i32::from(q.qs[pos_of(fmt, QK * b + i, k)]))
                     .sum();
-                assert_eq!(s, q.isum[b]);
+                assert_eq!(s, q.isum[b], "{fmt} block {b}");
+                assert_eq!(q.d8[LANES8 * b], q.d[b]);
+                if lanes > 0 {
+                    assert_eq!(q.corr[lanes * b], -off * q.isum[b]);
+                    assert!(q.corr[lanes * b + 1..lanes * (b + 1)]
+                        .iter()
+                        .all(|&c| c == 0));
+                }
             }
         }
+        // HFQ4G256: quantised after permuting, so activation block b is positions 32b..32b+32.
+        let x = &x[..1024];
+        let a = ActivationBuf::prepare(Format::Hfq4G256, x).unwrap();
+        let ActKind::Q8x32(q) = &a.kind else {
+            panic!("hfq should be q8x32")
+        };
+        for p in 0..x.len() {
+            let b = p / QK;
+            let src = act_source(Format::Hfq4G256, p, x.len());
+            assert!((q.d[b] * f32::from(q.qs[p]) - x[src]).abs() <= q.d[b] * 0.5001);
+        }
+    }
+
+    #[test]
+    fn q4_0_pos_inverts_act_source() {
+        for k in [32, 96, 128, 160, 512, 544] {
+            for p in 0..k {
+                assert_eq!(
+                    q4_0_pos(act_source(Format::Q4_0, p, k), k),
+                    p,
+                    "k={k} p={p}"
+                );
+            }
+        }
+    }
+
+    /// Inverse of [`act_source`], by search (tests only).
+    fn pos_of(fmt: Format, e: usize, k: usize) -> usize {
+        (0..k).find(|&p| act_source(fmt, p, k) == e).unwrap()
     }
 
     #[test]

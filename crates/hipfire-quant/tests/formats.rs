@@ -27,7 +27,8 @@ const SEED: u64 = 0x5EED_F00D;
 fn ks(fmt: Format) -> &'static [usize] {
     match fmt.block_elems() {
         1 => &[1, 7, 33, 96, 100, 256, 4096],
-        32 => &[32, 96, 256, 512, 4096],
+        // 160 = one full 4-block group plus a tail block (Q4_0 layout, 4-block steps).
+        32 => &[32, 96, 160, 256, 512, 4096],
         _ => &[256, 512, 4096],
     }
 }

@@ -3,7 +3,7 @@
 //! Integer formats follow ggml's AVX2 `ggml_vec_dot_*` (x86 `quants.c`): `vpmaddubsw` of
 //! unsigned weight codes with the signed 8-bit activation, `vpmaddwd` to i32, one f32 FMA per
 //! block. Offsets (Q4_0's −8) are folded into the integer lanes through the activation's
-//! `nsum8`, so the integer block sums are exact and equal the scalar reference's.
+//! `corr`, so the integer block sums are exact and equal the scalar reference's.
 //!
 //! # Safety (every `unsafe fn` here)
 //! The caller must ensure the CPU supports AVX2, FMA and F16C, that `row` is exactly
@@ -238,16 +238,34 @@ pub(crate) unsafe fn nibbles32(p: *const u8) -> __m256i {
     _mm256_and_si256(w, _mm256_set1_epi8(0x0F))
 }
 
-/// One Q4_0 block's exact integer lanes Σ q·xq − 8·Σxq.
+/// One Q4_0 block's exact integer lanes Σ q·xq − 8·Σxq, for a block outside the full
+/// 4-block groups (its activation is in natural order).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn q4_0_block(blk: *const u8, a: &Q8x32, b: usize) -> __m256i {
     let x = _mm256_loadu_si256(a.qs.as_ptr().add(QK * b) as *const __m256i);
-    let corr = _mm256_loadu_si256(a.nsum8.as_ptr().add(8 * b) as *const __m256i);
+    let corr = _mm_loadu_si128(a.corr.as_ptr().add(Q4_0_CORR_LANES * b) as *const __m128i);
     _mm256_add_epi32(
         dp_u8i8_256(nibbles32(blk.add(2)), x),
-        _mm256_slli_epi32(corr, 3),
+        _mm256_zextsi128_si256(corr),
     )
+}
+
+/// Q4_0's activation `corr` lanes per block (one block per 128-bit lane).
+pub(crate) const Q4_0_CORR_LANES: usize = 4;
+/// Blocks per Q4_0 activation group (see `act.rs`).
+pub(crate) const Q4_0_GROUP_BLOCKS: usize = 4;
+
+/// Four f16 scales at `p`, `p + stride`, `p + 2·stride`, `p + 3·stride` → [d0, d1, d2, d3],
+/// through a GPR pack and one `vmovq` + `vcvtph2ps` (no merging inserts).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn h2f_x4(p: *const u8, stride: usize) -> __m128 {
+    let h = u64::from(rd16(p))
+        | (u64::from(rd16(p.add(stride))) << 16)
+        | (u64::from(rd16(p.add(2 * stride))) << 32)
+        | (u64::from(rd16(p.add(3 * stride))) << 48);
+    _mm_cvtph_ps(_mm_cvtsi64_si128(h as i64))
 }
 
 /// One Q8_0 block's integer lanes Σ w·xq (sign trick: |w| · sign(x, w)).
@@ -282,25 +300,54 @@ pub(crate) unsafe fn dot_q8_0_q8_0_avx2(row: &[u8], a: &Q8x32) -> f32 {
     hsum8(_mm256_add_ps(acc0, acc1))
 }
 
-/// Q4_0 row · q8 activation.
+/// Q4_0 row · q8 activation. Two blocks per step, one per 128-bit lane: the activation of
+/// each 4-block group is [first halves of blocks 0..4, second halves of blocks 0..4].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_q4_0_q8_0_avx2(row: &[u8], a: &Q8x32) -> f32 {
     let nb = row.len() / Q4_0_BYTES;
-    let p = row.as_ptr();
+    let nb_grouped = nb / Q4_0_GROUP_BLOCKS * Q4_0_GROUP_BLOCKS;
+    let (p, xq) = (row.as_ptr(), a.qs.as_ptr());
+    let m4 = _mm256_set1_epi8(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    // Lanes 0..4 take scale 0, lanes 4..8 scale 1 (of the pair's [s0, s1, s2, s3] lanes 0 and 1,
+    // or 2 and 3 for the second pair).
+    let idx = [
+        _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
+        _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
+    ];
     let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
     let mut b = 0;
-    while b + 2 <= nb {
-        let (b0, b1) = (p.add(Q4_0_BYTES * b), p.add(Q4_0_BYTES * (b + 1)));
-        let s0 = _mm256_set1_ps(h2f(rd16(b0)) * a.d[b]);
-        let s1 = _mm256_set1_ps(h2f(rd16(b1)) * a.d[b + 1]);
-        acc0 = _mm256_fmadd_ps(s0, _mm256_cvtepi32_ps(q4_0_block(b0, a, b)), acc0);
-        acc1 = _mm256_fmadd_ps(s1, _mm256_cvtepi32_ps(q4_0_block(b1, a, b + 1)), acc1);
-        b += 2;
+    while b < nb_grouped {
+        let g = p.add(Q4_0_BYTES * b);
+        let s4 = _mm_mul_ps(h2f_x4(g, Q4_0_BYTES), _mm_loadu_ps(a.d.as_ptr().add(b)));
+        let s4 = _mm256_castps128_ps256(s4);
+        let xg = xq.add(QK * b);
+        for (h, acc) in [(0usize, &mut acc0), (1, &mut acc1)] {
+            let (b0, b1) = (g.add(Q4_0_BYTES * 2 * h), g.add(Q4_0_BYTES * (2 * h + 1)));
+            let q = _mm256_set_m128i(
+                _mm_loadu_si128(b1.add(2) as *const __m128i),
+                _mm_loadu_si128(b0.add(2) as *const __m128i),
+            );
+            let lo = _mm256_and_si256(q, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            let xlo = _mm256_loadu_si256(xg.add(32 * h) as *const __m256i);
+            let xhi = _mm256_loadu_si256(xg.add(64 + 32 * h) as *const __m256i);
+            let plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xlo), ones);
+            let phi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xhi), ones);
+            let corr = _mm256_loadu_si256(
+                a.corr.as_ptr().add(Q4_0_CORR_LANES * (b + 2 * h)) as *const __m256i
+            );
+            let pi = _mm256_add_epi32(_mm256_add_epi32(plo, phi), corr);
+            let s = _mm256_permutevar8x32_ps(s4, idx[h]);
+            *acc = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(pi), *acc);
+        }
+        b += Q4_0_GROUP_BLOCKS;
     }
-    if b < nb {
+    while b < nb {
         let b0 = p.add(Q4_0_BYTES * b);
         let s0 = _mm256_set1_ps(h2f(rd16(b0)) * a.d[b]);
         acc0 = _mm256_fmadd_ps(s0, _mm256_cvtepi32_ps(q4_0_block(b0, a, b)), acc0);
+        b += 1;
     }
     hsum8(_mm256_add_ps(acc0, acc1))
 }

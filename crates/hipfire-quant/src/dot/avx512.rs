@@ -3,8 +3,13 @@
 //!
 //! Each 512-bit step covers two 32-element activation blocks; weight codes are unsigned,
 //! and offsets are folded into the integer lanes exactly (Q4_0's −8 and, on VNNI, Q8_0's
-//! +128 sign bias, through the activation's `nsum8`), so integer block sums equal the scalar
-//! reference's. Per-lane scales are built with `vpermd`/`vpermps` from small vectors.
+//! +128 sign bias, through the activation's `corr`), so integer block sums equal the scalar
+//! reference's. Per-lane scales are built with `vpermps`/`vpermw` from small vectors.
+//!
+//! Vector µops per weight byte are what limits these loops on Intel cores (two 512-bit ALU
+//! ports), so each kernel converts four block scales with one `vcvtph2ps`, unpacks four Q4_0
+//! blocks' nibbles with one shift, and applies K-quant sub-block scales with `vpdpwssd`
+//! (VNNI) / `vpmaddwd` on the 16-bit products instead of a 32-bit multiply.
 //!
 //! # Safety (every `unsafe fn` here)
 //! The caller must ensure the CPU supports the module's features (AVX-512 F/BW/VL, plus VNNI
@@ -14,9 +19,10 @@
 use crate::act::{Q8x32, Q8K};
 use crate::dispatch::{Kernels, RowDot};
 use crate::dot::avx2::{
-    h2f, hsum4, hsum8, nibbles32, q4_0_block, q4_1_dm2, q4_1_s2, q4k_mins_dot, q4k_unpack_scales,
-    q6k_bsum_dot, q8_0_block, rd16, HFQ_BYTES, Q4K_BYTES, Q4K_QS, Q4K_SCALES, Q4_0_BYTES,
-    Q4_1_BYTES, Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_SCALES, Q8_0_BYTES,
+    h2f, h2f_x4, hsum4, hsum8, nibbles32, q4_0_block, q4_1_dm2, q4_1_s2, q4k_mins_dot,
+    q4k_unpack_scales, q6k_bsum_dot, q8_0_block, rd16, HFQ_BYTES, Q4K_BYTES, Q4K_QS, Q4K_SCALES,
+    Q4_0_BYTES, Q4_0_CORR_LANES, Q4_0_GROUP_BLOCKS, Q4_1_BYTES, Q6K_BYTES, Q6K_D, Q6K_QH,
+    Q6K_SCALES, Q8_0_BYTES,
 };
 use crate::formats::hfq::HFQ_GROUP;
 use crate::formats::kquant::QK_K;
@@ -51,24 +57,54 @@ pub(crate) static KERNELS_VNNI: Kernels = [
 
 /// Lane → block selector for two blocks per vector: lanes 0..8 block 0, 8..16 block 1.
 const IDX_2BLK: [i32; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1];
+/// Same for the second pair of a four-scale vector: lanes 0..8 scale 2, 8..16 scale 3.
+const IDX_2BLK_HI: [i32; 16] = [2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3];
+/// Q4_0, one block per 128-bit lane: lanes 4i..4i+4 take scale i.
+const IDX_4BLK: [i32; 16] = [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3];
 /// Q4_1: [d0, m0, d1, m1] → lanes 0..8 take d0 (lane 0), lanes 8..16 take d1 (lane 2).
 const IDX_DM: [i32; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2];
-/// Q4_K: the sub-block pair each of the four 512-bit products covers ((0,2), (1,3), (4,6), (5,7)).
-const IDX_Q4K: [[i32; 16]; 4] = [
-    [0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2],
-    [1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3],
-    [4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6],
-    [5, 5, 5, 5, 5, 5, 5, 5, 7, 7, 7, 7, 7, 7, 7, 7],
+/// Q4_K: 16-bit lanes of product t cover sub-blocks ((0, 2), (1, 3), (4, 6), (5, 7))[t],
+/// 16 lanes each (one i16 per two bytes after `vpmaddubsw`).
+const IDX16_Q4K: [[u16; 32]; 4] = [
+    idx16_pairs(0, 2),
+    idx16_pairs(1, 3),
+    idx16_pairs(4, 6),
+    idx16_pairs(5, 7),
 ];
-/// Q6_K: lane i of product z covers elements 64z + 4i.. → scale group 4z + i/4.
-const IDX_Q6K: [[i32; 16]; 4] = [
-    [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3],
-    [4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7],
-    [8, 8, 8, 8, 9, 9, 9, 9, 10, 10, 10, 10, 11, 11, 11, 11],
-    [
-        12, 12, 12, 12, 13, 13, 13, 13, 14, 14, 14, 14, 15, 15, 15, 15,
-    ],
+/// Q6_K: 16-bit lane i of product z covers elements 64z + 2i → scale group 4z + i/8.
+const IDX16_Q6K: [[u16; 32]; 4] = [
+    idx16_quads(0),
+    idx16_quads(4),
+    idx16_quads(8),
+    idx16_quads(12),
 ];
+
+const fn idx16_pairs(a: u16, b: u16) -> [u16; 32] {
+    let mut v = [a; 32];
+    let mut i = 16;
+    while i < 32 {
+        v[i] = b;
+        i += 1;
+    }
+    v
+}
+
+const fn idx16_quads(first: u16) -> [u16; 32] {
+    let mut v = [0u16; 32];
+    let mut i = 0;
+    while i < 32 {
+        v[i] = first + (i / 8) as u16;
+        i += 1;
+    }
+    v
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn ld_idx16(a: &[u16; 32]) -> __m512i {
+    _mm512_loadu_si512(a.as_ptr() as *const _)
+}
+
 /// Float lanes per unrolled step of the float dots (4 accumulators × 16).
 const F_UNROLL: usize = 64;
 /// f32 lanes in a 512-bit vector.
@@ -85,18 +121,6 @@ unsafe fn ld_idx(a: &[i32; 16]) -> __m512i {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
     _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
-}
-
-/// [s(b0) ×8, s(b1) ×8] from two f16 scales and the activation's `d8` at block `b`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn scales2(h0: u16, h1: u16, d8: *const f32) -> __m512 {
-    let h = u32::from(h0) | (u32::from(h1) << 16);
-    let dw = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)));
-    _mm512_mul_ps(
-        _mm512_permutexvar_ps(ld_idx(&IDX_2BLK), dw),
-        _mm512_loadu_ps(d8),
-    )
 }
 
 /// Shared float-dot loop with masked tails (masked-off lanes are not read).
@@ -170,10 +194,10 @@ unsafe fn dp_u8i8_plain(acc: __m512i, w: __m512i, x: __m512i) -> __m512i {
     _mm512_add_epi32(acc, p)
 }
 
-/// i8 × i8 → i32 lanes without VNNI: |w| · (x negated where w < 0). `nsum8` is unused.
+/// i8 × i8 → i32 lanes without VNNI: |w| · (x negated where w < 0). `corr` is unused.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn dp_i8i8_plain(_nsum8: __m512i, w: __m512i, x: __m512i) -> __m512i {
+unsafe fn dp_i8i8_plain(_corr: __m512i, w: __m512i, x: __m512i) -> __m512i {
     let neg = _mm512_movepi8_mask(w);
     let sx = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
     dp_u8i8_plain(_mm512_setzero_si512(), _mm512_abs_epi8(w), sx)
@@ -187,69 +211,99 @@ unsafe fn dp_u8i8_vnni(acc: __m512i, w: __m512i, x: __m512i) -> __m512i {
 }
 
 /// i8 × i8 → i32 lanes with VNNI: (w + 128) · x − 128·Σx, the bias cancelled exactly
-/// through `nsum8` = [−Σx, 0, …] per block.
+/// through `corr` = [−128·Σx, 0, …] per block.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn dp_i8i8_vnni(nsum8: __m512i, w: __m512i, x: __m512i) -> __m512i {
+unsafe fn dp_i8i8_vnni(corr: __m512i, w: __m512i, x: __m512i) -> __m512i {
     let wu = _mm512_xor_si512(w, _mm512_set1_epi8(i8::MIN));
-    _mm512_dpbusd_epi32(_mm512_slli_epi32::<7>(nsum8), wu, x)
+    _mm512_dpbusd_epi32(corr, wu, x)
+}
+
+/// acc + Σ pairs of (u8 w · i8 x) · i16 scale, without VNNI (`vpmaddwd` + add).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn dp_scaled_plain(acc: __m512i, w: __m512i, x: __m512i, sc: __m512i) -> __m512i {
+    _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), sc))
+}
+
+/// acc + Σ pairs of (u8 w · i8 x) · i16 scale, with VNNI (`vpdpwssd`).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn dp_scaled_vnni(acc: __m512i, w: __m512i, x: __m512i, sc: __m512i) -> __m512i {
+    _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(w, x), sc)
 }
 
 macro_rules! int_kernels {
-    ($m:ident, $feat:literal, $dp:ident, $dpi8:ident) => {
+    ($m:ident, $feat:literal, $dp:ident, $dpi8:ident, $dps:ident) => {
         /// Integer row dots of this flavour.
         pub(crate) mod $m {
             use super::*;
 
-            /// Q8_0 row · q8 activation.
+            /// Q8_0 row · q8 activation: four blocks per step, two per vector.
             #[target_feature(enable = $feat)]
             pub(crate) unsafe fn dot_q8_0_q8_0_avx512(row: &[u8], a: &Q8x32) -> f32 {
+                const STEP: usize = 4;
                 let nb = row.len() / Q8_0_BYTES;
-                let (p, xq) = (row.as_ptr(), a.qs.as_ptr());
-                let mut acc = _mm512_setzero_ps();
+                let (p, xq, corr) = (row.as_ptr(), a.qs.as_ptr(), a.corr.as_ptr());
+                let (i01, i23) = (ld_idx(&IDX_2BLK), ld_idx(&IDX_2BLK_HI));
+                let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
                 let mut b = 0;
-                while b + 2 <= nb {
-                    let (b0, b1) = (p.add(Q8_0_BYTES * b), p.add(Q8_0_BYTES * (b + 1)));
-                    let w = join(
-                        _mm256_loadu_si256(b0.add(2) as *const __m256i),
-                        _mm256_loadu_si256(b1.add(2) as *const __m256i),
-                    );
-                    let x = _mm512_loadu_si512(xq.add(QK * b) as *const _);
-                    let ns = _mm512_loadu_si512(a.nsum8.as_ptr().add(8 * b) as *const _);
-                    let pi = $dpi8(ns, w, x);
-                    let s = scales2(rd16(b0), rd16(b1), a.d8.as_ptr().add(8 * b));
-                    acc = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(pi), acc);
-                    b += 2;
+                while b + STEP <= nb {
+                    let g = p.add(Q8_0_BYTES * b);
+                    let ld =
+                        |o: usize| _mm256_loadu_si256(g.add(Q8_0_BYTES * o + 2) as *const __m256i);
+                    let (w01, w23) = (join(ld(0), ld(1)), join(ld(2), ld(3)));
+                    let x01 = _mm512_loadu_si512(xq.add(QK * b) as *const _);
+                    let x23 = _mm512_loadu_si512(xq.add(QK * (b + 2)) as *const _);
+                    let c01 = _mm512_loadu_si512(corr.add(8 * b) as *const _);
+                    let c23 = _mm512_loadu_si512(corr.add(8 * (b + 2)) as *const _);
+                    let p01 = $dpi8(c01, w01, x01);
+                    let p23 = $dpi8(c23, w23, x23);
+                    let s4 = _mm_mul_ps(h2f_x4(g, Q8_0_BYTES), _mm_loadu_ps(a.d.as_ptr().add(b)));
+                    let s4 = _mm512_castps128_ps512(s4);
+                    let s01 = _mm512_permutexvar_ps(i01, s4);
+                    let s23 = _mm512_permutexvar_ps(i23, s4);
+                    acc0 = _mm512_fmadd_ps(s01, _mm512_cvtepi32_ps(p01), acc0);
+                    acc1 = _mm512_fmadd_ps(s23, _mm512_cvtepi32_ps(p23), acc1);
+                    b += STEP;
                 }
-                let mut tail = 0f32;
-                if b < nb {
+                let mut tail = _mm256_setzero_ps();
+                while b < nb {
                     let b0 = p.add(Q8_0_BYTES * b);
-                    let pi = _mm256_cvtepi32_ps(q8_0_block(b0, a, b));
-                    tail = hsum8(_mm256_mul_ps(_mm256_set1_ps(h2f(rd16(b0)) * a.d[b]), pi));
+                    let s = _mm256_set1_ps(h2f(rd16(b0)) * a.d[b]);
+                    tail = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(q8_0_block(b0, a, b)), tail);
+                    b += 1;
                 }
-                _mm512_reduce_add_ps(acc) + tail
+                _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + hsum8(tail)
             }
 
-            /// Q4_0 row · q8 activation.
+            /// Q4_0 row · q8 activation: four blocks per step, one per 128-bit lane (the
+            /// activation of each 4-block group is [first halves, second halves]).
             #[target_feature(enable = $feat)]
             pub(crate) unsafe fn dot_q4_0_q8_0_avx512(row: &[u8], a: &Q8x32) -> f32 {
                 let nb = row.len() / Q4_0_BYTES;
-                let (p, xq) = (row.as_ptr(), a.qs.as_ptr());
-                let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+                let nb_grouped = nb / Q4_0_GROUP_BLOCKS * Q4_0_GROUP_BLOCKS;
+                let (p, xq, corr) = (row.as_ptr(), a.qs.as_ptr(), a.corr.as_ptr());
+                let m4 = _mm512_set1_epi8(0x0F);
+                let idx4 = ld_idx(&IDX_4BLK);
+                let mut acc = _mm512_setzero_ps();
                 let mut b = 0;
-                // Four blocks per step, two independent accumulators.
-                while b + 4 <= nb {
-                    for (h, acc) in [(0usize, &mut acc0), (2, &mut acc1)] {
-                        let bb = b + h;
-                        let (b0, b1) = (p.add(Q4_0_BYTES * bb), p.add(Q4_0_BYTES * (bb + 1)));
-                        let w = join(nibbles32(b0.add(2)), nibbles32(b1.add(2)));
-                        let x = _mm512_loadu_si512(xq.add(QK * bb) as *const _);
-                        let ns = _mm512_loadu_si512(a.nsum8.as_ptr().add(8 * bb) as *const _);
-                        let pi = $dp(_mm512_slli_epi32::<3>(ns), w, x);
-                        let s = scales2(rd16(b0), rd16(b1), a.d8.as_ptr().add(8 * bb));
-                        *acc = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(pi), *acc);
-                    }
-                    b += 4;
+                while b < nb_grouped {
+                    let g = p.add(Q4_0_BYTES * b);
+                    let ld =
+                        |o: usize| _mm_loadu_si128(g.add(Q4_0_BYTES * o + 2) as *const __m128i);
+                    let q01 = _mm512_castsi256_si512(_mm256_set_m128i(ld(1), ld(0)));
+                    let q = _mm512_inserti32x4::<3>(_mm512_inserti32x4::<2>(q01, ld(2)), ld(3));
+                    let lo = _mm512_and_si512(q, m4);
+                    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
+                    let xlo = _mm512_loadu_si512(xq.add(QK * b) as *const _);
+                    let xhi = _mm512_loadu_si512(xq.add(QK * b + 64) as *const _);
+                    let c = _mm512_loadu_si512(corr.add(Q4_0_CORR_LANES * b) as *const _);
+                    let pi = $dp($dp(c, lo, xlo), hi, xhi);
+                    let s4 = _mm_mul_ps(h2f_x4(g, Q4_0_BYTES), _mm_loadu_ps(a.d.as_ptr().add(b)));
+                    let s = _mm512_permutexvar_ps(idx4, _mm512_castps128_ps512(s4));
+                    acc = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(pi), acc);
+                    b += Q4_0_GROUP_BLOCKS;
                 }
                 let mut tail = _mm256_setzero_ps();
                 while b < nb {
@@ -258,7 +312,7 @@ macro_rules! int_kernels {
                     tail = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(q4_0_block(b0, a, b)), tail);
                     b += 1;
                 }
-                _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + hsum8(tail)
+                _mm512_reduce_add_ps(acc) + hsum8(tail)
             }
 
             /// Q4_1 row · q8 activation.
@@ -338,7 +392,8 @@ macro_rules! int_kernels {
                 for s in 0..nsb {
                     let blk = p.add(Q4K_BYTES * s);
                     let (sc, mins) = q4k_unpack_scales(blk.add(Q4K_SCALES));
-                    let sc32 = _mm512_cvtepu8_epi32(_mm_cvtsi64_si128(sc as i64));
+                    let sc16 =
+                        _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
                     let xq = a.qs.as_ptr().add(QK_K * s);
                     let q0 = _mm512_loadu_si512(blk.add(Q4K_QS) as *const _);
                     let q1 = _mm512_loadu_si512(blk.add(Q4K_QS + 64) as *const _);
@@ -351,9 +406,8 @@ macro_rules! int_kernels {
                     let mut sumi = _mm512_setzero_si512();
                     for (t, wt) in w.into_iter().enumerate() {
                         let x = _mm512_loadu_si512(xq.add(64 * t) as *const _);
-                        let pi = $dp(_mm512_setzero_si512(), wt, x);
-                        let sct = _mm512_permutexvar_epi32(ld_idx(&IDX_Q4K[t]), sc32);
-                        sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(pi, sct));
+                        let sct = _mm512_permutexvar_epi16(ld_idx16(&IDX16_Q4K[t]), sc16);
+                        sumi = $dps(sumi, wt, x, sct);
                     }
                     let dx = a.d[s];
                     let d = _mm512_set1_ps(h2f(rd16(blk)) * dx);
@@ -378,7 +432,9 @@ macro_rules! int_kernels {
                 for s in 0..nsb {
                     let blk = p.add(Q6K_BYTES * s);
                     let scales = blk.add(Q6K_SCALES);
-                    let sc32 = _mm512_cvtepi8_epi32(_mm_loadu_si128(scales as *const __m128i));
+                    let sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128(
+                        scales as *const __m128i,
+                    )));
                     let xq = a.qs.as_ptr().add(QK_K * s);
                     let corr = q6k_bsum_dot(scales, a.bsums.as_ptr().add(16 * s));
                     let corr = _mm512_zextsi256_si512(_mm256_slli_epi32::<5>(corr));
@@ -398,9 +454,8 @@ macro_rules! int_kernels {
                         for (hh, wt) in w.into_iter().enumerate() {
                             let z = 2 * n + hh;
                             let x = _mm512_loadu_si512(xq.add(64 * z) as *const _);
-                            let pi = $dp(_mm512_setzero_si512(), wt, x);
-                            let scz = _mm512_permutexvar_epi32(ld_idx(&IDX_Q6K[z]), sc32);
-                            sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(pi, scz));
+                            let scz = _mm512_permutexvar_epi16(ld_idx16(&IDX16_Q6K[z]), sc16);
+                            sumi = $dps(sumi, wt, x, scz);
                         }
                     }
                     let d = _mm512_set1_ps(h2f(rd16(blk.add(Q6K_D))) * a.d[s]);
@@ -416,11 +471,13 @@ int_kernels!(
     plain,
     "avx512f,avx512bw,avx512vl,avx2,fma,f16c",
     dp_u8i8_plain,
-    dp_i8i8_plain
+    dp_i8i8_plain,
+    dp_scaled_plain
 );
 int_kernels!(
     vnni,
     "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
     dp_u8i8_vnni,
-    dp_i8i8_vnni
+    dp_i8i8_vnni,
+    dp_scaled_vnni
 );

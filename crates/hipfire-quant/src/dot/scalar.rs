@@ -50,15 +50,18 @@ pub(crate) fn dot_q8_0_q8_0_scalar(row: &[u8], a: &Q8x32) -> f32 {
     acc as f32
 }
 
-/// Q4_0 row · q8 activation: Σ d·dx·(Σ q·xq − 8·Σxq).
+/// Q4_0 row · q8 activation: Σ d·dx·(Σ q·xq − 8·Σxq) (activation permuted per 4 blocks).
 pub(crate) fn dot_q4_0_q8_0_scalar(row: &[u8], a: &Q8x32) -> f32 {
+    let k = a.qs.len();
     let mut acc = 0f64;
     for (b, blk) in row.chunks_exact(18).enumerate() {
         let w = BlockQ4_0::read(blk);
-        let p = isum32(
-            (0..QK).map(|i| i32::from(nibble(&w.qs, i))),
-            &a.qs[QK * b..],
-        );
+        let p: i32 = (0..QK)
+            .map(|i| {
+                let xq = a.qs[crate::act::q4_0_pos(QK * b + i, k)];
+                i32::from(nibble(&w.qs, i)) * i32::from(xq)
+            })
+            .sum();
         let p = p - Q4_0_OFFSET * a.isum[b];
         acc += f64::from(f16_to_f32(w.d) * a.d[b]) * f64::from(p);
     }
@@ -92,7 +95,7 @@ pub(crate) fn dot_hfq4_q8_0_scalar(row: &[u8], a: &Q8x32) -> f32 {
             let p = isum32(
                 (0..QK).map(|i| {
                     let pos = j * QK + i;
-                    let src = crate::act::act_source(crate::Format::Hfq4G256, pos);
+                    let src = crate::act::act_source(crate::Format::Hfq4G256, pos, HFQ_GROUP);
                     i32::from(w.q(src))
                 }),
                 &a.qs[QK * b..],
