@@ -81,10 +81,18 @@ __device__ __forceinline__ float hf_bf2f(hf_u16 h) { return __int_as_float(((hf_
 
 __device__ __forceinline__ hf_u16 hf_ld16(const hf_u8* p) { return *(const hf_u16*)p; }
 __device__ __forceinline__ float hf_ldf(const hf_u8* p) { return *(const float*)p; }
-// i-th 32-bit word of a 2-byte aligned pointer (ggml get_int_b2).
-__device__ __forceinline__ int hf_int_b2(const hf_u8* p, int i) {
-    const hf_u16* q = (const hf_u16*)p;
-    return (int)((hf_u32)q[2 * i] | ((hf_u32)q[2 * i + 1] << 16));
+// N consecutive 32-bit words from a 2-byte aligned shared-memory pointer: N+1 aligned loads and a
+// funnel shift (a shift of 0 when p is 4-byte aligned), instead of 2N 16-bit loads.
+template <int N>
+__device__ __forceinline__ void hf_ints_b2(const hf_u8* p, int (&out)[N]) {
+    const hf_u64 addr = (hf_u64)p;
+    const int* a = (const int*)(addr & ~(hf_u64)3);
+    const unsigned sh = (unsigned)(addr & 2) * 8;
+    int w[N + 1];
+#pragma unroll
+    for (int i = 0; i <= N; ++i) w[i] = a[i];
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = (int)__funnelshift_r((unsigned)w[i], (unsigned)w[i + 1], sh);
 }
 // i-th 32-bit word of a 4-byte aligned pointer.
 __device__ __forceinline__ int hf_int_b4(const hf_u8* p, int i) { return ((const int*)p)[i]; }
@@ -118,6 +126,7 @@ __device__ __forceinline__ void hf_load_xblock(XBlock& xb, const XArgs& xa, int 
 // ---------------------------------------------------------------------------------------------
 
 struct TQ8_0 {
+    static constexpr bool QX = true;
     static constexpr int BYTES = 34, ELEMS = 32, CB = 32, UNITS = 1;
     typedef XBlock X;
     static __device__ __forceinline__ void load_x(X& x, const XArgs& xa, int gblock, int) {
@@ -125,14 +134,17 @@ struct TQ8_0 {
     }
     static __device__ __forceinline__ float dot(const hf_u8* blk, int, const X& x) {
         const float d = hf_h2f(hf_ld16(blk));
+        int q[8];
+        hf_ints_b2<8>(blk + 2, q);
         int sum = 0;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) sum = HF_DP4A(hf_int_b2(blk + 2, i), x.q[i], sum);
+        for (int i = 0; i < 8; ++i) sum = HF_DP4A(q[i], x.q[i], sum);
         return d * x.d * (float)sum;
     }
 };
 
 struct TQ4_0 {
+    static constexpr bool QX = true;
     static constexpr int BYTES = 18, ELEMS = 32, CB = 64, UNITS = 1;
     typedef XBlock X;
     static __device__ __forceinline__ void load_x(X& x, const XArgs& xa, int gblock, int) {
@@ -140,10 +152,12 @@ struct TQ4_0 {
     }
     static __device__ __forceinline__ float dot(const hf_u8* blk, int, const X& x) {
         const float d = hf_h2f(hf_ld16(blk));
+        int q[4];
+        hf_ints_b2<4>(blk + 2, q);
         int sum = 0;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            const int v = hf_int_b2(blk + 2, i);
+            const int v = q[i];
             sum = HF_DP4A(v & 0x0F0F0F0F, x.q[i], sum);
             sum = HF_DP4A((v >> 4) & 0x0F0F0F0F, x.q[i + 4], sum);
         }
@@ -153,6 +167,7 @@ struct TQ4_0 {
 };
 
 struct TQ4_1 {
+    static constexpr bool QX = true;
     static constexpr int BYTES = 20, ELEMS = 32, CB = 48, UNITS = 1;
     typedef XBlock X;
     static __device__ __forceinline__ void load_x(X& x, const XArgs& xa, int gblock, int) {
@@ -172,19 +187,26 @@ struct TQ4_1 {
     }
 };
 
-// ggml get_scale_min_k4: 6-bit scale and min of sub-block j from the 12 packed bytes.
-__device__ __forceinline__ void hf_scale_min_k4(int j, const hf_u8* q, int& sc, int& mn) {
-    if (j < 4) {
-        sc = q[j] & 63;
-        mn = q[j + 4] & 63;
-    } else {
-        sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-        mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
+// Scales and mins of Q4_K sub-blocks 2g and 2g+1 from the 12 packed bytes (ggml get_scale_min_k4,
+// computed for both halves without a branch: lanes of one warp take different g, and the two-path
+// form of ggml's helper would run both paths one after the other).
+__device__ __forceinline__ void hf_scale_min_k4_pair(int g, const hf_u8* q, int& sc0, int& m0, int& sc1, int& m1) {
+    const int j0 = 2 * g, j1 = 2 * g + 1;
+    // j < 4: sc = q[j] & 63, m = q[j+4] & 63
+    // j >= 4: sc = (q[j+4] & 0xF) | ((q[j-4] >> 6) << 4), m = (q[j+4] >> 4) | ((q[j] >> 6) << 4)
+    const bool lo = g < 2;
+    const int a0 = q[j0], a1 = q[j1];
+    const int b0 = q[j0 + 4 < 12 ? j0 + 4 : 0], b1 = q[j1 + 4 < 12 ? j1 + 4 : 0];
+    const int c0 = q[j0 >= 4 ? j0 - 4 : 0], c1 = q[j1 >= 4 ? j1 - 4 : 0];
+    sc0 = lo ? (a0 & 63) : ((b0 & 0xF) | ((c0 >> 6) << 4));
+    m0 = lo ? (b0 & 63) : ((b0 >> 4) | ((a0 >> 6) << 4));
+    sc1 = lo ? (a1 & 63) : ((b1 & 0xF) | ((c1 >> 6) << 4));
+    m1 = lo ? (b1 & 63) : ((b1 >> 4) | ((a1 >> 6) << 4));
 }
 
 // Q4_K unit g (0..3): 64 elements, sub-blocks 2g (low nibbles of qs[32g..32g+32]) and 2g+1 (high).
 struct TQ4K {
+    static constexpr bool QX = true;
     static constexpr int BYTES = 144, ELEMS = 256, CB = 8, UNITS = 4;
     struct X { XBlock a, b; };
     static __device__ __forceinline__ void load_x(X& x, const XArgs& xa, int gblock, int g) {
@@ -195,8 +217,7 @@ struct TQ4K {
         const float d = hf_h2f(hf_ld16(blk));
         const float dmin = hf_h2f(hf_ld16(blk + 2));
         int sc0, m0, sc1, m1;
-        hf_scale_min_k4(2 * g, blk + HF_Q4K_SCALES, sc0, m0);
-        hf_scale_min_k4(2 * g + 1, blk + HF_Q4K_SCALES, sc1, m1);
+        hf_scale_min_k4_pair(g, blk + HF_Q4K_SCALES, sc0, m0, sc1, m1);
         const int4* qp = (const int4*)(blk + HF_Q4K_QS + 32 * g);
         const int4 v0 = qp[0], v1 = qp[1];
         const int v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
@@ -214,6 +235,7 @@ struct TQ4K {
 // Q6_K unit u (0..3): half h = u>>1 (128 elements), is = u&1: the 16 positions l in [16is, 16is+16)
 // of each of the half's four 32-element segments t (elements 128h + 32t + l), scale sc[8h + is + 2t].
 struct TQ6K {
+    static constexpr bool QX = true;
     static constexpr int BYTES = 210, ELEMS = 256, CB = 8, UNITS = 4;
     struct X { int q[4][4]; float d[4]; };
     static __device__ __forceinline__ void load_x(X& x, const XArgs& xa, int gblock, int u) {
@@ -233,9 +255,13 @@ struct TQ6K {
         const signed char* sc = (const signed char*)(blk + HF_Q6K_SC + 8 * h + is);
         const float d = hf_h2f(hf_ld16(blk + HF_Q6K_D));
         int dt[4] = {0, 0, 0, 0}, st[4] = {0, 0, 0, 0};
+        int qa[4], qb[4], qhh[4];
+        hf_ints_b2<4>(ql, qa);
+        hf_ints_b2<4>(ql + 32, qb);
+        hf_ints_b2<4>(qh, qhh);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            const int a = hf_int_b2(ql, i), b = hf_int_b2(ql + 32, i), hh = hf_int_b2(qh, i);
+            const int a = qa[i], b = qb[i], hh = qhh[i];
             const int q0 = (a & 0x0F0F0F0F) | ((hh << 4) & 0x30303030);
             const int q1 = (b & 0x0F0F0F0F) | ((hh << 2) & 0x30303030);
             const int q2 = ((a >> 4) & 0x0F0F0F0F) | (hh & 0x30303030);
@@ -256,6 +282,7 @@ struct TQ6K {
 
 // HFQ4G256 unit u (0..7): 32 elements, qs bytes [16u, 16u+16).
 struct THfq4 {
+    static constexpr bool QX = true;
     static constexpr int BYTES = 136, ELEMS = 256, CB = 8, UNITS = 8;
     typedef XBlock X;
     static __device__ __forceinline__ void load_x(X& x, const XArgs& xa, int gblock, int u) {
@@ -285,6 +312,7 @@ __device__ __forceinline__ void hf_load_xf8(XF8& x, const XArgs& xa, int gblock)
 }
 
 struct TF32 {
+    static constexpr bool QX = false;
     static constexpr int BYTES = 32, ELEMS = 8, CB = 32, UNITS = 1;
     typedef XF8 X;
     static __device__ __forceinline__ void load_x(X& x, const XArgs& xa, int gblock, int) { hf_load_xf8(x, xa, gblock); }
@@ -299,6 +327,7 @@ struct TF32 {
 
 template <bool BF>
 struct THalf {
+    static constexpr bool QX = false;
     static constexpr int BYTES = 16, ELEMS = 8, CB = 64, UNITS = 1;
     typedef XF8 X;
     static __device__ __forceinline__ void load_x(X& x, const XArgs& xa, int gblock, int) { hf_load_xf8(x, xa, gblock); }
@@ -319,11 +348,23 @@ struct THalf {
 };
 
 // ---------------------------------------------------------------------------------------------
-// The GEMV. Each warp owns HF_ROWS consecutive rows. Per tile of CB blocks: every lane issues its
-// share of the rows' bytes as LoadT loads (all in flight before the first use), stores them to the
-// warp's private shared-memory tile, then lanes take work units round-robin. Rows past nrows are
-// clamped to the last row for loading (valid memory, no divergence) and never written.
+// The GEMV. A block of HF_WARPS warps owns HF_ROWS * HF_WARPS / HF_KSPLIT rows: each group of HF_KSPLIT
+// warps shares HF_ROWS rows and splits their tiles round-robin (more independent loads per row when
+// m is small), then the group's partial sums meet in shared memory. Per tile of CB blocks, every
+// lane holds its share of the rows' bytes in registers as LoadT loads; the next tile's loads are
+// issued before the current tile is computed (software pipelining), so each warp keeps two tiles of
+// bytes in flight. Rows past nrows are clamped to the last row for loading (valid memory, no
+// divergence) and never written. The summation order depends only on the compiled shape, never on
+// the row range, so any row range is bit-identical to the same rows of a whole launch.
 // ---------------------------------------------------------------------------------------------
+#ifndef HF_KSPLIT
+#define HF_KSPLIT 1
+#endif
+#ifndef HF_MINB
+#define HF_MINB 1 // minimum resident blocks per SM requested from the register allocator
+#endif
+static_assert(HF_WARPS % HF_KSPLIT == 0, "HF_KSPLIT must divide HF_WARPS");
+
 template <class T, typename LoadT, bool RESIDUAL>
 __device__ __forceinline__ void hf_gemv(const hf_u8* __restrict__ W, hf_u64 row_bytes, XArgs xa,
                                         float* __restrict__ y, int nrows, int nblocks) {
@@ -331,11 +372,13 @@ __device__ __forceinline__ void hf_gemv(const hf_u8* __restrict__ W, hf_u64 row_
     static_assert(TILE % 16 == 0, "tile must keep 16-byte alignment");
     constexpr int MAXU = TILE / (int)sizeof(LoadT);
     constexpr int PER_LANE = (MAXU + HF_WARP - 1) / HF_WARP;
+    constexpr int GROUPS = HF_WARPS / HF_KSPLIT;
     __shared__ __align__(16) hf_u8 smem[HF_WARPS][HF_ROWS][TILE];
+    __shared__ float partial[HF_WARPS][HF_ROWS];
 
     const int warp = threadIdx.x / HF_WARP, lane = threadIdx.x % HF_WARP;
-    const int row0 = (blockIdx.x * HF_WARPS + warp) * HF_ROWS;
-    if (row0 >= nrows) return; // no block-wide barrier below, so a warp may leave early
+    const int group = warp / HF_KSPLIT, kpart = warp % HF_KSPLIT;
+    const int row0 = (blockIdx.x * GROUPS + group) * HF_ROWS;
     const hf_u8* rowp[HF_ROWS];
 #pragma unroll
     for (int r = 0; r < HF_ROWS; ++r) rowp[r] = W + (hf_u64)min(row0 + r, nrows - 1) * row_bytes;
@@ -344,10 +387,10 @@ __device__ __forceinline__ void hf_gemv(const hf_u8* __restrict__ W, hf_u64 row_
 #pragma unroll
     for (int r = 0; r < HF_ROWS; ++r) acc[r] = 0.0f;
 
-    for (int b0 = 0; b0 < nblocks; b0 += T::CB) {
-        const int nb = min(T::CB, nblocks - b0);
-        const int nunits = nb * T::BYTES / (int)sizeof(LoadT); // exact: see the host's alignment check
-        LoadT buf[HF_ROWS][PER_LANE];
+    LoadT buf[HF_ROWS][PER_LANE];
+    // Issues the loads of the tile starting at block b0 into buf (nunits LoadT words per row).
+    auto issue = [&](int b0) {
+        const int nunits = min(T::CB, nblocks - b0) * T::BYTES / (int)sizeof(LoadT); // exact: host alignment check
 #pragma unroll
         for (int r = 0; r < HF_ROWS; ++r) {
             const LoadT* src = (const LoadT*)(rowp[r] + (hf_u64)b0 * T::BYTES);
@@ -355,6 +398,32 @@ __device__ __forceinline__ void hf_gemv(const hf_u8* __restrict__ W, hf_u64 row_
             for (int i = 0; i < PER_LANE; ++i) {
                 const int u = lane + HF_WARP * i;
                 if (u < nunits) buf[r][i] = src[u];
+            }
+        }
+    };
+    const int step = T::CB * HF_KSPLIT;
+    int b0 = kpart * T::CB;
+    if (b0 < nblocks) issue(b0);
+    // Work units of one tile per lane (compile-time, so the activation array stays in registers).
+    constexpr int UPL = (T::CB * T::UNITS + HF_WARP - 1) / HF_WARP;
+    for (; b0 < nblocks; b0 += step) {
+        const int nb = min(T::CB, nblocks - b0);
+        const int nunits = nb * T::BYTES / (int)sizeof(LoadT);
+        const int work = nb * T::UNITS;
+        // The activation for this tile's units is requested first, so its latency overlaps the
+        // wait for the weight loads below (measured: exposed x latency cost up to 25 % of HBM rate).
+        typename T::X xs[UPL];
+#pragma unroll
+        for (int i = 0; i < UPL; ++i) {
+            const int u = lane + HF_WARP * i;
+            if (u < work) {
+#if defined(HF_DIAG_NOX) || defined(HF_DIAG_NODOT)
+                // Diagnostic builds only (benchmarks): the activation from registers, not memory.
+#pragma unroll
+                for (int w = 0; w < (int)(sizeof(xs[i]) / 4); ++w) ((int*)&xs[i])[w] = 0x01010101 * (lane + w);
+#else
+                T::load_x(xs[i], xa, b0 + u / T::UNITS, u % T::UNITS);
+#endif
             }
         }
 #pragma unroll
@@ -367,27 +436,54 @@ __device__ __forceinline__ void hf_gemv(const hf_u8* __restrict__ W, hf_u64 row_
             }
         }
         hf_syncwarp();
-        const int work = nb * T::UNITS;
-        for (int u = lane; u < work; u += HF_WARP) {
-            const int bi = u / T::UNITS, sub = u % T::UNITS;
-            typename T::X x;
-            T::load_x(x, xa, b0 + bi, sub);
+        if (b0 + step < nblocks) issue(b0 + step); // in flight while this tile is computed
 #pragma unroll
-            for (int r = 0; r < HF_ROWS; ++r) acc[r] += T::dot(smem[warp][r] + bi * T::BYTES, sub, x);
+        for (int i = 0; i < UPL; ++i) {
+            const int u = lane + HF_WARP * i;
+            if (u < work) {
+                const int bi = u / T::UNITS, sub = u % T::UNITS;
+#pragma unroll
+                for (int r = 0; r < HF_ROWS; ++r) {
+#if defined(HF_DIAG_NODOT)
+                    // Diagnostic build only: the memory path without the arithmetic.
+                    acc[r] += (float)smem[warp][r][bi * T::BYTES + sub] + (float)((const int*)&xs[i])[0];
+#else
+                    acc[r] += T::dot(smem[warp][r] + bi * T::BYTES, sub, xs[i]);
+#endif
+                }
+            }
         }
         hf_syncwarp();
     }
 #pragma unroll
-    for (int r = 0; r < HF_ROWS; ++r) {
-        const float s = hf_warp_sum(acc[r]);
-        const int row = row0 + r;
-        if (lane == 0 && row < nrows) y[row] = RESIDUAL ? y[row] + s : s;
+    for (int r = 0; r < HF_ROWS; ++r) acc[r] = hf_warp_sum(acc[r]);
+    if (HF_KSPLIT > 1) {
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < HF_ROWS; ++r) partial[warp][r] = acc[r];
+        }
+        __syncthreads();
+        if (kpart != 0) return;
+#pragma unroll
+        for (int r = 0; r < HF_ROWS; ++r) {
+            float s = 0.0f;
+#pragma unroll
+            for (int p = 0; p < HF_KSPLIT; ++p) s += partial[warp + p][r];
+            acc[r] = s;
+        }
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < HF_ROWS; ++r) {
+            const int row = row0 + r;
+            if (row < nrows) y[row] = RESIDUAL ? y[row] + acc[r] : acc[r];
+        }
     }
 }
 
 // Exported entry points: gemv_<format>_<plain|residual>_v<load bytes>. nblocks = k / T::ELEMS.
 #define HF_GEMV_ENTRY(NAME, T, LT, LW, FORM, RES)                                                     \
-    extern "C" __global__ void __launch_bounds__(HF_WARPS * HF_WARP)                                   \
+    extern "C" __global__ void __launch_bounds__(HF_WARPS * HF_WARP, HF_MINB)                          \
         gemv_##NAME##_##FORM##_v##LW(const hf_u8* __restrict__ W, hf_u64 row_bytes,                    \
                                      const signed char* qs, const float2* ds, const float* xf,         \
                                      float* __restrict__ y, int nrows, int nblocks) {                  \

@@ -3,7 +3,7 @@
 //! and their ratios. Event-timed, warmed up, median of repetitions; every timed pass rotates over
 //! enough weight copies that the bytes exceed the L2 cache.
 //!
-//! `gpu_bench [--json PATH] [--reps N] [--config WxR]... [--formats f1,f2] [--pool-mib N]`
+//! `gpu_bench [--json PATH] [--reps N] [--config WxRxKxB]... [--host-configs N] [--formats f1,f2] [--pool-mib N]`
 
 use hipfire_gpu::{
     Activation, Context, DeviceBuffer, DeviceMemory, GemvConfig, GemvForm, GemvKernels,
@@ -28,9 +28,12 @@ const DEFAULT_REPS: usize = 15;
 struct Args {
     json: Option<String>,
     reps: usize,
-    configs: Vec<GemvConfig>,
+    /// Kernel shapes, each with extra `-D` defines (`--config 4x2x1x1+HF_DIAG_NOX`).
+    configs: Vec<(GemvConfig, Vec<String>)>,
     formats: Vec<Format>,
     pool_mib: usize,
+    /// Host-mapped runs only for the first this-many configs (they sit at the link rate anyway).
+    host_configs: usize,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -40,6 +43,7 @@ fn parse_args() -> Result<Args, String> {
         configs: vec![],
         formats: Format::ALL.to_vec(),
         pool_mib: DEFAULT_POOL_MIB,
+        host_configs: usize::MAX,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -49,12 +53,29 @@ fn parse_args() -> Result<Args, String> {
             "--reps" => a.reps = val()?.parse().map_err(|e| format!("--reps: {e}"))?,
             "--pool-mib" => a.pool_mib = val()?.parse().map_err(|e| format!("--pool-mib: {e}"))?,
             "--config" => {
-                let v = val()?;
-                let (w, r) = v.split_once('x').ok_or("--config WxR, e.g. 4x2")?;
-                a.configs.push(GemvConfig {
-                    warps: w.parse().map_err(|e| format!("--config: {e}"))?,
-                    rows_per_warp: r.parse().map_err(|e| format!("--config: {e}"))?,
-                });
+                let full = val()?;
+                let mut parts = full.split('+');
+                let v = parts.next().unwrap_or_default().to_string();
+                let defines: Vec<String> = parts.map(|d| format!("-D{d}")).collect();
+                let n: Vec<u32> = v
+                    .split('x')
+                    .map(|p| p.parse().map_err(|e| format!("--config {v}: {e}")))
+                    .collect::<Result<_, _>>()?;
+                let [warps, rows_per_warp, ksplit, min_blocks] = n[..] else {
+                    return Err("--config WARPSxROWSxKSPLITxMINBLOCKS, e.g. 4x2x1x1".into());
+                };
+                a.configs.push((
+                    GemvConfig {
+                        warps,
+                        rows_per_warp,
+                        ksplit,
+                        min_blocks,
+                    },
+                    defines,
+                ));
+            }
+            "--host-configs" => {
+                a.host_configs = val()?.parse().map_err(|e| format!("--host-configs: {e}"))?
             }
             "--formats" => {
                 a.formats = val()?
@@ -63,14 +84,14 @@ fn parse_args() -> Result<Args, String> {
                     .collect::<Result<_, _>>()?
             }
             "-h" | "--help" => {
-                println!("gpu_bench [--json PATH] [--reps N] [--config WxR]... [--formats f1,f2] [--pool-mib N]");
+                println!("gpu_bench [--json PATH] [--reps N] [--config WxRxKxB]... [--host-configs N] [--formats f1,f2] [--pool-mib N]");
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument {other}")),
         }
     }
     if a.configs.is_empty() {
-        a.configs.push(GemvConfig::default());
+        a.configs.push((GemvConfig::default(), vec![]));
     }
     Ok(a)
 }
@@ -115,7 +136,7 @@ struct Row {
     format: Format,
     m: usize,
     k: usize,
-    config: GemvConfig,
+    config: String,
     bytes: usize,
     copies: usize,
     dev_read: f64,
@@ -147,15 +168,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     dev.upload(&stream, host.as_slice())?;
 
     let mut rows = Vec::new();
-    for &config in &args.configs {
+    for (ci, (config, defines)) in args.configs.iter().enumerate() {
         let t0 = std::time::Instant::now();
-        let kernels = GemvKernels::with_config(&registry, config)?;
-        eprintln!(
-            "config {}x{}: module ready in {:?}",
-            config.warps,
-            config.rows_per_warp,
-            t0.elapsed()
-        );
+        let kernels = GemvKernels::with_options(&registry, *config, defines)?;
+        let label = std::iter::once(config.label())
+            .chain(
+                defines
+                    .iter()
+                    .map(|d| d.trim_start_matches("-D").to_string()),
+            )
+            .collect::<Vec<_>>()
+            .join("+");
+        eprintln!("config {label}: module ready in {:?}", t0.elapsed());
+        let with_host = ci < args.host_configs;
         for &(m, k) in &SHAPES {
             let mut xd: DeviceBuffer<f32> = ctx.alloc(k)?;
             let x: Vec<f32> = (0..k)
@@ -200,13 +225,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         Ok((read_ms / copies as f64, gemv_ms / copies as f64))
                     };
                 let (dr, dg) = measure(&dev)?;
-                let (hr, hg) = measure(&host as &HostMappedBuffer)?;
+                let (hr, hg) = if with_host {
+                    measure(&host as &HostMappedBuffer)?
+                } else {
+                    (f64::NAN, f64::NAN)
+                };
                 let gbps = |ms: f64| bytes as f64 / (ms * 1e-3) / 1e9;
                 let row = Row {
                     format,
                     m,
                     k,
-                    config,
+                    config: label.clone(),
                     bytes,
                     copies,
                     dev_read: gbps(dr),
@@ -242,9 +271,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         println!(
-            "| {}x{} | {} | {} | {} | {:.1} | {:.0} | {:.0} | {:.3} | {:.1} | {:.1} | {:.1} | {:.3} | {:.0} |",
-            r.config.warps,
-            r.config.rows_per_warp,
+            "| {} | {} | {} | {} | {:.1} | {:.0} | {:.0} | {:.3} | {:.1} | {:.1} | {:.1} | {:.3} | {:.0} |",
+            r.config,
             r.format.name(),
             r.m,
             r.k,
@@ -264,7 +292,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .iter()
             .map(|r| {
                 serde_json::json!({
-                    "config": format!("{}x{}", r.config.warps, r.config.rows_per_warp),
+                    "config": r.config,
                     "format": r.format.name(), "m": r.m, "k": r.k, "bytes": r.bytes, "copies": r.copies,
                     "device_read_gbps": r.dev_read, "device_gemv_gbps": r.dev_gemv, "device_ratio": r.dev_gemv / r.dev_read,
                     "device_gemv_us": r.gemv_us_dev,

@@ -96,21 +96,45 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// # Safety
     /// `src..src+bytes` stays valid and unchanged and `dst..dst+bytes` is device-accessible memory
     /// until the copy completes on `s`.
-    unsafe fn memcpy_htod_async(&self, dst: u64, src: *const u8, bytes: usize, s: RawStream) -> Result<(), GpuError>;
+    unsafe fn memcpy_htod_async(
+        &self,
+        dst: u64,
+        src: *const u8,
+        bytes: usize,
+        s: RawStream,
+    ) -> Result<(), GpuError>;
     /// Queues a device → host copy.
     ///
     /// # Safety
     /// `dst..dst+bytes` stays valid and is not otherwise accessed, and `src..src+bytes` stays
     /// allocated, until the copy completes on `s`.
-    unsafe fn memcpy_dtoh_async(&self, dst: *mut u8, src: u64, bytes: usize, s: RawStream) -> Result<(), GpuError>;
+    unsafe fn memcpy_dtoh_async(
+        &self,
+        dst: *mut u8,
+        src: u64,
+        bytes: usize,
+        s: RawStream,
+    ) -> Result<(), GpuError>;
     /// Queues a fill of `count` 32-bit words at `dst` with `value`.
     ///
     /// # Safety
     /// `dst..dst+4*count` is device-accessible memory that stays allocated until the fill completes.
-    unsafe fn memset_d32_async(&self, dst: u64, value: u32, count: usize, s: RawStream) -> Result<(), GpuError>;
+    unsafe fn memset_d32_async(
+        &self,
+        dst: u64,
+        value: u32,
+        count: usize,
+        s: RawStream,
+    ) -> Result<(), GpuError>;
 
     /// Compiles one source (with its headers as `(name, text)`) to a loadable image for this device.
-    fn compile(&self, name: &str, source: &str, headers: &[(&str, &str)], options: &[String]) -> Result<Vec<u8>, GpuError>;
+    fn compile(
+        &self,
+        name: &str,
+        source: &str,
+        headers: &[(&str, &str)],
+        options: &[String],
+    ) -> Result<Vec<u8>, GpuError>;
     /// Loads an image from [`Backend::compile`].
     fn module_load(&self, image: &[u8]) -> Result<RawModule, GpuError>;
     /// Unloads a module.
@@ -127,5 +151,11 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// `params` holds one pointer per kernel parameter, each pointing at a value of exactly the
     /// kernel's parameter type; every device address among them is valid for everything the kernel
     /// reads or writes with these dims, and stays so until the launch completes on `s`.
-    unsafe fn launch(&self, f: RawFunction, dims: LaunchDims, s: RawStream, params: &mut [*mut c_void]) -> Result<(), GpuError>;
+    unsafe fn launch(
+        &self,
+        f: RawFunction,
+        dims: LaunchDims,
+        s: RawStream,
+        params: &mut [*mut c_void],
+    ) -> Result<(), GpuError>;
 }

@@ -59,22 +59,35 @@ impl Context {
 
     /// A new non-blocking stream.
     pub fn new_stream(self: &Arc<Self>) -> Result<Stream, GpuError> {
-        Ok(Stream { raw: self.backend.stream_create()?, ctx: self.clone() })
+        Ok(Stream {
+            raw: self.backend.stream_create()?,
+            ctx: self.clone(),
+        })
     }
 
     /// A new timing event.
     pub fn new_event(self: &Arc<Self>) -> Result<Event, GpuError> {
-        Ok(Event { raw: self.backend.event_create()?, ctx: self.clone() })
+        Ok(Event {
+            raw: self.backend.event_create()?,
+            ctx: self.clone(),
+        })
     }
 
     /// Allocates `len` elements of device memory (contents unspecified until written).
     pub fn alloc<T: DeviceElem>(self: &Arc<Self>, len: usize) -> Result<DeviceBuffer<T>, GpuError> {
-        let bytes = len.checked_mul(std::mem::size_of::<T>()).ok_or(GpuError::BufferTooSmall {
-            what: "allocation size overflows",
-            need: usize::MAX,
-            got: len,
-        })?;
-        Ok(DeviceBuffer { ptr: self.backend.mem_alloc(bytes)?, len, ctx: self.clone(), _t: PhantomData })
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .ok_or(GpuError::BufferTooSmall {
+                what: "allocation size overflows",
+                need: usize::MAX,
+                got: len,
+            })?;
+        Ok(DeviceBuffer {
+            ptr: self.backend.mem_alloc(bytes)?,
+            len,
+            ctx: self.clone(),
+            _t: PhantomData,
+        })
     }
 
     /// Allocates `bytes` of pinned host memory mapped into the device (DEVICEMAP | PORTABLE, not
@@ -84,7 +97,12 @@ impl Context {
         let (host, dev) = self.backend.host_alloc_mapped(bytes)?;
         // SAFETY: `host` points at `bytes` (at least 1) freshly allocated bytes that nothing else uses.
         unsafe { std::ptr::write_bytes(host, 0, bytes) };
-        Ok(HostMappedBuffer { host, dev, len: bytes, ctx: self.clone() })
+        Ok(HostMappedBuffer {
+            host,
+            dev,
+            len: bytes,
+            ctx: self.clone(),
+        })
     }
 
     /// Pinned host memory for staging async copies. Same allocation as
@@ -95,14 +113,21 @@ impl Context {
 
     /// Loads a compiled module image.
     pub fn load_module(self: &Arc<Self>, image: &[u8]) -> Result<Arc<Module>, GpuError> {
-        Ok(Arc::new(Module { raw: self.backend.module_load(image)?, ctx: self.clone() }))
+        Ok(Arc::new(Module {
+            raw: self.backend.module_load(image)?,
+            ctx: self.clone(),
+        }))
     }
 
     fn same(&self, other: &Arc<Context>) -> bool {
         std::ptr::eq(self, Arc::as_ptr(other))
     }
 
-    pub(crate) fn check_same(&self, other: &Arc<Context>, what: &'static str) -> Result<(), GpuError> {
+    pub(crate) fn check_same(
+        &self,
+        other: &Arc<Context>,
+        what: &'static str,
+    ) -> Result<(), GpuError> {
         if self.same(other) {
             Ok(())
         } else {
@@ -198,7 +223,14 @@ impl Stream {
         check_span("copy source", src_off, bytes, src.len)?;
         // SAFETY: both spans were checked in bounds; both allocations are owned by live objects whose
         // Drop frees synchronously (module docs), so they stay allocated until the copy completes.
-        unsafe { self.ctx.backend.memcpy_htod_async(dst.device_ptr() + dst_off as u64, src.host.add(src_off), bytes, self.raw) }
+        unsafe {
+            self.ctx.backend.memcpy_htod_async(
+                dst.device_ptr() + dst_off as u64,
+                src.host.add(src_off),
+                bytes,
+                self.raw,
+            )
+        }
     }
 
     /// Queues a copy of `bytes` from `src[src_off..]` to pinned `dst[dst_off..]`. Read `dst` only
@@ -216,14 +248,29 @@ impl Stream {
         check_span("copy source", src_off, bytes, src.byte_len())?;
         check_span("copy destination", dst_off, bytes, dst.len)?;
         // SAFETY: spans checked; allocations live until the copy completes (see above).
-        unsafe { self.ctx.backend.memcpy_dtoh_async(dst.host.add(dst_off), src.device_ptr() + src_off as u64, bytes, self.raw) }
+        unsafe {
+            self.ctx.backend.memcpy_dtoh_async(
+                dst.host.add(dst_off),
+                src.device_ptr() + src_off as u64,
+                bytes,
+                self.raw,
+            )
+        }
     }
 
     /// Queues a fill of `dst` (whole buffer) with the 32-bit pattern `value` (tests poison with NaN).
-    pub fn fill_u32_async<D: DeviceMemory + ?Sized>(&self, dst: &mut D, value: u32) -> Result<(), GpuError> {
+    pub fn fill_u32_async<D: DeviceMemory + ?Sized>(
+        &self,
+        dst: &mut D,
+        value: u32,
+    ) -> Result<(), GpuError> {
         self.ctx.check_same(dst.context(), "destination")?;
         // SAFETY: fills whole 32-bit words inside the allocation, which stays live (module docs).
-        unsafe { self.ctx.backend.memset_d32_async(dst.device_ptr(), value, dst.byte_len() / 4, self.raw) }
+        unsafe {
+            self.ctx
+                .backend
+                .memset_d32_async(dst.device_ptr(), value, dst.byte_len() / 4, self.raw)
+        }
     }
 }
 
@@ -238,7 +285,11 @@ impl Drop for Stream {
 fn check_span(what: &'static str, off: usize, bytes: usize, len: usize) -> Result<(), GpuError> {
     match off.checked_add(bytes) {
         Some(end) if end <= len => Ok(()),
-        _ => Err(GpuError::BufferTooSmall { what, need: off.saturating_add(bytes), got: len }),
+        _ => Err(GpuError::BufferTooSmall {
+            what,
+            need: off.saturating_add(bytes),
+            got: len,
+        }),
     }
 }
 
@@ -298,7 +349,11 @@ impl<T: DeviceElem> DeviceBuffer<T> {
         let bytes = std::mem::size_of_val(src);
         check_span("upload destination", 0, bytes, self.byte_len())?;
         // SAFETY: in bounds; `src` is borrowed until the synchronize below returns.
-        unsafe { self.ctx.backend.memcpy_htod_async(self.ptr, src.as_ptr().cast(), bytes, stream.raw)? };
+        unsafe {
+            self.ctx
+                .backend
+                .memcpy_htod_async(self.ptr, src.as_ptr().cast(), bytes, stream.raw)?
+        };
         stream.synchronize()
     }
     /// Copies the start of the buffer into `dst` through `stream` and waits for it.
@@ -308,7 +363,14 @@ impl<T: DeviceElem> DeviceBuffer<T> {
         check_span("download source", 0, bytes, self.byte_len())?;
         // SAFETY: in bounds; `dst` is borrowed mutably until the synchronize below returns, and `T`
         // accepts any bit pattern (DeviceElem).
-        unsafe { self.ctx.backend.memcpy_dtoh_async(dst.as_mut_ptr().cast(), self.ptr, bytes, stream.raw)? };
+        unsafe {
+            self.ctx.backend.memcpy_dtoh_async(
+                dst.as_mut_ptr().cast(),
+                self.ptr,
+                bytes,
+                stream.raw,
+            )?
+        };
         stream.synchronize()
     }
 }
@@ -409,7 +471,10 @@ pub struct Module {
 impl Module {
     /// Looks up a kernel by its `extern "C"` name.
     pub fn function(self: &Arc<Self>, name: &str) -> Result<Function, GpuError> {
-        Ok(Function { raw: self.ctx.backend.module_function(self.raw, name)?, module: self.clone() })
+        Ok(Function {
+            raw: self.ctx.backend.module_function(self.raw, name)?,
+            module: self.clone(),
+        })
     }
     /// The owning context.
     pub fn context(&self) -> &Arc<Context> {

@@ -4,7 +4,9 @@
 //! builds without a CUDA toolkit. Its loader panics when the library is absent, so
 //! [`CudaBackend::new`] probes `is_culib_present()` first and answers [`GpuError::NoGpu`].
 
-use crate::backend::{Backend, DeviceInfo, LaunchDims, RawEvent, RawFunction, RawModule, RawStream};
+use crate::backend::{
+    Backend, DeviceInfo, LaunchDims, RawEvent, RawFunction, RawModule, RawStream,
+};
 use crate::error::{mem_available_bytes, DriverCode, GpuError};
 use cudarc::driver::result::{self as cu, DriverError};
 use cudarc::driver::sys;
@@ -16,14 +18,23 @@ fn code(e: DriverError) -> DriverCode {
     DriverCode {
         backend: "cuda",
         code: e.0 as i64,
-        name: e.error_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
-        message: e.error_string().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
+        name: e
+            .error_name()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        message: e
+            .error_string()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default(),
     }
 }
 
 /// Attaches the failing call's name to a driver result.
 fn ck<T>(call: &'static str, r: Result<T, DriverError>) -> Result<T, GpuError> {
-    r.map_err(|e| GpuError::Driver { call, source: code(e) })
+    r.map_err(|e| GpuError::Driver {
+        call,
+        source: code(e),
+    })
 }
 
 /// Same for a bare `CUresult`.
@@ -54,12 +65,18 @@ impl CudaBackend {
     pub fn new(ordinal: usize) -> Result<Self, GpuError> {
         // SAFETY: only tries to dlopen the library names; no symbol is called.
         if !unsafe { sys::is_culib_present() } {
-            return Err(GpuError::NoGpu { reason: "libcuda (the NVIDIA driver library) is not installed".into() });
+            return Err(GpuError::NoGpu {
+                reason: "libcuda (the NVIDIA driver library) is not installed".into(),
+            });
         }
-        cu::init().map_err(|e| GpuError::NoGpu { reason: format!("cuInit failed: {}", code(e)) })?;
+        cu::init().map_err(|e| GpuError::NoGpu {
+            reason: format!("cuInit failed: {}", code(e)),
+        })?;
         let count = ck("cuDeviceGetCount", cu::device::get_count())?;
         if count <= 0 || ordinal >= count as usize {
-            return Err(GpuError::NoGpu { reason: format!("device {ordinal} requested, {count} CUDA device(s) present") });
+            return Err(GpuError::NoGpu {
+                reason: format!("device {ordinal} requested, {count} CUDA device(s) present"),
+            });
         }
         let device = ck("cuDeviceGet", cu::device::get(ordinal as i32))?;
         // SAFETY: `device` came from cuDeviceGet.
@@ -68,7 +85,9 @@ impl CudaBackend {
         unsafe { ck("cuCtxSetCurrent", cu::ctx::set_current(ctx))? };
         let attr = |a| {
             // SAFETY: `device` came from cuDeviceGet.
-            ck("cuDeviceGetAttribute", unsafe { cu::device::get_attribute(device, a) })
+            ck("cuDeviceGetAttribute", unsafe {
+                cu::device::get_attribute(device, a)
+            })
         };
         use sys::CUdevice_attribute as A;
         let major = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
@@ -77,7 +96,12 @@ impl CudaBackend {
         let name = ck("cuDeviceGetName", cu::device::get_name(device))?;
         // SAFETY: `device` came from cuDeviceGet.
         let total_mem = ck("cuDeviceTotalMem", unsafe { cu::device::total_mem(device) })? as u64;
-        let info = DeviceInfo { name, arch: format!("sm_{major}{minor}"), multiprocessors: sms.max(1) as u32, total_mem };
+        let info = DeviceInfo {
+            name,
+            arch: format!("sm_{major}{minor}"),
+            multiprocessors: sms.max(1) as u32,
+            total_mem,
+        };
         Ok(CudaBackend { device, ctx, info })
     }
 
@@ -104,8 +128,18 @@ impl Drop for CudaBackend {
 
 fn nvrtc_err(call: &'static str, r: nvrtc::nvrtcResult) -> GpuError {
     // SAFETY: nvrtcGetErrorString returns a static C string for any code.
-    let msg = unsafe { CStr::from_ptr(nvrtc::nvrtcGetErrorString(r)) }.to_string_lossy().into_owned();
-    GpuError::Driver { call, source: DriverCode { backend: "nvrtc", code: r as i64, name: format!("{r:?}"), message: msg } }
+    let msg = unsafe { CStr::from_ptr(nvrtc::nvrtcGetErrorString(r)) }
+        .to_string_lossy()
+        .into_owned();
+    GpuError::Driver {
+        call,
+        source: DriverCode {
+            backend: "nvrtc",
+            code: r as i64,
+            name: format!("{r:?}"),
+            message: msg,
+        },
+    }
 }
 
 fn nck(call: &'static str, r: nvrtc::nvrtcResult) -> Result<(), GpuError> {
@@ -118,18 +152,36 @@ fn nck(call: &'static str, r: nvrtc::nvrtcResult) -> Result<(), GpuError> {
 
 /// Compiles with NVRTC to a CUBIN for `arch` (e.g. `sm_90`). Needs only libnvrtc, no device, so
 /// kernels can be checked on a machine without a GPU.
-pub fn nvrtc_compile(name: &str, source: &str, headers: &[(&str, &str)], arch: &str, options: &[String]) -> Result<Vec<u8>, GpuError> {
+pub fn nvrtc_compile(
+    name: &str,
+    source: &str,
+    headers: &[(&str, &str)],
+    arch: &str,
+    options: &[String],
+) -> Result<Vec<u8>, GpuError> {
     // SAFETY: only tries to dlopen the library names.
     if !unsafe { nvrtc::is_culib_present() } {
-        return Err(GpuError::NoGpu { reason: "libnvrtc (the CUDA run-time compiler) is not installed".into() });
+        return Err(GpuError::NoGpu {
+            reason: "libnvrtc (the CUDA run-time compiler) is not installed".into(),
+        });
     }
     let cstr = |s: &str, what: &str| {
-        CString::new(s).map_err(|_| GpuError::Compile { module: name.into(), arch: arch.into(), log: format!("{what} contains a NUL byte") })
+        CString::new(s).map_err(|_| GpuError::Compile {
+            module: name.into(),
+            arch: arch.into(),
+            log: format!("{what} contains a NUL byte"),
+        })
     };
     let src = cstr(source, "source")?;
     let cname = cstr(name, "name")?;
-    let hsrc: Vec<CString> = headers.iter().map(|(_, t)| cstr(t, "header")).collect::<Result<_, _>>()?;
-    let hname: Vec<CString> = headers.iter().map(|(n, _)| cstr(n, "header name")).collect::<Result<_, _>>()?;
+    let hsrc: Vec<CString> = headers
+        .iter()
+        .map(|(_, t)| cstr(t, "header"))
+        .collect::<Result<_, _>>()?;
+    let hname: Vec<CString> = headers
+        .iter()
+        .map(|(n, _)| cstr(n, "header name"))
+        .collect::<Result<_, _>>()?;
     let hsrc_p: Vec<*const std::ffi::c_char> = hsrc.iter().map(|c| c.as_ptr()).collect();
     let hname_p: Vec<*const std::ffi::c_char> = hname.iter().map(|c| c.as_ptr()).collect();
     let mut opts: Vec<CString> = vec![cstr(&format!("--gpu-architecture={arch}"), "option")?];
@@ -142,14 +194,24 @@ pub fn nvrtc_compile(name: &str, source: &str, headers: &[(&str, &str)], arch: &
     unsafe {
         nck(
             "nvrtcCreateProgram",
-            nvrtc::nvrtcCreateProgram(&mut prog, src.as_ptr(), cname.as_ptr(), hsrc_p.len() as i32, hsrc_p.as_ptr(), hname_p.as_ptr()),
+            nvrtc::nvrtcCreateProgram(
+                &mut prog,
+                src.as_ptr(),
+                cname.as_ptr(),
+                hsrc_p.len() as i32,
+                hsrc_p.as_ptr(),
+                hname_p.as_ptr(),
+            ),
         )?;
     }
     // SAFETY: `prog` was created above and is destroyed once at the end of this block.
     let out = unsafe {
         let rc = nvrtc::nvrtcCompileProgram(prog, opts_p.len() as i32, opts_p.as_ptr());
         let mut log_len = 0usize;
-        let log = if nvrtc::nvrtcGetProgramLogSize(prog, &mut log_len) == nvrtc::nvrtcResult::NVRTC_SUCCESS && log_len > 1 {
+        let log = if nvrtc::nvrtcGetProgramLogSize(prog, &mut log_len)
+            == nvrtc::nvrtcResult::NVRTC_SUCCESS
+            && log_len > 1
+        {
             let mut buf = vec![0u8; log_len];
             let _ = nvrtc::nvrtcGetProgramLog(prog, buf.as_mut_ptr().cast());
             String::from_utf8_lossy(&buf[..log_len - 1]).into_owned()
@@ -157,14 +219,22 @@ pub fn nvrtc_compile(name: &str, source: &str, headers: &[(&str, &str)], arch: &
             String::new()
         };
         if rc != nvrtc::nvrtcResult::NVRTC_SUCCESS {
-            Err(GpuError::Compile { module: name.into(), arch: arch.into(), log: format!("{rc:?}\n{log}") })
+            Err(GpuError::Compile {
+                module: name.into(),
+                arch: arch.into(),
+                log: format!("{rc:?}\n{log}"),
+            })
         } else {
             let mut n = 0usize;
             match nck("nvrtcGetCUBINSize", nvrtc::nvrtcGetCUBINSize(prog, &mut n)) {
                 Err(e) => Err(e),
                 Ok(()) => {
                     let mut bin = vec![0u8; n];
-                    nck("nvrtcGetCUBIN", nvrtc::nvrtcGetCUBIN(prog, bin.as_mut_ptr().cast())).map(|()| bin)
+                    nck(
+                        "nvrtcGetCUBIN",
+                        nvrtc::nvrtcGetCUBIN(prog, bin.as_mut_ptr().cast()),
+                    )
+                    .map(|()| bin)
                 }
             }
         }
@@ -184,51 +254,73 @@ impl Backend for CudaBackend {
 
     fn stream_create(&self) -> Result<RawStream, GpuError> {
         self.bind()?;
-        let s = ck("cuStreamCreate", cu::stream::create(cu::stream::StreamKind::NonBlocking))?;
+        let s = ck(
+            "cuStreamCreate",
+            cu::stream::create(cu::stream::StreamKind::NonBlocking),
+        )?;
         Ok(RawStream(s as u64))
     }
     fn stream_destroy(&self, s: RawStream) -> Result<(), GpuError> {
         self.bind()?;
         // SAFETY: `s` is a stream of this context owned by the caller's `Stream`, destroyed once.
-        ck("cuStreamDestroy", unsafe { cu::stream::destroy(s.0 as sys::CUstream) })
+        ck("cuStreamDestroy", unsafe {
+            cu::stream::destroy(s.0 as sys::CUstream)
+        })
     }
     fn stream_synchronize(&self, s: RawStream) -> Result<(), GpuError> {
         self.bind()?;
         // SAFETY: `s` is a live stream of this context.
-        ck("cuStreamSynchronize", unsafe { cu::stream::synchronize(s.0 as sys::CUstream) })
+        ck("cuStreamSynchronize", unsafe {
+            cu::stream::synchronize(s.0 as sys::CUstream)
+        })
     }
     fn stream_wait_event(&self, s: RawStream, e: RawEvent) -> Result<(), GpuError> {
         self.bind()?;
         // SAFETY: both handles are live objects of this context.
         ck("cuStreamWaitEvent", unsafe {
-            cu::stream::wait_event(s.0 as sys::CUstream, e.0 as sys::CUevent, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT)
+            cu::stream::wait_event(
+                s.0 as sys::CUstream,
+                e.0 as sys::CUevent,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
         })
     }
 
     fn event_create(&self) -> Result<RawEvent, GpuError> {
         self.bind()?;
-        let e = ck("cuEventCreate", cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+        let e = ck(
+            "cuEventCreate",
+            cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT),
+        )?;
         Ok(RawEvent(e as u64))
     }
     fn event_destroy(&self, e: RawEvent) -> Result<(), GpuError> {
         self.bind()?;
         // SAFETY: `e` is owned by the caller's `Event` and destroyed once.
-        ck("cuEventDestroy", unsafe { cu::event::destroy(e.0 as sys::CUevent) })
+        ck("cuEventDestroy", unsafe {
+            cu::event::destroy(e.0 as sys::CUevent)
+        })
     }
     fn event_record(&self, e: RawEvent, s: RawStream) -> Result<(), GpuError> {
         self.bind()?;
         // SAFETY: live handles of this context.
-        ck("cuEventRecord", unsafe { cu::event::record(e.0 as sys::CUevent, s.0 as sys::CUstream) })
+        ck("cuEventRecord", unsafe {
+            cu::event::record(e.0 as sys::CUevent, s.0 as sys::CUstream)
+        })
     }
     fn event_synchronize(&self, e: RawEvent) -> Result<(), GpuError> {
         self.bind()?;
         // SAFETY: live handle of this context.
-        ck("cuEventSynchronize", unsafe { cu::event::synchronize(e.0 as sys::CUevent) })
+        ck("cuEventSynchronize", unsafe {
+            cu::event::synchronize(e.0 as sys::CUevent)
+        })
     }
     fn event_elapsed_ms(&self, start: RawEvent, end: RawEvent) -> Result<f32, GpuError> {
         self.bind()?;
         // SAFETY: live handles of this context.
-        ck("cuEventElapsedTime", unsafe { cu::event::elapsed(start.0 as sys::CUevent, end.0 as sys::CUevent) })
+        ck("cuEventElapsedTime", unsafe {
+            cu::event::elapsed(start.0 as sys::CUevent, end.0 as sys::CUevent)
+        })
     }
 
     fn mem_alloc(&self, bytes: usize) -> Result<u64, GpuError> {
@@ -245,11 +337,12 @@ impl Backend for CudaBackend {
         self.bind()?;
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
         // SAFETY: plain allocation; the bytes are zeroed by the caller before any read.
-        let host = unsafe { cu::malloc_host(bytes.max(1), flags) }.map_err(|e| GpuError::HostAlloc {
-            requested: bytes,
-            mem_available: mem_available_bytes(),
-            source: code(e),
-        })?;
+        let host =
+            unsafe { cu::malloc_host(bytes.max(1), flags) }.map_err(|e| GpuError::HostAlloc {
+                requested: bytes,
+                mem_available: mem_available_bytes(),
+                source: code(e),
+            })?;
         let mut dptr: sys::CUdeviceptr = 0;
         // SAFETY: `host` is a live DEVICEMAP allocation; `dptr` is a valid out-pointer.
         let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, host, 0) };
@@ -266,53 +359,107 @@ impl Backend for CudaBackend {
         ck("cuMemFreeHost", unsafe { cu::free_host(ptr.cast()) })
     }
 
-    unsafe fn memcpy_htod_async(&self, dst: u64, src: *const u8, bytes: usize, s: RawStream) -> Result<(), GpuError> {
+    unsafe fn memcpy_htod_async(
+        &self,
+        dst: u64,
+        src: *const u8,
+        bytes: usize,
+        s: RawStream,
+    ) -> Result<(), GpuError> {
         self.bind()?;
         // SAFETY: the caller's duty (see the trait).
-        ckr("cuMemcpyHtoDAsync", unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), bytes, s.0 as sys::CUstream) })
+        ckr("cuMemcpyHtoDAsync", unsafe {
+            sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), bytes, s.0 as sys::CUstream)
+        })
     }
-    unsafe fn memcpy_dtoh_async(&self, dst: *mut u8, src: u64, bytes: usize, s: RawStream) -> Result<(), GpuError> {
+    unsafe fn memcpy_dtoh_async(
+        &self,
+        dst: *mut u8,
+        src: u64,
+        bytes: usize,
+        s: RawStream,
+    ) -> Result<(), GpuError> {
         self.bind()?;
         // SAFETY: the caller's duty (see the trait).
-        ckr("cuMemcpyDtoHAsync", unsafe { sys::cuMemcpyDtoHAsync_v2(dst.cast(), src, bytes, s.0 as sys::CUstream) })
+        ckr("cuMemcpyDtoHAsync", unsafe {
+            sys::cuMemcpyDtoHAsync_v2(dst.cast(), src, bytes, s.0 as sys::CUstream)
+        })
     }
-    unsafe fn memset_d32_async(&self, dst: u64, value: u32, count: usize, s: RawStream) -> Result<(), GpuError> {
+    unsafe fn memset_d32_async(
+        &self,
+        dst: u64,
+        value: u32,
+        count: usize,
+        s: RawStream,
+    ) -> Result<(), GpuError> {
         self.bind()?;
         // SAFETY: the caller's duty (see the trait).
-        ckr("cuMemsetD32Async", unsafe { sys::cuMemsetD32Async(dst, value, count, s.0 as sys::CUstream) })
+        ckr("cuMemsetD32Async", unsafe {
+            sys::cuMemsetD32Async(dst, value, count, s.0 as sys::CUstream)
+        })
     }
 
-    fn compile(&self, name: &str, source: &str, headers: &[(&str, &str)], options: &[String]) -> Result<Vec<u8>, GpuError> {
+    fn compile(
+        &self,
+        name: &str,
+        source: &str,
+        headers: &[(&str, &str)],
+        options: &[String],
+    ) -> Result<Vec<u8>, GpuError> {
         nvrtc_compile(name, source, headers, &self.info.arch, options)
     }
     fn module_load(&self, image: &[u8]) -> Result<RawModule, GpuError> {
         self.bind()?;
         // SAFETY: `image` is a CUBIN from NVRTC (or the cache, which stores exactly those bytes);
         // the driver validates the image and copies it.
-        let m = ck("cuModuleLoadData", unsafe { cu::module::load_data(image.as_ptr().cast()) })?;
+        let m = ck("cuModuleLoadData", unsafe {
+            cu::module::load_data(image.as_ptr().cast())
+        })?;
         Ok(RawModule(m as u64))
     }
     unsafe fn module_unload(&self, m: RawModule) -> Result<(), GpuError> {
         self.bind()?;
         // SAFETY: the caller's duty (see the trait).
-        ck("cuModuleUnload", unsafe { cu::module::unload(m.0 as sys::CUmodule) })
+        ck("cuModuleUnload", unsafe {
+            cu::module::unload(m.0 as sys::CUmodule)
+        })
     }
     fn module_function(&self, m: RawModule, name: &str) -> Result<RawFunction, GpuError> {
         self.bind()?;
         let cname = CString::new(name).map_err(|_| GpuError::Driver {
             call: "cuModuleGetFunction",
-            source: DriverCode { backend: "cuda", code: -1, name: "NUL in name".into(), message: name.into() },
+            source: DriverCode {
+                backend: "cuda",
+                code: -1,
+                name: "NUL in name".into(),
+                message: name.into(),
+            },
         })?;
         // SAFETY: `m` is a live module of this context.
-        let f = ck("cuModuleGetFunction", unsafe { cu::module::get_function(m.0 as sys::CUmodule, cname) })?;
+        let f = ck("cuModuleGetFunction", unsafe {
+            cu::module::get_function(m.0 as sys::CUmodule, cname)
+        })?;
         Ok(RawFunction(f as u64))
     }
 
-    unsafe fn launch(&self, f: RawFunction, dims: LaunchDims, s: RawStream, params: &mut [*mut c_void]) -> Result<(), GpuError> {
+    unsafe fn launch(
+        &self,
+        f: RawFunction,
+        dims: LaunchDims,
+        s: RawStream,
+        params: &mut [*mut c_void],
+    ) -> Result<(), GpuError> {
         self.bind()?;
         // SAFETY: the caller's duty (see the trait).
         ck("cuLaunchKernel", unsafe {
-            cu::launch_kernel(f.0 as sys::CUfunction, (dims.grid, 1, 1), (dims.block, 1, 1), dims.shared_bytes, s.0 as sys::CUstream, params)
+            cu::launch_kernel(
+                f.0 as sys::CUfunction,
+                (dims.grid, 1, 1),
+                (dims.block, 1, 1),
+                dims.shared_bytes,
+                s.0 as sys::CUstream,
+                params,
+            )
         })
     }
 }
@@ -332,8 +479,13 @@ mod tests {
             return;
         }
         for src in [GEMV_SOURCE, READ_SOURCE] {
-            let image = nvrtc_compile(src.name, src.source, src.headers, "sm_90", &[]).unwrap_or_else(|e| panic!("{e}"));
-            assert!(image.starts_with(b"\x7fELF"), "{}: CUBIN is an ELF image", src.name);
+            let image = nvrtc_compile(src.name, src.source, src.headers, "sm_90", &[])
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert!(
+                image.starts_with(b"\x7fELF"),
+                "{}: CUBIN is an ELF image",
+                src.name
+            );
             let names: Vec<String> = if src.name == "read.cu" {
                 vec!["read_sum".into()]
             } else {
@@ -349,10 +501,24 @@ mod tests {
             };
             for n in names {
                 let needle = format!("{n}\0");
-                assert!(image.windows(needle.len()).any(|w| w == needle.as_bytes()), "{}: kernel {n} missing", src.name);
+                assert!(
+                    image.windows(needle.len()).any(|w| w == needle.as_bytes()),
+                    "{}: kernel {n} missing",
+                    src.name
+                );
             }
         }
-        let e = nvrtc_compile("bad.cu", "extern \"C\" __global__ void f() { undefined_thing(); }", &[], "sm_90", &[]).unwrap_err();
-        assert!(matches!(&e, GpuError::Compile { log, .. } if log.contains("undefined_thing")), "{e}");
+        let e = nvrtc_compile(
+            "bad.cu",
+            "extern \"C\" __global__ void f() { undefined_thing(); }",
+            &[],
+            "sm_90",
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&e, GpuError::Compile { log, .. } if log.contains("undefined_thing")),
+            "{e}"
+        );
     }
 }

@@ -31,7 +31,9 @@ pub enum GpuError {
         reason: String,
     },
     /// The requested backend was not compiled in (cargo feature off).
-    #[error("GPU backend `{backend}` is not built into this binary (enable cargo feature `{backend}`)")]
+    #[error(
+        "GPU backend `{backend}` is not built into this binary (enable cargo feature `{backend}`)"
+    )]
     BackendNotBuilt {
         /// The backend's name.
         backend: &'static str,

@@ -104,11 +104,24 @@ pub struct WeightRef<'a> {
 impl<'a> WeightRef<'a> {
     /// Views `mem[offset..]` as an `m × k` matrix. Errors if `k` is not a block multiple or the
     /// memory holds fewer than `m * row_bytes` bytes after `offset`.
-    pub fn new<M: DeviceMemory + ?Sized>(mem: &'a M, offset: usize, format: Format, m: usize, k: usize) -> Result<WeightRef<'a>, GpuError> {
+    pub fn new<M: DeviceMemory + ?Sized>(
+        mem: &'a M,
+        offset: usize,
+        format: Format,
+        m: usize,
+        k: usize,
+    ) -> Result<WeightRef<'a>, GpuError> {
         let row_bytes = format.row_bytes(k)?;
-        let need = m.checked_mul(row_bytes).and_then(|b| b.checked_add(offset)).unwrap_or(usize::MAX);
+        let need = m
+            .checked_mul(row_bytes)
+            .and_then(|b| b.checked_add(offset))
+            .unwrap_or(usize::MAX);
         if need > mem.byte_len() {
-            return Err(GpuError::BufferTooSmall { what: "weight", need, got: mem.byte_len() });
+            return Err(GpuError::BufferTooSmall {
+                what: "weight",
+                need,
+                got: mem.byte_len(),
+            });
         }
         Ok(WeightRef {
             ptr: mem.device_ptr() + offset as u64,
@@ -128,9 +141,26 @@ impl<'a> WeightRef<'a> {
     /// # Safety
     /// `ptr..ptr + m * format.row_bytes(k)` is device-addressable memory of `ctx` that stays
     /// allocated for as long as any launch using this view can run.
-    pub unsafe fn from_raw(ctx: &Arc<Context>, ptr: u64, format: Format, m: usize, k: usize, location: WeightLocation) -> Result<WeightRef<'static>, GpuError> {
+    pub unsafe fn from_raw(
+        ctx: &Arc<Context>,
+        ptr: u64,
+        format: Format,
+        m: usize,
+        k: usize,
+        location: WeightLocation,
+    ) -> Result<WeightRef<'static>, GpuError> {
         let row_bytes = format.row_bytes(k)?;
-        Ok(WeightRef { ptr, len: m * row_bytes, format, m, k, row_bytes, location, ctx: ctx.clone(), _borrow: PhantomData })
+        Ok(WeightRef {
+            ptr,
+            len: m * row_bytes,
+            format,
+            m,
+            k,
+            row_bytes,
+            location,
+            ctx: ctx.clone(),
+            _borrow: PhantomData,
+        })
     }
 
     /// Format.
@@ -178,9 +208,17 @@ impl Activation {
     /// Device storage for an activation of `k` elements (`k` a multiple of 32).
     pub fn new(ctx: &Arc<Context>, k: usize) -> Result<Activation, GpuError> {
         if k == 0 || k % QX_BLOCK != 0 {
-            return Err(GpuError::Unsupported { format: Format::F32, why: format!("activation length {k} is not a positive multiple of {QX_BLOCK}") });
+            return Err(GpuError::Unsupported {
+                format: Format::F32,
+                why: format!("activation length {k} is not a positive multiple of {QX_BLOCK}"),
+            });
         }
-        Ok(Activation { k, xf: ctx.alloc(k)?, qs: ctx.alloc(k)?, ds: ctx.alloc(2 * (k / QX_BLOCK))? })
+        Ok(Activation {
+            k,
+            xf: ctx.alloc(k)?,
+            qs: ctx.alloc(k)?,
+            ds: ctx.alloc(2 * (k / QX_BLOCK))?,
+        })
     }
     /// Elements.
     pub fn k(&self) -> usize {
@@ -196,19 +234,43 @@ impl Activation {
     }
 }
 
-/// Kernel-shape choices compiled into the GEMV module (kernels/gemv.cu `HF_WARPS`, `HF_ROWS`).
+/// Kernel-shape choices compiled into the GEMV module (kernels/gemv.cu `HF_WARPS`, `HF_ROWS`,
+/// `HF_KSPLIT`, `HF_MINB`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GemvConfig {
     /// Warps per thread block.
     pub warps: u32,
-    /// Rows per warp (the activation unit is loaded once and reused for each).
+    /// Rows per warp group (the activation unit is loaded once and reused for each).
     pub rows_per_warp: u32,
+    /// Warps that share one group of rows, splitting its tiles (divides `warps`).
+    pub ksplit: u32,
+    /// Minimum resident blocks per SM asked of the register allocator (`__launch_bounds__`).
+    pub min_blocks: u32,
+}
+
+impl GemvConfig {
+    /// Rows one thread block computes.
+    pub fn rows_per_block(&self) -> u32 {
+        self.rows_per_warp * (self.warps / self.ksplit.max(1))
+    }
+    /// `WxRxKxB` as on the bench's command line.
+    pub fn label(&self) -> String {
+        format!(
+            "{}x{}x{}x{}",
+            self.warps, self.rows_per_warp, self.ksplit, self.min_blocks
+        )
+    }
 }
 
 impl Default for GemvConfig {
-    /// 4 warps × 2 rows: the shape measured best on the H200 (docs/perf-checkpoints/2026-11-29-gpu-gemv).
+    /// The shape measured best on the H200 (docs/perf-checkpoints/2026-11-29-gpu-gemv).
     fn default() -> Self {
-        GemvConfig { warps: 4, rows_per_warp: 2 }
+        GemvConfig {
+            warps: 4,
+            rows_per_warp: 2,
+            ksplit: 1,
+            min_blocks: 1,
+        }
     }
 }
 
@@ -228,8 +290,39 @@ impl GemvKernels {
     }
 
     /// As [`GemvKernels::new`] with a chosen kernel shape (benchmarks compare shapes).
-    pub fn with_config(registry: &KernelRegistry, config: GemvConfig) -> Result<GemvKernels, GpuError> {
-        let options = vec![format!("-DHF_WARPS={}", config.warps), format!("-DHF_ROWS={}", config.rows_per_warp)];
+    pub fn with_config(
+        registry: &KernelRegistry,
+        config: GemvConfig,
+    ) -> Result<GemvKernels, GpuError> {
+        GemvKernels::with_options(registry, config, &[])
+    }
+
+    /// As [`GemvKernels::with_config`] plus extra compiler options (`-DNAME` experiments in benches).
+    pub fn with_options(
+        registry: &KernelRegistry,
+        config: GemvConfig,
+        extra: &[String],
+    ) -> Result<GemvKernels, GpuError> {
+        if config.warps == 0
+            || config.rows_per_warp == 0
+            || config.ksplit == 0
+            || config.warps % config.ksplit != 0
+        {
+            return Err(GpuError::Unsupported {
+                format: Format::F32,
+                why: format!(
+                    "GEMV shape {} (ksplit must divide warps, all > 0)",
+                    config.label()
+                ),
+            });
+        }
+        let mut options = vec![
+            format!("-DHF_WARPS={}", config.warps),
+            format!("-DHF_ROWS={}", config.rows_per_warp),
+            format!("-DHF_KSPLIT={}", config.ksplit),
+            format!("-DHF_MINB={}", config.min_blocks),
+        ];
+        options.extend(extra.iter().cloned());
         let module = registry.module(&GEMV_SOURCE, &options)?;
         let mut gemv = HashMap::new();
         for format in Format::ALL {
@@ -241,7 +334,12 @@ impl GemvKernels {
             }
         }
         let quantize = module.function("quantize_x_q8")?;
-        Ok(GemvKernels { ctx: registry.context().clone(), config, gemv, quantize })
+        Ok(GemvKernels {
+            ctx: registry.context().clone(),
+            config,
+            gemv,
+            quantize,
+        })
     }
 
     /// The shape compiled in.
@@ -250,15 +348,27 @@ impl GemvKernels {
     }
 
     /// Queues the preparation of `act` from `x` (`act.k()` f32 values at the start of `x`).
-    pub fn prepare<X: DeviceMemory + ?Sized>(&self, stream: &Stream, x: &X, act: &mut Activation) -> Result<(), GpuError> {
+    pub fn prepare<X: DeviceMemory + ?Sized>(
+        &self,
+        stream: &Stream,
+        x: &X,
+        act: &mut Activation,
+    ) -> Result<(), GpuError> {
         self.ctx.check_same(stream.context(), "stream")?;
         self.ctx.check_same(x.context(), "x")?;
         let need = act.k * 4;
         if x.byte_len() < need {
-            return Err(GpuError::BufferTooSmall { what: "x", need, got: x.byte_len() });
+            return Err(GpuError::BufferTooSmall {
+                what: "x",
+                need,
+                got: x.byte_len(),
+            });
         }
         if x.device_ptr() % 4 != 0 {
-            return Err(GpuError::Misaligned { what: "x", align: 4 });
+            return Err(GpuError::Misaligned {
+                what: "x",
+                align: 4,
+            });
         }
         let mut px = x.device_ptr();
         let mut k = act.k as i32;
@@ -272,12 +382,20 @@ impl GemvKernels {
             (&mut pd as *mut u64).cast(),
             (&mut pf as *mut u64).cast(),
         ];
-        let dims = LaunchDims { grid: (act.k as u32).div_ceil(QUANTIZE_THREADS), block: QUANTIZE_THREADS, shared_bytes: 0 };
+        let dims = LaunchDims {
+            grid: (act.k as u32).div_ceil(QUANTIZE_THREADS),
+            block: QUANTIZE_THREADS,
+            shared_bytes: 0,
+        };
         // SAFETY: kernel `quantize_x_q8(const float* x, int k, signed char* qs, float2* ds, float* xf)`:
         // five parameters of exactly these types; x holds k floats (checked), qs k bytes, ds 2k/32
         // floats and xf k floats (allocated by Activation::new for this k); threads past k write
         // nothing; all buffers are owned by borrowed live objects whose Drop frees synchronously.
-        unsafe { self.ctx.backend().launch(self.quantize.raw(), dims, stream.raw(), &mut params) }
+        unsafe {
+            self.ctx
+                .backend()
+                .launch(self.quantize.raw(), dims, stream.raw(), &mut params)
+        }
     }
 
     /// Queues `y[r] = W[r]·x` (plain) or `y[r] += W[r]·x` (residual) for `r` in `rows` only. `y`
@@ -296,35 +414,73 @@ impl GemvKernels {
         self.ctx.check_same(&w.ctx, "weight")?;
         self.ctx.check_same(y.context(), "y")?;
         if rows.is_empty() || rows.end > w.m {
-            return Err(GpuError::BadRowRange { start: rows.start, end: rows.end, m: w.m });
+            return Err(GpuError::BadRowRange {
+                start: rows.start,
+                end: rows.end,
+                m: w.m,
+            });
         }
         if act.k != w.k {
-            return Err(GpuError::ActivationMismatch { need: w.k, got: act.k });
+            return Err(GpuError::ActivationMismatch {
+                need: w.k,
+                got: act.k,
+            });
         }
         let y_need = w.m * 4;
         if y.byte_len() < y_need {
-            return Err(GpuError::BufferTooSmall { what: "y", need: y_need, got: y.byte_len() });
+            return Err(GpuError::BufferTooSmall {
+                what: "y",
+                need: y_need,
+                got: y.byte_len(),
+            });
         }
         if y.device_ptr() % 4 != 0 {
-            return Err(GpuError::Misaligned { what: "y", align: 4 });
+            return Err(GpuError::Misaligned {
+                what: "y",
+                align: 4,
+            });
         }
         let float = matches!(w.format, Format::F32 | Format::F16 | Format::BF16);
-        let elems = if float { FLOAT_KERNEL_BLOCK } else { w.format.block_elems() };
+        let elems = if float {
+            FLOAT_KERNEL_BLOCK
+        } else {
+            w.format.block_elems()
+        };
         if w.k % elems != 0 {
-            return Err(GpuError::Unsupported { format: w.format, why: format!("k = {} is not a multiple of {elems}", w.k) });
+            return Err(GpuError::Unsupported {
+                format: w.format,
+                why: format!("k = {} is not a multiple of {elems}", w.k),
+            });
         }
-        let (Ok(nrows), Ok(nblocks)) = (i32::try_from(rows.len()), i32::try_from(w.k / elems)) else {
-            return Err(GpuError::Unsupported { format: w.format, why: "more than 2^31 rows or blocks".into() });
+        let (Ok(nrows), Ok(nblocks)) = (i32::try_from(rows.len()), i32::try_from(w.k / elems))
+        else {
+            return Err(GpuError::Unsupported {
+                format: w.format,
+                why: "more than 2^31 rows or blocks".into(),
+            });
         };
         let base = w.ptr + (rows.start * w.row_bytes) as u64;
-        let Some(width) = LOAD_WIDTHS.into_iter().find(|&v| w.row_bytes % v == 0 && base % v as u64 == 0) else {
-            return Err(GpuError::Misaligned { what: "weight rows (base and row stride)", align: 2 });
+        let Some(width) = LOAD_WIDTHS
+            .into_iter()
+            .find(|&v| w.row_bytes % v == 0 && base % v as u64 == 0)
+        else {
+            return Err(GpuError::Misaligned {
+                what: "weight rows (base and row stride)",
+                align: 2,
+            });
         };
         let Some(f) = self.gemv.get(&(w.format, form, width)) else {
-            return Err(GpuError::Unsupported { format: w.format, why: "no GPU kernel".into() });
+            return Err(GpuError::Unsupported {
+                format: w.format,
+                why: "no GPU kernel".into(),
+            });
         };
-        let rows_per_block = self.config.warps * self.config.rows_per_warp;
-        let dims = LaunchDims { grid: (nrows as u32).div_ceil(rows_per_block), block: self.config.warps * WARP, shared_bytes: 0 };
+        let rows_per_block = self.config.rows_per_block();
+        let dims = LaunchDims {
+            grid: (nrows as u32).div_ceil(rows_per_block),
+            block: self.config.warps * WARP,
+            shared_bytes: 0,
+        };
         let mut pw = base;
         let mut prb = w.row_bytes as u64;
         let mut pq = act.qs.device_ptr();
@@ -351,7 +507,11 @@ impl GemvKernels {
         // row_bytes (checked above); it reads k = nblocks*elems activation values (act.k == w.k,
         // checked) and writes y[start..end] (y holds m floats, checked). All memory is owned by
         // borrowed live objects whose Drop frees synchronously.
-        unsafe { self.ctx.backend().launch(f.raw(), dims, stream.raw(), &mut params) }
+        unsafe {
+            self.ctx
+                .backend()
+                .launch(f.raw(), dims, stream.raw(), &mut params)
+        }
     }
 }
 
@@ -368,31 +528,60 @@ impl ReadKernel {
     pub fn new(registry: &KernelRegistry) -> Result<ReadKernel, GpuError> {
         let module = registry.module(&READ_SOURCE, &[])?;
         let ctx = registry.context().clone();
-        Ok(ReadKernel { f: module.function("read_sum")?, sink: ctx.alloc(1)?, ctx })
+        Ok(ReadKernel {
+            f: module.function("read_sum")?,
+            sink: ctx.alloc(1)?,
+            ctx,
+        })
     }
 
     /// Queues a read of `mem[offset..offset + bytes]` (16-byte aligned start; a tail of fewer
     /// than 16 bytes is not read).
-    pub fn read_at<M: DeviceMemory + ?Sized>(&self, stream: &Stream, mem: &M, offset: usize, bytes: usize) -> Result<(), GpuError> {
+    pub fn read_at<M: DeviceMemory + ?Sized>(
+        &self,
+        stream: &Stream,
+        mem: &M,
+        offset: usize,
+        bytes: usize,
+    ) -> Result<(), GpuError> {
         self.ctx.check_same(mem.context(), "buffer")?;
         self.ctx.check_same(stream.context(), "stream")?;
-        let end = offset.checked_add(bytes).unwrap_or(usize::MAX);
+        let end = offset.saturating_add(bytes);
         if end > mem.byte_len() {
-            return Err(GpuError::BufferTooSmall { what: "read", need: end, got: mem.byte_len() });
+            return Err(GpuError::BufferTooSmall {
+                what: "read",
+                need: end,
+                got: mem.byte_len(),
+            });
         }
         let base = mem.device_ptr() + offset as u64;
         if base % 16 != 0 {
-            return Err(GpuError::Misaligned { what: "read buffer", align: 16 });
+            return Err(GpuError::Misaligned {
+                what: "read buffer",
+                align: 16,
+            });
         }
         let mut p = base;
         let mut n16 = (bytes / 16) as u64;
         let mut out = self.sink.device_ptr();
-        let mut params: [*mut c_void; 3] = [(&mut p as *mut u64).cast(), (&mut n16 as *mut u64).cast(), (&mut out as *mut u64).cast()];
+        let mut params: [*mut c_void; 3] = [
+            (&mut p as *mut u64).cast(),
+            (&mut n16 as *mut u64).cast(),
+            (&mut out as *mut u64).cast(),
+        ];
         let grid = self.ctx.info().multiprocessors * READ_BLOCKS_PER_SM;
-        let dims = LaunchDims { grid, block: READ_THREADS, shared_bytes: 0 };
+        let dims = LaunchDims {
+            grid,
+            block: READ_THREADS,
+            shared_bytes: 0,
+        };
         // SAFETY: kernel `read_sum(const uint4* p, u64 n16, unsigned* out)`: reads n16 16-byte words
         // from a 16-aligned address with at least 16*n16 bytes after it in the buffer (checked) and may write one u32 to
         // the sink, owned by self.
-        unsafe { self.ctx.backend().launch(self.f.raw(), dims, stream.raw(), &mut params) }
+        unsafe {
+            self.ctx
+                .backend()
+                .launch(self.f.raw(), dims, stream.raw(), &mut params)
+        }
     }
 }

@@ -34,9 +34,15 @@ pub mod hip;
 pub mod registry;
 
 pub use backend::{Backend, DeviceInfo, LaunchDims};
-pub use context::{BackendKind, Context, DeviceBuffer, DeviceElem, DeviceMemory, Event, Function, HostMappedBuffer, Module, Stream};
+pub use context::{
+    BackendKind, Context, DeviceBuffer, DeviceElem, DeviceMemory, Event, Function,
+    HostMappedBuffer, Module, Stream,
+};
 pub use error::{mem_available_bytes, DriverCode, GpuError};
-pub use gemv::{Activation, GemvConfig, GemvForm, GemvKernels, ReadKernel, RowRange, WeightLocation, WeightRef, QX_BLOCK};
+pub use gemv::{
+    Activation, GemvConfig, GemvForm, GemvKernels, ReadKernel, RowRange, WeightLocation, WeightRef,
+    QX_BLOCK,
+};
 pub use registry::{KernelRegistry, KernelSource, GEMV_SOURCE, KERNEL_CACHE_ENV, READ_SOURCE};
 
 /// Environment variable that enables the GPU test tier (`HIPFIRE_GPU_TESTS=1`).
@@ -48,7 +54,8 @@ mod tests {
 
     #[test]
     fn meminfo_parses_mem_available() {
-        let text = "MemTotal:       131072 kB\nMemFree:          1000 kB\nMemAvailable:    2048 kB\n";
+        let text =
+            "MemTotal:       131072 kB\nMemFree:          1000 kB\nMemAvailable:    2048 kB\n";
         assert_eq!(error::parse_mem_available(text), Some(2048 * 1024));
         assert_eq!(error::parse_mem_available("MemTotal: 1 kB\n"), None);
     }

@@ -36,7 +36,11 @@ pub const GEMV_SOURCE: KernelSource = KernelSource {
     headers: &[("blocks.cuh", BLOCKS_CUH)],
 };
 /// `kernels/read.cu`: the read-bandwidth ceiling kernel.
-pub const READ_SOURCE: KernelSource = KernelSource { name: "read.cu", source: include_str!("../../../kernels/read.cu"), headers: &[] };
+pub const READ_SOURCE: KernelSource = KernelSource {
+    name: "read.cu",
+    source: include_str!("../../../kernels/read.cu"),
+    headers: &[],
+};
 
 type Slot = Arc<Mutex<Option<Arc<Module>>>>;
 
@@ -56,12 +60,20 @@ impl KernelRegistry {
         let cache_dir = std::env::var_os(KERNEL_CACHE_ENV)
             .map(PathBuf::from)
             .or_else(|| dirs::cache_dir().map(|d| d.join("hipfire").join("kernels")));
-        KernelRegistry { ctx: ctx.clone(), cache_dir, modules: Mutex::new(HashMap::new()) }
+        KernelRegistry {
+            ctx: ctx.clone(),
+            cache_dir,
+            modules: Mutex::new(HashMap::new()),
+        }
     }
 
     /// A registry caching under `dir` (tests).
     pub fn with_cache_dir(ctx: &Arc<Context>, dir: impl Into<PathBuf>) -> KernelRegistry {
-        KernelRegistry { ctx: ctx.clone(), cache_dir: Some(dir.into()), modules: Mutex::new(HashMap::new()) }
+        KernelRegistry {
+            ctx: ctx.clone(),
+            cache_dir: Some(dir.into()),
+            modules: Mutex::new(HashMap::new()),
+        }
     }
 
     /// The context modules are loaded into.
@@ -87,8 +99,16 @@ impl KernelRegistry {
         Ok(module)
     }
 
-    fn image(&self, key: &str, src: &KernelSource, options: &[String]) -> Result<Vec<u8>, GpuError> {
-        let path = self.cache_dir.as_ref().map(|d| d.join(format!("{key}.bin")));
+    fn image(
+        &self,
+        key: &str,
+        src: &KernelSource,
+        options: &[String],
+    ) -> Result<Vec<u8>, GpuError> {
+        let path = self
+            .cache_dir
+            .as_ref()
+            .map(|d| d.join(format!("{key}.bin")));
         if let Some(p) = &path {
             if let Ok(bytes) = std::fs::read(p) {
                 tracing::debug!(module = src.name, path = %p.display(), "kernel cache hit");
@@ -96,8 +116,15 @@ impl KernelRegistry {
             }
         }
         let t0 = std::time::Instant::now();
-        let image = self.ctx.backend().compile(src.name, src.source, src.headers, options)?;
-        tracing::info!(module = src.name, ms = t0.elapsed().as_millis() as u64, "kernel module compiled");
+        let image = self
+            .ctx
+            .backend()
+            .compile(src.name, src.source, src.headers, options)?;
+        tracing::info!(
+            module = src.name,
+            ms = t0.elapsed().as_millis() as u64,
+            "kernel module compiled"
+        );
         if let Some(p) = &path {
             if let Err(e) = store_atomic(p, &image) {
                 tracing::warn!(cause = %e, "kernel cache not written; compiling again next run");
@@ -129,10 +156,21 @@ fn cache_key(backend: &str, arch: &str, src: &KernelSource, options: &[String]) 
 /// never see a partial image.
 pub(crate) fn store_atomic(path: &Path, bytes: &[u8]) -> Result<(), GpuError> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    let io = |source| GpuError::Cache { path: path.to_path_buf(), source };
+    let io = |source| GpuError::Cache {
+        path: path.to_path_buf(),
+        source,
+    };
     std::fs::create_dir_all(dir).map_err(io)?;
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
-    let tmp = dir.join(format!(".{}.{}.{}.tmp", path.file_name().and_then(|n| n.to_str()).unwrap_or("k"), std::process::id(), nanos));
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let tmp = dir.join(format!(
+        ".{}.{}.{}.tmp",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("k"),
+        std::process::id(),
+        nanos
+    ));
     std::fs::write(&tmp, bytes).map_err(io)?;
     std::fs::rename(&tmp, path).map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
@@ -158,7 +196,8 @@ mod tests {
 
     #[test]
     fn atomic_store_writes_whole_file_under_concurrency() {
-        let dir = std::env::temp_dir().join(format!("hipfire-gpu-cache-test-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("hipfire-gpu-cache-test-{}", std::process::id()));
         let path = dir.join("k.bin");
         let payloads: Vec<Vec<u8>> = (0..8u8).map(|i| vec![i; 1 << 16]).collect();
         std::thread::scope(|s| {
@@ -168,8 +207,14 @@ mod tests {
             }
         });
         let got = std::fs::read(&path).expect("cache file written");
-        assert!(payloads.contains(&got), "file is one writer's whole payload");
-        let leftovers = std::fs::read_dir(&dir).expect("dir").filter(|e| e.as_ref().map(|e| e.file_name() != "k.bin").unwrap_or(true)).count();
+        assert!(
+            payloads.contains(&got),
+            "file is one writer's whole payload"
+        );
+        let leftovers = std::fs::read_dir(&dir)
+            .expect("dir")
+            .filter(|e| e.as_ref().map(|e| e.file_name() != "k.bin").unwrap_or(true))
+            .count();
         assert_eq!(leftovers, 0, "no temp files left behind");
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -6,7 +6,7 @@ mod common;
 
 use common::{dequant_f64, gpu, random_weights, random_x, rng, uses_int8_activation};
 use hipfire_gpu::{
-    Activation, Context, DeviceBuffer, DeviceMemory, GemvForm, GemvKernels, GpuError,
+    Activation, Context, DeviceBuffer, DeviceMemory, GemvConfig, GemvForm, GemvKernels, GpuError,
     KernelRegistry, RowRange, Stream, WeightRef, GEMV_SOURCE,
 };
 use hipfire_quant::Format;
@@ -48,7 +48,16 @@ struct Gpu {
     ctx: Arc<Context>,
     stream: Stream,
     kernels: GemvKernels,
+    registry: KernelRegistry,
 }
+
+/// A shape with the tiles of each row group split over 4 warps (the cross-warp reduction path).
+const KSPLIT_CONFIG: GemvConfig = GemvConfig {
+    warps: 4,
+    rows_per_warp: 1,
+    ksplit: 4,
+    min_blocks: 1,
+};
 
 fn setup() -> Option<Gpu> {
     let ctx = gpu()?;
@@ -60,12 +69,23 @@ fn setup() -> Option<Gpu> {
         ctx,
         stream,
         kernels,
+        registry,
     })
+}
+
+/// The default kernels and the k-split shape, both under test.
+fn all_kernels(g: &Gpu) -> Vec<GemvKernels> {
+    let mut v = vec![GemvKernels::new(&g.registry).expect("default shape")];
+    if GemvConfig::default() != KSPLIT_CONFIG {
+        v.push(GemvKernels::with_config(&g.registry, KSPLIT_CONFIG).expect("k-split shape"));
+    }
+    v
 }
 
 /// Runs one launch on `y0` (uploaded first), returns y.
 fn run(
     g: &Gpu,
+    kern: &GemvKernels,
     w: &WeightRef<'_>,
     act: &Activation,
     y0: &[f32],
@@ -74,8 +94,7 @@ fn run(
 ) -> Vec<f32> {
     let mut y = g.ctx.alloc::<f32>(y0.len()).expect("y");
     y.upload(&g.stream, y0).expect("y upload");
-    g.kernels
-        .gemv(&g.stream, w, act, &mut y, rows, form)
+    kern.gemv(&g.stream, w, act, &mut y, rows, form)
         .expect("launch");
     let mut out = vec![0f32; y0.len()];
     y.download(&g.stream, &mut out).expect("y download");
@@ -174,6 +193,7 @@ fn shapes(format: Format) -> Vec<(usize, usize)> {
 #[test]
 fn gpu_every_format_matches_f64_reference_on_both_memories() {
     let Some(g) = setup() else { return };
+    let kernels = all_kernels(&g);
     let mut r = rng(0x5EED_0001);
     for format in Format::ALL {
         for (m, k) in shapes(format) {
@@ -182,14 +202,18 @@ fn gpu_every_format_matches_f64_reference_on_both_memories() {
             let y0 = random_x(m, &mut r);
             let act = prepare(&g, &x);
             let (xhat, dstep) = effective_x(&g, &act, &x, format);
-            for form in [GemvForm::Plain, GemvForm::Residual] {
+            for (form, kern) in [GemvForm::Plain, GemvForm::Residual]
+                .into_iter()
+                .flat_map(|f| kernels.iter().map(move |k| (f, k)))
+            {
                 let mut outs = Vec::new();
                 for host in [false, true] {
                     let placed = place(&g.ctx, &g.stream, &wbytes, host);
                     let w = WeightRef::new(placed.mem(), 0, format, m, k).expect("weight view");
-                    let y = run(&g, &w, &act, &y0, RowRange::all(m), form);
+                    let y = run(&g, kern, &w, &act, &y0, RowRange::all(m), form);
                     let worst = check_rows(format, &wbytes, k, &x, &xhat, &dstep, &y0, &y, form);
-                    println!("{format:>9} m={m:<3} k={k:<5} {form:?} host={host}: worst error {worst:.3} of bound");
+                    let shape = kern.config().label();
+                    println!("{format:>9} m={m:<3} k={k:<5} {form:?} shape={shape} host={host}: worst error {worst:.3} of bound");
                     outs.push(y);
                 }
                 let bits = |v: &Vec<f32>| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
@@ -206,6 +230,7 @@ fn gpu_every_format_matches_f64_reference_on_both_memories() {
 #[test]
 fn gpu_row_ranges_are_bit_exact_and_write_only_their_rows() {
     let Some(g) = setup() else { return };
+    let kernels = all_kernels(&g);
     let mut r = rng(0x5EED_0002);
     let m = 257;
     for format in Format::ALL {
@@ -219,13 +244,16 @@ fn gpu_row_ranges_are_bit_exact_and_write_only_their_rows() {
             let placed = place(&g.ctx, &g.stream, &wbytes, false);
             let w = WeightRef::new(placed.mem(), 0, format, m, k).expect("view");
             let poison = vec![f32::from_bits(POISON); m];
-            for form in [GemvForm::Plain, GemvForm::Residual] {
+            for (form, kern) in [GemvForm::Plain, GemvForm::Residual]
+                .into_iter()
+                .flat_map(|f| kernels.iter().map(move |k| (f, k)))
+            {
                 let y0 = if form == GemvForm::Plain {
                     poison.clone()
                 } else {
                     random_x(m, &mut r)
                 };
-                let full = run(&g, &w, &act, &y0, RowRange::all(m), form);
+                let full = run(&g, kern, &w, &act, &y0, RowRange::all(m), form);
                 let g_split = 100;
                 for (a, b) in [
                     (0, g_split),
@@ -247,7 +275,7 @@ fn gpu_row_ranges_are_bit_exact_and_write_only_their_rows() {
                             }
                         })
                         .collect();
-                    let y = run(&g, &w, &act, &start, RowRange::new(a, b), form);
+                    let y = run(&g, kern, &w, &act, &start, RowRange::new(a, b), form);
                     for i in 0..m {
                         if (a..b).contains(&i) {
                             assert_eq!(y[i].to_bits(), full[i].to_bits(), "{format} k={k} {form:?} [{a},{b}) row {i} differs from the full launch");
@@ -263,7 +291,6 @@ fn gpu_row_ranges_are_bit_exact_and_write_only_their_rows() {
                 // The two arms of a split together equal the whole launch.
                 let mut yd = g.ctx.alloc::<f32>(m).expect("y");
                 yd.upload(&g.stream, &y0).expect("up");
-                let kern = &g.kernels;
                 kern.gemv(
                     &g.stream,
                     &w,

@@ -1,6 +1,8 @@
 //! Shared pieces of the GPU test tier: the env gate, seeded random weights in every format, and an
 //! independent f64 dequantiser written from ggml's `dequantize_row_*` (ggml/src/ggml-quants.c).
 #![allow(dead_code)]
+// The reference dequantisers keep ggml's index loops so they can be read side by side with it.
+#![allow(clippy::needless_range_loop)]
 
 use half::{bf16, f16};
 use hipfire_gpu::{Context, GPU_TESTS_ENV};
