@@ -152,6 +152,7 @@ pub struct GpuDecoder<'m> {
     weights: Vec<Option<GpuWeight>>,
     layers: Vec<GpuLayer>,
     head: usize,
+    token_embd: usize,
     output_norm: DeviceBuffer<f32>,
     s: Scratch,
     offload: OffloadExecutor,
@@ -325,6 +326,7 @@ impl<'m> GpuDecoder<'m> {
             None => weight_id(model, "token_embd.weight")?,
         };
         place(head, false)?;
+        let token_embd = weight_id(model, "token_embd.weight")?;
         let output_norm = upload_f32(&ctx, &stream, &need_vector(model, "output_norm.weight", c.d_model)?)?;
 
         let factors = read_vector(model, "rope_freqs.weight", c.rope_dim / 2)?;
@@ -377,6 +379,7 @@ impl<'m> GpuDecoder<'m> {
             weights,
             layers,
             head,
+            token_embd,
             output_norm,
             s,
             offload,
@@ -550,7 +553,7 @@ impl<'m> GpuDecoder<'m> {
             return Err(ModelError::ContextFull { need: self.pos + 1, ctx: self.ctx_len });
         }
         // Embedding row: dequantised on the host from the mapped file, uploaded from pinned memory.
-        let emb = &self.model.weights()[weight_id(self.model, "token_embd.weight")?];
+        let emb = &self.model.weights()[self.token_embd];
         let rb = emb.format.row_bytes(emb.k)?;
         let row = &self.model.weight_bytes(emb)[token as usize * rb..(token as usize + 1) * rb];
         let mut xrow = vec![0f32; c.d_model];

@@ -1,0 +1,126 @@
+//! GPU tier for the offload executor: a split step's GPU rows are bit-exact with the same rows
+//! of a whole `pcie` launch, its CPU rows bit-exact with `cpu` mode, nothing outside the written
+//! rows changes (outputs poisoned first), for both join strategies and both forms; share 0 is
+//! byte-identical to `cpu`; `auto` converges to a share inside the clamp.
+//!
+//! Gated by `HIPFIRE_GPU_TESTS=1`; skipped with a printed reason otherwise.
+
+use std::sync::Arc;
+
+use hipfire_exec::offload::{JoinStrategy, OffloadExecutor, OffloadMode, SpilledStep};
+use hipfire_exec::share::{plan_rows, Form, ShapeKey, ShareSetting, SHARE_MAX, SHARE_MIN};
+use hipfire_exec::CpuPool;
+use hipfire_gpu::{Activation, Context, DeviceBuffer, GemvForm, GemvKernels, HostMappedBuffer, KernelRegistry, Stream, WeightRef};
+use hipfire_quant::Format;
+use rand::{Rng, SeedableRng};
+
+/// An odd row count (not a multiple of the 16-row split grid) at a 9B-class width.
+const M: usize = 4104;
+const K: usize = 4096;
+
+struct Fixture {
+    ctx: Arc<Context>,
+    stream: Stream,
+    kernels: GemvKernels,
+    pool: CpuPool,
+}
+
+fn fixture() -> Option<Fixture> {
+    if std::env::var("HIPFIRE_GPU_TESTS").as_deref() != Ok("1") {
+        eprintln!("skipped: HIPFIRE_GPU_TESTS not set");
+        return None;
+    }
+    let ctx = Context::new(0).expect("HIPFIRE_GPU_TESTS=1 but no GPU");
+    let stream = ctx.new_stream().expect("stream");
+    let kernels = GemvKernels::new(&KernelRegistry::new(&ctx)).expect("kernels");
+    Some(Fixture { ctx, stream, kernels, pool: CpuPool::new(0).expect("pool") })
+}
+
+fn weight(ctx: &Arc<Context>, fmt: Format, seed: u64) -> HostMappedBuffer {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let rb = fmt.row_bytes(K).expect("k");
+    let mut host = ctx.alloc_host_mapped(M * rb).expect("host-mapped");
+    for row in host.as_mut_slice().chunks_exact_mut(rb) {
+        let v: Vec<f32> = (0..K).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        row.copy_from_slice(&hipfire_quant::quantize_row(fmt, &v).expect("quantise"));
+    }
+    host
+}
+
+/// Runs one step in `mode` from output start values `y0`; returns the output.
+#[allow(clippy::too_many_arguments)]
+fn run(f: &Fixture, mode: OffloadMode, w: &HostMappedBuffer, fmt: Format, x: &DeviceBuffer<f32>, act: &Activation, y0: &[f32], form: GemvForm) -> Vec<f32> {
+    let mut ex = OffloadExecutor::new(&f.ctx, f.pool.clone(), mode, K, M).expect("executor");
+    let mut y = f.ctx.alloc::<f32>(M).expect("y");
+    y.upload(&f.stream, y0).expect("upload");
+    let wr = WeightRef::new(w, 0, fmt, M, K).expect("weight");
+    ex.run(&f.stream, &f.kernels, act, SpilledStep { weight: &wr, host_bytes: w.as_slice(), x, y: &mut y, form }).expect("step");
+    f.stream.synchronize().expect("sync");
+    let mut out = vec![0f32; M];
+    y.download(&f.stream, &mut out).expect("download");
+    out
+}
+
+#[test]
+fn split_arms_are_bit_exact_with_their_engines_and_write_only_their_rows() {
+    let Some(f) = fixture() else { return };
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+    for (i, fmt) in [Format::Q4K, Format::Q8_0, Format::Q4_0, Format::Q6K, Format::Hfq4G256].into_iter().enumerate() {
+        let w = weight(&f.ctx, fmt, 100 + i as u64);
+        let xs: Vec<f32> = (0..K).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        let mut x = f.ctx.alloc::<f32>(K).expect("x");
+        x.upload(&f.stream, &xs).expect("x up");
+        let mut act = Activation::new(&f.ctx, K).expect("act");
+        f.kernels.prepare(&f.stream, &x, &mut act).expect("prepare");
+        for form in [GemvForm::Plain, GemvForm::Residual] {
+            // Plain: poisoned with NaN (every row must be overwritten). Residual: random base.
+            let y0: Vec<f32> = match form {
+                GemvForm::Plain => vec![f32::NAN; M],
+                GemvForm::Residual => (0..M).map(|_| rng.random_range(-2.0f32..2.0)).collect(),
+            };
+            let pcie = run(&f, OffloadMode::Pcie, &w, fmt, &x, &act, &y0, form);
+            let cpu = run(&f, OffloadMode::Cpu, &w, fmt, &x, &act, &y0, form);
+            assert!(pcie.iter().chain(&cpu).all(|v| v.is_finite()), "{fmt} {form:?}: unwritten rows");
+            let share = 0.3;
+            let g = plan_rows(M, fmt.row_bytes(K).expect("rb"), share).expect("splittable");
+            for strategy in [JoinStrategy::Ordering, JoinStrategy::TwoStream] {
+                let mode = OffloadMode::Passback { share: ShareSetting::Pinned(share), strategy };
+                let split = run(&f, mode, &w, fmt, &x, &act, &y0, form);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&split[..g]), bits(&pcie[..g]), "{fmt} {form:?} {strategy:?}: GPU rows differ from a whole launch");
+                assert_eq!(bits(&split[g..]), bits(&cpu[g..]), "{fmt} {form:?} {strategy:?}: CPU rows differ from cpu mode");
+            }
+            let zero = run(&f, OffloadMode::Passback { share: ShareSetting::Off, strategy: JoinStrategy::Ordering }, &w, fmt, &x, &act, &y0, form);
+            assert_eq!(zero.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), cpu.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{fmt}: share 0 != cpu");
+            // The two engines differ only by rounding: state the bound measured.
+            let scale = pcie.iter().map(|v| v.abs()).fold(0f32, f32::max);
+            let worst = pcie.iter().zip(&cpu).map(|(a, b)| (a - b).abs() / scale).fold(0f32, f32::max);
+            eprintln!("{fmt} {form:?}: split at g={g}; max |gpu-cpu|/max|y| = {worst:.2e}");
+            assert!(worst < 1e-4, "{fmt} {form:?}: engines disagree by {worst}");
+        }
+    }
+}
+
+#[test]
+fn auto_share_converges_inside_the_clamp() {
+    let Some(f) = fixture() else { return };
+    let fmt = Format::Q4K;
+    let w = weight(&f.ctx, fmt, 5);
+    let mut x = f.ctx.alloc::<f32>(K).expect("x");
+    let xs: Vec<f32> = (0..K).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
+    x.upload(&f.stream, &xs).expect("x");
+    let mut act = Activation::new(&f.ctx, K).expect("act");
+    f.kernels.prepare(&f.stream, &x, &mut act).expect("prepare");
+    let mode = OffloadMode::Passback { share: ShareSetting::Auto, strategy: JoinStrategy::Ordering };
+    let mut ex = OffloadExecutor::new(&f.ctx, f.pool.clone(), mode, K, M).expect("executor");
+    let mut y = f.ctx.alloc::<f32>(M).expect("y");
+    let wr = WeightRef::new(&w, 0, fmt, M, K).expect("weight");
+    for _ in 0..200 {
+        ex.run(&f.stream, &f.kernels, &act, SpilledStep { weight: &wr, host_bytes: w.as_slice(), x: &x, y: &mut y, form: GemvForm::Plain }).expect("step");
+    }
+    f.stream.synchronize().expect("sync");
+    let key = ShapeKey { format: fmt, k: K, form: Form::Plain };
+    let s = ex.controller().gpu_share(&key);
+    eprintln!("auto share after 200 steps: {s:.3}; state {:?}", ex.controller().snapshot(&key));
+    assert!((SHARE_MIN..=SHARE_MAX).contains(&s), "share {s} outside the clamp");
+}

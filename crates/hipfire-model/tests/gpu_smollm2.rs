@@ -1,0 +1,131 @@
+//! GPU tier: SmolLM2-135M decoded on the GPU in every offload mode against llama.cpp's recorded
+//! outputs (`tests/fixtures/smollm2_llamacpp.json`), and `passback` with share 0 byte-identical
+//! to `cpu`.
+//!
+//! Gated by `HIPFIRE_GPU_TESTS=1` (skipped with a printed reason otherwise); the GGUF comes from
+//! `HIPFIRE_SMOLLM2_GGUF`. Run on the GPU box by `scripts/device-check.sh`.
+
+use std::path::PathBuf;
+
+use hipfire_exec::offload::{JoinStrategy, OffloadMode};
+use hipfire_exec::share::ShareSetting;
+use hipfire_exec::CpuPool;
+use hipfire_model::gpu::{GpuDecoder, GpuOptions};
+use hipfire_model::{CpuBackend, LoadOptions, Model};
+use serde_json::Value;
+
+/// Same bounds as the CPU path's test (`tests/smollm2.rs`): both sides quantise activations to
+/// 8 bits with different rounding, compounding over 30 layers. The GPU's q8_1 activation keeps
+/// its scale in f32 like the CPU path.
+const LOGIT_MAX_ABS_BOUND: f64 = 2.0;
+const LOGIT_MEAN_ABS_BOUND: f64 = 0.5;
+/// Positions whose llama.cpp top-2 margin is below this are near-ties: argmax not compared.
+const NEAR_TIE_MARGIN: f64 = 0.5;
+/// Layers kept resident in the spilled configurations (SmolLM2 has 30): two thirds spill.
+const BUDGET: usize = 10;
+
+fn setup() -> Option<(Model, CpuPool, Value)> {
+    if std::env::var("HIPFIRE_GPU_TESTS").as_deref() != Ok("1") {
+        eprintln!("skipped: HIPFIRE_GPU_TESTS not set");
+        return None;
+    }
+    let Ok(path) = std::env::var("HIPFIRE_SMOLLM2_GGUF") else {
+        panic!("HIPFIRE_GPU_TESTS=1 but HIPFIRE_SMOLLM2_GGUF is not set");
+    };
+    let pool = CpuPool::new(0).expect("cpu pool");
+    let backend = std::sync::Arc::new(CpuBackend::with_pool(pool.clone()));
+    let model = Model::load_with_backend(&path, &LoadOptions::default(), backend).expect("SmolLM2 loads");
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/smollm2_llamacpp.json");
+    let fixture = serde_json::from_str(&std::fs::read_to_string(p).expect("fixture")).expect("fixture json");
+    Some((model, pool, fixture))
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().expect("ids").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+}
+
+/// Teacher-forced logits of every case (llama.cpp's greedy tokens fed back).
+fn run_cases(dec: &mut GpuDecoder<'_>, f: &Value) -> Vec<Vec<Vec<f32>>> {
+    let mut all = Vec::new();
+    for case in f["cases"].as_array().expect("cases") {
+        dec.reset();
+        let mut per = Vec::new();
+        per.push(dec.prefill(&ids(&case["prompt_ids"])).expect("prefill").to_vec());
+        for &w in &ids(&case["greedy_ids"]) {
+            per.push(dec.step(w).expect("step").to_vec());
+        }
+        all.push(per);
+    }
+    all
+}
+
+fn compare(name: &str, got: &[Vec<Vec<f32>>], f: &Value) {
+    let (mut max_abs, mut sum, mut n, mut checked, mut bad) = (0f64, 0f64, 0usize, 0usize, Vec::new());
+    for (case, logits) in f["cases"].as_array().expect("cases").iter().zip(got) {
+        let want = ids(&case["greedy_ids"]);
+        for (step, &w) in want.iter().enumerate() {
+            let l = &logits[step];
+            let mut recs = vec![(&case["steps"][step], "top2_ids", "top2_logits")];
+            if let Some(rec) = case["logits"].as_array().expect("logits").get(step) {
+                recs.push((rec, "top_ids", "top_logits"));
+                recs.push((rec, "fixed_ids", "fixed_logits"));
+            }
+            for (rec, idk, lk) in recs {
+                for (i, v) in ids(&rec[idk]).iter().zip(rec[lk].as_array().expect("vals")) {
+                    let d = (f64::from(l[*i as usize]) - v.as_f64().expect("f64")).abs();
+                    max_abs = max_abs.max(d);
+                    sum += d;
+                    n += 1;
+                }
+            }
+            let t = case["steps"][step]["top2_logits"].as_array().expect("top2");
+            let margin = t[0].as_f64().expect("f") - t[1].as_f64().expect("f");
+            if margin >= NEAR_TIE_MARGIN {
+                checked += 1;
+                if hipfire_model::sampling::argmax(l) != w {
+                    bad.push(step);
+                }
+            }
+        }
+    }
+    let mean = sum / n as f64;
+    eprintln!("gpu {name}: {checked} clear argmax positions, mismatches {bad:?}; logits max abs {max_abs:.3}, mean abs {mean:.3} over {n}");
+    assert!(bad.is_empty(), "{name}: argmax differs from llama.cpp at clear positions {bad:?}");
+    assert!(max_abs < LOGIT_MAX_ABS_BOUND, "{name}: max abs logit diff {max_abs}");
+    assert!(mean < LOGIT_MEAN_ABS_BOUND, "{name}: mean abs logit diff {mean}");
+}
+
+#[test]
+fn gpu_decode_matches_llama_cpp_in_every_mode() {
+    let Some((model, pool, f)) = setup() else { return };
+    let passback = |share, strategy| OffloadMode::Passback { share, strategy };
+    let configs: Vec<(&str, Option<usize>, OffloadMode)> = vec![
+        ("resident", None, OffloadMode::Pcie),
+        ("pcie", Some(BUDGET), OffloadMode::Pcie),
+        ("cpu", Some(BUDGET), OffloadMode::Cpu),
+        ("passback-ordering", Some(BUDGET), passback(ShareSetting::Auto, JoinStrategy::Ordering)),
+        ("passback-two-stream", Some(BUDGET), passback(ShareSetting::Auto, JoinStrategy::TwoStream)),
+        ("passback-all-spilled", Some(0), passback(ShareSetting::Pinned(0.3), JoinStrategy::TwoStream)),
+    ];
+    for (name, budget, mode) in configs {
+        let opts = GpuOptions { ordinal: 0, gpu_layer_budget: budget, mode };
+        let mut dec = GpuDecoder::new(&model, pool.clone(), &opts).expect("gpu decoder");
+        eprintln!("{name}: {}", dec.placement_summary());
+        let got = run_cases(&mut dec, &f);
+        compare(name, &got, &f);
+    }
+}
+
+#[test]
+fn passback_share_zero_is_byte_identical_to_cpu() {
+    let Some((model, pool, f)) = setup() else { return };
+    let run = |mode| {
+        let opts = GpuOptions { ordinal: 0, gpu_layer_budget: Some(BUDGET), mode };
+        let mut dec = GpuDecoder::new(&model, pool.clone(), &opts).expect("gpu decoder");
+        run_cases(&mut dec, &f)
+    };
+    let cpu = run(OffloadMode::Cpu);
+    let zero = run(OffloadMode::Passback { share: ShareSetting::Off, strategy: JoinStrategy::Ordering });
+    let bits = |v: &Vec<Vec<Vec<f32>>>| v.iter().flatten().flatten().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&cpu), bits(&zero), "share 0 must be byte-identical to cpu mode");
+}
