@@ -45,6 +45,34 @@ pub static OTHER_ENV: &[EnvVarDoc] = &[
         doc: "tracing filter (`info`, `hipfire_exec=debug`, ...); overrides `-v` / `--quiet`.",
     },
     EnvVarDoc {
+        name: "HIPFIRE_GPU_TESTS",
+        read_by: "tests",
+        doc: "`1` runs the GPU test tier (on the GPU box, via `scripts/device-check.sh`); unset, \
+              GPU tests skip and say why.",
+    },
+    EnvVarDoc {
+        name: "HIPFIRE_HIP_ARCH",
+        read_by: "hipfire-gpu (hip)",
+        doc: "HIP backend only: the `gfx…` target to compile kernels for, instead of the one \
+              derived from the device's compute capability.",
+    },
+    EnvVarDoc {
+        name: "HIPFIRE_HIP_CUS",
+        read_by: "hipfire-gpu (hip)",
+        doc: "HIP backend only: compute units of the device (sizes the read-bandwidth grid).",
+    },
+    EnvVarDoc {
+        name: "HIPFIRE_GIT_COMMIT",
+        read_by: "build of hipfire-cli",
+        doc: "At build time: the commit `hipfire version` prints, instead of asking git.",
+    },
+    EnvVarDoc {
+        name: "HIPFIRE_BLESS",
+        read_by: "tests",
+        doc: "Set while running `cargo test -p hipfire-config` to rewrite docs/CONFIG.md and \
+              docs/env-vars.md from the schema instead of failing when they are stale.",
+    },
+    EnvVarDoc {
         name: "HIPFIRE_SMOLLM2_GGUF",
         read_by: "tests",
         doc: "Path of the SmolLM2-135M GGUF for the CPU decode tests; `scripts/smollm2-path.sh` \
