@@ -8,11 +8,11 @@
 //! - Q4_K's 64-byte load (two 32-byte chunks) yields sub-blocks (0, 2) from the low nibbles and
 //!   (1, 3) from the high ones, so per 256 the activation stores sub-blocks in
 //!   [`Q4K_ACT_ORDER`];
-//! - Q4_0 stores element j of a block in the low nibble of byte j and element j + 16 in the
-//!   high one; the 512-bit dot loads the 16 nibble bytes of four blocks into one vector, so per
+//! - Q4_0 and Q4_1 store element j of a block in the low nibble of byte j and element j + 16
+//!   in the high one; the 512-bit dot loads the 16 nibble bytes of four blocks into one vector, so per
 //!   four blocks the activation is stored as [first halves of blocks 0..4, second halves of
 //!   blocks 0..4] ([`Q4_0_ACT_GROUP`] elements; a trailing partial group stays in order).
-//!   Q4_0's activation is quantised per natural block *before* this permutation, so each
+//!   Their activation is quantised per natural block *before* this permutation, so each
 //!   weight block still meets one activation scale; HFQ4G256's is quantised after (its weight
 //!   scale spans the whole 256-group, so any 32 activation elements may share a scale).
 
@@ -28,7 +28,7 @@ pub(crate) const ACT_QMAX: f32 = 127.0;
 pub(crate) const LANES8: usize = 8;
 /// HFQ4G256's activation permutation span: one 64-byte load of nibbles covers 128 elements.
 pub(crate) const HFQ_PERM_SPAN: usize = 128;
-/// Elements of one Q4_0 activation group: four blocks, one 512-bit load of nibbles.
+/// Elements of one Q4_0 / Q4_1 activation group: four blocks, one 512-bit load of nibbles.
 pub(crate) const Q4_0_ACT_GROUP: usize = 4 * QK;
 /// Sub-block order of a Q4_K activation super-block (see the module docs).
 pub(crate) const Q4K_ACT_ORDER: [usize; 8] = [0, 2, 1, 3, 4, 6, 5, 7];
@@ -138,7 +138,7 @@ pub(crate) fn act_source(fmt: Format, p: usize, k: usize) -> usize {
             let (base, r) = (p - p % QK_K, p % QK_K);
             base + Q4K_ACT_ORDER[r / Q4K_SUB] * Q4K_SUB + r % Q4K_SUB
         }
-        Format::Q4_0 if p - p % Q4_0_ACT_GROUP + Q4_0_ACT_GROUP <= k => {
+        Format::Q4_0 | Format::Q4_1 if p - p % Q4_0_ACT_GROUP + Q4_0_ACT_GROUP <= k => {
             // Position r of a full group: half = r / 64, block = (r % 64) / 16, j = r % 16.
             let (base, r) = (p - p % Q4_0_ACT_GROUP, p % Q4_0_ACT_GROUP);
             let half_len = Q4_0_ACT_GROUP / 2;
@@ -149,9 +149,9 @@ pub(crate) fn act_source(fmt: Format, p: usize, k: usize) -> usize {
     }
 }
 
-/// Activation position of element `e` of `x` (length `k`) for Q4_0: the inverse of
+/// Activation position of element `e` of `x` (length `k`) for Q4_0 and Q4_1: the inverse of
 /// [`act_source`] (the scalar reference walks weights in element order).
-pub(crate) fn q4_0_pos(e: usize, k: usize) -> usize {
+pub(crate) fn q4_pos(e: usize, k: usize) -> usize {
     let base = e - e % Q4_0_ACT_GROUP;
     if base + Q4_0_ACT_GROUP > k {
         return e;
@@ -349,14 +349,10 @@ mod tests {
     }
 
     #[test]
-    fn q4_0_pos_inverts_act_source() {
+    fn q4_pos_inverts_act_source() {
         for k in [32, 96, 128, 160, 512, 544] {
             for p in 0..k {
-                assert_eq!(
-                    q4_0_pos(act_source(Format::Q4_0, p, k), k),
-                    p,
-                    "k={k} p={p}"
-                );
+                assert_eq!(q4_pos(act_source(Format::Q4_0, p, k), k), p, "k={k} p={p}");
             }
         }
     }

@@ -78,29 +78,6 @@ pub(crate) unsafe fn h2f(h: u16) -> f32 {
     _mm_cvtss_f32(v)
 }
 
-/// Unaligned little-endian u32 at `p`.
-#[inline(always)]
-pub(crate) unsafe fn rd32(p: *const u8) -> i32 {
-    i32::from_le((p as *const i32).read_unaligned())
-}
-
-/// Two Q4_1 blocks' (d, m) pairs → [d0, m0, d1, m1] through one F16C conversion.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn q4_1_dm2(b0: *const u8, b1: *const u8) -> __m128 {
-    _mm_cvtph_ps(_mm_set_epi32(0, 0, rd32(b1), rd32(b0)))
-}
-
-/// [0, s0, 0, s1] from two consecutive exact block sums, to pair with [`q4_1_dm2`].
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn q4_1_s2(s: *const f32) -> __m128 {
-    _mm_unpacklo_ps(
-        _mm_setzero_ps(),
-        _mm_castsi128_ps(_mm_loadl_epi64(s as *const __m128i)),
-    )
-}
-
 /// Sum of 4 f32.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -352,39 +329,63 @@ pub(crate) unsafe fn dot_q4_0_q8_0_avx2(row: &[u8], a: &Q8x32) -> f32 {
     hsum8(_mm256_add_ps(acc0, acc1))
 }
 
-/// Q4_1 row · q8 activation (the `m·Σx` term uses the exact Σx).
+/// One Q4_1 block outside the full 4-block groups: d·dx·Σ q·xq + m·Σx.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q4_1_block(blk: *const u8, a: &Q8x32, b: usize) -> f32 {
+    let x = _mm256_loadu_si256(a.qs.as_ptr().add(QK * b) as *const __m256i);
+    let pi = dp_u8i8_256(nibbles32(blk.add(4)), x);
+    let s = _mm256_set1_ps(h2f(rd16(blk)) * a.d[b]);
+    hsum8(_mm256_mul_ps(s, _mm256_cvtepi32_ps(pi))) + h2f(rd16(blk.add(2))) * a.s[b]
+}
+
+/// Q4_1 row · q8 activation (the `m·Σx` term uses the exact Σx). Same 4-block activation
+/// layout and pairing as [`dot_q4_0_q8_0_avx2`].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_q4_1_q8_1_avx2(row: &[u8], a: &Q8x32) -> f32 {
     let nb = row.len() / Q4_1_BYTES;
-    let p = row.as_ptr();
+    let nb_grouped = nb / Q4_0_GROUP_BLOCKS * Q4_0_GROUP_BLOCKS;
+    let (p, xq) = (row.as_ptr(), a.qs.as_ptr());
+    let m4 = _mm256_set1_epi8(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    let idx = [
+        _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
+        _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
+    ];
     let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
     let mut macc = _mm_setzero_ps();
-    let xq = a.qs.as_ptr();
     let mut b = 0;
-    while b + 2 <= nb {
-        let (b0, b1) = (p.add(Q4_1_BYTES * b), p.add(Q4_1_BYTES * (b + 1)));
-        let dm = q4_1_dm2(b0, b1);
-        // [dx0, 0, dx1, 0] so dd = [d0·dx0, 0, d1·dx1, 0].
-        let dx = _mm_castsi128_ps(_mm_loadl_epi64(a.d.as_ptr().add(b) as *const __m128i));
-        let dd = _mm_mul_ps(dm, _mm_unpacklo_ps(dx, _mm_setzero_ps()));
-        macc = _mm_fmadd_ps(dm, q4_1_s2(a.s.as_ptr().add(b)), macc);
-        let s0 = _mm256_broadcastss_ps(dd);
-        let s1 = _mm256_broadcastss_ps(_mm_movehl_ps(dd, dd));
-        let x0 = _mm256_loadu_si256(xq.add(QK * b) as *const __m256i);
-        let x1 = _mm256_loadu_si256(xq.add(QK * (b + 1)) as *const __m256i);
-        let p0 = dp_u8i8_256(nibbles32(b0.add(4)), x0);
-        let p1 = dp_u8i8_256(nibbles32(b1.add(4)), x1);
-        acc0 = _mm256_fmadd_ps(s0, _mm256_cvtepi32_ps(p0), acc0);
-        acc1 = _mm256_fmadd_ps(s1, _mm256_cvtepi32_ps(p1), acc1);
-        b += 2;
+    while b < nb_grouped {
+        let g = p.add(Q4_1_BYTES * b);
+        let s4 = _mm_mul_ps(h2f_x4(g, Q4_1_BYTES), _mm_loadu_ps(a.d.as_ptr().add(b)));
+        let s4 = _mm256_castps128_ps256(s4);
+        macc = _mm_fmadd_ps(
+            h2f_x4(g.add(2), Q4_1_BYTES),
+            _mm_loadu_ps(a.s.as_ptr().add(b)),
+            macc,
+        );
+        let xg = xq.add(QK * b);
+        for (h, acc) in [(0usize, &mut acc0), (1, &mut acc1)] {
+            let (b0, b1) = (g.add(Q4_1_BYTES * 2 * h), g.add(Q4_1_BYTES * (2 * h + 1)));
+            let q = _mm256_set_m128i(
+                _mm_loadu_si128(b1.add(4) as *const __m128i),
+                _mm_loadu_si128(b0.add(4) as *const __m128i),
+            );
+            let lo = _mm256_and_si256(q, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            let xlo = _mm256_loadu_si256(xg.add(32 * h) as *const __m256i);
+            let xhi = _mm256_loadu_si256(xg.add(64 + 32 * h) as *const __m256i);
+            let plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xlo), ones);
+            let phi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xhi), ones);
+            let s = _mm256_permutevar8x32_ps(s4, idx[h]);
+            *acc = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_add_epi32(plo, phi)), *acc);
+        }
+        b += Q4_0_GROUP_BLOCKS;
     }
     let mut tail = 0f32;
-    if b < nb {
-        let blk = p.add(Q4_1_BYTES * b);
-        let x = _mm256_loadu_si256(xq.add(QK * b) as *const __m256i);
-        let pi = dp_u8i8_256(nibbles32(blk.add(4)), x);
-        let s = _mm256_set1_ps(h2f(rd16(blk)) * a.d[b]);
-        tail = hsum8(_mm256_mul_ps(s, _mm256_cvtepi32_ps(pi))) + h2f(rd16(blk.add(2))) * a.s[b];
+    while b < nb {
+        tail += q4_1_block(p.add(Q4_1_BYTES * b), a, b);
+        b += 1;
     }
     hsum8(_mm256_add_ps(acc0, acc1)) + hsum4(macc) + tail
 }

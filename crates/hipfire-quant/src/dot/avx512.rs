@@ -19,10 +19,10 @@
 use crate::act::{Q8x32, Q8K};
 use crate::dispatch::{Kernels, RowDot};
 use crate::dot::avx2::{
-    h2f, h2f_x4, hsum4, hsum8, nibbles32, q4_0_block, q4_1_dm2, q4_1_s2, q4k_mins_dot,
-    q4k_unpack_scales, q6k_bsum_dot, q8_0_block, rd16, HFQ_BYTES, Q4K_BYTES, Q4K_QS, Q4K_SCALES,
-    Q4_0_BYTES, Q4_0_CORR_LANES, Q4_0_GROUP_BLOCKS, Q4_1_BYTES, Q6K_BYTES, Q6K_D, Q6K_QH,
-    Q6K_SCALES, Q8_0_BYTES,
+    h2f, h2f_x4, hsum4, hsum8, q4_0_block, q4_1_block, q4k_mins_dot, q4k_unpack_scales,
+    q6k_bsum_dot, q8_0_block, rd16, HFQ_BYTES, Q4K_BYTES, Q4K_QS, Q4K_SCALES, Q4_0_BYTES,
+    Q4_0_CORR_LANES, Q4_0_GROUP_BLOCKS, Q4_1_BYTES, Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_SCALES,
+    Q8_0_BYTES,
 };
 use crate::formats::hfq::HFQ_GROUP;
 use crate::formats::kquant::QK_K;
@@ -61,8 +61,6 @@ const IDX_2BLK: [i32; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1];
 const IDX_2BLK_HI: [i32; 16] = [2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3];
 /// Q4_0, one block per 128-bit lane: lanes 4i..4i+4 take scale i.
 const IDX_4BLK: [i32; 16] = [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3];
-/// Q4_1: [d0, m0, d1, m1] → lanes 0..8 take d0 (lane 0), lanes 8..16 take d1 (lane 2).
-const IDX_DM: [i32; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2];
 /// Q4_K: 16-bit lanes of product t cover sub-blocks ((0, 2), (1, 3), (4, 6), (5, 7))[t],
 /// 16 lanes each (one i16 per two bytes after `vpmaddubsw`).
 const IDX16_Q4K: [[u16; 32]; 4] = [
@@ -315,35 +313,39 @@ macro_rules! int_kernels {
                 _mm512_reduce_add_ps(acc) + hsum8(tail)
             }
 
-            /// Q4_1 row · q8 activation.
+            /// Q4_1 row · q8 activation: Q4_0's 4-block layout, plus the exact `m·Σx` term.
             #[target_feature(enable = $feat)]
             pub(crate) unsafe fn dot_q4_1_q8_1_avx512(row: &[u8], a: &Q8x32) -> f32 {
                 let nb = row.len() / Q4_1_BYTES;
+                let nb_grouped = nb / Q4_0_GROUP_BLOCKS * Q4_0_GROUP_BLOCKS;
                 let (p, xq) = (row.as_ptr(), a.qs.as_ptr());
+                let m4 = _mm512_set1_epi8(0x0F);
+                let idx4 = ld_idx(&IDX_4BLK);
                 let mut acc = _mm512_setzero_ps();
                 let mut macc = _mm_setzero_ps();
-                let idx = ld_idx(&IDX_DM);
                 let mut b = 0;
-                while b + 2 <= nb {
-                    let (b0, b1) = (p.add(Q4_1_BYTES * b), p.add(Q4_1_BYTES * (b + 1)));
-                    let w = join(nibbles32(b0.add(4)), nibbles32(b1.add(4)));
-                    let x = _mm512_loadu_si512(xq.add(QK * b) as *const _);
-                    let pi = $dp(_mm512_setzero_si512(), w, x);
-                    let dm = q4_1_dm2(b0, b1);
-                    let dw = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(dm));
-                    let s = _mm512_mul_ps(dw, _mm512_loadu_ps(a.d8.as_ptr().add(8 * b)));
+                while b < nb_grouped {
+                    let g = p.add(Q4_1_BYTES * b);
+                    let ld =
+                        |o: usize| _mm_loadu_si128(g.add(Q4_1_BYTES * o + 4) as *const __m128i);
+                    let q01 = _mm512_castsi256_si512(_mm256_set_m128i(ld(1), ld(0)));
+                    let q = _mm512_inserti32x4::<3>(_mm512_inserti32x4::<2>(q01, ld(2)), ld(3));
+                    let lo = _mm512_and_si512(q, m4);
+                    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
+                    let xlo = _mm512_loadu_si512(xq.add(QK * b) as *const _);
+                    let xhi = _mm512_loadu_si512(xq.add(QK * b + 64) as *const _);
+                    let pi = $dp($dp(_mm512_setzero_si512(), lo, xlo), hi, xhi);
+                    let s4 = _mm_mul_ps(h2f_x4(g, Q4_1_BYTES), _mm_loadu_ps(a.d.as_ptr().add(b)));
+                    let s = _mm512_permutexvar_ps(idx4, _mm512_castps128_ps512(s4));
                     acc = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(pi), acc);
-                    macc = _mm_fmadd_ps(dm, q4_1_s2(a.s.as_ptr().add(b)), macc);
-                    b += 2;
+                    let m = h2f_x4(g.add(2), Q4_1_BYTES);
+                    macc = _mm_fmadd_ps(m, _mm_loadu_ps(a.s.as_ptr().add(b)), macc);
+                    b += Q4_0_GROUP_BLOCKS;
                 }
                 let mut tail = 0f32;
-                if b < nb {
-                    let b0 = p.add(Q4_1_BYTES * b);
-                    let x = _mm256_loadu_si256(xq.add(QK * b) as *const __m256i);
-                    let pi = crate::dot::avx2::dp_u8i8_256(nibbles32(b0.add(4)), x);
-                    let s = _mm256_set1_ps(h2f(rd16(b0)) * a.d[b]);
-                    tail = hsum8(_mm256_mul_ps(s, _mm256_cvtepi32_ps(pi)));
-                    tail += h2f(rd16(b0.add(2))) * a.s[b];
+                while b < nb {
+                    tail += q4_1_block(p.add(Q4_1_BYTES * b), a, b);
+                    b += 1;
                 }
                 _mm512_reduce_add_ps(acc) + hsum4(macc) + tail
             }

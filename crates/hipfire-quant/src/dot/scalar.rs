@@ -58,7 +58,7 @@ pub(crate) fn dot_q4_0_q8_0_scalar(row: &[u8], a: &Q8x32) -> f32 {
         let w = BlockQ4_0::read(blk);
         let p: i32 = (0..QK)
             .map(|i| {
-                let xq = a.qs[crate::act::q4_0_pos(QK * b + i, k)];
+                let xq = a.qs[crate::act::q4_pos(QK * b + i, k)];
                 i32::from(nibble(&w.qs, i)) * i32::from(xq)
             })
             .sum();
@@ -68,15 +68,18 @@ pub(crate) fn dot_q4_0_q8_0_scalar(row: &[u8], a: &Q8x32) -> f32 {
     acc as f32
 }
 
-/// Q4_1 row · q8 activation: Σ d·dx·Σ q·xq + m·Σx.
+/// Q4_1 row · q8 activation: Σ d·dx·Σ q·xq + m·Σx (activation permuted per 4 blocks).
 pub(crate) fn dot_q4_1_q8_1_scalar(row: &[u8], a: &Q8x32) -> f32 {
+    let k = a.qs.len();
     let mut acc = 0f64;
     for (b, blk) in row.chunks_exact(20).enumerate() {
         let w = BlockQ4_1::read(blk);
-        let p = isum32(
-            (0..QK).map(|i| i32::from(nibble(&w.qs, i))),
-            &a.qs[QK * b..],
-        );
+        let p: i32 = (0..QK)
+            .map(|i| {
+                let xq = a.qs[crate::act::q4_pos(QK * b + i, k)];
+                i32::from(nibble(&w.qs, i)) * i32::from(xq)
+            })
+            .sum();
         acc += f64::from(f16_to_f32(w.d) * a.d[b]) * f64::from(p);
         acc += f64::from(f16_to_f32(w.m)) * f64::from(a.s[b]);
     }
