@@ -3,8 +3,8 @@
 //! # Layout
 //! - [`pool`] — the CPU engine: pinned worker actors ([`CpuPool`] handle, `CpuWorker` task)
 //!   that multiply row ranges of any format through hipfire-quant's row dot.
-//! - [`bench`] — CPU GEMV and plain-read bandwidth on the same pinned workers (serde results
-//!   for `hipfire offload-bench` and the criterion bench).
+//! - [`bench`](mod@bench) — CPU GEMV and plain-read bandwidth on the same pinned workers
+//!   (serde results for `hipfire offload-bench` and the criterion bench).
 //! - [`share`] — the share scheduler: a pure state machine (no threads, no clocks) fed arm
 //!   timings, and the row cut [`share::plan_rows`].
 //! - [`refusal`] — the rules that keep a step off the split (it then runs whole on the CPU).
@@ -16,6 +16,9 @@
 //! - [`planner`] — the planner actor (`Planner` / `PlannerHandle`): route, refuse, schedule,
 //!   cut, run, feed back, trace.
 //! - [`trace`] — the `hipfire::cpu_exec` trace lines.
+//! - [`offload`] — spilled steps whose activation and output live on the device (the decode
+//!   path's executor over hipfire-gpu: pcie / cpu / passback with ordering and two-stream joins),
+//!   built on the same pool, scheduler and refusal rules.
 //! - [`topology`] — one logical CPU per physical core.
 //!
 //! # The one design decision

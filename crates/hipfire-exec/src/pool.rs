@@ -14,7 +14,7 @@
 //! Borrowed data across threads: a call hands workers a raw pointer to a job that borrows the
 //! caller's weight, activation and output, and then blocks until every worker that received the
 //! pointer has answered (or died, dropping the message). That blocking wait is what makes the
-//! erased lifetime sound; see the SAFETY comments in [`CpuPool::run_job`].
+//! erased lifetime sound; see the SAFETY comments in `CpuPool::run_job`.
 
 use crate::error::ExecError;
 use crate::kernel::{gemv_rows, ActivationBuf};
