@@ -19,10 +19,10 @@
 use crate::act::{Q8x32, Q8K};
 use crate::dispatch::{Kernels, RowDot};
 use crate::dot::avx2::{
-    h2f, h2f_x4, hsum4, hsum8, q4_0_block, q4_1_block, q4k_mins_dot, q4k_unpack_scales,
-    q6k_bsum_dot, q8_0_block, rd16, HFQ_BYTES, Q4K_BYTES, Q4K_QS, Q4K_SCALES, Q4_0_BYTES,
-    Q4_0_CORR_LANES, Q4_0_GROUP_BLOCKS, Q4_1_BYTES, Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_SCALES,
-    Q8_0_BYTES,
+    h2f, h2f_x4, hsum4, hsum8, prefetch_ahead, q4_0_block, q4_1_block, q4k_mins_dot,
+    q4k_unpack_scales, q6k_bsum_dot, q8_0_block, rd16, HFQ_BYTES, Q4K_BYTES, Q4K_QS, Q4K_SCALES,
+    Q4_0_BYTES, Q4_0_CORR_LANES, Q4_0_GROUP_BLOCKS, Q4_1_BYTES, Q6K_BYTES, Q6K_D, Q6K_QH,
+    Q6K_SCALES, Q8_0_BYTES,
 };
 use crate::formats::hfq::HFQ_GROUP;
 use crate::formats::kquant::QK_K;
@@ -248,6 +248,7 @@ macro_rules! int_kernels {
                 let mut b = 0;
                 while b + STEP <= nb {
                     let g = p.add(Q8_0_BYTES * b);
+                    prefetch_ahead::<{ STEP * Q8_0_BYTES }>(g);
                     let ld =
                         |o: usize| _mm256_loadu_si256(g.add(Q8_0_BYTES * o + 2) as *const __m256i);
                     let (w01, w23) = (join(ld(0), ld(1)), join(ld(2), ld(3)));
@@ -288,6 +289,7 @@ macro_rules! int_kernels {
                 let mut b = 0;
                 while b < nb_grouped {
                     let g = p.add(Q4_0_BYTES * b);
+                    prefetch_ahead::<{ Q4_0_GROUP_BLOCKS * Q4_0_BYTES }>(g);
                     let ld =
                         |o: usize| _mm_loadu_si128(g.add(Q4_0_BYTES * o + 2) as *const __m128i);
                     let q01 = _mm512_castsi256_si512(_mm256_set_m128i(ld(1), ld(0)));
@@ -326,6 +328,7 @@ macro_rules! int_kernels {
                 let mut b = 0;
                 while b < nb_grouped {
                     let g = p.add(Q4_1_BYTES * b);
+                    prefetch_ahead::<{ Q4_0_GROUP_BLOCKS * Q4_1_BYTES }>(g);
                     let ld =
                         |o: usize| _mm_loadu_si128(g.add(Q4_1_BYTES * o + 4) as *const __m128i);
                     let q01 = _mm512_castsi256_si512(_mm256_set_m128i(ld(1), ld(0)));
@@ -361,6 +364,7 @@ macro_rules! int_kernels {
                 let mut zacc = 0f32;
                 for g in 0..ng {
                     let blk = p.add(HFQ_BYTES * g);
+                    prefetch_ahead::<HFQ_BYTES>(blk);
                     // x86-64 is little-endian, as the format is.
                     let scale = (blk as *const f32).read_unaligned();
                     let zero = (blk.add(4) as *const f32).read_unaligned();
@@ -393,6 +397,7 @@ macro_rules! int_kernels {
                 let mut macc = _mm_setzero_ps();
                 for s in 0..nsb {
                     let blk = p.add(Q4K_BYTES * s);
+                    prefetch_ahead::<Q4K_BYTES>(blk);
                     let (sc, mins) = q4k_unpack_scales(blk.add(Q4K_SCALES));
                     let sc16 =
                         _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
@@ -433,6 +438,7 @@ macro_rules! int_kernels {
                 let mut acc = _mm512_setzero_ps();
                 for s in 0..nsb {
                     let blk = p.add(Q6K_BYTES * s);
+                    prefetch_ahead::<Q6K_BYTES>(blk);
                     let scales = blk.add(Q6K_SCALES);
                     let sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128(
                         scales as *const __m128i,
