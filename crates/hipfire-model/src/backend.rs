@@ -37,7 +37,14 @@ pub trait Backend: Send + Sync {
 
     /// `y = W·x`, or `y += W·x` when `accumulate`. `bytes` are `w`'s bytes in the host file
     /// (`bytes.len() == w.n_bytes`), `x.len() == w.k`, `y.len() == w.m`.
-    fn gemv(&self, w: &Weight, bytes: &[u8], x: &[f32], y: &mut [f32], accumulate: bool) -> Result<(), ModelError>;
+    fn gemv(
+        &self,
+        w: &Weight,
+        bytes: &[u8],
+        x: &[f32],
+        y: &mut [f32],
+        accumulate: bool,
+    ) -> Result<(), ModelError>;
 
     /// One line on where weights live and who multiplies them.
     fn describe(&self) -> String;
@@ -53,7 +60,9 @@ pub struct CpuBackend {
 impl CpuBackend {
     /// A backend over a new pool of `threads` workers (0: one per physical core).
     pub fn new(threads: usize) -> Result<CpuBackend, ModelError> {
-        Ok(CpuBackend { pool: CpuPool::new(threads)? })
+        Ok(CpuBackend {
+            pool: CpuPool::new(threads)?,
+        })
     }
 
     /// A backend over an existing pool (shared with other users of the CPU engine).
@@ -72,13 +81,24 @@ impl Backend for CpuBackend {
         "cpu"
     }
 
-    fn gemv(&self, w: &Weight, bytes: &[u8], x: &[f32], y: &mut [f32], accumulate: bool) -> Result<(), ModelError> {
+    fn gemv(
+        &self,
+        w: &Weight,
+        bytes: &[u8],
+        x: &[f32],
+        y: &mut [f32],
+        accumulate: bool,
+    ) -> Result<(), ModelError> {
         self.pool.gemv(w.format, bytes, w.k, x, y, accumulate)?;
         Ok(())
     }
 
     fn describe(&self) -> String {
-        format!("cpu pool, {} pinned workers, simd {:?}", self.pool.threads(), hipfire_quant::simd_tier())
+        format!(
+            "cpu pool, {} pinned workers, simd {:?}",
+            self.pool.threads(),
+            hipfire_quant::simd_tier()
+        )
     }
 }
 
@@ -92,7 +112,14 @@ impl Backend for ReferenceBackend {
         "reference"
     }
 
-    fn gemv(&self, w: &Weight, bytes: &[u8], x: &[f32], y: &mut [f32], accumulate: bool) -> Result<(), ModelError> {
+    fn gemv(
+        &self,
+        w: &Weight,
+        bytes: &[u8],
+        x: &[f32],
+        y: &mut [f32],
+        accumulate: bool,
+    ) -> Result<(), ModelError> {
         let rb = w.format.row_bytes(w.k)?;
         if bytes.len() < w.m * rb || x.len() != w.k || y.len() != w.m {
             return Err(ModelError::Backend {
@@ -104,7 +131,11 @@ impl Backend for ReferenceBackend {
         for (i, yi) in y.iter_mut().enumerate() {
             hipfire_quant::dequantize_row_f64(w.format, &bytes[i * rb..(i + 1) * rb], &mut row)?;
             let d: f64 = row.iter().zip(x).map(|(&a, &b)| a * f64::from(b)).sum();
-            *yi = if accumulate { (f64::from(*yi) + d) as f32 } else { d as f32 };
+            *yi = if accumulate {
+                (f64::from(*yi) + d) as f32
+            } else {
+                d as f32
+            };
         }
         Ok(())
     }

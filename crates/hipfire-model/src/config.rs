@@ -21,7 +21,9 @@ impl Arch {
             "llama" => Ok(Arch::Llama),
             "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
-            other => Err(ModelError::Unsupported(format!("architecture {other:?} (supported: llama, qwen2, qwen3)"))),
+            other => Err(ModelError::Unsupported(format!(
+                "architecture {other:?} (supported: llama, qwen2, qwen3)"
+            ))),
         }
     }
 
@@ -83,7 +85,9 @@ impl ModelConfig {
     pub fn from_gguf(idx: &GgufIndex) -> Result<ModelConfig, ModelError> {
         let arch = Arch::from_name(idx.get_str("general.architecture")?)?;
         let a = arch.name();
-        let u = |k: &str| -> Result<usize, ModelError> { Ok(idx.get_u64(&format!("{a}.{k}"))? as usize) };
+        let u = |k: &str| -> Result<usize, ModelError> {
+            Ok(idx.get_u64(&format!("{a}.{k}"))? as usize)
+        };
         let d_model = u("embedding_length")?;
         let n_head = u("attention.head_count")?;
         if n_head == 0 || d_model == 0 {
@@ -95,7 +99,9 @@ impl ModelConfig {
             n_head
         };
         if n_head_kv == 0 || n_head % n_head_kv != 0 {
-            return Err(ModelError::Unsupported(format!("{n_head} heads not a multiple of {n_head_kv} kv heads")));
+            return Err(ModelError::Unsupported(format!(
+                "{n_head} heads not a multiple of {n_head_kv} kv heads"
+            )));
         }
         let head_dim = match idx.get(&format!("{a}.attention.key_length")) {
             Some(_) => u("attention.key_length")?,
@@ -106,10 +112,19 @@ impl ModelConfig {
             None => head_dim,
         };
         if head_dim == 0 || rope_dim > head_dim || rope_dim % 2 != 0 {
-            return Err(ModelError::Unsupported(format!("head_dim {head_dim}, rope_dim {rope_dim}")));
+            return Err(ModelError::Unsupported(format!(
+                "head_dim {head_dim}, rope_dim {rope_dim}"
+            )));
         }
-        let vocab = idx.get_array("tokenizer.ggml.tokens").map(<[_]>::len).or_else(|_| u("vocab_size"))?;
-        let f = |k: &str, d: f64| idx.get(&format!("{a}.{k}")).and_then(|v| v.as_f64()).unwrap_or(d);
+        let vocab = idx
+            .get_array("tokenizer.ggml.tokens")
+            .map(<[_]>::len)
+            .or_else(|_| u("vocab_size"))?;
+        let f = |k: &str, d: f64| {
+            idx.get(&format!("{a}.{k}"))
+                .and_then(|v| v.as_f64())
+                .unwrap_or(d)
+        };
         Ok(ModelConfig {
             arch,
             n_layer: u("block_count")?,

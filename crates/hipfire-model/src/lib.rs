@@ -37,6 +37,6 @@ pub use backend::{Backend, CpuBackend, ReferenceBackend, Weight};
 pub use config::{Arch, ModelConfig};
 pub use error::ModelError;
 pub use model::{GenerationStats, LoadOptions, LoadProgress, Model, ProgressFn, Session};
-pub use sampling::{SamplingParams, Sampler};
+pub use sampling::{Sampler, SamplingParams};
 pub use synth::{write_synthetic, SynthReport, SynthSpec, SYNTH_DESCRIPTION};
 pub use tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer};

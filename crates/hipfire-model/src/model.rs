@@ -96,12 +96,19 @@ pub struct Model {
 
 impl std::fmt::Debug for Model {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Model").field("config", &self.config).field("summary", &self.summary).finish()
+        f.debug_struct("Model")
+            .field("config", &self.config)
+            .field("summary", &self.summary)
+            .finish()
     }
 }
 
 fn shape_err(t: &TensorInfo, want: &[u64]) -> ModelError {
-    ModelError::Shape { name: t.name.clone(), want: want.to_vec(), got: t.dims.clone() }
+    ModelError::Shape {
+        name: t.name.clone(),
+        want: want.to_vec(),
+        got: t.dims.clone(),
+    }
 }
 
 struct Loader<'a> {
@@ -115,14 +122,23 @@ impl Loader<'_> {
         if t.dims != [k as u64, m as u64] {
             return Err(shape_err(t, &[k as u64, m as u64]));
         }
-        let format = Format::from_ggml_type(t.ggml_type.0)
-            .map_err(|_| ModelError::Unsupported(format!("tensor {name} has type {}", t.ggml_type)))?;
+        let format = Format::from_ggml_type(t.ggml_type.0).map_err(|_| {
+            ModelError::Unsupported(format!("tensor {name} has type {}", t.ggml_type))
+        })?;
         let n_bytes = m * format.row_bytes(k)?;
         if n_bytes as u64 != t.n_bytes {
             return Err(shape_err(t, &[k as u64, m as u64]));
         }
         let id = self.weights.len();
-        self.weights.push(Weight { id, name: name.to_owned(), format, m, k, offset: t.start as usize, n_bytes });
+        self.weights.push(Weight {
+            id,
+            name: name.to_owned(),
+            format,
+            m,
+            k,
+            offset: t.start as usize,
+            n_bytes,
+        });
         Ok(id)
     }
 
@@ -131,8 +147,9 @@ impl Loader<'_> {
         if t.n_elements() != n as u64 || t.n_rows() != 1 {
             return Err(shape_err(t, &[n as u64]));
         }
-        let format = Format::from_ggml_type(t.ggml_type.0)
-            .map_err(|_| ModelError::Unsupported(format!("tensor {name} has type {}", t.ggml_type)))?;
+        let format = Format::from_ggml_type(t.ggml_type.0).map_err(|_| {
+            ModelError::Unsupported(format!("tensor {name} has type {}", t.ggml_type))
+        })?;
         let mut v = vec![0f32; n];
         ops::dequantize_row(format, bytes, &mut v)?;
         Ok(v)
@@ -154,12 +171,20 @@ impl Model {
     }
 
     /// Map and load a GGUF with a caller-built backend (GPU, split, reference).
-    pub fn load_with_backend(path: impl AsRef<Path>, opts: &LoadOptions, backend: Arc<dyn Backend>) -> Result<Model, ModelError> {
+    pub fn load_with_backend(
+        path: impl AsRef<Path>,
+        opts: &LoadOptions,
+        backend: Arc<dyn Backend>,
+    ) -> Result<Model, ModelError> {
         Model::from_gguf(GgufFile::open(path)?, opts, backend)
     }
 
     /// Load from an already parsed file.
-    pub fn from_gguf(file: GgufFile, opts: &LoadOptions, backend: Arc<dyn Backend>) -> Result<Model, ModelError> {
+    pub fn from_gguf(
+        file: GgufFile,
+        opts: &LoadOptions,
+        backend: Arc<dyn Backend>,
+    ) -> Result<Model, ModelError> {
         let idx = file.index();
         let config = ModelConfig::from_gguf(idx)?;
         let tokenizer = Tokenizer::from_gguf(idx)?;
@@ -171,7 +196,10 @@ impl Model {
             )));
         }
         let c = &config;
-        let mut ld = Loader { file: &file, weights: Vec::new() };
+        let mut ld = Loader {
+            file: &file,
+            weights: Vec::new(),
+        };
         let token_embd = ld.matrix("token_embd.weight", c.d_model, c.vocab)?;
         let mut layers = Vec::with_capacity(c.n_layer);
         for i in 0..c.n_layer {
@@ -185,9 +213,21 @@ impl Model {
                 wv: ld.matrix(&n("attn_v.weight"), c.d_model, kvd)?,
                 wo: ld.matrix(&n("attn_output.weight"), qd, c.d_model)?,
                 // Optional everywhere (some llama fine-tunes carry biases too); Qwen2 requires them.
-                bq: if biases { Some(ld.vector(&n("attn_q.bias"), qd)?) } else { ld.opt_vector(&n("attn_q.bias"), qd)? },
-                bk: if biases { Some(ld.vector(&n("attn_k.bias"), kvd)?) } else { ld.opt_vector(&n("attn_k.bias"), kvd)? },
-                bv: if biases { Some(ld.vector(&n("attn_v.bias"), kvd)?) } else { ld.opt_vector(&n("attn_v.bias"), kvd)? },
+                bq: if biases {
+                    Some(ld.vector(&n("attn_q.bias"), qd)?)
+                } else {
+                    ld.opt_vector(&n("attn_q.bias"), qd)?
+                },
+                bk: if biases {
+                    Some(ld.vector(&n("attn_k.bias"), kvd)?)
+                } else {
+                    ld.opt_vector(&n("attn_k.bias"), kvd)?
+                },
+                bv: if biases {
+                    Some(ld.vector(&n("attn_v.bias"), kvd)?)
+                } else {
+                    ld.opt_vector(&n("attn_v.bias"), kvd)?
+                },
                 q_norm: ld.opt_vector(&n("attn_q_norm.weight"), c.head_dim)?,
                 k_norm: ld.opt_vector(&n("attn_k_norm.weight"), c.head_dim)?,
                 ffn_norm: ld.vector(&n("ffn_norm.weight"), c.d_model)?,
@@ -196,7 +236,9 @@ impl Model {
                 down: ld.matrix(&n("ffn_down.weight"), c.n_ff, c.d_model)?,
             });
             if c.arch == Arch::Qwen3 && (layers[i].q_norm.is_none() || layers[i].k_norm.is_none()) {
-                return Err(ModelError::Unsupported(format!("qwen3 layer {i} lacks q/k norms")));
+                return Err(ModelError::Unsupported(format!(
+                    "qwen3 layer {i} lacks q/k norms"
+                )));
             }
         }
         let output_norm = ld.vector("output_norm.weight", c.d_model)?;
@@ -222,7 +264,11 @@ impl Model {
             std::hint::black_box(acc);
             done += w.n_bytes as u64;
             if let Some(cb) = &opts.progress {
-                cb(&LoadProgress { done_bytes: done, total_bytes: total, tensor: w.name.clone() });
+                cb(&LoadProgress {
+                    done_bytes: done,
+                    total_bytes: total,
+                    tensor: w.name.clone(),
+                });
             }
         }
 
@@ -232,7 +278,11 @@ impl Model {
             *counts.entry(w.format).or_default() += 1;
         }
         let formats: Vec<String> = counts.iter().map(|(f, n)| format!("{f}×{n}")).collect();
-        let synthetic = file.index().get(crate::synth::SYNTH_KEY).and_then(|v| v.as_bool()) == Some(true);
+        let synthetic = file
+            .index()
+            .get(crate::synth::SYNTH_KEY)
+            .and_then(|v| v.as_bool())
+            == Some(true);
         let summary = format!(
             "{}{} {} layers, d_model {}, vocab {}: all {} layers + head on {} ({}); weights {:.1} MiB [{}]; ctx {}",
             if synthetic { "[SYNTHETIC] " } else { "" },
@@ -248,7 +298,20 @@ impl Model {
             ctx_len
         );
         tracing::info!(target: "hipfire::model", summary = %summary, "model loaded");
-        Ok(Model { file, config, tokenizer, weights, layers, token_embd, output, output_norm, rope, backend, ctx_len, summary })
+        Ok(Model {
+            file,
+            config,
+            tokenizer,
+            weights,
+            layers,
+            token_embd,
+            output,
+            output_norm,
+            rope,
+            backend,
+            ctx_len,
+            summary,
+        })
     }
 
     /// Hyper-parameters.
@@ -283,7 +346,11 @@ impl Model {
 
     /// True if and only if the file was written by [`crate::synth`] (random weights).
     pub fn is_synthetic(&self) -> bool {
-        self.file.index().get(crate::synth::SYNTH_KEY).and_then(|v| v.as_bool()) == Some(true)
+        self.file
+            .index()
+            .get(crate::synth::SYNTH_KEY)
+            .and_then(|v| v.as_bool())
+            == Some(true)
     }
 
     /// Context length of new sessions.
@@ -296,7 +363,13 @@ impl Model {
         Session::new(self)
     }
 
-    fn gemv(&self, id: usize, x: &[f32], y: &mut [f32], accumulate: bool) -> Result<(), ModelError> {
+    fn gemv(
+        &self,
+        id: usize,
+        x: &[f32],
+        y: &mut [f32],
+        accumulate: bool,
+    ) -> Result<(), ModelError> {
         let w = &self.weights[id];
         self.backend.gemv(w, self.weight_bytes(w), x, y, accumulate)
     }
@@ -383,13 +456,19 @@ impl<'m> Session<'m> {
     /// Forget the conversation (keeps allocations).
     pub fn reset(&mut self) {
         self.pos = 0;
-        self.k_cache.iter_mut().chain(self.v_cache.iter_mut()).for_each(Vec::clear);
+        self.k_cache
+            .iter_mut()
+            .chain(self.v_cache.iter_mut())
+            .for_each(Vec::clear);
     }
 
     /// Feed `tokens` one position at a time; returns the logits after the last one.
     pub fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32], ModelError> {
         if self.pos + tokens.len() > self.model.ctx_len {
-            return Err(ModelError::ContextFull { need: self.pos + tokens.len(), ctx: self.model.ctx_len });
+            return Err(ModelError::ContextFull {
+                need: self.pos + tokens.len(),
+                ctx: self.model.ctx_len,
+            });
         }
         for &t in tokens {
             self.forward(t)?;
@@ -418,7 +497,10 @@ impl<'m> Session<'m> {
         mut on_token: impl FnMut(u32) -> bool,
     ) -> Result<GenerationStats, ModelError> {
         let mut sampler = Sampler::new(params)?;
-        let mut stats = GenerationStats { prompt_tokens: prompt.len(), ..Default::default() };
+        let mut stats = GenerationStats {
+            prompt_tokens: prompt.len(),
+            ..Default::default()
+        };
         let t0 = Instant::now();
         if prompt.is_empty() {
             return Err(ModelError::InvalidOption("empty prompt".into()));
@@ -432,7 +514,10 @@ impl<'m> Session<'m> {
                 break;
             }
             stats.generated += 1;
-            if !on_token(tok) || stats.generated == params.max_tokens || self.pos >= self.model.ctx_len {
+            if !on_token(tok)
+                || stats.generated == params.max_tokens
+                || self.pos >= self.model.ctx_len
+            {
                 break;
             }
             self.forward(tok)?;
@@ -447,10 +532,16 @@ impl<'m> Session<'m> {
         let m = self.model;
         let c = &m.config;
         if token as usize >= c.vocab {
-            return Err(ModelError::BadToken { id: token, vocab: c.vocab });
+            return Err(ModelError::BadToken {
+                id: token,
+                vocab: c.vocab,
+            });
         }
         if self.pos >= m.ctx_len {
-            return Err(ModelError::ContextFull { need: self.pos + 1, ctx: m.ctx_len });
+            return Err(ModelError::ContextFull {
+                need: self.pos + 1,
+                ctx: m.ctx_len,
+            });
         }
         let pos = self.pos;
         let emb = &m.weights[m.token_embd];
@@ -466,16 +557,24 @@ impl<'m> Session<'m> {
             m.gemv(l.wq, &self.xn, &mut self.q, false)?;
             m.gemv(l.wk, &self.xn, &mut self.k, false)?;
             m.gemv(l.wv, &self.xn, &mut self.v, false)?;
-            for (buf, b) in [(&mut self.q, &l.bq), (&mut self.k, &l.bk), (&mut self.v, &l.bv)] {
+            for (buf, b) in [
+                (&mut self.q, &l.bq),
+                (&mut self.k, &l.bk),
+                (&mut self.v, &l.bv),
+            ] {
                 if let Some(b) = b {
                     buf.iter_mut().zip(b).for_each(|(y, &bb)| *y += bb);
                 }
             }
             if let Some(w) = &l.q_norm {
-                self.q.chunks_exact_mut(hd).for_each(|h| ops::rms_norm_inplace(h, w, c.rms_eps));
+                self.q
+                    .chunks_exact_mut(hd)
+                    .for_each(|h| ops::rms_norm_inplace(h, w, c.rms_eps));
             }
             if let Some(w) = &l.k_norm {
-                self.k.chunks_exact_mut(hd).for_each(|h| ops::rms_norm_inplace(h, w, c.rms_eps));
+                self.k
+                    .chunks_exact_mut(hd)
+                    .for_each(|h| ops::rms_norm_inplace(h, w, c.rms_eps));
             }
             m.rope.apply(&mut self.q, hd, pos);
             m.rope.apply(&mut self.k, hd, pos);

@@ -37,11 +37,17 @@ impl Rope {
     pub fn new(rope_dim: usize, base: f64, neox: bool, factors: Option<&[f32]>) -> Rope {
         let inv_freq = (0..rope_dim / 2)
             .map(|i| {
-                let f = factors.and_then(|f| f.get(i)).map_or(1.0, |&v| f64::from(v));
+                let f = factors
+                    .and_then(|f| f.get(i))
+                    .map_or(1.0, |&v| f64::from(v));
                 base.powf(-2.0 * i as f64 / rope_dim as f64) / f
             })
             .collect();
-        Rope { inv_freq, neox, rope_dim }
+        Rope {
+            inv_freq,
+            neox,
+            rope_dim,
+        }
     }
 
     /// Rotate every head of `x` (`n_heads × head_dim`) in place for position `pos`.
@@ -57,7 +63,11 @@ impl Rope {
             .collect();
         for head in x.chunks_exact_mut(head_dim) {
             for (i, &(c, s)) in cs.iter().enumerate() {
-                let (a, b) = if self.neox { (i, i + half) } else { (2 * i, 2 * i + 1) };
+                let (a, b) = if self.neox {
+                    (i, i + half)
+                } else {
+                    (2 * i, 2 * i + 1)
+                };
                 let (x0, x1) = (head[a], head[b]);
                 head[a] = x0 * c - x1 * s;
                 head[b] = x0 * s + x1 * c;

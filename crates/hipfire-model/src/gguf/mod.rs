@@ -138,7 +138,9 @@ pub enum GgufError {
         alignment: u64,
     },
     /// A tensor's bytes run past the end of the file.
-    #[error("tensor {name:?} bytes [{start}, {end}) run past the end of the file ({file_len} bytes)")]
+    #[error(
+        "tensor {name:?} bytes [{start}, {end}) run past the end of the file ({file_len} bytes)"
+    )]
     TensorOutOfBounds {
         /// Tensor.
         name: String,

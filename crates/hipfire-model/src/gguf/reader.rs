@@ -80,7 +80,12 @@ impl<'a> Cursor<'a> {
 
     fn take(&mut self, n: u64, what: &'static str) -> Result<&'a [u8], GgufError> {
         let have = self.remaining();
-        let err = GgufError::Truncated { what, offset: self.pos, need: n, have };
+        let err = GgufError::Truncated {
+            what,
+            offset: self.pos,
+            need: n,
+            have,
+        };
         let n = usize::try_from(n).map_err(|_| err.clone())?;
         if n > have {
             return Err(err);
@@ -119,7 +124,12 @@ impl<'a> Cursor<'a> {
             .checked_mul(min_size)
             .is_some_and(|need| need <= remaining as u64);
         if !fits {
-            return Err(GgufError::AbsurdCount { what, count, offset, remaining });
+            return Err(GgufError::AbsurdCount {
+                what,
+                count,
+                offset,
+                remaining,
+            });
         }
         Ok(count)
     }
@@ -154,9 +164,11 @@ impl<'a> Cursor<'a> {
                     return Err(GgufError::TooDeep(key.to_owned()));
                 }
                 let ty_id = self.u32("array element type")?;
-                let elem = MetaValueType::from_id(ty_id).ok_or_else(|| {
-                    GgufError::UnknownValueType { key: key.to_owned(), ty: ty_id }
-                })?;
+                let elem =
+                    MetaValueType::from_id(ty_id).ok_or_else(|| GgufError::UnknownValueType {
+                        key: key.to_owned(),
+                        ty: ty_id,
+                    })?;
                 let n = self.count("array length", elem.min_encoded_size())?;
                 // `count` proved n * min_size <= remaining bytes, so this allocation is
                 // bounded by the input size.
@@ -214,8 +226,10 @@ impl GgufIndex {
         for _ in 0..n_kv {
             let key = c.string("metadata key")?;
             let ty_id = c.u32("metadata value type")?;
-            let ty = MetaValueType::from_id(ty_id)
-                .ok_or_else(|| GgufError::UnknownValueType { key: key.clone(), ty: ty_id })?;
+            let ty = MetaValueType::from_id(ty_id).ok_or_else(|| GgufError::UnknownValueType {
+                key: key.clone(),
+                ty: ty_id,
+            })?;
             let value = c.value(ty, &key, 0)?;
             if key_index.insert(key.clone(), metadata.len()).is_some() {
                 return Err(GgufError::DuplicateKey(key));
@@ -261,16 +275,28 @@ impl GgufIndex {
             let offset = c.u64("tensor offset")?;
             let n_bytes = tensor_bytes(&name, &dims, ty)?;
             if offset % alignment != 0 {
-                return Err(GgufError::MisalignedTensor { name, offset, alignment });
+                return Err(GgufError::MisalignedTensor {
+                    name,
+                    offset,
+                    alignment,
+                });
             }
             if tensor_index.insert(name.clone(), tensors.len()).is_some() {
                 return Err(GgufError::DuplicateTensor(name));
             }
-            tensors.push(TensorInfo { name, dims, ggml_type: ty, offset, start: 0, n_bytes });
+            tensors.push(TensorInfo {
+                name,
+                dims,
+                ggml_type: ty,
+                offset,
+                start: 0,
+                n_bytes,
+            });
         }
 
         let file_len = buf.len() as u64;
-        let data_offset = align_up(c.pos as u64, alignment).ok_or(GgufError::BadAlignment(alignment))?;
+        let data_offset =
+            align_up(c.pos as u64, alignment).ok_or(GgufError::BadAlignment(alignment))?;
         // A file with no tensors may end right after the header without padding.
         if !tensors.is_empty() && data_offset > file_len {
             return Err(GgufError::Truncated {
@@ -301,7 +327,10 @@ impl GgufIndex {
             let (a, b) = (&tensors[w[0]], &tensors[w[1]]);
             // Empty tensors cannot exist (dims are non-zero), so equal starts overlap too.
             if a.start + a.n_bytes > b.start {
-                return Err(GgufError::OverlappingTensors { a: a.name.clone(), b: b.name.clone() });
+                return Err(GgufError::OverlappingTensors {
+                    a: a.name.clone(),
+                    b: b.name.clone(),
+                });
             }
         }
 
@@ -328,11 +357,16 @@ impl GgufIndex {
     }
 
     fn require(&self, key: &str) -> Result<&MetaValue, GgufError> {
-        self.get(key).ok_or_else(|| GgufError::MissingKey(key.to_owned()))
+        self.get(key)
+            .ok_or_else(|| GgufError::MissingKey(key.to_owned()))
     }
 
     fn wrong(key: &str, expected: &'static str, v: &MetaValue) -> GgufError {
-        GgufError::WrongType { key: key.to_owned(), expected, found: v.type_name() }
+        GgufError::WrongType {
+            key: key.to_owned(),
+            expected,
+            found: v.type_name(),
+        }
     }
 
     /// A required string key.
@@ -344,7 +378,8 @@ impl GgufIndex {
     /// A required non-negative integer key (any integer type).
     pub fn get_u64(&self, key: &str) -> Result<u64, GgufError> {
         let v = self.require(key)?;
-        v.as_u64().ok_or_else(|| Self::wrong(key, "unsigned integer", v))
+        v.as_u64()
+            .ok_or_else(|| Self::wrong(key, "unsigned integer", v))
     }
 
     /// A required number (float or integer).
@@ -362,7 +397,11 @@ impl GgufIndex {
 
 /// Byte size of a tensor, validating rank, dims, type and block alignment of `dims[0]`.
 fn tensor_bytes(name: &str, dims: &[u64], ty: GgmlType) -> Result<u64, GgufError> {
-    let bad = |why| GgufError::BadShape { name: name.to_owned(), dims: dims.to_vec(), why };
+    let bad = |why| GgufError::BadShape {
+        name: name.to_owned(),
+        dims: dims.to_vec(),
+        why,
+    };
     if dims.contains(&0) {
         return Err(bad("zero dimension"));
     }
@@ -370,9 +409,10 @@ fn tensor_bytes(name: &str, dims: &[u64], ty: GgmlType) -> Result<u64, GgufError
         .iter()
         .try_fold(1u64, |acc, &d| acc.checked_mul(d))
         .ok_or_else(|| bad("element count overflows u64"))?;
-    let (block_elems, block_bytes) = ty
-        .block()
-        .ok_or_else(|| GgufError::UnknownTensorType { name: name.to_owned(), ty: ty.0 })?;
+    let (block_elems, block_bytes) = ty.block().ok_or_else(|| GgufError::UnknownTensorType {
+        name: name.to_owned(),
+        ty: ty.0,
+    })?;
     if dims[0] % block_elems != 0 {
         return Err(bad("row length is not a multiple of the block size"));
     }
@@ -409,12 +449,20 @@ impl GgufFile {
     /// Memory-map and parse a file.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
         let path = path.as_ref();
-        let io = |e: std::io::Error| GgufError::Io { path: path.display().to_string(), message: e.to_string() };
+        let io = |e: std::io::Error| GgufError::Io {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        };
         let file = std::fs::File::open(path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
         if len == 0 {
             // Mapping an empty file fails on some platforms; report it as what it is.
-            return Err(GgufError::Truncated { what: "magic", offset: 0, need: 4, have: 0 });
+            return Err(GgufError::Truncated {
+                what: "magic",
+                offset: 0,
+                need: 4,
+                have: 0,
+            });
         }
         // SAFETY: the map is read-only and private to this process. The remaining hazard of
         // file-backed maps — another process truncating or rewriting the file while it is
@@ -422,13 +470,19 @@ impl GgufFile {
         // immutable while loaded (same assumption llama.cpp makes with mmap).
         let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
         let index = GgufIndex::parse(&mmap)?;
-        Ok(GgufFile { storage: Storage::Mapped(mmap), index })
+        Ok(GgufFile {
+            storage: Storage::Mapped(mmap),
+            index,
+        })
     }
 
     /// Parse an in-memory image.
     pub fn from_bytes(bytes: Vec<u8>) -> Result<GgufFile, GgufError> {
         let index = GgufIndex::parse(&bytes)?;
-        Ok(GgufFile { storage: Storage::Owned(bytes), index })
+        Ok(GgufFile {
+            storage: Storage::Owned(bytes),
+            index,
+        })
     }
 
     /// The parsed header.

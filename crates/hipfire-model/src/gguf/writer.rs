@@ -23,11 +23,22 @@ pub struct TensorSpec {
 impl TensorSpec {
     /// Byte size, or an error for unknown types, zero dims, non-block-multiple rows or overflow.
     pub fn n_bytes(&self) -> Result<u64, GgufError> {
-        let (be, bb) = self.ggml_type.block().ok_or_else(|| {
-            GgufError::UnknownTensorType { name: self.name.clone(), ty: self.ggml_type.0 }
-        })?;
-        let bad = |why| GgufError::BadShape { name: self.name.clone(), dims: self.dims.clone(), why };
-        if self.dims.is_empty() || self.dims.len() > super::MAX_DIMS as usize || self.dims.contains(&0) {
+        let (be, bb) = self
+            .ggml_type
+            .block()
+            .ok_or_else(|| GgufError::UnknownTensorType {
+                name: self.name.clone(),
+                ty: self.ggml_type.0,
+            })?;
+        let bad = |why| GgufError::BadShape {
+            name: self.name.clone(),
+            dims: self.dims.clone(),
+            why,
+        };
+        if self.dims.is_empty()
+            || self.dims.len() > super::MAX_DIMS as usize
+            || self.dims.contains(&0)
+        {
             return Err(bad("rank must be 1..=4 with non-zero dims"));
         }
         if self.dims[0] % be != 0 {
@@ -38,7 +49,9 @@ impl TensorSpec {
             .iter()
             .try_fold(1u64, |a, &d| a.checked_mul(d))
             .ok_or_else(|| bad("element count overflows u64"))?;
-        (n / be).checked_mul(bb).ok_or_else(|| bad("byte count overflows u64"))
+        (n / be)
+            .checked_mul(bb)
+            .ok_or_else(|| bad("byte count overflows u64"))
     }
 }
 
@@ -97,7 +110,11 @@ impl<W: Write> GgufWriter<W> {
     ///
     /// Arrays must be homogeneous with their declared element type; the alignment is
     /// taken from a `general.alignment` u32 entry if present (else 32).
-    pub fn new(mut out: W, metadata: &[(String, MetaValue)], tensors: &[TensorSpec]) -> Result<Self, GgufError> {
+    pub fn new(
+        mut out: W,
+        metadata: &[(String, MetaValue)],
+        tensors: &[TensorSpec],
+    ) -> Result<Self, GgufError> {
         let alignment = match metadata.iter().find(|(k, _)| k == ALIGNMENT_KEY) {
             Some((_, MetaValue::U32(a))) if a.is_power_of_two() => u64::from(*a),
             Some((_, v)) => return Err(GgufError::Write(format!("bad {ALIGNMENT_KEY} {v:?}"))),
@@ -152,7 +169,10 @@ impl<W: Write> GgufWriter<W> {
     pub fn write_data(&mut self, mut bytes: &[u8]) -> Result<(), GgufError> {
         while !bytes.is_empty() {
             let Some(&size) = self.sizes.get(self.current) else {
-                return Err(GgufError::Write(format!("{} bytes beyond the last tensor", bytes.len())));
+                return Err(GgufError::Write(format!(
+                    "{} bytes beyond the last tensor",
+                    bytes.len()
+                )));
             };
             let n = (size - self.filled).min(bytes.len() as u64) as usize;
             self.out.write_all(&bytes[..n]).map_err(wio)?;
