@@ -16,6 +16,8 @@
 //! - [`planner`] — the planner actor (`Planner` / `PlannerHandle`): route, refuse, schedule,
 //!   cut, run, feed back, trace.
 //! - [`trace`] — the `hipfire::cpu_exec` trace lines.
+//! - [`mapped_gpu`] — `MappedGpuEngine`: a real GPU (hipfire-gpu) behind `GpuEngine` for
+//!   host-operand steps, so the actor path runs on the device unchanged.
 //! - [`offload`] — spilled steps whose activation and output live on the device (the decode
 //!   path's executor over hipfire-gpu: pcie / cpu / passback with ordering and two-stream joins),
 //!   built on the same pool, scheduler and refusal rules.
@@ -38,6 +40,7 @@ pub mod error;
 pub mod gpu;
 pub mod join;
 mod kernel;
+pub mod mapped_gpu;
 pub mod offload;
 pub mod planner;
 pub mod pool;
