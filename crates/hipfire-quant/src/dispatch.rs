@@ -153,7 +153,7 @@ pub fn simd_tier() -> SimdTier {
     })
 }
 
-/// y[i] (+)= row_i · x for i in 0..y.len(), on the detected tier.
+/// `y[i] (+)= row_i · x` for i in `0..y.len()`, on the detected tier.
 ///
 /// Rows are taken contiguously from `w_rows` (`row_bytes(k)` each); extra bytes after the
 /// last row are ignored. Every `y[i]` is written. Errors: `k` not a block multiple, an

@@ -16,9 +16,15 @@
 //! - `ActivationBuf::prepare(fmt, x)` — the per-GEMV activation in the form the row dot wants
 //!   (may be 8-bit quantised, like ggml's q8); prepared once per GEMV, shared read-only by workers.
 //! - `gemv_rows(fmt, w_rows: &[u8], k, act: &ActivationBuf, y: &mut [f32], accumulate: bool)`
-//!   — y[i] (+)= row_i · x for i in 0..y.len(), rows taken contiguously from `w_rows`
+//!   — `y[i] (+)= row_i · x` for i in `0..y.len()`, rows taken contiguously from `w_rows`
 //!   (w_rows.len() must be >= y.len() * row_bytes(k)).
 //! - `simd_tier() -> SimdTier` — the detected path (printed by `hipfire version`).
+//!
+//! Also public: `gemv_rows_scalar` (same signature, scalar reference path) and
+//! `gemv_rows_with(tier, ..)` (an explicit tier, `QuantError::TierUnavailable` if the CPU lacks
+//! it) for tests and benches; `SimdTier::{ALL, detect, is_supported, name}`;
+//! `ActivationBuf::{format, k, is_quantised}`; `formats::*` block structs and the
+//! `BlockFormat` trait.
 //!
 //! # The one design decision: integer dots on a quantised activation
 //! CPU decode is memory-bound only if the row dot keeps up with DRAM (~6 GB/s of weight bytes
