@@ -964,6 +964,18 @@ mod tests {
     }
 
     #[test]
+    fn noisy_step_change_reconverges() {
+        // ±20 % noise and the host getting busy at step 1500 (CPU 1.6× slower).
+        let host = Host { noise: 0.2, ..H200ISH };
+        let load = |i: usize| if i < 1500 { 1.0 } else { 1.6 };
+        for seed in 20..24 {
+            let run = simulate(host, 4000, seed, true, true, load);
+            let w = worst(&run, 1800, 4000);
+            assert!(w < TOL + 0.01, "seed {seed}: worst after change {w}");
+        }
+    }
+
+    #[test]
     fn transient_does_not_move_a_latched_share() {
         // 6 steps where the CPU arm takes 3× as long (a page-fault burst), then back.
         let load = |i: usize| if (2000..2006).contains(&i) { 3.0 } else { 1.0 };
