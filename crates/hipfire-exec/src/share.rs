@@ -966,7 +966,10 @@ mod tests {
     #[test]
     fn noisy_step_change_reconverges() {
         // ±20 % noise and the host getting busy at step 1500 (CPU 1.6× slower).
-        let host = Host { noise: 0.2, ..H200ISH };
+        let host = Host {
+            noise: 0.2,
+            ..H200ISH
+        };
         let load = |i: usize| if i < 1500 { 1.0 } else { 1.6 };
         for seed in 20..24 {
             let run = simulate(host, 4000, seed, true, true, load);
