@@ -254,7 +254,7 @@ struct TQ6K {
         const hf_u8* qh = blk + HF_Q6K_QH + 32 * h + 16 * is;
         const signed char* sc = (const signed char*)(blk + HF_Q6K_SC + 8 * h + is);
         const float d = hf_h2f(hf_ld16(blk + HF_Q6K_D));
-        int dt[4] = {0, 0, 0, 0}, st[4] = {0, 0, 0, 0};
+        int dt[4] = {0, 0, 0, 0};
         int qa[4], qb[4], qhh[4];
         hf_ints_b2<4>(ql, qa);
         hf_ints_b2<4>(ql + 32, qb);
@@ -266,16 +266,16 @@ struct TQ6K {
             const int q1 = (b & 0x0F0F0F0F) | ((hh << 2) & 0x30303030);
             const int q2 = ((a >> 4) & 0x0F0F0F0F) | (hh & 0x30303030);
             const int q3 = ((b >> 4) & 0x0F0F0F0F) | ((hh >> 2) & 0x30303030);
-            dt[0] = HF_DP4A(q0, x.q[0][i], dt[0]);
-            dt[1] = HF_DP4A(q1, x.q[1][i], dt[1]);
-            dt[2] = HF_DP4A(q2, x.q[2][i], dt[2]);
-            dt[3] = HF_DP4A(q3, x.q[3][i], dt[3]);
-#pragma unroll
-            for (int t = 0; t < 4; ++t) st[t] = HF_DP4A(0x01010101, x.q[t][i], st[t]);
+            // q - 32 in every byte at once: each byte is < 64, so q + 0x60 stays below 0x100 (no carry
+            // between bytes) and flipping bit 7 turns the biased value into the signed q - 32.
+            dt[0] = HF_DP4A((q0 + 0x60606060) ^ (int)0x80808080, x.q[0][i], dt[0]);
+            dt[1] = HF_DP4A((q1 + 0x60606060) ^ (int)0x80808080, x.q[1][i], dt[1]);
+            dt[2] = HF_DP4A((q2 + 0x60606060) ^ (int)0x80808080, x.q[2][i], dt[2]);
+            dt[3] = HF_DP4A((q3 + 0x60606060) ^ (int)0x80808080, x.q[3][i], dt[3]);
         }
         float acc = 0.0f;
 #pragma unroll
-        for (int t = 0; t < 4; ++t) acc += (float)sc[2 * t] * x.d[t] * (float)(dt[t] - 32 * st[t]);
+        for (int t = 0; t < 4; ++t) acc += (float)sc[2 * t] * x.d[t] * (float)dt[t];
         return d * acc;
     }
 };
@@ -365,6 +365,8 @@ struct THalf {
 #endif
 static_assert(HF_WARPS % HF_KSPLIT == 0, "HF_KSPLIT must divide HF_WARPS");
 
+#define HF_TILE_PAD 16 // keeps each tile row 16-byte aligned
+
 template <class T, typename LoadT, bool RESIDUAL>
 __device__ __forceinline__ void hf_gemv(const hf_u8* __restrict__ W, hf_u64 row_bytes, XArgs xa,
                                         float* __restrict__ y, int nrows, int nblocks) {
@@ -373,7 +375,9 @@ __device__ __forceinline__ void hf_gemv(const hf_u8* __restrict__ W, hf_u64 row_
     constexpr int MAXU = TILE / (int)sizeof(LoadT);
     constexpr int PER_LANE = (MAXU + HF_WARP - 1) / HF_WARP;
     constexpr int GROUPS = HF_WARPS / HF_KSPLIT;
-    __shared__ __align__(16) hf_u8 smem[HF_WARPS][HF_ROWS][TILE];
+    // +HF_TILE_PAD: hf_ints_b2 reads one aligned word past a block's last byte (unused when the
+    // block is 4-byte aligned), which for the tile's last block lies past TILE.
+    __shared__ __align__(16) hf_u8 smem[HF_WARPS][HF_ROWS][TILE + HF_TILE_PAD];
     __shared__ float partial[HF_WARPS][HF_ROWS];
 
     const int warp = threadIdx.x / HF_WARP, lane = threadIdx.x % HF_WARP;
@@ -416,7 +420,9 @@ __device__ __forceinline__ void hf_gemv(const hf_u8* __restrict__ W, hf_u64 row_
 #pragma unroll
         for (int i = 0; i < UPL; ++i) {
             const int u = lane + HF_WARP * i;
-            if (u < work) {
+            // Float formats read x late (in the compute loop below): their x is 32 B per unit in
+            // registers, and holding it across the weight wait cost occupancy (measured on H200).
+            if (T::QX && u < work) {
 #if defined(HF_DIAG_NOX) || defined(HF_DIAG_NODOT)
                 // Diagnostic builds only (benchmarks): the activation from registers, not memory.
 #pragma unroll
@@ -442,6 +448,7 @@ __device__ __forceinline__ void hf_gemv(const hf_u8* __restrict__ W, hf_u64 row_
             const int u = lane + HF_WARP * i;
             if (u < work) {
                 const int bi = u / T::UNITS, sub = u % T::UNITS;
+                if (!T::QX) T::load_x(xs[i], xa, b0 + bi, sub);
 #pragma unroll
                 for (int r = 0; r < HF_ROWS; ++r) {
 #if defined(HF_DIAG_NODOT)
