@@ -162,6 +162,25 @@ impl Planner {
         let t0 = Instant::now();
         let w = *step.weight();
         let form = step.form();
+        // Validate the operands once, before any engine touches them.
+        let (x_len, out_len) = match step {
+            Step::Gemv { x, y, .. } => (x.len(), y.len()),
+            Step::GemvResidual { x, residual, .. } => (x.len(), residual.len()),
+        };
+        if x_len != w.k {
+            return Err(ExecError::Shape {
+                what: "x",
+                need: w.k,
+                got: x_len,
+            });
+        }
+        if out_len < w.m {
+            return Err(ExecError::Shape {
+                what: "output",
+                need: w.m,
+                got: out_len,
+            });
+        }
         let tkey = TraceKey {
             format: w.format,
             m: w.m,

@@ -190,6 +190,16 @@ fn cpu_only_executor_refuses_gpu_work() {
         }),
         Err(ExecError::Shape { .. })
     ));
+    // A wrong-length activation is an error before any engine runs.
+    let mut y = vec![0.0; 4];
+    assert!(matches!(
+        planner.run(Step::Gemv {
+            w: view,
+            x: &x[..32],
+            y: &mut y
+        }),
+        Err(ExecError::Shape { what: "x", .. })
+    ));
     // Strategies that need device operands are refused up front.
     let gpu = GpuHandle::spawn(Box::new(SimulatedGpu::new())).expect("gpu");
     for join in [JoinKind::TwoStream, JoinKind::Flags] {
