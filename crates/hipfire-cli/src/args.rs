@@ -61,7 +61,7 @@ Exit status: 0 success, 1 refused or nothing to do (e.g. a live daemon holds the
     about = ABOUT,
     long_about = LONG_ABOUT,
     after_help = AFTER_HELP,
-    max_term_width = 100,
+    max_term_width = 79,
     propagate_version = true
 )]
 pub struct Cli {
