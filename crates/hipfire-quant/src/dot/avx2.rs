@@ -157,13 +157,14 @@ pub(crate) unsafe fn q6k_bsum_dot(scales: *const u8, bsums: *const i16) -> __m25
 
 /// Shared float-dot loop: `load(i)` yields 8 f32 weights starting at element i.
 macro_rules! float_dot {
-    ($row:expr, $x:expr, $load:expr, $tail:expr) => {{
+    ($row:expr, $x:expr, $load:expr, $tail:expr, $pf:expr) => {{
         let (row, x) = ($row, $x);
         let k = x.len();
         let xp = x.as_ptr();
         let mut acc = [_mm256_setzero_ps(); 4];
         let mut i = 0;
         while i + F_UNROLL <= k {
+            $pf(i);
             for (u, a) in acc.iter_mut().enumerate() {
                 let j = i + 8 * u;
                 *a = _mm256_fmadd_ps($load(row, j), _mm256_loadu_ps(xp.add(j)), *a);
@@ -192,7 +193,8 @@ pub(crate) unsafe fn dot_f32_f32_avx2(row: &[u8], x: &[f32]) -> f32 {
         w,
         x,
         |w: *const f32, j| _mm256_loadu_ps(w.add(j)),
-        |w: *const f32, j| w.add(j).read_unaligned()
+        |w: *const f32, j| w.add(j).read_unaligned(),
+        |i: usize| prefetch_ahead::<{ 4 * F_UNROLL }>(row.as_ptr().wrapping_add(4 * i))
     )
 }
 
@@ -204,7 +206,8 @@ pub(crate) unsafe fn dot_f16_f32_avx2(row: &[u8], x: &[f32]) -> f32 {
         w,
         x,
         |w: *const u8, j| _mm256_cvtph_ps(_mm_loadu_si128(w.add(2 * j) as *const __m128i)),
-        |w: *const u8, j| h2f(rd16(w.add(2 * j)))
+        |w: *const u8, j| h2f(rd16(w.add(2 * j))),
+        |i: usize| prefetch_ahead::<{ 2 * F_UNROLL }>(w.wrapping_add(2 * i))
     )
 }
 
@@ -219,7 +222,8 @@ pub(crate) unsafe fn dot_bf16_f32_avx2(row: &[u8], x: &[f32]) -> f32 {
             let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(w.add(2 * j) as *const __m128i));
             _mm256_castsi256_ps(_mm256_slli_epi32(h, 16))
         },
-        |w: *const u8, j| f32::from_bits(u32::from(rd16(w.add(2 * j))) << 16)
+        |w: *const u8, j| f32::from_bits(u32::from(rd16(w.add(2 * j))) << 16),
+        |i: usize| prefetch_ahead::<{ 2 * F_UNROLL }>(w.wrapping_add(2 * i))
     )
 }
 

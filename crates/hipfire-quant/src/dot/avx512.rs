@@ -123,13 +123,14 @@ unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
 
 /// Shared float-dot loop with masked tails (masked-off lanes are not read).
 macro_rules! float_dot512 {
-    ($x:expr, $load:expr, $load_mask:expr) => {{
+    ($x:expr, $load:expr, $load_mask:expr, $pf:expr) => {{
         let x = $x;
         let k = x.len();
         let xp = x.as_ptr();
         let mut acc = [_mm512_setzero_ps(); 4];
         let mut i = 0;
         while i + F_UNROLL <= k {
+            $pf(i);
             for (u, a) in acc.iter_mut().enumerate() {
                 let j = i + F_LANES * u;
                 *a = _mm512_fmadd_ps($load(j), _mm512_loadu_ps(xp.add(j)), *a);
@@ -156,9 +157,12 @@ macro_rules! float_dot512 {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 pub(crate) unsafe fn dot_f32_f32_avx512(row: &[u8], x: &[f32]) -> f32 {
     let w = row.as_ptr() as *const f32;
-    float_dot512!(x, |j| _mm512_loadu_ps(w.add(j)), |m, j| {
-        _mm512_maskz_loadu_ps(m, w.add(j))
-    })
+    float_dot512!(
+        x,
+        |j| _mm512_loadu_ps(w.add(j)),
+        |m, j| _mm512_maskz_loadu_ps(m, w.add(j)),
+        |i: usize| prefetch_ahead::<{ 4 * F_UNROLL }>(row.as_ptr().wrapping_add(4 * i))
+    )
 }
 
 /// F16 row · x.
@@ -168,7 +172,8 @@ pub(crate) unsafe fn dot_f16_f32_avx512(row: &[u8], x: &[f32]) -> f32 {
     float_dot512!(
         x,
         |j| _mm512_cvtph_ps(_mm256_loadu_si256(w.add(j) as *const __m256i)),
-        |m, j| _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, w.add(j)))
+        |m, j| _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, w.add(j))),
+        |i: usize| prefetch_ahead::<{ 2 * F_UNROLL }>(row.as_ptr().wrapping_add(2 * i))
     )
 }
 
@@ -180,7 +185,8 @@ pub(crate) unsafe fn dot_bf16_f32_avx512(row: &[u8], x: &[f32]) -> f32 {
     float_dot512!(
         x,
         |j| widen(_mm256_loadu_si256(w.add(j) as *const __m256i)),
-        |m, j| widen(_mm256_maskz_loadu_epi16(m, w.add(j)))
+        |m, j| widen(_mm256_maskz_loadu_epi16(m, w.add(j))),
+        |i: usize| prefetch_ahead::<{ 2 * F_UNROLL }>(row.as_ptr().wrapping_add(2 * i))
     )
 }
 
