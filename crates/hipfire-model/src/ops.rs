@@ -102,3 +102,73 @@ pub fn dequantize_row(fmt: Format, bytes: &[u8], out: &mut [f32]) -> Result<(), 
     hipfire_quant::dequantize_row(fmt, bytes, out)?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    #[test]
+    fn rope_matches_f64_rotation_for_both_pairings() {
+        let mut r = ChaCha8Rng::seed_from_u64(9);
+        let (hd, heads, rope_dim, base) = (16, 3, 12, 10_000.0f64);
+        let x: Vec<f32> = (0..hd * heads)
+            .map(|_| r.random_range(-1.0f32..1.0))
+            .collect();
+        for neox in [false, true] {
+            let rope = Rope::new(rope_dim, base, neox, None);
+            for pos in [0usize, 1, 37, 1000] {
+                let mut y = x.clone();
+                rope.apply(&mut y, hd, pos);
+                for h in 0..heads {
+                    let xh = &x[h * hd..(h + 1) * hd];
+                    let mut want: Vec<f64> = xh.iter().map(|&v| f64::from(v)).collect();
+                    for i in 0..rope_dim / 2 {
+                        let th = pos as f64 * base.powf(-2.0 * i as f64 / rope_dim as f64);
+                        let (a, b) = if neox {
+                            (i, i + rope_dim / 2)
+                        } else {
+                            (2 * i, 2 * i + 1)
+                        };
+                        let (x0, x1) = (f64::from(xh[a]), f64::from(xh[b]));
+                        want[a] = x0 * th.cos() - x1 * th.sin();
+                        want[b] = x0 * th.sin() + x1 * th.cos();
+                    }
+                    for (g, w) in y[h * hd..(h + 1) * hd].iter().zip(&want) {
+                        assert!((f64::from(*g) - w).abs() < 1e-5, "neox {neox} pos {pos}");
+                    }
+                    // Dims past rope_dim are untouched.
+                    assert_eq!(y[h * hd + rope_dim..(h + 1) * hd], xh[rope_dim..]);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rms_norm_softmax_swiglu_match_f64() {
+        let mut r = ChaCha8Rng::seed_from_u64(10);
+        let x: Vec<f32> = (0..576).map(|_| r.random_range(-3.0f32..3.0)).collect();
+        let w: Vec<f32> = (0..576).map(|_| r.random_range(0.5f32..1.5)).collect();
+        let mut out = vec![f32::NAN; 576];
+        rms_norm(&x, &w, 1e-5, &mut out);
+        let ms: f64 = x.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / 576.0;
+        for i in 0..576 {
+            let want = f64::from(x[i]) / (ms + 1e-5).sqrt() * f64::from(w[i]);
+            assert!((f64::from(out[i]) - want).abs() < 1e-5 * want.abs().max(1.0));
+        }
+        let mut s = x[..50].to_vec();
+        softmax(&mut s);
+        let z: f64 = x[..50].iter().map(|&v| f64::from(v).exp()).sum();
+        for i in 0..50 {
+            assert!((f64::from(s[i]) - f64::from(x[i]).exp() / z).abs() < 1e-6);
+        }
+        let mut g = x[..64].to_vec();
+        swiglu(&mut g, &w[..64]);
+        for i in 0..64 {
+            let a = f64::from(x[i]);
+            let want = a / (1.0 + (-a).exp()) * f64::from(w[i]);
+            assert!((f64::from(g[i]) - want).abs() < 1e-5);
+        }
+    }
+}

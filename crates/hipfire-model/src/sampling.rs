@@ -132,3 +132,93 @@ impl Sampler {
         cand[probs.len() - 1].0
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logits(seed: u64, n: usize) -> Vec<f32> {
+        let mut r = ChaCha8Rng::seed_from_u64(seed);
+        (0..n).map(|_| r.random_range(-4.0f32..4.0)).collect()
+    }
+
+    #[test]
+    fn greedy_top_k_1_and_tiny_top_p_are_argmax() {
+        let l = logits(1, 1000);
+        let best = argmax(&l);
+        assert_eq!(l.iter().cloned().fold(f32::MIN, f32::max), l[best as usize]);
+        for p in [
+            SamplingParams {
+                temperature: 1.0,
+                top_k: 1,
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                temperature: 1.0,
+                top_p: 1e-6,
+                seed: 3,
+                ..SamplingParams::default()
+            },
+            SamplingParams::greedy(1),
+        ] {
+            let mut s = Sampler::new(&p).unwrap();
+            for _ in 0..20 {
+                assert_eq!(s.sample(&l), best);
+            }
+        }
+    }
+
+    #[test]
+    fn sampling_frequencies_follow_the_softmax() {
+        // 5 tokens, T = 0.7: empirical frequencies over 40k draws within 0.01 of the f64
+        // softmax (binomial σ ≤ 0.0025, so the bound is 4σ).
+        let l = [1.0f32, 0.5, 0.0, -0.5, 2.0];
+        let t = 0.7f64;
+        let z: f64 = l.iter().map(|&v| (f64::from(v) / t).exp()).sum();
+        let p = SamplingParams {
+            temperature: 0.7,
+            seed: 11,
+            ..SamplingParams::default()
+        };
+        let mut s = Sampler::new(&p).unwrap();
+        let mut counts = [0usize; 5];
+        const N: usize = 40_000;
+        for _ in 0..N {
+            counts[s.sample(&l) as usize] += 1;
+        }
+        for (i, &c) in counts.iter().enumerate() {
+            let want = (f64::from(l[i]) / t).exp() / z;
+            assert!(
+                (c as f64 / N as f64 - want).abs() < 0.01,
+                "token {i}: {c} vs p {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn top_k_and_top_p_restrict_the_support() {
+        let l = logits(2, 200);
+        let mut order: Vec<u32> = (0..200).collect();
+        order.sort_by(|&a, &b| l[b as usize].total_cmp(&l[a as usize]));
+        let p = SamplingParams {
+            temperature: 5.0,
+            top_k: 3,
+            seed: 5,
+            ..SamplingParams::default()
+        };
+        let mut s = Sampler::new(&p).unwrap();
+        for _ in 0..500 {
+            assert!(order[..3].contains(&s.sample(&l)));
+        }
+        assert!(Sampler::new(&SamplingParams {
+            top_p: 0.0,
+            ..SamplingParams::default()
+        })
+        .is_err());
+        assert!(Sampler::new(&SamplingParams {
+            temperature: f32::NAN,
+            ..SamplingParams::default()
+        })
+        .is_err());
+    }
+}

