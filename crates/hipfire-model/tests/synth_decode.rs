@@ -256,3 +256,90 @@ fn presets_have_the_published_sizes() {
     let q = SynthSpec::qwen_9b().n_params();
     assert!((8_800_000_000..9_300_000_000).contains(&q), "{q}");
 }
+
+/// Rewrite a tiny model with one tensor changed, and check loading fails with a typed error.
+#[test]
+fn load_rejects_wrong_models_with_typed_errors() {
+    use hipfire_model::gguf::{GgufWriter, MetaValue, TensorSpec};
+    use hipfire_model::ModelError;
+    let spec = SynthSpec::tiny(Arch::Llama);
+    let good = tmp("good.gguf");
+    write_synthetic(&good, &spec, Format::Q8_0, 3, None).unwrap();
+    let f = GgufFile::open(&good).unwrap();
+    let rewrite = |name: &str,
+                   edit: &dyn Fn(&mut Vec<(String, MetaValue)>, &mut Vec<TensorSpec>)|
+     -> Result<Model, ModelError> {
+        let mut meta = f.index().metadata.clone();
+        let mut specs: Vec<TensorSpec> = f
+            .index()
+            .tensors
+            .iter()
+            .map(|t| TensorSpec {
+                name: t.name.clone(),
+                dims: t.dims.clone(),
+                ggml_type: t.ggml_type,
+            })
+            .collect();
+        edit(&mut meta, &mut specs);
+        let p = tmp(name);
+        let mut w = GgufWriter::new(std::fs::File::create(&p).unwrap(), &meta, &specs).unwrap();
+        for s in &specs {
+            // Data content is irrelevant to these checks; only sizes must be right.
+            w.write_data(&vec![0x3c; s.n_bytes().unwrap() as usize])
+                .unwrap();
+        }
+        w.finish().unwrap();
+        let r = Model::load(
+            &p,
+            &LoadOptions {
+                threads: 1,
+                ..Default::default()
+            },
+        );
+        std::fs::remove_file(&p).unwrap();
+        r
+    };
+    let err = rewrite("missing.gguf", &|_, s| {
+        s.retain(|t| t.name != "blk.1.ffn_up.weight")
+    })
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ModelError::Gguf(hipfire_model::gguf::GgufError::MissingTensor(_))
+        ),
+        "{err}"
+    );
+    let err = rewrite("shape.gguf", &|_, s| {
+        let t = s
+            .iter_mut()
+            .find(|t| t.name == "blk.0.attn_k.weight")
+            .unwrap();
+        t.dims[1] *= 2;
+    })
+    .unwrap_err();
+    assert!(matches!(err, ModelError::Shape { .. }), "{err}");
+    let err = rewrite("arch.gguf", &|m, _| {
+        m.iter_mut()
+            .find(|(k, _)| k == "general.architecture")
+            .unwrap()
+            .1 = MetaValue::String("mamba".into());
+    })
+    .unwrap_err();
+    assert!(matches!(err, ModelError::Unsupported(_)), "{err}");
+    let err = rewrite("q5k.gguf", &|_, s| {
+        s.iter_mut()
+            .find(|t| t.name == "blk.0.ffn_gate.weight")
+            .unwrap()
+            .ggml_type = hipfire_model::gguf::GgmlType(13);
+    })
+    .unwrap_err();
+    assert!(matches!(err, ModelError::Unsupported(_)), "{err}");
+    // Sanity: the unedited rewrite loads, and a bad token id is an error, not a panic.
+    let m = rewrite("same.gguf", &|_, _| {}).unwrap();
+    assert!(matches!(
+        m.session().step(10_000),
+        Err(ModelError::BadToken { .. })
+    ));
+    std::fs::remove_file(&good).unwrap();
+}
