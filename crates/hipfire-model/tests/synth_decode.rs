@@ -257,6 +257,12 @@ fn presets_have_the_published_sizes() {
     assert!((8_800_000_000..9_300_000_000).contains(&q), "{q}");
 }
 
+/// An edit of a model's metadata and tensor list.
+type Edit<'a> = &'a dyn Fn(
+    &mut Vec<(String, hipfire_model::gguf::MetaValue)>,
+    &mut Vec<hipfire_model::gguf::TensorSpec>,
+);
+
 /// Rewrite a tiny model with one tensor changed, and check loading fails with a typed error.
 #[test]
 fn load_rejects_wrong_models_with_typed_errors() {
@@ -266,9 +272,7 @@ fn load_rejects_wrong_models_with_typed_errors() {
     let good = tmp("good.gguf");
     write_synthetic(&good, &spec, Format::Q8_0, 3, None).unwrap();
     let f = GgufFile::open(&good).unwrap();
-    let rewrite = |name: &str,
-                   edit: &dyn Fn(&mut Vec<(String, MetaValue)>, &mut Vec<TensorSpec>)|
-     -> Result<Model, ModelError> {
+    let rewrite = |name: &str, edit: Edit<'_>| -> Result<Model, ModelError> {
         let mut meta = f.index().metadata.clone();
         let mut specs: Vec<TensorSpec> = f
             .index()
