@@ -55,6 +55,8 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// Facts about the device.
     fn info(&self) -> &DeviceInfo;
 
+    /// Blocks until all work queued on the device by this context is done.
+    fn synchronize(&self) -> Result<(), GpuError>;
     /// Creates a non-blocking stream.
     fn stream_create(&self) -> Result<RawStream, GpuError>;
     /// Destroys a stream (pending work still completes).

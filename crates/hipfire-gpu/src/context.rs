@@ -111,6 +111,11 @@ impl Context {
         self.alloc_host_mapped(bytes)
     }
 
+    /// Blocks until all work queued on the device by this context is done.
+    pub fn synchronize(&self) -> Result<(), GpuError> {
+        self.backend.synchronize()
+    }
+
     /// Loads a compiled module image.
     pub fn load_module(self: &Arc<Self>, image: &[u8]) -> Result<Arc<Module>, GpuError> {
         Ok(Arc::new(Module {
@@ -484,8 +489,13 @@ impl Module {
 
 impl Drop for Module {
     fn drop(&mut self) {
-        // SAFETY: every `Function` holds an `Arc<Module>`, so no handle of this module survives it;
-        // launches already queued keep the code alive in the driver until they finish.
+        // Every `Function` holds an `Arc<Module>`, so no handle of this module survives it; work
+        // already queued may still run its code, so wait for the device before unloading. Modules
+        // are dropped rarely (shutdown), so the device-wide wait costs nothing on the hot path.
+        if let Err(e) = self.ctx.backend.synchronize() {
+            tracing::warn!(cause = %e, "synchronize before module unload failed");
+        }
+        // SAFETY: no `Function` of this module exists (see above) and no queued work remains.
         if let Err(e) = unsafe { self.ctx.backend.module_unload(self.raw) } {
             tracing::warn!(cause = %e, "module unload failed");
         }

@@ -252,6 +252,10 @@ impl Backend for CudaBackend {
         &self.info
     }
 
+    fn synchronize(&self) -> Result<(), GpuError> {
+        self.bind()?;
+        ck("cuCtxSynchronize", cu::ctx::synchronize())
+    }
     fn stream_create(&self) -> Result<RawStream, GpuError> {
         self.bind()?;
         let s = ck(

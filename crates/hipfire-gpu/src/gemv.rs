@@ -263,7 +263,9 @@ impl GemvConfig {
 }
 
 impl Default for GemvConfig {
-    /// The shape measured best on the H200 (docs/perf-checkpoints/2026-11-29-gpu-gemv).
+    /// 4 warps x 2 rows, no k-split: the best of the shapes compared on the H200
+    /// (docs/perf-checkpoints/2026-11-29-gpu-gemv: k-split and 8-warp or 1- and 4-row shapes were
+    /// equal or slower for every format).
     fn default() -> Self {
         GemvConfig {
             warps: 4,

@@ -37,6 +37,7 @@ struct Api {
     device_get_name: unsafe extern "C" fn(*mut c_char, c_int, c_int) -> E,
     device_compute_capability: unsafe extern "C" fn(*mut c_int, *mut c_int, c_int) -> E,
     device_total_mem: unsafe extern "C" fn(*mut usize, c_int) -> E,
+    device_synchronize: unsafe extern "C" fn() -> E,
     stream_create_with_flags: unsafe extern "C" fn(*mut Ptr, c_uint) -> E,
     stream_destroy: unsafe extern "C" fn(Ptr) -> E,
     stream_synchronize: unsafe extern "C" fn(Ptr) -> E,
@@ -131,6 +132,7 @@ impl Api {
             device_get_name: sym!(hip, "hipDeviceGetName"),
             device_compute_capability: sym!(hip, "hipDeviceComputeCapability"),
             device_total_mem: sym!(hip, "hipDeviceTotalMem"),
+            device_synchronize: sym!(hip, "hipDeviceSynchronize"),
             stream_create_with_flags: sym!(hip, "hipStreamCreateWithFlags"),
             stream_destroy: sym!(hip, "hipStreamDestroy"),
             stream_synchronize: sym!(hip, "hipStreamSynchronize"),
@@ -313,6 +315,13 @@ impl Backend for HipBackend {
     }
     fn info(&self) -> &DeviceInfo {
         &self.info
+    }
+    fn synchronize(&self) -> Result<(), GpuError> {
+        self.bind()?;
+        // SAFETY: no arguments.
+        self.api.ck("hipDeviceSynchronize", unsafe {
+            (self.api.device_synchronize)()
+        })
     }
     fn stream_create(&self) -> Result<RawStream, GpuError> {
         self.bind()?;
