@@ -65,7 +65,9 @@ Exit status: 0 success, 1 refused or nothing to do (e.g. a live daemon holds the
     propagate_version = true
 )]
 pub struct Cli {
-    /// More log output (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
+    /// More logs: -v info, -vv debug, -vvv trace.
+    ///
+    /// RUST_LOG, when set, overrides this.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     pub verbose: u8,
 
@@ -73,7 +75,9 @@ pub struct Cli {
     #[arg(short, long, global = true, conflicts_with = "verbose")]
     pub quiet: bool,
 
-    /// Config file to use instead of $HIPFIRE_CONFIG / the default path.
+    /// Config file (else $HIPFIRE_CONFIG, else default).
+    ///
+    /// The default is <config dir>/hipfire/config.toml (~/.config/hipfire/config.toml on Linux).
     #[arg(long, global = true, value_name = "PATH")]
     pub config: Option<PathBuf>,
 
@@ -92,11 +96,11 @@ pub enum Command {
         echo \"Hi\" | hipfire run model.gguf --no-chat"
     )]
     Run(RunArgs),
-    /// Measure prefill and decode speed of a model, per offload mode.
+    /// Measure prefill and decode tok/s per offload mode.
     #[command(after_help = "Examples:\n  hipfire bench model.gguf\n  \
-        hipfire bench model.gguf --offload-exec cpu,passback --rounds 5 --json > bench.json")]
+        hipfire bench model.gguf --offload-exec cpu,passback --json > b.json")]
     Bench(BenchArgs),
-    /// Measure this machine's host-memory GEMV bandwidth per engine and recommend a GPU share.
+    /// Measure host-memory GEMV GB/s per engine; recommend a share.
     #[command(
         name = "offload-bench",
         long_about = "Measure, per weight format, the GEMV bandwidth over a host-resident matrix for \
@@ -108,16 +112,16 @@ pub enum Command {
             hipfire daemon is running, because it would measure the daemon's load too.",
         after_help = "Examples:\n  hipfire offload-bench\n  \
             hipfire offload-bench --format q4_k,q8_0 --k 4096 --reps 9 --json\n  \
-            hipfire offload-bench --write   # store the recommended share in the config file"
+            hipfire offload-bench --write   # store the share in the config"
     )]
     OffloadBench(OffloadBenchArgs),
-    /// Write a synthetic GGUF model (random weights) with a real architecture's shapes.
+    /// Write a random-weight GGUF with a real model's shapes.
     #[command(
         after_help = "Examples:\n  hipfire synth --arch tiny --format q4_k --out /tmp/tiny.gguf\n  \
         hipfire synth --arch llama3-8b --format q4_k --layers 4 --out l8b-4l.gguf"
     )]
     Synth(SynthArgs),
-    /// Read or change settings: get, set, reset, list, explain, path, docs.
+    /// Read or change settings (get, set, reset, list, ...).
     #[command(after_help = "Examples:\n  hipfire config list\n  \
         hipfire config get memory.offload_exec\n  \
         hipfire config set memory.offload_passback_share 0.3\n  \
@@ -125,29 +129,29 @@ pub enum Command {
         hipfire config explain memory.join_strategy\n  \
         HIPFIRE_CONFIG=/tmp/c.toml hipfire config set device cpu")]
     Config(ConfigArgs),
-    /// Print version, build commit, CPU SIMD tier and whether a GPU was found.
+    /// Print version, commit, CPU SIMD tier and GPU found.
     Version(VersionArgs),
 }
 
 /// Flags shared by `run` and `bench` that choose engines and placement.
 #[derive(Debug, Args, Default)]
 pub struct EngineArgs {
-    #[arg(long, value_name = "auto|cpu|gpu", help = key_help("device"), long_help = key_long("device"))]
+    #[arg(long, value_name = "DEV", help = key_help("device"), long_help = key_long("device"))]
     pub device: Option<String>,
 
-    #[arg(long, value_name = "auto|N", help = key_help("memory.gpu_layer_budget"),
+    #[arg(long, value_name = "N", help = key_help("memory.gpu_layer_budget"),
         long_help = key_long("memory.gpu_layer_budget"))]
     pub gpu_layer_budget: Option<String>,
 
-    #[arg(long, value_name = "auto|0|X", help = key_help("memory.offload_passback_share"),
+    #[arg(long, value_name = "S", help = key_help("memory.offload_passback_share"),
         long_help = key_long("memory.offload_passback_share"))]
     pub share: Option<String>,
 
-    #[arg(long, value_name = "STRATEGY", help = key_help("memory.join_strategy"),
+    #[arg(long, value_name = "JOIN", help = key_help("memory.join_strategy"),
         long_help = key_long("memory.join_strategy"))]
     pub join_strategy: Option<String>,
 
-    #[arg(long, value_name = "auto|N", help = key_help("cpu.threads"), long_help = key_long("cpu.threads"))]
+    #[arg(long, value_name = "N", help = key_help("cpu.threads"), long_help = key_long("cpu.threads"))]
     pub threads: Option<String>,
 }
 
@@ -202,7 +206,7 @@ pub struct SamplingArgs {
     #[arg(long, value_name = "P", help = key_help("sampling.top_p"), long_help = key_long("sampling.top_p"))]
     pub top_p: Option<String>,
 
-    #[arg(long, value_name = "random|N", help = key_help("sampling.seed"), long_help = key_long("sampling.seed"))]
+    #[arg(long, value_name = "N", help = key_help("sampling.seed"), long_help = key_long("sampling.seed"))]
     pub seed: Option<String>,
 }
 
@@ -250,15 +254,17 @@ pub struct RunArgs {
         long_help = key_long("memory.offload_exec"))]
     pub offload_exec: Option<String>,
 
-    /// Wrap the prompt in the model's chat template (default when the model has one).
+    /// Use the model's chat template (default if any).
     #[arg(long, overrides_with = "no_chat")]
     pub chat: bool,
 
-    /// Feed the prompt as raw text, without the chat template.
+    /// Feed the prompt as raw text.
     #[arg(long, overrides_with = "chat")]
     pub no_chat: bool,
 
-    /// Print one JSON object (text, token counts, timings) instead of streaming text.
+    /// Print one JSON object instead of streaming.
+    ///
+    /// The object holds the text, token counts, timings, seed and placement.
     #[arg(long)]
     pub json: bool,
 }
@@ -302,7 +308,9 @@ pub struct BenchArgs {
     #[arg(value_name = "MODEL")]
     pub model: PathBuf,
 
-    /// Prompt length in tokens (a fixed synthetic prompt).
+    /// Prompt length in tokens.
+    ///
+    /// The prompt is fixed English filler text cut to this many tokens.
     #[arg(long, value_name = "N", default_value = DEFAULT_BENCH_PROMPT_TOKENS)]
     pub prompt_tokens: u32,
 
@@ -310,19 +318,24 @@ pub struct BenchArgs {
     #[arg(long, value_name = "N", default_value = DEFAULT_BENCH_GEN_TOKENS)]
     pub gen_tokens: u32,
 
-    /// Timed rounds per mode, after one warm-up round; the median is reported.
+    /// Timed rounds per mode.
+    ///
+    /// One untimed warm-up round precedes them; the median of the rounds is reported.
     #[arg(long, value_name = "N", default_value = DEFAULT_BENCH_ROUNDS,
         value_parser = clap::value_parser!(u32).range(1..))]
     pub rounds: u32,
 
-    /// Offload modes to compare, comma-separated (default: the configured one).
-    #[arg(long, value_name = "MODE,..", value_delimiter = ',')]
+    /// Offload modes to compare, comma-separated.
+    ///
+    /// Default: the configured memory.offload_exec. Modes run one after another, each
+    /// with the model placed anew.
+    #[arg(long, value_name = "MODES", value_delimiter = ',')]
     pub offload_exec: Vec<String>,
 
     #[command(flatten)]
     pub engine: EngineArgs,
 
-    /// Print one JSON object with every sample and the medians.
+    /// Print one JSON object (samples, medians).
     #[arg(long)]
     pub json: bool,
 }
@@ -339,32 +352,42 @@ pub const DEFAULT_BENCH_REPS: usize = 5;
 /// `hipfire offload-bench`.
 #[derive(Debug, Args)]
 pub struct OffloadBenchArgs {
-    /// Formats to measure, comma-separated (default: every format with a CPU row dot).
-    #[arg(long, value_name = "FMT,..", value_delimiter = ',')]
+    /// Formats to measure, comma-separated.
+    ///
+    /// Default: every format with a CPU row dot.
+    #[arg(long, value_name = "FMTS", value_delimiter = ',')]
     pub format: Vec<String>,
 
-    /// Row length (columns) of the synthetic matrix; must be a multiple of each format's block.
+    /// Columns of the synthetic matrix.
+    ///
+    /// Must be a multiple of each measured format's block (256 for K-quants).
     #[arg(long, value_name = "K", default_value_t = DEFAULT_BENCH_K)]
     pub k: usize,
 
-    /// Weight bytes per format, MiB (rows = ceil(bytes / row bytes)).
+    /// Weight MiB per format.
+    ///
+    /// Rows = ceil(bytes / row bytes). Keep it far above the last-level cache.
     #[arg(long, value_name = "MIB", default_value_t = DEFAULT_BENCH_BUFFER_MIB,
         value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
     pub buffer_mb: usize,
 
-    /// Timed repetitions per engine (after one warm-up); the median is reported.
+    /// Timed repetitions per engine (median).
+    ///
+    /// One untimed warm-up precedes them.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_BENCH_REPS,
         value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
     pub reps: usize,
 
-    #[arg(long, value_name = "auto|N", help = key_help("cpu.threads"), long_help = key_long("cpu.threads"))]
+    #[arg(long, value_name = "N", help = key_help("cpu.threads"), long_help = key_long("cpu.threads"))]
     pub threads: Option<String>,
 
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
 
-    /// Store the recommended share as memory.offload_passback_share in the config file.
+    /// Store the recommended share in the config.
+    ///
+    /// Writes memory.offload_passback_share into the config file (atomically).
     #[arg(long)]
     pub write: bool,
 }
@@ -409,7 +432,7 @@ pub struct SynthArgs {
     #[arg(long, value_enum, default_value_t = SynthArch::Tiny)]
     pub arch: SynthArch,
 
-    /// Weight format of the matrices (q4_k, q8_0, hfq4g256, f16, ...).
+    /// Weight format (q4_k, q8_0, f16, ...).
     #[arg(long, value_name = "FMT", default_value = "q4_k")]
     pub format: String,
 
@@ -417,11 +440,13 @@ pub struct SynthArgs {
     #[arg(long, value_name = "PATH")]
     pub out: PathBuf,
 
-    /// Override the number of repeating layers (fewer layers, same per-layer shapes).
+    /// Repeating layers (default: the architecture's).
     #[arg(long, value_name = "N")]
     pub layers: Option<u32>,
 
-    /// Seed of the random weights (the file is a pure function of the flags).
+    /// Seed of the random weights.
+    ///
+    /// The file is a pure function of the flags.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub seed: u64,
 }

@@ -96,7 +96,7 @@ pub static KEYS: &[KeySpec] = &[
         rule: "one of auto | cpu | gpu",
         env: "HIPFIRE_DEVICE",
         flag: Some("--device"),
-        summary: "which engines run the model",
+        summary: "Which engines run the model",
         doc: "`auto` uses the GPU when one is found and falls back to the CPU (saying so); `cpu` never \
               touches a GPU; `gpu` refuses to start without one. With a GPU, layers that do not fit \
               in VRAM are spilled to pinned host memory and run as `memory.offload_exec` says.",
@@ -120,7 +120,7 @@ pub static KEYS: &[KeySpec] = &[
         rule: "`auto` or an integer in [0, 4096] (repeating layers kept on the GPU)",
         env: "HIPFIRE_GPU_LAYER_BUDGET",
         flag: Some("--gpu-layer-budget"),
-        summary: "repeating layers kept in VRAM (auto = what fits)",
+        summary: "Layers kept in VRAM (auto = what fits)",
         doc: "Number of repeating (transformer) layers kept in VRAM. The prefix \
               `[0, n_layers - budget)` is spilled to pinned host memory. `auto` keeps as many as fit \
               in free VRAM after the KV cache and scratch buffers; `0` spills every layer. Unlike \
@@ -133,7 +133,7 @@ pub static KEYS: &[KeySpec] = &[
         rule: "one of pcie | cpu | passback",
         env: "HIPFIRE_OFFLOAD_EXEC",
         flag: Some("--offload-exec"),
-        summary: "who multiplies spilled layers",
+        summary: "Who multiplies spilled layers",
         doc: "Who multiplies the weights of spilled layers. `pcie`: the GPU reads them over the link \
               from host-mapped memory. `cpu`: the CPU workers do the whole spilled GEMV. `passback`: \
               the rows are split, the GPU takes a share and the CPU the rest, concurrently, so both \
@@ -170,7 +170,7 @@ pub static KEYS: &[KeySpec] = &[
         rule: "one of ordering | two-stream | flags",
         env: "HIPFIRE_JOIN_STRATEGY",
         flag: Some("--join-strategy"),
-        summary: "how the GPU waits for the CPU rows",
+        summary: "How the GPU waits for the CPU rows",
         doc: "How a split step's two arms are joined. `ordering`: the CPU rows are copied up on the \
               compute stream, so stream order is the join (the reference system's method, the \
               default because it is proven). `two-stream`: the rows go up on a copy stream and the \
@@ -197,7 +197,7 @@ pub static KEYS: &[KeySpec] = &[
         rule: "`auto` or a directory path",
         env: "HIPFIRE_KERNEL_CACHE",
         flag: None,
-        summary: "where compiled GPU kernels are cached",
+        summary: "Where compiled GPU kernels are cached",
         doc: "Directory for compiled GPU kernels, keyed by source hash and architecture. `auto` is \
               `<cache dir>/hipfire/kernels` (`~/.cache/hipfire/kernels` on Linux). Deleting it is \
               safe; kernels are recompiled on next use.",
@@ -216,7 +216,7 @@ pub static KEYS: &[KeySpec] = &[
         rule: "a number in [0, 10] (0 = greedy)",
         env: "HIPFIRE_TEMPERATURE",
         flag: Some("--temperature"),
-        summary: "sampling temperature (0 = greedy)",
+        summary: "Sampling temperature (0 = greedy)",
         doc: "Softmax temperature. `0` is greedy decoding (deterministic; use it to compare outputs \
               byte for byte). The default 0.8 is llama.cpp's.",
     },
@@ -227,7 +227,7 @@ pub static KEYS: &[KeySpec] = &[
         rule: "an integer in [0, 4294967295] (0 = off)",
         env: "HIPFIRE_TOP_K",
         flag: Some("--top-k"),
-        summary: "keep the k most likely tokens (0 = off)",
+        summary: "Keep the k most likely tokens (0 = off)",
         doc: "Sample only among the `k` most likely tokens; `0` disables the cut. Default 40, as llama.cpp.",
     },
     KeySpec {
@@ -244,7 +244,7 @@ pub static KEYS: &[KeySpec] = &[
         rule: "a number in (0, 1] (1 = off)",
         env: "HIPFIRE_TOP_P",
         flag: Some("--top-p"),
-        summary: "nucleus sampling mass (1 = off)",
+        summary: "Nucleus sampling mass (1 = off)",
         doc: "Sample from the smallest set of tokens whose probability mass reaches `p`; `1` disables \
               the cut. Default 0.95, as llama.cpp.",
     },
@@ -255,7 +255,7 @@ pub static KEYS: &[KeySpec] = &[
         rule: "`random` or an integer in [0, 18446744073709551615]",
         env: "HIPFIRE_SEED",
         flag: Some("--seed"),
-        summary: "sampler seed (random = from the OS)",
+        summary: "Sampler seed (random = from the OS)",
         doc: "Seed of the sampler's random generator. `random` draws one from the OS per run (and \
               prints it with `-v`); a fixed seed makes sampled output repeatable on the same build.",
     },
@@ -266,7 +266,7 @@ pub static KEYS: &[KeySpec] = &[
         rule: "an integer in [1, 4294967295]",
         env: "HIPFIRE_MAX_TOKENS",
         flag: Some("--max-tokens"),
-        summary: "tokens to generate at most",
+        summary: "Tokens to generate at most",
         doc: "Upper bound on generated tokens per prompt; generation also stops at the model's \
               end-of-sequence token.",
     },
@@ -447,7 +447,7 @@ mod tests {
         assert_eq!(envs.len(), KEYS.len());
         for k in KEYS {
             assert!(k.env.starts_with("HIPFIRE_"), "{}", k.env);
-            assert!(k.summary.len() <= 60, "{} summary too long for -h", k.name);
+            assert!(k.summary.len() <= 50, "{} summary too long for -h", k.name);
             assert!(
                 k.name.split('.').count() <= 2,
                 "{}: one level of sections",
