@@ -469,3 +469,57 @@ fn gpu_async_copies_events_and_cross_stream_wait() {
     let e = a.memcpy_htod_async(&mut dev, 1, &src, 0, n).unwrap_err();
     assert!(matches!(e, GpuError::BufferTooSmall { .. }), "{e}");
 }
+
+#[test]
+fn gpu_and_cpu_engines_agree_within_the_quantisation_bound() {
+    let Some(g) = setup() else { return };
+    let mut r = rng(0x5EED_0005);
+    let (m, k) = (64, 4096);
+    for format in Format::ALL {
+        let wbytes = random_weights(format, m, k, &mut r);
+        let x = random_x(k, &mut r);
+        let act = prepare(&g, &x);
+        let placed = place(&g.ctx, &g.stream, &wbytes, true);
+        let w = WeightRef::new(placed.mem(), 0, format, m, k).expect("view");
+        let y_gpu = run(
+            &g,
+            &g.kernels,
+            &w,
+            &act,
+            &vec![0.0; m],
+            RowRange::all(m),
+            GemvForm::Plain,
+        );
+        let cpu_act = hipfire_quant::ActivationBuf::prepare(format, &x).expect("cpu activation");
+        let mut y_cpu = vec![0f32; m];
+        hipfire_quant::gemv_rows(format, &wbytes, k, &cpu_act, &mut y_cpu, false)
+            .expect("cpu gemv");
+        // Each engine quantises x on its own (the GPU per 32 elements, the CPU per 32 or 256), so
+        // each differs from W·x by at most Σ|w|·d/2 with d <= max|x| over 256 elements / 127.
+        let rb = format.row_bytes(k).expect("rb");
+        let mut worst = 0f64;
+        for (i, row) in wbytes.chunks_exact(rb).enumerate() {
+            let wf = dequant_f64(format, row, k);
+            let mut bound = 0f64;
+            let mut abs = 0f64;
+            for (c, chunk) in wf.chunks(256).enumerate() {
+                let xs = &x[c * 256..c * 256 + chunk.len()];
+                let d = xs.iter().fold(0f32, |a, v| a.max(v.abs())) as f64 / 127.0;
+                bound += chunk.iter().map(|v| v.abs()).sum::<f64>() * d; // (d/2) per engine, two engines
+                abs += chunk
+                    .iter()
+                    .zip(xs)
+                    .map(|(a, &b)| (a * b as f64).abs())
+                    .sum::<f64>();
+            }
+            let bound = bound * 1.01 + 1e-4 * abs;
+            let diff = (y_gpu[i] as f64 - y_cpu[i] as f64).abs();
+            assert!(
+                diff <= bound,
+                "{format} row {i}: |gpu - cpu| = {diff:e} > {bound:e}"
+            );
+            worst = worst.max(diff / abs.max(1e-30));
+        }
+        println!("{format:>9}: max |gpu - cpu| / sum|w x| = {worst:.2e}");
+    }
+}
