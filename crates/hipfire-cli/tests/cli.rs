@@ -173,6 +173,19 @@ fn config_set_get_reset_list() {
         "{line}"
     );
 
+    // --config beats HIPFIRE_CONFIG.
+    let other = s.dir.join("other.toml");
+    let o = s.run(&["--config", &other.display().to_string(), "config", "path"]);
+    assert_eq!(stdout(&o).trim(), other.display().to_string());
+    let o = s.run(&[
+        "--config",
+        &other.display().to_string(),
+        "config",
+        "get",
+        "memory.offload_exec",
+    ]);
+    assert_eq!(stdout(&o).trim(), "passback", "other file is empty");
+
     let o = s.run(&["config", "reset", "memory.offload_exec"]);
     assert_eq!(code(&o), 0);
     let o = s.run(&["config", "get", "memory.offload_exec"]);
