@@ -235,6 +235,10 @@ struct Synthetic {
     act: ActivationBuf,
 }
 
+/// Output multiplier of xorshift64* (Vigna, "An experimental exploration of Marsaglia's
+/// xorshift generators, scrambled", 2016, the M32 constant).
+const XORSHIFT_STAR_MULT: u64 = 0x2545_F491_4F6C_DD1D;
+
 /// xorshift64*: a tiny seeded generator, enough for filler data (no statistics asked of it).
 struct Filler(u64);
 impl Filler {
@@ -242,7 +246,7 @@ impl Filler {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
-        let x = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        let x = self.0.wrapping_mul(XORSHIFT_STAR_MULT);
         // Top 24 bits → [-1, 1).
         ((x >> 40) as f32 / (1u64 << 23) as f32) - 1.0
     }
