@@ -25,9 +25,9 @@ pub const MAX_PASSBACK_SHARE: f64 = 0.5;
 pub const MAX_TEMPERATURE: f64 = 10.0;
 
 /// Default RAM kept free when counting pinned spilled weights against available memory.
-/// 1 GiB: room for the OS, the tokenizer, KV-cache growth and the page cache of the mmapped
-/// GGUF header; a policy choice, not a measurement.
-pub const DEFAULT_RAM_MARGIN_MIB: u64 = 1024;
+/// 4 GiB: room for the OS and the page cache of the mmapped GGUF; the margin hipfire-model's
+/// GPU placement applies (`crates/hipfire-model/src/gpu.rs`). A policy choice, not a measurement.
+pub const DEFAULT_RAM_MARGIN_MIB: u64 = 4096;
 
 /// The value kind of a key: what text is accepted, and how it is normalised.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -181,7 +181,7 @@ pub static KEYS: &[KeySpec] = &[
     KeySpec {
         name: "memory.ram_margin_mib",
         kind: Kind::Int { word: None, min: 0, max: u32::MAX as u64 },
-        default: "1024",
+        default: "4096",
         rule: "an integer in [0, 4294967295] (MiB)",
         env: "HIPFIRE_RAM_MARGIN_MIB",
         flag: None,
@@ -433,6 +433,12 @@ mod tests {
                 k.default
             );
         }
+    }
+
+    #[test]
+    fn ram_margin_default_is_the_named_const() {
+        let k = key("memory.ram_margin_mib").expect("key");
+        assert_eq!(k.default_value(), Value::Int(DEFAULT_RAM_MARGIN_MIB));
     }
 
     #[test]
