@@ -41,6 +41,20 @@ pub fn run(ctx: &Ctx, action: &ConfigAction) -> anyhow::Result<ExitCode> {
         }
         ConfigAction::Reset { key } => {
             let mut file = ConfigFile::open(&path)?;
+            if hipfire_config::key(key).is_err() {
+                // Not a schema key: still let reset clean it out of the file (a typo there
+                // makes every other command refuse to start), else report the unknown key.
+                if file.remove_raw(key) {
+                    file.save()?;
+                    writeln!(
+                        out,
+                        "{key} (not a known key) removed from {}",
+                        path.display()
+                    )?;
+                    return Ok(ExitCode::from(EXIT_OK));
+                }
+                hipfire_config::key(key)?;
+            }
             if file.reset(key)? {
                 file.save()?;
                 writeln!(out, "{key} removed from {}", path.display())?;

@@ -220,6 +220,27 @@ fn bad_value_exits_2_naming_the_rule() {
         stderr(&o)
     );
 
+    // A typo in the file stops everything that reads it; `config reset` cleans it out.
+    std::fs::write(
+        s.config(),
+        "device = \"cpu\"\n[memory]\noffload_exce = \"cpu\"\n",
+    )
+    .expect("w");
+    let o = s.run(&["config", "list"]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("memory.offload_exce"), "{}", stderr(&o));
+    let o = s.run(&["config", "reset", "memory.offload_exce"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let o = s.run(&["config", "get", "device"]);
+    assert_eq!(
+        (code(&o), stdout(&o).trim().to_string()),
+        (0, "cpu".to_string()),
+        "{}",
+        stderr(&o)
+    );
+    let o = s.run(&["config", "reset", "no.such_key"]);
+    assert_eq!(code(&o), 2);
+
     let o = s.run(&["run", "m.gguf", "hi", "--share", "2"]);
     assert_eq!(code(&o), 2);
     assert!(stderr(&o).contains("flag --share"), "{}", stderr(&o));

@@ -187,6 +187,23 @@ impl ConfigFile {
         Ok(was)
     }
 
+    /// Remove the entry named `dotted` whether or not the schema knows it, so a typo or a key
+    /// of a newer hipfire that this version refuses can be cleaned out with `config reset`.
+    /// Returns whether it was present; an emptied section is removed too.
+    pub fn remove_raw(&mut self, dotted: &str) -> bool {
+        let Some((section, leaf)) = dotted.rsplit_once('.') else {
+            return self.table.remove(dotted).is_some();
+        };
+        let Some(toml::Value::Table(t)) = self.table.get_mut(section) else {
+            return false;
+        };
+        let was = t.remove(leaf).is_some();
+        if t.is_empty() {
+            self.table.remove(section);
+        }
+        was
+    }
+
     /// Write the file atomically: a temp file in the same directory, fsync, rename over the
     /// target. A reader (or a crash) sees the old file or the new one, never a torn one.
     pub fn save(&self) -> Result<(), ConfigError> {
@@ -338,6 +355,25 @@ mod tests {
             .expect("toml");
         assert!(t.is_empty(), "{t:?}");
         assert!(f.reset("bogus.key").is_err());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn remove_raw_cleans_unknown_keys() {
+        let d = temp_dir("raw");
+        let p = d.join("config.toml");
+        std::fs::write(
+            &p,
+            "[memory]\noffload_exce = \"cpu\"\noffload_exec = \"pcie\"\n",
+        )
+        .expect("w");
+        let mut f = ConfigFile::open(&p).expect("open");
+        assert!(f.values().is_err(), "typo refused");
+        assert!(f.remove_raw("memory.offload_exce"));
+        assert!(!f.remove_raw("memory.offload_exce"));
+        let v = f.values().expect("clean now");
+        assert_eq!(v.len(), 1);
+        assert_eq!(v[0].1, Value::Word("pcie"));
         let _ = std::fs::remove_dir_all(&d);
     }
 
