@@ -190,6 +190,9 @@ pub fn run(ctx: &Ctx, a: &RunArgs) -> anyhow::Result<ExitCode> {
     let prompt = match &a.prompt {
         Some(p) => p.clone(),
         None => {
+            if std::io::stdin().is_terminal() {
+                ctx.note("reading the prompt from stdin (end it with Ctrl-D)");
+            }
             let mut t = String::new();
             std::io::stdin()
                 .read_to_string(&mut t)
@@ -411,6 +414,10 @@ pub fn bench(ctx: &Ctx, a: &BenchArgs) -> anyhow::Result<ExitCode> {
         "commit": crate::version::commit(),
         "simd": hipfire_quant::simd_tier().to_string(),
         "threads": l.threads,
+        "engine": match l.engine {
+            Engine::Cpu => "cpu",
+            Engine::Gpu => "gpu",
+        },
         "prompt_tokens": a.prompt_tokens,
         "gen_tokens": a.gen_tokens,
         "rounds": a.rounds,
