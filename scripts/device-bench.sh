@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# device-bench.sh — the decode/offload measurements of record, run ON THE GPU BOX from the bundle
+# that `scripts/device-check.sh build` (plus the extra programs below) put in device-bundle/.
+#
+#   scripts/device-bench.sh stash  PART      # keep a carried file (e.g. a model half) in /root/stash
+#   scripts/device-bench.sh smoke            # GPU tier tests + a short single-layer run
+#   scripts/device-bench.sh full             # llama.cpp build, 8B synth, every mode vs llama.cpp
+#
+# Logs and JSON go to $OUT. llama.cpp is built from the source that the llama-cpp-python sdist
+# vendors (carried as .llamacpp/llama.cpp-src.tar.gz, models/ and docs/ stripped).
+set -uo pipefail
+: "${OUT:?runs on the device box, writes under \$OUT}"
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+B="$ROOT/device-bundle"
+STASH=/root/stash
+mkdir -p "$STASH"
+export HIPFIRE_KERNEL_CACHE=/tmp/hipfire-kernels HIPFIRE_GPU_TESTS=1
+export LD_LIBRARY_PATH="/usr/local/cuda/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+SMOL="$STASH/SmolLM2-135M-Instruct.Q4_1.gguf"
+L8B=/root/synth-llama3-8b-q4k.gguf
+
+assemble_smol() {
+    if [[ ! -f "$SMOL" && -f "$STASH/smol.part0" && -f "$ROOT/.smol/smol.part1" ]]; then
+        cat "$STASH/smol.part0" "$ROOT/.smol/smol.part1" > "$SMOL"
+    fi
+    [[ -f "$SMOL" ]] && export HIPFIRE_SMOLLM2_GGUF="$SMOL"
+}
+
+run_tests() {
+    for t in "$B"/tests/*; do
+        [[ "$(basename "$t")" == *"${1:-}"* ]] || continue
+        echo "== $(basename "$t")"
+        timeout 300 "$t" --test-threads 1 --nocapture 2>&1 | grep -v "^$" | tail -40
+    done
+}
+
+build_llama() {
+    local src=/root/llama.cpp
+    [[ -x "$src/build/bin/llama-bench" ]] && return 0
+    mkdir -p /root && tar xzf "$ROOT/.llamacpp/llama.cpp-src.tar.gz" -C /root
+    cmake -S "$src" -B "$src/build" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=OFF \
+        -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+        -DLLAMA_BUILD_SERVER=OFF -DGGML_CUDA_NCCL=OFF -DCMAKE_BUILD_TYPE=Release >"$OUT/llama-cmake.log" 2>&1 &&
+        cmake --build "$src/build" --target llama-bench -j 16 >"$OUT/llama-build.log" 2>&1
+}
+
+case "${1:-}" in
+stash)
+    cp "$ROOT/$2" "$STASH/" && ls -la "$STASH"
+    ;;
+smoke)
+    echo "== $(cat "$B/MANIFEST" | tr '\n' ' ')"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+    "$B/bin/hipfire" version
+    run_tests gpu 2>&1 | tee "$OUT/smoke-tests.log"
+    "$B/bin/single_layer" --reps 5 2>&1 | tee "$OUT/smoke-single-layer.log"
+    ;;
+full)
+    assemble_smol
+    echo "== $(cat "$B/MANIFEST" | tr '\n' ' ')" | tee "$OUT/full.log"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv | tee -a "$OUT/full.log"
+    "$B/bin/hipfire" version | tee -a "$OUT/full.log"
+    # The 8B synthetic model is written while the GPU tier runs (neither is a measurement).
+    ( [[ -f "$L8B" ]] || "$B/bin/hipfire" synth --arch llama3-8b --format q4_k --out "$L8B" >"$OUT/synth.log" 2>&1 ) &
+    SY=$!
+    run_tests "${TESTS:-gpu_}" 2>&1 | tee "$OUT/tests.log" | grep -E "^==|test result|panicked|max |gpu |auto share|split at" | tail -60
+    wait $SY
+    echo "synth rc=$?" | tee -a "$OUT/full.log"
+    "$B/bin/single_layer" --reps 15 --sweep --json "$OUT/single_layer.json" 2>&1 | tee -a "$OUT/full.log"
+    timeout 120 "$B/bin/hipfire" offload-bench --format q4_k,q8_0,q4_0 --k 4096 --json >"$OUT/offload_bench.json" 2>>"$OUT/full.log"
+    echo "offload-bench rc=$?" | tee -a "$OUT/full.log"
+    for budget in 32 24 16 8; do
+        modes="pcie"
+        [[ $budget -lt 32 ]] && modes="cpu,pcie,passback"
+        [[ $budget -eq 16 ]] && export HIPFIRE_CPU_EXEC_TRACE=1
+        timeout 150 "$B/bin/hipfire" bench "$L8B" --device gpu --gpu-layer-budget $budget --offload-exec $modes \
+            --prompt-tokens 16 --gen-tokens 48 --rounds 2 --json >"$OUT/bench-b$budget.json" 2>"$OUT/bench-b$budget.log"
+        echo "budget $budget rc=$?" | tee -a "$OUT/full.log"
+        unset HIPFIRE_CPU_EXEC_TRACE
+        tail -3 "$OUT/bench-b$budget.log"
+    done
+    ;;
+*)
+    sed -n 2,10p "$0"
+    exit 2
+    ;;
+esac
