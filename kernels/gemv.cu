@@ -375,9 +375,9 @@ __device__ __forceinline__ void hf_gemv(const hf_u8* __restrict__ W, hf_u64 row_
     constexpr int MAXU = TILE / (int)sizeof(LoadT);
     constexpr int PER_LANE = (MAXU + HF_WARP - 1) / HF_WARP;
     constexpr int GROUPS = HF_WARPS / HF_KSPLIT;
-    // +HF_TILE_PAD: hf_ints_b2 reads one aligned word past a block's last byte (unused when the
-    // block is 4-byte aligned), which for the tile's last block lies past TILE.
-    __shared__ __align__(16) hf_u8 smem[HF_WARPS][HF_ROWS][TILE + HF_TILE_PAD];
+    // +HF_TILE_PAD (quantised formats): hf_ints_b2 reads one aligned word past a block's last byte
+    // (unused when the block is 4-byte aligned), which for the tile's last block lies past TILE.
+    __shared__ __align__(16) hf_u8 smem[HF_WARPS][HF_ROWS][TILE + (T::QX ? HF_TILE_PAD : 0)];
     __shared__ float partial[HF_WARPS][HF_ROWS];
 
     const int warp = threadIdx.x / HF_WARP, lane = threadIdx.x % HF_WARP;
@@ -414,50 +414,70 @@ __device__ __forceinline__ void hf_gemv(const hf_u8* __restrict__ W, hf_u64 row_
         const int nb = min(T::CB, nblocks - b0);
         const int nunits = nb * T::BYTES / (int)sizeof(LoadT);
         const int work = nb * T::UNITS;
-        // The activation for this tile's units is requested first, so its latency overlaps the
-        // wait for the weight loads below (measured: exposed x latency cost up to 25 % of HBM rate).
-        typename T::X xs[UPL];
+        if (T::QX) {
+            // The activation for this tile's units is requested first, so its latency overlaps the
+            // wait for the weight loads below (measured: exposed x latency cost up to 25 % of HBM rate).
+            typename T::X xs[UPL];
 #pragma unroll
-        for (int i = 0; i < UPL; ++i) {
-            const int u = lane + HF_WARP * i;
-            // Float formats read x late (in the compute loop below): their x is 32 B per unit in
-            // registers, and holding it across the weight wait cost occupancy (measured on H200).
-            if (T::QX && u < work) {
-#if defined(HF_DIAG_NOX) || defined(HF_DIAG_NODOT)
-                // Diagnostic builds only (benchmarks): the activation from registers, not memory.
-#pragma unroll
-                for (int w = 0; w < (int)(sizeof(xs[i]) / 4); ++w) ((int*)&xs[i])[w] = 0x01010101 * (lane + w);
-#else
-                T::load_x(xs[i], xa, b0 + u / T::UNITS, u % T::UNITS);
-#endif
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < HF_ROWS; ++r) {
-            LoadT* dst = (LoadT*)smem[warp][r];
-#pragma unroll
-            for (int i = 0; i < PER_LANE; ++i) {
+            for (int i = 0; i < UPL; ++i) {
                 const int u = lane + HF_WARP * i;
-                if (u < nunits) dst[u] = buf[r][i];
-            }
-        }
-        hf_syncwarp();
-        if (b0 + step < nblocks) issue(b0 + step); // in flight while this tile is computed
+                if (u < work) {
+#if defined(HF_DIAG_NOX) || defined(HF_DIAG_NODOT)
+                    // Diagnostic builds only (benchmarks): the activation from registers, not memory.
 #pragma unroll
-        for (int i = 0; i < UPL; ++i) {
-            const int u = lane + HF_WARP * i;
-            if (u < work) {
-                const int bi = u / T::UNITS, sub = u % T::UNITS;
-                if (!T::QX) T::load_x(xs[i], xa, b0 + bi, sub);
-#pragma unroll
-                for (int r = 0; r < HF_ROWS; ++r) {
-#if defined(HF_DIAG_NODOT)
-                    // Diagnostic build only: the memory path without the arithmetic.
-                    acc[r] += (float)smem[warp][r][bi * T::BYTES + sub] + (float)((const int*)&xs[i])[0];
+                    for (int w = 0; w < (int)(sizeof(xs[i]) / 4); ++w) ((int*)&xs[i])[w] = 0x01010101 * (lane + w);
 #else
-                    acc[r] += T::dot(smem[warp][r] + bi * T::BYTES, sub, xs[i]);
+                    T::load_x(xs[i], xa, b0 + u / T::UNITS, u % T::UNITS);
 #endif
                 }
+            }
+#pragma unroll
+            for (int r = 0; r < HF_ROWS; ++r) {
+                LoadT* dst = (LoadT*)smem[warp][r];
+#pragma unroll
+                for (int i = 0; i < PER_LANE; ++i) {
+                    const int u = lane + HF_WARP * i;
+                    if (u < nunits) dst[u] = buf[r][i];
+                }
+            }
+            hf_syncwarp();
+            if (b0 + step < nblocks) issue(b0 + step); // in flight while this tile is computed
+#pragma unroll
+            for (int i = 0; i < UPL; ++i) {
+                const int u = lane + HF_WARP * i;
+                if (u < work) {
+                    const int bi = u / T::UNITS, sub = u % T::UNITS;
+#pragma unroll
+                    for (int r = 0; r < HF_ROWS; ++r) {
+#if defined(HF_DIAG_NODOT)
+                        // Diagnostic build only: the memory path without the arithmetic.
+                        acc[r] += (float)smem[warp][r][bi * T::BYTES + sub] + (float)((const int*)&xs[i])[0];
+#else
+                        acc[r] += T::dot(smem[warp][r] + bi * T::BYTES, sub, xs[i]);
+#endif
+                    }
+                }
+            }
+        } else {
+            // Float formats: x is read where it is used, one unit at a time (their x is 32 B of
+            // f32 per unit; holding it across the weight wait measured slower on the H200).
+#pragma unroll
+            for (int r = 0; r < HF_ROWS; ++r) {
+                LoadT* dst = (LoadT*)smem[warp][r];
+#pragma unroll
+                for (int i = 0; i < PER_LANE; ++i) {
+                    const int u = lane + HF_WARP * i;
+                    if (u < nunits) dst[u] = buf[r][i];
+                }
+            }
+            hf_syncwarp();
+            if (b0 + step < nblocks) issue(b0 + step); // in flight while this tile is computed
+            for (int u = lane; u < work; u += HF_WARP) {
+                const int bi = u / T::UNITS, sub = u % T::UNITS;
+                typename T::X x;
+                T::load_x(x, xa, b0 + bi, sub);
+#pragma unroll
+                for (int r = 0; r < HF_ROWS; ++r) acc[r] += T::dot(smem[warp][r] + bi * T::BYTES, sub, x);
             }
         }
         hf_syncwarp();
