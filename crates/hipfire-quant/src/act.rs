@@ -66,6 +66,9 @@ pub(crate) struct Q8x32 {
     pub d: Vec<f32>,
     /// `d` repeated [`LANES8`] times per block, so a 512-bit dot loads two blocks' scales.
     pub d8: Vec<f32>,
+    /// `d` repeated 4 times per block (Q4_0 only): the 512-bit Q4_0 dot has one block per
+    /// 128-bit lane.
+    pub d4: Vec<f32>,
     /// Per block `[−off·Σq, 0, …]` ([`corr_lanes`] lanes): the initial value of the block's
     /// integer lanes, so the weight offset of Q4_0 (off = 8) and the VNNI sign bias of Q8_0
     /// (off = 128) cancel exactly. Empty for formats without an offset.
@@ -196,6 +199,7 @@ impl ActivationBuf {
             qs: vec![0; k],
             d: Vec::with_capacity(nb),
             d8: Vec::with_capacity(nb * LANES8),
+            d4: Vec::new(),
             corr: Vec::with_capacity(nb * lanes),
             isum: Vec::with_capacity(nb),
             s: Vec::with_capacity(nb),
@@ -213,6 +217,9 @@ impl ActivationBuf {
             let (d, sum) = quantise_block(src, dst);
             a.d.push(d);
             a.d8.extend_from_slice(&[d; LANES8]);
+            if fmt == Format::Q4_0 {
+                a.d4.extend_from_slice(&[d; LANES8 / 2]);
+            }
             if lanes > 0 {
                 a.corr.push(-off * sum);
                 a.corr.extend(std::iter::repeat_n(0, lanes - 1));
@@ -327,6 +334,9 @@ mod tests {
                     .sum();
                 assert_eq!(s, q.isum[b], "{fmt} block {b}");
                 assert_eq!(q.d8[LANES8 * b], q.d[b]);
+                if fmt == Format::Q4_0 {
+                    assert_eq!(q.d4[4 * b..4 * b + 4], [q.d[b]; 4]);
+                }
                 if lanes > 0 {
                     assert_eq!(q.corr[lanes * b], -off * q.isum[b]);
                     assert!(q.corr[lanes * b + 1..lanes * (b + 1)]
