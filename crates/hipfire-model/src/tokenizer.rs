@@ -576,3 +576,73 @@ impl StreamDecoder {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
+
+    fn split(pre: &str, text: &str) -> Vec<String> {
+        let p = gpt2_pre_tokenizer(pre).unwrap();
+        let mut s = PreTokenizedString::from(text);
+        p.pre_tokenize(&mut s).unwrap();
+        s.get_splits(OffsetReferential::Original, OffsetType::Byte)
+            .into_iter()
+            .map(|(w, _, _)| w.to_owned())
+            .collect()
+    }
+
+    /// Every pre-tokenizer regex compiles under fancy-regex and splits as llama.cpp's
+    /// (expected splits written from the regexes by hand; Ġ is the byte-level space).
+    #[test]
+    fn pre_tokenizers_split_like_llama_cpp() {
+        let text = "I'm 12345 ok\n\nyes";
+        // GPT-2's `\s+(?!\S)` leaves the last newline before a word to the `\s+` branch.
+        assert_eq!(
+            split("smollm", text),
+            ["I", "'m", "Ġ", "1", "2", "3", "4", "5", "Ġok", "Ċ", "Ċ", "yes"]
+        );
+        assert_eq!(
+            split("qwen2", text),
+            ["I", "'m", "Ġ", "1", "2", "3", "4", "5", "Ġok", "ĊĊ", "yes"]
+        );
+        assert_eq!(
+            split("llama-bpe", text),
+            ["I", "'m", "Ġ", "123", "45", "Ġok", "ĊĊ", "yes"]
+        );
+        assert_eq!(
+            split("default", text),
+            ["I", "'m", "Ġ12345", "Ġok", "Ċ", "Ċ", "yes"]
+        );
+    }
+
+    #[test]
+    fn chat_template_detection() {
+        let smol = "{{ '<|im_start|>system\nYou are SmolLM<|im_end|>\n' }}{{'<|im_start|>' + message['role']}}";
+        assert_eq!(
+            ChatTemplate::detect(Some(smol)),
+            ChatTemplate::ChatMl {
+                default_system: Some("You are SmolLM".into())
+            }
+        );
+        let qwen = "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] }}";
+        assert_eq!(
+            ChatTemplate::detect(Some(qwen)),
+            ChatTemplate::ChatMl {
+                default_system: None
+            }
+        );
+        assert_eq!(
+            ChatTemplate::detect(Some("[INST] {{ m }}")),
+            ChatTemplate::Raw
+        );
+        assert_eq!(ChatTemplate::detect(None), ChatTemplate::Raw);
+        let t = ChatTemplate::ChatMl {
+            default_system: None,
+        };
+        assert_eq!(
+            t.render(&[ChatMessage::new("user", "hi")]),
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+}
