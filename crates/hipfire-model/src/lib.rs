@@ -10,6 +10,9 @@
 //! - [`model`] — [`Model::load`], [`Session`] (`prefill`, `step`, `generate`).
 //! - [`sampling`] — greedy and seeded temperature / top-k / top-p.
 //! - [`synth`] — GGUFs with real architectures' shapes and random weights, for performance work.
+//! - [`gpu`] — the whole decode step on the device (device KV cache, decode kernels), with
+//!   spilled projections through hipfire-exec's offload executor; built on [`Model`]'s weight
+//!   table ([`Model::weights`], [`Model::weight_bytes`]).
 //!
 //! # The one design decision
 //! Decode is written against a one-method engine trait (`gemv` over a [`Weight`] that knows
