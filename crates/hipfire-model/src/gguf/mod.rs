@@ -6,7 +6,7 @@
 //! # Design
 //! Parsing is a pure function of a byte slice ([`GgufIndex::parse`]) so the fuzz target and the
 //! malformed-input tests exercise exactly the code the memory-mapped path runs. Every read goes
-//! through [`Cursor`], which bounds-checks against the slice and returns a typed
+//! through a private `Cursor`, which bounds-checks against the slice and returns a typed
 //! [`GgufError`]; every count read from the file is checked against the bytes that remain
 //! before anything is allocated, so a hostile header cannot make us reserve gigabytes.
 //! Tensor data stays where it is: [`GgufFile::tensor_data`] hands out sub-slices of the map.
