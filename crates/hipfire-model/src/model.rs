@@ -490,6 +490,10 @@ impl<'m> Session<'m> {
     /// Prefill `prompt`, then sample up to `params.max_tokens` tokens, calling `on_token` with
     /// each; generation stops early at an end-of-generation token (if `stop_at_eog`), when
     /// the callback returns `false`, or at the end of the context.
+    ///
+    /// The prompt is appended to whatever the session already holds (multi-turn chat). The
+    /// last token handed to the callback has *not* been fed (no forward pass is spent on a
+    /// token nobody will read); feed it with [`Session::step`] before continuing the session.
     pub fn generate(
         &mut self,
         prompt: &[u32],
