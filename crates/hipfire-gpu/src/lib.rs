@@ -21,6 +21,33 @@
 //!
 //! Errors are one enum, [`GpuError`], so the executor can tell "no GPU" from a driver fault from a
 //! bad launch; driver failures name the call (`GpuError::Driver { call, source }`).
+//!
+//! # Using it
+//! ```no_run
+//! # fn main() -> Result<(), hipfire_gpu::GpuError> {
+//! use hipfire_gpu::*;
+//! use hipfire_quant::Format;
+//! let ctx = Context::new(0)?; // Err(GpuError::NoGpu { .. }) without a GPU, never a panic
+//! let stream = ctx.new_stream()?;
+//! let kernels = GemvKernels::new(&KernelRegistry::new(&ctx))?; // NVRTC once, then the disk cache
+//! let (m, k) = (4096, 4096);
+//! let w_host = ctx.alloc_host_mapped(m * Format::Q4K.row_bytes(k)?)?; // spilled weights
+//! let w = WeightRef::new(&w_host, 0, Format::Q4K, m, k)?;
+//! let x: DeviceBuffer<f32> = ctx.alloc(k)?;
+//! let mut y: DeviceBuffer<f32> = ctx.alloc(m)?;
+//! let mut act = Activation::new(&ctx, k)?;
+//! kernels.prepare(&stream, &x, &mut act)?; // once per GEMV
+//! kernels.gemv(&stream, &w, &act, &mut y, RowRange::new(0, 1024), GemvForm::Plain)?; // GPU arm rows
+//! stream.synchronize()?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Tests and benches
+//! `cargo test -p hipfire-gpu` runs everywhere; the GPU tier (`tests/gpu_gemv.rs`) prints
+//! "skipped: HIPFIRE_GPU_TESTS not set" unless [`GPU_TESTS_ENV`] is set. On the GPU box:
+//! `scripts/device-check.sh build` here, then `scripts/device-check.sh run` there (tests and
+//! `examples/gpu_bench.rs`, logs under `$OUT`). Measured figures:
+//! docs/perf-checkpoints/2026-11-29-gpu-gemv.
 #![deny(missing_docs)]
 
 pub mod backend;
