@@ -109,19 +109,112 @@ pub(crate) const fn corr_lanes(fmt: Format) -> (usize, i32) {
     }
 }
 
+/// Round to nearest (ties to even) for |v| < 2^22 with two adds: baseline x86-64 has no
+/// `roundss`, so `f32::round` is a libm call per element.
+#[inline(always)]
+fn round_fast(v: f32) -> f32 {
+    /// 1.5·2^23: adding it pushes the fraction bits out of an f32's mantissa.
+    const MAGIC: f32 = 12_582_912.0;
+    (v + MAGIC) - MAGIC
+}
+
 /// Quantise `src` to `dst` with one symmetric scale; returns (d, Σq).
+///
+/// On AVX2 CPUs the work goes to [`simd::quantise_block_avx2`], which computes the same
+/// function bit for bit (same scale arithmetic, round-to-nearest-even, no clamp needed); a
+/// unit test checks that on random data.
 fn quantise_block(src: &[f32], dst: &mut [i8]) -> (f32, i32) {
-    let amax = src.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    #[cfg(target_arch = "x86_64")]
+    let fits = src.len().is_multiple_of(QK) && dst.len() >= src.len();
+    if fits && *HAS_AVX2.get_or_init(|| crate::SimdTier::Avx2.is_supported()) {
+        // SAFETY: AVX2/FMA/F16C were detected, and `fits` checked the length contract.
+        return unsafe { simd::quantise_block_avx2(src, dst) };
+    }
+    quantise_block_scalar(src, dst)
+}
+
+/// Whether the CPU has the AVX2 tier, detected once.
+#[cfg(target_arch = "x86_64")]
+static HAS_AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+/// Scale of a block whose largest |x| is `amax`: (d, 1/d or 0).
+#[inline(always)]
+fn scale_of(amax: f32) -> (f32, f32) {
     let d = amax / ACT_QMAX;
-    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    (d, if d != 0.0 { 1.0 / d } else { 0.0 })
+}
+
+/// The portable form of [`quantise_block`].
+fn quantise_block_scalar(src: &[f32], dst: &mut [i8]) -> (f32, i32) {
+    let mut amax = 0f32;
+    for &v in src {
+        amax = amax.max(v.abs());
+    }
+    let (d, id) = scale_of(amax);
     let mut sum = 0i32;
     for (o, &v) in dst.iter_mut().zip(src) {
-        // Half away from zero, as ggml's quantize_row_q8_0; |v·id| <= 127 by construction.
-        let q = (v * id).round().clamp(-ACT_QMAX, ACT_QMAX) as i8;
-        sum += i32::from(q);
-        *o = q;
+        // |v·id| <= 127 up to one rounding, which rounds back to 127; the clamp is a guard.
+        let q = round_fast(v * id).clamp(-ACT_QMAX, ACT_QMAX) as i32;
+        sum += q;
+        *o = q as i8;
     }
     (d, sum)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use super::{scale_of, QK};
+    use std::arch::x86_64::*;
+
+    /// AVX2 form of `quantise_block_scalar` for `src.len()` a multiple of 32.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C, and `dst.len() >= src.len()`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn quantise_block_avx2(src: &[f32], dst: &mut [i8]) -> (f32, i32) {
+        debug_assert!(src.len().is_multiple_of(QK) && dst.len() >= src.len());
+        let absmask = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MAX));
+        let p = src.as_ptr();
+        let mut m = _mm256_setzero_ps();
+        for i in (0..src.len()).step_by(8) {
+            // SAFETY: i + 8 <= src.len().
+            m = _mm256_max_ps(
+                m,
+                _mm256_and_ps(unsafe { _mm256_loadu_ps(p.add(i)) }, absmask),
+            );
+        }
+        let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        let m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        let (d, id) = scale_of(_mm_cvtss_f32(m4));
+        let idv = _mm256_set1_ps(id);
+        // packs interleave 128-bit lanes; this restores element order (4-byte units).
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        let mut sum = _mm256_setzero_si256();
+        for b in (0..src.len()).step_by(QK) {
+            // SAFETY: b + 32 <= src.len() <= dst.len().
+            let q: [__m256i; 4] = std::array::from_fn(|u| unsafe {
+                // cvtps rounds to nearest even under the default MXCSR, like round_fast.
+                _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p.add(b + 8 * u)), idv))
+            });
+            sum = _mm256_add_epi32(
+                sum,
+                _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])),
+            );
+            let p16a = _mm256_packs_epi32(q[0], q[1]);
+            let p16b = _mm256_packs_epi32(q[2], q[3]);
+            let p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b), order);
+            // SAFETY: as above.
+            unsafe { _mm256_storeu_si256(dst.as_mut_ptr().add(b) as *mut __m256i, p8) };
+        }
+        let s4 = _mm_add_epi32(
+            _mm256_castsi256_si128(sum),
+            _mm256_extracti128_si256(sum, 1),
+        );
+        let s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0b01_00_11_10));
+        let s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0b10_11_00_01));
+        (d, _mm_cvtsi128_si32(s4))
+    }
 }
 
 /// Exact-ish sum: f64 accumulation, one rounding.
@@ -196,45 +289,79 @@ impl ActivationBuf {
         let nb = k / QK;
         let (lanes, off) = corr_lanes(fmt);
         let mut a = Q8x32 {
-            qs: vec![0; k],
+            qs: Vec::new(),
             d: Vec::with_capacity(nb),
-            d8: Vec::with_capacity(nb * LANES8),
+            d8: Vec::new(),
             d4: Vec::new(),
             corr: Vec::with_capacity(nb * lanes),
             isum: Vec::with_capacity(nb),
-            s: Vec::with_capacity(nb),
+            s: Vec::new(),
             gsum: Vec::new(),
         };
-        // HFQ4G256 quantises the permuted x (see the module docs); the others quantise per
-        // natural block and permute the quants afterwards.
-        let quant_src: Vec<f32> = if fmt == Format::Hfq4G256 {
-            (0..k).map(|p| x[act_source(fmt, p, k)]).collect()
-        } else {
-            x.to_vec()
-        };
-        let mut natural = vec![0i8; k];
-        for (src, dst) in quant_src.chunks_exact(QK).zip(natural.chunks_exact_mut(QK)) {
-            let (d, sum) = quantise_block(src, dst);
+        let mut qs = vec![0i8; k];
+        let push = |a: &mut Q8x32, src: &[f32], d: f32, sum: i32| {
             a.d.push(d);
-            a.d8.extend_from_slice(&[d; LANES8]);
-            if fmt == Format::Q4_0 {
-                a.d4.extend_from_slice(&[d; LANES8 / 2]);
-            }
+            a.isum.push(sum);
             if lanes > 0 {
                 a.corr.push(-off * sum);
                 a.corr.extend(std::iter::repeat_n(0, lanes - 1));
             }
-            a.isum.push(sum);
-            a.s.push(sum_f64(src));
-        }
-        if fmt == Format::Hfq4G256 {
-            a.qs = natural;
-            a.gsum = x.chunks_exact(HFQ_GROUP).map(sum_f64).collect();
-        } else {
-            for (p, o) in a.qs.iter_mut().enumerate() {
-                *o = natural[act_source(fmt, p, k)];
+            match fmt {
+                Format::Q4_0 => a.d4.extend_from_slice(&[d; LANES8 / 2]),
+                Format::Q4_1 => a.s.push(sum_f64(src)),
+                Format::Hfq4G256 => a.d8.extend_from_slice(&[d; LANES8]),
+                _ => {}
+            }
+        };
+        match fmt {
+            Format::Hfq4G256 => {
+                // Permute, then quantise (see the module docs).
+                let mut perm = [0f32; HFQ_PERM_SPAN];
+                for (span, dst) in x
+                    .chunks_exact(HFQ_PERM_SPAN)
+                    .zip(qs.chunks_exact_mut(HFQ_PERM_SPAN))
+                {
+                    let (ev, od) = perm.split_at_mut(HFQ_PERM_SPAN / 2);
+                    for (i, pair) in span.chunks_exact(2).enumerate() {
+                        ev[i] = pair[0];
+                        od[i] = pair[1];
+                    }
+                    for (src, q) in perm.chunks_exact(QK).zip(dst.chunks_exact_mut(QK)) {
+                        let (d, sum) = quantise_block(src, q);
+                        push(&mut a, src, d, sum);
+                    }
+                }
+                a.gsum = x.chunks_exact(HFQ_GROUP).map(sum_f64).collect();
+            }
+            Format::Q4_0 | Format::Q4_1 => {
+                // Quantise per natural block, then store each full 4-block group as
+                // [first halves of its blocks, second halves].
+                let mut natural = [0i8; Q4_0_ACT_GROUP];
+                let half = QK / 2;
+                for (grp, dst) in x.chunks(Q4_0_ACT_GROUP).zip(qs.chunks_mut(Q4_0_ACT_GROUP)) {
+                    for (src, q) in grp.chunks_exact(QK).zip(natural.chunks_exact_mut(QK)) {
+                        let (d, sum) = quantise_block(src, q);
+                        push(&mut a, src, d, sum);
+                    }
+                    if grp.len() < Q4_0_ACT_GROUP {
+                        dst.copy_from_slice(&natural[..grp.len()]);
+                        continue;
+                    }
+                    let (firsts, seconds) = dst.split_at_mut(Q4_0_ACT_GROUP / 2);
+                    for (blk, q) in natural.chunks_exact(QK).enumerate() {
+                        firsts[half * blk..half * (blk + 1)].copy_from_slice(&q[..half]);
+                        seconds[half * blk..half * (blk + 1)].copy_from_slice(&q[half..]);
+                    }
+                }
+            }
+            _ => {
+                for (src, q) in x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK)) {
+                    let (d, sum) = quantise_block(src, q);
+                    push(&mut a, src, d, sum);
+                }
             }
         }
+        a.qs = qs;
         a
     }
 
@@ -257,8 +384,13 @@ impl ActivationBuf {
             for g in natural.chunks_exact(Q4K_SUB) {
                 a.sums32.push(g.iter().map(|&q| i16::from(q)).sum());
             }
-            for (p, o) in dst.iter_mut().enumerate() {
-                *o = natural[act_source(fmt, p, QK_K)];
+            if fmt == Format::Q4K {
+                for (t, &j) in Q4K_ACT_ORDER.iter().enumerate() {
+                    dst[Q4K_SUB * t..Q4K_SUB * (t + 1)]
+                        .copy_from_slice(&natural[Q4K_SUB * j..Q4K_SUB * (j + 1)]);
+                }
+            } else {
+                dst.copy_from_slice(&natural);
             }
         }
         a
@@ -333,7 +465,10 @@ mod tests {
                     .map(|i| i32::from(q.qs[pos_of(fmt, QK * b + i, k)]))
                     .sum();
                 assert_eq!(s, q.isum[b], "{fmt} block {b}");
-                assert_eq!(q.d8[LANES8 * b], q.d[b]);
+                if fmt == Format::Q4_1 {
+                    let exact: f64 = x[QK * b..QK * (b + 1)].iter().map(|&v| f64::from(v)).sum();
+                    assert_eq!(q.s[b], exact as f32);
+                }
                 if fmt == Format::Q4_0 {
                     assert_eq!(q.d4[4 * b..4 * b + 4], [q.d[b]; 4]);
                 }
@@ -355,6 +490,35 @@ mod tests {
             let b = p / QK;
             let src = act_source(Format::Hfq4G256, p, x.len());
             assert!((q.d[b] * f32::from(q.qs[p]) - x[src]).abs() <= q.d[b] * 0.5001);
+            assert_eq!(q.d8[LANES8 * b], q.d[b]);
+        }
+    }
+
+    #[test]
+    fn simd_and_scalar_activation_quantisers_agree_bit_for_bit() {
+        let mut rng = ChaCha8Rng::seed_from_u64(13);
+        for n in [32usize, 256] {
+            for trial in 0..200 {
+                let scale = 10f32.powi(trial % 7 - 3);
+                let mut x: Vec<f32> = (0..n)
+                    .map(|_| rng.random_range(-1.0f32..1.0) * scale)
+                    .collect();
+                if trial % 10 == 0 {
+                    x.fill(0.0); // all-zero block: d = 0 path
+                }
+                if trial % 10 == 1 {
+                    // Exact halves after scaling: rounding ties.
+                    let amax = 127.0;
+                    x = (0..n)
+                        .map(|i| (i as f32 - n as f32 / 2.0) * 0.5 % amax)
+                        .collect();
+                }
+                let (mut a, mut b) = (vec![0i8; n], vec![0i8; n]);
+                let ra = quantise_block_scalar(&x, &mut a);
+                let rb = quantise_block(&x, &mut b);
+                assert_eq!(ra, rb, "n={n} trial {trial}");
+                assert_eq!(a, b, "n={n} trial {trial}");
+            }
         }
     }
 
