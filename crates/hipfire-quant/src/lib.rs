@@ -46,6 +46,12 @@
 //! stream. On the Emerald Rapids H200 box (`examples/gemv_gbs`, k = m = 4096, 2 GiB of
 //! weights, 16 threads) that reached 0.90–0.94 (Q4_0), 0.91 (Q8_0) and 0.92 (Q4_K) of a plain
 //! read of the same bytes in the same run.
+//!
+//! # Errors
+//! One small enum, [`QuantError`], because every failure here is bad input that the caller can
+//! name precisely (shape, length, NaN, unknown GGUF type, unavailable tier) and the hot path
+//! must not allocate: validation happens once per `gemv_rows` call, before any kernel runs,
+//! and kernels then assume valid input (they are `unsafe fn`s behind that check).
 #![deny(missing_docs)]
 
 mod act;
