@@ -66,6 +66,14 @@ pub enum ExecError {
         /// The panic payload, when it was a string.
         message: String,
     },
+    /// A wait on a peer (the device's flags words) ran out.
+    #[error("timed out after {after:?} waiting for the {what}")]
+    Timeout {
+        /// What was awaited.
+        what: &'static str,
+        /// How long.
+        after: std::time::Duration,
+    },
     /// An actor (planner / GPU) has stopped: its request channel is closed.
     #[error("{actor} actor stopped")]
     ActorStopped {

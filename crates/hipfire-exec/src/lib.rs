@@ -13,6 +13,8 @@
 //! - [`gpu`] — the `GpuEngine` trait, its actor (`GpuActor` / `GpuHandle`) and a CPU-backed
 //!   `SimulatedGpu` stand-in.
 //! - [`join`] — join strategies behind a trait, selected by `JoinKind`.
+//! - [`flags`] — the CPU half of the `flags` join: host-visible mailbox layout and a pool job
+//!   that waits on the device's sequence word (device kernels not written yet).
 //! - [`planner`] — the planner actor (`Planner` / `PlannerHandle`): route, refuse, schedule,
 //!   cut, run, feed back, trace.
 //! - [`trace`] — the `hipfire::cpu_exec` trace lines.
@@ -37,6 +39,7 @@
 
 pub mod bench;
 pub mod error;
+pub mod flags;
 pub mod gpu;
 pub mod join;
 mod kernel;

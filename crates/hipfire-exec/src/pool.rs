@@ -91,6 +91,15 @@ enum WorkerMsg {
         /// Reply slot; shared by the workers of one call, sized so sends never block.
         respond_to: Sender<Reply>,
     },
+    /// Run an owned job (submitted without blocking the caller; see `CpuPool::submit_owned`).
+    RunOwned {
+        /// The job, kept alive by this message.
+        job: Arc<dyn PoolJob + Send + Sync>,
+        /// This worker's rows.
+        rows: Range<usize>,
+        /// Reply slot, as for `Run`.
+        respond_to: Sender<Reply>,
+    },
 }
 
 /// A worker's answer.
@@ -134,22 +143,32 @@ impl CpuWorker {
                     // SAFETY: the caller of `run_job` blocks until this reply is sent or this
                     // message is dropped, so the job it points to is alive here.
                     let job: &dyn PoolJob = unsafe { &*job.0 };
-                    let result = match catch_unwind(AssertUnwindSafe(|| job.run(rows))) {
-                        Ok(r) => r,
-                        Err(payload) => Err(ExecError::WorkerPanicked {
-                            worker: self.index,
-                            message: panic_message(payload.as_ref()),
-                        }),
-                    };
-                    // The caller may have gone only if it is itself unwinding; nothing to do then.
-                    let _ = respond_to.send(Reply {
-                        worker: self.index,
-                        result,
-                    });
+                    self.execute(job, rows, &respond_to);
                 }
+                WorkerMsg::RunOwned {
+                    job,
+                    rows,
+                    respond_to,
+                } => self.execute(&*job, rows, &respond_to),
             }
         }
         self.live.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Run one job, catching a panic as `WorkerPanicked`, and reply.
+    fn execute(&self, job: &dyn PoolJob, rows: Range<usize>, respond_to: &Sender<Reply>) {
+        let result = match catch_unwind(AssertUnwindSafe(|| job.run(rows))) {
+            Ok(r) => r,
+            Err(payload) => Err(ExecError::WorkerPanicked {
+                worker: self.index,
+                message: panic_message(payload.as_ref()),
+            }),
+        };
+        // The caller may have gone only if it is itself unwinding; nothing to do then.
+        let _ = respond_to.send(Reply {
+            worker: self.index,
+            result,
+        });
     }
 
     /// Next request: spin for the window, then block. `None` when all senders are gone.
@@ -425,6 +444,46 @@ impl CpuPool {
         self.run_job(&job, row0..end).map(|_| ())
     }
 
+    /// Send an owned job's `parts` (at most one per worker) without waiting; collect with
+    /// [`Pending::wait`]. Parts that could not be sent are counted in [`Pending::unsent`].
+    pub(crate) fn submit_owned(
+        &self,
+        job: Arc<dyn PoolJob + Send + Sync>,
+        parts: Vec<Range<usize>>,
+    ) -> Result<Pending, ExecError> {
+        if parts.len() > self.threads() {
+            return Err(ExecError::Shape {
+                what: "job parts (one per worker)",
+                need: self.threads(),
+                got: parts.len(),
+            });
+        }
+        let (tx, rx) = bounded::<Reply>(parts.len().max(1));
+        let mut pending = Pending {
+            rx,
+            sent: 0,
+            unsent: 0,
+            first_err: None,
+        };
+        for (worker, rows) in parts.into_iter().enumerate() {
+            let msg = WorkerMsg::RunOwned {
+                job: Arc::clone(&job),
+                rows,
+                respond_to: tx.clone(),
+            };
+            match self.inner.senders[worker].send(msg) {
+                Ok(()) => pending.sent += 1,
+                Err(_) => {
+                    pending.unsent += 1;
+                    pending
+                        .first_err
+                        .get_or_insert(ExecError::PoolStopped { worker });
+                }
+            }
+        }
+        Ok(pending)
+    }
+
     /// Cut `rows` into one aligned slice per worker, run `job` on each, wait for all replies.
     ///
     /// Returns the XOR of the workers' values, or the first error (after every reply is in).
@@ -499,6 +558,38 @@ impl CpuPool {
     #[cfg(test)]
     fn live_counter(&self) -> Arc<std::sync::atomic::AtomicUsize> {
         Arc::clone(&self.inner.live)
+    }
+}
+
+/// Replies still to collect from an owned job.
+pub(crate) struct Pending {
+    rx: Receiver<Reply>,
+    sent: usize,
+    /// Parts no worker received (the pool was stopping).
+    pub(crate) unsent: usize,
+    first_err: Option<ExecError>,
+}
+
+impl Pending {
+    /// Wait for every sent part; the first error, if any.
+    pub(crate) fn wait(mut self) -> Result<(), ExecError> {
+        for _ in 0..self.sent {
+            match self.rx.recv() {
+                Ok(Reply { result: Ok(_), .. }) => {}
+                Ok(Reply { result: Err(e), .. }) => {
+                    self.first_err.get_or_insert(e);
+                }
+                Err(_) => {
+                    self.first_err
+                        .get_or_insert(ExecError::PoolStopped { worker: usize::MAX });
+                    break;
+                }
+            }
+        }
+        match self.first_err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 }
 

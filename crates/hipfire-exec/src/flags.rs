@@ -1,0 +1,517 @@
+//! The CPU half of the `flags` join: a host-visible mailbox and a pool job that waits on it.
+//!
+//! No host synchronisation per step: the device writes the activation into the mailbox, then
+//! (after `__threadfence_system()`) the sequence word; the pool's workers, handed the job a step
+//! ahead, spin on that word, multiply their rows, write them into the mailbox and publish the
+//! done word; on the device a one-thread kernel spins on the done word and a fold copies (or
+//! adds) the CPU rows into the output. This module is the host side and the layout; the
+//! device kernels are not written yet, so [`crate::join::JoinKind::Flags`] is still refused.
+//! [`Mailbox::device_publish`] / [`Mailbox::device_wait_done`] play the device in tests.
+//!
+//! # Layout (offsets in bytes; mirror them in the kernels)
+//! | offset | what |
+//! |---|---|
+//! | [`SEQ_OFFSET`] | `u32` step number, written by the device after `x` |
+//! | [`DONE_OFFSET`] | `u32` step number, written by the CPU after every row (own cache line) |
+//! | [`ERROR_OFFSET`] | `u32` step number of the last step a worker failed (rows unspecified) |
+//! | [`X_OFFSET`] | `k` f32: the activation |
+//! | [`Mailbox::y_offset`] | `rows` f32: `W[g + i] · x` for the CPU rows, always plain |
+//!
+//! The CPU rows are always the plain product; the device fold adds them for the residual form,
+//! so the residual never crosses the link.
+
+use crate::error::ExecError;
+use crate::kernel::{gemv_rows, ActivationBuf};
+use crate::pool::{partition, CpuPool, PoolJob, WORKER_ROW_ALIGN};
+use hipfire_quant::Format;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Offset of the device's sequence word.
+pub const SEQ_OFFSET: usize = 0;
+/// Offset of the CPU's done word: its own 64-byte line, so the device's polling of it does not
+/// share a line with the word it writes.
+pub const DONE_OFFSET: usize = 64;
+/// Offset of the error word (same line as done: written only on failure, before done).
+pub const ERROR_OFFSET: usize = 96;
+/// Offset of the activation.
+pub const X_OFFSET: usize = 128;
+/// Alignment of the mailbox and of its areas (a cache line).
+pub const MAILBOX_ALIGN: usize = 64;
+
+/// Default wait for the device's sequence word before a worker gives up (so a device fault
+/// becomes an error, never a hung pool). A decode step is well under 100 ms even for the
+/// largest spilled layer; one second is far outside normal operation.
+pub const DEFAULT_FLAGS_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Memory a mailbox lives in.
+///
+/// # Safety
+/// `base()` must point to `len()` bytes that stay valid, writable and not moved for as long as
+/// the value lives, aligned to [`MAILBOX_ALIGN`]; only the mailbox protocol may access them.
+pub unsafe trait MailboxMemory: Send + Sync {
+    /// Start of the memory.
+    fn base(&self) -> *mut u8;
+    /// Its length in bytes.
+    fn len(&self) -> usize;
+    /// True iff `len() == 0`.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+// SAFETY: a pinned, page-aligned allocation owned by the buffer, valid until it drops.
+unsafe impl MailboxMemory for hipfire_gpu::HostMappedBuffer {
+    fn base(&self) -> *mut u8 {
+        self.host_ptr()
+    }
+    fn len(&self) -> usize {
+        hipfire_gpu::HostMappedBuffer::len(self)
+    }
+}
+
+/// One cache line (for [`HostMailboxMemory`]'s alignment).
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; MAILBOX_ALIGN]);
+
+/// Plain host memory for a mailbox (CPU-only runs and tests).
+pub struct HostMailboxMemory {
+    lines: Box<[std::cell::UnsafeCell<Line>]>,
+}
+
+impl HostMailboxMemory {
+    /// At least `bytes` zeroed bytes.
+    pub fn new(bytes: usize) -> HostMailboxMemory {
+        let n = bytes.div_ceil(MAILBOX_ALIGN).max(1);
+        HostMailboxMemory {
+            lines: (0..n)
+                .map(|_| std::cell::UnsafeCell::new(Line([0; MAILBOX_ALIGN])))
+                .collect(),
+        }
+    }
+}
+
+// SAFETY: the memory is only reached through raw pointers under the mailbox protocol (atomics
+// for the words, disjoint row ranges for the data).
+unsafe impl Sync for HostMailboxMemory {}
+
+// SAFETY: owned, 64-byte aligned (`Line`), never moved (boxed slice), valid until drop.
+unsafe impl MailboxMemory for HostMailboxMemory {
+    fn base(&self) -> *mut u8 {
+        self.lines.as_ptr() as *mut u8
+    }
+    fn len(&self) -> usize {
+        self.lines.len() * MAILBOX_ALIGN
+    }
+}
+
+/// A mailbox for activations of `k` values and `rows` CPU rows.
+#[derive(Clone)]
+pub struct Mailbox {
+    mem: Arc<dyn MailboxMemory>,
+    k: usize,
+    rows: usize,
+}
+
+impl std::fmt::Debug for Mailbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mailbox")
+            .field("k", &self.k)
+            .field("rows", &self.rows)
+            .finish()
+    }
+}
+
+impl Mailbox {
+    /// Bytes a mailbox for `k` and `rows` needs.
+    pub fn bytes_needed(k: usize, rows: usize) -> usize {
+        Mailbox::y_offset_for(k) + rows * 4
+    }
+
+    fn y_offset_for(k: usize) -> usize {
+        (X_OFFSET + k * 4).div_ceil(MAILBOX_ALIGN) * MAILBOX_ALIGN
+    }
+
+    /// A mailbox over `mem`; errors if it is too small or misaligned.
+    pub fn new(mem: Arc<dyn MailboxMemory>, k: usize, rows: usize) -> Result<Mailbox, ExecError> {
+        let need = Mailbox::bytes_needed(k, rows);
+        if mem.len() < need {
+            return Err(ExecError::Shape {
+                what: "mailbox bytes",
+                need,
+                got: mem.len(),
+            });
+        }
+        if mem.base() as usize % MAILBOX_ALIGN != 0 {
+            return Err(ExecError::Invalid {
+                what: "mailbox memory",
+                value: format!("{:p}", mem.base()),
+                rule: "64-byte aligned",
+            });
+        }
+        Ok(Mailbox { mem, k, rows })
+    }
+
+    /// Byte offset of the CPU rows.
+    pub fn y_offset(&self) -> usize {
+        Mailbox::y_offset_for(self.k)
+    }
+
+    fn word(&self, offset: usize) -> &AtomicU32 {
+        // SAFETY: offset + 4 <= len (checked in `new`: every word lies below X_OFFSET), the base
+        // is 64-aligned so the word is 4-aligned, and the memory outlives `self` (Arc).
+        unsafe { &*(self.mem.base().add(offset) as *const AtomicU32) }
+    }
+
+    /// The device's sequence word.
+    pub fn seq(&self) -> &AtomicU32 {
+        self.word(SEQ_OFFSET)
+    }
+
+    /// The CPU's done word.
+    pub fn done(&self) -> &AtomicU32 {
+        self.word(DONE_OFFSET)
+    }
+
+    /// The error word.
+    pub fn error(&self) -> &AtomicU32 {
+        self.word(ERROR_OFFSET)
+    }
+
+    /// Stand-in for the device: write `x`, then publish `step` (release).
+    pub fn device_publish(&self, x: &[f32], step: u32) -> Result<(), ExecError> {
+        if x.len() != self.k {
+            return Err(ExecError::Shape {
+                what: "x",
+                need: self.k,
+                got: x.len(),
+            });
+        }
+        // SAFETY: the x area is in bounds (`new`); the protocol gives the device sole access to
+        // it until `seq` says `step` (workers read it only after seeing that value).
+        let dst = unsafe {
+            std::slice::from_raw_parts_mut(self.mem.base().add(X_OFFSET) as *mut f32, self.k)
+        };
+        dst.copy_from_slice(x);
+        self.seq().store(step, Ordering::Release);
+        Ok(())
+    }
+
+    /// Stand-in for the device: wait until done says `step`, then return the CPU rows.
+    pub fn device_wait_done(&self, step: u32, timeout: Duration) -> Result<Vec<f32>, ExecError> {
+        wait_word(self.done(), step, timeout, "flags done word")?;
+        if self.error().load(Ordering::Acquire) == step {
+            return Err(ExecError::Gpu(format!("cpu arm failed at step {step}")));
+        }
+        // SAFETY: in bounds (`new`); after done == step (acquire) no worker writes the rows.
+        let rows = unsafe {
+            std::slice::from_raw_parts(
+                self.mem.base().add(self.y_offset()) as *const f32,
+                self.rows,
+            )
+        };
+        Ok(rows.to_vec())
+    }
+}
+
+/// Spin (yielding) until `word == want`, or time out.
+fn wait_word(
+    word: &AtomicU32,
+    want: u32,
+    timeout: Duration,
+    what: &'static str,
+) -> Result<Duration, ExecError> {
+    let t0 = Instant::now();
+    loop {
+        if word.load(Ordering::Acquire) == want {
+            return Ok(t0.elapsed());
+        }
+        if t0.elapsed() >= timeout {
+            return Err(ExecError::Timeout {
+                what,
+                after: timeout,
+            });
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// Bytes of a weight a flags job owns a share of.
+pub trait WeightBytes: Send + Sync {
+    /// The bytes (rows `row_bytes` apart).
+    fn bytes(&self) -> &[u8];
+}
+
+impl WeightBytes for Vec<u8> {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+impl WeightBytes for hipfire_gpu::HostMappedBuffer {
+    fn bytes(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+/// One step's CPU arm under the flags join.
+pub struct FlagsArm {
+    /// Weight format.
+    pub format: Format,
+    /// Row length.
+    pub k: usize,
+    /// The whole weight.
+    pub weight: Arc<dyn WeightBytes>,
+    /// First CPU row (`g`); the mailbox holds rows `[g, g + mailbox rows)`.
+    pub g: usize,
+    /// The mailbox.
+    pub mailbox: Mailbox,
+    /// Step number the device will publish.
+    pub step: u32,
+    /// Give up waiting for the device after this long.
+    pub timeout: Duration,
+}
+
+/// What a flags arm measured.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct FlagsReport {
+    /// Longest a worker waited for the sequence word (ns).
+    pub wait_ns: f64,
+    /// Longest a worker spent multiplying after it (ns).
+    pub cpu_ns: f64,
+}
+
+/// The job the workers share.
+struct FlagsJob {
+    arm: FlagsArm,
+    row_bytes: usize,
+    /// Workers still to finish; the last one publishes done.
+    remaining: AtomicUsize,
+    wait_ns: AtomicU64,
+    cpu_ns: AtomicU64,
+}
+
+impl FlagsJob {
+    fn rows(&self, rows: Range<usize>) -> Result<(), ExecError> {
+        let a = &self.arm;
+        let mb = &a.mailbox;
+        let waited = wait_word(mb.seq(), a.step, a.timeout, "flags sequence word")?;
+        self.wait_ns
+            .fetch_max(waited.as_nanos() as u64, Ordering::Relaxed);
+        let t = Instant::now();
+        // SAFETY: in bounds (`Mailbox::new`); after seq == step (acquire, in `wait_word`) the
+        // device does not write x until it sees done.
+        let x =
+            unsafe { std::slice::from_raw_parts(mb.mem.base().add(X_OFFSET) as *const f32, mb.k) };
+        let act = ActivationBuf::prepare(a.format, x)?;
+        let local = rows.start - a.g;
+        // SAFETY: `rows` is this worker's disjoint part of [g, g + mailbox rows) (partition), so
+        // the slice is in bounds and written by this worker alone until done is published.
+        let y = unsafe {
+            std::slice::from_raw_parts_mut(
+                (mb.mem.base().add(mb.y_offset()) as *mut f32).add(local),
+                rows.len(),
+            )
+        };
+        let w = &a.weight.bytes()[rows.start * self.row_bytes..rows.end * self.row_bytes];
+        gemv_rows(a.format, w, a.k, &act, y, false)?;
+        self.cpu_ns
+            .fetch_max(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+impl PoolJob for FlagsJob {
+    fn run(&self, rows: Range<usize>) -> Result<u64, ExecError> {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.rows(rows)));
+        let mb = &self.arm.mailbox;
+        let failed = !matches!(r, Ok(Ok(())));
+        if failed {
+            mb.error().store(self.arm.step, Ordering::Release);
+        }
+        // Always count down, so the device never waits on a worker that failed.
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            mb.done().store(self.arm.step, Ordering::Release);
+        }
+        match r {
+            Ok(res) => res.map(|()| 0),
+            Err(p) => std::panic::resume_unwind(p),
+        }
+    }
+}
+
+/// A submitted flags arm; [`FlagsTicket::wait`] collects it.
+pub struct FlagsTicket {
+    pending: crate::pool::Pending,
+    job: Arc<FlagsJob>,
+}
+
+impl FlagsTicket {
+    /// Block until every worker of the arm has finished; the arm's measurements or its error.
+    pub fn wait(self) -> Result<FlagsReport, ExecError> {
+        self.pending.wait()?;
+        Ok(FlagsReport {
+            wait_ns: self.job.wait_ns.load(Ordering::Relaxed) as f64,
+            cpu_ns: self.job.cpu_ns.load(Ordering::Relaxed) as f64,
+        })
+    }
+}
+
+impl CpuPool {
+    /// Hand `arm` to the workers now; they wait for the device's sequence word, multiply, and
+    /// publish done. Returns at once. While an arm is pending the workers are busy waiting for
+    /// the device: do not run other pool work until its step has been published.
+    pub fn submit_flags(&self, arm: FlagsArm) -> Result<FlagsTicket, ExecError> {
+        let row_bytes = arm.format.row_bytes(arm.k)?;
+        let rows = arm.g..arm.g + arm.mailbox.rows;
+        if arm.mailbox.k != arm.k {
+            return Err(ExecError::Shape {
+                what: "mailbox k",
+                need: arm.k,
+                got: arm.mailbox.k,
+            });
+        }
+        if arm.weight.bytes().len() < rows.end * row_bytes {
+            return Err(ExecError::Shape {
+                what: "weight bytes",
+                need: rows.end * row_bytes,
+                got: arm.weight.bytes().len(),
+            });
+        }
+        let parts = partition(rows.clone(), self.threads(), WORKER_ROW_ALIGN);
+        let job = Arc::new(FlagsJob {
+            arm,
+            row_bytes,
+            remaining: AtomicUsize::new(parts.len()),
+            wait_ns: AtomicU64::new(0),
+            cpu_ns: AtomicU64::new(0),
+        });
+        if parts.is_empty() {
+            job.arm
+                .mailbox
+                .done()
+                .store(job.arm.step, Ordering::Release);
+        }
+        let pending = self.submit_owned(job.clone(), parts)?;
+        // Parts no worker took: count them down as failed, so done is still published.
+        for _ in 0..pending.unsent {
+            job.arm
+                .mailbox
+                .error()
+                .store(job.arm.step, Ordering::Release);
+            if job.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+                job.arm
+                    .mailbox
+                    .done()
+                    .store(job.arm.step, Ordering::Release);
+            }
+        }
+        Ok(FlagsTicket { pending, job })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    fn setup(fmt: Format, k: usize, m: usize, seed: u64) -> (Arc<Vec<u8>>, Vec<f32>) {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut w = Vec::new();
+        for _ in 0..m {
+            let row: Vec<f32> = (0..k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+            w.extend(hipfire_quant::quantize_row(fmt, &row).expect("quantise"));
+        }
+        (
+            Arc::new(w),
+            (0..k).map(|_| rng.random_range(-1.0f32..1.0)).collect(),
+        )
+    }
+
+    #[test]
+    fn flags_arm_matches_pool_over_steps() {
+        let (fmt, k, m, g) = (Format::Q4_0, 256usize, 200usize, 48usize);
+        let (w, _) = setup(fmt, k, m, 1);
+        let pool = CpuPool::new(3).expect("pool");
+        let mem: Arc<dyn MailboxMemory> =
+            Arc::new(HostMailboxMemory::new(Mailbox::bytes_needed(k, m - g)));
+        let mb = Mailbox::new(mem, k, m - g).expect("mailbox");
+        for step in 1..=5u32 {
+            let x: Vec<f32> = setup(fmt, k, 1, 100 + u64::from(step)).1;
+            let arm = FlagsArm {
+                format: fmt,
+                k,
+                weight: w.clone(),
+                g,
+                mailbox: mb.clone(),
+                step,
+                timeout: DEFAULT_FLAGS_TIMEOUT,
+            };
+            // Submitted ahead of the device, as the host would a token ahead.
+            let ticket = pool.submit_flags(arm).expect("submit");
+            let device = {
+                let mb = mb.clone();
+                let x = x.clone();
+                std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(2));
+                    mb.device_publish(&x, step)?;
+                    mb.device_wait_done(step, DEFAULT_FLAGS_TIMEOUT)
+                })
+            };
+            let got = device.join().expect("device thread").expect("device");
+            let rep = ticket.wait().expect("arm");
+            assert!(rep.wait_ns > 0.0);
+            let mut want = vec![f32::NAN; m];
+            pool.gemv(fmt, &w, k, &x, &mut want, false).expect("pool");
+            assert_eq!(
+                got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want[g..].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "step {step}"
+            );
+        }
+    }
+
+    #[test]
+    fn silent_device_times_out_and_done_is_still_published() {
+        let (fmt, k, m) = (Format::Q8_0, 64usize, 40usize);
+        let (w, _) = setup(fmt, k, m, 2);
+        let pool = CpuPool::new(2).expect("pool");
+        let mem: Arc<dyn MailboxMemory> =
+            Arc::new(HostMailboxMemory::new(Mailbox::bytes_needed(k, m)));
+        let mb = Mailbox::new(mem, k, m).expect("mailbox");
+        let arm = FlagsArm {
+            format: fmt,
+            k,
+            weight: w,
+            g: 0,
+            mailbox: mb.clone(),
+            step: 7,
+            timeout: Duration::from_millis(20),
+        };
+        let err = pool
+            .submit_flags(arm)
+            .expect("submit")
+            .wait()
+            .expect_err("no device");
+        assert!(matches!(err, ExecError::Timeout { .. }), "{err}");
+        assert_eq!(mb.done().load(Ordering::Acquire), 7);
+        assert_eq!(mb.error().load(Ordering::Acquire), 7);
+        // The pool is usable afterwards.
+        let mut y = vec![0.0; 4];
+        pool.gemv(Format::F32, &[0u8; 4 * 4 * 4], 4, &[1.0; 4], &mut y, false)
+            .expect("pool after timeout");
+    }
+
+    #[test]
+    fn mailbox_checks() {
+        let small: Arc<dyn MailboxMemory> = Arc::new(HostMailboxMemory::new(64));
+        assert!(Mailbox::new(small, 256, 10).is_err());
+        assert_eq!(Mailbox::bytes_needed(4, 1) % 4, 0);
+        assert_eq!(Mailbox::y_offset_for(4096) % MAILBOX_ALIGN, 0);
+        assert!(Mailbox::y_offset_for(1) >= X_OFFSET + 4);
+    }
+}
