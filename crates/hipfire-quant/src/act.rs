@@ -66,9 +66,6 @@ pub(crate) struct Q8x32 {
     pub d: Vec<f32>,
     /// `d` repeated [`LANES8`] times per block, so a 512-bit dot loads two blocks' scales.
     pub d8: Vec<f32>,
-    /// `d` repeated 4 times per block (Q4_0 only): the 512-bit Q4_0 dot has one block per
-    /// 128-bit lane.
-    pub d4: Vec<f32>,
     /// Per block `[−off·Σq, 0, …]` ([`corr_lanes`] lanes): the initial value of the block's
     /// integer lanes, so the weight offset of Q4_0 (off = 8) and the VNNI sign bias of Q8_0
     /// (off = 128) cancel exactly. Empty for formats without an offset.
@@ -292,7 +289,6 @@ impl ActivationBuf {
             qs: Vec::new(),
             d: Vec::with_capacity(nb),
             d8: Vec::new(),
-            d4: Vec::new(),
             corr: Vec::with_capacity(nb * lanes),
             isum: Vec::with_capacity(nb),
             s: Vec::new(),
@@ -307,7 +303,6 @@ impl ActivationBuf {
                 a.corr.extend(std::iter::repeat_n(0, lanes - 1));
             }
             match fmt {
-                Format::Q4_0 => a.d4.extend_from_slice(&[d; LANES8 / 2]),
                 Format::Q4_1 => a.s.push(sum_f64(src)),
                 Format::Hfq4G256 => a.d8.extend_from_slice(&[d; LANES8]),
                 _ => {}
@@ -468,9 +463,6 @@ mod tests {
                 if fmt == Format::Q4_1 {
                     let exact: f64 = x[QK * b..QK * (b + 1)].iter().map(|&v| f64::from(v)).sum();
                     assert_eq!(q.s[b], exact as f32);
-                }
-                if fmt == Format::Q4_0 {
-                    assert_eq!(q.d4[4 * b..4 * b + 4], [q.d[b]; 4]);
                 }
                 if lanes > 0 {
                     assert_eq!(q.corr[lanes * b], -off * q.isum[b]);

@@ -103,39 +103,6 @@ unsafe fn ld_idx16(a: &[u16; 32]) -> __m512i {
     _mm512_loadu_si512(a.as_ptr() as *const _)
 }
 
-/// Q4_0: 16-bit word sources of the four blocks' nibbles (block o, word j at byte
-/// 18·o + 2 + 2·j) in `vpermt2w` of (bytes 0..64, bytes 8..72) of a 4-block group.
-const IDX16_Q4_0_QS: [u16; 32] = q4_0_qs_words();
-/// Q4_0: the four f16 scales (bytes 0, 18, 36, 54 of the group), each repeated 4 times.
-const IDX16_Q4_0_D: [u16; 32] = q4_0_d_words();
-/// Bytes between the two 64-byte loads of a Q4_0 group (the second ends at byte 72).
-const Q4_0_SECOND_LOAD: usize = 8;
-
-const fn q4_0_qs_words() -> [u16; 32] {
-    let mut v = [0u16; 32];
-    let mut w = 0;
-    while w < 32 {
-        let byte = 18 * (w / 8) + 2 + 2 * (w % 8);
-        v[w] = if byte + 2 <= 64 {
-            (byte / 2) as u16
-        } else {
-            (32 + (byte - Q4_0_SECOND_LOAD) / 2) as u16
-        };
-        w += 1;
-    }
-    v
-}
-
-const fn q4_0_d_words() -> [u16; 32] {
-    let mut v = [0u16; 32];
-    let mut w = 0;
-    while w < 16 {
-        v[w] = (9 * (w / 4)) as u16;
-        w += 1;
-    }
-    v
-}
-
 /// Float lanes per unrolled step of the float dots (4 accumulators × 16).
 const F_UNROLL: usize = 64;
 /// f32 lanes in a 512-bit vector.
@@ -323,26 +290,24 @@ macro_rules! int_kernels {
                 let nb_grouped = nb / Q4_0_GROUP_BLOCKS * Q4_0_GROUP_BLOCKS;
                 let (p, xq, corr) = (row.as_ptr(), a.qs.as_ptr(), a.corr.as_ptr());
                 let m4 = _mm512_set1_epi8(0x0F);
+                let idx4 = ld_idx(&IDX_4BLK);
                 let mut acc = _mm512_setzero_ps();
                 let mut b = 0;
-                let (iq, id) = (ld_idx16(&IDX16_Q4_0_QS), ld_idx16(&IDX16_Q4_0_D));
                 while b < nb_grouped {
                     let g = p.add(Q4_0_BYTES * b);
                     prefetch_ahead::<{ Q4_0_GROUP_BLOCKS * Q4_0_BYTES }>(g);
-                    // Two overlapping 64-byte loads cover the 72-byte group; word permutes
-                    // gather the nibbles (one block per 128-bit lane) and the scales.
-                    let raw0 = _mm512_loadu_si512(g as *const _);
-                    let raw1 = _mm512_loadu_si512(g.add(Q4_0_SECOND_LOAD) as *const _);
-                    let q = _mm512_permutex2var_epi16(raw0, iq, raw1);
+                    let ld =
+                        |o: usize| _mm_loadu_si128(g.add(Q4_0_BYTES * o + 2) as *const __m128i);
+                    let q01 = _mm512_castsi256_si512(_mm256_set_m128i(ld(1), ld(0)));
+                    let q = _mm512_inserti32x4::<3>(_mm512_inserti32x4::<2>(q01, ld(2)), ld(3));
                     let lo = _mm512_and_si512(q, m4);
                     let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
                     let xlo = _mm512_loadu_si512(xq.add(QK * b) as *const _);
                     let xhi = _mm512_loadu_si512(xq.add(QK * b + 64) as *const _);
                     let c = _mm512_loadu_si512(corr.add(Q4_0_CORR_LANES * b) as *const _);
                     let pi = $dp($dp(c, lo, xlo), hi, xhi);
-                    let dw =
-                        _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(id, raw0)));
-                    let s = _mm512_mul_ps(dw, _mm512_loadu_ps(a.d4.as_ptr().add(4 * b)));
+                    let s4 = _mm_mul_ps(h2f_x4(g, Q4_0_BYTES), _mm_loadu_ps(a.d.as_ptr().add(b)));
+                    let s = _mm512_permutexvar_ps(idx4, _mm512_castps128_ps512(s4));
                     acc = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(pi), acc);
                     b += Q4_0_GROUP_BLOCKS;
                 }
