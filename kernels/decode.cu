@@ -9,6 +9,15 @@
 #define HF_WARP 32
 #endif
 
+// NVRTC has no <math.h>: -inf as a bit pattern.
+#define HF_NEG_INF __int_as_float(0xff800000)
+
+// NVRTC compiles without the host headers (math.h / math_constants.h) that define INFINITY;
+// measured on the H200 box: "identifier INFINITY is undefined" at the two uses below.
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+
 // Block-wide sum; `scratch` holds one float per warp. Every thread gets the total.
 __device__ __forceinline__ float hf_block_sum(float v, float* scratch) {
     for (int o = HF_WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -32,7 +41,7 @@ __device__ __forceinline__ float hf_block_max(float v, float* scratch) {
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
     const int n_warps = (blockDim.x + HF_WARP - 1) / HF_WARP;
-    float t = (threadIdx.x < n_warps) ? scratch[threadIdx.x] : -INFINITY;
+    float t = (threadIdx.x < n_warps) ? scratch[threadIdx.x] : HF_NEG_INF;
     if (warp == 0)
         for (int o = HF_WARP / 2; o > 0; o >>= 1) t = fmaxf(t, __shfl_xor_sync(0xffffffffu, t, o));
     if (threadIdx.x == 0) scratch[0] = t;
@@ -96,7 +105,7 @@ extern "C" __global__ void attention_f32(const float* __restrict__ q, const floa
         if (lane == 0) scores[p] = s * scale;
     }
     __syncthreads();
-    float m = -INFINITY;
+    float m = HF_NEG_INF;
     for (int p = threadIdx.x; p < n_pos; p += blockDim.x) m = fmaxf(m, scores[p]);
     m = hf_block_max(m, scratch);
     float sum = 0.0f;
