@@ -15,9 +15,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context as _, Result};
+use hipfire::exec::bench;
 use hipfire::exec::offload::{JoinStrategy, OffloadExecutor, OffloadMode, SpilledStep};
 use hipfire::exec::share::ShareSetting;
-use hipfire::exec::{bench, CpuPool};
 use hipfire::gpu::{
     Activation, Context, DeviceBuffer, GemvForm, GemvKernels, HostMappedBuffer, KernelRegistry,
     ReadKernel, RowRange, WeightRef,
@@ -32,6 +32,11 @@ const FF: usize = 14336;
 /// Distinct random rows per matrix (tiled to m rows): enough that no two neighbouring rows of a
 /// worker's slice share cache lines, few enough that quantising a layer takes well under a second.
 const DISTINCT_ROWS: usize = 64;
+/// Layer copies cycled through by the timed reps, so the ~123 MB (Q4_K) layer is not served from
+/// the box's last-level cache (hundreds of MB on its Xeon): 4 copies ≈ 0.5 GB.
+const LAYER_COPIES: usize = 4;
+/// Bytes of each buffer the read ceilings are measured over: far beyond any cache.
+const CEILING_BYTES: usize = 1 << 30;
 
 struct Proj {
     name: &'static str,
@@ -43,7 +48,14 @@ struct Proj {
     dev: DeviceBuffer<u8>,
 }
 
-fn make_matrix(ctx: &Arc<Context>, stream: &hipfire::gpu::Stream, fmt: Format, m: usize, k: usize, seed: u64) -> Result<(HostMappedBuffer, DeviceBuffer<u8>)> {
+fn make_matrix(
+    ctx: &Arc<Context>,
+    stream: &hipfire::gpu::Stream,
+    fmt: Format,
+    m: usize,
+    k: usize,
+    seed: u64,
+) -> Result<(HostMappedBuffer, DeviceBuffer<u8>)> {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let rb = fmt.row_bytes(k)?;
     let mut distinct = Vec::with_capacity(DISTINCT_ROWS * rb);
@@ -71,7 +83,7 @@ struct Bench<'a> {
     ctx: &'a Arc<Context>,
     stream: &'a hipfire::gpu::Stream,
     kernels: &'a GemvKernels,
-    projs: &'a [Proj],
+    copies: &'a [Vec<Proj>],
     x_d: &'a DeviceBuffer<f32>,
     x_ff: &'a DeviceBuffer<f32>,
     act_d: &'a Activation,
@@ -80,12 +92,20 @@ struct Bench<'a> {
 
 impl Bench<'_> {
     fn layer_bytes(&self) -> usize {
-        self.projs.iter().map(|p| p.host.len()).sum()
+        self.copies[0].iter().map(|p| p.host.len()).sum()
     }
 
     /// Runs the layer `reps` times; returns (µs per layer median, outputs of the last rep).
-    fn run(&self, mode: Mode, exec: Option<&mut OffloadExecutor>, reps: usize) -> Result<(f64, Vec<Vec<f32>>)> {
-        let mut ys: Vec<DeviceBuffer<f32>> = self.projs.iter().map(|p| self.ctx.alloc::<f32>(p.m)).collect::<Result<_, _>>()?;
+    fn run(
+        &self,
+        mode: Mode,
+        exec: Option<&mut OffloadExecutor>,
+        reps: usize,
+    ) -> Result<(f64, Vec<Vec<f32>>)> {
+        let mut ys: Vec<DeviceBuffer<f32>> = self.copies[0]
+            .iter()
+            .map(|p| self.ctx.alloc::<f32>(p.m))
+            .collect::<Result<_, _>>()?;
         let mut exec = exec;
         let mut times = Vec::with_capacity(reps);
         for rep in 0..reps + 2 {
@@ -95,16 +115,28 @@ impl Bench<'_> {
             }
             self.stream.synchronize()?;
             let t = Instant::now();
-            for (p, y) in self.projs.iter().zip(ys.iter_mut()) {
-                let (x, act): (&DeviceBuffer<f32>, &Activation) = if p.k == FF { (self.x_ff, self.act_ff) } else { (self.x_d, self.act_d) };
+            let projs = &self.copies[rep % self.copies.len()];
+            for (p, y) in projs.iter().zip(ys.iter_mut()) {
+                let (x, act): (&DeviceBuffer<f32>, &Activation) = if p.k == FF {
+                    (self.x_ff, self.act_ff)
+                } else {
+                    (self.x_d, self.act_d)
+                };
                 match (mode, exec.as_deref_mut()) {
                     (Mode::Resident, _) | (_, None) => {
                         let w = WeightRef::new(&p.dev, 0, p.format, p.m, p.k)?;
-                        self.kernels.gemv(self.stream, &w, act, y, RowRange::all(p.m), p.form)?;
+                        self.kernels
+                            .gemv(self.stream, &w, act, y, RowRange::all(p.m), p.form)?;
                     }
                     (Mode::Offload, Some(ex)) => {
                         let w = WeightRef::new(&p.host, 0, p.format, p.m, p.k)?;
-                        let step = SpilledStep { weight: &w, host_bytes: p.host.as_slice(), x, y, form: p.form };
+                        let step = SpilledStep {
+                            weight: &w,
+                            host_bytes: p.host.as_slice(),
+                            x,
+                            y,
+                            form: p.form,
+                        };
                         ex.run(self.stream, self.kernels, act, step)?;
                     }
                 }
@@ -128,10 +160,18 @@ impl Bench<'_> {
 fn max_rel_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
     let mut worst = 0f64;
     for (x, y) in a.iter().zip(b) {
-        let scale = x.iter().map(|v| f64::from(v.abs())).fold(0.0, f64::max).max(1e-30);
+        let scale = x
+            .iter()
+            .map(|v| f64::from(v.abs()))
+            .fold(0.0, f64::max)
+            .max(1e-30);
         for (p, q) in x.iter().zip(y) {
             let d = (f64::from(*p) - f64::from(*q)).abs() / scale;
-            worst = if d.is_nan() { f64::INFINITY } else { worst.max(d) };
+            worst = if d.is_nan() {
+                f64::INFINITY
+            } else {
+                worst.max(d)
+            };
         }
     }
     worst
@@ -139,13 +179,21 @@ fn max_rel_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let get = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned();
+    let get = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
     let format = match get("--format") {
         Some(f) => Format::from_name(&f).with_context(|| format!("unknown format {f}"))?,
         None => Format::Q4K,
     };
     let reps: usize = get("--reps").map(|s| s.parse()).transpose()?.unwrap_or(20);
-    let threads: usize = get("--threads").map(|s| s.parse()).transpose()?.unwrap_or(0);
+    let threads: usize = get("--threads")
+        .map(|s| s.parse())
+        .transpose()?
+        .unwrap_or(0);
     let sweep = args.iter().any(|a| a == "--sweep");
     let json_path = get("--json");
 
@@ -156,8 +204,13 @@ fn main() -> Result<()> {
     let stream = ctx.new_stream()?;
     let registry = KernelRegistry::new(&ctx);
     let kernels = GemvKernels::new(&registry)?;
-    let pool = CpuPool::new(threads)?;
-    eprintln!("device {} ({}), {} cpu workers, format {format}", ctx.info().name, ctx.info().arch, pool.threads());
+    let pool = hipfire::exec::offload::offload_pool(threads)?;
+    eprintln!(
+        "device {} ({}), {} cpu workers, format {format}",
+        ctx.info().name,
+        ctx.info().arch,
+        pool.threads()
+    );
 
     let shapes: [(&str, usize, usize, GemvForm); 7] = [
         ("q", D, D, GemvForm::Plain),
@@ -168,11 +221,24 @@ fn main() -> Result<()> {
         ("up", FF, D, GemvForm::Plain),
         ("down", D, FF, GemvForm::Residual),
     ];
-    let mut projs = Vec::new();
-    for (i, (name, m, k, form)) in shapes.into_iter().enumerate() {
-        let (host, dev) = make_matrix(&ctx, &stream, format, m, k, 1000 + i as u64)?;
-        projs.push(Proj { name, m, k, form, format, host, dev });
+    let mut copies = Vec::new();
+    for c in 0..LAYER_COPIES {
+        let mut projs = Vec::new();
+        for (i, (name, m, k, form)) in shapes.into_iter().enumerate() {
+            let (host, dev) = make_matrix(&ctx, &stream, format, m, k, 1000 * c as u64 + i as u64)?;
+            projs.push(Proj {
+                name,
+                m,
+                k,
+                form,
+                format,
+                host,
+                dev,
+            });
+        }
+        copies.push(projs);
     }
+    let projs = &copies[0];
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
     let xd: Vec<f32> = (0..D).map(|_| rng.random_range(-1.0f32..1.0)).collect();
     let xf: Vec<f32> = (0..FF).map(|_| rng.random_range(-1.0f32..1.0)).collect();
@@ -185,57 +251,102 @@ fn main() -> Result<()> {
     kernels.prepare(&stream, &x_d, &mut act_d)?;
     kernels.prepare(&stream, &x_ff, &mut act_ff)?;
     stream.synchronize()?;
-    let b = Bench { ctx: &ctx, stream: &stream, kernels: &kernels, projs: &projs, x_d: &x_d, x_ff: &x_ff, act_d: &act_d, act_ff: &act_ff };
+    let b = Bench {
+        ctx: &ctx,
+        stream: &stream,
+        kernels: &kernels,
+        copies: &copies,
+        x_d: &x_d,
+        x_ff: &x_ff,
+        act_d: &act_d,
+        act_ff: &act_ff,
+    };
     let bytes = b.layer_bytes() as f64;
 
     // Ceilings over the same bytes: CPU read alone, GPU zero-copy read alone, both at once.
     let reader = ReadKernel::new(&registry)?;
-    let big = &projs[4].host; // gate: the largest matrix
-    let cpu_read = bench::read_bandwidth(&pool, big.as_slice(), 4096, reps)?.rate.gbps;
-    let gpu_read = {
-        let (s, e) = (ctx.new_event()?, ctx.new_event()?);
-        let n = big.len() / 16 * 16;
-        let mut t = Vec::new();
-        for _ in 0..reps.max(3) {
-            s.record(&stream)?;
-            reader.read_at(&stream, big, 0, n)?;
-            e.record(&stream)?;
-            e.synchronize()?;
-            t.push(f64::from(s.elapsed_ms(&e)?) * 1e-3);
+    let mut cold = [
+        ctx.alloc_host_mapped(CEILING_BYTES)?,
+        ctx.alloc_host_mapped(CEILING_BYTES)?,
+    ];
+    for (j, buf) in cold.iter_mut().enumerate() {
+        let mut z = 0x9e37_79b9_7f4a_7c15u64 ^ j as u64;
+        for w in buf.as_mut_slice().chunks_exact_mut(8) {
+            z = z
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            w.copy_from_slice(&z.to_ne_bytes());
         }
-        t.sort_by(f64::total_cmp);
-        n as f64 / t[t.len() / 2] / 1e9
-    };
-    // Both at once: the GPU reads the up matrix while the CPU reads gate, for the same wall time.
-    let both = {
-        let other = &projs[5].host;
-        let n = other.len() / 16 * 16;
-        let rounds = reps.max(5);
+    }
+    let cpu_read = bench::read_bandwidth(&pool, cold[0].as_slice(), 4096, 5)?
+        .rate
+        .gbps;
+    let gpu_read_over = |buf: &HostMappedBuffer, rounds: usize| -> Result<f64> {
         let (s, e) = (ctx.new_event()?, ctx.new_event()?);
         s.record(&stream)?;
         for _ in 0..rounds {
-            reader.read_at(&stream, other, 0, n)?;
+            reader.read_at(&stream, buf, 0, CEILING_BYTES)?;
         }
         e.record(&stream)?;
-        let cpu = bench::read_bandwidth(&pool, big.as_slice(), 4096, rounds)?;
         e.synchronize()?;
-        let gpu_gbs = (n * rounds) as f64 / (f64::from(s.elapsed_ms(&e)?) * 1e-3) / 1e9;
+        Ok((CEILING_BYTES * rounds) as f64 / (f64::from(s.elapsed_ms(&e)?) * 1e-3) / 1e9)
+    };
+    let gpu_read = gpu_read_over(&cold[1], 3)?;
+    // Both at once: the GPU reads one buffer while the CPU reads the other, over the same window.
+    let both = {
+        let rounds = 3;
+        let (s, e) = (ctx.new_event()?, ctx.new_event()?);
+        s.record(&stream)?;
+        for _ in 0..rounds {
+            reader.read_at(&stream, &cold[1], 0, CEILING_BYTES)?;
+        }
+        e.record(&stream)?;
+        let cpu = bench::read_bandwidth(&pool, cold[0].as_slice(), 4096, 4)?;
+        e.synchronize()?;
+        let gpu_gbs = (CEILING_BYTES * rounds) as f64 / (f64::from(s.elapsed_ms(&e)?) * 1e-3) / 1e9;
         (cpu.rate.gbps, gpu_gbs)
     };
+    drop(cold);
     let both_total = both.0 + both.1;
     println!("ceilings: cpu read {cpu_read:.1} GB/s, gpu zero-copy read {gpu_read:.1} GB/s, both at once {:.1} + {:.1} = {both_total:.1} GB/s", both.0, both.1);
 
     let (t_res, y_res) = b.run(Mode::Resident, None, reps)?;
-    let mut rows = vec![serde_json::json!({"mode":"resident","strategy":null,"share":null,"us_per_layer":t_res,"gbs":bytes / t_res / 1e3,"max_rel_diff":0.0})];
-    println!("{:<10} {:<11} {:>7} {:>12} {:>9} {:>12}", "mode", "strategy", "share", "us/layer", "GB/s", "max rel diff");
-    println!("{:<10} {:<11} {:>7} {:>12.1} {:>9.1} {:>12}", "resident", "-", "-", t_res, bytes / t_res / 1e3, "-");
-    let mut runs: Vec<(OffloadMode, &str)> = vec![(OffloadMode::Pcie, "-"), (OffloadMode::Cpu, "-")];
+    let mut rows = vec![
+        serde_json::json!({"mode":"resident","strategy":null,"share":null,"us_per_layer":t_res,"gbs":bytes / t_res / 1e3,"max_rel_diff":0.0}),
+    ];
+    println!(
+        "{:<10} {:<11} {:>7} {:>12} {:>9} {:>12}",
+        "mode", "strategy", "share", "us/layer", "GB/s", "max rel diff"
+    );
+    println!(
+        "{:<10} {:<11} {:>7} {:>12.1} {:>9.1} {:>12}",
+        "resident",
+        "-",
+        "-",
+        t_res,
+        bytes / t_res / 1e3,
+        "-"
+    );
+    let mut runs: Vec<(OffloadMode, &str)> =
+        vec![(OffloadMode::Pcie, "-"), (OffloadMode::Cpu, "-")];
     for st in [JoinStrategy::Ordering, JoinStrategy::TwoStream] {
-        runs.push((OffloadMode::Passback { share: ShareSetting::Auto, strategy: st }, st.name()));
+        runs.push((
+            OffloadMode::Passback {
+                share: ShareSetting::Auto,
+                strategy: st,
+            },
+            st.name(),
+        ));
         if sweep {
             for i in 1..=9 {
                 let s = 0.05 * f64::from(i) + 0.05;
-                runs.push((OffloadMode::Passback { share: ShareSetting::Pinned((s * 100.0).round() / 100.0), strategy: st }, st.name()));
+                runs.push((
+                    OffloadMode::Passback {
+                        share: ShareSetting::Pinned((s * 100.0).round() / 100.0),
+                        strategy: st,
+                    },
+                    st.name(),
+                ));
             }
         }
     }
@@ -243,15 +354,28 @@ fn main() -> Result<()> {
     for (mode, st) in runs {
         let mut ex = OffloadExecutor::new(&ctx, pool.clone(), mode.clone(), FF, FF)?;
         // Warm the auto controller (probe + refinement) before timing.
-        if matches!(mode, OffloadMode::Passback { share: ShareSetting::Auto, .. }) {
+        if matches!(
+            mode,
+            OffloadMode::Passback {
+                share: ShareSetting::Auto,
+                ..
+            }
+        ) {
             b.run(Mode::Offload, Some(&mut ex), 40)?;
         }
         let (t, y) = b.run(Mode::Offload, Some(&mut ex), reps)?;
         let diff = max_rel_diff(&y_res, &y);
         let share = match &mode {
-            OffloadMode::Passback { share: ShareSetting::Pinned(s), .. } => format!("{s:.2}"),
+            OffloadMode::Passback {
+                share: ShareSetting::Pinned(s),
+                ..
+            } => format!("{s:.2}"),
             OffloadMode::Passback { .. } => {
-                let key = hipfire::exec::share::ShapeKey { format, k: D, form: hipfire::exec::share::Form::Plain };
+                let key = hipfire::exec::share::ShapeKey {
+                    format,
+                    k: D,
+                    form: hipfire::exec::share::Form::Plain,
+                };
                 format!("auto({:.3})", ex.controller().gpu_share(&key))
             }
             _ => "-".into(),
@@ -261,7 +385,15 @@ fn main() -> Result<()> {
             let e = best.entry(st).or_insert(0.0);
             *e = e.max(gbs);
         }
-        println!("{:<10} {:<11} {:>7} {:>12.1} {:>9.1} {:>12.2e}", mode.name(), st, share, t, gbs, diff);
+        println!(
+            "{:<10} {:<11} {:>7} {:>12.1} {:>9.1} {:>12.2e}",
+            mode.name(),
+            st,
+            share,
+            t,
+            gbs,
+            diff
+        );
         rows.push(serde_json::json!({"mode":mode.name(),"strategy":st,"share":share,"us_per_layer":t,"gbs":gbs,"max_rel_diff":diff}));
     }
     let out = serde_json::json!({
@@ -272,10 +404,14 @@ fn main() -> Result<()> {
         "projections": projs.iter().map(|p| serde_json::json!({"name":p.name,"m":p.m,"k":p.k,"bytes":p.host.len()})).collect::<Vec<_>>(),
     });
     if let Some(p) = json_path {
-        std::fs::write(&p, serde_json::to_string_pretty(&out)?).with_context(|| format!("writing {p}"))?;
+        std::fs::write(&p, serde_json::to_string_pretty(&out)?)
+            .with_context(|| format!("writing {p}"))?;
     }
     for (st, g) in best {
-        println!("best passback ({st}): {g:.1} GB/s = {:.2} x both-at-once ceiling", g / both_total);
+        println!(
+            "best passback ({st}): {g:.1} GB/s = {:.2} x both-at-once ceiling",
+            g / both_total
+        );
     }
     Ok(())
 }

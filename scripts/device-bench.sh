@@ -11,7 +11,7 @@
 set -uo pipefail
 : "${OUT:?runs on the device box, writes under \$OUT}"
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-B="$ROOT/device-bundle"
+B="$ROOT/${BUNDLE:-device-bundle}"
 STASH=/root/stash
 mkdir -p "$STASH"
 export HIPFIRE_KERNEL_CACHE=/tmp/hipfire-kernels HIPFIRE_GPU_TESTS=1
@@ -61,7 +61,7 @@ full)
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv | tee -a "$OUT/full.log"
     "$B/bin/hipfire" version | tee -a "$OUT/full.log"
     # The 8B synthetic model is written while the GPU tier runs (neither is a measurement).
-    ( [[ -f "$L8B" ]] || "$B/bin/hipfire" synth --arch llama3-8b --format q4_k --out "$L8B" >"$OUT/synth.log" 2>&1 ) &
+    ( [[ -f "$L8B" ]] || "$B/bin/hipfire" synth --arch llama3-8b --format q4_k --out "$L8B" >>"$OUT/full.log" 2>&1 ) &
     SY=$!
     run_tests "${TESTS:-gpu_}" 2>&1 | tee "$OUT/tests.log" | grep -E "^==|test result|panicked|max |gpu |auto share|split at" | tail -60
     wait $SY
@@ -74,10 +74,9 @@ full)
         [[ $budget -lt 32 ]] && modes="cpu,pcie,passback"
         [[ $budget -eq 16 ]] && export HIPFIRE_CPU_EXEC_TRACE=1
         timeout 150 "$B/bin/hipfire" bench "$L8B" --device gpu --gpu-layer-budget $budget --offload-exec $modes \
-            --prompt-tokens 16 --gen-tokens 48 --rounds 2 --json >"$OUT/bench-b$budget.json" 2>"$OUT/bench-b$budget.log"
+            --prompt-tokens 16 --gen-tokens 48 --rounds 2 --json >"$OUT/bench-b$budget.json" 2>>"$OUT/full.log"
         echo "budget $budget rc=$?" | tee -a "$OUT/full.log"
         unset HIPFIRE_CPU_EXEC_TRACE
-        tail -3 "$OUT/bench-b$budget.log"
     done
     ;;
 *)

@@ -10,7 +10,6 @@ use anyhow::{bail, Context as _};
 use hipfire_config::{Device, JoinStrategy, OffloadExec, PassbackShare, Settings, Source};
 use hipfire_exec::offload::{JoinStrategy as ExecJoin, OffloadMode};
 use hipfire_exec::share::ShareSetting;
-use hipfire_exec::CpuPool;
 use hipfire_model::gpu::{GpuDecoder, GpuOptions};
 use hipfire_model::{write_synthetic, SynthSpec};
 use hipfire_model::{
@@ -163,7 +162,7 @@ fn gpu_decoder<'m>(
         },
         mode,
     };
-    let pool = CpuPool::new(l.threads)?;
+    let pool = hipfire_exec::offload::offload_pool(l.threads)?;
     Ok(GpuDecoder::new(&l.model, pool, &opts)?)
 }
 

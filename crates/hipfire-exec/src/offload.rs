@@ -20,11 +20,16 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use hipfire_gpu::{Activation, Context, DeviceMemory, Event, GemvForm, GemvKernels, GpuError, HostMappedBuffer, RowRange, Stream, WeightRef};
+use hipfire_gpu::{
+    Activation, Context, DeviceMemory, Event, GemvForm, GemvKernels, GpuError, HostMappedBuffer,
+    RowRange, Stream, WeightRef,
+};
 use hipfire_quant::{ActivationBuf, Format};
 
 use crate::refusal::{OutDtype, Refusal, SplitCheck};
-use crate::share::{cut_rows, ArmSample, ArmTime, Form, ShapeKey, ShareController, ShareSetting, CPU_ENGINE};
+use crate::share::{
+    cut_rows, ArmSample, ArmTime, Form, ShapeKey, ShareController, ShareSetting, CPU_ENGINE,
+};
 use crate::{CpuPool, ExecError};
 
 /// Trace target for spilled-step lines (`HIPFIRE_CPU_EXEC_TRACE=1` enables it at debug).
@@ -33,6 +38,28 @@ pub const TRACE_TARGET: &str = "hipfire::cpu_exec";
 /// Probe repetitions per engine when seeding a shape; the median is used. Three is the
 /// reference system's choice (its probe medians were stable to ±3 % at 3 reps).
 const PROBE_REPS: usize = 3;
+
+/// Spin window of the CPU workers on the offload path. Spilled projections arrive every
+/// ~100–600 µs during decode (one Llama-3-8B layer = 7 steps in 1.6–1.9 ms on the H200 box,
+/// `examples/single_layer`), so workers that block after the pool's default 50 µs pay a wake-up
+/// on nearly every step; on that box's VM an `auto` controller fed such arm times believed the
+/// CPU ran at 2 GB/s. Spinning through the gaps costs nothing the workers would otherwise do.
+pub const OFFLOAD_SPIN: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// The CPU pool for the offload path: `threads` workers (0: one per physical core, less one
+/// core left to the thread that drives the GPU — it launches kernels and waits on copies while
+/// the workers spin), each spinning [`OFFLOAD_SPIN`] before blocking.
+pub fn offload_pool(threads: usize) -> Result<CpuPool, ExecError> {
+    let threads = match threads {
+        0 => crate::topology::default_threads().saturating_sub(1).max(1),
+        n => n,
+    };
+    CpuPool::with_config(crate::PoolConfig {
+        threads,
+        spin: OFFLOAD_SPIN,
+        ..crate::PoolConfig::default()
+    })
+}
 
 /// How the CPU rows of a split step rejoin the GPU's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,7 +78,11 @@ impl JoinStrategy {
         match s.trim().to_ascii_lowercase().as_str() {
             "ordering" => Ok(JoinStrategy::Ordering),
             "two-stream" | "two_stream" | "twostream" => Ok(JoinStrategy::TwoStream),
-            _ => Err(ExecError::Invalid { what: "memory.join_strategy", value: s.into(), rule: "ordering or two-stream" }),
+            _ => Err(ExecError::Invalid {
+                what: "memory.join_strategy",
+                value: s.into(),
+                rule: "ordering or two-stream",
+            }),
         }
     }
 
@@ -151,7 +182,9 @@ pub struct OffloadExecutor {
 
 impl std::fmt::Debug for OffloadExecutor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OffloadExecutor").field("mode", &self.mode).finish()
+        f.debug_struct("OffloadExecutor")
+            .field("mode", &self.mode)
+            .finish()
     }
 }
 
@@ -179,7 +212,13 @@ fn median(v: &mut [f64]) -> f64 {
 
 impl OffloadExecutor {
     /// An executor for activations up to `max_k` and outputs up to `max_m` elements.
-    pub fn new(ctx: &Arc<Context>, pool: CpuPool, mode: OffloadMode, max_k: usize, max_m: usize) -> Result<OffloadExecutor, ExecError> {
+    pub fn new(
+        ctx: &Arc<Context>,
+        pool: CpuPool,
+        mode: OffloadMode,
+        max_k: usize,
+        max_m: usize,
+    ) -> Result<OffloadExecutor, ExecError> {
         let setting = match &mode {
             OffloadMode::Passback { share, .. } => *share,
             _ => ShareSetting::Off,
@@ -214,7 +253,11 @@ impl OffloadExecutor {
                     ShareSetting::Off => "0".to_string(),
                     ShareSetting::Pinned(x) => format!("{x}"),
                 };
-                format!("passback, share {s}, join {}, {} cpu workers", strategy.name(), self.pool.threads())
+                format!(
+                    "passback, share {s}, join {}, {} cpu workers",
+                    strategy.name(),
+                    self.pool.threads()
+                )
             }
             OffloadMode::Cpu => format!("cpu, {} cpu workers", self.pool.threads()),
             OffloadMode::Pcie => "pcie".into(),
@@ -227,15 +270,28 @@ impl OffloadExecutor {
     }
 
     /// Queue or run one spilled step on `stream`. `act` was prepared from `step.x` on `stream`.
-    pub fn run(&mut self, stream: &Stream, kernels: &GemvKernels, act: &Activation, step: SpilledStep<'_>) -> Result<(), ExecError> {
+    pub fn run(
+        &mut self,
+        stream: &Stream,
+        kernels: &GemvKernels,
+        act: &Activation,
+        step: SpilledStep<'_>,
+    ) -> Result<(), ExecError> {
         let w = step.weight;
         let t0 = Instant::now();
         self.total_steps += 1;
         self.window_steps += 1;
-        let key = (w.format(), w.m(), w.k(), matches!(step.form, GemvForm::Residual));
+        let key = (
+            w.format(),
+            w.m(),
+            w.k(),
+            matches!(step.form, GemvForm::Residual),
+        );
         match self.mode.clone() {
             OffloadMode::Pcie => {
-                kernels.gemv(stream, w, act, step.y, RowRange::all(w.m()), step.form).map_err(gpu_err)?;
+                kernels
+                    .gemv(stream, w, act, step.y, RowRange::all(w.m()), step.form)
+                    .map_err(gpu_err)?;
                 self.stats.entry(key).or_default().calls += 1;
                 return Ok(());
             }
@@ -243,7 +299,9 @@ impl OffloadExecutor {
                 let (d2h, cpu, up) = self.run_cpu_whole(stream, step)?;
                 self.note(key, d2h, cpu, 0.0, up, t0, None, false);
             }
-            OffloadMode::Passback { strategy, .. } => self.run_passback(stream, kernels, act, step, strategy, t0)?,
+            OffloadMode::Passback { strategy, .. } => {
+                self.run_passback(stream, kernels, act, step, strategy, t0)?
+            }
         }
         if self.total_steps.is_power_of_two() {
             self.trace_idle();
@@ -252,24 +310,41 @@ impl OffloadExecutor {
     }
 
     /// CPU path for the whole matrix: returns (d2h, multiply, h2d) ns.
-    fn run_cpu_whole(&mut self, stream: &Stream, step: SpilledStep<'_>) -> Result<(f64, f64, f64), ExecError> {
+    fn run_cpu_whole(
+        &mut self,
+        stream: &Stream,
+        step: SpilledStep<'_>,
+    ) -> Result<(f64, f64, f64), ExecError> {
         let w = step.weight;
         let (m, k) = (w.m(), w.k());
         let residual = matches!(step.form, GemvForm::Residual);
         let t = Instant::now();
-        stream.memcpy_dtoh_async(&mut self.x_host, 0, step.x, 0, k * 4).map_err(gpu_err)?;
+        stream
+            .memcpy_dtoh_async(&mut self.x_host, 0, step.x, 0, k * 4)
+            .map_err(gpu_err)?;
         if residual {
-            stream.memcpy_dtoh_async(&mut self.y_host, 0, &*step.y, 0, m * 4).map_err(gpu_err)?;
+            stream
+                .memcpy_dtoh_async(&mut self.y_host, 0, &*step.y, 0, m * 4)
+                .map_err(gpu_err)?;
         }
         stream.synchronize().map_err(gpu_err)?;
         self.resolve_pending()?;
         let d2h = t.elapsed().as_nanos() as f64;
         let t = Instant::now();
         let x: Vec<f32> = f32s(&self.x_host, k).to_vec();
-        self.pool.gemv(w.format(), step.host_bytes, k, &x, f32s_mut(&mut self.y_host, m), residual)?;
+        self.pool.gemv(
+            w.format(),
+            step.host_bytes,
+            k,
+            &x,
+            f32s_mut(&mut self.y_host, m),
+            residual,
+        )?;
         let cpu = t.elapsed().as_nanos() as f64;
         let t = Instant::now();
-        stream.memcpy_htod_async(step.y, 0, &self.y_host, 0, m * 4).map_err(gpu_err)?;
+        stream
+            .memcpy_htod_async(step.y, 0, &self.y_host, 0, m * 4)
+            .map_err(gpu_err)?;
         let up = t.elapsed().as_nanos() as f64;
         self.window_cpu_ns += d2h + cpu;
         Ok((d2h, cpu, up))
@@ -295,32 +370,62 @@ impl OffloadExecutor {
 
     /// Time both engines alone over the step's own weight (medians of [`PROBE_REPS`]); the GPU
     /// with events. Scratch outputs only: the real `y` is untouched.
-    fn probe(&mut self, stream: &Stream, kernels: &GemvKernels, act: &Activation, step: &SpilledStep<'_>) -> Result<Vec<ArmSample>, ExecError> {
+    fn probe(
+        &mut self,
+        stream: &Stream,
+        kernels: &GemvKernels,
+        act: &Activation,
+        step: &SpilledStep<'_>,
+    ) -> Result<Vec<ArmSample>, ExecError> {
         let w = step.weight;
         let (m, k) = (w.m(), w.k());
         let mut scratch = self.ctx.alloc::<f32>(m).map_err(gpu_err)?;
         let mut gpu = Vec::with_capacity(PROBE_REPS);
         for _ in 0..PROBE_REPS {
             self.gpu_start.record(stream).map_err(gpu_err)?;
-            kernels.gemv(stream, w, act, &mut scratch, RowRange::all(m), GemvForm::Plain).map_err(gpu_err)?;
+            kernels
+                .gemv(
+                    stream,
+                    w,
+                    act,
+                    &mut scratch,
+                    RowRange::all(m),
+                    GemvForm::Plain,
+                )
+                .map_err(gpu_err)?;
             self.gpu_end.record(stream).map_err(gpu_err)?;
             self.gpu_end.synchronize().map_err(gpu_err)?;
             gpu.push(f64::from(self.gpu_start.elapsed_ms(&self.gpu_end).map_err(gpu_err)?) * 1e6);
         }
-        stream.memcpy_dtoh_async(&mut self.x_host, 0, step.x, 0, k * 4).map_err(gpu_err)?;
+        stream
+            .memcpy_dtoh_async(&mut self.x_host, 0, step.x, 0, k * 4)
+            .map_err(gpu_err)?;
         stream.synchronize().map_err(gpu_err)?;
         let x: Vec<f32> = f32s(&self.x_host, k).to_vec();
         let mut out = vec![0f32; m];
         let mut cpu = Vec::with_capacity(PROBE_REPS);
         for _ in 0..PROBE_REPS {
             let t = Instant::now();
-            self.pool.gemv(w.format(), step.host_bytes, k, &x, &mut out, false)?;
+            self.pool
+                .gemv(w.format(), step.host_bytes, k, &x, &mut out, false)?;
             cpu.push(t.elapsed().as_nanos() as f64);
         }
         let bytes = step.host_bytes.len() as u64;
         Ok(vec![
-            ArmSample { engine: CPU_ENGINE, bytes, time: ArmTime::Exact { ns: median(&mut cpu) } },
-            ArmSample { engine: 1, bytes, time: ArmTime::Exact { ns: median(&mut gpu) } },
+            ArmSample {
+                engine: CPU_ENGINE,
+                bytes,
+                time: ArmTime::Exact {
+                    ns: median(&mut cpu),
+                },
+            },
+            ArmSample {
+                engine: 1,
+                bytes,
+                time: ArmTime::Exact {
+                    ns: median(&mut gpu),
+                },
+            },
         ])
     }
 
@@ -329,7 +434,11 @@ impl OffloadExecutor {
     fn resolve_pending(&mut self) -> Result<(), ExecError> {
         if let Some(p) = self.pending.take() {
             let ns = f64::from(self.gpu_start.elapsed_ms(&self.gpu_end).map_err(gpu_err)?) * 1e6;
-            let gpu = ArmSample { engine: 1, bytes: p.gpu_bytes, time: ArmTime::Exact { ns } };
+            let gpu = ArmSample {
+                engine: 1,
+                bytes: p.gpu_bytes,
+                time: ArmTime::Exact { ns },
+            };
             self.controller.observe(p.key, &[p.cpu, gpu]);
             self.stats.entry(p.stat_key).or_default().gpu_ns += ns;
         }
@@ -349,13 +458,30 @@ impl OffloadExecutor {
         let (m, k) = (w.m(), w.k());
         let residual = matches!(step.form, GemvForm::Residual);
         let stat_key = (w.format(), m, k, residual);
-        let form = if residual { Form::Residual } else { Form::Plain };
-        let key = ShapeKey { format: w.format(), k, form };
+        let form = if residual {
+            Form::Residual
+        } else {
+            Form::Plain
+        };
+        let key = ShapeKey {
+            format: w.format(),
+            k,
+            form,
+        };
         let row_bytes = match self.split_check(&step) {
             Ok(rb) => rb,
             Err(rule) => {
                 let (d2h, cpu, up) = self.run_cpu_whole(stream, step)?;
-                self.note(stat_key, d2h, cpu, 0.0, up, t0, Some(rule.to_string()), false);
+                self.note(
+                    stat_key,
+                    d2h,
+                    cpu,
+                    0.0,
+                    up,
+                    t0,
+                    Some(rule.to_string()),
+                    false,
+                );
                 return Ok(());
             }
         };
@@ -366,7 +492,8 @@ impl OffloadExecutor {
             if let Err(e) = &probe {
                 tracing::warn!(target: TRACE_TARGET, cause = %e, "probe failed; default share");
             }
-            self.controller.seed(key, probe.as_ref().ok().map(Vec::as_slice));
+            self.controller
+                .seed(key, probe.as_ref().ok().map(Vec::as_slice));
         }
         let shares = self.controller.shares(&key);
         let Some(cut) = cut_rows(m, row_bytes, &shares) else {
@@ -380,7 +507,9 @@ impl OffloadExecutor {
 
         // 1. x (and the CPU rows of the residual) down, blocking: the CPU arm needs them now.
         let t = Instant::now();
-        stream.memcpy_dtoh_async(&mut self.x_host, 0, step.x, 0, k * 4).map_err(gpu_err)?;
+        stream
+            .memcpy_dtoh_async(&mut self.x_host, 0, step.x, 0, k * 4)
+            .map_err(gpu_err)?;
         if residual {
             stream
                 .memcpy_dtoh_async(&mut self.y_host, g * 4, &*step.y, g * 4, (m - g) * 4)
@@ -392,21 +521,26 @@ impl OffloadExecutor {
 
         // 2. GPU arm, asynchronous, between an event pair.
         self.gpu_start.record(stream).map_err(gpu_err)?;
-        kernels.gemv(stream, w, act, step.y, RowRange::new(0, g), step.form).map_err(gpu_err)?;
+        kernels
+            .gemv(stream, w, act, step.y, RowRange::new(0, g), step.form)
+            .map_err(gpu_err)?;
         self.gpu_end.record(stream).map_err(gpu_err)?;
 
         // 3. CPU arm over rows [g, m) while the kernel runs.
         let t = Instant::now();
         let cpu_act = ActivationBuf::prepare(w.format(), f32s(&self.x_host, k))?;
         let y_cpu = &mut f32s_mut(&mut self.y_host, m)[g..m];
-        self.pool.gemv_prepared(w.format(), step.host_bytes, k, &cpu_act, g, y_cpu, residual)?;
+        self.pool
+            .gemv_prepared(w.format(), step.host_bytes, k, &cpu_act, g, y_cpu, residual)?;
         let cpu = t.elapsed().as_nanos() as f64;
 
         // 4. Join.
         let t = Instant::now();
         match strategy {
             JoinStrategy::Ordering => {
-                stream.memcpy_htod_async(step.y, g * 4, &self.y_host, g * 4, (m - g) * 4).map_err(gpu_err)?;
+                stream
+                    .memcpy_htod_async(step.y, g * 4, &self.y_host, g * 4, (m - g) * 4)
+                    .map_err(gpu_err)?;
                 stream.synchronize().map_err(gpu_err)?;
             }
             JoinStrategy::TwoStream => {
@@ -422,7 +556,11 @@ impl OffloadExecutor {
             key,
             stat_key,
             gpu_bytes: (g * row_bytes) as u64,
-            cpu: ArmSample { engine: CPU_ENGINE, bytes: (cpu_rows.len() * row_bytes) as u64, time: ArmTime::Exact { ns: cpu } },
+            cpu: ArmSample {
+                engine: CPU_ENGINE,
+                bytes: (cpu_rows.len() * row_bytes) as u64,
+                time: ArmTime::Exact { ns: cpu },
+            },
         });
         if strategy == JoinStrategy::Ordering {
             self.resolve_pending()?;
@@ -433,7 +571,17 @@ impl OffloadExecutor {
     }
 
     #[allow(clippy::too_many_arguments)] // one trace record's fields
-    fn note(&mut self, key: (Format, usize, usize, bool), d2h: f64, cpu: f64, join: f64, up: f64, t0: Instant, refusal: Option<String>, split: bool) {
+    fn note(
+        &mut self,
+        key: (Format, usize, usize, bool),
+        d2h: f64,
+        cpu: f64,
+        join: f64,
+        up: f64,
+        t0: Instant,
+        refusal: Option<String>,
+        split: bool,
+    ) {
         let s = self.stats.entry(key).or_default();
         s.calls += 1;
         s.d2h_ns += d2h;
@@ -446,14 +594,25 @@ impl OffloadExecutor {
         if refusal.is_some() {
             s.refusal = refusal;
         }
-        if s.calls.is_power_of_two() && tracing::enabled!(target: TRACE_TARGET, tracing::Level::DEBUG) {
+        if s.calls.is_power_of_two()
+            && tracing::enabled!(target: TRACE_TARGET, tracing::Level::DEBUG)
+        {
             let (format, m, k, residual) = key;
             let n = s.calls as f64;
-            let fkey = ShapeKey { format, k, form: if residual { Form::Residual } else { Form::Plain } };
+            let fkey = ShapeKey {
+                format,
+                k,
+                form: if residual {
+                    Form::Residual
+                } else {
+                    Form::Plain
+                },
+            };
             let snap = self.controller.snapshot(&fkey);
             let share = self.controller.gpu_share(&fkey);
             let bytes = step_bytes(format, m, k);
-            let cpu_gbs = bytes as f64 * (1.0 - if s.split > 0 { share } else { 0.0 }) / (s.cpu_ns / n);
+            let cpu_gbs =
+                bytes as f64 * (1.0 - if s.split > 0 { share } else { 0.0 }) / (s.cpu_ns / n);
             tracing::debug!(
                 target: TRACE_TARGET,
                 format = %format, m, k, residual, calls = s.calls, split_steps = s.split,

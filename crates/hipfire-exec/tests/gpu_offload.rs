@@ -10,13 +10,21 @@ use std::sync::Arc;
 use hipfire_exec::offload::{JoinStrategy, OffloadExecutor, OffloadMode, SpilledStep};
 use hipfire_exec::share::{plan_rows, Form, ShapeKey, ShareSetting, SHARE_MAX, SHARE_MIN};
 use hipfire_exec::CpuPool;
-use hipfire_gpu::{Activation, Context, DeviceBuffer, GemvForm, GemvKernels, HostMappedBuffer, KernelRegistry, Stream, WeightRef};
+use hipfire_gpu::{
+    Activation, Context, DeviceBuffer, GemvForm, GemvKernels, HostMappedBuffer, KernelRegistry,
+    Stream, WeightRef,
+};
 use hipfire_quant::Format;
 use rand::{Rng, SeedableRng};
 
 /// An odd row count (not a multiple of the 16-row split grid) at a 9B-class width.
 const M: usize = 4104;
 const K: usize = 4096;
+/// |GPU − CPU| / max|y| over a whole matrix. The engines quantise the activation differently
+/// (GPU: int8 per 32 with an f32 scale; CPU: per 32 for legacy formats, per 256 for K-quants),
+/// so they differ by activation rounding: measured 5.1e-3 for Q4_K on the H200 box (2026-11-29,
+/// random ±1 x, k = 4096), where max|y| is ~30× below Σ|w·x| from cancellation.
+const ENGINE_REL_BOUND: f32 = 2e-2;
 
 struct Fixture {
     ctx: Arc<Context>,
@@ -33,7 +41,12 @@ fn fixture() -> Option<Fixture> {
     let ctx = Context::new(0).expect("HIPFIRE_GPU_TESTS=1 but no GPU");
     let stream = ctx.new_stream().expect("stream");
     let kernels = GemvKernels::new(&KernelRegistry::new(&ctx)).expect("kernels");
-    Some(Fixture { ctx, stream, kernels, pool: CpuPool::new(0).expect("pool") })
+    Some(Fixture {
+        ctx,
+        stream,
+        kernels,
+        pool: hipfire_exec::offload::offload_pool(0).expect("pool"),
+    })
 }
 
 fn weight(ctx: &Arc<Context>, fmt: Format, seed: u64) -> HostMappedBuffer {
@@ -49,12 +62,33 @@ fn weight(ctx: &Arc<Context>, fmt: Format, seed: u64) -> HostMappedBuffer {
 
 /// Runs one step in `mode` from output start values `y0`; returns the output.
 #[allow(clippy::too_many_arguments)]
-fn run(f: &Fixture, mode: OffloadMode, w: &HostMappedBuffer, fmt: Format, x: &DeviceBuffer<f32>, act: &Activation, y0: &[f32], form: GemvForm) -> Vec<f32> {
+fn run(
+    f: &Fixture,
+    mode: OffloadMode,
+    w: &HostMappedBuffer,
+    fmt: Format,
+    x: &DeviceBuffer<f32>,
+    act: &Activation,
+    y0: &[f32],
+    form: GemvForm,
+) -> Vec<f32> {
     let mut ex = OffloadExecutor::new(&f.ctx, f.pool.clone(), mode, K, M).expect("executor");
     let mut y = f.ctx.alloc::<f32>(M).expect("y");
     y.upload(&f.stream, y0).expect("upload");
     let wr = WeightRef::new(w, 0, fmt, M, K).expect("weight");
-    ex.run(&f.stream, &f.kernels, act, SpilledStep { weight: &wr, host_bytes: w.as_slice(), x, y: &mut y, form }).expect("step");
+    ex.run(
+        &f.stream,
+        &f.kernels,
+        act,
+        SpilledStep {
+            weight: &wr,
+            host_bytes: w.as_slice(),
+            x,
+            y: &mut y,
+            form,
+        },
+    )
+    .expect("step");
     f.stream.synchronize().expect("sync");
     let mut out = vec![0f32; M];
     y.download(&f.stream, &mut out).expect("download");
@@ -65,7 +99,16 @@ fn run(f: &Fixture, mode: OffloadMode, w: &HostMappedBuffer, fmt: Format, x: &De
 fn split_arms_are_bit_exact_with_their_engines_and_write_only_their_rows() {
     let Some(f) = fixture() else { return };
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
-    for (i, fmt) in [Format::Q4K, Format::Q8_0, Format::Q4_0, Format::Q6K, Format::Hfq4G256].into_iter().enumerate() {
+    for (i, fmt) in [
+        Format::Q4K,
+        Format::Q8_0,
+        Format::Q4_0,
+        Format::Q6K,
+        Format::Hfq4G256,
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let w = weight(&f.ctx, fmt, 100 + i as u64);
         let xs: Vec<f32> = (0..K).map(|_| rng.random_range(-1.0f32..1.0)).collect();
         let mut x = f.ctx.alloc::<f32>(K).expect("x");
@@ -80,23 +123,60 @@ fn split_arms_are_bit_exact_with_their_engines_and_write_only_their_rows() {
             };
             let pcie = run(&f, OffloadMode::Pcie, &w, fmt, &x, &act, &y0, form);
             let cpu = run(&f, OffloadMode::Cpu, &w, fmt, &x, &act, &y0, form);
-            assert!(pcie.iter().chain(&cpu).all(|v| v.is_finite()), "{fmt} {form:?}: unwritten rows");
+            assert!(
+                pcie.iter().chain(&cpu).all(|v| v.is_finite()),
+                "{fmt} {form:?}: unwritten rows"
+            );
             let share = 0.3;
             let g = plan_rows(M, fmt.row_bytes(K).expect("rb"), share).expect("splittable");
             for strategy in [JoinStrategy::Ordering, JoinStrategy::TwoStream] {
-                let mode = OffloadMode::Passback { share: ShareSetting::Pinned(share), strategy };
+                let mode = OffloadMode::Passback {
+                    share: ShareSetting::Pinned(share),
+                    strategy,
+                };
                 let split = run(&f, mode, &w, fmt, &x, &act, &y0, form);
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&split[..g]), bits(&pcie[..g]), "{fmt} {form:?} {strategy:?}: GPU rows differ from a whole launch");
-                assert_eq!(bits(&split[g..]), bits(&cpu[g..]), "{fmt} {form:?} {strategy:?}: CPU rows differ from cpu mode");
+                assert_eq!(
+                    bits(&split[..g]),
+                    bits(&pcie[..g]),
+                    "{fmt} {form:?} {strategy:?}: GPU rows differ from a whole launch"
+                );
+                assert_eq!(
+                    bits(&split[g..]),
+                    bits(&cpu[g..]),
+                    "{fmt} {form:?} {strategy:?}: CPU rows differ from cpu mode"
+                );
             }
-            let zero = run(&f, OffloadMode::Passback { share: ShareSetting::Off, strategy: JoinStrategy::Ordering }, &w, fmt, &x, &act, &y0, form);
-            assert_eq!(zero.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), cpu.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{fmt}: share 0 != cpu");
+            let zero = run(
+                &f,
+                OffloadMode::Passback {
+                    share: ShareSetting::Off,
+                    strategy: JoinStrategy::Ordering,
+                },
+                &w,
+                fmt,
+                &x,
+                &act,
+                &y0,
+                form,
+            );
+            assert_eq!(
+                zero.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                cpu.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{fmt}: share 0 != cpu"
+            );
             // The two engines differ only by rounding: state the bound measured.
             let scale = pcie.iter().map(|v| v.abs()).fold(0f32, f32::max);
-            let worst = pcie.iter().zip(&cpu).map(|(a, b)| (a - b).abs() / scale).fold(0f32, f32::max);
+            let worst = pcie
+                .iter()
+                .zip(&cpu)
+                .map(|(a, b)| (a - b).abs() / scale)
+                .fold(0f32, f32::max);
             eprintln!("{fmt} {form:?}: split at g={g}; max |gpu-cpu|/max|y| = {worst:.2e}");
-            assert!(worst < 1e-4, "{fmt} {form:?}: engines disagree by {worst}");
+            assert!(
+                worst < ENGINE_REL_BOUND,
+                "{fmt} {form:?}: engines disagree by {worst}"
+            );
         }
     }
 }
@@ -107,20 +187,47 @@ fn auto_share_converges_inside_the_clamp() {
     let fmt = Format::Q4K;
     let w = weight(&f.ctx, fmt, 5);
     let mut x = f.ctx.alloc::<f32>(K).expect("x");
-    let xs: Vec<f32> = (0..K).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
+    let xs: Vec<f32> = (0..K)
+        .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+        .collect();
     x.upload(&f.stream, &xs).expect("x");
     let mut act = Activation::new(&f.ctx, K).expect("act");
     f.kernels.prepare(&f.stream, &x, &mut act).expect("prepare");
-    let mode = OffloadMode::Passback { share: ShareSetting::Auto, strategy: JoinStrategy::Ordering };
+    let mode = OffloadMode::Passback {
+        share: ShareSetting::Auto,
+        strategy: JoinStrategy::Ordering,
+    };
     let mut ex = OffloadExecutor::new(&f.ctx, f.pool.clone(), mode, K, M).expect("executor");
     let mut y = f.ctx.alloc::<f32>(M).expect("y");
     let wr = WeightRef::new(&w, 0, fmt, M, K).expect("weight");
     for _ in 0..200 {
-        ex.run(&f.stream, &f.kernels, &act, SpilledStep { weight: &wr, host_bytes: w.as_slice(), x: &x, y: &mut y, form: GemvForm::Plain }).expect("step");
+        ex.run(
+            &f.stream,
+            &f.kernels,
+            &act,
+            SpilledStep {
+                weight: &wr,
+                host_bytes: w.as_slice(),
+                x: &x,
+                y: &mut y,
+                form: GemvForm::Plain,
+            },
+        )
+        .expect("step");
     }
     f.stream.synchronize().expect("sync");
-    let key = ShapeKey { format: fmt, k: K, form: Form::Plain };
+    let key = ShapeKey {
+        format: fmt,
+        k: K,
+        form: Form::Plain,
+    };
     let s = ex.controller().gpu_share(&key);
-    eprintln!("auto share after 200 steps: {s:.3}; state {:?}", ex.controller().snapshot(&key));
-    assert!((SHARE_MIN..=SHARE_MAX).contains(&s), "share {s} outside the clamp");
+    eprintln!(
+        "auto share after 200 steps: {s:.3}; state {:?}",
+        ex.controller().snapshot(&key)
+    );
+    assert!(
+        (SHARE_MIN..=SHARE_MAX).contains(&s),
+        "share {s} outside the clamp"
+    );
 }

@@ -32,16 +32,23 @@ fn setup() -> Option<(Model, CpuPool, Value)> {
     let Ok(path) = std::env::var("HIPFIRE_SMOLLM2_GGUF") else {
         panic!("HIPFIRE_GPU_TESTS=1 but HIPFIRE_SMOLLM2_GGUF is not set");
     };
-    let pool = CpuPool::new(0).expect("cpu pool");
+    let pool = hipfire_exec::offload::offload_pool(0).expect("cpu pool");
     let backend = std::sync::Arc::new(CpuBackend::with_pool(pool.clone()));
-    let model = Model::load_with_backend(&path, &LoadOptions::default(), backend).expect("SmolLM2 loads");
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/smollm2_llamacpp.json");
-    let fixture = serde_json::from_str(&std::fs::read_to_string(p).expect("fixture")).expect("fixture json");
+    let model =
+        Model::load_with_backend(&path, &LoadOptions::default(), backend).expect("SmolLM2 loads");
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/smollm2_llamacpp.json");
+    let fixture =
+        serde_json::from_str(&std::fs::read_to_string(p).expect("fixture")).expect("fixture json");
     Some((model, pool, fixture))
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().expect("ids").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+    v.as_array()
+        .expect("ids")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
 }
 
 /// Teacher-forced logits of every case (llama.cpp's greedy tokens fed back).
@@ -50,7 +57,11 @@ fn run_cases(dec: &mut GpuDecoder<'_>, f: &Value) -> Vec<Vec<Vec<f32>>> {
     for case in f["cases"].as_array().expect("cases") {
         dec.reset();
         let mut per = Vec::new();
-        per.push(dec.prefill(&ids(&case["prompt_ids"])).expect("prefill").to_vec());
+        per.push(
+            dec.prefill(&ids(&case["prompt_ids"]))
+                .expect("prefill")
+                .to_vec(),
+        );
         for &w in &ids(&case["greedy_ids"]) {
             per.push(dec.step(w).expect("step").to_vec());
         }
@@ -60,7 +71,8 @@ fn run_cases(dec: &mut GpuDecoder<'_>, f: &Value) -> Vec<Vec<Vec<f32>>> {
 }
 
 fn compare(name: &str, got: &[Vec<Vec<f32>>], f: &Value) {
-    let (mut max_abs, mut sum, mut n, mut checked, mut bad) = (0f64, 0f64, 0usize, 0usize, Vec::new());
+    let (mut max_abs, mut sum, mut n, mut checked, mut bad) =
+        (0f64, 0f64, 0usize, 0usize, Vec::new());
     for (case, logits) in f["cases"].as_array().expect("cases").iter().zip(got) {
         let want = ids(&case["greedy_ids"]);
         for (step, &w) in want.iter().enumerate() {
@@ -90,25 +102,52 @@ fn compare(name: &str, got: &[Vec<Vec<f32>>], f: &Value) {
     }
     let mean = sum / n as f64;
     eprintln!("gpu {name}: {checked} clear argmax positions, mismatches {bad:?}; logits max abs {max_abs:.3}, mean abs {mean:.3} over {n}");
-    assert!(bad.is_empty(), "{name}: argmax differs from llama.cpp at clear positions {bad:?}");
-    assert!(max_abs < LOGIT_MAX_ABS_BOUND, "{name}: max abs logit diff {max_abs}");
-    assert!(mean < LOGIT_MEAN_ABS_BOUND, "{name}: mean abs logit diff {mean}");
+    assert!(
+        bad.is_empty(),
+        "{name}: argmax differs from llama.cpp at clear positions {bad:?}"
+    );
+    assert!(
+        max_abs < LOGIT_MAX_ABS_BOUND,
+        "{name}: max abs logit diff {max_abs}"
+    );
+    assert!(
+        mean < LOGIT_MEAN_ABS_BOUND,
+        "{name}: mean abs logit diff {mean}"
+    );
 }
 
 #[test]
 fn gpu_decode_matches_llama_cpp_in_every_mode() {
-    let Some((model, pool, f)) = setup() else { return };
+    let Some((model, pool, f)) = setup() else {
+        return;
+    };
     let passback = |share, strategy| OffloadMode::Passback { share, strategy };
     let configs: Vec<(&str, Option<usize>, OffloadMode)> = vec![
         ("resident", None, OffloadMode::Pcie),
         ("pcie", Some(BUDGET), OffloadMode::Pcie),
         ("cpu", Some(BUDGET), OffloadMode::Cpu),
-        ("passback-ordering", Some(BUDGET), passback(ShareSetting::Auto, JoinStrategy::Ordering)),
-        ("passback-two-stream", Some(BUDGET), passback(ShareSetting::Auto, JoinStrategy::TwoStream)),
-        ("passback-all-spilled", Some(0), passback(ShareSetting::Pinned(0.3), JoinStrategy::TwoStream)),
+        (
+            "passback-ordering",
+            Some(BUDGET),
+            passback(ShareSetting::Auto, JoinStrategy::Ordering),
+        ),
+        (
+            "passback-two-stream",
+            Some(BUDGET),
+            passback(ShareSetting::Auto, JoinStrategy::TwoStream),
+        ),
+        (
+            "passback-all-spilled",
+            Some(0),
+            passback(ShareSetting::Pinned(0.3), JoinStrategy::TwoStream),
+        ),
     ];
     for (name, budget, mode) in configs {
-        let opts = GpuOptions { ordinal: 0, gpu_layer_budget: budget, mode };
+        let opts = GpuOptions {
+            ordinal: 0,
+            gpu_layer_budget: budget,
+            mode,
+        };
         let mut dec = GpuDecoder::new(&model, pool.clone(), &opts).expect("gpu decoder");
         eprintln!("{name}: {}", dec.placement_summary());
         let got = run_cases(&mut dec, &f);
@@ -118,14 +157,33 @@ fn gpu_decode_matches_llama_cpp_in_every_mode() {
 
 #[test]
 fn passback_share_zero_is_byte_identical_to_cpu() {
-    let Some((model, pool, f)) = setup() else { return };
+    let Some((model, pool, f)) = setup() else {
+        return;
+    };
     let run = |mode| {
-        let opts = GpuOptions { ordinal: 0, gpu_layer_budget: Some(BUDGET), mode };
+        let opts = GpuOptions {
+            ordinal: 0,
+            gpu_layer_budget: Some(BUDGET),
+            mode,
+        };
         let mut dec = GpuDecoder::new(&model, pool.clone(), &opts).expect("gpu decoder");
         run_cases(&mut dec, &f)
     };
     let cpu = run(OffloadMode::Cpu);
-    let zero = run(OffloadMode::Passback { share: ShareSetting::Off, strategy: JoinStrategy::Ordering });
-    let bits = |v: &Vec<Vec<Vec<f32>>>| v.iter().flatten().flatten().map(|x| x.to_bits()).collect::<Vec<_>>();
-    assert_eq!(bits(&cpu), bits(&zero), "share 0 must be byte-identical to cpu mode");
+    let zero = run(OffloadMode::Passback {
+        share: ShareSetting::Off,
+        strategy: JoinStrategy::Ordering,
+    });
+    let bits = |v: &Vec<Vec<Vec<f32>>>| {
+        v.iter()
+            .flatten()
+            .flatten()
+            .map(|x| x.to_bits())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        bits(&cpu),
+        bits(&zero),
+        "share 0 must be byte-identical to cpu mode"
+    );
 }

@@ -9,7 +9,6 @@ use std::sync::Arc;
 
 use hipfire_exec::offload::{JoinStrategy, OffloadMode};
 use hipfire_exec::share::ShareSetting;
-use hipfire_exec::CpuPool;
 use hipfire_model::gpu::{GpuDecoder, GpuOptions};
 use hipfire_model::synth::{write_synthetic, SynthSpec};
 use hipfire_model::{Arch, CpuBackend, LoadOptions, Model};
@@ -38,17 +37,32 @@ fn modes() -> Vec<(&'static str, Option<usize>, OffloadMode)> {
         ("resident", None, OffloadMode::Pcie),
         ("pcie", Some(1), OffloadMode::Pcie),
         ("cpu", Some(1), OffloadMode::Cpu),
-        ("passback-ordering", Some(0), pb(ShareSetting::Auto, JoinStrategy::Ordering)),
-        ("passback-two-stream", Some(0), pb(ShareSetting::Pinned(0.4), JoinStrategy::TwoStream)),
+        (
+            "passback-ordering",
+            Some(0),
+            pb(ShareSetting::Auto, JoinStrategy::Ordering),
+        ),
+        (
+            "passback-two-stream",
+            Some(0),
+            pb(ShareSetting::Pinned(0.4), JoinStrategy::TwoStream),
+        ),
     ]
 }
 
 fn check(spec: &SynthSpec, fmt: Format) {
     let path = tmp(&format!("{}-{}.gguf", spec.name, fmt.name()));
     write_synthetic(&path, spec, fmt, 7, None).expect("synth");
-    let pool = CpuPool::new(0).expect("pool");
-    let model = Model::load_with_backend(&path, &LoadOptions::default(), Arc::new(CpuBackend::with_pool(pool.clone()))).expect("load");
-    let tokens: Vec<u32> = (0..12u32).map(|i| (i * 37 + 5) % spec.vocab as u32).collect();
+    let pool = hipfire_exec::offload::offload_pool(0).expect("pool");
+    let model = Model::load_with_backend(
+        &path,
+        &LoadOptions::default(),
+        Arc::new(CpuBackend::with_pool(pool.clone())),
+    )
+    .expect("load");
+    let tokens: Vec<u32> = (0..12u32)
+        .map(|i| (i * 37 + 5) % spec.vocab as u32)
+        .collect();
     let mut want = Vec::new();
     {
         let mut s = model.session();
@@ -57,19 +71,42 @@ fn check(spec: &SynthSpec, fmt: Format) {
         }
     }
     for (name, budget, mode) in modes() {
-        let mut dec = GpuDecoder::new(&model, pool.clone(), &GpuOptions { ordinal: 0, gpu_layer_budget: budget, mode }).expect("gpu decoder");
+        let mut dec = GpuDecoder::new(
+            &model,
+            pool.clone(),
+            &GpuOptions {
+                ordinal: 0,
+                gpu_layer_budget: budget,
+                mode,
+            },
+        )
+        .expect("gpu decoder");
         let mut worst = 0f64;
         for (i, &t) in tokens.iter().enumerate() {
             let got = dec.step(t).expect("gpu step");
             let scale = want[i].iter().fold(0f64, |a, v| a.max(f64::from(v.abs())));
             let err = got.iter().zip(&want[i]).fold(0f64, |a, (g, w)| {
                 let d = (f64::from(*g) - f64::from(*w)).abs();
-                if d.is_nan() { f64::INFINITY } else { a.max(d / scale) }
+                if d.is_nan() {
+                    f64::INFINITY
+                } else {
+                    a.max(d / scale)
+                }
             });
             worst = worst.max(err);
         }
-        eprintln!("{} {} {name}: max |gpu-cpu| / max|logit| = {worst:.2e} ({})", spec.name, fmt.name(), dec.placement_summary());
-        assert!(worst < REL_BOUND, "{} {} {name}: {worst}", spec.name, fmt.name());
+        eprintln!(
+            "{} {} {name}: max |gpu-cpu| / max|logit| = {worst:.2e} ({})",
+            spec.name,
+            fmt.name(),
+            dec.placement_summary()
+        );
+        assert!(
+            worst < REL_BOUND,
+            "{} {} {name}: {worst}",
+            spec.name,
+            fmt.name()
+        );
     }
     let _ = std::fs::remove_file(&path);
 }
