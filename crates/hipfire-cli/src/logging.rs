@@ -1,6 +1,8 @@
 //! tracing setup: stderr, EnvFilter from RUST_LOG (else from -v / --quiet), and
 //! `HIPFIRE_CPU_EXEC_TRACE=1` turning on the per-step split trace.
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::EnvFilter;
 
 /// Target of the per-step split trace lines (share, rows, arm timings, refusals).
@@ -42,6 +44,8 @@ pub fn init(verbose: u8, quiet: bool) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(f)
         .with_writer(std::io::stderr)
+        // Colour codes only on a terminal: traces are often redirected to a file and grepped.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_target(verbose > 0 || trace)
         .try_init();
 }
