@@ -162,8 +162,17 @@ fn gpu_decoder<'m>(
         },
         mode,
     };
-    let pool = hipfire_exec::offload::offload_pool(l.threads)?;
+    // `auto` is 0 here so the offload pool leaves one core to the thread driving the GPU.
+    let pool = hipfire_exec::offload::offload_pool(pool_threads(s.threads))?;
     Ok(GpuDecoder::new(&l.model, pool, &opts)?)
+}
+
+/// `cpu.threads` as hipfire-exec's pool constructors take it: 0 = their own `auto`.
+pub fn pool_threads(t: hipfire_config::Threads) -> usize {
+    match t {
+        hipfire_config::Threads::Auto => 0,
+        hipfire_config::Threads::Count(n) => n.get(),
+    }
 }
 
 /// Say once when a passback-only key was set but the mode is not passback (it is inert).

@@ -116,11 +116,17 @@ pub fn run(ctx: &Ctx, a: &OffloadBenchArgs) -> anyhow::Result<ExitCode> {
         overrides.push(CliOverride::new("cpu.threads", "--threads", t.clone()));
     }
     let (_, settings) = ctx.settings_with(&overrides)?;
-    let threads = settings.threads.get().get();
-    // Pinned workers, as in a real split step: the CPU figure is what the executor can reach.
-    let pool = CpuPool::new(threads)?;
-
     let gpu = gpu_probe::bench_engine(settings.device, settings.kernel_cache.dir())?;
+    // Pinned workers, as in a real step: with a GPU, hipfire-exec's offload pool (its `auto`
+    // leaves one core to the thread driving the GPU; workers spin through the gaps), else the
+    // plain pool with one worker per physical core.
+    let pool = match &gpu {
+        GpuAvail::Found(_) => {
+            hipfire_exec::offload::offload_pool(crate::model_cmd::pool_threads(settings.threads))?
+        }
+        GpuAvail::Absent(_) => CpuPool::new(settings.threads.get().get())?,
+    };
+    let threads = pool.threads();
     let gpu_json = match &gpu {
         GpuAvail::Found(g) => GpuJson {
             found: true,

@@ -109,9 +109,10 @@ pub static KEYS: &[KeySpec] = &[
         env: "HIPFIRE_CPU_THREADS",
         flag: Some("--threads"),
         summary: "CPU worker threads (auto = physical cores)",
-        doc: "Number of pinned CPU worker threads. `auto` uses one per physical core: the row dot is \
-              memory-bound, and a second hyper-thread on a core adds wake-up latency without adding \
-              bandwidth.",
+        doc: "Number of pinned CPU worker threads. `auto` uses one per physical core (one fewer \
+              when a GPU is driven, leaving that core to the thread that launches its work): the \
+              row dot is memory-bound, and a second hyper-thread on a core adds wake-up latency \
+              without adding bandwidth.",
     },
     KeySpec {
         name: "memory.gpu_layer_budget",
