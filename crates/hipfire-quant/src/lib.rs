@@ -44,8 +44,9 @@
 //! To stay memory-bound the 512-bit loops also minimise vector µops per weight byte (Intel
 //! cores issue 512-bit ops on two ports only) and software-prefetch 2 KiB ahead of the weight
 //! stream. On the Emerald Rapids H200 box (`examples/gemv_gbs`, k = m = 4096, 2 GiB of
-//! weights, 16 threads) that reached 0.90–0.98 (Q4_0), 0.91–0.95 (Q8_0) and 0.92–0.93 (Q4_K)
-//! of a plain read of the same bytes in the same run, over four runs.
+//! weights, 16 threads) that reached 0.90–0.98 (Q4_0), 0.91–0.96 (Q8_0) and 0.85–0.93 (Q4_K)
+//! of a plain read of the same bytes in the same run, over five runs (the read itself varied
+//! from 81 to 132 GB/s between runs, so single ratios are noisy).
 //!
 //! # Errors
 //! One small enum, [`QuantError`], because every failure here is bad input that the caller can
