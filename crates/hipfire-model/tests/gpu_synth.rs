@@ -14,10 +14,17 @@ use hipfire_model::synth::{write_synthetic, SynthSpec};
 use hipfire_model::{Arch, CpuBackend, LoadOptions, Model};
 use hipfire_quant::Format;
 
-/// Largest |GPU − CPU| logit difference, relative to the largest |logit|. Both engines quantise
-/// the activation to 8 bits per 32 (GPU q8_1, CPU q8_0/q8_K per format) with f32 scales, so
-/// they differ by rounding of the activation and summation order only, over 2–4 layers.
-const REL_BOUND: f64 = 2e-2;
+/// Largest |GPU − CPU| logit difference, relative to the largest |logit|, per format. Both
+/// engines quantise the activation to 8 bits with f32 scales, but in different blocks for the
+/// K-quants (GPU per 32, CPU per 256 with q8_K), so those differ by activation rounding compounded
+/// over the layers: measured on the H200 box 2.4e-2 (tiny llama, Q4_K) and 4.1e-2 (3 layers,
+/// 2048 wide) — the CPU path alone is ~1.5e-2 from the f64 forward (tests/synth_decode.rs).
+fn rel_bound(fmt: Format) -> f64 {
+    match fmt {
+        Format::Q4K | Format::Q6K => 8e-2,
+        _ => 2e-2,
+    }
+}
 
 fn gated() -> bool {
     if std::env::var("HIPFIRE_GPU_TESTS").as_deref() != Ok("1") {
@@ -50,7 +57,7 @@ fn modes() -> Vec<(&'static str, Option<usize>, OffloadMode)> {
     ]
 }
 
-fn check(spec: &SynthSpec, fmt: Format) {
+fn check(spec: &SynthSpec, fmt: Format, failures: &mut Vec<String>) {
     let path = tmp(&format!("{}-{}.gguf", spec.name, fmt.name()));
     write_synthetic(&path, spec, fmt, 7, None).expect("synth");
     let pool = hipfire_exec::offload::offload_pool(0).expect("pool");
@@ -101,12 +108,9 @@ fn check(spec: &SynthSpec, fmt: Format) {
             fmt.name(),
             dec.placement_summary()
         );
-        assert!(
-            worst < REL_BOUND,
-            "{} {} {name}: {worst}",
-            spec.name,
-            fmt.name()
-        );
+        if worst >= rel_bound(fmt) {
+            failures.push(format!("{} {} {name}: {worst:.3e}", spec.name, fmt.name()));
+        }
     }
     let _ = std::fs::remove_file(&path);
 }
@@ -116,11 +120,13 @@ fn gpu_decoder_matches_cpu_on_tiny_models() {
     if !gated() {
         return;
     }
+    let mut failures = Vec::new();
     for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3] {
         for fmt in [Format::Q4K, Format::Q8_0, Format::F32] {
-            check(&SynthSpec::tiny(arch), fmt);
+            check(&SynthSpec::tiny(arch), fmt, &mut failures);
         }
     }
+    assert!(failures.is_empty(), "over the bound: {failures:?}");
 }
 
 #[test]
@@ -141,7 +147,9 @@ fn gpu_decoder_matches_cpu_when_passback_splits() {
         ctx_len: 512,
         ..SynthSpec::tiny(Arch::Llama)
     };
+    let mut failures = Vec::new();
     for fmt in [Format::Q4K, Format::Q8_0] {
-        check(&spec, fmt);
+        check(&spec, fmt, &mut failures);
     }
+    assert!(failures.is_empty(), "over the bound: {failures:?}");
 }
