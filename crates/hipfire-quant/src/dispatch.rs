@@ -142,15 +142,22 @@ fn table(tier: SimdTier) -> Option<&'static Kernels> {
     }
 }
 
-static CHOSEN: OnceLock<SimdTier> = OnceLock::new();
+/// The tier chosen at first use and its kernel table, so `gemv_rows` neither re-detects
+/// features nor re-selects kernels per call.
+static CHOSEN: OnceLock<(SimdTier, &'static Kernels)> = OnceLock::new();
 
-/// The SIMD tier `gemv_rows` uses on this CPU (detected once, then cached).
-pub fn simd_tier() -> SimdTier {
+fn chosen() -> (SimdTier, &'static Kernels) {
     *CHOSEN.get_or_init(|| {
         let t = SimdTier::detect();
         tracing::info!(tier = %t, "hipfire-quant CPU SIMD tier chosen");
-        t
+        // detect() only returns compiled, supported tiers; Scalar is the total fallback.
+        (t, table(t).unwrap_or(&SCALAR))
     })
+}
+
+/// The SIMD tier `gemv_rows` uses on this CPU (detected once, then cached).
+pub fn simd_tier() -> SimdTier {
+    chosen().0
 }
 
 /// `y[i] (+)= row_i · x` for i in `0..y.len()`, on the detected tier.
@@ -167,7 +174,7 @@ pub fn gemv_rows(
     y: &mut [f32],
     accumulate: bool,
 ) -> Result<(), QuantError> {
-    gemv_rows_with(simd_tier(), fmt, w_rows, k, act, y, accumulate)
+    run_rows(chosen().1, fmt, w_rows, k, act, y, accumulate)
 }
 
 /// [`gemv_rows`] on the scalar reference path (tests and benches).
@@ -185,6 +192,24 @@ pub fn gemv_rows_scalar(
 /// [`gemv_rows`] on an explicit tier; [`QuantError::TierUnavailable`] if this CPU lacks it.
 pub fn gemv_rows_with(
     tier: SimdTier,
+    fmt: Format,
+    w_rows: &[u8],
+    k: usize,
+    act: &ActivationBuf,
+    y: &mut [f32],
+    accumulate: bool,
+) -> Result<(), QuantError> {
+    match table(tier) {
+        Some(t) if tier.is_supported() => run_rows(t, fmt, w_rows, k, act, y, accumulate),
+        _ => Err(QuantError::TierUnavailable(tier)),
+    }
+}
+
+/// Validate the shapes, then run `table`'s kernel for `fmt` over every row.
+///
+/// `table` must belong to a tier this CPU supports (both callers ensure it).
+fn run_rows(
+    table: &'static Kernels,
     fmt: Format,
     w_rows: &[u8],
     k: usize,
@@ -213,13 +238,10 @@ pub fn gemv_rows_with(
             got: w_rows.len(),
         });
     }
-    let table = match table(tier) {
-        Some(t) if tier.is_supported() => t,
-        _ => return Err(QuantError::TierUnavailable(tier)),
-    };
     let rows = w_rows[..need].chunks_exact(rb);
     let store = |yi: &mut f32, v: f32| *yi = if accumulate { *yi + v } else { v };
-    // SAFETY (all three arms): the tier is supported (checked above), every row is exactly
+    // SAFETY (all three arms): the tier is supported (the callers' duty, met by `chosen`'s
+    // detection and `gemv_rows_with`'s check), every row is exactly
     // `rb = row_bytes(k)` bytes (chunks_exact of a checked prefix), and `act` was prepared for
     // `fmt` and `k` (checked above), which is each kernel's whole contract (see `RowDot`).
     match (table[format_index(fmt)], &act.kind) {

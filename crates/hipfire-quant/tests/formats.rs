@@ -3,8 +3,8 @@
 //! (dequantised weights, unquantised x) within the activation-quantisation bound.
 
 use hipfire_quant::{
-    dequantize_row, dequantize_row_f64, gemv_rows_scalar, gemv_rows_with, quantize_row,
-    ActivationBuf, Format, QuantError, SimdTier,
+    dequantize_row, dequantize_row_f64, gemv_rows, gemv_rows_scalar, gemv_rows_with, quantize_row,
+    simd_tier, ActivationBuf, Format, QuantError, SimdTier,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -100,6 +100,11 @@ fn every_format_every_tier_matches_reference() {
                 let act = ActivationBuf::prepare(fmt, &x).unwrap();
                 let mut y_scalar = vec![f32::NAN; m];
                 gemv_rows_scalar(fmt, &w_bytes, k, &act, &mut y_scalar, false).unwrap();
+                // The dispatched entry point is exactly the detected tier.
+                let (mut y_auto, mut y_best) = (vec![f32::NAN; m], vec![f32::NAN; m]);
+                gemv_rows(fmt, &w_bytes, k, &act, &mut y_auto, false).unwrap();
+                gemv_rows_with(simd_tier(), fmt, &w_bytes, k, &act, &mut y_best, false).unwrap();
+                assert_eq!(y_auto, y_best, "{fmt} k={k}: gemv_rows vs its tier");
                 for r in 0..m {
                     let w = &w64[r * k..(r + 1) * k];
                     let exact: f64 = w.iter().zip(&x).map(|(a, &b)| a * f64::from(b)).sum();
