@@ -35,7 +35,9 @@ fn main() -> Result<()> {
     let n_layers: f64 = n_layers.parse()?;
     let mut curves: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
     for f in files {
-        let v: Value = serde_json::from_str(&std::fs::read_to_string(f).with_context(|| format!("reading {f}"))?)?;
+        let v: Value = serde_json::from_str(
+            &std::fs::read_to_string(f).with_context(|| format!("reading {f}"))?,
+        )?;
         for m in v["modes"].as_array().context("no modes")? {
             let placement = m["placement"].as_str().unwrap_or("");
             // "… N of L layers resident …"
@@ -46,8 +48,14 @@ fn main() -> Result<()> {
                 .and_then(|s| s.parse().ok())
                 .context("placement without 'N of L layers resident'")?;
             let spilled = n_layers - resident;
-            let mode = if spilled == 0.0 { "resident".to_string() } else { m["offload_exec"].as_str().unwrap_or("?").to_string() };
-            let tps = m["decode_tok_s"]["median"].as_f64().context("decode_tok_s.median")?;
+            let mode = if spilled == 0.0 {
+                "resident".to_string()
+            } else {
+                m["offload_exec"].as_str().unwrap_or("?").to_string()
+            };
+            let tps = m["decode_tok_s"]["median"]
+                .as_f64()
+                .context("decode_tok_s.median")?;
             curves.entry(mode).or_default().push((spilled, tps));
         }
     }
@@ -59,17 +67,34 @@ fn main() -> Result<()> {
             }
         }
     }
-    let y_max = curves.values().chain(refs.iter().map(|r| &r.1)).flatten().map(|p| p.1).fold(0.0, f64::max) * 1.1;
+    let y_max = curves
+        .values()
+        .chain(refs.iter().map(|r| &r.1))
+        .flatten()
+        .map(|p| p.1)
+        .fold(0.0, f64::max)
+        * 1.1;
     let root = SVGBackend::new(output.as_str(), (900, 560)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
-        .caption("decode tok/s vs layers spilled to host memory", ("sans-serif", 20))
+        .caption(
+            "decode tok/s vs layers spilled to host memory",
+            ("sans-serif", 20),
+        )
         .margin(15)
         .x_label_area_size(40)
         .y_label_area_size(55)
         .build_cartesian_2d(0.0..n_layers, (1.0..y_max).log_scale())?;
-    chart.configure_mesh().x_desc("layers spilled").y_desc("decode tok/s (log)").draw()?;
-    let all: Vec<(String, Vec<(f64, f64)>)> = curves.into_iter().filter(|(m, _)| m != "resident").chain(refs).collect();
+    chart
+        .configure_mesh()
+        .x_desc("layers spilled")
+        .y_desc("decode tok/s (log)")
+        .draw()?;
+    let all: Vec<(String, Vec<(f64, f64)>)> = curves
+        .into_iter()
+        .filter(|(m, _)| m != "resident")
+        .chain(refs)
+        .collect();
     for (i, (label, mut pts)) in all.into_iter().enumerate() {
         pts.sort_by(|a, b| a.0.total_cmp(&b.0));
         let color = Palette99::pick(i).to_rgba();
@@ -79,7 +104,11 @@ fn main() -> Result<()> {
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
         chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
     }
-    chart.configure_series_labels().border_style(BLACK).background_style(WHITE.mix(0.8)).draw()?;
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.8))
+        .draw()?;
     root.present()?;
     println!("wrote {output}");
     Ok(())

@@ -16,18 +16,30 @@ fn main() -> Result<()> {
         [i, o] => (i, o),
         _ => anyhow::bail!("usage: chart_single_layer SINGLE_LAYER.json OUT.svg"),
     };
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(input).with_context(|| format!("reading {input}"))?)?;
+    let v: Value = serde_json::from_str(
+        &std::fs::read_to_string(input).with_context(|| format!("reading {input}"))?,
+    )?;
     let runs = v["runs"].as_array().context("no runs")?;
-    let gbs = |mode: &str| runs.iter().find(|r| r["mode"] == mode).and_then(|r| r["gbs"].as_f64());
+    let gbs = |mode: &str| {
+        runs.iter()
+            .find(|r| r["mode"] == mode)
+            .and_then(|r| r["gbs"].as_f64())
+    };
     let ceiling = v["ceilings"]["both_total_gbs"].as_f64().unwrap_or(0.0);
     let mut curves: Vec<(String, Vec<(f64, f64)>, Option<(f64, f64)>)> = Vec::new();
     for strategy in ["ordering", "two-stream"] {
         let mut pts = Vec::new();
         let mut auto = None;
-        for r in runs.iter().filter(|r| r["mode"] == "passback" && r["strategy"] == strategy) {
+        for r in runs
+            .iter()
+            .filter(|r| r["mode"] == "passback" && r["strategy"] == strategy)
+        {
             let share = r["share"].as_str().unwrap_or("");
             let g = r["gbs"].as_f64().unwrap_or(0.0);
-            if let Some(a) = share.strip_prefix("auto(").and_then(|s| s.strip_suffix(')')) {
+            if let Some(a) = share
+                .strip_prefix("auto(")
+                .and_then(|s| s.strip_suffix(')'))
+            {
                 auto = a.parse().ok().map(|s| (s, g));
             } else if let Ok(s) = share.parse::<f64>() {
                 pts.push((s, g));
@@ -50,16 +62,29 @@ fn main() -> Result<()> {
         .x_label_area_size(40)
         .y_label_area_size(55)
         .build_cartesian_2d(0.0f64..0.55f64, 0.0f64..y_max)?;
-    chart.configure_mesh().x_desc("GPU share of rows (pinned)").y_desc("GB/s of weight bytes").draw()?;
+    chart
+        .configure_mesh()
+        .x_desc("GPU share of rows (pinned)")
+        .y_desc("GB/s of weight bytes")
+        .draw()?;
     let hline = |y: f64| vec![(0.0, y), (0.55, y)];
     for (label, y, color) in [
         ("both-at-once read ceiling", ceiling, BLACK),
-        ("cpu mode", gbs("cpu").unwrap_or(0.0), RGBColor(120, 120, 120)),
-        ("pcie mode", gbs("pcie").unwrap_or(0.0), RGBColor(200, 120, 0)),
+        (
+            "cpu mode",
+            gbs("cpu").unwrap_or(0.0),
+            RGBColor(120, 120, 120),
+        ),
+        (
+            "pcie mode",
+            gbs("pcie").unwrap_or(0.0),
+            RGBColor(200, 120, 0),
+        ),
     ] {
-        chart.draw_series(LineSeries::new(hline(y), color.stroke_width(1)))?.label(label).legend(move |(x, yy)| {
-            PathElement::new(vec![(x, yy), (x + 20, yy)], color)
-        });
+        chart
+            .draw_series(LineSeries::new(hline(y), color.stroke_width(1)))?
+            .label(label)
+            .legend(move |(x, yy)| PathElement::new(vec![(x, yy), (x + 20, yy)], color));
     }
     for (i, (name, pts, auto)) in curves.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
@@ -72,7 +97,11 @@ fn main() -> Result<()> {
             chart.draw_series(std::iter::once(TriangleMarker::new(*a, 7, color.filled())))?;
         }
     }
-    chart.configure_series_labels().border_style(BLACK).background_style(WHITE.mix(0.8)).draw()?;
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.8))
+        .draw()?;
     root.present()?;
     println!("wrote {output}");
     Ok(())
