@@ -10,6 +10,9 @@ use anyhow::{Context, Result};
 use plotters::prelude::*;
 use serde_json::Value;
 
+/// One strategy's sweep: (share, GB/s) points and its `auto` result.
+type Curve = (String, Vec<(f64, f64)>, Option<(f64, f64)>);
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (input, output) = match args.as_slice() {
@@ -26,7 +29,7 @@ fn main() -> Result<()> {
             .and_then(|r| r["gbs"].as_f64())
     };
     let ceiling = v["ceilings"]["both_total_gbs"].as_f64().unwrap_or(0.0);
-    let mut curves: Vec<(String, Vec<(f64, f64)>, Option<(f64, f64)>)> = Vec::new();
+    let mut curves: Vec<Curve> = Vec::new();
     for strategy in ["ordering", "two-stream"] {
         let mut pts = Vec::new();
         let mut auto = None;
