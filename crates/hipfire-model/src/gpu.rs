@@ -19,8 +19,8 @@ use hipfire_exec::offload::{OffloadExecutor, OffloadMode, SpilledStep};
 use hipfire_exec::CpuPool;
 use hipfire_gpu::backend::LaunchDims;
 use hipfire_gpu::{
-    Activation, Context, DeviceBuffer, DeviceMemory, Function, GemvForm, GemvKernels, GpuError, HostMappedBuffer,
-    KernelRegistry, KernelSource, RowRange, Stream, WeightLocation, WeightRef,
+    Activation, Context, DeviceBuffer, DeviceMemory, Function, GemvForm, GemvKernels, GpuError,
+    HostMappedBuffer, KernelRegistry, KernelSource, RowRange, Stream, WeightLocation, WeightRef,
 };
 use hipfire_quant::Format;
 
@@ -29,8 +29,11 @@ use crate::sampling::{Sampler, SamplingParams};
 use crate::{Model, ModelError, Weight};
 
 /// `kernels/decode.cu`: RMSNorm, RoPE, attention, SwiGLU, add.
-pub const DECODE_SOURCE: KernelSource =
-    KernelSource { name: "decode.cu", source: include_str!("../../../kernels/decode.cu"), headers: &[] };
+pub const DECODE_SOURCE: KernelSource = KernelSource {
+    name: "decode.cu",
+    source: include_str!("../../../kernels/decode.cu"),
+    headers: &[],
+};
 
 /// Threads per block of the small decode kernels: one block covers a 4096-wide row in 4 strides,
 /// and 256 threads = 8 warps keeps the two-level reductions in `decode.cu` to one shuffle round.
@@ -56,10 +59,12 @@ pub struct GpuOptions {
 /// Errors of the GPU path are GPU errors with the call named, or model errors.
 impl From<GpuError> for ModelError {
     fn from(e: GpuError) -> ModelError {
-        ModelError::Backend { backend: "gpu", message: e.to_string() }
+        ModelError::Backend {
+            backend: "gpu",
+            message: e.to_string(),
+        }
     }
 }
-
 
 /// A device address range that kernels may read or write: a sub-slice of a [`DeviceBuffer`].
 #[derive(Debug)]
@@ -164,22 +169,35 @@ pub struct GpuDecoder<'m> {
 
 impl std::fmt::Debug for GpuDecoder<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GpuDecoder").field("summary", &self.summary).field("pos", &self.pos).finish()
+        f.debug_struct("GpuDecoder")
+            .field("summary", &self.summary)
+            .field("pos", &self.pos)
+            .finish()
     }
 }
 
-fn upload_f32(ctx: &Arc<Context>, stream: &Stream, v: &[f32]) -> Result<DeviceBuffer<f32>, GpuError> {
+fn upload_f32(
+    ctx: &Arc<Context>,
+    stream: &Stream,
+    v: &[f32],
+) -> Result<DeviceBuffer<f32>, GpuError> {
     let mut b = ctx.alloc::<f32>(v.len())?;
     b.upload(stream, v)?;
     Ok(b)
 }
 
 fn read_vector(model: &Model, name: &str, n: usize) -> Result<Option<Vec<f32>>, ModelError> {
-    let Some(t) = model.gguf().index().tensor(name) else { return Ok(None) };
+    let Some(t) = model.gguf().index().tensor(name) else {
+        return Ok(None);
+    };
     let fmt = Format::from_ggml_type(t.ggml_type.0)
         .map_err(|_| ModelError::Unsupported(format!("tensor {name} has type {}", t.ggml_type)))?;
     if t.n_elements() != n as u64 {
-        return Err(ModelError::Shape { name: name.into(), want: vec![n as u64], got: t.dims.clone() });
+        return Err(ModelError::Shape {
+            name: name.into(),
+            want: vec![n as u64],
+            got: t.dims.clone(),
+        });
     }
     let mut v = vec![0f32; n];
     crate::ops::dequantize_row(fmt, model.gguf().tensor_data(t), &mut v)?;
@@ -187,7 +205,8 @@ fn read_vector(model: &Model, name: &str, n: usize) -> Result<Option<Vec<f32>>, 
 }
 
 fn need_vector(model: &Model, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {
-    read_vector(model, name, n)?.ok_or_else(|| ModelError::Unsupported(format!("missing tensor {name}")))
+    read_vector(model, name, n)?
+        .ok_or_else(|| ModelError::Unsupported(format!("missing tensor {name}")))
 }
 
 fn weight_id(model: &Model, name: &str) -> Result<usize, ModelError> {
@@ -201,7 +220,11 @@ fn weight_id(model: &Model, name: &str) -> Result<usize, ModelError> {
 impl<'m> GpuDecoder<'m> {
     /// Place `model` on GPU `opts.ordinal`: resident layers in VRAM, spilled ones in pinned
     /// host-mapped memory, spilled projections run by `opts.mode` on `pool` and the GPU.
-    pub fn new(model: &'m Model, pool: CpuPool, opts: &GpuOptions) -> Result<GpuDecoder<'m>, ModelError> {
+    pub fn new(
+        model: &'m Model,
+        pool: CpuPool,
+        opts: &GpuOptions,
+    ) -> Result<GpuDecoder<'m>, ModelError> {
         let c = model.config().clone();
         let ctx = Context::new(opts.ordinal)?;
         let stream = ctx.new_stream()?;
@@ -219,8 +242,16 @@ impl<'m> GpuDecoder<'m> {
 
         // Budget: bytes of one layer's projections, and of what stays resident regardless.
         let layer_names = |i: usize| {
-            ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]
-                .map(|s| format!("blk.{i}.{s}.weight"))
+            [
+                "attn_q",
+                "attn_k",
+                "attn_v",
+                "attn_output",
+                "ffn_gate",
+                "ffn_up",
+                "ffn_down",
+            ]
+            .map(|s| format!("blk.{i}.{s}.weight"))
         };
         let mut layer_bytes = vec![0u64; c.n_layer];
         for (i, lb) in layer_bytes.iter_mut().enumerate() {
@@ -238,7 +269,10 @@ impl<'m> GpuDecoder<'m> {
                     .map(|w| w.n_bytes as u64)
                     .sum();
                 let kv = (2 * ctx_len * c.kv_dim() * 4 * c.n_layer) as u64;
-                let free = ctx.info().total_mem.saturating_sub(VRAM_MARGIN_BYTES + fixed + kv);
+                let free = ctx
+                    .info()
+                    .total_mem
+                    .saturating_sub(VRAM_MARGIN_BYTES + fixed + kv);
                 let mut n = 0;
                 let mut used = 0u64;
                 for lb in layer_bytes.iter().rev() {
@@ -266,7 +300,8 @@ impl<'m> GpuDecoder<'m> {
             }
         }
 
-        let mut weights: Vec<Option<GpuWeight>> = (0..model.weights().len()).map(|_| None).collect();
+        let mut weights: Vec<Option<GpuWeight>> =
+            (0..model.weights().len()).map(|_| None).collect();
         let mut place = |id: usize, host: bool| -> Result<(), ModelError> {
             if weights[id].is_some() {
                 return Ok(());
@@ -296,15 +331,26 @@ impl<'m> GpuDecoder<'m> {
                 place(id, spilled)?;
             }
             let opt = |name: &str, len: usize| -> Result<Option<DeviceBuffer<f32>>, ModelError> {
-                read_vector(model, &n(name), len)?.map(|v| upload_f32(&ctx, &stream, &v)).transpose().map_err(Into::into)
+                read_vector(model, &n(name), len)?
+                    .map(|v| upload_f32(&ctx, &stream, &v))
+                    .transpose()
+                    .map_err(Into::into)
             };
             let mut k_cache = ctx.alloc::<f32>(ctx_len * kvd)?;
             let mut v_cache = ctx.alloc::<f32>(ctx_len * kvd)?;
             stream.fill_u32_async(&mut k_cache, 0)?;
             stream.fill_u32_async(&mut v_cache, 0)?;
             layers.push(GpuLayer {
-                attn_norm: upload_f32(&ctx, &stream, &need_vector(model, &n("attn_norm.weight"), c.d_model)?)?,
-                ffn_norm: upload_f32(&ctx, &stream, &need_vector(model, &n("ffn_norm.weight"), c.d_model)?)?,
+                attn_norm: upload_f32(
+                    &ctx,
+                    &stream,
+                    &need_vector(model, &n("attn_norm.weight"), c.d_model)?,
+                )?,
+                ffn_norm: upload_f32(
+                    &ctx,
+                    &stream,
+                    &need_vector(model, &n("ffn_norm.weight"), c.d_model)?,
+                )?,
                 q_norm: opt("attn_q_norm.weight", c.head_dim)?,
                 k_norm: opt("attn_k_norm.weight", c.head_dim)?,
                 bq: opt("attn_q.bias", qd)?,
@@ -321,18 +367,29 @@ impl<'m> GpuDecoder<'m> {
                 v_cache,
             });
         }
-        let head = match model.weights().iter().position(|w| w.name == "output.weight") {
+        let head = match model
+            .weights()
+            .iter()
+            .position(|w| w.name == "output.weight")
+        {
             Some(id) => id,
             None => weight_id(model, "token_embd.weight")?,
         };
         place(head, false)?;
         let token_embd = weight_id(model, "token_embd.weight")?;
-        let output_norm = upload_f32(&ctx, &stream, &need_vector(model, "output_norm.weight", c.d_model)?)?;
+        let output_norm = upload_f32(
+            &ctx,
+            &stream,
+            &need_vector(model, "output_norm.weight", c.d_model)?,
+        )?;
 
         let factors = read_vector(model, "rope_freqs.weight", c.rope_dim / 2)?;
         let inv_freq: Vec<f32> = (0..c.rope_dim / 2)
             .map(|i| {
-                let f = factors.as_ref().and_then(|f| f.get(i)).map_or(1.0, |&v| f64::from(v));
+                let f = factors
+                    .as_ref()
+                    .and_then(|f| f.get(i))
+                    .map_or(1.0, |&v| f64::from(v));
                 (c.rope_theta.powf(-2.0 * i as f64 / c.rope_dim as f64) / f) as f32
             })
             .collect();
@@ -355,7 +412,8 @@ impl<'m> GpuDecoder<'m> {
         let max_k = c.d_model.max(c.n_ff).max(qd);
         let max_m = c.d_model.max(c.n_ff).max(qd);
         let offload = OffloadExecutor::new(&ctx, pool, opts.mode.clone(), max_k, max_m)?;
-        let resident_gib = layer_bytes[n_spilled..].iter().sum::<u64>() as f64 / (1u64 << 30) as f64;
+        let resident_gib =
+            layer_bytes[n_spilled..].iter().sum::<u64>() as f64 / (1u64 << 30) as f64;
         let summary = format!(
             "{} on {} ({}): {} of {} layers resident ({:.2} GiB VRAM), {} spilled to pinned host memory ({:.2} GiB, offload_exec={}); embeddings, head, KV cache and attention on the GPU",
             c.arch.name(),
@@ -418,7 +476,10 @@ impl<'m> GpuDecoder<'m> {
     /// Feed `tokens`; returns the logits after the last one.
     pub fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32], ModelError> {
         if self.pos + tokens.len() > self.ctx_len {
-            return Err(ModelError::ContextFull { need: self.pos + tokens.len(), ctx: self.ctx_len });
+            return Err(ModelError::ContextFull {
+                need: self.pos + tokens.len(),
+                ctx: self.ctx_len,
+            });
         }
         for &t in tokens {
             self.forward(t)?;
@@ -440,7 +501,10 @@ impl<'m> GpuDecoder<'m> {
         mut on_token: impl FnMut(u32) -> bool,
     ) -> Result<GenerationStats, ModelError> {
         let mut sampler = Sampler::new(params)?;
-        let mut stats = GenerationStats { prompt_tokens: prompt.len(), ..Default::default() };
+        let mut stats = GenerationStats {
+            prompt_tokens: prompt.len(),
+            ..Default::default()
+        };
         if prompt.is_empty() {
             return Err(ModelError::InvalidOption("empty prompt".into()));
         }
@@ -464,15 +528,37 @@ impl<'m> GpuDecoder<'m> {
         Ok(stats)
     }
 
-    fn launch(&self, f: &Function, grid: u32, block: u32, shared: u32, params: &mut [*mut c_void]) -> Result<(), GpuError> {
-        let dims = LaunchDims { grid, block, shared_bytes: shared };
+    fn launch(
+        &self,
+        f: &Function,
+        grid: u32,
+        block: u32,
+        shared: u32,
+        params: &mut [*mut c_void],
+    ) -> Result<(), GpuError> {
+        let dims = LaunchDims {
+            grid,
+            block,
+            shared_bytes: shared,
+        };
         // SAFETY: every caller passes parameters matching the kernel's signature in
         // kernels/decode.cu, over device buffers owned by `self` (alive for the launch, freed
         // only by Drop after the stream is synchronised), with extents checked at allocation.
-        unsafe { self.ctx.backend().launch(f.raw(), dims, self.stream.raw(), params) }
+        unsafe {
+            self.ctx
+                .backend()
+                .launch(f.raw(), dims, self.stream.raw(), params)
+        }
     }
 
-    fn rms_norm(&self, x: u64, w: &DeviceBuffer<f32>, y: u64, rows: usize, n: usize) -> Result<(), GpuError> {
+    fn rms_norm(
+        &self,
+        x: u64,
+        w: &DeviceBuffer<f32>,
+        y: u64,
+        rows: usize,
+        n: usize,
+    ) -> Result<(), GpuError> {
         let (mut px, mut pw, mut py) = (x, w.device_ptr(), y);
         let mut pn = n as i32;
         let mut eps = self.model.config().rms_eps;
@@ -505,37 +591,76 @@ impl<'m> GpuDecoder<'m> {
 
     fn add(&self, y: u64, b: &DeviceBuffer<f32>) -> Result<(), GpuError> {
         let (mut py, mut pb, mut n) = (y, b.device_ptr(), b.len() as i32);
-        let mut p: [*mut c_void; 3] =
-            [(&mut py as *mut u64).cast(), (&mut pb as *mut u64).cast(), (&mut n as *mut i32).cast()];
-        self.launch(&self.k.add, (b.len() as u32).div_ceil(DECODE_THREADS), DECODE_THREADS, 0, &mut p)
+        let mut p: [*mut c_void; 3] = [
+            (&mut py as *mut u64).cast(),
+            (&mut pb as *mut u64).cast(),
+            (&mut n as *mut i32).cast(),
+        ];
+        self.launch(
+            &self.k.add,
+            (b.len() as u32).div_ceil(DECODE_THREADS),
+            DECODE_THREADS,
+            0,
+            &mut p,
+        )
     }
 
     /// `y (+)= W·act` for weight `id`: resident weights on the GPU, spilled ones through the
     /// offload executor. `x` is the f32 activation `act` was prepared from (the CPU arm reads it).
     #[allow(clippy::too_many_arguments)] // the GEMV's operands
-    fn project(&mut self, id: usize, x: u64, which_act: ActSlot, y: u64, y_len: usize, form: GemvForm) -> Result<(), ModelError> {
+    fn project(
+        &mut self,
+        id: usize,
+        x: u64,
+        which_act: ActSlot,
+        y: u64,
+        y_len: usize,
+        form: GemvForm,
+    ) -> Result<(), ModelError> {
         let w = &self.model.weights()[id];
-        let gw = self.weights[id].as_ref().ok_or_else(|| ModelError::Unsupported(format!("weight {} not placed", w.name)))?;
+        let gw = self.weights[id]
+            .as_ref()
+            .ok_or_else(|| ModelError::Unsupported(format!("weight {} not placed", w.name)))?;
         let wr = gw.weight_ref(w)?;
         let act = match which_act {
             ActSlot::Model => &self.s.act_model,
             ActSlot::Q => &self.s.act_q,
             ActSlot::Ff => &self.s.act_ff,
         };
-        let mut yv = DeviceView { ptr: y, bytes: y_len * 4, ctx: &self.ctx };
+        let mut yv = DeviceView {
+            ptr: y,
+            bytes: y_len * 4,
+            ctx: &self.ctx,
+        };
         match (wr.location(), gw) {
             (WeightLocation::HostMapped, GpuWeight::Host(host)) => {
-                let xv = DeviceView { ptr: x, bytes: w.k * 4, ctx: &self.ctx };
-                let step = SpilledStep { weight: &wr, host_bytes: host.as_slice(), x: &xv, y: &mut yv, form };
+                let xv = DeviceView {
+                    ptr: x,
+                    bytes: w.k * 4,
+                    ctx: &self.ctx,
+                };
+                let step = SpilledStep {
+                    weight: &wr,
+                    host_bytes: host.as_slice(),
+                    x: &xv,
+                    y: &mut yv,
+                    form,
+                };
                 self.offload.run(&self.stream, &self.gemv, act, step)?;
             }
-            _ => self.gemv.gemv(&self.stream, &wr, act, &mut yv, RowRange::all(w.m), form)?,
+            _ => self
+                .gemv
+                .gemv(&self.stream, &wr, act, &mut yv, RowRange::all(w.m), form)?,
         }
         Ok(())
     }
 
     fn prepare(&mut self, slot: ActSlot, x: u64, k: usize) -> Result<(), GpuError> {
-        let xv = DeviceView { ptr: x, bytes: k * 4, ctx: &self.ctx };
+        let xv = DeviceView {
+            ptr: x,
+            bytes: k * 4,
+            ctx: &self.ctx,
+        };
         let act = match slot {
             ActSlot::Model => &mut self.s.act_model,
             ActSlot::Q => &mut self.s.act_q,
@@ -547,10 +672,16 @@ impl<'m> GpuDecoder<'m> {
     fn forward(&mut self, token: u32) -> Result<(), ModelError> {
         let c = self.model.config().clone();
         if token as usize >= c.vocab {
-            return Err(ModelError::BadToken { id: token, vocab: c.vocab });
+            return Err(ModelError::BadToken {
+                id: token,
+                vocab: c.vocab,
+            });
         }
         if self.pos >= self.ctx_len {
-            return Err(ModelError::ContextFull { need: self.pos + 1, ctx: self.ctx_len });
+            return Err(ModelError::ContextFull {
+                need: self.pos + 1,
+                ctx: self.ctx_len,
+            });
         }
         // Embedding row: dequantised on the host from the mapped file, uploaded from pinned memory.
         let emb = &self.model.weights()[self.token_embd];
@@ -562,7 +693,8 @@ impl<'m> GpuDecoder<'m> {
         for (dst, v) in self.s.stage_x.as_mut_slice().chunks_exact_mut(4).zip(&xrow) {
             dst.copy_from_slice(&v.to_ne_bytes());
         }
-        self.stream.memcpy_htod_async(&mut self.s.x, 0, &self.s.stage_x, 0, c.d_model * 4)?;
+        self.stream
+            .memcpy_htod_async(&mut self.s.x, 0, &self.s.stage_x, 0, c.d_model * 4)?;
 
         let (qd, kvd, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
         let x = self.s.x.device_ptr();
@@ -601,8 +733,10 @@ impl<'m> GpuDecoder<'m> {
             self.rope(kslot, c.n_head_kv)?;
             {
                 let n_pos = self.pos + 1;
-                let (mut pq, mut pk, mut pv, mut po) = (q, l.k_cache.device_ptr(), l.v_cache.device_ptr(), att);
-                let (mut nh, mut nkv, mut phd, mut np) = (c.n_head as i32, c.n_head_kv as i32, hd as i32, n_pos as i32);
+                let (mut pq, mut pk, mut pv, mut po) =
+                    (q, l.k_cache.device_ptr(), l.v_cache.device_ptr(), att);
+                let (mut nh, mut nkv, mut phd, mut np) =
+                    (c.n_head as i32, c.n_head_kv as i32, hd as i32, n_pos as i32);
                 let mut scale = 1.0f32 / (hd as f32).sqrt();
                 let mut p: [*mut c_void; 9] = [
                     (&mut pq as *mut u64).cast(),
@@ -615,7 +749,13 @@ impl<'m> GpuDecoder<'m> {
                     (&mut np as *mut i32).cast(),
                     (&mut scale as *mut f32).cast(),
                 ];
-                self.launch(&self.k.attention, c.n_head as u32, DECODE_THREADS, (n_pos * 4) as u32, &mut p)?;
+                self.launch(
+                    &self.k.attention,
+                    c.n_head as u32,
+                    DECODE_THREADS,
+                    (n_pos * 4) as u32,
+                    &mut p,
+                )?;
             }
             self.prepare(ActSlot::Q, att, qd)?;
             self.project(wo, att, ActSlot::Q, x, c.d_model, GemvForm::Residual)?;
@@ -632,7 +772,13 @@ impl<'m> GpuDecoder<'m> {
                     (&mut po as *mut u64).cast(),
                     (&mut n as *mut i32).cast(),
                 ];
-                self.launch(&self.k.swiglu, (c.n_ff as u32).div_ceil(DECODE_THREADS), DECODE_THREADS, 0, &mut p)?;
+                self.launch(
+                    &self.k.swiglu,
+                    (c.n_ff as u32).div_ceil(DECODE_THREADS),
+                    DECODE_THREADS,
+                    0,
+                    &mut p,
+                )?;
             }
             self.prepare(ActSlot::Ff, gate, c.n_ff)?;
             self.project(wd, gate, ActSlot::Ff, x, c.d_model, GemvForm::Residual)?;
@@ -640,10 +786,27 @@ impl<'m> GpuDecoder<'m> {
         self.rms_norm(x, &self.output_norm, xn, 1, c.d_model)?;
         self.prepare(ActSlot::Model, xn, c.d_model)?;
         let logits = self.s.logits.device_ptr();
-        self.project(self.head, xn, ActSlot::Model, logits, c.vocab, GemvForm::Plain)?;
-        self.stream.memcpy_dtoh_async(&mut self.s.stage_logits, 0, &self.s.logits, 0, c.vocab * 4)?;
+        self.project(
+            self.head,
+            xn,
+            ActSlot::Model,
+            logits,
+            c.vocab,
+            GemvForm::Plain,
+        )?;
+        self.stream.memcpy_dtoh_async(
+            &mut self.s.stage_logits,
+            0,
+            &self.s.logits,
+            0,
+            c.vocab * 4,
+        )?;
         self.stream.synchronize()?;
-        for (l, b) in self.logits.iter_mut().zip(self.s.stage_logits.as_slice().chunks_exact(4)) {
+        for (l, b) in self
+            .logits
+            .iter_mut()
+            .zip(self.s.stage_logits.as_slice().chunks_exact(4))
+        {
             *l = f32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
         }
         self.pos += 1;
