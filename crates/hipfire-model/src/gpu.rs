@@ -13,7 +13,6 @@
 
 use std::ffi::c_void;
 use std::sync::Arc;
-use std::time::Instant;
 
 use hipfire_exec::offload::{OffloadExecutor, OffloadMode, SpilledStep};
 use hipfire_exec::CpuPool;
@@ -24,8 +23,9 @@ use hipfire_gpu::{
 };
 use hipfire_quant::Format;
 
+use crate::model::Decoder;
 use crate::model::GenerationStats;
-use crate::sampling::{Sampler, SamplingParams};
+use crate::sampling::SamplingParams;
 use crate::{Model, ModelError, Weight};
 
 /// `kernels/decode.cu`: RMSNorm, RoPE, attention, SwiGLU, add.
@@ -498,34 +498,9 @@ impl<'m> GpuDecoder<'m> {
         &mut self,
         prompt: &[u32],
         params: &SamplingParams,
-        mut on_token: impl FnMut(u32) -> bool,
+        on_token: impl FnMut(u32) -> bool,
     ) -> Result<GenerationStats, ModelError> {
-        let mut sampler = Sampler::new(params)?;
-        let mut stats = GenerationStats {
-            prompt_tokens: prompt.len(),
-            ..Default::default()
-        };
-        if prompt.is_empty() {
-            return Err(ModelError::InvalidOption("empty prompt".into()));
-        }
-        let t0 = Instant::now();
-        self.prefill(prompt)?;
-        stats.prefill_s = t0.elapsed().as_secs_f64();
-        let t1 = Instant::now();
-        while stats.generated < params.max_tokens {
-            let tok = sampler.sample(&self.logits);
-            if params.stop_at_eog && self.model.tokenizer().is_eog(tok) {
-                break;
-            }
-            stats.generated += 1;
-            if !on_token(tok) || stats.generated == params.max_tokens || self.pos >= self.ctx_len {
-                break;
-            }
-            self.forward(tok)?;
-            stats.decode_steps += 1;
-        }
-        stats.decode_s = t1.elapsed().as_secs_f64();
-        Ok(stats)
+        crate::model::generate(self, prompt, params, on_token)
     }
 
     fn launch(
@@ -819,4 +794,25 @@ enum ActSlot {
     Model,
     Q,
     Ff,
+}
+
+impl Decoder for GpuDecoder<'_> {
+    fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32], ModelError> {
+        GpuDecoder::prefill(self, tokens)
+    }
+    fn step(&mut self, token: u32) -> Result<&[f32], ModelError> {
+        GpuDecoder::step(self, token)
+    }
+    fn logits(&self) -> &[f32] {
+        &self.logits
+    }
+    fn position(&self) -> usize {
+        self.pos
+    }
+    fn ctx_len(&self) -> usize {
+        self.ctx_len
+    }
+    fn is_eog(&self, token: u32) -> bool {
+        self.model.tokenizer().is_eog(token)
+    }
 }

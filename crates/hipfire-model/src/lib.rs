@@ -39,7 +39,9 @@ pub mod tokenizer;
 pub use backend::{Backend, CpuBackend, ReferenceBackend, Weight};
 pub use config::{Arch, ModelConfig};
 pub use error::ModelError;
-pub use model::{GenerationStats, LoadOptions, LoadProgress, Model, ProgressFn, Session};
+pub use model::{
+    generate, Decoder, GenerationStats, LoadOptions, LoadProgress, Model, ProgressFn, Session,
+};
 pub use sampling::{Sampler, SamplingParams};
 pub use synth::{write_synthetic, SynthReport, SynthSpec, SYNTH_DESCRIPTION};
 pub use tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer};

@@ -498,37 +498,9 @@ impl<'m> Session<'m> {
         &mut self,
         prompt: &[u32],
         params: &SamplingParams,
-        mut on_token: impl FnMut(u32) -> bool,
+        on_token: impl FnMut(u32) -> bool,
     ) -> Result<GenerationStats, ModelError> {
-        let mut sampler = Sampler::new(params)?;
-        let mut stats = GenerationStats {
-            prompt_tokens: prompt.len(),
-            ..Default::default()
-        };
-        let t0 = Instant::now();
-        if prompt.is_empty() {
-            return Err(ModelError::InvalidOption("empty prompt".into()));
-        }
-        self.prefill(prompt)?;
-        stats.prefill_s = t0.elapsed().as_secs_f64();
-        let t1 = Instant::now();
-        while stats.generated < params.max_tokens {
-            let tok = sampler.sample(&self.logits);
-            if params.stop_at_eog && self.model.tokenizer.is_eog(tok) {
-                break;
-            }
-            stats.generated += 1;
-            if !on_token(tok)
-                || stats.generated == params.max_tokens
-                || self.pos >= self.model.ctx_len
-            {
-                break;
-            }
-            self.forward(tok)?;
-            stats.decode_steps += 1;
-        }
-        stats.decode_s = t1.elapsed().as_secs_f64();
-        Ok(stats)
+        generate(self, prompt, params, on_token)
     }
 
     /// One forward pass at position `self.pos`; leaves the logits in `self.logits`.
@@ -616,4 +588,81 @@ impl<'m> Session<'m> {
         self.pos += 1;
         Ok(())
     }
+}
+
+/// A decode session on some engine: the CPU [`Session`] or the GPU decoder
+/// ([`crate::gpu::GpuDecoder`]). [`generate`] drives either.
+pub trait Decoder {
+    /// Feed `tokens`; returns the logits after the last one.
+    fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32], ModelError>;
+    /// Feed one token; returns the next-token logits.
+    fn step(&mut self, token: u32) -> Result<&[f32], ModelError>;
+    /// Logits of the last position fed.
+    fn logits(&self) -> &[f32];
+    /// Positions filled so far.
+    fn position(&self) -> usize;
+    /// Positions the session can hold.
+    fn ctx_len(&self) -> usize;
+    /// Whether `token` ends generation (the model's end-of-generation set).
+    fn is_eog(&self, token: u32) -> bool;
+}
+
+impl Decoder for Session<'_> {
+    fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32], ModelError> {
+        Session::prefill(self, tokens)
+    }
+    fn step(&mut self, token: u32) -> Result<&[f32], ModelError> {
+        Session::step(self, token)
+    }
+    fn logits(&self) -> &[f32] {
+        &self.logits
+    }
+    fn position(&self) -> usize {
+        self.pos
+    }
+    fn ctx_len(&self) -> usize {
+        self.model.ctx_len
+    }
+    fn is_eog(&self, token: u32) -> bool {
+        self.model.tokenizer.is_eog(token)
+    }
+}
+
+/// Prefill `prompt`, then sample up to `params.max_tokens` tokens, calling `on_token` with each;
+/// generation stops early at an end-of-generation token (if `stop_at_eog`), when the callback
+/// returns `false`, or at the end of the context. The last token passed to `on_token` is not
+/// fed yet: call `step` with it before continuing the session.
+pub fn generate<D: Decoder + ?Sized>(
+    dec: &mut D,
+    prompt: &[u32],
+    params: &SamplingParams,
+    mut on_token: impl FnMut(u32) -> bool,
+) -> Result<GenerationStats, ModelError> {
+    let mut sampler = Sampler::new(params)?;
+    let mut stats = GenerationStats {
+        prompt_tokens: prompt.len(),
+        ..Default::default()
+    };
+    if prompt.is_empty() {
+        return Err(ModelError::InvalidOption("empty prompt".into()));
+    }
+    let t0 = Instant::now();
+    dec.prefill(prompt)?;
+    stats.prefill_s = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    while stats.generated < params.max_tokens {
+        let tok = sampler.sample(dec.logits());
+        if params.stop_at_eog && dec.is_eog(tok) {
+            break;
+        }
+        stats.generated += 1;
+        if !on_token(tok) || stats.generated == params.max_tokens || dec.position() >= dec.ctx_len()
+        {
+            break;
+        }
+        dec.step(tok)?;
+        stats.decode_steps += 1;
+    }
+    stats.decode_s = t1.elapsed().as_secs_f64();
+    Ok(stats)
 }
