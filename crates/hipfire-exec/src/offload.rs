@@ -318,18 +318,7 @@ impl OffloadExecutor {
         let w = step.weight;
         let (m, k) = (w.m(), w.k());
         let residual = matches!(step.form, GemvForm::Residual);
-        let t = Instant::now();
-        stream
-            .memcpy_dtoh_async(&mut self.x_host, 0, step.x, 0, k * 4)
-            .map_err(gpu_err)?;
-        if residual {
-            stream
-                .memcpy_dtoh_async(&mut self.y_host, 0, &*step.y, 0, m * 4)
-                .map_err(gpu_err)?;
-        }
-        stream.synchronize().map_err(gpu_err)?;
-        self.resolve_pending()?;
-        let d2h = t.elapsed().as_nanos() as f64;
+        let d2h = self.fetch_cpu_inputs(stream, &step, 0)?;
         let t = Instant::now();
         let x: Vec<f32> = f32s(&self.x_host, k).to_vec();
         self.pool.gemv(
@@ -348,6 +337,36 @@ impl OffloadExecutor {
         let up = t.elapsed().as_nanos() as f64;
         self.window_cpu_ns += d2h + cpu;
         Ok((d2h, cpu, up))
+    }
+
+    /// The CPU arm's inputs, blocking: D2H of `x` and, for the residual form, of `y[row0..m]`
+    /// into the staging buffers; then the previous split's GPU timing is read (the stream has
+    /// drained past it). Returns the nanoseconds it took.
+    fn fetch_cpu_inputs(
+        &mut self,
+        stream: &Stream,
+        step: &SpilledStep<'_>,
+        row0: usize,
+    ) -> Result<f64, ExecError> {
+        let (m, k) = (step.weight.m(), step.weight.k());
+        let t = Instant::now();
+        stream
+            .memcpy_dtoh_async(&mut self.x_host, 0, step.x, 0, k * 4)
+            .map_err(gpu_err)?;
+        if matches!(step.form, GemvForm::Residual) {
+            stream
+                .memcpy_dtoh_async(
+                    &mut self.y_host,
+                    row0 * 4,
+                    &*step.y,
+                    row0 * 4,
+                    (m - row0) * 4,
+                )
+                .map_err(gpu_err)?;
+        }
+        stream.synchronize().map_err(gpu_err)?;
+        self.resolve_pending()?;
+        Ok(t.elapsed().as_nanos() as f64)
     }
 
     fn split_check(&self, step: &SpilledStep<'_>) -> Result<usize, Refusal> {
@@ -506,18 +525,7 @@ impl OffloadExecutor {
         let cpu_rows = cut[CPU_ENGINE].clone();
 
         // 1. x (and the CPU rows of the residual) down, blocking: the CPU arm needs them now.
-        let t = Instant::now();
-        stream
-            .memcpy_dtoh_async(&mut self.x_host, 0, step.x, 0, k * 4)
-            .map_err(gpu_err)?;
-        if residual {
-            stream
-                .memcpy_dtoh_async(&mut self.y_host, g * 4, &*step.y, g * 4, (m - g) * 4)
-                .map_err(gpu_err)?;
-        }
-        stream.synchronize().map_err(gpu_err)?;
-        self.resolve_pending()?;
-        let d2h = t.elapsed().as_nanos() as f64;
+        let d2h = self.fetch_cpu_inputs(stream, &step, g)?;
 
         // 2. GPU arm, asynchronous, between an event pair.
         self.gpu_start.record(stream).map_err(gpu_err)?;
