@@ -16,6 +16,7 @@
 //! quiet success, as in ripgrep.
 
 mod args;
+mod bench_rounds;
 mod config_cmd;
 mod daemon;
 mod gpu_probe;

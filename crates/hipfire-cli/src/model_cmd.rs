@@ -354,6 +354,14 @@ pub fn bench(ctx: &Ctx, a: &BenchArgs) -> anyhow::Result<ExitCode> {
         for s in &modes {
             offload_mode(s)?;
         }
+        if modes.len() > 1 && !crate::bench_rounds::is_child() {
+            let names: Vec<String> = modes
+                .iter()
+                .map(|s| s.offload_exec.name().to_string())
+                .collect();
+            let report = crate::bench_rounds::run(&names, a.rounds, &|m| ctx.note(m))?;
+            return print_bench_report(ctx, a, &report);
+        }
     }
     let l = load(ctx, engine, &a.model, &base, Some(ctx_len), !a.json)?;
     let prompt = bench_prompt(&l.model, a.prompt_tokens as usize)?;
@@ -431,31 +439,7 @@ pub fn bench(ctx: &Ctx, a: &BenchArgs) -> anyhow::Result<ExitCode> {
         "rounds": a.rounds,
         "modes": results,
     });
-    let mut out = std::io::stdout().lock();
-    if a.json {
-        writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
-    } else {
-        writeln!(
-            out,
-            "{:<10} {:>14} {:>14}  placement",
-            "mode", "prefill tok/s", "decode tok/s"
-        )?;
-        for r in &results {
-            writeln!(
-                out,
-                "{:<10} {:>14.1} {:>14.1}  {}",
-                r["offload_exec"].as_str().unwrap_or("?"),
-                r["prefill_tok_s"]["median"].as_f64().unwrap_or(f64::NAN),
-                r["decode_tok_s"]["median"].as_f64().unwrap_or(f64::NAN),
-                r["placement"].as_str().unwrap_or("")
-            )?;
-        }
-        ctx.note(format!(
-            "medians of {} rounds after one warm-up; {} prompt + {} generated tokens, greedy",
-            a.rounds, a.prompt_tokens, a.gen_tokens
-        ));
-    }
-    Ok(ExitCode::from(EXIT_OK))
+    print_bench_report(ctx, a, &report)
 }
 
 /// `hipfire synth`.
@@ -506,5 +490,56 @@ pub fn synth(ctx: &Ctx, a: &SynthArgs) -> anyhow::Result<ExitCode> {
         r.n_tensors,
         r.bytes
     )?;
+    Ok(ExitCode::from(EXIT_OK))
+}
+
+/// Prints a bench report (in-process or fresh-process rounds): JSON, or a table of medians and,
+/// when present, the paired ratios.
+fn print_bench_report(
+    ctx: &Ctx,
+    a: &BenchArgs,
+    report: &serde_json::Value,
+) -> anyhow::Result<ExitCode> {
+    let empty = Vec::new();
+    let results = report["modes"].as_array().unwrap_or(&empty);
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(report)?)?;
+    } else {
+        writeln!(
+            out,
+            "{:<10} {:>14} {:>14}  placement",
+            "mode", "prefill tok/s", "decode tok/s"
+        )?;
+        for r in results {
+            writeln!(
+                out,
+                "{:<10} {:>14.1} {:>14.1}  {}",
+                r["offload_exec"].as_str().unwrap_or("?"),
+                r["prefill_tok_s"]["median"].as_f64().unwrap_or(f64::NAN),
+                r["decode_tok_s"]["median"].as_f64().unwrap_or(f64::NAN),
+                r["placement"].as_str().unwrap_or("")
+            )?;
+        }
+        for r in report["paired_decode_ratios"].as_array().unwrap_or(&empty) {
+            writeln!(
+                out,
+                "{} / {}: {:.3} (median of per-round decode ratios)",
+                r["num"].as_str().unwrap_or("?"),
+                r["den"].as_str().unwrap_or("?"),
+                r["median"].as_f64().unwrap_or(f64::NAN)
+            )?;
+        }
+        ctx.note(match report["method"].as_str() {
+            Some(method) => format!(
+                "{method}; {} rounds; {} prompt + {} generated tokens, greedy",
+                a.rounds, a.prompt_tokens, a.gen_tokens
+            ),
+            None => format!(
+                "medians of {} rounds after one warm-up; {} prompt + {} generated tokens, greedy",
+                a.rounds, a.prompt_tokens, a.gen_tokens
+            ),
+        });
+    }
     Ok(ExitCode::from(EXIT_OK))
 }
