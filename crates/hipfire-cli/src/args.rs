@@ -320,7 +320,10 @@ pub struct BenchArgs {
 
     /// Timed rounds per mode.
     ///
-    /// One untimed warm-up round precedes them; the median of the rounds is reported.
+    /// One untimed warm-up round precedes them; the median of the rounds is reported. With
+    /// several `--offload-exec` modes on a GPU, every round of every mode is a fresh process,
+    /// the order of modes is rotated each round, and the paired per-round ratios between modes
+    /// are reported too.
     #[arg(long, value_name = "N", default_value = DEFAULT_BENCH_ROUNDS,
         value_parser = clap::value_parser!(u32).range(1..))]
     pub rounds: u32,
