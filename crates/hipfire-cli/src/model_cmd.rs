@@ -161,6 +161,7 @@ fn gpu_decoder<'m>(
             hipfire_config::LayerBudget::Layers(n) => Some(n as usize),
         },
         mode,
+        ram_margin_bytes: s.ram_margin_mib << 20,
     };
     // `auto` is 0 here so the offload pool leaves one core to the thread driving the GPU.
     let pool = hipfire_exec::offload::offload_pool(pool_threads(s.threads))?;

@@ -54,7 +54,15 @@ pub struct GpuOptions {
     pub gpu_layer_budget: Option<usize>,
     /// How spilled projections run.
     pub mode: OffloadMode,
+    /// RAM that pinning spilled layers must leave available (`memory.ram_margin_mib`): pinned
+    /// pages cannot be reclaimed, so a load that would eat into it is refused up front.
+    pub ram_margin_bytes: u64,
 }
+
+/// Default of [`GpuOptions::ram_margin_bytes`] (and of `memory.ram_margin_mib`): 4 GiB for the
+/// OS, the mapped GGUF's hot pages and the process itself — the reference system refused loads
+/// whose pinned bytes + 4 GiB exceeded MemAvailable after 2.5 GB of pinning stalled a 28 GB host.
+pub const DEFAULT_RAM_MARGIN_BYTES: u64 = 4 << 30;
 
 /// Errors of the GPU path are GPU errors with the call named, or model errors.
 impl From<GpuError> for ModelError {
@@ -288,11 +296,10 @@ impl<'m> GpuDecoder<'m> {
         let n_spilled = c.n_layer - budget;
         let spilled_bytes: u64 = layer_bytes[..n_spilled].iter().sum();
         if let Some(avail) = hipfire_gpu::mem_available_bytes() {
-            // Pinned pages cannot be reclaimed: keep a margin for the OS and the mapped file.
-            let margin = 4u64 << 30;
+            let margin = opts.ram_margin_bytes;
             if spilled_bytes + margin > avail {
                 return Err(ModelError::Unsupported(format!(
-                    "spilling {n_spilled} layers needs {:.2} GiB of pinned RAM plus a {:.0} GiB margin, but only {:.2} GiB is available; raise memory.gpu_layer_budget",
+                    "spilling {n_spilled} layers needs {:.2} GiB of pinned RAM plus a {:.1} GiB margin (memory.ram_margin_mib), but only {:.2} GiB is available; raise memory.gpu_layer_budget or lower the margin",
                     spilled_bytes as f64 / (1u64 << 30) as f64,
                     margin as f64 / (1u64 << 30) as f64,
                     avail as f64 / (1u64 << 30) as f64

@@ -85,6 +85,7 @@ fn check(spec: &SynthSpec, fmt: Format, failures: &mut Vec<String>) {
                 ordinal: 0,
                 gpu_layer_budget: budget,
                 mode,
+                ram_margin_bytes: hipfire_model::gpu::DEFAULT_RAM_MARGIN_BYTES,
             },
         )
         .expect("gpu decoder");
