@@ -380,7 +380,8 @@ impl OffloadExecutor {
             out_dtype: OutDtype::F32,
             out_len: step.y.byte_len() / 4,
             residual: matches!(step.form, GemvForm::Residual),
-            cpu_simd: w.format().has_cpu_simd(),
+            cpu_simd: w.format().has_cpu_simd()
+                && hipfire_quant::simd_tier() != hipfire_quant::SimdTier::Scalar,
             gpu_kernel: w.format().has_gpu_kernel(),
             gpu_residual_kernel: w.format().has_gpu_kernel(),
         }
