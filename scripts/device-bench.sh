@@ -4,7 +4,15 @@
 #
 #   scripts/device-bench.sh stash  PART      # keep a carried file (e.g. a model half) in /root/stash
 #   scripts/device-bench.sh smoke            # GPU tier tests + a short single-layer run
-#   scripts/device-bench.sh full             # llama.cpp build, 8B synth, every mode vs llama.cpp
+#   scripts/device-bench.sh full             # GPU tier, 8B synth, single layer, offload-bench, decode
+#   scripts/device-bench.sh llama            # llama.cpp CUDA build (~4 min) + hipfire and llama-bench
+#                                            # on the same 8B synth, interleaved, same run
+#
+# SmolLM2 (98 MB) is over one call's 64 MiB carry limit, so it travels in two halves over two
+# back-to-back calls (the box stays warm for 30 s): here, `head -c 49181216 GGUF > .smol/smol.part0;
+# tail -c +49181217 GGUF > .smol/smol.part1`; call 1 carries `.smol/smol.part0` and runs `stash
+# .smol/smol.part0`; call 2 carries `.smol/smol.part1` (+ the bundle) and runs `full`, which joins
+# them and runs the SmolLM2 GPU parity test (gpu_smollm2) too.
 #
 # Logs and JSON go to $OUT. llama.cpp is built from the source that the llama-cpp-python sdist
 # vendors (carried as .llamacpp/llama.cpp-src.tar.gz, models/ and docs/ stripped).
@@ -79,8 +87,34 @@ full)
         unset HIPFIRE_CPU_EXEC_TRACE
     done
     ;;
+llama)
+    # Same-run comparison with llama.cpp on the synthetic 8B: llama-bench -ngl N keeps the last N
+    # layers on the GPU (hipfire's --gpu-layer-budget N does the same); -ot puts the output head
+    # on the GPU too, as hipfire always does.
+    ( [[ -f "$L8B" ]] || "$B/bin/hipfire" synth --arch llama3-8b --format q4_k --out "$L8B" >>"$OUT/llama.log" 2>&1 )
+    build_llama || { echo "llama.cpp build failed (see llama-build.log)"; exit 1; }
+    LB=/root/llama.cpp/build/bin/llama-bench
+    # Results gathered in one archive: the device tool brings back at most 8 files.
+    R=/tmp/llama-run; rm -rf "$R"; mkdir -p "$R"
+    for round in 1 2; do
+        for budget in 32 24 16 8; do
+            modes=pcie
+            [[ $budget -lt 32 ]] && modes=cpu,pcie,passback
+            for m in ${modes//,/ }; do
+                timeout 150 "$B/bin/hipfire" bench "$L8B" --device gpu --gpu-layer-budget $budget \
+                    --offload-exec $m --prompt-tokens 16 --gen-tokens 64 --rounds 1 --json \
+                    >"$R/r$round-hipfire-b$budget-$m.json" 2>>"$OUT/llama.log"
+            done
+            ngl=$budget; [[ $budget -eq 32 ]] && ngl=99
+            "$LB" -m "$L8B" -p 0 -n 64 -t 16 -ngl $ngl -ot "output=CUDA0" -o json \
+                >"$R/r$round-llama-ngl$ngl.json" 2>>"$OUT/llama.log"
+            echo "round $round budget $budget done" | tee -a "$OUT/llama.log"
+        done
+    done
+    tar czf "$OUT/llama-run.tar.gz" -C /tmp llama-run
+    ;;
 *)
-    sed -n 2,10p "$0"
+    sed -n 2,18p "$0"
     exit 2
     ;;
 esac
