@@ -6,8 +6,11 @@
 //!
 //! ```text
 //! cargo run --release --example single_layer -- [--format q4_k|q8_0] [--reps N] [--threads N]
-//!     [--sweep] [--json PATH]
+//!     [--sweep] [--per-shape] [--json PATH]
 //! ```
+//! `--sweep` times every pinned share from 0.10 to 0.50 for the whole layer; `--per-shape` does
+//! the same one projection at a time and reports `auto` against the best pinned share per shape.
+//!
 //! Needs a GPU; on a machine without one it says so and exits 1. The weights are random
 //! (64 distinct quantised rows per matrix, tiled), so the figures are bandwidth, not model quality.
 
@@ -37,6 +40,14 @@ const DISTINCT_ROWS: usize = 64;
 const LAYER_COPIES: usize = 4;
 /// Bytes of each buffer the read ceilings are measured over: far beyond any cache.
 const CEILING_BYTES: usize = 1 << 30;
+/// Layer runs that let an `auto` controller probe, refine and latch before timing (the H200
+/// trace shows the 9B-class shapes latched within ~30 steps of a shape, i.e. ~8 layer runs).
+const AUTO_WARM_REPS: usize = 40;
+/// Untimed runs before a pinned share is timed (pool spin-up, page mapping of the weights): the
+/// first, unwarmed sweep on the H200 was non-monotone by ±10 %.
+const PINNED_WARM_REPS: usize = 10;
+/// Pinned shares of the sweeps: 0.10 to 0.50 by 0.05 (0.5 is `memory.offload_passback_share`'s cap).
+const SWEEP_SHARES: [f64; 9] = [0.10, 0.15, 0.20, 0.25, 0.30, 0.35, 0.40, 0.45, 0.50];
 
 struct Proj {
     name: &'static str,
@@ -101,6 +112,7 @@ impl Bench<'_> {
         mode: Mode,
         exec: Option<&mut OffloadExecutor>,
         reps: usize,
+        only: Option<usize>,
     ) -> Result<(f64, Vec<Vec<f32>>)> {
         let mut ys: Vec<DeviceBuffer<f32>> = self.copies[0]
             .iter()
@@ -116,7 +128,10 @@ impl Bench<'_> {
             self.stream.synchronize()?;
             let t = Instant::now();
             let projs = &self.copies[rep % self.copies.len()];
-            for (p, y) in projs.iter().zip(ys.iter_mut()) {
+            for (i, (p, y)) in projs.iter().zip(ys.iter_mut()).enumerate() {
+                if only.is_some_and(|o| o != i) {
+                    continue;
+                }
                 let (x, act): (&DeviceBuffer<f32>, &Activation) = if p.k == FF {
                     (self.x_ff, self.act_ff)
                 } else {
@@ -195,6 +210,7 @@ fn main() -> Result<()> {
         .transpose()?
         .unwrap_or(0);
     let sweep = args.iter().any(|a| a == "--sweep");
+    let per_shape = args.iter().any(|a| a == "--per-shape");
     let json_path = get("--json");
 
     let ctx = match Context::new(0) {
@@ -310,7 +326,7 @@ fn main() -> Result<()> {
     let both_total = both.0 + both.1;
     println!("ceilings: cpu read {cpu_read:.1} GB/s, gpu zero-copy read {gpu_read:.1} GB/s, both at once {:.1} + {:.1} = {both_total:.1} GB/s", both.0, both.1);
 
-    let (t_res, y_res) = b.run(Mode::Resident, None, reps)?;
+    let (t_res, y_res) = b.run(Mode::Resident, None, reps, None)?;
     let mut rows = vec![
         serde_json::json!({"mode":"resident","strategy":null,"share":null,"us_per_layer":t_res,"gbs":bytes / t_res / 1e3,"max_rel_diff":0.0}),
     ];
@@ -338,11 +354,10 @@ fn main() -> Result<()> {
             st.name(),
         ));
         if sweep {
-            for i in 1..=9 {
-                let s = 0.05 * f64::from(i) + 0.05;
+            for s in SWEEP_SHARES {
                 runs.push((
                     OffloadMode::Passback {
-                        share: ShareSetting::Pinned((s * 100.0).round() / 100.0),
+                        share: ShareSetting::Pinned(s),
                         strategy: st,
                     },
                     st.name(),
@@ -361,9 +376,11 @@ fn main() -> Result<()> {
                 ..
             }
         ) {
-            b.run(Mode::Offload, Some(&mut ex), 40)?;
+            b.run(Mode::Offload, Some(&mut ex), AUTO_WARM_REPS, None)?;
+        } else {
+            b.run(Mode::Offload, Some(&mut ex), PINNED_WARM_REPS, None)?;
         }
-        let (t, y) = b.run(Mode::Offload, Some(&mut ex), reps)?;
+        let (t, y) = b.run(Mode::Offload, Some(&mut ex), reps, None)?;
         let diff = max_rel_diff(&y_res, &y);
         let share = match &mode {
             OffloadMode::Passback {
@@ -396,7 +413,76 @@ fn main() -> Result<()> {
         );
         rows.push(serde_json::json!({"mode":mode.name(),"strategy":st,"share":share,"us_per_layer":t,"gbs":gbs,"max_rel_diff":diff}));
     }
+    // Per shape: `auto` against the best pinned share, one projection at a time (issue target:
+    // auto within 3 % of the best pinned share's throughput on every 9B-class shape).
+    let mut shape_rows = Vec::new();
+    if per_shape {
+        println!(
+            "{:<6} {:>6} {:>6} {:<11} {:>14} {:>10} {:>10} {:>12}",
+            "proj", "m", "k", "strategy", "auto share", "auto us", "best us", "auto/best"
+        );
+        for (i, p) in projs.iter().enumerate() {
+            // v has k's shape; one of them is enough.
+            if p.name == "v" {
+                continue;
+            }
+            let key = hipfire::exec::share::ShapeKey {
+                format,
+                k: p.k,
+                form: match p.form {
+                    GemvForm::Residual => hipfire::exec::share::Form::Residual,
+                    _ => hipfire::exec::share::Form::Plain,
+                },
+            };
+            for st in [JoinStrategy::Ordering, JoinStrategy::TwoStream] {
+                let auto = OffloadMode::Passback {
+                    share: ShareSetting::Auto,
+                    strategy: st,
+                };
+                let mut ex = OffloadExecutor::new(&ctx, pool.clone(), auto, FF, FF)?;
+                b.run(Mode::Offload, Some(&mut ex), AUTO_WARM_REPS, Some(i))?;
+                let (t_auto, _) = b.run(Mode::Offload, Some(&mut ex), reps, Some(i))?;
+                let auto_share = ex.controller().gpu_share(&key);
+                let mut pinned = Vec::new();
+                for s in SWEEP_SHARES {
+                    let mode = OffloadMode::Passback {
+                        share: ShareSetting::Pinned(s),
+                        strategy: st,
+                    };
+                    let mut ex = OffloadExecutor::new(&ctx, pool.clone(), mode, FF, FF)?;
+                    b.run(Mode::Offload, Some(&mut ex), PINNED_WARM_REPS, Some(i))?;
+                    pinned.push((s, b.run(Mode::Offload, Some(&mut ex), reps, Some(i))?.0));
+                }
+                let (best_share, t_best) =
+                    pinned
+                        .iter()
+                        .copied()
+                        .fold(
+                            (f64::NAN, f64::INFINITY),
+                            |a, x| if x.1 < a.1 { x } else { a },
+                        );
+                // Throughput ratio: auto over the best pinned share.
+                let ratio = t_best / t_auto;
+                println!(
+                    "{:<6} {:>6} {:>6} {:<11} {:>14.3} {:>10.1} {:>10.1} {:>12.3}",
+                    p.name,
+                    p.m,
+                    p.k,
+                    st.name(),
+                    auto_share,
+                    t_auto,
+                    t_best,
+                    ratio
+                );
+                shape_rows.push(serde_json::json!({"proj": p.name, "m": p.m, "k": p.k, "strategy": st.name(),
+                    "auto_share": auto_share, "auto_us": t_auto, "best_share": best_share, "best_us": t_best,
+                    "auto_over_best_throughput": ratio,
+                    "pinned": pinned.iter().map(|(s, t)| serde_json::json!({"share": s, "us": t})).collect::<Vec<_>>()}));
+            }
+        }
+    }
     let out = serde_json::json!({
+        "per_shape": shape_rows,
         "example": "single_layer", "format": format.name(), "device": ctx.info().name, "cpu_workers": pool.threads(),
         "layer_bytes": bytes, "reps": reps,
         "ceilings": {"cpu_read_gbs": cpu_read, "gpu_zero_copy_read_gbs": gpu_read, "both_cpu_gbs": both.0, "both_gpu_gbs": both.1, "both_total_gbs": both_total},
