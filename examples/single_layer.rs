@@ -215,7 +215,10 @@ fn main() -> Result<()> {
 
     let ctx = match Context::new(0) {
         Ok(c) => c,
-        Err(e) => bail!("single_layer needs a GPU: {e}"),
+        Err(e) => {
+            eprintln!("single_layer needs a GPU: {e}");
+            std::process::exit(1);
+        }
     };
     let stream = ctx.new_stream()?;
     let registry = KernelRegistry::new(&ctx);
