@@ -17,7 +17,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{Context as _, Result};
 use hipfire::exec::bench;
 use hipfire::exec::offload::{JoinStrategy, OffloadExecutor, OffloadMode, SpilledStep};
 use hipfire::exec::share::ShareSetting;
