@@ -57,6 +57,9 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
 
     /// Blocks until all work queued on the device by this context is done.
     fn synchronize(&self) -> Result<(), GpuError>;
+    /// `(free, total)` device memory in bytes, as the driver sees it now (other processes'
+    /// allocations included).
+    fn mem_info(&self) -> Result<(u64, u64), GpuError>;
     /// Creates a non-blocking stream.
     fn stream_create(&self) -> Result<RawStream, GpuError>;
     /// Destroys a stream (pending work still completes).

@@ -116,6 +116,11 @@ impl Context {
         self.backend.synchronize()
     }
 
+    /// `(free, total)` device memory in bytes right now (other processes' allocations included).
+    pub fn mem_info(&self) -> Result<(u64, u64), GpuError> {
+        self.backend.mem_info()
+    }
+
     /// Loads a compiled module image.
     pub fn load_module(self: &Arc<Self>, image: &[u8]) -> Result<Arc<Module>, GpuError> {
         Ok(Arc::new(Module {

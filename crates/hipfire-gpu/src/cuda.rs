@@ -256,6 +256,11 @@ impl Backend for CudaBackend {
         self.bind()?;
         ck("cuCtxSynchronize", cu::ctx::synchronize())
     }
+    fn mem_info(&self) -> Result<(u64, u64), GpuError> {
+        self.bind()?;
+        let (free, total) = ck("cuMemGetInfo", cu::mem_get_info())?;
+        Ok((free as u64, total as u64))
+    }
     fn stream_create(&self) -> Result<RawStream, GpuError> {
         self.bind()?;
         let s = ck(

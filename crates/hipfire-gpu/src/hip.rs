@@ -38,6 +38,7 @@ struct Api {
     device_compute_capability: unsafe extern "C" fn(*mut c_int, *mut c_int, c_int) -> E,
     device_total_mem: unsafe extern "C" fn(*mut usize, c_int) -> E,
     device_synchronize: unsafe extern "C" fn() -> E,
+    mem_get_info: unsafe extern "C" fn(*mut usize, *mut usize) -> E,
     stream_create_with_flags: unsafe extern "C" fn(*mut Ptr, c_uint) -> E,
     stream_destroy: unsafe extern "C" fn(Ptr) -> E,
     stream_synchronize: unsafe extern "C" fn(Ptr) -> E,
@@ -133,6 +134,7 @@ impl Api {
             device_compute_capability: sym!(hip, "hipDeviceComputeCapability"),
             device_total_mem: sym!(hip, "hipDeviceTotalMem"),
             device_synchronize: sym!(hip, "hipDeviceSynchronize"),
+            mem_get_info: sym!(hip, "hipMemGetInfo"),
             stream_create_with_flags: sym!(hip, "hipStreamCreateWithFlags"),
             stream_destroy: sym!(hip, "hipStreamDestroy"),
             stream_synchronize: sym!(hip, "hipStreamSynchronize"),
@@ -322,6 +324,15 @@ impl Backend for HipBackend {
         self.api.ck("hipDeviceSynchronize", unsafe {
             (self.api.device_synchronize)()
         })
+    }
+    fn mem_info(&self) -> Result<(u64, u64), GpuError> {
+        self.bind()?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: two valid out-pointers to locals.
+        self.api.ck("hipMemGetInfo", unsafe {
+            (self.api.mem_get_info)(&mut free, &mut total)
+        })?;
+        Ok((free as u64, total as u64))
     }
     fn stream_create(&self) -> Result<RawStream, GpuError> {
         self.bind()?;

@@ -41,8 +41,9 @@ const DECODE_THREADS: u32 = 256;
 /// Largest context the attention kernel's shared-memory score row can hold: 48 KiB of f32
 /// scores (the default dynamic shared-memory limit without an opt-in attribute).
 pub const MAX_GPU_CTX: usize = 48 * 1024 / 4;
-/// Device memory kept free for the driver, cuBLAS-free scratch and fragmentation when `auto`
-/// fits layers (measured: the context, modules and decode buffers take < 1 GiB on the H200).
+/// Device memory `auto` leaves free after placing layers: room for allocations made later (the
+/// CUDA context's own growth, module loads, scratch) and for other users of the card. A chosen
+/// margin, not yet measured against what hipfire itself allocates after placement.
 const VRAM_MARGIN_BYTES: u64 = 2 << 30;
 
 /// How to place and run the model on the GPU.
@@ -277,10 +278,9 @@ impl<'m> GpuDecoder<'m> {
                     .map(|w| w.n_bytes as u64)
                     .sum();
                 let kv = (2 * ctx_len * c.kv_dim() * 4 * c.n_layer) as u64;
-                let free = ctx
-                    .info()
-                    .total_mem
-                    .saturating_sub(VRAM_MARGIN_BYTES + fixed + kv);
+                // Free memory now, not the card's total: another process may hold some of it.
+                let (free_now, _) = ctx.mem_info()?;
+                let free = free_now.saturating_sub(VRAM_MARGIN_BYTES + fixed + kv);
                 let mut n = 0;
                 let mut used = 0u64;
                 for lb in layer_bytes.iter().rev() {
