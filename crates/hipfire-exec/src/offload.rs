@@ -638,7 +638,12 @@ impl OffloadExecutor {
 
     fn trace_idle(&mut self) {
         let wall = self.window_start.elapsed().as_nanos() as f64;
-        if wall > 0.0 && tracing::enabled!(target: TRACE_TARGET, tracing::Level::DEBUG) {
+        // Only whole-CPU steps leave the GPU idle; a window of split steps alone has nothing
+        // to report.
+        if wall > 0.0
+            && self.window_cpu_ns > 0.0
+            && tracing::enabled!(target: TRACE_TARGET, tracing::Level::DEBUG)
+        {
             tracing::debug!(
                 target: TRACE_TARGET,
                 window_steps = self.window_steps,
