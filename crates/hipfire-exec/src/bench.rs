@@ -98,8 +98,8 @@ pub struct GemvBandwidth {
     pub gemv_over_read: f64,
 }
 
-/// XOR of every 8-byte word of `rows` (a range of `unit`-byte rows of `buf`), four
-/// independent accumulators so the loop is load-bound, not latency-bound.
+/// A plain read of `rows` (a range of `unit`-byte rows of `buf`) with hipfire-quant's read
+/// loop: the ceiling a GEMV over the same rows is measured against.
 struct ReadJob<'a> {
     buf: &'a [u8],
     unit: usize,
@@ -107,21 +107,9 @@ struct ReadJob<'a> {
 
 impl PoolJob for ReadJob<'_> {
     fn run(&self, rows: Range<usize>) -> Result<u64, ExecError> {
-        let bytes = &self.buf[rows.start * self.unit..rows.end * self.unit];
-        let mut acc = [0u64; 4];
-        let mut chunks = bytes.chunks_exact(32);
-        for c in &mut chunks {
-            for (j, a) in acc.iter_mut().enumerate() {
-                let mut w = [0u8; 8];
-                w.copy_from_slice(&c[j * 8..j * 8 + 8]);
-                *a ^= u64::from_ne_bytes(w);
-            }
-        }
-        let tail = chunks
-            .remainder()
-            .iter()
-            .fold(0u64, |t, b| t.rotate_left(8) ^ u64::from(*b));
-        Ok(acc[0] ^ acc[1] ^ acc[2] ^ acc[3] ^ tail)
+        Ok(hipfire_quant::read_sum(
+            &self.buf[rows.start * self.unit..rows.end * self.unit],
+        ))
     }
 }
 
@@ -315,7 +303,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn read_job_checksum_matches_serial_xor() {
+    fn read_job_checksum_matches_serial_fold_over_the_same_cuts() {
         let buf: Vec<u8> = (0..64 * 100).map(|i| (i * 7 % 251) as u8).collect();
         let pool = CpuPool::new(3).expect("pool");
         let job = ReadJob {
@@ -323,8 +311,11 @@ mod tests {
             unit: 64,
         };
         let pooled = pool.run_job(&job, 0..100).expect("run");
-        // Row cuts are 16-row (1 KiB) aligned, so per-worker 32-byte chunking matches serial.
-        let serial = job.run(0..100).expect("serial");
+        // The pool XOR-folds the workers' sums: the same fold over the same 16-row-aligned cuts,
+        // computed serially, proves every part was read exactly once.
+        let serial = crate::pool::partition(0..100, pool.threads(), crate::pool::WORKER_ROW_ALIGN)
+            .into_iter()
+            .fold(0u64, |acc, r| acc ^ job.run(r).expect("serial"));
         assert_eq!(pooled, serial);
         assert_ne!(serial, 0);
     }

@@ -63,46 +63,6 @@ fn parse() -> Result<Args, Box<dyn Error>> {
 }
 
 /// Plain read of `buf`: sum of u64 lanes, AVX2 when available so one core can saturate.
-fn read_sum(buf: &[u8]) -> u64 {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: AVX2 was detected just above.
-        return unsafe { read_sum_avx2(buf) };
-    }
-    buf.chunks_exact(8).fold(0u64, |s, c| {
-        s.wrapping_add(u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-    })
-}
-
-/// # Safety
-/// The CPU must support AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn read_sum_avx2(buf: &[u8]) -> u64 {
-    use std::arch::x86_64::*;
-    const STEP: usize = 128;
-    let mut acc = [_mm256_setzero_si256(); 4];
-    let n = buf.len() / STEP * STEP;
-    let p = buf.as_ptr();
-    let mut i = 0;
-    while i < n {
-        for (u, a) in acc.iter_mut().enumerate() {
-            // SAFETY: i + 32u + 32 <= n <= buf.len().
-            let v = unsafe { _mm256_loadu_si256(p.add(i + 32 * u) as *const __m256i) };
-            *a = _mm256_add_epi64(*a, v);
-        }
-        i += STEP;
-    }
-    let s = _mm256_add_epi64(
-        _mm256_add_epi64(acc[0], acc[1]),
-        _mm256_add_epi64(acc[2], acc[3]),
-    );
-    let mut out = [0u64; 4];
-    // SAFETY: out is 32 bytes.
-    unsafe { _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, s) };
-    out.iter().fold(0u64, |a, &b| a.wrapping_add(b))
-}
-
 fn split(m: usize, t: usize) -> Vec<std::ops::Range<usize>> {
     (0..t).map(|i| (m * i / t)..(m * (i + 1) / t)).collect()
 }
@@ -190,7 +150,9 @@ fn main() -> Result<(), Box<dyn Error>> {
                             let mats = &mats;
                             s.spawn(move || {
                                 mats.iter().fold(0u64, |acc, w| {
-                                    acc.wrapping_add(read_sum(&w[r.start * rb..r.end * rb]))
+                                    acc.wrapping_add(hipfire_quant::read_sum(
+                                        &w[r.start * rb..r.end * rb],
+                                    ))
                                 })
                             })
                         })

@@ -59,12 +59,14 @@ mod act;
 mod dispatch;
 mod dot;
 pub mod formats;
+mod read;
 
 pub use act::ActivationBuf;
 pub use dispatch::{
     dequantize_row, dequantize_row_f64, gemv_rows, gemv_rows_scalar, gemv_rows_with, quantize_row,
     simd_tier, SimdTier,
 };
+pub use read::read_sum;
 
 use thiserror::Error;
 
