@@ -1,27 +1,33 @@
 #!/usr/bin/env bash
-# device-bench.sh — the decode/offload measurements of record, run ON THE GPU BOX from the bundle
-# that `scripts/device-check.sh build` (plus the extra programs below) put in device-bundle/.
+# device-bench.sh — the decode/offload measurements of record, run ON THE GPU BOX from a bundle
+# of release programs and GPU-tier test executables (bin/, tests/, MANIFEST).
 #
-#   scripts/device-bench.sh stash  PART      # keep a carried file (e.g. a model half) in /root/stash
-#   scripts/device-bench.sh smoke            # GPU tier tests + a short single-layer run
-#   scripts/device-bench.sh full             # GPU tier, 8B synth, single layer, offload-bench, decode
-#   scripts/device-bench.sh llama            # llama.cpp CUDA build (~4 min) + hipfire and llama-bench
-#                                            # on the same 8B synth, interleaved, same run
+#   scripts/device-bench.sh stash FILE...     # keep carried files in /root/stash (a *.tgz is unpacked
+#                                             # there: ship the bundle gzipped to fit the carry limit)
+#   scripts/device-bench.sh smoke             # GPU tier tests + a short single-layer run
+#   scripts/device-bench.sh smollm2           # join the SmolLM2 halves, run the gpu_smollm2 parity test
+#   scripts/device-bench.sh verify            # bench orchestration, auto budget, ram margin on the 8B synth
+#   scripts/device-bench.sh full              # GPU tier, 8B synth, single layer, offload-bench, decode
+#   scripts/device-bench.sh per-shape         # single_layer --per-shape: auto vs pinned shares per shape
+#   scripts/device-bench.sh llama-build       # llama.cpp CUDA llama-bench (~4 min), or unpack a carried one
+#   scripts/device-bench.sh llama-round N     # one round: hipfire and llama-bench on the same 8B synth
 #
-# SmolLM2 (98 MB) is over one call's 64 MiB carry limit, so it travels in two halves over two
-# back-to-back calls (the box stays warm for 30 s): here, `head -c 49181216 GGUF > .smol/smol.part0;
-# tail -c +49181217 GGUF > .smol/smol.part1`; call 1 carries `.smol/smol.part0` and runs `stash
-# .smol/smol.part0`; call 2 carries `.smol/smol.part1` (+ the bundle) and runs `full`, which joins
-# them and runs the SmolLM2 GPU parity test (gpu_smollm2) too.
+# Each call's files travel under a 64 MiB limit and the box stays warm ~30 s between calls, so a
+# session chains calls: the bundle goes gzipped (`tar czf lead-bundle.tgz lead-bundle`, ~9 MB) and is
+# stashed; SmolLM2 (98 MB) travels as two halves (`head -c 49181216 GGUF > .smol/smol.part0;
+# tail -c +49181217 GGUF > .smol/smol.part1`), the first stashed, the second carried by the call
+# that runs `smollm2`. A built llama-bench comes back as .llamacpp/llama-bin.tar.xz.part* (static,
+# sm_90) and is carried instead of the source afterwards.
 #
 # Logs and JSON go to $OUT. llama.cpp is built from the source that the llama-cpp-python sdist
 # vendors (carried as .llamacpp/llama.cpp-src.tar.gz, models/ and docs/ stripped).
 set -uo pipefail
 : "${OUT:?runs on the device box, writes under \$OUT}"
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-B="$ROOT/${BUNDLE:-device-bundle}"
 STASH=/root/stash
 mkdir -p "$STASH"
+B="$ROOT/${BUNDLE:-lead-bundle}"
+[[ -d "$B" ]] || B="$STASH/${BUNDLE:-lead-bundle}"
 export HIPFIRE_KERNEL_CACHE=/tmp/hipfire-kernels HIPFIRE_GPU_TESTS=1
 export LD_LIBRARY_PATH="/usr/local/cuda/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 SMOL="$STASH/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -42,19 +48,56 @@ run_tests() {
     done
 }
 
+LB=/root/llama.cpp/build/bin/llama-bench
 build_llama() {
     local src=/root/llama.cpp
-    [[ -x "$src/build/bin/llama-bench" ]] && return 0
+    [[ -x "$LB" ]] && return 0
+    if compgen -G "$ROOT/.llamacpp/llama-bin.tar.xz.part*" >/dev/null; then
+        mkdir -p "$src/build/bin" && cat "$ROOT"/.llamacpp/llama-bin.tar.xz.part* | tar xJf - -C "$src/build/bin"
+        [[ -x "$LB" ]] && return 0
+    fi
     mkdir -p /root && tar xzf "$ROOT/.llamacpp/llama.cpp-src.tar.gz" -C /root
+    # Static, so that the one binary can come back and be carried next time (no 4-minute rebuild).
     cmake -S "$src" -B "$src/build" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=OFF \
         -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+        -DBUILD_SHARED_LIBS=OFF -DGGML_STATIC=OFF \
         -DLLAMA_BUILD_SERVER=OFF -DGGML_CUDA_NCCL=OFF -DCMAKE_BUILD_TYPE=Release >"$OUT/llama-cmake.log" 2>&1 &&
-        cmake --build "$src/build" --target llama-bench -j 16 >"$OUT/llama-build.log" 2>&1
+        cmake --build "$src/build" --target llama-bench -j 16 >"$OUT/llama-build.log" 2>&1 || return 1
+    strip "$LB"
+    tar cJf - -C "$src/build/bin" llama-bench | split -b 15M - "$OUT/llama-bin.tar.xz.part"
+    ls -la "$OUT"/llama-bin.tar.xz.part* "$LB"
 }
 
 case "${1:-}" in
 stash)
-    cp "$ROOT/$2" "$STASH/" && ls -la "$STASH"
+    shift
+    for f in "$@"; do
+        case "$f" in
+        *.tgz) tar xzf "$ROOT/$f" -C "$STASH" ;;
+        *) cp "$ROOT/$f" "$STASH/" ;;
+        esac
+    done
+    ls -la "$STASH"
+    ;;
+smollm2)
+    assemble_smol
+    [[ -n "${HIPFIRE_SMOLLM2_GGUF:-}" ]] || { echo "no SmolLM2 halves (see the header)"; exit 1; }
+    run_tests gpu_smollm2 2>&1 | tee "$OUT/smollm2.log"
+    ;;
+verify)
+    # Late changes that need a GPU: fresh-process interleaved rounds, `auto` budget from free
+    # VRAM, and the RAM margin refusing an impossible placement.
+    ( [[ -f "$L8B" ]] || "$B/bin/hipfire" synth --arch llama3-8b --format q4_k --out "$L8B" >>"$OUT/verify.log" 2>&1 )
+    "$B/bin/hipfire" bench "$L8B" --device gpu --gpu-layer-budget 24 --offload-exec cpu,passback \
+        --prompt-tokens 8 --gen-tokens 16 --rounds 2 --json >"$OUT/verify-rounds.json" 2>>"$OUT/verify.log"
+    echo "rounds rc=$?" | tee -a "$OUT/verify.log"
+    "$B/bin/hipfire" bench "$L8B" --device gpu --gpu-layer-budget auto --prompt-tokens 8 --gen-tokens 16 \
+        --rounds 1 2>&1 | tee -a "$OUT/verify.log" | grep -iE "placed|resident|spill|tok/s" | head -8
+    HIPFIRE_RAM_MARGIN_MIB=200000 "$B/bin/hipfire" bench "$L8B" --device gpu --gpu-layer-budget 8 \
+        --prompt-tokens 8 --gen-tokens 8 --rounds 1 2>&1 | tail -3 | tee -a "$OUT/verify.log"
+    ;;
+per-shape)
+    "$B/bin/single_layer" --reps 11 --per-shape --json "$OUT/per_shape.json" 2>&1 | tee "$OUT/per-shape.log"
     ;;
 smoke)
     echo "== $(cat "$B/MANIFEST" | tr '\n' ' ')"
@@ -87,31 +130,36 @@ full)
         unset HIPFIRE_CPU_EXEC_TRACE
     done
     ;;
-llama)
+llama-build)
+    build_llama || { echo "llama.cpp build failed (see llama-build.log)"; tail -20 "$OUT/llama-build.log"; exit 1; }
+    "$LB" --help | head -3
+    ;;
+llama-round)
     # Same-run comparison with llama.cpp on the synthetic 8B: llama-bench -ngl N keeps the last N
     # layers on the GPU (hipfire's --gpu-layer-budget N does the same); -ot puts the output head
-    # on the GPU too, as hipfire always does.
+    # on the GPU too, as hipfire always does. Call once per round; the order alternates by round.
+    round=${2:?round number}
     ( [[ -f "$L8B" ]] || "$B/bin/hipfire" synth --arch llama3-8b --format q4_k --out "$L8B" >>"$OUT/llama.log" 2>&1 )
-    build_llama || { echo "llama.cpp build failed (see llama-build.log)"; exit 1; }
-    LB=/root/llama.cpp/build/bin/llama-bench
-    # Results gathered in one archive: the device tool brings back at most 8 files.
-    R=/tmp/llama-run; rm -rf "$R"; mkdir -p "$R"
-    for round in 1 2; do
-        for budget in 32 24 16 8; do
-            modes=pcie
-            [[ $budget -lt 32 ]] && modes=cpu,pcie,passback
-            for m in ${modes//,/ }; do
-                timeout 150 "$B/bin/hipfire" bench "$L8B" --device gpu --gpu-layer-budget $budget \
-                    --offload-exec $m --prompt-tokens 16 --gen-tokens 64 --rounds 1 --json \
-                    >"$R/r$round-hipfire-b$budget-$m.json" 2>>"$OUT/llama.log"
-            done
-            ngl=$budget; [[ $budget -eq 32 ]] && ngl=99
-            "$LB" -m "$L8B" -p 0 -n 64 -t 16 -ngl $ngl -ot "output=CUDA0" -o json \
+    build_llama || { echo "no llama-bench: run llama-build first"; exit 1; }
+    R=/root/llama-run; mkdir -p "$R"
+    for budget in 32 24 16 8; do
+        modes=pcie
+        [[ $budget -lt 32 ]] && modes="cpu pcie passback"
+        ngl=$budget; [[ $budget -eq 32 ]] && ngl=99
+        run_llama() {
+            "$LB" -m "$L8B" -p 0 -n 64 -r 3 -t 16 -ngl $ngl -ot "output=CUDA0" -o json \
                 >"$R/r$round-llama-ngl$ngl.json" 2>>"$OUT/llama.log"
-            echo "round $round budget $budget done" | tee -a "$OUT/llama.log"
+        }
+        (( round % 2 == 0 )) && run_llama
+        for m in $modes; do
+            timeout 150 "$B/bin/hipfire" bench "$L8B" --device gpu --gpu-layer-budget $budget \
+                --offload-exec $m --prompt-tokens 16 --gen-tokens 64 --rounds 2 --json \
+                >"$R/r$round-hipfire-b$budget-$m.json" 2>>"$OUT/llama.log"
         done
+        (( round % 2 == 1 )) && run_llama
+        echo "round $round budget $budget done $(date +%T)" | tee -a "$OUT/llama.log"
     done
-    tar czf "$OUT/llama-run.tar.gz" -C /tmp llama-run
+    tar czf "$OUT/llama-run.tar.gz" -C /root llama-run
     ;;
 *)
     sed -n 2,18p "$0"
