@@ -348,7 +348,7 @@ fn main() -> Result<()> {
     );
     let mut runs: Vec<(OffloadMode, &str)> =
         vec![(OffloadMode::Pcie, "-"), (OffloadMode::Cpu, "-")];
-    for st in [JoinStrategy::Ordering, JoinStrategy::TwoStream] {
+    for st in JoinStrategy::ALL {
         runs.push((
             OffloadMode::Passback {
                 share: ShareSetting::Auto,
@@ -437,7 +437,7 @@ fn main() -> Result<()> {
                     _ => hipfire::exec::share::Form::Plain,
                 },
             };
-            for st in [JoinStrategy::Ordering, JoinStrategy::TwoStream] {
+            for st in JoinStrategy::ALL {
                 let auto = OffloadMode::Passback {
                     share: ShareSetting::Auto,
                     strategy: st,

@@ -43,6 +43,8 @@ assemble_smol() {
 run_tests() {
     for t in "$B"/tests/*; do
         [[ "$(basename "$t")" == *"${1:-}"* ]] || continue
+        # The SmolLM2 parity test demands its model; it runs from `smollm2` once the halves are joined.
+        [[ "$(basename "$t")" == gpu_smollm2 && -z "${HIPFIRE_SMOLLM2_GGUF:-}" ]] && continue
         echo "== $(basename "$t")"
         timeout 300 "$t" --test-threads 1 --nocapture 2>&1 | grep -v "^$" | tail -40
     done

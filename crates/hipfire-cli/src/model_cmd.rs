@@ -20,8 +20,7 @@ use hipfire_model::{
 use crate::args::{BenchArgs, RunArgs, SynthArgs};
 use crate::{gpu_probe, Ctx, EXIT_OK};
 
-/// The executor's spelling of the configured offload mode. `flags` is refused: the executor
-/// in this build implements the `ordering` and `two-stream` joins only.
+/// The executor's spelling of the configured offload mode.
 fn offload_mode(s: &Settings) -> anyhow::Result<OffloadMode> {
     Ok(match s.offload_exec {
         OffloadExec::Pcie => OffloadMode::Pcie,
@@ -35,10 +34,7 @@ fn offload_mode(s: &Settings) -> anyhow::Result<OffloadMode> {
             strategy: match s.join_strategy {
                 JoinStrategy::Ordering => ExecJoin::Ordering,
                 JoinStrategy::TwoStream => ExecJoin::TwoStream,
-                JoinStrategy::Flags => bail!(
-                    "memory.join_strategy = flags is not implemented by this build's executor; \
-                     use ordering or two-stream"
-                ),
+                JoinStrategy::Flags => ExecJoin::Flags,
             },
         },
     })

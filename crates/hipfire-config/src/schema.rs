@@ -176,8 +176,8 @@ pub static KEYS: &[KeySpec] = &[
               compute stream, so stream order is the join (the reference system's method, the \
               default because it is proven). `two-stream`: the rows go up on a copy stream and the \
               compute stream waits on its event; the host never waits for the GPU arm. `flags`: no \
-              host synchronisation; the GPU and CPU hand over through host-mapped sequence words \
-              (accepted here, but refused at run time until the executor implements it).",
+              host synchronisation inside the step; x and the CPU rows pass through a host-mapped \
+              mailbox guarded by sequence words the GPU writes and polls (kernels/flags.cu).",
     },
     KeySpec {
         name: "memory.ram_margin_mib",

@@ -1,12 +1,13 @@
 //! The CPU half of the `flags` join: a host-visible mailbox and a pool job that waits on it.
 //!
 //! No host synchronisation per step: the device writes the activation into the mailbox, then
-//! (after `__threadfence_system()`) the sequence word; the pool's workers, handed the job a step
-//! ahead, spin on that word, multiply their rows, write them into the mailbox and publish the
-//! done word; on the device a one-thread kernel spins on the done word and a fold copies (or
-//! adds) the CPU rows into the output. This module is the host side and the layout; the
-//! device kernels are not written yet, so [`crate::join::JoinKind::Flags`] is still refused.
-//! [`Mailbox::device_publish`] / [`Mailbox::device_wait_done`] play the device in tests.
+//! (after `__threadfence_system()`) the sequence word; the pool's workers, handed the job before
+//! the device gets there, spin on that word, multiply their rows, write them into the mailbox
+//! and publish the done word; on the device a one-thread kernel spins on the done word and a
+//! fold copies (or adds) the CPU rows into the output. This module is the host side and the
+//! layout; the device kernels are `kernels/flags.cu` (launched by `hipfire_gpu::FlagsKernels`,
+//! driven from [`crate::offload`]). [`Mailbox::device_publish`] / [`Mailbox::device_wait_done`]
+//! play the device in CPU-only tests.
 //!
 //! # Layout (offsets in bytes; mirror them in the kernels)
 //! | offset | what |
@@ -14,6 +15,7 @@
 //! | [`SEQ_OFFSET`] | `u32` step number, written by the device after `x` |
 //! | [`DONE_OFFSET`] | `u32` step number, written by the CPU after every row (own cache line) |
 //! | [`ERROR_OFFSET`] | `u32` step number of the last step a worker failed (rows unspecified) |
+//! | [`FAULT_OFFSET`] | `u32` step number of the last step the device's wait timed out or saw the error word |
 //! | [`X_OFFSET`] | `k` f32: the activation |
 //! | [`Mailbox::y_offset`] | `rows` f32: `W[g + i] · x` for the CPU rows, always plain |
 //!
@@ -25,7 +27,7 @@ use crate::kernel::{gemv_rows, ActivationBuf};
 use crate::pool::{partition, CpuPool, PoolJob, WORKER_ROW_ALIGN};
 use hipfire_quant::Format;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -36,6 +38,8 @@ pub const SEQ_OFFSET: usize = 0;
 pub const DONE_OFFSET: usize = 64;
 /// Offset of the error word (same line as done: written only on failure, before done).
 pub const ERROR_OFFSET: usize = 96;
+/// Offset of the device's fault word (in the device's line: only the device writes it).
+pub const FAULT_OFFSET: usize = 32;
 /// Offset of the activation.
 pub const X_OFFSET: usize = 128;
 /// Alignment of the mailbox and of its areas (a cache line).
@@ -181,6 +185,33 @@ impl Mailbox {
         self.word(ERROR_OFFSET)
     }
 
+    /// The device's fault word.
+    pub fn fault(&self) -> &AtomicU32 {
+        self.word(FAULT_OFFSET)
+    }
+
+    /// Activation length this mailbox was laid out for.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// CPU rows this mailbox holds at most.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// The layout, for the device kernels.
+    pub fn offsets(&self) -> hipfire_gpu::MailboxOffsets {
+        hipfire_gpu::MailboxOffsets {
+            seq: SEQ_OFFSET,
+            done: DONE_OFFSET,
+            error: ERROR_OFFSET,
+            fault: FAULT_OFFSET,
+            x: X_OFFSET,
+            y: self.y_offset(),
+        }
+    }
+
     /// Stand-in for the device: write `x`, then publish `step` (release).
     pub fn device_publish(&self, x: &[f32], step: u32) -> Result<(), ExecError> {
         if x.len() != self.k {
@@ -202,7 +233,7 @@ impl Mailbox {
 
     /// Stand-in for the device: wait until done says `step`, then return the CPU rows.
     pub fn device_wait_done(&self, step: u32, timeout: Duration) -> Result<Vec<f32>, ExecError> {
-        wait_word(self.done(), step, timeout, "flags done word")?;
+        wait_word(self.done(), step, timeout, "flags done word", None)?;
         if self.error().load(Ordering::Acquire) == step {
             return Err(ExecError::Gpu(format!("cpu arm failed at step {step}")));
         }
@@ -217,17 +248,25 @@ impl Mailbox {
     }
 }
 
-/// Spin (yielding) until `word == want`, or time out.
+/// Spin (yielding) until `word == want`, or time out, or `cancel` is raised.
 fn wait_word(
     word: &AtomicU32,
     want: u32,
     timeout: Duration,
     what: &'static str,
+    cancel: Option<&AtomicBool>,
 ) -> Result<Duration, ExecError> {
     let t0 = Instant::now();
     loop {
         if word.load(Ordering::Acquire) == want {
             return Ok(t0.elapsed());
+        }
+        if cancel.is_some_and(|c| c.load(Ordering::Acquire)) {
+            return Err(ExecError::Invalid {
+                what,
+                value: format!("step {want}"),
+                rule: "cancelled: the device side of the step was never queued",
+            });
         }
         if t0.elapsed() >= timeout {
             return Err(ExecError::Timeout {
@@ -284,9 +323,54 @@ pub struct FlagsReport {
     pub cpu_ns: f64,
 }
 
+/// One step's CPU arm over a borrowed weight, for [`CpuPool::run_flags`].
+pub struct BorrowedFlagsArm<'w> {
+    /// Weight format.
+    pub format: Format,
+    /// Row length.
+    pub k: usize,
+    /// The whole weight (rows `row_bytes` apart).
+    pub weight: &'w [u8],
+    /// First CPU row (`g`); the mailbox holds rows `[g, g + rows)`.
+    pub g: usize,
+    /// CPU rows this step (at most the mailbox's).
+    pub rows: usize,
+    /// The mailbox.
+    pub mailbox: Mailbox,
+    /// Step number the device will publish.
+    pub step: u32,
+    /// Give up waiting for the device after this long.
+    pub timeout: Duration,
+}
+
+/// The weight bytes a job reads: owned by the job, or borrowed for the span of
+/// [`CpuPool::run_flags`], which waits for every worker before it returns.
+struct JobWeight {
+    ptr: *const u8,
+    len: usize,
+    _owner: Option<Arc<dyn WeightBytes>>,
+}
+
+impl JobWeight {
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `ptr..ptr+len` is either the owner's bytes (kept alive by `_owner`) or a borrow
+        // that `run_flags` outlives every use of (it waits for the workers, also on unwind).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
 /// The job the workers share.
 struct FlagsJob {
-    arm: FlagsArm,
+    format: Format,
+    k: usize,
+    g: usize,
+    rows_n: usize,
+    mailbox: Mailbox,
+    step: u32,
+    timeout: Duration,
+    weight: JobWeight,
+    /// Raised when the device side was never queued: waiting workers give up at once.
+    cancelled: AtomicBool,
     row_bytes: usize,
     /// Workers still to finish; the last one publishes done.
     remaining: AtomicUsize,
@@ -294,11 +378,22 @@ struct FlagsJob {
     cpu_ns: AtomicU64,
 }
 
+// SAFETY: the raw weight pointer is only read (shared bytes), under `JobWeight`'s contract; the
+// rest is Send + Sync.
+unsafe impl Send for FlagsJob {}
+// SAFETY: as above.
+unsafe impl Sync for FlagsJob {}
+
 impl FlagsJob {
     fn rows(&self, rows: Range<usize>) -> Result<(), ExecError> {
-        let a = &self.arm;
-        let mb = &a.mailbox;
-        let waited = wait_word(mb.seq(), a.step, a.timeout, "flags sequence word")?;
+        let mb = &self.mailbox;
+        let waited = wait_word(
+            mb.seq(),
+            self.step,
+            self.timeout,
+            "flags sequence word",
+            Some(&self.cancelled),
+        )?;
         self.wait_ns
             .fetch_max(waited.as_nanos() as u64, Ordering::Relaxed);
         let t = Instant::now();
@@ -306,8 +401,8 @@ impl FlagsJob {
         // device does not write x until it sees done.
         let x =
             unsafe { std::slice::from_raw_parts(mb.mem.base().add(X_OFFSET) as *const f32, mb.k) };
-        let act = ActivationBuf::prepare(a.format, x)?;
-        let local = rows.start - a.g;
+        let act = ActivationBuf::prepare(self.format, x)?;
+        let local = rows.start - self.g;
         // SAFETY: `rows` is this worker's disjoint part of [g, g + mailbox rows) (partition), so
         // the slice is in bounds and written by this worker alone until done is published.
         let y = unsafe {
@@ -316,8 +411,8 @@ impl FlagsJob {
                 rows.len(),
             )
         };
-        let w = &a.weight.bytes()[rows.start * self.row_bytes..rows.end * self.row_bytes];
-        gemv_rows(a.format, w, a.k, &act, y, false)?;
+        let w = &self.weight.bytes()[rows.start * self.row_bytes..rows.end * self.row_bytes];
+        gemv_rows(self.format, w, self.k, &act, y, false)?;
         self.cpu_ns
             .fetch_max(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         Ok(())
@@ -327,15 +422,12 @@ impl FlagsJob {
 impl PoolJob for FlagsJob {
     fn run(&self, rows: Range<usize>) -> Result<u64, ExecError> {
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.rows(rows)));
-        let mb = &self.arm.mailbox;
         let failed = !matches!(r, Ok(Ok(())));
         if failed {
-            mb.error().store(self.arm.step, Ordering::Release);
+            self.mailbox.error().store(self.step, Ordering::Release);
         }
         // Always count down, so the device never waits on a worker that failed.
-        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
-            mb.done().store(self.arm.step, Ordering::Release);
-        }
+        self.count_down();
         match r {
             Ok(res) => res.map(|()| 0),
             Err(p) => std::panic::resume_unwind(p),
@@ -360,56 +452,144 @@ impl FlagsTicket {
     }
 }
 
+impl FlagsJob {
+    /// One part finished (or was never taken): the last one publishes done.
+    fn count_down(&self) {
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.mailbox.done().store(self.step, Ordering::Release);
+        }
+    }
+}
+
+/// Waits for a borrowed arm's workers however [`CpuPool::run_flags`] is left (unwinding too),
+/// so no worker outlives the borrow.
+struct ArmGuard {
+    ticket: Option<FlagsTicket>,
+}
+
+impl Drop for ArmGuard {
+    fn drop(&mut self) {
+        if let Some(t) = self.ticket.take() {
+            t.job.cancelled.store(true, Ordering::Release);
+            let _ = t.pending.wait();
+        }
+    }
+}
+
 impl CpuPool {
+    fn submit_job(&self, job: FlagsJob) -> Result<FlagsTicket, ExecError> {
+        let rows = job.g..job.g + job.rows_n;
+        if job.mailbox.k != job.k {
+            return Err(ExecError::Shape {
+                what: "mailbox k",
+                need: job.k,
+                got: job.mailbox.k,
+            });
+        }
+        if job.rows_n > job.mailbox.rows {
+            return Err(ExecError::Shape {
+                what: "mailbox rows",
+                need: job.rows_n,
+                got: job.mailbox.rows,
+            });
+        }
+        if job.weight.len < rows.end * job.row_bytes {
+            return Err(ExecError::Shape {
+                what: "weight bytes",
+                need: rows.end * job.row_bytes,
+                got: job.weight.len,
+            });
+        }
+        let parts = partition(rows, self.threads(), WORKER_ROW_ALIGN);
+        job.remaining.store(parts.len(), Ordering::Release);
+        let job = Arc::new(job);
+        if parts.is_empty() {
+            job.mailbox.done().store(job.step, Ordering::Release);
+        }
+        let pending = self.submit_owned(job.clone(), parts)?;
+        // Parts no worker took: count them down as failed, so done is still published.
+        for _ in 0..pending.unsent {
+            job.mailbox.error().store(job.step, Ordering::Release);
+            job.count_down();
+        }
+        Ok(FlagsTicket { pending, job })
+    }
+
     /// Hand `arm` to the workers now; they wait for the device's sequence word, multiply, and
     /// publish done. Returns at once. While an arm is pending the workers are busy waiting for
     /// the device: do not run other pool work until its step has been published.
     pub fn submit_flags(&self, arm: FlagsArm) -> Result<FlagsTicket, ExecError> {
         let row_bytes = arm.format.row_bytes(arm.k)?;
-        let rows = arm.g..arm.g + arm.mailbox.rows;
-        if arm.mailbox.k != arm.k {
-            return Err(ExecError::Shape {
-                what: "mailbox k",
-                need: arm.k,
-                got: arm.mailbox.k,
-            });
-        }
-        if arm.weight.bytes().len() < rows.end * row_bytes {
-            return Err(ExecError::Shape {
-                what: "weight bytes",
-                need: rows.end * row_bytes,
-                got: arm.weight.bytes().len(),
-            });
-        }
-        let parts = partition(rows.clone(), self.threads(), WORKER_ROW_ALIGN);
-        let job = Arc::new(FlagsJob {
-            arm,
+        let bytes = arm.weight.bytes();
+        let weight = JobWeight {
+            ptr: bytes.as_ptr(),
+            len: bytes.len(),
+            _owner: Some(arm.weight.clone()),
+        };
+        self.submit_job(FlagsJob {
+            format: arm.format,
+            k: arm.k,
+            g: arm.g,
+            rows_n: arm.mailbox.rows,
+            mailbox: arm.mailbox,
+            step: arm.step,
+            timeout: arm.timeout,
+            weight,
+            cancelled: AtomicBool::new(false),
             row_bytes,
-            remaining: AtomicUsize::new(parts.len()),
+            remaining: AtomicUsize::new(0),
             wait_ns: AtomicU64::new(0),
             cpu_ns: AtomicU64::new(0),
-        });
-        if parts.is_empty() {
-            job.arm
-                .mailbox
-                .done()
-                .store(job.arm.step, Ordering::Release);
-        }
-        let pending = self.submit_owned(job.clone(), parts)?;
-        // Parts no worker took: count them down as failed, so done is still published.
-        for _ in 0..pending.unsent {
-            job.arm
-                .mailbox
-                .error()
-                .store(job.arm.step, Ordering::Release);
-            if job.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
-                job.arm
-                    .mailbox
-                    .done()
-                    .store(job.arm.step, Ordering::Release);
+        })
+    }
+
+    /// One flags step over a borrowed weight: hands `arm` to the workers, runs `device` (which
+    /// queues the device side: publish, GPU arm, wait-fold), then waits for the workers. If
+    /// `device` fails the waiting workers are cancelled and its error returned. Returns what
+    /// `device` returned and the arm's measurements.
+    pub fn run_flags<R>(
+        &self,
+        arm: BorrowedFlagsArm<'_>,
+        device: impl FnOnce() -> Result<R, ExecError>,
+    ) -> Result<(R, FlagsReport), ExecError> {
+        let row_bytes = arm.format.row_bytes(arm.k)?;
+        let weight = JobWeight {
+            ptr: arm.weight.as_ptr(),
+            len: arm.weight.len(),
+            _owner: None,
+        };
+        let ticket = self.submit_job(FlagsJob {
+            format: arm.format,
+            k: arm.k,
+            g: arm.g,
+            rows_n: arm.rows,
+            mailbox: arm.mailbox,
+            step: arm.step,
+            timeout: arm.timeout,
+            weight,
+            cancelled: AtomicBool::new(false),
+            row_bytes,
+            remaining: AtomicUsize::new(0),
+            wait_ns: AtomicU64::new(0),
+            cpu_ns: AtomicU64::new(0),
+        })?;
+        let mut guard = ArmGuard {
+            ticket: Some(ticket),
+        };
+        let queued = device();
+        let ticket = guard.ticket.take().ok_or(ExecError::Invalid {
+            what: "flags ticket",
+            value: String::new(),
+            rule: "taken once",
+        })?;
+        match queued {
+            Ok(r) => Ok((r, ticket.wait()?)),
+            Err(e) => {
+                ticket.job.cancelled.store(true, Ordering::Release);
+                let _ = ticket.pending.wait();
+                Err(e)
             }
         }
-        Ok(FlagsTicket { pending, job })
     }
 }
 
@@ -504,6 +684,116 @@ mod tests {
         let mut y = vec![0.0; 4];
         pool.gemv(Format::F32, &[0u8; 4 * 4 * 4], 4, &[1.0; 4], &mut y, false)
             .expect("pool after timeout");
+    }
+
+    #[test]
+    fn run_flags_over_a_borrowed_weight_matches_the_pool() {
+        let (fmt, k, m, g) = (Format::Q4K, 512usize, 96usize, 32usize);
+        let (w, x) = setup(fmt, k, m, 3);
+        let weight: Vec<u8> = w.as_ref().clone();
+        let pool = CpuPool::new(3).expect("pool");
+        let mem: Arc<dyn MailboxMemory> =
+            Arc::new(HostMailboxMemory::new(Mailbox::bytes_needed(k, m)));
+        let mb = Mailbox::new(mem, k, m).expect("mailbox");
+        for step in 1..=3u32 {
+            let arm = BorrowedFlagsArm {
+                format: fmt,
+                k,
+                weight: &weight,
+                g,
+                rows: m - g,
+                mailbox: mb.clone(),
+                step,
+                timeout: DEFAULT_FLAGS_TIMEOUT,
+            };
+            let device = mb.clone();
+            let xs = x.clone();
+            let (rows, rep) = pool
+                .run_flags(arm, move || {
+                    // The device side, played by a thread that publishes after a delay.
+                    let h = std::thread::spawn(move || {
+                        std::thread::sleep(Duration::from_millis(1));
+                        device.device_publish(&xs, step)?;
+                        device.device_wait_done(step, DEFAULT_FLAGS_TIMEOUT)
+                    });
+                    h.join().map_err(|_| ExecError::Invalid {
+                        what: "device thread",
+                        value: String::new(),
+                        rule: "no panic",
+                    })?
+                })
+                .expect("flags step");
+            assert!(rep.cpu_ns > 0.0 && rep.wait_ns > 0.0);
+            let mut want = vec![f32::NAN; m];
+            pool.gemv(fmt, &weight, k, &x, &mut want, false)
+                .expect("pool");
+            assert_eq!(
+                rows[..m - g]
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect::<Vec<_>>(),
+                want[g..].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "step {step}"
+            );
+        }
+    }
+
+    #[test]
+    fn run_flags_cancels_workers_when_the_device_side_fails() {
+        let (fmt, k, m) = (Format::Q8_0, 64usize, 40usize);
+        let (w, _) = setup(fmt, k, m, 4);
+        let pool = CpuPool::new(2).expect("pool");
+        let mem: Arc<dyn MailboxMemory> =
+            Arc::new(HostMailboxMemory::new(Mailbox::bytes_needed(k, m)));
+        let mb = Mailbox::new(mem, k, m).expect("mailbox");
+        let arm = BorrowedFlagsArm {
+            format: fmt,
+            k,
+            weight: &w,
+            g: 0,
+            rows: m,
+            mailbox: mb.clone(),
+            step: 9,
+            // Long: the test fails by time if cancellation does not reach the workers.
+            timeout: Duration::from_secs(30),
+        };
+        let t = Instant::now();
+        let err = pool
+            .run_flags(arm, || -> Result<(), ExecError> {
+                Err(ExecError::Gpu("launch failed".into()))
+            })
+            .expect_err("device side failed");
+        assert!(matches!(err, ExecError::Gpu(_)), "{err}");
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "workers not cancelled"
+        );
+        assert_eq!(mb.done().load(Ordering::Acquire), 9, "done still published");
+        let mut y = vec![0.0; 4];
+        pool.gemv(Format::F32, &[0u8; 4 * 4 * 4], 4, &[1.0; 4], &mut y, false)
+            .expect("pool after a cancelled arm");
+    }
+
+    #[test]
+    fn run_flags_refuses_more_rows_than_the_mailbox_holds() {
+        let (fmt, k, m) = (Format::Q8_0, 64usize, 40usize);
+        let (w, _) = setup(fmt, k, m, 5);
+        let pool = CpuPool::new(2).expect("pool");
+        let mem: Arc<dyn MailboxMemory> =
+            Arc::new(HostMailboxMemory::new(Mailbox::bytes_needed(k, 8)));
+        let mb = Mailbox::new(mem, k, 8).expect("mailbox");
+        let arm = BorrowedFlagsArm {
+            format: fmt,
+            k,
+            weight: &w,
+            g: 0,
+            rows: m,
+            mailbox: mb,
+            step: 1,
+            timeout: DEFAULT_FLAGS_TIMEOUT,
+        };
+        let err = pool.run_flags(arm, || Ok(())).expect_err("too many rows");
+        assert!(matches!(err, ExecError::Shape { .. }), "{err}");
     }
 
     #[test]

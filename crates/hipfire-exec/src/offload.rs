@@ -12,20 +12,26 @@
 //! The executor only sequences engines and feeds timings to the controller; the controller
 //! decides (engines execute, the scheduler schedules).
 //!
-//! GPU arm timings come from an event pair around the arm; they are read at the *next* step of
-//! the same executor, after that step's blocking D2H has drained the stream, so reading them
-//! never adds a host wait.
+//! GPU arm timings come from an event pair around the arm, one pair per split step from a small
+//! ring; a pair is read once it has completed (after the next blocking D2H under `ordering` and
+//! `two-stream`; by a non-blocking query under `flags`, whose steps never wait for the stream),
+//! so reading them never adds a host wait except when the ring is full.
+//!
+//! Under `flags` (the device half is `kernels/flags.cu`, the host half [`crate::flags`]) a split
+//! step queues publish → GPU arm → wait-fold on the stream while the pool's workers spin on the
+//! mailbox's sequence word; the host waits only for its own workers.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use hipfire_gpu::{
-    Activation, Context, DeviceMemory, Event, GemvForm, GemvKernels, GpuError, HostMappedBuffer,
-    RowRange, Stream, WeightRef,
+    Activation, Context, DeviceMemory, Event, FlagsKernels, GemvForm, GemvKernels, GpuError,
+    HostMappedBuffer, KernelRegistry, RowRange, Stream, WeightRef,
 };
 use hipfire_quant::{ActivationBuf, Format};
 
+use crate::flags::{BorrowedFlagsArm, Mailbox, MailboxMemory, DEFAULT_FLAGS_TIMEOUT};
 use crate::refusal::{OutDtype, Refusal, SplitCheck};
 use crate::share::{
     cut_rows, ArmSample, ArmTime, Form, ShapeKey, ShareController, ShareSetting, CPU_ENGINE,
@@ -38,6 +44,15 @@ pub const TRACE_TARGET: &str = "hipfire::cpu_exec";
 /// Probe repetitions per engine when seeding a shape; the median is used. Three is the
 /// reference system's choice (its probe medians were stable to ±3 % at 3 reps).
 const PROBE_REPS: usize = 3;
+
+/// GPU arm event pairs in flight before the oldest must be waited for. Under `flags` a pair is
+/// read when a later step finds it complete; eight covers a whole layer's seven projections.
+const ARM_EVENT_RING: usize = 8;
+
+/// How long the device's wait-fold spins on the CPU's done word before it records a fault
+/// instead of hanging the stream: twice the workers' own wait for the device, so a slow device
+/// is reported by the workers first.
+const FLAGS_DEVICE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Spin window of the CPU workers on the offload path. Spilled projections arrive every
 /// ~100–600 µs during decode (one Llama-3-8B layer = 7 steps in 1.6–1.9 ms on the H200 box,
@@ -70,6 +85,9 @@ pub enum JoinStrategy {
     /// CPU rows go up on a copy stream; the compute stream waits on the copy's event; the host
     /// never waits for the GPU arm.
     TwoStream,
+    /// x and the CPU rows pass through a host-mapped mailbox guarded by sequence words that
+    /// the device writes and polls: no host synchronisation inside the step.
+    Flags,
 }
 
 impl JoinStrategy {
@@ -78,10 +96,11 @@ impl JoinStrategy {
         match s.trim().to_ascii_lowercase().as_str() {
             "ordering" => Ok(JoinStrategy::Ordering),
             "two-stream" | "two_stream" | "twostream" => Ok(JoinStrategy::TwoStream),
+            "flags" => Ok(JoinStrategy::Flags),
             _ => Err(ExecError::Invalid {
                 what: "memory.join_strategy",
                 value: s.into(),
-                rule: "ordering or two-stream",
+                rule: "ordering, two-stream or flags",
             }),
         }
     }
@@ -91,8 +110,16 @@ impl JoinStrategy {
         match self {
             JoinStrategy::Ordering => "ordering",
             JoinStrategy::TwoStream => "two-stream",
+            JoinStrategy::Flags => "flags",
         }
     }
+
+    /// Every strategy, in the order benches compare them.
+    pub const ALL: [JoinStrategy; 3] = [
+        JoinStrategy::Ordering,
+        JoinStrategy::TwoStream,
+        JoinStrategy::Flags,
+    ];
 }
 
 /// `memory.offload_exec` for spilled weights.
@@ -149,9 +176,10 @@ struct ShapeStats {
     refusal: Option<String>,
 }
 
-/// A GPU arm whose event pair is read at the next step.
+/// A GPU arm whose event pair (ring slot `slot`) is read once it has completed.
 #[derive(Debug)]
 struct PendingGpuArm {
+    slot: usize,
     key: ShapeKey,
     stat_key: (Format, usize, usize, bool),
     gpu_bytes: u64,
@@ -167,10 +195,14 @@ pub struct OffloadExecutor {
     x_host: HostMappedBuffer,
     y_host: HostMappedBuffer,
     copy_stream: Stream,
-    gpu_start: Event,
-    gpu_end: Event,
+    /// Event pairs around GPU arms ([`ARM_EVENT_RING`]), used round-robin.
+    arm_events: Vec<(Event, Event)>,
+    next_slot: usize,
+    probe_start: Event,
+    probe_end: Event,
     copy_done: Event,
-    pending: Option<PendingGpuArm>,
+    pending: std::collections::VecDeque<PendingGpuArm>,
+    flags: Option<FlagsState>,
     stats: HashMap<(Format, usize, usize, bool), ShapeStats>,
     /// `cpu exec: idle` window: steps, wall and CPU time since the window opened.
     window_start: Instant,
@@ -180,11 +212,42 @@ pub struct OffloadExecutor {
     total_steps: u64,
 }
 
+/// The `flags` join's device kernels and mailbox.
+struct FlagsState {
+    kernels: FlagsKernels,
+    mem: Arc<HostMappedBuffer>,
+    mailbox: Mailbox,
+    /// Last step number published (never 0: the mailbox starts zeroed).
+    step: u32,
+}
+
+// SAFETY: a pinned, page-aligned allocation owned by the Arc'd buffer, valid until it drops.
+unsafe impl MailboxMemory for Arc<HostMappedBuffer> {
+    fn base(&self) -> *mut u8 {
+        self.host_ptr()
+    }
+    fn len(&self) -> usize {
+        HostMappedBuffer::len(self)
+    }
+}
+
 impl std::fmt::Debug for OffloadExecutor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OffloadExecutor")
             .field("mode", &self.mode)
             .finish()
+    }
+}
+
+impl Drop for OffloadExecutor {
+    fn drop(&mut self) {
+        // A wait-fold may still be reading the mailbox; freeing pinned memory under a running
+        // kernel is undefined, so let the device finish first.
+        if self.flags.is_some() {
+            if let Err(e) = self.ctx.synchronize() {
+                tracing::warn!(cause = %e, "synchronise before freeing the flags mailbox");
+            }
+        }
     }
 }
 
@@ -223,6 +286,33 @@ impl OffloadExecutor {
             OffloadMode::Passback { share, .. } => *share,
             _ => ShareSetting::Off,
         };
+        let flags = match &mode {
+            OffloadMode::Passback {
+                strategy: JoinStrategy::Flags,
+                ..
+            } => {
+                let kernels = FlagsKernels::new(&KernelRegistry::new(ctx)).map_err(gpu_err)?;
+                let mem = Arc::new(
+                    ctx.alloc_host_mapped(Mailbox::bytes_needed(max_k, max_m))
+                        .map_err(gpu_err)?,
+                );
+                let mailbox = Mailbox::new(Arc::new(mem.clone()), max_k, max_m)?;
+                Some(FlagsState {
+                    kernels,
+                    mem,
+                    mailbox,
+                    step: 0,
+                })
+            }
+            _ => None,
+        };
+        let mut arm_events = Vec::with_capacity(ARM_EVENT_RING);
+        for _ in 0..ARM_EVENT_RING {
+            arm_events.push((
+                ctx.new_event().map_err(gpu_err)?,
+                ctx.new_event().map_err(gpu_err)?,
+            ));
+        }
         Ok(OffloadExecutor {
             ctx: ctx.clone(),
             pool,
@@ -230,10 +320,13 @@ impl OffloadExecutor {
             x_host: ctx.alloc_pinned_host(max_k * 4).map_err(gpu_err)?,
             y_host: ctx.alloc_pinned_host(max_m * 4).map_err(gpu_err)?,
             copy_stream: ctx.new_stream().map_err(gpu_err)?,
-            gpu_start: ctx.new_event().map_err(gpu_err)?,
-            gpu_end: ctx.new_event().map_err(gpu_err)?,
+            arm_events,
+            next_slot: 0,
+            probe_start: ctx.new_event().map_err(gpu_err)?,
+            probe_end: ctx.new_event().map_err(gpu_err)?,
             copy_done: ctx.new_event().map_err(gpu_err)?,
-            pending: None,
+            pending: std::collections::VecDeque::new(),
+            flags,
             stats: HashMap::new(),
             window_start: Instant::now(),
             window_steps: 0,
@@ -365,7 +458,7 @@ impl OffloadExecutor {
                 .map_err(gpu_err)?;
         }
         stream.synchronize().map_err(gpu_err)?;
-        self.resolve_pending()?;
+        self.resolve_pending(true)?;
         Ok(t.elapsed().as_nanos() as f64)
     }
 
@@ -402,7 +495,7 @@ impl OffloadExecutor {
         let mut scratch = self.ctx.alloc::<f32>(m).map_err(gpu_err)?;
         let mut gpu = Vec::with_capacity(PROBE_REPS);
         for _ in 0..PROBE_REPS {
-            self.gpu_start.record(stream).map_err(gpu_err)?;
+            self.probe_start.record(stream).map_err(gpu_err)?;
             kernels
                 .gemv(
                     stream,
@@ -413,9 +506,15 @@ impl OffloadExecutor {
                     GemvForm::Plain,
                 )
                 .map_err(gpu_err)?;
-            self.gpu_end.record(stream).map_err(gpu_err)?;
-            self.gpu_end.synchronize().map_err(gpu_err)?;
-            gpu.push(f64::from(self.gpu_start.elapsed_ms(&self.gpu_end).map_err(gpu_err)?) * 1e6);
+            self.probe_end.record(stream).map_err(gpu_err)?;
+            self.probe_end.synchronize().map_err(gpu_err)?;
+            gpu.push(
+                f64::from(
+                    self.probe_start
+                        .elapsed_ms(&self.probe_end)
+                        .map_err(gpu_err)?,
+                ) * 1e6,
+            );
         }
         stream
             .memcpy_dtoh_async(&mut self.x_host, 0, step.x, 0, k * 4)
@@ -449,11 +548,21 @@ impl OffloadExecutor {
         ])
     }
 
-    /// Reads the previous split's GPU event pair (the stream has drained past it) and feeds
-    /// both arms to the controller.
-    fn resolve_pending(&mut self) -> Result<(), ExecError> {
-        if let Some(p) = self.pending.take() {
-            let ns = f64::from(self.gpu_start.elapsed_ms(&self.gpu_end).map_err(gpu_err)?) * 1e6;
+    /// Reads completed GPU arm event pairs, oldest first, and feeds both arms of each to the
+    /// controller. `block`: wait for every pending pair (callers that just drained the stream
+    /// pay nothing for it); otherwise stop at the first pair still running.
+    fn resolve_pending(&mut self, block: bool) -> Result<(), ExecError> {
+        while let Some(p) = self.pending.front() {
+            let (start, end) = &self.arm_events[p.slot];
+            if block {
+                end.synchronize().map_err(gpu_err)?;
+            } else if !end.query().map_err(gpu_err)? {
+                break;
+            }
+            let ns = f64::from(start.elapsed_ms(end).map_err(gpu_err)?) * 1e6;
+            let Some(p) = self.pending.pop_front() else {
+                break;
+            };
             let gpu = ArmSample {
                 engine: 1,
                 bytes: p.gpu_bytes,
@@ -463,6 +572,19 @@ impl OffloadExecutor {
             self.stats.entry(p.stat_key).or_default().gpu_ns += ns;
         }
         Ok(())
+    }
+
+    /// The next free event pair of the ring (waiting for the oldest pending pair if none is).
+    fn take_slot(&mut self) -> Result<usize, ExecError> {
+        if self.pending.len() >= ARM_EVENT_RING {
+            if let Some(p) = self.pending.front() {
+                self.arm_events[p.slot].1.synchronize().map_err(gpu_err)?;
+            }
+            self.resolve_pending(false)?;
+        }
+        let slot = self.next_slot;
+        self.next_slot = (self.next_slot + 1) % ARM_EVENT_RING;
+        Ok(slot)
     }
 
     fn run_passback(
@@ -506,7 +628,7 @@ impl OffloadExecutor {
             }
         };
         if self.controller.needs_probe(&key) {
-            self.resolve_pending()?;
+            self.resolve_pending(true)?;
             // A failed probe degrades to the controller's default share, never fails the step.
             let probe = self.probe(stream, kernels, act, &step);
             if let Err(e) = &probe {
@@ -524,16 +646,27 @@ impl OffloadExecutor {
         };
         let g = cut[1].end;
         let cpu_rows = cut[CPU_ENGINE].clone();
+        if strategy == JoinStrategy::Flags {
+            let split = FlagsSplit {
+                key,
+                stat_key,
+                g,
+                row_bytes,
+            };
+            return self.run_flags_split(stream, kernels, act, step, split, t0);
+        }
 
         // 1. x (and the CPU rows of the residual) down, blocking: the CPU arm needs them now.
         let d2h = self.fetch_cpu_inputs(stream, &step, g)?;
 
         // 2. GPU arm, asynchronous, between an event pair.
-        self.gpu_start.record(stream).map_err(gpu_err)?;
+        let slot = self.take_slot()?;
+        let (gpu_start, gpu_end) = &self.arm_events[slot];
+        gpu_start.record(stream).map_err(gpu_err)?;
         kernels
             .gemv(stream, w, act, step.y, RowRange::new(0, g), step.form)
             .map_err(gpu_err)?;
-        self.gpu_end.record(stream).map_err(gpu_err)?;
+        gpu_end.record(stream).map_err(gpu_err)?;
 
         // 3. CPU arm over rows [g, m) while the kernel runs.
         let t = Instant::now();
@@ -552,7 +685,7 @@ impl OffloadExecutor {
                     .map_err(gpu_err)?;
                 stream.synchronize().map_err(gpu_err)?;
             }
-            JoinStrategy::TwoStream => {
+            JoinStrategy::TwoStream | JoinStrategy::Flags => {
                 self.copy_stream
                     .memcpy_htod_async(step.y, g * 4, &self.y_host, g * 4, (m - g) * 4)
                     .map_err(gpu_err)?;
@@ -561,7 +694,8 @@ impl OffloadExecutor {
             }
         }
         let join = t.elapsed().as_nanos() as f64;
-        self.pending = Some(PendingGpuArm {
+        self.pending.push_back(PendingGpuArm {
+            slot,
             key,
             stat_key,
             gpu_bytes: (g * row_bytes) as u64,
@@ -572,10 +706,110 @@ impl OffloadExecutor {
             },
         });
         if strategy == JoinStrategy::Ordering {
-            self.resolve_pending()?;
+            self.resolve_pending(true)?;
         }
         self.window_split_steps += 1;
         self.note(stat_key, d2h, cpu, join, 0.0, t0, None, true);
+        Ok(())
+    }
+
+    /// A split step under `flags`: the pool's workers are handed the CPU arm first and spin on
+    /// the mailbox; the stream gets publish → GPU arm (between an event pair) → wait-fold; the
+    /// host then waits for its workers only. Trace fields: "d2h" is the workers' wait for the
+    /// published x, "join" the host's time after the CPU arm.
+    fn run_flags_split(
+        &mut self,
+        stream: &Stream,
+        kernels: &GemvKernels,
+        act: &Activation,
+        step: SpilledStep<'_>,
+        split: FlagsSplit,
+        t0: Instant,
+    ) -> Result<(), ExecError> {
+        let w = step.weight;
+        let (m, k) = (w.m(), w.k());
+        let g = split.g;
+        self.resolve_pending(false)?;
+        let slot = self.take_slot()?;
+        let fl = self.flags.as_mut().ok_or(ExecError::Invalid {
+            what: "memory.join_strategy",
+            value: "flags".into(),
+            rule: "the executor was built for another strategy",
+        })?;
+        // A wait that timed out on the device at an earlier step left its rows unfolded.
+        let fault = fl
+            .mailbox
+            .fault()
+            .load(std::sync::atomic::Ordering::Acquire);
+        if fault != 0 {
+            return Err(ExecError::Gpu(format!(
+                "flags join: the device's wait for the CPU rows of step {fault} timed out or saw \
+                 the CPU arm fail; that step's output rows were not written"
+            )));
+        }
+        fl.step = fl.step.wrapping_add(1).max(1);
+        let seq = fl.step;
+        let offsets = fl.mailbox.offsets();
+        let arm = BorrowedFlagsArm {
+            format: w.format(),
+            k,
+            weight: step.host_bytes,
+            g,
+            rows: m - g,
+            mailbox: fl.mailbox.clone(),
+            step: seq,
+            timeout: DEFAULT_FLAGS_TIMEOUT,
+        };
+        let (flags_kernels, mem) = (&fl.kernels, &fl.mem);
+        let (gpu_start, gpu_end) = &self.arm_events[slot];
+        let (x, y, form) = (step.x, step.y, step.form);
+        let t = Instant::now();
+        let ((), rep) = self.pool.run_flags(arm, || {
+            flags_kernels
+                .publish(stream, x, k, mem, &offsets, seq)
+                .map_err(gpu_err)?;
+            gpu_start.record(stream).map_err(gpu_err)?;
+            kernels
+                .gemv(stream, w, act, &mut *y, RowRange::new(0, g), form)
+                .map_err(gpu_err)?;
+            gpu_end.record(stream).map_err(gpu_err)?;
+            flags_kernels
+                .wait_fold(
+                    stream,
+                    mem,
+                    &offsets,
+                    seq,
+                    &mut *y,
+                    RowRange::new(g, m),
+                    form,
+                    FLAGS_DEVICE_TIMEOUT,
+                )
+                .map_err(gpu_err)
+        })?;
+        let host = t.elapsed().as_nanos() as f64;
+        self.pending.push_back(PendingGpuArm {
+            slot,
+            key: split.key,
+            stat_key: split.stat_key,
+            gpu_bytes: (g * split.row_bytes) as u64,
+            cpu: ArmSample {
+                engine: CPU_ENGINE,
+                bytes: ((m - g) * split.row_bytes) as u64,
+                time: ArmTime::Exact { ns: rep.cpu_ns },
+            },
+        });
+        self.window_split_steps += 1;
+        let join = (host - rep.wait_ns - rep.cpu_ns).max(0.0);
+        self.note(
+            split.stat_key,
+            rep.wait_ns,
+            rep.cpu_ns,
+            join,
+            0.0,
+            t0,
+            None,
+            true,
+        );
         Ok(())
     }
 
@@ -659,6 +893,14 @@ impl OffloadExecutor {
         self.window_cpu_ns = 0.0;
         self.window_split_steps = 0;
     }
+}
+
+/// What a split step under `flags` needs from the common passback path.
+struct FlagsSplit {
+    key: ShapeKey,
+    stat_key: (Format, usize, usize, bool),
+    g: usize,
+    row_bytes: usize,
 }
 
 fn step_bytes(format: Format, m: usize, k: usize) -> usize {

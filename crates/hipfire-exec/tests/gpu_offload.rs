@@ -129,7 +129,7 @@ fn split_arms_are_bit_exact_with_their_engines_and_write_only_their_rows() {
             );
             let share = 0.3;
             let g = plan_rows(M, fmt.row_bytes(K).expect("rb"), share).expect("splittable");
-            for strategy in [JoinStrategy::Ordering, JoinStrategy::TwoStream] {
+            for strategy in JoinStrategy::ALL {
                 let mode = OffloadMode::Passback {
                     share: ShareSetting::Pinned(share),
                     strategy,

@@ -77,6 +77,8 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn event_record(&self, e: RawEvent, s: RawStream) -> Result<(), GpuError>;
     /// Blocks until `e` has completed.
     fn event_synchronize(&self, e: RawEvent) -> Result<(), GpuError>;
+    /// Whether `e` has completed (never blocks).
+    fn event_query(&self, e: RawEvent) -> Result<bool, GpuError>;
     /// Milliseconds between two completed events.
     fn event_elapsed_ms(&self, start: RawEvent, end: RawEvent) -> Result<f32, GpuError>;
 

@@ -320,7 +320,12 @@ impl Event {
     pub fn synchronize(&self) -> Result<(), GpuError> {
         self.ctx.backend.event_synchronize(self.raw)
     }
-    /// Milliseconds from `self` to `end` (both recorded and completed).
+    /// Whether the recorded work is done (never blocks).
+    pub fn query(&self) -> Result<bool, GpuError> {
+        self.ctx.backend.event_query(self.raw)
+    }
+
+    /// Milliseconds from this (completed) event to `end` (completed).
     pub fn elapsed_ms(&self, end: &Event) -> Result<f32, GpuError> {
         self.ctx.check_same(&end.ctx, "event")?;
         self.ctx.backend.event_elapsed_ms(self.raw, end.raw)

@@ -324,6 +324,15 @@ impl Backend for CudaBackend {
             cu::event::synchronize(e.0 as sys::CUevent)
         })
     }
+    fn event_query(&self, e: RawEvent) -> Result<bool, GpuError> {
+        self.bind()?;
+        // SAFETY: live handle of this context.
+        match unsafe { cu::event::query(e.0 as sys::CUevent) } {
+            Ok(()) => Ok(true),
+            Err(DriverError(sys::cudaError_enum::CUDA_ERROR_NOT_READY)) => Ok(false),
+            Err(e) => ck("cuEventQuery", Err(e)),
+        }
+    }
     fn event_elapsed_ms(&self, start: RawEvent, end: RawEvent) -> Result<f32, GpuError> {
         self.bind()?;
         // SAFETY: live handles of this context.
@@ -476,7 +485,7 @@ impl Backend for CudaBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::{GEMV_SOURCE, READ_SOURCE};
+    use crate::registry::{FLAGS_SOURCE, GEMV_SOURCE, READ_SOURCE};
 
     /// Compiles every kernel source for sm_90 wherever libnvrtc is installed (no GPU needed) and
     /// checks each kernel the launchers look up is in the image. Skips, saying so, without NVRTC.
@@ -487,7 +496,7 @@ mod tests {
             println!("skipped: libnvrtc not found");
             return;
         }
-        for src in [GEMV_SOURCE, READ_SOURCE] {
+        for src in [GEMV_SOURCE, READ_SOURCE, FLAGS_SOURCE] {
             let image = nvrtc_compile(src.name, src.source, src.headers, "sm_90", &[])
                 .unwrap_or_else(|e| panic!("{e}"));
             assert!(
@@ -497,6 +506,8 @@ mod tests {
             );
             let names: Vec<String> = if src.name == "read.cu" {
                 vec!["read_sum".into()]
+            } else if src.name == "flags.cu" {
+                vec!["flags_publish".into(), "flags_wait_fold".into()]
             } else {
                 let mut v = vec!["quantize_x_q8".to_string()];
                 for f in hipfire_quant::Format::ALL {

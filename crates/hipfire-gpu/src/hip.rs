@@ -25,6 +25,8 @@ const HOST_MALLOC_PORTABLE_MAPPED: c_uint = 0x1 | 0x2;
 const STREAM_NON_BLOCKING: c_uint = 0x1;
 
 type E = c_int;
+/// `hipErrorNotReady`: an event or stream query's "not yet".
+const HIP_ERROR_NOT_READY: E = 600;
 type Ptr = *mut c_void;
 
 /// Function pointers resolved from libamdhip64 and libhiprtc.
@@ -47,6 +49,7 @@ struct Api {
     event_destroy: unsafe extern "C" fn(Ptr) -> E,
     event_record: unsafe extern "C" fn(Ptr, Ptr) -> E,
     event_synchronize: unsafe extern "C" fn(Ptr) -> E,
+    event_query: unsafe extern "C" fn(Ptr) -> E,
     event_elapsed_time: unsafe extern "C" fn(*mut f32, Ptr, Ptr) -> E,
     malloc: unsafe extern "C" fn(*mut Ptr, usize) -> E,
     free: unsafe extern "C" fn(Ptr) -> E,
@@ -143,6 +146,7 @@ impl Api {
             event_destroy: sym!(hip, "hipEventDestroy"),
             event_record: sym!(hip, "hipEventRecord"),
             event_synchronize: sym!(hip, "hipEventSynchronize"),
+            event_query: sym!(hip, "hipEventQuery"),
             event_elapsed_time: sym!(hip, "hipEventElapsedTime"),
             malloc: sym!(hip, "hipMalloc"),
             free: sym!(hip, "hipFree"),
@@ -392,6 +396,15 @@ impl Backend for HipBackend {
         self.api.ck("hipEventSynchronize", unsafe {
             (self.api.event_synchronize)(p(e.0))
         })
+    }
+    fn event_query(&self, e: RawEvent) -> Result<bool, GpuError> {
+        self.bind()?;
+        // SAFETY: a live event.
+        let rc = unsafe { (self.api.event_query)(p(e.0)) };
+        if rc == HIP_ERROR_NOT_READY {
+            return Ok(false);
+        }
+        self.api.ck("hipEventQuery", rc).map(|()| true)
     }
     fn event_elapsed_ms(&self, start: RawEvent, end: RawEvent) -> Result<f32, GpuError> {
         self.bind()?;

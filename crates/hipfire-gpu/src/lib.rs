@@ -55,6 +55,7 @@ pub mod context;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod error;
+pub mod flags;
 pub mod gemv;
 #[cfg(feature = "hip")]
 pub mod hip;
@@ -66,11 +67,14 @@ pub use context::{
     HostMappedBuffer, Module, Stream,
 };
 pub use error::{mem_available_bytes, DriverCode, GpuError};
+pub use flags::{FlagsKernels, MailboxOffsets};
 pub use gemv::{
     Activation, GemvConfig, GemvForm, GemvKernels, ReadKernel, RowRange, WeightLocation, WeightRef,
     QX_BLOCK,
 };
-pub use registry::{KernelRegistry, KernelSource, GEMV_SOURCE, KERNEL_CACHE_ENV, READ_SOURCE};
+pub use registry::{
+    KernelRegistry, KernelSource, FLAGS_SOURCE, GEMV_SOURCE, KERNEL_CACHE_ENV, READ_SOURCE,
+};
 
 /// Environment variable that enables the GPU test tier (`HIPFIRE_GPU_TESTS=1`).
 pub const GPU_TESTS_ENV: &str = "HIPFIRE_GPU_TESTS";

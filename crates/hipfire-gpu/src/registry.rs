@@ -42,6 +42,13 @@ pub const READ_SOURCE: KernelSource = KernelSource {
     headers: &[],
 };
 
+/// `kernels/flags.cu`: the device half of the `flags` join (mailbox publish and wait-fold).
+pub const FLAGS_SOURCE: KernelSource = KernelSource {
+    name: "flags.cu",
+    source: include_str!("../../../kernels/flags.cu"),
+    headers: &[],
+};
+
 type Slot = Arc<Mutex<Option<Arc<Module>>>>;
 
 /// Compiles, caches and loads kernel modules for one context.

@@ -137,6 +137,11 @@ fn gpu_decode_matches_llama_cpp_in_every_mode() {
             passback(ShareSetting::Auto, JoinStrategy::TwoStream),
         ),
         (
+            "passback-flags",
+            Some(BUDGET),
+            passback(ShareSetting::Auto, JoinStrategy::Flags),
+        ),
+        (
             "passback-all-spilled",
             Some(0),
             passback(ShareSetting::Pinned(0.3), JoinStrategy::TwoStream),

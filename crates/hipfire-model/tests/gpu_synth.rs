@@ -54,6 +54,11 @@ fn modes() -> Vec<(&'static str, Option<usize>, OffloadMode)> {
             Some(0),
             pb(ShareSetting::Pinned(0.4), JoinStrategy::TwoStream),
         ),
+        (
+            "passback-flags",
+            Some(0),
+            pb(ShareSetting::Auto, JoinStrategy::Flags),
+        ),
     ]
 }
 
