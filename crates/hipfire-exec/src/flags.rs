@@ -214,7 +214,7 @@ impl Mailbox {
 
     /// Stand-in for the device: write `x`, then publish `step` (release).
     pub fn device_publish(&self, x: &[f32], step: u32) -> Result<(), ExecError> {
-        if x.len() != self.k {
+        if x.len() > self.k {
             return Err(ExecError::Shape {
                 what: "x",
                 need: self.k,
@@ -224,7 +224,7 @@ impl Mailbox {
         // SAFETY: the x area is in bounds (`new`); the protocol gives the device sole access to
         // it until `seq` says `step` (workers read it only after seeing that value).
         let dst = unsafe {
-            std::slice::from_raw_parts_mut(self.mem.base().add(X_OFFSET) as *mut f32, self.k)
+            std::slice::from_raw_parts_mut(self.mem.base().add(X_OFFSET) as *mut f32, x.len())
         };
         dst.copy_from_slice(x);
         self.seq().store(step, Ordering::Release);
@@ -399,8 +399,9 @@ impl FlagsJob {
         let t = Instant::now();
         // SAFETY: in bounds (`Mailbox::new`); after seq == step (acquire, in `wait_word`) the
         // device does not write x until it sees done.
-        let x =
-            unsafe { std::slice::from_raw_parts(mb.mem.base().add(X_OFFSET) as *const f32, mb.k) };
+        let x = unsafe {
+            std::slice::from_raw_parts(mb.mem.base().add(X_OFFSET) as *const f32, self.k)
+        };
         let act = ActivationBuf::prepare(self.format, x)?;
         let local = rows.start - self.g;
         // SAFETY: `rows` is this worker's disjoint part of [g, g + mailbox rows) (partition), so
@@ -479,7 +480,9 @@ impl Drop for ArmGuard {
 impl CpuPool {
     fn submit_job(&self, job: FlagsJob) -> Result<FlagsTicket, ExecError> {
         let rows = job.g..job.g + job.rows_n;
-        if job.mailbox.k != job.k {
+        // A mailbox laid out for a longer activation serves shorter ones (its y area sits past
+        // the longest x).
+        if job.k > job.mailbox.k {
             return Err(ExecError::Shape {
                 what: "mailbox k",
                 need: job.k,
@@ -692,9 +695,10 @@ mod tests {
         let (w, x) = setup(fmt, k, m, 3);
         let weight: Vec<u8> = w.as_ref().clone();
         let pool = CpuPool::new(3).expect("pool");
+        // Laid out for a longer activation than this step's, as the executor's is.
         let mem: Arc<dyn MailboxMemory> =
-            Arc::new(HostMailboxMemory::new(Mailbox::bytes_needed(k, m)));
-        let mb = Mailbox::new(mem, k, m).expect("mailbox");
+            Arc::new(HostMailboxMemory::new(Mailbox::bytes_needed(3 * k, m)));
+        let mb = Mailbox::new(mem, 3 * k, m).expect("mailbox");
         for step in 1..=3u32 {
             let arm = BorrowedFlagsArm {
                 format: fmt,
