@@ -97,6 +97,16 @@ __device__ __forceinline__ void hf_ints_b2(const hf_u8* p, int (&out)[N]) {
 // i-th 32-bit word of a 4-byte aligned pointer.
 __device__ __forceinline__ int hf_int_b4(const hf_u8* p, int i) { return ((const int*)p)[i]; }
 
+// A 16-byte weight load of the device-resident kernels: weights are read once, so on CUDA they are
+// loaded "streaming" (evict-first), which keeps the activation resident in L1/L2 around them.
+__device__ __forceinline__ int4 hf_ldw16(const hf_u8* p) {
+#ifdef HF_CUDA
+    return __ldcs((const int4*)p);
+#else
+    return *(const int4*)p;
+#endif
+}
+
 // Activation arguments: the int8 form (quantised formats) and the f32 original (float formats).
 struct XArgs {
     const signed char* qs; // k int8 values, HF_QX_BLOCK per block
@@ -219,7 +229,12 @@ struct TQ4K {
         int sc0, m0, sc1, m1;
         hf_scale_min_k4_pair(g, blk + HF_Q4K_SCALES, sc0, m0, sc1, m1);
         const int4* qp = (const int4*)(blk + HF_Q4K_QS + 32 * g);
-        const int4 v0 = qp[0], v1 = qp[1];
+        return combine(d, dmin, sc0, m0, sc1, m1, qp[0], qp[1], x);
+    }
+    // The integer dots of the unit's 32 bytes of nibbles and the scaling: shared by both kernels, so
+    // the device-resident kernel rounds exactly as this one (host-mapped and HBM results stay bit-equal).
+    static __device__ __forceinline__ float combine(float d, float dmin, int sc0, int m0, int sc1, int m1,
+                                                    const int4 v0, const int4 v1, const X& x) {
         const int v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
         int s0 = 0, s1 = 0;
 #pragma unroll
@@ -229,6 +244,49 @@ struct TQ4K {
         }
         return d * ((float)sc0 * x.a.d * (float)s0 + (float)sc1 * x.b.d * (float)s1) -
                dmin * ((float)m0 * x.a.s + (float)m1 * x.b.s);
+    }
+
+    // ---- device-resident kernel (hf_gemv_dev_direct): weights straight from global into registers ----
+    // One unit's bytes: the 16-byte head (d, dmin, 12 scale bytes) and the unit's 32 bytes of nibbles.
+    // Every block is 144 = 9 x 16 bytes, so with a 16-byte aligned row all three loads are aligned.
+    struct WR { int4 h, a, b; };
+    static __device__ __forceinline__ void load_w(WR& w, const hf_u8* blk, int g) {
+        w.h = hf_ldw16(blk);
+        w.a = hf_ldw16(blk + HF_Q4K_QS + 32 * g);
+        w.b = hf_ldw16(blk + HF_Q4K_QS + 32 * g + 16);
+    }
+    static __device__ __forceinline__ float dot_w(const WR& w, int g, const X& x) {
+        const hf_u32 dd = (hf_u32)w.h.x;
+        const float d = hf_h2f((hf_u16)(dd & 0xFFFFu));
+        const float dmin = hf_h2f((hf_u16)(dd >> 16));
+        // Scale bytes jj = 2(g&1) and jj+1 of the three scale words: q[jj], q[jj+4], q[jj+8]
+        // (hf_scale_min_k4_pair with the bytes taken from registers instead of memory).
+        const unsigned sh = 16u * (unsigned)(g & 1);
+        const int a = (int)(((hf_u32)w.h.y >> sh) & 0xFFFFu);
+        const int b = (int)(((hf_u32)w.h.z >> sh) & 0xFFFFu);
+        const int c = (int)(((hf_u32)w.h.w >> sh) & 0xFFFFu);
+        const bool lo = g < 2;
+        const int sc0 = lo ? (a & 63) : ((c & 0xF) | (((a >> 6) & 3) << 4));
+        const int m0 = lo ? (b & 63) : (((c >> 4) & 0xF) | (((b >> 6) & 3) << 4));
+        const int sc1 = lo ? ((a >> 8) & 63) : (((c >> 8) & 0xF) | (((a >> 14) & 3) << 4));
+        const int m1 = lo ? ((b >> 8) & 63) : (((c >> 12) & 0xF) | (((b >> 14) & 3) << 4));
+        return combine(d, dmin, sc0, m0, sc1, m1, w.a, w.b, x);
+    }
+    // The unit's activation from the block's shared-memory copy (hf_stage_x): 16-byte units 4 at once,
+    // placed by swz so that the 8 lanes of each quarter-warp hit distinct banks.
+    static __device__ __forceinline__ int swz(int c) { return c ^ ((c >> 3) & 3); }
+    static __device__ __forceinline__ void load_xs(X& x, const int4* xq, const float2* xd, int gblock, int g) {
+        const int c = gblock * 16 + 4 * g; // xblock 8*gblock + 2g starts at byte 32 * that = 16 * c
+        const int4 q0 = xq[swz(c)], q1 = xq[swz(c + 1)], q2 = xq[swz(c + 2)], q3 = xq[swz(c + 3)];
+        x.a.q[0] = q0.x; x.a.q[1] = q0.y; x.a.q[2] = q0.z; x.a.q[3] = q0.w;
+        x.a.q[4] = q1.x; x.a.q[5] = q1.y; x.a.q[6] = q1.z; x.a.q[7] = q1.w;
+        x.b.q[0] = q2.x; x.b.q[1] = q2.y; x.b.q[2] = q2.z; x.b.q[3] = q2.w;
+        x.b.q[4] = q3.x; x.b.q[5] = q3.y; x.b.q[6] = q3.z; x.b.q[7] = q3.w;
+        const float4 ds = *(const float4*)(xd + gblock * 8 + 2 * g);
+        x.a.d = ds.x;
+        x.a.s = ds.y;
+        x.b.d = ds.z;
+        x.b.s = ds.w;
     }
 };
 
@@ -277,6 +335,24 @@ struct TQ6K {
 #pragma unroll
         for (int t = 0; t < 4; ++t) acc += (float)sc[2 * t] * x.d[t] * (float)dt[t];
         return d * acc;
+    }
+    // Device-resident kernel (hf_gemv_dev_tiled): the unit's activation from the block's shared copy.
+    // Lane L reads 16-byte unit 16b + 8h + 2t + is; swz spreads a quarter-warp over distinct banks.
+    static __device__ __forceinline__ int swz(int c) { return c ^ (((c >> 3) & 3) << 1); }
+    static __device__ __forceinline__ void load_xs(X& x, const int4* xq, const float2* xd, int gblock, int u) {
+        const int h = u >> 1, is = u & 1;
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+            const int4 p = xq[swz(2 * (gblock * 8 + 4 * h + t) + is)];
+            x.q[t][0] = p.x; x.q[t][1] = p.y; x.q[t][2] = p.z; x.q[t][3] = p.w;
+        }
+        // (d, s) of the four xblocks as two 16-byte reads (conflict-free; lanes of one half share them).
+        const float4 d01 = *(const float4*)(xd + gblock * 8 + 4 * h);
+        const float4 d23 = *(const float4*)(xd + gblock * 8 + 4 * h + 2);
+        x.d[0] = d01.x;
+        x.d[1] = d01.z;
+        x.d[2] = d23.x;
+        x.d[3] = d23.z;
     }
 };
 
@@ -537,6 +613,241 @@ HF_GEMV_FORMAT(q4_1, TQ4_1)
 HF_GEMV_FORMAT(q4_k, TQ4K)
 HF_GEMV_FORMAT(q6_k, TQ6K)
 HF_GEMV_FORMAT(hfq4g256, THfq4)
+
+// ---------------------------------------------------------------------------------------------
+// Device-resident (HBM) GEMV for Q4_K and Q6_K: gemv_<q4_k|q6_k>_<plain|residual>_dev. The launcher
+// uses it for weights in device memory with 16-byte aligned rows when the general kernel's shape has
+// no k-split; host-mapped weights keep the general kernel (its 16-byte staging is what PCIe needs).
+//
+// What differs from hf_gemv: the exposed cost there is the latency of the activation loads (one
+// L1/L2 round trip per tile, after the weights of that tile have arrived). Here each block copies the
+// whole quantised activation (k int8 + k/32 (d, s) pairs: 1.25 k bytes) into shared memory once,
+// after issuing its first weight loads so the copy overlaps them, and every tile reads x from shared
+// memory (swizzled: conflict-free 16-byte reads). With HF_DEV_XREG instead, x comes from global
+// memory but is requested one tile ahead together with that tile's weights. Q4_K reads its weights
+// straight into registers (144-byte blocks keep 16-byte alignment); Q6_K (210-byte blocks) keeps the
+// per-warp shared-memory tile of hf_gemv. Weight loads are streaming (hf_ldw16).
+//
+// Bit-equality with hf_gemv (HF_KSPLIT 1): lane L sums, in tile order, the same units (block
+// 8t + L/4, unit L%4) with the same dot code, and the warp sum is the same butterfly, so every row
+// is bit-identical to the general kernel's whatever the block shape or the memory.
+//
+// Launch: blockDim.x = 32 * (1..HF_DEV_WARPS) (the host picks fewer warps for few rows), HF_DEV_ROWS
+// rows per warp, dynamic shared memory = (HF_DEV_XREG ? 0 : 320 * nblocks) + (Q6_K: warps *
+// HF_DEV_ROWS * (8 * 210 + 16)).
+// ---------------------------------------------------------------------------------------------
+#ifndef HF_DEV_WARPS
+#define HF_DEV_WARPS 8
+#endif
+#ifndef HF_DEV_ROWS
+#define HF_DEV_ROWS 2
+#endif
+#ifndef HF_DEV_MINB
+#define HF_DEV_MINB ((16 + HF_DEV_WARPS - 1) / HF_DEV_WARPS) // >= 16 resident warps per SM
+#endif
+#define HF_DEV_XBYTES 320 // shared bytes of staged activation per 256-element block: 256 int8 + 8 float2
+
+extern __shared__ __align__(16) hf_u8 hf_dev_smem[];
+
+// Copies the activation of nblocks K-blocks into shared memory: qs as 16-byte units placed by T::swz,
+// then the (d, s) pairs. Loads are batched ahead of the stores so a thread has several in flight.
+template <class T>
+__device__ __forceinline__ void hf_stage_x(int4* xq, float2* xd, const XArgs& xa, int nblocks) {
+    constexpr int BATCH = 8;
+    const int nq = nblocks * 16, nd = nblocks * 4, n = nq + nd;
+    const int4* gq = (const int4*)xa.qs;
+    const int4* gd = (const int4*)xa.ds;
+    int4* sd = (int4*)xd;
+    for (int base = threadIdx.x; base < n; base += BATCH * (int)blockDim.x) {
+        int4 v[BATCH];
+#pragma unroll
+        for (int i = 0; i < BATCH; ++i) {
+            const int c = base + i * (int)blockDim.x;
+            if (c < nq) v[i] = gq[c];
+            else if (c < n) v[i] = gd[c - nq];
+        }
+#pragma unroll
+        for (int i = 0; i < BATCH; ++i) {
+            const int c = base + i * (int)blockDim.x;
+            if (c < nq) xq[T::swz(c)] = v[i];
+            else if (c < n) sd[c - nq] = v[i];
+        }
+    }
+}
+
+// The warp's R row sums, reduced across lanes and written (plain) or added (residual) by lane 0.
+template <int R, bool RESIDUAL>
+__device__ __forceinline__ void hf_dev_store_rows(float (&acc)[R], float* __restrict__ y, int row0,
+                                                  int nrows, int lane) {
+    hf_dev_store_rows<R, RESIDUAL>(acc, y, row0, nrows, lane);
+}
+
+// Q4_K: lane L owns unit L%4 of block 8t + L/4 in tile t; weights go global -> registers, one tile
+// ahead.
+template <class T, bool RESIDUAL>
+__device__ __forceinline__ void hf_gemv_dev_direct(const hf_u8* __restrict__ W, hf_u64 row_bytes, XArgs xa,
+                                                   float* __restrict__ y, int nrows, int nblocks) {
+    static_assert(T::CB * T::UNITS == HF_WARP, "one unit per lane per tile");
+    constexpr int R = HF_DEV_ROWS;
+    const int nwarps = (int)blockDim.x / HF_WARP;
+    const int warp = threadIdx.x / HF_WARP, lane = threadIdx.x % HF_WARP;
+    const int row0 = (blockIdx.x * nwarps + warp) * R;
+    const bool active = row0 < nrows; // warp-uniform
+    const int sub = lane % T::UNITS;
+    const hf_u8* rowp[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) rowp[r] = W + (hf_u64)min(row0 + r, nrows - 1) * row_bytes;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+
+    typename T::WR cur[R], nxt[R];
+    typename T::X xc;
+    int b = lane / T::UNITS; // this lane's block in the current tile
+    if (active && b < nblocks) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) T::load_w(cur[r], rowp[r] + (hf_u64)b * T::BYTES, sub);
+    }
+#ifdef HF_DEV_XREG
+    typename T::X xn;
+    if (active && b < nblocks) T::load_x(xc, xa, b, sub);
+#else
+    int4* xq = (int4*)hf_dev_smem;
+    float2* xd = (float2*)(hf_dev_smem + (size_t)nblocks * 256);
+    hf_stage_x<T>(xq, xd, xa, nblocks);
+    __syncthreads();
+#endif
+    if (!active) return;
+    for (; b - lane / T::UNITS < nblocks; b += T::CB) {
+        const int bn = b + T::CB;
+        if (bn < nblocks) { // next tile in flight while this one is computed
+#pragma unroll
+            for (int r = 0; r < R; ++r) T::load_w(nxt[r], rowp[r] + (hf_u64)bn * T::BYTES, sub);
+#ifdef HF_DEV_XREG
+            T::load_x(xn, xa, bn, sub);
+#endif
+        }
+        if (b < nblocks) {
+#ifndef HF_DEV_XREG
+            T::load_xs(xc, xq, xd, b, sub);
+#endif
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[r] += T::dot_w(cur[r], sub, xc);
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) cur[r] = nxt[r];
+#ifdef HF_DEV_XREG
+        xc = xn;
+#endif
+    }
+    hf_dev_store_rows<R, RESIDUAL>(acc, y, row0, nrows, lane);
+}
+
+// Q6_K: hf_gemv's per-warp shared-memory tile for the weights (16-byte coalesced loads of 8 blocks,
+// one tile ahead), the activation from the block's shared copy (or HF_DEV_XREG: one tile ahead).
+template <class T, bool RESIDUAL>
+__device__ __forceinline__ void hf_gemv_dev_tiled(const hf_u8* __restrict__ W, hf_u64 row_bytes, XArgs xa,
+                                                  float* __restrict__ y, int nrows, int nblocks) {
+    static_assert(T::CB * T::UNITS == HF_WARP, "one unit per lane per tile");
+    constexpr int R = HF_DEV_ROWS;
+    constexpr int TILE = T::CB * T::BYTES;
+    static_assert(TILE % 16 == 0, "tile must keep 16-byte alignment");
+    constexpr int STRIDE = TILE + HF_TILE_PAD;
+    constexpr int PER_LANE = (TILE / 16 + HF_WARP - 1) / HF_WARP;
+    const int nwarps = (int)blockDim.x / HF_WARP;
+    const int warp = threadIdx.x / HF_WARP, lane = threadIdx.x % HF_WARP;
+    const int row0 = (blockIdx.x * nwarps + warp) * R;
+    const bool active = row0 < nrows;
+    const int bl = lane / T::UNITS, sub = lane % T::UNITS;
+    const hf_u8* rowp[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) rowp[r] = W + (hf_u64)min(row0 + r, nrows - 1) * row_bytes;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+#ifdef HF_DEV_XREG
+    hf_u8* tiles = hf_dev_smem;
+#else
+    int4* xq = (int4*)hf_dev_smem;
+    float2* xd = (float2*)(hf_dev_smem + (size_t)nblocks * 256);
+    hf_u8* tiles = hf_dev_smem + (size_t)nblocks * HF_DEV_XBYTES;
+#endif
+    hf_u8* mytile = tiles + (size_t)warp * R * STRIDE;
+
+    uint4 buf[R][PER_LANE];
+    auto issue = [&](int b0) {
+        const int nunits = min(T::CB, nblocks - b0) * T::BYTES / 16; // exact: 16-byte rows
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const hf_u8* src = rowp[r] + (hf_u64)b0 * T::BYTES;
+#pragma unroll
+            for (int i = 0; i < PER_LANE; ++i) {
+                const int u = lane + HF_WARP * i;
+                if (u < nunits) {
+                    const int4 v = hf_ldw16(src + 16 * u);
+                    buf[r][i] = make_uint4((unsigned)v.x, (unsigned)v.y, (unsigned)v.z, (unsigned)v.w);
+                }
+            }
+        }
+    };
+    typename T::X xc;
+    if (active) issue(0);
+#ifdef HF_DEV_XREG
+    typename T::X xn;
+    if (active && bl < nblocks) T::load_x(xc, xa, bl, sub);
+#else
+    hf_stage_x<T>(xq, xd, xa, nblocks);
+    __syncthreads();
+#endif
+    if (!active) return;
+    for (int b0 = 0; b0 < nblocks; b0 += T::CB) {
+        const int nunits = min(T::CB, nblocks - b0) * T::BYTES / 16;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            uint4* dst = (uint4*)(mytile + r * STRIDE);
+#pragma unroll
+            for (int i = 0; i < PER_LANE; ++i) {
+                const int u = lane + HF_WARP * i;
+                if (u < nunits) dst[u] = buf[r][i];
+            }
+        }
+        hf_syncwarp();
+        if (b0 + T::CB < nblocks) {
+            issue(b0 + T::CB); // in flight while this tile is computed
+#ifdef HF_DEV_XREG
+            if (b0 + T::CB + bl < nblocks) T::load_x(xn, xa, b0 + T::CB + bl, sub);
+#endif
+        }
+        if (b0 + bl < nblocks) {
+#ifndef HF_DEV_XREG
+            T::load_xs(xc, xq, xd, b0 + bl, sub);
+#endif
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[r] += T::dot(mytile + r * STRIDE + bl * T::BYTES, sub, xc);
+        }
+#ifdef HF_DEV_XREG
+        xc = xn;
+#endif
+        hf_syncwarp();
+    }
+    hf_dev_store_rows<R, RESIDUAL>(acc, y, row0, nrows, lane);
+}
+
+#define HF_GEMV_DEV_ENTRY(NAME, T, KIND, FORM, RES)                                                   \
+    extern "C" __global__ void __launch_bounds__(HF_DEV_WARPS * HF_WARP, HF_DEV_MINB)                  \
+        gemv_##NAME##_##FORM##_dev(const hf_u8* __restrict__ W, hf_u64 row_bytes,                      \
+                                   const signed char* qs, const float2* ds, const float* xf,           \
+                                   float* __restrict__ y, int nrows, int nblocks) {                    \
+        XArgs xa;                                                                                      \
+        xa.qs = qs;                                                                                    \
+        xa.ds = ds;                                                                                    \
+        xa.xf = xf;                                                                                    \
+        hf_gemv_dev_##KIND<T, RES>(W, row_bytes, xa, y, nrows, nblocks);                               \
+    }
+HF_GEMV_DEV_ENTRY(q4_k, TQ4K, direct, plain, false)
+HF_GEMV_DEV_ENTRY(q4_k, TQ4K, direct, residual, true)
+HF_GEMV_DEV_ENTRY(q6_k, TQ6K, tiled, plain, false)
+HF_GEMV_DEV_ENTRY(q6_k, TQ6K, tiled, residual, true)
 
 // Prepare the activation: a copy of x for the float formats, and for the integer dots one warp per
 // block of 32: d = max|x| / 127, q = round(x / d), s = d * sum(q) (ggml quantize_q8_1).

@@ -11,6 +11,8 @@
 #   scripts/device-bench.sh per-shape         # single_layer --per-shape: auto vs pinned shares per shape
 #   scripts/device-bench.sh llama-build       # llama.cpp CUDA llama-bench (~4 min), or unpack a carried one
 #   scripts/device-bench.sh llama-round N     # one round: hipfire and llama-bench on the same 8B synth
+#                                             # (JOIN=two-stream|flags picks hipfire's join strategy)
+#   scripts/device-bench.sh strategies        # 8B decode per join strategy at 24 and 16 resident, traced
 #
 # Each call's files travel under a 64 MiB limit and the box stays warm ~30 s between calls, so a
 # session chains calls: the bundle goes gzipped (`tar czf lead-bundle.tgz lead-bundle`, ~9 MB) and is
@@ -99,7 +101,19 @@ verify)
         --prompt-tokens 8 --gen-tokens 8 --rounds 1 2>&1 | tail -3 | tee -a "$OUT/verify.log"
     ;;
 per-shape)
-    "$B/bin/single_layer" --reps 11 --per-shape --json "$OUT/per_shape.json" 2>&1 | tee "$OUT/per-shape.log"
+    # Each shape's step is 50-300 us: enough reps that one point is tens of milliseconds.
+    "$B/bin/single_layer" --reps "${REPS:-200}" --per-shape --json "$OUT/per_shape.json" 2>&1 | tee "$OUT/per-shape.log"
+    ;;
+strategies)
+    ( [[ -f "$L8B" ]] || "$B/bin/hipfire" synth --arch llama3-8b --format q4_k --out "$L8B" >>"$OUT/strategies.log" 2>&1 )
+    for budget in 24 16; do
+        for st in ordering two-stream flags; do
+            HIPFIRE_CPU_EXEC_TRACE=1 timeout 150 "$B/bin/hipfire" bench "$L8B" --device gpu --gpu-layer-budget $budget \
+                --offload-exec passback --join-strategy $st --prompt-tokens 16 --gen-tokens 64 --rounds 2 --json \
+                >"$OUT/strat-b$budget-$st.json" 2>"$OUT/trace-b$budget-$st.log"
+            echo "budget $budget $st rc=$? $(grep -o '"median":[0-9.]*' "$OUT/strat-b$budget-$st.json" | head -2 | tr '\n' ' ')" | tee -a "$OUT/strategies.log"
+        done
+    done
     ;;
 smoke)
     echo "== $(cat "$B/MANIFEST" | tr '\n' ' ')"
@@ -155,7 +169,7 @@ llama-round)
         (( round % 2 == 0 )) && run_llama
         for m in $modes; do
             timeout 150 "$B/bin/hipfire" bench "$L8B" --device gpu --gpu-layer-budget $budget \
-                --offload-exec $m --prompt-tokens 16 --gen-tokens 64 --rounds 2 --json \
+                --offload-exec $m ${JOIN:+--join-strategy $JOIN} --prompt-tokens 16 --gen-tokens 64 --rounds 2 --json \
                 >"$R/r$round-hipfire-b$budget-$m.json" 2>>"$OUT/llama.log"
         done
         (( round % 2 == 1 )) && run_llama

@@ -73,6 +73,12 @@ pub static OTHER_ENV: &[EnvVarDoc] = &[
               docs/env-vars.md from the schema instead of failing when they are stale.",
     },
     EnvVarDoc {
+        name: "HIPFIRE_REQUIRE_NVRTC",
+        read_by: "tests",
+        doc: "`1` makes hipfire-gpu's NVRTC compile test fail, instead of skipping, when libnvrtc \
+              is not found (CI installs the `nvidia-cuda-nvrtc` wheel and sets it).",
+    },
+    EnvVarDoc {
         name: "HIPFIRE_SMOLLM2_GGUF",
         read_by: "tests",
         doc: "Path of the SmolLM2-135M GGUF for the CPU decode tests; `scripts/smollm2-path.sh` \

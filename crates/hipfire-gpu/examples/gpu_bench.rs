@@ -3,8 +3,14 @@
 //! and their ratios. Event-timed, warmed up, median of repetitions; every timed pass rotates over
 //! enough weight copies that the bytes exceed the L2 cache.
 //!
-//! `gpu_bench [--json PATH] [--reps N] [--config WxRxKxB]... [--host-configs N] [--formats f1,f2] [--pool-mib N]`
+//! `gpu_bench [--json PATH] [--reps N] [--config WxRxKxB[:nodev|:devWxR{s|r}][+DEFINE]...]...
+//! [--host-configs N] [--formats f1,f2] [--shapes MxK,...] [--pool-mib N]`
+//!
+//! `:nodev` runs device-resident Q4_K/Q6_K weights through the general kernel (the A/B baseline);
+//! `:dev8x2s` through the device-resident kernel with 8 warps × 2 rows and x staged in shared memory
+//! (`r`: x from global memory one tile ahead); without a suffix, the default device kernel.
 
+use hipfire_gpu::gemv::DeviceGemv;
 use hipfire_gpu::{
     Activation, Context, DeviceBuffer, DeviceMemory, GemvConfig, GemvForm, GemvKernels,
     HostMappedBuffer, KernelRegistry, ReadKernel, RowRange, Stream, WeightRef,
@@ -12,7 +18,8 @@ use hipfire_gpu::{
 use hipfire_quant::Format;
 use std::sync::Arc;
 
-/// (m, k) shapes of the acceptance targets: k=4096 with m=4096 and 12288, and k=12288 with m=4096.
+/// Default (m, k) shapes, the acceptance targets: k=4096 with m=4096 and 12288, and k=12288 with
+/// m=4096 (`--shapes` replaces them).
 const SHAPES: [(usize, usize); 3] = [(4096, 4096), (12288, 4096), (4096, 12288)];
 /// Bytes each timed pass reads at least: 4x the H200's 60 MiB L2 so no pass is served from cache.
 const MIN_PASS_BYTES: usize = 256 << 20;
@@ -25,8 +32,11 @@ const WARMUP_PASSES: usize = 3;
 /// Default timed passes per measurement; the median is reported.
 const DEFAULT_REPS: usize = 15;
 
+const USAGE: &str = "gpu_bench [--json PATH] [--reps N] [--config WxRxKxB[:nodev|:devWxR{s|r}][+DEFINE]...]... [--host-configs N] [--formats f1,f2] [--shapes MxK,...] [--pool-mib N]";
+
 struct Args {
     json: Option<String>,
+    shapes: Vec<(usize, usize)>,
     reps: usize,
     /// Kernel shapes, each with extra `-D` defines (`--config 4x2x1x1+HF_DIAG_NOX`).
     configs: Vec<(GemvConfig, Vec<String>)>,
@@ -39,6 +49,7 @@ struct Args {
 fn parse_args() -> Result<Args, String> {
     let mut a = Args {
         json: None,
+        shapes: SHAPES.to_vec(),
         reps: DEFAULT_REPS,
         configs: vec![],
         formats: Format::ALL.to_vec(),
@@ -55,8 +66,9 @@ fn parse_args() -> Result<Args, String> {
             "--config" => {
                 let full = val()?;
                 let mut parts = full.split('+');
-                let v = parts.next().unwrap_or_default().to_string();
+                let head = parts.next().unwrap_or_default().to_string();
                 let defines: Vec<String> = parts.map(|d| format!("-D{d}")).collect();
+                let (v, dev) = head.split_once(':').unwrap_or((&head, "default"));
                 let n: Vec<u32> = v
                     .split('x')
                     .map(|p| p.parse().map_err(|e| format!("--config {v}: {e}")))
@@ -70,12 +82,27 @@ fn parse_args() -> Result<Args, String> {
                         rows_per_warp,
                         ksplit,
                         min_blocks,
+                        device: parse_device(dev)?,
                     },
                     defines,
                 ));
             }
             "--host-configs" => {
                 a.host_configs = val()?.parse().map_err(|e| format!("--host-configs: {e}"))?
+            }
+            "--shapes" => {
+                a.shapes = val()?
+                    .split(',')
+                    .map(|mk| {
+                        let (m, k) = mk
+                            .split_once('x')
+                            .ok_or(format!("--shapes: {mk} is not MxK"))?;
+                        Ok((
+                            m.parse().map_err(|e| format!("--shapes {mk}: {e}"))?,
+                            k.parse().map_err(|e| format!("--shapes {mk}: {e}"))?,
+                        ))
+                    })
+                    .collect::<Result<_, String>>()?
             }
             "--formats" => {
                 a.formats = val()?
@@ -84,7 +111,7 @@ fn parse_args() -> Result<Args, String> {
                     .collect::<Result<_, _>>()?
             }
             "-h" | "--help" => {
-                println!("gpu_bench [--json PATH] [--reps N] [--config WxRxKxB]... [--host-configs N] [--formats f1,f2] [--pool-mib N]");
+                println!("{USAGE}");
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument {other}")),
@@ -94,6 +121,29 @@ fn parse_args() -> Result<Args, String> {
         a.configs.push((GemvConfig::default(), vec![]));
     }
     Ok(a)
+}
+
+/// `nodev`, `default`, or `devWxR` followed by `s` (x in shared memory) or `r` (x in registers).
+fn parse_device(s: &str) -> Result<Option<DeviceGemv>, String> {
+    match s {
+        "nodev" => return Ok(None),
+        "default" => return Ok(Some(DeviceGemv::default())),
+        _ => {}
+    }
+    let bad = || format!("device kernel {s}: expected nodev or devWxR{{s|r}}, e.g. dev8x2s");
+    let body = s.strip_prefix("dev").ok_or_else(bad)?;
+    let (shape, x_in_shared) = match body.strip_suffix('s') {
+        Some(b) => (b, true),
+        None => (body.strip_suffix('r').ok_or_else(bad)?, false),
+    };
+    let (w, r) = shape.split_once('x').ok_or_else(bad)?;
+    Ok(Some(DeviceGemv {
+        warps: w.parse().map_err(|_| bad())?,
+        rows_per_warp: r.parse().map_err(|_| bad())?,
+        x_in_shared,
+        // An explicit shape is compared on every row count.
+        min_rows: 0,
+    }))
 }
 
 /// Median milliseconds of `reps` passes of `pass` (each pass queued between two events).
@@ -181,7 +231,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .join("+");
         eprintln!("config {label}: module ready in {:?}", t0.elapsed());
         let with_host = ci < args.host_configs;
-        for &(m, k) in &SHAPES {
+        for &(m, k) in &args.shapes {
             let mut xd: DeviceBuffer<f32> = ctx.alloc(k)?;
             let x: Vec<f32> = (0..k)
                 .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)

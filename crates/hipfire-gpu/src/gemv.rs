@@ -30,6 +30,19 @@ const READ_BLOCKS_PER_SM: u32 = 8;
 const WARP: u32 = 32;
 /// Load widths the GEMV is instantiated for, widest first (kernels/gemv.cu `HF_GEMV_WIDTHS`).
 const LOAD_WIDTHS: [usize; 3] = [16, 4, 2];
+/// Formats with a device-resident kernel (kernels/gemv.cu `HF_GEMV_DEV_ENTRY`).
+const DEVICE_FORMATS: [Format; 2] = [Format::Q4K, Format::Q6K];
+/// Shared bytes per 256-element block of the activation staged by the device-resident kernel
+/// (kernels/gemv.cu `HF_DEV_XBYTES`: 256 int8 + 8 × (d, s)).
+const DEV_X_BYTES_PER_BLOCK: usize = 320;
+/// Shared bytes of one Q6_K row tile in the device-resident kernel (8 blocks of 210 bytes + 16 pad:
+/// kernels/gemv.cu `hf_gemv_dev_tiled`, `STRIDE`).
+const DEV_Q6K_TILE_BYTES: usize = 8 * 210 + 16;
+/// Dynamic shared memory a launch may use without opting in (48 KiB on CUDA; AMD LDS is 64 KiB).
+const MAX_DYNAMIC_SHARED: usize = 48 << 10;
+/// Thread blocks per multiprocessor the device-resident launch aims for before it shrinks blocks
+/// (two full blocks of the default shape are resident per SM).
+const DEV_BLOCKS_PER_SM: u32 = 2;
 
 /// Where a weight's bytes live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -234,8 +247,52 @@ impl Activation {
     }
 }
 
+/// Shape of the device-resident (HBM) kernel for Q4_K and Q6_K (kernels/gemv.cu `hf_gemv_dev_*`,
+/// `HF_DEV_WARPS`, `HF_DEV_ROWS`, `HF_DEV_XREG`). It is used for weights in device memory whose rows
+/// allow 16-byte loads, when the general shape has no k-split (its rows are then bit-identical to
+/// the general kernel's, so host-mapped and device results stay equal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceGemv {
+    /// Most warps per thread block (fewer when there are few rows).
+    pub warps: u32,
+    /// Rows per warp.
+    pub rows_per_warp: u32,
+    /// The activation staged once per block in shared memory (else read from global memory one
+    /// tile ahead, `HF_DEV_XREG`).
+    pub x_in_shared: bool,
+    /// Row ranges shorter than this take the general kernel instead (0: never).
+    pub min_rows: u32,
+}
+
+/// Below this many rows the device-resident K-quant kernel loses to the general one: at m = 1024
+/// (k = 4096) the general kernel read at 0.97 × HBM for Q4_K and Q6_K, `dev4x2s` at 0.85 / 0.76,
+/// while from m = 4096 up `dev4x2s` won on every 8B shape (0.74–0.83 against 0.67–0.79;
+/// docs/perf-checkpoints/2026-11-29-session2-h200, kq_bench).
+pub const DEV_MIN_ROWS: u32 = 2048;
+
+impl DeviceGemv {
+    /// `dev8x2s` (s: x in shared memory, r: x in registers).
+    pub fn label(&self) -> String {
+        let x = if self.x_in_shared { 's' } else { 'r' };
+        format!("dev{}x{}{x}", self.warps, self.rows_per_warp)
+    }
+}
+
+impl Default for DeviceGemv {
+    /// 4 warps × 2 rows, x staged in shared memory, from [`DEV_MIN_ROWS`] rows: the best of five
+    /// shapes compared on the H200 (docs/perf-checkpoints/2026-11-29-session2-h200, kq_bench).
+    fn default() -> Self {
+        DeviceGemv {
+            warps: 4,
+            rows_per_warp: 2,
+            x_in_shared: true,
+            min_rows: DEV_MIN_ROWS,
+        }
+    }
+}
+
 /// Kernel-shape choices compiled into the GEMV module (kernels/gemv.cu `HF_WARPS`, `HF_ROWS`,
-/// `HF_KSPLIT`, `HF_MINB`).
+/// `HF_KSPLIT`, `HF_MINB`, and the device-resident kernel's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GemvConfig {
     /// Warps per thread block.
@@ -246,6 +303,8 @@ pub struct GemvConfig {
     pub ksplit: u32,
     /// Minimum resident blocks per SM asked of the register allocator (`__launch_bounds__`).
     pub min_blocks: u32,
+    /// The device-resident Q4_K/Q6_K kernel; `None`: device weights use the general kernel too.
+    pub device: Option<DeviceGemv>,
 }
 
 impl GemvConfig {
@@ -253,10 +312,11 @@ impl GemvConfig {
     pub fn rows_per_block(&self) -> u32 {
         self.rows_per_warp * (self.warps / self.ksplit.max(1))
     }
-    /// `WxRxKxB` as on the bench's command line.
+    /// `WxRxKxB:devWxR{s|r}` (or `WxRxKxB:nodev`) as on the bench's command line.
     pub fn label(&self) -> String {
+        let dev = self.device.map_or("nodev".to_string(), |d| d.label());
         format!(
-            "{}x{}x{}x{}",
+            "{}x{}x{}x{}:{dev}",
             self.warps, self.rows_per_warp, self.ksplit, self.min_blocks
         )
     }
@@ -265,13 +325,14 @@ impl GemvConfig {
 impl Default for GemvConfig {
     /// 4 warps x 2 rows, no k-split: the best of the shapes compared on the H200
     /// (docs/perf-checkpoints/2026-11-29-gpu-gemv: k-split and 8-warp or 1- and 4-row shapes were
-    /// equal or slower for every format).
+    /// equal or slower for every format); the device-resident Q4_K/Q6_K kernel at its default.
     fn default() -> Self {
         GemvConfig {
             warps: 4,
             rows_per_warp: 2,
             ksplit: 1,
             min_blocks: 1,
+            device: Some(DeviceGemv::default()),
         }
     }
 }
@@ -282,6 +343,8 @@ pub struct GemvKernels {
     ctx: Arc<Context>,
     config: GemvConfig,
     gemv: HashMap<(Format, GemvForm, usize), Function>,
+    /// The device-resident kernels (empty when the config has none or a k-split).
+    dev: HashMap<(Format, GemvForm), Function>,
     quantize: Function,
 }
 
@@ -309,11 +372,14 @@ impl GemvKernels {
             || config.rows_per_warp == 0
             || config.ksplit == 0
             || config.warps % config.ksplit != 0
+            || config
+                .device
+                .is_some_and(|d| d.warps == 0 || d.rows_per_warp == 0 || d.warps > 32)
         {
             return Err(GpuError::Unsupported {
                 format: Format::F32,
                 why: format!(
-                    "GEMV shape {} (ksplit must divide warps, all > 0)",
+                    "GEMV shape {} (ksplit must divide warps, all > 0, device warps <= 32)",
                     config.label()
                 ),
             });
@@ -324,6 +390,13 @@ impl GemvKernels {
             format!("-DHF_KSPLIT={}", config.ksplit),
             format!("-DHF_MINB={}", config.min_blocks),
         ];
+        if let Some(d) = config.device {
+            options.push(format!("-DHF_DEV_WARPS={}", d.warps));
+            options.push(format!("-DHF_DEV_ROWS={}", d.rows_per_warp));
+            if !d.x_in_shared {
+                options.push("-DHF_DEV_XREG".to_string());
+            }
+        }
         options.extend(extra.iter().cloned());
         let module = registry.module(&GEMV_SOURCE, &options)?;
         let mut gemv = HashMap::new();
@@ -335,11 +408,21 @@ impl GemvKernels {
                 }
             }
         }
+        let mut dev = HashMap::new();
+        if config.device.is_some() && config.ksplit == 1 {
+            for format in DEVICE_FORMATS {
+                for form in [GemvForm::Plain, GemvForm::Residual] {
+                    let name = format!("gemv_{}_{}_dev", format.name(), form.name());
+                    dev.insert((format, form), module.function(&name)?);
+                }
+            }
+        }
         let quantize = module.function("quantize_x_q8")?;
         Ok(GemvKernels {
             ctx: registry.context().clone(),
             config,
             gemv,
+            dev,
             quantize,
         })
     }
@@ -471,17 +554,22 @@ impl GemvKernels {
                 align: 2,
             });
         };
-        let Some(f) = self.gemv.get(&(w.format, form, width)) else {
-            return Err(GpuError::Unsupported {
-                format: w.format,
-                why: "no GPU kernel".into(),
-            });
-        };
-        let rows_per_block = self.config.rows_per_block();
-        let dims = LaunchDims {
-            grid: (nrows as u32).div_ceil(rows_per_block),
-            block: self.config.warps * WARP,
-            shared_bytes: 0,
+        let (f, dims) = match self.device_launch(w, form, width, nrows as u32, w.k / elems) {
+            Some(dev) => dev,
+            None => {
+                let Some(f) = self.gemv.get(&(w.format, form, width)) else {
+                    return Err(GpuError::Unsupported {
+                        format: w.format,
+                        why: "no GPU kernel".into(),
+                    });
+                };
+                let dims = LaunchDims {
+                    grid: (nrows as u32).div_ceil(self.config.rows_per_block()),
+                    block: self.config.warps * WARP,
+                    shared_bytes: 0,
+                };
+                (f, dims)
+            }
         };
         let mut pw = base;
         let mut prb = w.row_bytes as u64;
@@ -501,9 +589,11 @@ impl GemvKernels {
             (&mut pn as *mut i32).cast(),
             (&mut pb as *mut i32).cast(),
         ];
-        // SAFETY: kernel `gemv_<fmt>_<form>_v<width>(const u8* W, u64 row_bytes, const i8* qs,
-        // const float2* ds, const float* xf, float* y, int nrows, int nblocks)`: eight parameters of
-        // these types. The kernel reads rows [0, nrows) at W + i*row_bytes, i.e. bytes
+        // SAFETY: kernel `gemv_<fmt>_<form>_v<width>` or `gemv_<fmt>_<form>_dev` (width 16)
+        // `(const u8* W, u64 row_bytes, const i8* qs, const float2* ds, const float* xf, float* y,
+        // int nrows, int nblocks)`: eight parameters of these types. The `_dev` kernels index
+        // shared memory below `shared_bytes`, sized by `device_launch` for this nblocks and block
+        // (at most 48 KiB). The kernel reads rows [0, nrows) at W + i*row_bytes, i.e. bytes
         // [start*row_bytes, end*row_bytes) of the weight (end <= m and m*row_bytes bytes present,
         // checked in WeightRef::new); loads are `width` bytes wide and `width` divides both base and
         // row_bytes (checked above); it reads k = nblocks*elems activation values (act.k == w.k,
@@ -514,6 +604,50 @@ impl GemvKernels {
                 .backend()
                 .launch(f.raw(), dims, stream.raw(), &mut params)
         }
+    }
+
+    /// The device-resident kernel and its launch shape for this GEMV, when it applies: weights in
+    /// device memory, a format that has one, 16-byte loads, and its shared memory within 48 KiB.
+    /// Blocks shrink (fewer warps) when there are few rows, so that the grid still covers the GPU.
+    fn device_launch(
+        &self,
+        w: &WeightRef<'_>,
+        form: GemvForm,
+        width: usize,
+        nrows: u32,
+        nblocks: usize,
+    ) -> Option<(&Function, LaunchDims)> {
+        let d = self.config.device?;
+        if w.location != WeightLocation::Device || width != 16 || nrows < d.min_rows {
+            return None;
+        }
+        let f = self.dev.get(&(w.format, form))?;
+        let x_bytes = if d.x_in_shared {
+            nblocks * DEV_X_BYTES_PER_BLOCK
+        } else {
+            0
+        };
+        let per_warp = if w.format == Format::Q6K {
+            d.rows_per_warp as usize * DEV_Q6K_TILE_BYTES
+        } else {
+            0
+        };
+        let sms = self.ctx.info().multiprocessors.max(1);
+        let mut warps = nrows
+            .div_ceil(d.rows_per_warp * DEV_BLOCKS_PER_SM * sms)
+            .clamp(1, d.warps);
+        while x_bytes + warps as usize * per_warp > MAX_DYNAMIC_SHARED {
+            warps -= 1;
+            if warps == 0 {
+                return None;
+            }
+        }
+        let dims = LaunchDims {
+            grid: nrows.div_ceil(warps * d.rows_per_warp),
+            block: warps * WARP,
+            shared_bytes: (x_bytes + warps as usize * per_warp) as u32,
+        };
+        Some((f, dims))
     }
 }
 

@@ -5,6 +5,7 @@
 mod common;
 
 use common::{dequant_f64, gpu, random_weights, random_x, rng, uses_int8_activation};
+use hipfire_gpu::gemv::DeviceGemv;
 use hipfire_gpu::{
     Activation, Context, DeviceBuffer, DeviceMemory, GemvConfig, GemvForm, GemvKernels, GpuError,
     KernelRegistry, RowRange, Stream, WeightRef, GEMV_SOURCE,
@@ -57,6 +58,31 @@ const KSPLIT_CONFIG: GemvConfig = GemvConfig {
     rows_per_warp: 1,
     ksplit: 4,
     min_blocks: 1,
+    device: None,
+};
+
+/// The default general shape with the other device-resident kernel variant (x read from global
+/// memory one tile ahead) and an odd block shape (3 warps × 3 rows: partial blocks, idle warps).
+const DEV_XREG_CONFIG: GemvConfig = GemvConfig {
+    warps: 4,
+    rows_per_warp: 2,
+    ksplit: 1,
+    min_blocks: 1,
+    device: Some(DeviceGemv {
+        warps: 3,
+        rows_per_warp: 3,
+        x_in_shared: false,
+        min_rows: 0,
+    }),
+};
+
+/// The default general shape, device weights through the general kernel too.
+const NODEV_CONFIG: GemvConfig = GemvConfig {
+    warps: 4,
+    rows_per_warp: 2,
+    ksplit: 1,
+    min_blocks: 1,
+    device: None,
 };
 
 fn setup() -> Option<Gpu> {
@@ -73,11 +99,13 @@ fn setup() -> Option<Gpu> {
     })
 }
 
-/// The default kernels and the k-split shape, both under test.
+/// The default kernels, the k-split shape and the other device-resident variant, all under test.
 fn all_kernels(g: &Gpu) -> Vec<GemvKernels> {
     let mut v = vec![GemvKernels::new(&g.registry).expect("default shape")];
-    if GemvConfig::default() != KSPLIT_CONFIG {
-        v.push(GemvKernels::with_config(&g.registry, KSPLIT_CONFIG).expect("k-split shape"));
+    for c in [KSPLIT_CONFIG, DEV_XREG_CONFIG] {
+        if GemvConfig::default() != c {
+            v.push(GemvKernels::with_config(&g.registry, c).expect("test shape"));
+        }
     }
     v
 }
@@ -521,5 +549,84 @@ fn gpu_and_cpu_engines_agree_within_the_quantisation_bound() {
             worst = worst.max(diff / abs.max(1e-30));
         }
         println!("{format:>9}: max |gpu - cpu| / sum|w x| = {worst:.2e}");
+    }
+}
+
+/// The device-resident Q4_K/Q6_K kernels (both variants, several block shapes) against the general
+/// kernel over the same device weights: bit-identical rows, at row counts large enough for
+/// multi-warp blocks with partial last blocks, for row ranges too, and within the f64 bound.
+#[test]
+fn gpu_device_kernels_match_the_general_kernel_bit_for_bit() {
+    let Some(g) = setup() else { return };
+    let general = GemvKernels::with_config(&g.registry, NODEV_CONFIG).expect("general kernels");
+    let mut devs = vec![GemvKernels::new(&g.registry).expect("default shape")];
+    for (warps, rows_per_warp, x_in_shared) in [(3, 3, false), (8, 1, true), (4, 2, false)] {
+        let config = GemvConfig {
+            device: Some(DeviceGemv {
+                warps,
+                rows_per_warp,
+                x_in_shared,
+                min_rows: 0,
+            }),
+            ..NODEV_CONFIG
+        };
+        devs.push(GemvKernels::with_config(&g.registry, config).expect("device shape"));
+    }
+    let mut r = rng(0x5EED_0006);
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for format in [Format::Q4K, Format::Q6K] {
+        // 2100 rows: blocks of several warps with idle warps in the last; k = 14336 (56 blocks: a
+        // partial last tile) and k = 2048 (one tile).
+        for (m, k) in [(2100, 2048), (1100, 14336), (5, 4096)] {
+            let wbytes = random_weights(format, m, k, &mut r);
+            let x = random_x(k, &mut r);
+            let act = prepare(&g, &x);
+            let (xhat, dstep) = effective_x(&g, &act, &x, format);
+            let placed = place(&g.ctx, &g.stream, &wbytes, false);
+            let w = WeightRef::new(placed.mem(), 0, format, m, k).expect("view");
+            for form in [GemvForm::Plain, GemvForm::Residual] {
+                let y0 = if form == GemvForm::Plain {
+                    vec![f32::from_bits(POISON); m]
+                } else {
+                    random_x(m, &mut r)
+                };
+                let want = run(&g, &general, &w, &act, &y0, RowRange::all(m), form);
+                check_rows(format, &wbytes, k, &x, &xhat, &dstep, &y0, &want, form);
+                for dev in &devs {
+                    let label = dev.config().label();
+                    let got = run(&g, dev, &w, &act, &y0, RowRange::all(m), form);
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "{format} m={m} k={k} {form:?} {label}: device kernel != general kernel"
+                    );
+                    for (a, b) in [(0, m / 2), (m / 2, m), (1, m.min(1 + 37)), (m - 1, m)] {
+                        let start: Vec<f32> = (0..m)
+                            .map(|i| {
+                                if (a..b).contains(&i) {
+                                    y0[i]
+                                } else {
+                                    f32::from_bits(POISON)
+                                }
+                            })
+                            .collect();
+                        let y = run(&g, dev, &w, &act, &start, RowRange::new(a, b), form);
+                        for i in 0..m {
+                            let expect = if (a..b).contains(&i) {
+                                want[i].to_bits()
+                            } else {
+                                POISON
+                            };
+                            assert_eq!(
+                                y[i].to_bits(),
+                                expect,
+                                "{format} m={m} k={k} {form:?} {label} [{a},{b}) row {i}"
+                            );
+                        }
+                    }
+                    println!("{format:>5} m={m:<5} k={k:<5} {form:?} {label}: bit-identical");
+                }
+            }
+        }
     }
 }

@@ -36,8 +36,17 @@ fn setup() -> Option<(Model, CpuPool, Value)> {
     let backend = std::sync::Arc::new(CpuBackend::with_pool(pool.clone()));
     let model =
         Model::load_with_backend(&path, &LoadOptions::default(), backend).expect("SmolLM2 loads");
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/smollm2_llamacpp.json");
+    // The build tree's path where it exists; on a GPU box that received only the executable, the
+    // repository root it runs from.
+    let rel = "tests/fixtures/smollm2_llamacpp.json";
+    let built = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(rel);
+    let p = if built.exists() {
+        built
+    } else {
+        PathBuf::from(rel)
+    };
     let fixture =
         serde_json::from_str(&std::fs::read_to_string(p).expect("fixture")).expect("fixture json");
     Some((model, pool, fixture))
