@@ -679,7 +679,15 @@ __device__ __forceinline__ void hf_stage_x(int4* xq, float2* xd, const XArgs& xa
 template <int R, bool RESIDUAL>
 __device__ __forceinline__ void hf_dev_store_rows(float (&acc)[R], float* __restrict__ y, int row0,
                                                   int nrows, int lane) {
-    hf_dev_store_rows<R, RESIDUAL>(acc, y, row0, nrows, lane);
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = hf_warp_sum(acc[r]);
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int row = row0 + r;
+            if (row < nrows) y[row] = RESIDUAL ? y[row] + acc[r] : acc[r];
+        }
+    }
 }
 
 // Q4_K: lane L owns unit L%4 of block 8t + L/4 in tile t; weights go global -> registers, one tile
