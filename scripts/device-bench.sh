@@ -88,7 +88,7 @@ stash)
 smollm2)
     assemble_smol
     [[ -n "${HIPFIRE_SMOLLM2_GGUF:-}" ]] || { echo "no SmolLM2 halves (see the header)"; exit 1; }
-    run_tests gpu_smollm2 2>    run_tests smollm2 2>&1 | tee "$OUT/smollm2.log"1 | tee "$OUT/smollm2.log"
+    run_tests gpu_smollm2 2>&1 | tee "$OUT/smollm2.log"
     ;;
 verify)
     # Late changes that need a GPU: fresh-process interleaved rounds, `auto` budget from free
