@@ -16,9 +16,9 @@
 //! must wait for the GPU arm before the step returns. `two-stream` and `flags` only differ
 //! from `ordering` once x/y live on the device, which needs a device-operand GPU engine; until
 //! one exists the planner refuses to start with them ([`JoinKind::needs_device_operands`]).
-//! Device-operand `ordering` and `two-stream` exist in [`crate::offload`]; the host half of
-//! `flags` (mailbox layout, workers spinning on the device's sequence word) is
-//! [`crate::flags`], waiting for its device kernels.
+//! All three exist with device operands in [`crate::offload`] (the path the GPU decoder uses):
+//! `flags` there is [`crate::flags`] (mailbox, workers spinning on the device's sequence word)
+//! plus `kernels/flags.cu`.
 
 use crate::error::ExecError;
 use crate::gpu::GpuHandle;
