@@ -106,6 +106,7 @@ fn main() -> Result<()> {
     }
     chart
         .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
         .border_style(BLACK)
         .background_style(WHITE.mix(0.8))
         .draw()?;

@@ -30,7 +30,7 @@ fn main() -> Result<()> {
     };
     let ceiling = v["ceilings"]["both_total_gbs"].as_f64().unwrap_or(0.0);
     let mut curves: Vec<Curve> = Vec::new();
-    for strategy in ["ordering", "two-stream"] {
+    for strategy in ["ordering", "two-stream", "flags"] {
         let mut pts = Vec::new();
         let mut auto = None;
         for r in runs
@@ -102,6 +102,7 @@ fn main() -> Result<()> {
     }
     chart
         .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
         .border_style(BLACK)
         .background_style(WHITE.mix(0.8))
         .draw()?;
