@@ -7,6 +7,7 @@
 //! round, and modes are compared by *paired* ratios: within each round, mode X over mode Y, then
 //! the median of those ratios — the figure the targets are stated in.
 
+use crate::stats::median;
 use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context as _};
@@ -36,20 +37,6 @@ fn passthrough_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
         }
     }
     out
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.retain(|x| x.is_finite());
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 /// One child: the JSON report of `hipfire bench … --offload-exec mode --rounds 1 --json`.
@@ -148,13 +135,5 @@ mod tests {
             got,
             ["bench", "m.gguf", "--gen-tokens", "8", "--device", "gpu"]
         );
-    }
-
-    #[test]
-    fn median_of_odd_even_and_nan() {
-        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
-        assert_eq!(median(vec![f64::NAN, 5.0]), 5.0);
-        assert!(median(vec![]).is_nan());
     }
 }

@@ -23,6 +23,7 @@ mod gpu_probe;
 mod logging;
 mod model_cmd;
 mod offload_bench;
+mod stats;
 mod version;
 
 use std::io::Write;

@@ -1,6 +1,7 @@
 //! `run`, `bench`, `synth`: thin wrappers over hipfire-model (phase two of argument handling:
 //! resolved settings → a device, a loaded model, a decoder).
 
+use crate::stats::median;
 use std::hash::{BuildHasher, Hasher};
 use std::io::{IsTerminal, Read, Write};
 use std::process::ExitCode;
@@ -313,14 +314,6 @@ fn bench_prompt(model: &Model, n: usize) -> anyhow::Result<Vec<u32>> {
         }
         text.push_str(BENCH_TEXT);
     }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// `hipfire bench`.

@@ -2,6 +2,7 @@
 //! CPU alone, the GPU (reading host-mapped memory) alone, and both at once at the balanced
 //! share; recommends one `memory.offload_passback_share`.
 
+use crate::stats::median;
 use std::io::Write;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -288,11 +289,6 @@ fn cpu_rows(
     let t0 = Instant::now();
     pool.gemv_prepared(fmt, w, k, act, row0, y, false)?;
     Ok(t0.elapsed().as_secs_f64())
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
 }
 
 /// Rows the GPU takes at `share` of `m`: at least one and at most m − 1, so both arms run.
