@@ -114,8 +114,12 @@ strategies)
                 --offload-exec passback --join-strategy $st --prompt-tokens 16 --gen-tokens 64 --rounds 2 --json \
                 >"$OUT/strat-b$budget-$st.json" 2>"$OUT/trace-b$budget-$st.log"
             echo "budget $budget $st rc=$? $(grep -o '"median":[0-9.]*' "$OUT/strat-b$budget-$st.json" | head -2 | tr '\n' ' ')" | tee -a "$OUT/strategies.log"
+            python3 "$ROOT/scripts/trace_overhead.py" "$OUT/trace-b$budget-$st.log" | tail -1 | sed "s/^/b$budget $st: /" | tee -a "$OUT/strategies.log"
         done
     done
+    # At most 8 files come back: one archive.
+    tar czf "$OUT/strategies.tar.gz" -C "$OUT" strategies.log $(cd "$OUT" && ls strat-*.json trace-*.log) &&
+        rm -f "$OUT"/strat-*.json "$OUT"/trace-*.log
     ;;
 smoke)
     echo "== $(cat "$B/MANIFEST" | tr '\n' ' ')"
