@@ -42,11 +42,13 @@
 //! block sums), so SIMD and scalar differ only by f32 summation order.
 //!
 //! To stay memory-bound the 512-bit loops also minimise vector µops per weight byte (Intel
-//! cores issue 512-bit ops on two ports only) and software-prefetch 2 KiB ahead of the weight
-//! stream. On the Emerald Rapids H200 box (`examples/gemv_gbs`, k = m = 4096, 2 GiB of
-//! weights, 16 threads) that reached 0.90–0.98 (Q4_0), 0.91–0.96 (Q8_0) and 0.85–0.93 (Q4_K)
-//! of a plain read of the same bytes in the same run, over five runs (the read itself varied
-//! from 81 to 132 GB/s between runs, so single ratios are noisy).
+//! cores issue 512-bit ops on two ports only) and software-prefetch ahead of the weight
+//! stream. With 2 KiB ahead, on the Emerald Rapids H200 box (`examples/gemv_gbs`, k = m = 4096,
+//! 2 GiB of weights, 16 threads) that reached 0.90–0.98 (Q4_0), 0.91–0.96 (Q8_0) and 0.85–0.93
+//! (Q4_K) of a plain read of the same bytes in the same run, over five runs (the read itself
+//! varied from 81 to 132 GB/s between runs, so single ratios are noisy). The distance is now
+//! 8 KiB (see `dot::avx2::PREFETCH_AHEAD`): on the 2-core AMD EPYC dev VM at 1 thread that
+//! took Q4_K from 0.70–0.79 to 0.90–0.95 of a read and every other format up by 0.05–0.15.
 //!
 //! # Errors
 //! One small enum, [`QuantError`], because every failure here is bad input that the caller can

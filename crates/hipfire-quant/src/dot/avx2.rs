@@ -84,8 +84,15 @@ pub(crate) unsafe fn h2f(h: u16) -> f32 {
 /// `examples/gemv_gbs` (k = m = 4096, 2 GiB of copies, 16 threads) on the Emerald Rapids
 /// H200 box, Q4_0 / Q8_0 / Q4_K weight GB/s: no prefetch 62.9 / 78.9 / 67.9, 512 B ahead
 /// 73.8 / 79.2 / 78.6, 1 KiB 81.2 / 82.6 / 79.3, 2 KiB 84.6 / 90.2 / 94.7 (plain read of the
-/// same bytes 83–118 GB/s across those runs).
-pub(crate) const PREFETCH_AHEAD: usize = 2048;
+/// same bytes 83–118 GB/s across those runs). The sweep stopped at 2 KiB; on the 2-core AMD
+/// EPYC dev VM (AVX-512 VNNI, 1 thread, k = m = 4096, 512 MiB, best of 7, alternating builds)
+/// the ratio to a plain read kept rising beyond it — Q4_K / Q8_0: none 0.79 / 0.79–0.84,
+/// 1 KiB 0.71–0.75 / 0.73–0.81, 2 KiB 0.75–0.80 / 0.79–0.85, 4 KiB 0.84–0.86 / 0.86–0.89,
+/// 6 KiB 0.88 / 0.92–0.95, 8 KiB 0.93–0.97 / 0.89–0.96, 12 KiB 0.93–0.95 / 0.89–0.90,
+/// 16 KiB 0.94 / 0.91 (`_MM_HINT_T1` at 8 / 16 KiB: 0.87–0.94 / 0.89–0.92), so 8 KiB. SmolLM2
+/// CPU decode there, alternating builds: 132 → 144–149 tok/s at 1 thread, 201–208 → 206–209 at 2.
+/// Not yet measured at 8 KiB on the H200 box's 16 threads.
+pub(crate) const PREFETCH_AHEAD: usize = 8192;
 /// Cache line size of every x86-64 CPU hipfire targets.
 const LINE: usize = 64;
 
@@ -260,6 +267,15 @@ pub(crate) unsafe fn q4_0_block(blk: *const u8, a: &Q8x32, b: usize) -> __m256i 
 pub(crate) const Q4_0_CORR_LANES: usize = 4;
 /// Blocks per Q4_0 activation group (see `act.rs`).
 pub(crate) const Q4_0_GROUP_BLOCKS: usize = 4;
+
+/// The two f16 values at `p`, `p + 2` → [f0, f1, 0, 0] through one `vmovd` + `vcvtph2ps`
+/// (a full 32-bit move, so no merging insert).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn h2f_pair(p: *const u8) -> __m128 {
+    let h = u32::from_le((p as *const u32).read_unaligned());
+    _mm_cvtph_ps(_mm_cvtsi32_si128(h as i32))
+}
 
 /// Four f16 scales at `p`, `p + stride`, `p + 2·stride`, `p + 3·stride` → [d0, d1, d2, d3],
 /// through a GPR pack and one `vmovq` + `vcvtph2ps` (no merging inserts).

@@ -19,7 +19,7 @@
 use crate::act::{Q8x32, Q8K};
 use crate::dispatch::{Kernels, RowDot};
 use crate::dot::avx2::{
-    h2f, h2f_x4, hsum4, hsum8, prefetch_ahead, q4_0_block, q4_1_block, q4k_mins_dot,
+    h2f, h2f_pair, h2f_x4, hsum4, hsum8, prefetch_ahead, q4_0_block, q4_1_block, q4k_mins_dot,
     q4k_unpack_scales, q6k_bsum_dot, q8_0_block, rd16, HFQ_BYTES, Q4K_BYTES, Q4K_QS, Q4K_SCALES,
     Q4_0_BYTES, Q4_0_CORR_LANES, Q4_0_GROUP_BLOCKS, Q4_1_BYTES, Q6K_BYTES, Q6K_D, Q6K_QH,
     Q6K_SCALES, Q8_0_BYTES,
@@ -231,10 +231,28 @@ unsafe fn dp_scaled_plain(acc: __m512i, w: __m512i, x: __m512i, sc: __m512i) -> 
 }
 
 /// acc + Σ pairs of (u8 w · i8 x) · i16 scale, with VNNI (`vpdpwssd`).
+///
+/// Inline asm on purpose: for the baseline (generic) target LLVM rewrites the
+/// `_mm512_dpwssd_epi32` intrinsic into `vpmaddwd` + `vpaddd` (seen in the disassembly), one
+/// µop more per product; forcing the fused form raised the cache-resident (256 rows in L2)
+/// Q4_K / Q6_K row dot from 53.3 / 66.8 to 56.1 / 70.0 GB/s on the AMD EPYC dev VM.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn dp_scaled_vnni(acc: __m512i, w: __m512i, x: __m512i, sc: __m512i) -> __m512i {
-    _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(w, x), sc)
+    let p = _mm512_maddubs_epi16(w, x);
+    let mut acc = acc;
+    // SAFETY: register-only instruction (no memory, stack or flags); AVX-512 VNNI is enabled
+    // for every caller by this function's target features.
+    unsafe {
+        std::arch::asm!(
+            "vpdpwssd {acc}, {p}, {sc}",
+            acc = inout(zmm_reg) acc,
+            p = in(zmm_reg) p,
+            sc = in(zmm_reg) sc,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    acc
 }
 
 macro_rules! int_kernels {
@@ -422,11 +440,14 @@ macro_rules! int_kernels {
                         let sct = _mm512_permutexvar_epi16(ld_idx16(&IDX16_Q4K[t]), sc16);
                         sumi = $dps(sumi, wt, x, sct);
                     }
-                    let dx = a.d[s];
-                    let d = _mm512_set1_ps(h2f(rd16(blk)) * dx);
+                    // [d·dx, dmin·dx, 0, 0]: both f16 scales converted by one `vcvtph2ps`
+                    // (the same f32 products as converting each alone); `a.d` holds one scale
+                    // per super-block (the activation was prepared for this `k`).
+                    let dd = _mm_mul_ps(h2f_pair(blk), _mm_set1_ps(*a.d.as_ptr().add(s)));
+                    let d = _mm512_broadcastss_ps(dd);
                     acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc);
                     let mn = q4k_mins_dot(mins, a.sums32.as_ptr().add(8 * s));
-                    let dmin = _mm_set1_ps(h2f(rd16(blk.add(2))) * dx);
+                    let dmin = _mm_permute_ps::<0b0101_0101>(dd);
                     macc = _mm_fmadd_ps(dmin, _mm_cvtepi32_ps(mn), macc);
                 }
                 let m = _mm_add_ps(macc, _mm_movehl_ps(macc, macc));
