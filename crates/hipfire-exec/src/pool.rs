@@ -444,6 +444,61 @@ impl CpuPool {
         self.run_job(&job, row0..end).map(|_| ())
     }
 
+    /// Several matrices of one format over the same `x` in one dispatch: `segs[i].y (+)=
+    /// segs[i].w · x` for every segment, the rows of all segments cut among the workers as one
+    /// row space. The activation is prepared once. Each row's result is bit-identical to
+    /// [`CpuPool::gemv`] on its own matrix (same prepared activation, same row dot); what is
+    /// saved is one dispatch and one activation preparation per extra matrix — q/k/v and
+    /// gate/up of a decode step.
+    pub fn gemv_batch(
+        &self,
+        fmt: Format,
+        k: usize,
+        x: &[f32],
+        segs: &mut [GemvSegment<'_>],
+    ) -> Result<(), ExecError> {
+        if x.len() != k {
+            return Err(ExecError::Shape {
+                what: "x",
+                need: k,
+                got: x.len(),
+            });
+        }
+        let row_bytes = fmt.row_bytes(k)?;
+        let mut parts = Vec::with_capacity(segs.len());
+        let mut start = 0usize;
+        for s in segs.iter_mut() {
+            let need = s.y.len() * row_bytes;
+            if s.w.len() != need {
+                return Err(ExecError::Shape {
+                    what: "weight bytes (m × row_bytes)",
+                    need,
+                    got: s.w.len(),
+                });
+            }
+            parts.push(BatchPart {
+                start,
+                w: s.w,
+                y: s.y.as_mut_ptr(),
+                y_len: s.y.len(),
+                accumulate: s.accumulate,
+            });
+            start += s.y.len();
+        }
+        if start == 0 {
+            return Ok(());
+        }
+        let act = ActivationBuf::prepare(fmt, x)?;
+        let job = BatchGemvJob {
+            fmt,
+            k,
+            row_bytes,
+            act: &act,
+            parts,
+        };
+        self.run_job(&job, 0..start).map(|_| ())
+    }
+
     /// Send an owned job's `parts` (at most one per worker) without waiting; collect with
     /// [`Pending::wait`]. Parts that could not be sent are counted in [`Pending::unsent`].
     pub(crate) fn submit_owned(
@@ -678,12 +733,140 @@ impl PoolJob for GemvJob<'_> {
     }
 }
 
+/// One matrix of [`CpuPool::gemv_batch`]: `y (+)= w · x`, `w` holding `y.len()` rows.
+pub struct GemvSegment<'a> {
+    /// The matrix (`y.len()` rows of the batch's format and `k`).
+    pub w: &'a [u8],
+    /// Its output.
+    pub y: &'a mut [f32],
+    /// Add into `y` instead of overwriting it.
+    pub accumulate: bool,
+}
+
+/// A segment of a batched job: rows `[start, start + y_len)` of the batch's row space.
+struct BatchPart<'a> {
+    start: usize,
+    w: &'a [u8],
+    /// `y.as_mut_ptr()` of the segment's `&mut [f32]`, exclusively borrowed for the call.
+    y: *mut f32,
+    y_len: usize,
+    accumulate: bool,
+}
+
+struct BatchGemvJob<'a> {
+    fmt: Format,
+    k: usize,
+    row_bytes: usize,
+    act: &'a ActivationBuf,
+    parts: Vec<BatchPart<'a>>,
+}
+
+// SAFETY: workers write only the rows of each segment's `y` that fall in their own disjoint range
+// of the batch's row space (`partition`), and only read `w`/`act`; the caller's `&mut` borrows of
+// every `y` last the whole call.
+unsafe impl Sync for BatchGemvJob<'_> {}
+
+impl PoolJob for BatchGemvJob<'_> {
+    fn run(&self, rows: Range<usize>) -> Result<u64, ExecError> {
+        for p in &self.parts {
+            let lo = rows.start.max(p.start);
+            let hi = rows.end.min(p.start + p.y_len);
+            if lo >= hi {
+                continue;
+            }
+            let (a, b) = (lo - p.start, hi - p.start);
+            // SAFETY: `a..b` lies inside the segment (`lo`/`hi` clamped to it) and inside this
+            // worker's disjoint range; the pointer comes from a live `&mut [f32]` of length
+            // `y_len` held by the blocked caller.
+            let y = unsafe { std::slice::from_raw_parts_mut(p.y.add(a), b - a) };
+            let w = &p.w[a * self.row_bytes..b * self.row_bytes];
+            gemv_rows(self.fmt, w, self.k, self.act, y, p.accumulate)?;
+        }
+        Ok(0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn gemv_batch_is_bit_identical_to_separate_gemvs() {
+        let mut rng = ChaCha8Rng::seed_from_u64(0xBA7C);
+        let pool = CpuPool::new(3).expect("pool");
+        for fmt in [Format::Q4K, Format::Q4_1, Format::Q8_0, Format::F32] {
+            let k = 512;
+            let rb = fmt.row_bytes(k).expect("rb");
+            // Odd heights so worker cuts fall inside segments and across their boundaries.
+            let ms = [37usize, 5, 90];
+            let ws: Vec<Vec<u8>> = ms
+                .iter()
+                .map(|&m| {
+                    let mut w = Vec::with_capacity(m * rb);
+                    for _ in 0..m {
+                        let row: Vec<f32> =
+                            (0..k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+                        w.extend(hipfire_quant::quantize_row(fmt, &row).expect("quantise"));
+                    }
+                    w
+                })
+                .collect();
+            let x: Vec<f32> = (0..k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+            let base: Vec<Vec<f32>> = ms
+                .iter()
+                .map(|&m| (0..m).map(|_| rng.random_range(-1.0f32..1.0)).collect())
+                .collect();
+            for accumulate in [false, true] {
+                let mut want = Vec::new();
+                for (w, b) in ws.iter().zip(&base) {
+                    let mut y = if accumulate {
+                        b.clone()
+                    } else {
+                        vec![f32::NAN; b.len()]
+                    };
+                    pool.gemv(fmt, w, k, &x, &mut y, accumulate).expect("gemv");
+                    want.push(y);
+                }
+                let mut got: Vec<Vec<f32>> = base
+                    .iter()
+                    .map(|b| {
+                        if accumulate {
+                            b.clone()
+                        } else {
+                            vec![f32::NAN; b.len()]
+                        }
+                    })
+                    .collect();
+                let mut segs: Vec<GemvSegment<'_>> = ws
+                    .iter()
+                    .zip(got.iter_mut())
+                    .map(|(w, y)| GemvSegment { w, y, accumulate })
+                    .collect();
+                pool.gemv_batch(fmt, k, &x, &mut segs).expect("batch");
+                for (g, w) in got.iter().zip(&want) {
+                    assert!(g.iter().all(|v| v.is_finite()), "{fmt}: unwritten rows");
+                    assert_eq!(
+                        g.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        w.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "{fmt} accumulate={accumulate}"
+                    );
+                }
+            }
+        }
+        // A segment whose bytes do not match its rows is refused.
+        let mut y = vec![0.0f32; 4];
+        let mut segs = [GemvSegment {
+            w: &[0u8; 3],
+            y: &mut y,
+            accumulate: false,
+        }];
+        assert!(pool
+            .gemv_batch(Format::F32, 4, &[1.0; 4], &mut segs)
+            .is_err());
+    }
 
     /// Formats the pool is checked on: all of them (each has a CPU row dot).
     fn test_formats() -> Vec<Format> {

@@ -6,7 +6,7 @@
 //! copy or mapping of the weight. [`ReferenceBackend`] is the slow, independent f64 path the
 //! tests compare against.
 
-use hipfire_exec::CpuPool;
+use hipfire_exec::{CpuPool, GemvSegment};
 use hipfire_quant::Format;
 
 use crate::ModelError;
@@ -45,6 +45,21 @@ pub trait Backend: Send + Sync {
         y: &mut [f32],
         accumulate: bool,
     ) -> Result<(), ModelError>;
+
+    /// Several weights over the same `x`: `ys[i] = W_i·x`, or `+=` when `accumulate`. Each
+    /// result equals [`Backend::gemv`] on its own weight; a backend may do them in one pass.
+    fn gemv_batch(
+        &self,
+        ws: &[(&Weight, &[u8])],
+        x: &[f32],
+        ys: &mut [&mut [f32]],
+        accumulate: bool,
+    ) -> Result<(), ModelError> {
+        for ((w, bytes), y) in ws.iter().zip(ys.iter_mut()) {
+            self.gemv(w, bytes, x, y, accumulate)?;
+        }
+        Ok(())
+    }
 
     /// One line on where weights live and who multiplies them.
     fn describe(&self) -> String;
@@ -90,6 +105,41 @@ impl Backend for CpuBackend {
         accumulate: bool,
     ) -> Result<(), ModelError> {
         self.pool.gemv(w.format, bytes, w.k, x, y, accumulate)?;
+        Ok(())
+    }
+
+    /// One pool dispatch for weights that share a format and row length (q/k/v, gate/up of
+    /// most GGUFs); otherwise one each.
+    fn gemv_batch(
+        &self,
+        ws: &[(&Weight, &[u8])],
+        x: &[f32],
+        ys: &mut [&mut [f32]],
+        accumulate: bool,
+    ) -> Result<(), ModelError> {
+        let Some(((first, _), rest)) = ws.split_first() else {
+            return Ok(());
+        };
+        if ws.len() != ys.len()
+            || rest
+                .iter()
+                .any(|(w, _)| w.format != first.format || w.k != first.k)
+        {
+            for ((w, bytes), y) in ws.iter().zip(ys.iter_mut()) {
+                self.gemv(w, bytes, x, y, accumulate)?;
+            }
+            return Ok(());
+        }
+        let mut segs: Vec<GemvSegment<'_>> = ws
+            .iter()
+            .zip(ys.iter_mut())
+            .map(|((_, bytes), y)| GemvSegment {
+                w: bytes,
+                y,
+                accumulate,
+            })
+            .collect();
+        self.pool.gemv_batch(first.format, first.k, x, &mut segs)?;
         Ok(())
     }
 

@@ -373,6 +373,24 @@ impl Model {
         let w = &self.weights[id];
         self.backend.gemv(w, self.weight_bytes(w), x, y, accumulate)
     }
+
+    /// The weights `ids` over the same `x` (q/k/v, gate/up) through [`Backend::gemv_batch`].
+    fn gemv_batch(
+        &self,
+        ids: &[usize],
+        x: &[f32],
+        ys: &mut [&mut [f32]],
+        accumulate: bool,
+    ) -> Result<(), ModelError> {
+        let ws: Vec<(&Weight, &[u8])> = ids
+            .iter()
+            .map(|&id| {
+                let w = &self.weights[id];
+                (w, self.weight_bytes(w))
+            })
+            .collect();
+        self.backend.gemv_batch(&ws, x, ys, accumulate)
+    }
 }
 
 /// Timings and counts of one [`Session::generate`] call.
@@ -530,9 +548,12 @@ impl<'m> Session<'m> {
         let scale = 1.0 / (hd as f32).sqrt();
         for (li, l) in m.layers.iter().enumerate() {
             ops::rms_norm(&self.x, &l.attn_norm, c.rms_eps, &mut self.xn);
-            m.gemv(l.wq, &self.xn, &mut self.q, false)?;
-            m.gemv(l.wk, &self.xn, &mut self.k, false)?;
-            m.gemv(l.wv, &self.xn, &mut self.v, false)?;
+            m.gemv_batch(
+                &[l.wq, l.wk, l.wv],
+                &self.xn,
+                &mut [&mut self.q, &mut self.k, &mut self.v],
+                false,
+            )?;
             for (buf, b) in [
                 (&mut self.q, &l.bq),
                 (&mut self.k, &l.bk),
@@ -578,8 +599,12 @@ impl<'m> Session<'m> {
             m.gemv(l.wo, &self.att, &mut self.x, true)?;
 
             ops::rms_norm(&self.x, &l.ffn_norm, c.rms_eps, &mut self.xn);
-            m.gemv(l.gate, &self.xn, &mut self.gate, false)?;
-            m.gemv(l.up, &self.xn, &mut self.up, false)?;
+            m.gemv_batch(
+                &[l.gate, l.up],
+                &self.xn,
+                &mut [&mut self.gate, &mut self.up],
+                false,
+            )?;
             ops::swiglu(&mut self.gate, &self.up);
             m.gemv(l.down, &self.gate, &mut self.x, true)?;
         }
