@@ -352,13 +352,7 @@ impl CpuPool {
         y: &mut [f32],
         accumulate: bool,
     ) -> Result<(), ExecError> {
-        if x.len() != k {
-            return Err(ExecError::Shape {
-                what: "x",
-                need: k,
-                got: x.len(),
-            });
-        }
+        check_x_len(k, x)?;
         let row_bytes = fmt.row_bytes(k)?;
         let need = y.len() * row_bytes;
         if w.len() != need {
@@ -457,13 +451,7 @@ impl CpuPool {
         x: &[f32],
         segs: &mut [GemvSegment<'_>],
     ) -> Result<(), ExecError> {
-        if x.len() != k {
-            return Err(ExecError::Shape {
-                what: "x",
-                need: k,
-                got: x.len(),
-            });
-        }
+        check_x_len(k, x)?;
         let row_bytes = fmt.row_bytes(k)?;
         let mut parts = Vec::with_capacity(segs.len());
         let mut start = 0usize;
@@ -731,6 +719,17 @@ impl PoolJob for GemvJob<'_> {
         }
         Ok(0)
     }
+}
+
+fn check_x_len(k: usize, x: &[f32]) -> Result<(), ExecError> {
+    if x.len() != k {
+        return Err(ExecError::Shape {
+            what: "x",
+            need: k,
+            got: x.len(),
+        });
+    }
+    Ok(())
 }
 
 /// One matrix of [`CpuPool::gemv_batch`]: `y (+)= w · x`, `w` holding `y.len()` rows.

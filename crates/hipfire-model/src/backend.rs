@@ -55,14 +55,25 @@ pub trait Backend: Send + Sync {
         ys: &mut [&mut [f32]],
         accumulate: bool,
     ) -> Result<(), ModelError> {
-        for ((w, bytes), y) in ws.iter().zip(ys.iter_mut()) {
-            self.gemv(w, bytes, x, y, accumulate)?;
-        }
-        Ok(())
+        gemv_each(self, ws, x, ys, accumulate)
     }
 
     /// One line on where weights live and who multiplies them.
     fn describe(&self) -> String;
+}
+
+/// [`Backend::gemv_batch`] as one [`Backend::gemv`] per weight.
+fn gemv_each<B: Backend + ?Sized>(
+    backend: &B,
+    ws: &[(&Weight, &[u8])],
+    x: &[f32],
+    ys: &mut [&mut [f32]],
+    accumulate: bool,
+) -> Result<(), ModelError> {
+    for ((w, bytes), y) in ws.iter().zip(ys.iter_mut()) {
+        backend.gemv(w, bytes, x, y, accumulate)?;
+    }
+    Ok(())
 }
 
 /// All GEMVs on hipfire-exec's pinned CPU worker pool (`--device cpu`, and the default
