@@ -136,10 +136,7 @@ impl Backend for CpuBackend {
                 .iter()
                 .any(|(w, _)| w.format != first.format || w.k != first.k)
         {
-            for ((w, bytes), y) in ws.iter().zip(ys.iter_mut()) {
-                self.gemv(w, bytes, x, y, accumulate)?;
-            }
-            return Ok(());
+            return gemv_each(self, ws, x, ys, accumulate);
         }
         let mut segs: Vec<GemvSegment<'_>> = ws
             .iter()
