@@ -220,6 +220,11 @@ struct PoolInner {
     live: Arc<std::sync::atomic::AtomicUsize>,
     /// Spin window the workers use (reported by benches).
     spin: Duration,
+    /// How long a caller polls for replies before it blocks: the workers' window when the pool
+    /// leaves a physical core free for the caller, else zero (a spinning caller would take a
+    /// worker's core: SmolLM2 decode on the 2-core VM fell from 254–262 to 71 tok/s with two
+    /// workers and a spinning caller, and rose from 153–156 to 238–239 with one worker).
+    caller_spin: Duration,
 }
 
 impl Drop for PoolInner {
@@ -310,6 +315,7 @@ impl CpuPool {
                         cores: pinned,
                         live,
                         spin: config.spin,
+                        caller_spin: Duration::ZERO,
                     });
                     return Err(ExecError::Spawn {
                         worker: index,
@@ -318,6 +324,11 @@ impl CpuPool {
                 }
             }
         }
+        let caller_spin = if threads < topology::default_threads() {
+            config.spin
+        } else {
+            Duration::ZERO
+        };
         Ok(CpuPool {
             inner: Arc::new(PoolInner {
                 senders,
@@ -325,6 +336,7 @@ impl CpuPool {
                 cores: pinned,
                 live,
                 spin: config.spin,
+                caller_spin,
             }),
         })
     }
@@ -507,6 +519,7 @@ impl CpuPool {
             sent: 0,
             unsent: 0,
             first_err: None,
+            spin: self.inner.caller_spin,
         };
         for (worker, rows) in parts.into_iter().enumerate() {
             let msg = WorkerMsg::RunOwned {
@@ -566,7 +579,7 @@ impl CpuPool {
         drop(tx);
         let mut acc = 0u64;
         for _ in 0..sent {
-            match rx.recv() {
+            match recv_spinning(&rx, self.inner.caller_spin) {
                 Ok(Reply { result: Ok(v), .. }) => acc ^= v,
                 Ok(Reply {
                     worker,
@@ -611,13 +624,15 @@ pub(crate) struct Pending {
     /// Parts no worker received (the pool was stopping).
     pub(crate) unsent: usize,
     first_err: Option<ExecError>,
+    /// The pool's caller spin (see `PoolInner::caller_spin`).
+    spin: Duration,
 }
 
 impl Pending {
     /// Wait for every sent part; the first error, if any.
     pub(crate) fn wait(mut self) -> Result<(), ExecError> {
         for _ in 0..self.sent {
-            match self.rx.recv() {
+            match recv_spinning(&self.rx, self.spin) {
                 Ok(Reply { result: Ok(_), .. }) => {}
                 Ok(Reply { result: Err(e), .. }) => {
                     self.first_err.get_or_insert(e);
@@ -718,6 +733,32 @@ impl PoolJob for GemvJob<'_> {
             }
         }
         Ok(0)
+    }
+}
+
+/// A reply, polled for up to `spin` before blocking: a caller that parks while its workers
+/// compute pays a futex wake-up when the last reply lands, on every dispatch.
+fn recv_spinning(
+    rx: &crossbeam_channel::Receiver<Reply>,
+    spin: Duration,
+) -> Result<Reply, crossbeam_channel::RecvError> {
+    if spin.is_zero() {
+        return rx.recv();
+    }
+    let t0 = Instant::now();
+    loop {
+        for _ in 0..SPIN_POLLS_PER_CLOCK_READ {
+            match rx.try_recv() {
+                Ok(r) => return Ok(r),
+                Err(crossbeam_channel::TryRecvError::Disconnected) => {
+                    return Err(crossbeam_channel::RecvError)
+                }
+                Err(crossbeam_channel::TryRecvError::Empty) => std::hint::spin_loop(),
+            }
+        }
+        if t0.elapsed() >= spin {
+            return rx.recv();
+        }
     }
 }
 
