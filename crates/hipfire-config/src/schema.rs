@@ -108,11 +108,13 @@ pub static KEYS: &[KeySpec] = &[
         rule: "`auto` or an integer in [1, 1024]",
         env: "HIPFIRE_CPU_THREADS",
         flag: Some("--threads"),
-        summary: "CPU worker threads (auto = physical cores)",
-        doc: "Number of pinned CPU worker threads. `auto` uses one per physical core (one fewer \
-              when a GPU is driven, leaving that core to the thread that launches its work): the \
-              row dot is memory-bound, and a second hyper-thread on a core adds wake-up latency \
-              without adding bandwidth.",
+        summary: "CPU threads that multiply (auto = physical cores)",
+        doc: "Threads that run the CPU's matrix products. On the CPU path the decode thread is one \
+              of them and the rest are pinned workers (it would otherwise only wait for them). \
+              With a GPU they are all pinned workers, and `auto` uses one fewer than the physical \
+              cores, leaving that core to the thread that launches the GPU's work. `auto` is one \
+              per physical core: the row dot is memory-bound, and a second hyper-thread on a core \
+              adds wake-up latency without adding bandwidth.",
     },
     KeySpec {
         name: "memory.gpu_layer_budget",

@@ -53,6 +53,11 @@ pub struct PoolConfig {
     pub pin: bool,
     /// Spin window of an idle worker before it blocks.
     pub spin: Duration,
+    /// The calling thread computes one part of every synchronous job itself: `threads` counts
+    /// it, so `threads − 1` workers are spawned (pinned from the second physical core on) and
+    /// a one-thread pool runs everything inline with no dispatch at all. For callers that have
+    /// nothing else to do while a job runs (CPU decode); not for the GPU-driving thread.
+    pub caller_computes: bool,
 }
 
 impl Default for PoolConfig {
@@ -61,6 +66,7 @@ impl Default for PoolConfig {
             threads: 0,
             pin: true,
             spin: SPIN_WINDOW,
+            caller_computes: false,
         }
     }
 }
@@ -225,6 +231,8 @@ struct PoolInner {
     /// worker's core: SmolLM2 decode on the 2-core VM fell from 254–262 to 71 tok/s with two
     /// workers and a spinning caller, and rose from 153–156 to 238–239 with one worker).
     caller_spin: Duration,
+    /// The caller runs part 0 of every synchronous job (`PoolConfig::caller_computes`).
+    caller_computes: bool,
 }
 
 impl Drop for PoolInner {
@@ -273,10 +281,16 @@ impl CpuPool {
         } else {
             Vec::new()
         };
-        let threads = if config.threads == 0 {
+        let compute = if config.threads == 0 {
             cores.len().max(1)
         } else {
             config.threads
+        };
+        // With a computing caller, workers take the cores after the first (left to the caller).
+        let (threads, first_core) = if config.caller_computes {
+            (compute - 1, 1)
+        } else {
+            (compute, 0)
         };
         let live = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let mut senders = Vec::with_capacity(threads);
@@ -287,7 +301,7 @@ impl CpuPool {
             let core = if cores.is_empty() {
                 None
             } else {
-                Some(cores[index % cores.len()])
+                Some(cores[(index + first_core) % cores.len()])
             };
             pinned.push(core.map(|c| c.id));
             let worker = CpuWorker {
@@ -316,6 +330,7 @@ impl CpuPool {
                         live,
                         spin: config.spin,
                         caller_spin: Duration::ZERO,
+                        caller_computes: false,
                     });
                     return Err(ExecError::Spawn {
                         worker: index,
@@ -324,7 +339,8 @@ impl CpuPool {
                 }
             }
         }
-        let caller_spin = if threads < topology::default_threads() {
+        // A computing caller has a core of its own by construction.
+        let caller_spin = if config.caller_computes || threads < topology::default_threads() {
             config.spin
         } else {
             Duration::ZERO
@@ -337,8 +353,15 @@ impl CpuPool {
                 live,
                 spin: config.spin,
                 caller_spin,
+                caller_computes: config.caller_computes,
             }),
         })
+    }
+
+    /// Threads that compute a synchronous job: the workers, plus the caller when it computes
+    /// (`PoolConfig::caller_computes`).
+    pub fn compute_threads(&self) -> usize {
+        self.threads() + usize::from(self.inner.caller_computes)
     }
 
     /// Number of worker threads.
@@ -548,11 +571,16 @@ impl CpuPool {
         job: &(dyn PoolJob + '_),
         rows: Range<usize>,
     ) -> Result<u64, ExecError> {
-        let parts = partition(rows, self.threads(), WORKER_ROW_ALIGN);
+        let mut parts = partition(rows, self.compute_threads(), WORKER_ROW_ALIGN);
         if parts.is_empty() {
             return Ok(0);
         }
-        let (tx, rx) = bounded::<Reply>(parts.len());
+        let inline = if self.inner.caller_computes {
+            Some(parts.remove(0))
+        } else {
+            None
+        };
+        let (tx, rx) = bounded::<Reply>(parts.len().max(1));
         let short: *const (dyn PoolJob + '_) = job;
         // SAFETY: only the lifetime bound changes (same fat-pointer layout). The pointer is
         // dereferenced by workers strictly before they send their reply or drop the message,
@@ -578,6 +606,22 @@ impl CpuPool {
         // Our own sender must go so that `recv` reports disconnection if every worker died.
         drop(tx);
         let mut acc = 0u64;
+        if let Some(rows) = inline {
+            // The caller's own part, while the workers run theirs; a panic here becomes an error
+            // only after every worker has replied (they still hold the job).
+            match catch_unwind(AssertUnwindSafe(|| job.run(rows))) {
+                Ok(Ok(v)) => acc ^= v,
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                Err(payload) => {
+                    first_err.get_or_insert(ExecError::WorkerPanicked {
+                        worker: usize::MAX,
+                        message: panic_message(payload.as_ref()),
+                    });
+                }
+            }
+        }
         for _ in 0..sent {
             match recv_spinning(&rx, self.inner.caller_spin) {
                 Ok(Reply { result: Ok(v), .. }) => acc ^= v,
@@ -1070,6 +1114,70 @@ mod tests {
             }
             Ok(rows.start as u64)
         }
+    }
+
+    fn caller_pool(threads: usize) -> CpuPool {
+        CpuPool::with_config(PoolConfig {
+            threads,
+            caller_computes: true,
+            ..PoolConfig::default()
+        })
+        .expect("pool")
+    }
+
+    #[test]
+    fn computing_caller_gives_the_same_bits_with_one_worker_fewer() {
+        let mut rng = ChaCha8Rng::seed_from_u64(0xCA11);
+        let reference = CpuPool::new(2).expect("pool");
+        for threads in [1usize, 2, 3] {
+            let pool = caller_pool(threads);
+            assert_eq!(pool.threads(), threads - 1);
+            assert_eq!(pool.compute_threads(), threads);
+            for fmt in [Format::Q4K, Format::Q8_0, Format::Q4_1] {
+                let (k, m) = (256usize, 77usize);
+                let mut w = Vec::new();
+                for _ in 0..m {
+                    let row: Vec<f32> = (0..k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+                    w.extend(hipfire_quant::quantize_row(fmt, &row).expect("quantise"));
+                }
+                let x: Vec<f32> = (0..k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+                let mut want = vec![f32::NAN; m];
+                reference
+                    .gemv(fmt, &w, k, &x, &mut want, false)
+                    .expect("gemv");
+                let mut got = vec![f32::NAN; m];
+                pool.gemv(fmt, &w, k, &x, &mut got, false).expect("gemv");
+                assert_eq!(
+                    got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "{fmt} threads={threads}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_panic_in_the_callers_part_is_an_error_after_the_workers_finish() {
+        let pool = caller_pool(3);
+        let job = PanicJob {
+            panic_row: 0,
+            ran: AtomicUsize::new(0),
+        };
+        let err = pool.run_job(&job, 0..64).expect_err("panic must surface");
+        assert!(
+            matches!(&err, ExecError::WorkerPanicked { worker, .. } if *worker == usize::MAX),
+            "{err}"
+        );
+        assert_eq!(
+            job.ran.load(Ordering::SeqCst),
+            3,
+            "caller and both workers ran"
+        );
+        let ok = PanicJob {
+            panic_row: usize::MAX,
+            ran: AtomicUsize::new(0),
+        };
+        pool.run_job(&ok, 0..64).expect("pool still works");
     }
 
     #[test]
