@@ -159,11 +159,13 @@ impl Backend for CpuBackend {
     }
 
     fn describe(&self) -> String {
+        let workers = self.pool.threads();
         format!(
-            "cpu pool, {} threads ({} pinned workers{}), simd {:?}",
+            "cpu pool, {} threads ({} pinned worker{}{}), simd {:?}",
             self.pool.compute_threads(),
-            self.pool.threads(),
-            if self.pool.compute_threads() > self.pool.threads() {
+            workers,
+            if workers == 1 { "" } else { "s" },
+            if self.pool.compute_threads() > workers {
                 " + the decode thread"
             } else {
                 ""
