@@ -67,6 +67,9 @@ pub fn run(modes: &[String], rounds: u32, progress: &dyn Fn(String)) -> anyhow::
     let mut decode = vec![vec![f64::NAN; rounds as usize]; modes.len()];
     let mut prefill = decode.clone();
     let mut placement = vec![String::new(); modes.len()];
+    // The child's own record of its passback settings (null in other modes).
+    let mut join = vec![Value::Null; modes.len()];
+    let mut share = vec![Value::Null; modes.len()];
     let mut first: Option<Value> = None;
     for r in 0..rounds as usize {
         for j in 0..modes.len() {
@@ -76,6 +79,8 @@ pub fn run(modes: &[String], rounds: u32, progress: &dyn Fn(String)) -> anyhow::
             decode[i][r] = m["decode_tok_s"]["median"].as_f64().unwrap_or(f64::NAN);
             prefill[i][r] = m["prefill_tok_s"]["median"].as_f64().unwrap_or(f64::NAN);
             placement[i] = m["placement"].as_str().unwrap_or("").to_string();
+            join[i] = m["join_strategy"].clone();
+            share[i] = m["passback_share"].clone();
             progress(format!(
                 "round {}/{rounds} {}: {:.2} tok/s decode",
                 r + 1,
@@ -89,6 +94,8 @@ pub fn run(modes: &[String], rounds: u32, progress: &dyn Fn(String)) -> anyhow::
     for (i, m) in modes.iter().enumerate() {
         per_mode.push(json!({
             "offload_exec": m,
+            "join_strategy": join[i],
+            "passback_share": share[i],
             "placement": placement[i],
             "prefill_tok_s": { "median": median(prefill[i].clone()), "samples": prefill[i] },
             "decode_tok_s": { "median": median(decode[i].clone()), "samples": decode[i] },

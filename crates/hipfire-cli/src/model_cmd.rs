@@ -407,8 +407,19 @@ pub fn bench(ctx: &Ctx, a: &BenchArgs) -> anyhow::Result<ExitCode> {
             .map(|x| x.prompt_tokens as f64 / x.prefill_s)
             .collect();
         let decode: Vec<f64> = samples.iter().map(|x| x.decode_tok_per_s()).collect();
+        // Structured, so records need not parse the placement line. Only GPU passback has them.
+        let passback = matches!(l.engine, Engine::Gpu)
+            && s.offload_exec == hipfire_config::OffloadExec::Passback;
+        let join = passback.then(|| s.join_strategy.name());
+        let share = passback.then(|| match s.passback_share {
+            PassbackShare::Auto => "auto".to_string(),
+            PassbackShare::CpuOnly => "0".to_string(),
+            PassbackShare::Pinned(x) => format!("{x}"),
+        });
         results.push(serde_json::json!({
             "offload_exec": mode_name,
+            "join_strategy": join,
+            "passback_share": share,
             "placement": placement,
             "prefill_tok_s": { "median": median(prefill.clone()), "samples": prefill },
             "decode_tok_s": { "median": median(decode.clone()), "samples": decode },
