@@ -107,6 +107,8 @@ struct Bench<'a> {
     x_ff: &'a DeviceBuffer<f32>,
     act_d: &'a Activation,
     act_ff: &'a Activation,
+    /// Wall of every rep of the last `run`, warm-ups included (µs).
+    last_all_reps_us: std::cell::Cell<f64>,
 }
 
 impl Bench<'_> {
@@ -128,6 +130,7 @@ impl Bench<'_> {
             .collect::<Result<_, _>>()?;
         let mut exec = exec;
         let mut times = Vec::with_capacity(reps);
+        let mut all_us = 0.0;
         for rep in 0..reps + 2 {
             // Fresh outputs each rep: the residual forms accumulate into a known starting value.
             for y in ys.iter_mut() {
@@ -165,10 +168,13 @@ impl Bench<'_> {
                 }
             }
             self.stream.synchronize()?;
+            let us = t.elapsed().as_secs_f64() * 1e6;
+            all_us += us;
             if rep >= 2 {
-                times.push(t.elapsed().as_secs_f64() * 1e6);
+                times.push(us);
             }
         }
+        self.last_all_reps_us.set(all_us);
         times.sort_by(f64::total_cmp);
         let mut outs = Vec::new();
         for y in &ys {
@@ -287,6 +293,7 @@ fn main() -> Result<()> {
         x_ff: &x_ff,
         act_d: &act_d,
         act_ff: &act_ff,
+        last_all_reps_us: std::cell::Cell::new(0.0),
     };
     let bytes = b.layer_bytes() as f64;
 
@@ -342,8 +349,8 @@ fn main() -> Result<()> {
         serde_json::json!({"mode":"resident","strategy":null,"share":null,"us_per_layer":t_res,"gbs":bytes / t_res / 1e3,"max_rel_diff":0.0}),
     ];
     println!(
-        "{:<10} {:<11} {:>7} {:>12} {:>9} {:>12}",
-        "mode", "strategy", "share", "us/layer", "GB/s", "max rel diff"
+        "{:<10} {:<11} {:>7} {:>12} {:>9} {:>12} {:>7}",
+        "mode", "strategy", "share", "us/layer", "GB/s", "max rel diff", "sync"
     );
     println!(
         "{:<10} {:<11} {:>7} {:>12.1} {:>9.1} {:>12}",
@@ -391,7 +398,12 @@ fn main() -> Result<()> {
         } else {
             b.run(Mode::Offload, Some(&mut ex), PINNED_WARM_REPS, None)?;
         }
+        ex.take_arm_account()?;
         let (t, y) = b.run(Mode::Offload, Some(&mut ex), reps, None)?;
+        // Per-step sync overhead: the layer's wall that no arm's multiply covers.
+        let acct = ex.take_arm_account()?;
+        let sync = (acct.steps > 0)
+            .then(|| 1.0 - acct.arm_ns / 1e3 / b.last_all_reps_us.get().max(f64::MIN_POSITIVE));
         let diff = max_rel_diff(&y_res, &y);
         let share = match &mode {
             OffloadMode::Passback {
@@ -414,15 +426,16 @@ fn main() -> Result<()> {
             *e = e.max(gbs);
         }
         println!(
-            "{:<10} {:<11} {:>7} {:>12.1} {:>9.1} {:>12.2e}",
+            "{:<10} {:<11} {:>7} {:>12.1} {:>9.1} {:>12.2e} {:>7}",
             mode.name(),
             st,
             share,
             t,
             gbs,
-            diff
+            diff,
+            sync.map_or("-".to_string(), |v| format!("{:.1}%", 100.0 * v))
         );
-        rows.push(serde_json::json!({"mode":mode.name(),"strategy":st,"share":share,"us_per_layer":t,"gbs":gbs,"max_rel_diff":diff}));
+        rows.push(serde_json::json!({"mode":mode.name(),"strategy":st,"share":share,"us_per_layer":t,"gbs":gbs,"max_rel_diff":diff,"sync_overhead":sync}));
     }
     // Per shape: `auto` against the best pinned share, one projection at a time (issue target:
     // auto within 3 % of the best pinned share's throughput on every 9B-class shape).

@@ -176,6 +176,18 @@ struct ShapeStats {
     refusal: Option<String>,
 }
 
+/// Steps that ran on the CPU (whole or as an arm) and the time of their longer arm, summed:
+/// the part of a spilled step's wall that is not synchronisation. `1 − arm_ns / wall` over a
+/// timed run is the per-step sync overhead (issue 4's figure).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ArmAccount {
+    /// Steps counted (split steps once both arms are timed, and whole-CPU steps).
+    pub steps: u64,
+    /// Σ over those steps of max(CPU arm, GPU arm) in nanoseconds (the CPU multiply alone for
+    /// whole-CPU steps).
+    pub arm_ns: f64,
+}
+
 /// A GPU arm whose event pair (ring slot `slot`) is read once it has completed.
 #[derive(Debug)]
 struct PendingGpuArm {
@@ -203,6 +215,7 @@ pub struct OffloadExecutor {
     copy_done: Event,
     pending: std::collections::VecDeque<PendingGpuArm>,
     flags: Option<FlagsState>,
+    arm_account: ArmAccount,
     stats: HashMap<(Format, usize, usize, bool), ShapeStats>,
     /// `cpu exec: idle` window: steps, wall and CPU time since the window opened.
     window_start: Instant,
@@ -327,6 +340,7 @@ impl OffloadExecutor {
             copy_done: ctx.new_event().map_err(gpu_err)?,
             pending: std::collections::VecDeque::new(),
             flags,
+            arm_account: ArmAccount::default(),
             stats: HashMap::new(),
             window_start: Instant::now(),
             window_steps: 0,
@@ -360,6 +374,13 @@ impl OffloadExecutor {
     /// The controller (GPU share per shape) for reports.
     pub fn controller(&self) -> &ShareController {
         &self.controller
+    }
+
+    /// The arm time accumulated since the last call (waiting for pending GPU arms first, so
+    /// call it after the stream has drained), and start a new account.
+    pub fn take_arm_account(&mut self) -> Result<ArmAccount, ExecError> {
+        self.resolve_pending(true)?;
+        Ok(std::mem::take(&mut self.arm_account))
     }
 
     /// Queue or run one spilled step on `stream`. `act` was prepared from `step.x` on `stream`.
@@ -423,6 +444,8 @@ impl OffloadExecutor {
             residual,
         )?;
         let cpu = t.elapsed().as_nanos() as f64;
+        self.arm_account.steps += 1;
+        self.arm_account.arm_ns += cpu;
         let t = Instant::now();
         stream
             .memcpy_htod_async(step.y, 0, &self.y_host, 0, m * 4)
@@ -568,6 +591,11 @@ impl OffloadExecutor {
                 bytes: p.gpu_bytes,
                 time: ArmTime::Exact { ns },
             };
+            let cpu_ns = match p.cpu.time {
+                ArmTime::Exact { ns } | ArmTime::FinishedBy { ns } => ns,
+            };
+            self.arm_account.steps += 1;
+            self.arm_account.arm_ns += cpu_ns.max(ns);
             self.controller.observe(p.key, &[p.cpu, gpu]);
             self.stats.entry(p.stat_key).or_default().gpu_ns += ns;
         }
