@@ -6,7 +6,7 @@
 //! copy or mapping of the weight. [`ReferenceBackend`] is the slow, independent f64 path the
 //! tests compare against.
 
-use hipfire_exec::{CpuPool, GemvSegment};
+use hipfire_exec::{CpuPool, GemvSegment, TokenSegment};
 use hipfire_quant::Format;
 
 use crate::ModelError;
@@ -58,8 +58,84 @@ pub trait Backend: Send + Sync {
         gemv_each(self, ws, x, ys, accumulate)
     }
 
+    /// Several weights (all with the same `k`) over `T` activation vectors: `xs` is `T × k`,
+    /// `ys[i]` is `T × m_i` (token-major) and `ys[i][t·m_i..(t+1)·m_i] = W_i·x_t` (or `+=`).
+    /// Each token's result equals [`Backend::gemv_batch`] (one weight: [`Backend::gemv`]) on
+    /// that token; this default is exactly that loop. A backend may instead read each weight
+    /// once for all tokens (prompt prefill).
+    fn gemv_tokens(
+        &self,
+        ws: &[(&Weight, &[u8])],
+        xs: &[f32],
+        ys: &mut [&mut [f32]],
+        accumulate: bool,
+    ) -> Result<(), ModelError> {
+        let tokens = check_tokens(self.name(), ws, xs, ys)?;
+        if tokens == 0 || ws.is_empty() {
+            return Ok(());
+        }
+        let k = xs.len() / tokens;
+        for (t, x) in xs.chunks_exact(k).enumerate() {
+            let mut yt: Vec<&mut [f32]> = ws
+                .iter()
+                .zip(ys.iter_mut())
+                .map(|((w, _), y)| &mut y[t * w.m..(t + 1) * w.m])
+                .collect();
+            match (ws, yt.as_mut_slice()) {
+                ([(w, bytes)], [y]) => self.gemv(w, bytes, x, y, accumulate)?,
+                _ => self.gemv_batch(ws, x, &mut yt, accumulate)?,
+            }
+        }
+        Ok(())
+    }
+
     /// One line on where weights live and who multiplies them.
     fn describe(&self) -> String;
+}
+
+/// Shapes of a [`Backend::gemv_tokens`] call: every weight has the same `k`, `xs` is a whole
+/// number `T` of rows of `k` and `ys[i]` holds `T × m_i`. Returns `T` (0 when `ws` is empty).
+fn check_tokens(
+    backend: &'static str,
+    ws: &[(&Weight, &[u8])],
+    xs: &[f32],
+    ys: &[&mut [f32]],
+) -> Result<usize, ModelError> {
+    let bad = |message: String| ModelError::Backend { backend, message };
+    let Some((first, _)) = ws.first() else {
+        return Ok(0);
+    };
+    let k = first.k;
+    if ws.len() != ys.len() {
+        return Err(bad(format!(
+            "gemv_tokens: {} weights but {} outputs",
+            ws.len(),
+            ys.len()
+        )));
+    }
+    if k == 0 || xs.len() % k != 0 {
+        return Err(bad(format!(
+            "gemv_tokens: {} activation values are not whole rows of k = {k}",
+            xs.len()
+        )));
+    }
+    let tokens = xs.len() / k;
+    for ((w, bytes), y) in ws.iter().zip(ys) {
+        if w.k != k || bytes.len() != w.n_bytes || y.len() != tokens * w.m {
+            return Err(bad(format!(
+                "gemv_tokens: shape mismatch for {} (k {} vs {k}, {} output values for {tokens} tokens × {} rows)",
+                w.name,
+                w.k,
+                y.len(),
+                w.m
+            )));
+        }
+    }
+    Ok(tokens)
+}
+
+fn token_segment<'a>(w: &'a [u8], y: &'a mut [f32], accumulate: bool) -> TokenSegment<'a> {
+    TokenSegment { w, y, accumulate }
 }
 
 /// [`Backend::gemv_batch`] as one [`Backend::gemv`] per weight.
@@ -155,6 +231,41 @@ impl Backend for CpuBackend {
             })
             .collect();
         self.pool.gemv_batch(first.format, first.k, x, &mut segs)?;
+        Ok(())
+    }
+
+    /// One pool dispatch for all tokens and all weights when they share a format (q/k/v,
+    /// gate/up), reading each weight tile once for every token; otherwise one per weight.
+    fn gemv_tokens(
+        &self,
+        ws: &[(&Weight, &[u8])],
+        xs: &[f32],
+        ys: &mut [&mut [f32]],
+        accumulate: bool,
+    ) -> Result<(), ModelError> {
+        check_tokens(self.name(), ws, xs, ys)?;
+        let Some(((first, _), rest)) = ws.split_first() else {
+            return Ok(());
+        };
+
+        if rest.iter().any(|(w, _)| w.format != first.format) {
+            for ((w, bytes), y) in ws.iter().zip(ys.iter_mut()) {
+                self.pool.gemv_tokens(
+                    w.format,
+                    w.k,
+                    xs,
+                    &mut [token_segment(bytes, y, accumulate)],
+                )?;
+            }
+            return Ok(());
+        }
+        let mut segs: Vec<TokenSegment<'_>> = ws
+            .iter()
+            .zip(ys.iter_mut())
+            .map(|((_, bytes), y)| token_segment(bytes, y, accumulate))
+            .collect();
+        self.pool
+            .gemv_tokens(first.format, first.k, xs, &mut segs)?;
         Ok(())
     }
 
