@@ -970,6 +970,11 @@ struct TokenPart<'a> {
     accumulate: bool,
 }
 
+/// Tokens one [`TokenGemvJob`] tile hands to `gemv_rows_multi` at once: the multi-activation
+/// kernels' register group (eight), so each weight block of a tile is unpacked once per eight
+/// tokens instead of once per token.
+const TOKEN_GROUP: usize = 8;
+
 struct TokenGemvJob<'a> {
     fmt: Format,
     k: usize,
@@ -996,13 +1001,33 @@ impl PoolJob for TokenGemvJob<'_> {
             while a < b {
                 let e = (a + self.tile_rows).min(b);
                 let w = &p.w[a * self.row_bytes..e * self.row_bytes];
-                for (t, act) in self.acts.iter().enumerate() {
-                    // SAFETY: rows `a..e` lie inside the segment (`lo`/`hi` clamped to it) and
-                    // inside this worker's disjoint range, so `t·m + a .. t·m + e` is inside the
-                    // `tokens × m` output and written by no other worker; the pointer comes from
-                    // a live `&mut [f32]` of that length held by the blocked caller.
-                    let y = unsafe { std::slice::from_raw_parts_mut(p.y.add(t * p.m + a), e - a) };
-                    gemv_rows(self.fmt, w, self.k, act, y, p.accumulate)?;
+                for (g, group) in self.acts.chunks(TOKEN_GROUP).enumerate() {
+                    let t0 = g * TOKEN_GROUP;
+                    let refs: [&ActivationBuf; TOKEN_GROUP] =
+                        std::array::from_fn(|i| &group[i.min(group.len() - 1)]);
+                    let mut ys: [&mut [f32]; TOKEN_GROUP] = std::array::from_fn(|i| {
+                        if i >= group.len() {
+                            return &mut [][..];
+                        }
+                        // SAFETY: rows `a..e` lie inside the segment (`lo`/`hi` clamped to it)
+                        // and inside this worker's disjoint range, so `t·m + a .. t·m + e`
+                        // (t = t0 + i < tokens) is inside the `tokens × m` output and written by
+                        // no other worker, nor aliased by another `ys[i]` (distinct t); the
+                        // pointer comes from a live `&mut [f32]` of that length held by the
+                        // blocked caller.
+                        unsafe {
+                            std::slice::from_raw_parts_mut(p.y.add((t0 + i) * p.m + a), e - a)
+                        }
+                    });
+                    let n = group.len();
+                    hipfire_quant::gemv_rows_multi(
+                        self.fmt,
+                        w,
+                        self.k,
+                        &refs[..n],
+                        &mut ys[..n],
+                        p.accumulate,
+                    )?;
                 }
                 a = e;
             }

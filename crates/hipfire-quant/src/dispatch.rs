@@ -226,18 +226,7 @@ fn run_rows(
             act_k: act.k(),
         });
     }
-    let need = y.len().checked_mul(rb).ok_or(QuantError::ShortBuffer {
-        what: "w_rows",
-        need: usize::MAX,
-        got: w_rows.len(),
-    })?;
-    if w_rows.len() < need {
-        return Err(QuantError::ShortBuffer {
-            what: "w_rows",
-            need,
-            got: w_rows.len(),
-        });
-    }
+    let need = check_w_rows(w_rows, y.len(), rb)?;
     let rows = w_rows[..need].chunks_exact(rb);
     let store = |yi: &mut f32, v: f32| *yi = if accumulate { *yi + v } else { v };
     // SAFETY (all three arms): the tier is supported (the callers' duty, met by `chosen`'s
@@ -272,6 +261,186 @@ fn run_rows(
     }
     Ok(())
 }
+
+/// A multi-activation row driver: `ys[j][i] (+)= row_i · acts[j]` (see `dot::avx512`'s
+/// `multi_rows!` for the contract, which [`run_rows_multi`] checks before calling).
+type MultiFn<A> = unsafe fn(&[u8], usize, &[&A], &mut [&mut [f32]], bool);
+
+/// A multi-activation driver of one activation shape.
+#[derive(Clone, Copy)]
+enum MultiDot {
+    /// Q8_0, Q4_1.
+    Q8x32(MultiFn<Q8x32>),
+    /// Q4_K.
+    Q8K(MultiFn<Q8K>),
+}
+
+/// The multi-activation driver of `tier` for `fmt`, `None` where that pair has none (the
+/// caller then runs the single-activation kernel once per activation).
+fn multi_kernel(tier: SimdTier, fmt: Format) -> Option<MultiDot> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::dot::avx512::{plain, vnni};
+        match (tier, fmt) {
+            (SimdTier::Avx512, Format::Q8_0) => Some(MultiDot::Q8x32(plain::gemv_q8_0_multi)),
+            (SimdTier::Avx512, Format::Q4_1) => Some(MultiDot::Q8x32(plain::gemv_q4_1_multi)),
+            (SimdTier::Avx512, Format::Q4K) => Some(MultiDot::Q8K(plain::gemv_q4k_multi)),
+            (SimdTier::Avx512Vnni, Format::Q8_0) => Some(MultiDot::Q8x32(vnni::gemv_q8_0_multi)),
+            (SimdTier::Avx512Vnni, Format::Q4_1) => Some(MultiDot::Q8x32(vnni::gemv_q4_1_multi)),
+            (SimdTier::Avx512Vnni, Format::Q4K) => Some(MultiDot::Q8K(vnni::gemv_q4k_multi)),
+            _ => None,
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (tier, fmt);
+        None
+    }
+}
+
+/// `ys[j][i] (+)= row_i · acts[j]` for every activation `j` and `i` in `0..ys[j].len()`, on the
+/// detected tier: [`gemv_rows`] of several activations (prompt tokens) over the same rows.
+///
+/// Where the tier has a multi-activation kernel for `fmt` (AVX-512 Q4_1, Q8_0 and Q4_K), each
+/// weight block is unpacked once and dotted with up to eight activations; every other pair
+/// runs [`gemv_rows`] once per activation. Either way `ys[j]` is bit-identical to
+/// `gemv_rows(fmt, w_rows, k, acts[j], ys[j], accumulate)`. Errors: those of [`gemv_rows`],
+/// `acts` and `ys` of different lengths, or `ys` slices of different lengths.
+pub fn gemv_rows_multi(
+    fmt: Format,
+    w_rows: &[u8],
+    k: usize,
+    acts: &[&ActivationBuf],
+    ys: &mut [&mut [f32]],
+    accumulate: bool,
+) -> Result<(), QuantError> {
+    let (tier, t) = chosen();
+    run_rows_multi(tier, t, fmt, w_rows, k, acts, ys, accumulate)
+}
+
+/// [`gemv_rows_multi`] on an explicit tier; [`QuantError::TierUnavailable`] if this CPU lacks it.
+pub fn gemv_rows_multi_with(
+    tier: SimdTier,
+    fmt: Format,
+    w_rows: &[u8],
+    k: usize,
+    acts: &[&ActivationBuf],
+    ys: &mut [&mut [f32]],
+    accumulate: bool,
+) -> Result<(), QuantError> {
+    match table(tier) {
+        Some(t) if tier.is_supported() => {
+            run_rows_multi(tier, t, fmt, w_rows, k, acts, ys, accumulate)
+        }
+        _ => Err(QuantError::TierUnavailable(tier)),
+    }
+}
+
+/// Validate the shapes, then run the multi-activation driver of (`tier`, `fmt`), or
+/// [`run_rows`] once per activation where there is none.
+///
+/// `tier` must be supported by this CPU and `table` be its table (both callers ensure it).
+#[allow(clippy::too_many_arguments)]
+fn run_rows_multi(
+    tier: SimdTier,
+    table: &'static Kernels,
+    fmt: Format,
+    w_rows: &[u8],
+    k: usize,
+    acts: &[&ActivationBuf],
+    ys: &mut [&mut [f32]],
+    accumulate: bool,
+) -> Result<(), QuantError> {
+    if ys.len() != acts.len() {
+        return Err(QuantError::ShortBuffer {
+            what: "ys (one output per activation)",
+            need: acts.len(),
+            got: ys.len(),
+        });
+    }
+    let m = ys.first().map_or(0, |y| y.len());
+    if let Some(y) = ys.iter().find(|y| y.len() != m) {
+        return Err(QuantError::ShortBuffer {
+            what: "ys[j] (every output as long as the first)",
+            need: m,
+            got: y.len(),
+        });
+    }
+    let Some(multi) = multi_kernel(tier, fmt) else {
+        for (act, y) in acts.iter().zip(ys.iter_mut()) {
+            run_rows(table, fmt, w_rows, k, act, y, accumulate)?;
+        }
+        return Ok(());
+    };
+    let rb = fmt.row_bytes(k)?;
+    let need = check_w_rows(w_rows, m, rb)?;
+    let w = &w_rows[..need];
+    match multi {
+        MultiDot::Q8x32(f) => {
+            run_groups(fmt, k, w, rb, acts, ys, accumulate, f, |a| match &a.kind {
+                ActKind::Q8x32(q) => Some(q),
+                _ => None,
+            })
+        }
+        MultiDot::Q8K(f) => run_groups(fmt, k, w, rb, acts, ys, accumulate, f, |a| match &a.kind {
+            ActKind::Q8K(q) => Some(q),
+            _ => None,
+        }),
+    }
+}
+
+/// Check every activation (format, `k`, shape via `get`) and hand them to `f` in groups of
+/// up to [`MULTI_GROUP`]. `w` holds exactly `ys[j].len()` rows of `rb = row_bytes(k)` bytes,
+/// every `ys[j]` has the same length, and `f` is a driver of a tier this CPU supports
+/// ([`run_rows_multi`] checked all three).
+#[allow(clippy::too_many_arguments)]
+fn run_groups<'a, A: 'a>(
+    fmt: Format,
+    k: usize,
+    w: &[u8],
+    rb: usize,
+    acts: &[&'a ActivationBuf],
+    ys: &mut [&mut [f32]],
+    accumulate: bool,
+    f: MultiFn<A>,
+    get: impl Fn(&ActivationBuf) -> Option<&A>,
+) -> Result<(), QuantError> {
+    let prepared = |act: &'a ActivationBuf| -> Result<&'a A, QuantError> {
+        if act.format() == fmt && act.k() == k {
+            if let Some(a) = get(act) {
+                return Ok(a);
+            }
+        }
+        Err(QuantError::ActivationMismatch {
+            format: fmt,
+            k,
+            act_format: act.format(),
+            act_k: act.k(),
+        })
+    };
+    // Validate every activation before any output is written.
+    for act in acts {
+        prepared(act)?;
+    }
+    for (group_acts, group_ys) in acts.chunks(MULTI_GROUP).zip(ys.chunks_mut(MULTI_GROUP)) {
+        // Fixed-size array of references: the hot path does not allocate.
+        let first = prepared(group_acts[0])?;
+        let mut group = [first; MULTI_GROUP];
+        for (g, act) in group.iter_mut().zip(group_acts) {
+            *g = prepared(act)?;
+        }
+        // SAFETY: the tier of `f` is supported and `f` is its driver for `fmt`, every
+        // activation was prepared for `fmt` and `k` in `f`'s shape (checked just above), every
+        // output has `w.len() / rb` elements and `w` is exactly that many rows of
+        // `rb = row_bytes(k)` bytes (the caller's checks): the driver's whole contract.
+        unsafe { f(w, rb, &group[..group_acts.len()], group_ys, accumulate) };
+    }
+    Ok(())
+}
+
+/// Activations validated and handed to a multi-activation driver per call (it splits them
+/// further into its own register-sized groups); a fixed array so nothing is allocated.
+const MULTI_GROUP: usize = 16;
 
 /// Run `f` for `fmt`'s marker type.
 macro_rules! with_format {
@@ -374,4 +543,21 @@ pub fn quantize_row(fmt: Format, src: &[f32]) -> Result<Vec<u8>, QuantError> {
         }
     });
     Ok(out)
+}
+
+/// `w_rows` holds at least `rows` rows of `rb` bytes; returns the bytes they take.
+fn check_w_rows(w_rows: &[u8], rows: usize, rb: usize) -> Result<usize, QuantError> {
+    let need = rows.checked_mul(rb).ok_or(QuantError::ShortBuffer {
+        what: "w_rows",
+        need: usize::MAX,
+        got: w_rows.len(),
+    })?;
+    if w_rows.len() < need {
+        return Err(QuantError::ShortBuffer {
+            what: "w_rows",
+            need,
+            got: w_rows.len(),
+        });
+    }
+    Ok(need)
 }

@@ -18,6 +18,10 @@
 //! - `gemv_rows(fmt, w_rows: &[u8], k, act: &ActivationBuf, y: &mut [f32], accumulate: bool)`
 //!   — `y[i] (+)= row_i · x` for i in `0..y.len()`, rows taken contiguously from `w_rows`
 //!   (w_rows.len() must be >= y.len() * row_bytes(k)).
+//! - `gemv_rows_multi(fmt, w_rows, k, acts: &[&ActivationBuf], ys: &mut [&mut [f32]], accumulate)`
+//!   — `gemv_rows` of several activations (prompt tokens) over the same rows, each `ys[j]`
+//!   bit-identical to `gemv_rows` of `acts[j]`; on AVX-512 Q4_1 / Q8_0 / Q4_K each weight block
+//!   is unpacked once per eight activations (`gemv_rows_multi_with(tier, ..)` for tests).
 //! - `simd_tier() -> SimdTier` — the detected path (printed by `hipfire version`).
 //!
 //! Also public: `gemv_rows_scalar` (same signature, scalar reference path) and
@@ -65,8 +69,8 @@ mod read;
 
 pub use act::ActivationBuf;
 pub use dispatch::{
-    dequantize_row, dequantize_row_f64, gemv_rows, gemv_rows_scalar, gemv_rows_with, quantize_row,
-    simd_tier, SimdTier,
+    dequantize_row, dequantize_row_f64, gemv_rows, gemv_rows_multi, gemv_rows_multi_with,
+    gemv_rows_scalar, gemv_rows_with, quantize_row, simd_tier, SimdTier,
 };
 pub use read::read_sum;
 

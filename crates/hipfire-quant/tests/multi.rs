@@ -1,0 +1,186 @@
+//! `gemv_rows_multi` against `gemv_rows` of each activation alone: bit for bit, for every
+//! format (multi-activation kernels and fallbacks alike) and every SIMD tier this CPU has.
+
+use hipfire_quant::{
+    gemv_rows_multi, gemv_rows_multi_with, gemv_rows_with, quantize_row, simd_tier, ActivationBuf,
+    Format, QuantError, SimdTier,
+};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// Rows per case: odd counts, one of them larger than any unroll.
+const ROW_COUNTS: [usize; 3] = [1, 5, 17];
+/// Activations per call: 1..=9 covers every group size of the kernels plus a partial second
+/// group of eight.
+const MAX_ACTS: usize = 9;
+/// A value no dot produces here, written before each call: every output must be overwritten
+/// (or, accumulating, start from it on both paths alike).
+const POISON: f32 = -1.234_567e30;
+/// Fixed seed: every run draws the same data.
+const SEED: u64 = 0x5EED_1A7E;
+
+/// k per format: for 32-blocks one full 4-block group plus a tail (160) and a length with
+/// several groups and a 3-block tail (576, SmolLM2's width).
+fn ks(fmt: Format) -> &'static [usize] {
+    match fmt.block_elems() {
+        1 => &[7, 100],
+        32 => &[32, 160, 576],
+        _ => &[256, 512],
+    }
+}
+
+fn tiers() -> Vec<SimdTier> {
+    SimdTier::ALL
+        .into_iter()
+        .filter(|t| {
+            let ok = t.is_supported();
+            if !ok {
+                println!("SKIPPED tier {t}: not supported by this CPU");
+            }
+            ok
+        })
+        .collect()
+}
+
+fn random_vec(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|_| rng.random_range(-1.0f32..1.0) * rng.random_range(0.05f32..2.0))
+        .collect()
+}
+
+#[test]
+fn multi_equals_single_bit_for_bit() {
+    let mut rng = ChaCha8Rng::seed_from_u64(SEED);
+    for tier in tiers() {
+        for fmt in Format::ALL {
+            for &k in ks(fmt) {
+                for &m in &ROW_COUNTS {
+                    let mut w = Vec::new();
+                    for _ in 0..m {
+                        w.extend(quantize_row(fmt, &random_vec(&mut rng, k)).expect("quantise"));
+                    }
+                    for n in 1..=MAX_ACTS {
+                        let acts: Vec<ActivationBuf> = (0..n)
+                            .map(|_| ActivationBuf::prepare(fmt, &random_vec(&mut rng, k)))
+                            .collect::<Result<_, _>>()
+                            .expect("prepare");
+                        let refs: Vec<&ActivationBuf> = acts.iter().collect();
+                        let base: Vec<Vec<f32>> = (0..n).map(|_| random_vec(&mut rng, m)).collect();
+                        for accumulate in [false, true] {
+                            let init = |j: usize| {
+                                if accumulate {
+                                    base[j].clone()
+                                } else {
+                                    vec![POISON; m]
+                                }
+                            };
+                            let mut want: Vec<Vec<f32>> = (0..n).map(init).collect();
+                            for (a, y) in acts.iter().zip(want.iter_mut()) {
+                                gemv_rows_with(tier, fmt, &w, k, a, y, accumulate).expect("single");
+                            }
+                            let mut got: Vec<Vec<f32>> = (0..n).map(init).collect();
+                            let mut ys: Vec<&mut [f32]> =
+                                got.iter_mut().map(|y| y.as_mut_slice()).collect();
+                            gemv_rows_multi_with(tier, fmt, &w, k, &refs, &mut ys, accumulate)
+                                .expect("multi");
+                            for j in 0..n {
+                                for i in 0..m {
+                                    assert_eq!(
+                                        got[j][i].to_bits(),
+                                        want[j][i].to_bits(),
+                                        "{tier} {fmt:?} k={k} m={m} n={n} acc={accumulate} \
+                                         act {j} row {i}: {} vs {}",
+                                        got[j][i],
+                                        want[j][i]
+                                    );
+                                    assert_ne!(got[j][i], POISON);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn multi_on_detected_tier_matches_explicit_tier() {
+    let mut rng = ChaCha8Rng::seed_from_u64(SEED ^ 1);
+    let (fmt, k, m) = (Format::Q4_1, 576, 9);
+    let mut w = Vec::new();
+    for _ in 0..m {
+        w.extend(quantize_row(fmt, &random_vec(&mut rng, k)).expect("quantise"));
+    }
+    let acts: Vec<ActivationBuf> = (0..3)
+        .map(|_| ActivationBuf::prepare(fmt, &random_vec(&mut rng, k)).expect("prepare"))
+        .collect();
+    let refs: Vec<&ActivationBuf> = acts.iter().collect();
+    let mut a = vec![vec![POISON; m]; 3];
+    let mut b = a.clone();
+    let mut ya: Vec<&mut [f32]> = a.iter_mut().map(|y| y.as_mut_slice()).collect();
+    gemv_rows_multi(fmt, &w, k, &refs, &mut ya, false).expect("detected");
+    let mut yb: Vec<&mut [f32]> = b.iter_mut().map(|y| y.as_mut_slice()).collect();
+    gemv_rows_multi_with(simd_tier(), fmt, &w, k, &refs, &mut yb, false).expect("explicit");
+    assert_eq!(a, b);
+}
+
+#[test]
+fn multi_bad_shapes_are_typed_errors() {
+    let mut rng = ChaCha8Rng::seed_from_u64(SEED ^ 2);
+    for fmt in [Format::Q4_1, Format::Q8_0, Format::F32] {
+        let k = 64;
+        let m = 3;
+        let mut w = Vec::new();
+        for _ in 0..m {
+            w.extend(quantize_row(fmt, &random_vec(&mut rng, k)).expect("quantise"));
+        }
+        let good = ActivationBuf::prepare(fmt, &random_vec(&mut rng, k)).expect("prepare");
+        let other = if fmt == Format::Q4_0 {
+            Format::Q8_0
+        } else {
+            Format::Q4_0
+        };
+        let bad = ActivationBuf::prepare(other, &random_vec(&mut rng, k)).expect("prepare");
+        let (mut y0, mut y1) = (vec![0f32; m], vec![0f32; m]);
+        // acts and ys of different lengths.
+        let r = gemv_rows_multi(fmt, &w, k, &[&good, &good], &mut [&mut y0], false);
+        assert!(
+            matches!(r, Err(QuantError::ShortBuffer { .. })),
+            "{fmt:?} {r:?}"
+        );
+        // A mismatched activation after a good one.
+        let r = gemv_rows_multi(fmt, &w, k, &[&good, &bad], &mut [&mut y0, &mut y1], false);
+        assert!(
+            matches!(r, Err(QuantError::ActivationMismatch { .. })),
+            "{fmt:?} {r:?}"
+        );
+        // Outputs of different lengths.
+        let mut short = vec![0f32; m - 1];
+        let r = gemv_rows_multi(
+            fmt,
+            &w,
+            k,
+            &[&good, &good],
+            &mut [&mut y0, &mut short],
+            false,
+        );
+        assert!(
+            matches!(r, Err(QuantError::ShortBuffer { .. })),
+            "{fmt:?} {r:?}"
+        );
+        // Weights shorter than the rows asked for.
+        let r = gemv_rows_multi(
+            fmt,
+            &w[..w.len() - 1],
+            k,
+            &[&good, &good],
+            &mut [&mut y0, &mut y1],
+            false,
+        );
+        assert!(
+            matches!(r, Err(QuantError::ShortBuffer { .. })),
+            "{fmt:?} {r:?}"
+        );
+    }
+}
