@@ -592,6 +592,24 @@ impl CpuPool {
         self.run_job(&job, 0..start).map(|_| ())
     }
 
+    /// Run `f` over `0..n` cut into one contiguous part per computing thread (no alignment:
+    /// for per-head or per-item work that is not a GEMV, such as attention). Waits for every
+    /// part; an error only when the pool itself failed (a part that panicked, a stopped worker).
+    pub fn parallel_for(
+        &self,
+        n: usize,
+        f: &(dyn Fn(Range<usize>) + Sync),
+    ) -> Result<(), ExecError> {
+        struct ForJob<'f>(&'f (dyn Fn(Range<usize>) + Sync));
+        impl PoolJob for ForJob<'_> {
+            fn run(&self, rows: Range<usize>) -> Result<u64, ExecError> {
+                (self.0)(rows);
+                Ok(0)
+            }
+        }
+        self.run_job_aligned(&ForJob(f), 0..n, 1).map(|_| ())
+    }
+
     /// Send an owned job's `parts` (at most one per worker) without waiting; collect with
     /// [`Pending::wait`]. Parts that could not be sent are counted in [`Pending::unsent`].
     pub(crate) fn submit_owned(
@@ -641,7 +659,17 @@ impl CpuPool {
         job: &(dyn PoolJob + '_),
         rows: Range<usize>,
     ) -> Result<u64, ExecError> {
-        let mut parts = partition(rows, self.compute_threads(), WORKER_ROW_ALIGN);
+        self.run_job_aligned(job, rows, WORKER_ROW_ALIGN)
+    }
+
+    /// [`CpuPool::run_job`] with cut points at multiples of `align`.
+    fn run_job_aligned(
+        &self,
+        job: &(dyn PoolJob + '_),
+        rows: Range<usize>,
+        align: usize,
+    ) -> Result<u64, ExecError> {
+        let mut parts = partition(rows, self.compute_threads(), align);
         if parts.is_empty() {
             return Ok(0);
         }

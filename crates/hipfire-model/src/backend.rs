@@ -6,6 +6,8 @@
 //! copy or mapping of the weight. [`ReferenceBackend`] is the slow, independent f64 path the
 //! tests compare against.
 
+use std::ops::Range;
+
 use hipfire_exec::{CpuPool, GemvSegment, TokenSegment};
 use hipfire_quant::Format;
 
@@ -86,6 +88,13 @@ pub trait Backend: Send + Sync {
                 _ => self.gemv_batch(ws, x, &mut yt, accumulate)?,
             }
         }
+        Ok(())
+    }
+
+    /// Run `f` over `0..n` (work that is not a GEMV, such as attention heads), split over the
+    /// backend's CPU threads where it has them; serially by default.
+    fn parallel_for(&self, n: usize, f: &(dyn Fn(Range<usize>) + Sync)) -> Result<(), ModelError> {
+        f(0..n);
         Ok(())
     }
 
@@ -266,6 +275,11 @@ impl Backend for CpuBackend {
             .collect();
         self.pool
             .gemv_tokens(first.format, first.k, xs, &mut segs)?;
+        Ok(())
+    }
+
+    fn parallel_for(&self, n: usize, f: &(dyn Fn(Range<usize>) + Sync)) -> Result<(), ModelError> {
+        self.pool.parallel_for(n, f)?;
         Ok(())
     }
 

@@ -399,6 +399,56 @@ impl Model {
             .gemv_tokens(&self.weights_with_bytes(ids), xs, ys, accumulate)
     }
 
+    /// Attention of one query position: every head of `q` (`n_head × head_dim`) over the first
+    /// `n_pos` positions of the layer's K/V cache, into `att`; the heads are split over the
+    /// backend's threads (a long context made this, not the weights, the bulk of a token).
+    fn attention(
+        &self,
+        q: &[f32],
+        kc: &[f32],
+        vc: &[f32],
+        n_pos: usize,
+        att: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let (hd, kvd) = (c.head_dim, c.kv_dim());
+        let n = c.n_head * hd;
+        if q.len() < n || att.len() < n || kc.len() < n_pos * kvd || vc.len() < n_pos * kvd {
+            return Err(ModelError::Shape {
+                name: "attention operands (q, att, k cache, v cache)".into(),
+                want: [n, n, n_pos * kvd, n_pos * kvd].map(|v| v as u64).to_vec(),
+                got: [q.len(), att.len(), kc.len(), vc.len()]
+                    .map(|v| v as u64)
+                    .to_vec(),
+            });
+        }
+        let group = c.n_head / c.n_head_kv;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let out = HeadsOut(att.as_mut_ptr());
+        let out = &out;
+        self.backend
+            .parallel_for(c.n_head, &|heads: std::ops::Range<usize>| {
+                let mut scores = Vec::with_capacity(n_pos);
+                for h in heads {
+                    // SAFETY: `att` holds `n_head × hd` values (checked above) and outlives the
+                    // call (`parallel_for` returns after every part); parts are disjoint ranges of
+                    // heads, so head `h`'s slice is written by this part alone.
+                    let o = unsafe { std::slice::from_raw_parts_mut(out.0.add(h * hd), hd) };
+                    ops::attend(
+                        &q[h * hd..(h + 1) * hd],
+                        kc,
+                        vc,
+                        kvd,
+                        (h / group) * hd,
+                        n_pos,
+                        scale,
+                        &mut scores,
+                        o,
+                    );
+                }
+            })
+    }
+
     /// Each weight of `ids` with its bytes in the file.
     fn weights_with_bytes(&self, ids: &[usize]) -> Vec<(&Weight, &[u8])> {
         ids.iter()
@@ -409,6 +459,13 @@ impl Model {
             .collect()
     }
 }
+
+/// The attention output of [`Model::attention`], written head by head from several threads.
+struct HeadsOut(*mut f32);
+
+// SAFETY: only dereferenced inside `Model::attention`, where every part writes its own disjoint
+// heads of a buffer the caller keeps borrowed mutably for the whole call.
+unsafe impl Sync for HeadsOut {}
 
 /// Prompt tokens pushed through the layers together by [`Session::prefill`]. Each weight is
 /// read once per chunk instead of once per token, so larger is better until the chunk's
@@ -459,7 +516,6 @@ pub struct Session<'m> {
     att: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
-    scores: Vec<f32>,
     logits: Vec<f32>,
 }
 
@@ -485,7 +541,6 @@ impl<'m> Session<'m> {
             att: vec![0.0; c.q_dim()],
             gate: vec![0.0; c.n_ff],
             up: vec![0.0; c.n_ff],
-            scores: Vec::new(),
             logits: vec![0.0; c.vocab],
         }
     }
@@ -589,8 +644,6 @@ impl<'m> Session<'m> {
             });
         }
         let (d, qd, hd, kvd, ff) = (c.d_model, c.q_dim(), c.head_dim, c.kv_dim(), c.n_ff);
-        let group = c.n_head / c.n_head_kv;
-        let scale = 1.0 / (hd as f32).sqrt();
         let emb = &m.weights[m.token_embd];
         let rb = emb.format.row_bytes(emb.k)?;
         let emb_bytes = m.weight_bytes(emb);
@@ -650,22 +703,7 @@ impl<'m> Session<'m> {
             let (kc, vc) = (&self.k_cache[li], &self.v_cache[li]);
             for (i, (qt, att_t)) in q.chunks_exact(qd).zip(att.chunks_exact_mut(qd)).enumerate() {
                 // Token i attends to positions 0..=pos0 + i, as forward at that position.
-                self.scores.resize(pos0 + i + 1, 0.0);
-                for h in 0..c.n_head {
-                    let kvh = h / group;
-                    let qh = &qt[h * hd..(h + 1) * hd];
-                    for (t, s) in self.scores.iter_mut().enumerate() {
-                        let kt = &kc[t * kvd + kvh * hd..t * kvd + (kvh + 1) * hd];
-                        *s = qh.iter().zip(kt).map(|(a, b)| a * b).sum::<f32>() * scale;
-                    }
-                    ops::softmax(&mut self.scores);
-                    let out = &mut att_t[h * hd..(h + 1) * hd];
-                    out.fill(0.0);
-                    for (t, &p) in self.scores.iter().enumerate() {
-                        let vt = &vc[t * kvd + kvh * hd..t * kvd + (kvh + 1) * hd];
-                        out.iter_mut().zip(vt).for_each(|(o, &vv)| *o += p * vv);
-                    }
-                }
+                m.attention(qt, kc, vc, pos0 + i + 1, att_t)?;
             }
             // Residual folded into the GEMV: x += Wo·att.
             m.gemv_tokens(&[l.wo], &att, &mut [&mut x], true)?;
@@ -710,9 +748,7 @@ impl<'m> Session<'m> {
         let row = &m.weight_bytes(emb)[token as usize * rb..(token as usize + 1) * rb];
         ops::dequantize_row(emb.format, row, &mut self.x)?;
 
-        let (hd, kvd) = (c.head_dim, c.kv_dim());
-        let group = c.n_head / c.n_head_kv;
-        let scale = 1.0 / (hd as f32).sqrt();
+        let hd = c.head_dim;
         for (li, l) in m.layers.iter().enumerate() {
             ops::rms_norm(&self.x, &l.attn_norm, c.rms_eps, &mut self.xn);
             m.gemv_batch(
@@ -745,23 +781,7 @@ impl<'m> Session<'m> {
             self.k_cache[li].extend_from_slice(&self.k);
             self.v_cache[li].extend_from_slice(&self.v);
             let (kc, vc) = (&self.k_cache[li], &self.v_cache[li]);
-            let n_pos = pos + 1;
-            self.scores.resize(n_pos, 0.0);
-            for h in 0..c.n_head {
-                let kvh = h / group;
-                let qh = &self.q[h * hd..(h + 1) * hd];
-                for (t, s) in self.scores.iter_mut().enumerate() {
-                    let kt = &kc[t * kvd + kvh * hd..t * kvd + (kvh + 1) * hd];
-                    *s = qh.iter().zip(kt).map(|(a, b)| a * b).sum::<f32>() * scale;
-                }
-                ops::softmax(&mut self.scores);
-                let out = &mut self.att[h * hd..(h + 1) * hd];
-                out.fill(0.0);
-                for (t, &p) in self.scores.iter().enumerate() {
-                    let vt = &vc[t * kvd + kvh * hd..t * kvd + (kvh + 1) * hd];
-                    out.iter_mut().zip(vt).for_each(|(o, &vv)| *o += p * vv);
-                }
-            }
+            m.attention(&self.q, kc, vc, pos + 1, &mut self.att)?;
             // Residual folded into the GEMV: x += Wo·att.
             m.gemv(l.wo, &self.att, &mut self.x, true)?;
 

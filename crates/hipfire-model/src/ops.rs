@@ -90,6 +90,57 @@ pub fn softmax(x: &mut [f32]) {
     }
 }
 
+/// Partial sums of [`dot`]: a fixed order LLVM turns into SIMD lanes (an iterator `sum` is a
+/// serial chain of adds it may not reorder, which left attention scalar).
+const DOT_LANES: usize = 16;
+
+/// `a · b` in f32, summed in [`DOT_LANES`] interleaved partial sums, then those in order.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    let split = a.len() / DOT_LANES * DOT_LANES;
+    let mut acc = [0f32; DOT_LANES];
+    for (x, y) in a[..split]
+        .chunks_exact(DOT_LANES)
+        .zip(b[..split].chunks_exact(DOT_LANES))
+    {
+        for i in 0..DOT_LANES {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut s = acc.iter().sum::<f32>();
+    for (x, y) in a[split..].iter().zip(&b[split..]) {
+        s += x * y;
+    }
+    s
+}
+
+/// One attention head at one query position over `n_pos` cached positions: scores
+/// `q·k_t · scale`, softmax, `out = Σ_t p_t v_t`. `kc`/`vc` hold rows of `kvd` values (one per
+/// position); this head's part of a row starts at `off` and is `q.len()` long. `scores` is
+/// scratch.
+#[allow(clippy::too_many_arguments)] // one head's operands
+pub fn attend(
+    q: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    kvd: usize,
+    off: usize,
+    n_pos: usize,
+    scale: f32,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let hd = q.len();
+    scores.clear();
+    scores.extend((0..n_pos).map(|t| dot(q, &kc[t * kvd + off..t * kvd + off + hd]) * scale));
+    softmax(scores);
+    out.fill(0.0);
+    for (t, &p) in scores.iter().enumerate() {
+        let vt = &vc[t * kvd + off..t * kvd + off + hd];
+        out.iter_mut().zip(vt).for_each(|(o, &v)| *o += p * v);
+    }
+}
+
 /// `gate = silu(gate) * up` (SwiGLU).
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
@@ -108,6 +159,72 @@ mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
+
+    #[test]
+    fn attend_matches_an_f64_reference() {
+        let mut r = ChaCha8Rng::seed_from_u64(11);
+        // Head dims around the lane count (partial chunks), GQA offsets, short and long contexts.
+        for (hd, kvd, off, n_pos) in [
+            (64usize, 192usize, 128usize, 300usize),
+            (17, 34, 17, 5),
+            (8, 8, 0, 1),
+        ] {
+            let q: Vec<f32> = (0..hd).map(|_| r.random_range(-1.0f32..1.0)).collect();
+            let kc: Vec<f32> = (0..n_pos * kvd)
+                .map(|_| r.random_range(-1.0f32..1.0))
+                .collect();
+            let vc: Vec<f32> = (0..n_pos * kvd)
+                .map(|_| r.random_range(-1.0f32..1.0))
+                .collect();
+            let scale = 1.0 / (hd as f32).sqrt();
+            let mut out = vec![f32::NAN; hd];
+            attend(
+                &q,
+                &kc,
+                &vc,
+                kvd,
+                off,
+                n_pos,
+                scale,
+                &mut Vec::new(),
+                &mut out,
+            );
+            let s: Vec<f64> = (0..n_pos)
+                .map(|t| {
+                    (0..hd)
+                        .map(|i| f64::from(q[i]) * f64::from(kc[t * kvd + off + i]))
+                        .sum::<f64>()
+                        * f64::from(scale)
+                })
+                .collect();
+            let mx = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = s.iter().map(|v| (v - mx).exp()).collect();
+            let z: f64 = e.iter().sum();
+            for i in 0..hd {
+                let want: f64 = (0..n_pos)
+                    .map(|t| e[t] / z * f64::from(vc[t * kvd + off + i]))
+                    .sum();
+                let got = f64::from(out[i]);
+                assert!(
+                    (got - want).abs() < 1e-5,
+                    "hd={hd} n_pos={n_pos} i={i}: {got} vs {want}"
+                );
+            }
+            // `dot` alone, against f64, relative to Σ|a·b|.
+            let kt = &kc[off..off + hd];
+            let want: f64 = q
+                .iter()
+                .zip(kt)
+                .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                .sum();
+            let l1: f64 = q
+                .iter()
+                .zip(kt)
+                .map(|(a, b)| (f64::from(*a) * f64::from(*b)).abs())
+                .sum();
+            assert!((f64::from(dot(&q, kt)) - want).abs() <= 1e-6 * l1.max(1.0));
+        }
+    }
 
     #[test]
     fn rope_matches_f64_rotation_for_both_pairings() {
