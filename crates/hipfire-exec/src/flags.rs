@@ -615,14 +615,19 @@ mod tests {
         )
     }
 
+    /// A mailbox in plain host memory for activations of `k` and `rows` CPU rows.
+    fn host_mailbox(k: usize, rows: usize) -> Mailbox {
+        let mem: Arc<dyn MailboxMemory> =
+            Arc::new(HostMailboxMemory::new(Mailbox::bytes_needed(k, rows)));
+        Mailbox::new(mem, k, rows).expect("mailbox")
+    }
+
     #[test]
     fn flags_arm_matches_pool_over_steps() {
         let (fmt, k, m, g) = (Format::Q4_0, 256usize, 200usize, 48usize);
         let (w, _) = setup(fmt, k, m, 1);
         let pool = CpuPool::new(3).expect("pool");
-        let mem: Arc<dyn MailboxMemory> =
-            Arc::new(HostMailboxMemory::new(Mailbox::bytes_needed(k, m - g)));
-        let mb = Mailbox::new(mem, k, m - g).expect("mailbox");
+        let mb = host_mailbox(k, m - g);
         for step in 1..=5u32 {
             let x: Vec<f32> = setup(fmt, k, 1, 100 + u64::from(step)).1;
             let arm = FlagsArm {
@@ -663,9 +668,7 @@ mod tests {
         let (fmt, k, m) = (Format::Q8_0, 64usize, 40usize);
         let (w, _) = setup(fmt, k, m, 2);
         let pool = CpuPool::new(2).expect("pool");
-        let mem: Arc<dyn MailboxMemory> =
-            Arc::new(HostMailboxMemory::new(Mailbox::bytes_needed(k, m)));
-        let mb = Mailbox::new(mem, k, m).expect("mailbox");
+        let mb = host_mailbox(k, m);
         let arm = FlagsArm {
             format: fmt,
             k,
@@ -696,9 +699,7 @@ mod tests {
         let weight: Vec<u8> = w.as_ref().clone();
         let pool = CpuPool::new(3).expect("pool");
         // Laid out for a longer activation than this step's, as the executor's is.
-        let mem: Arc<dyn MailboxMemory> =
-            Arc::new(HostMailboxMemory::new(Mailbox::bytes_needed(3 * k, m)));
-        let mb = Mailbox::new(mem, 3 * k, m).expect("mailbox");
+        let mb = host_mailbox(3 * k, m);
         for step in 1..=3u32 {
             let arm = BorrowedFlagsArm {
                 format: fmt,
@@ -747,9 +748,7 @@ mod tests {
         let (fmt, k, m) = (Format::Q8_0, 64usize, 40usize);
         let (w, _) = setup(fmt, k, m, 4);
         let pool = CpuPool::new(2).expect("pool");
-        let mem: Arc<dyn MailboxMemory> =
-            Arc::new(HostMailboxMemory::new(Mailbox::bytes_needed(k, m)));
-        let mb = Mailbox::new(mem, k, m).expect("mailbox");
+        let mb = host_mailbox(k, m);
         let arm = BorrowedFlagsArm {
             format: fmt,
             k,
@@ -783,9 +782,7 @@ mod tests {
         let (fmt, k, m) = (Format::Q8_0, 64usize, 40usize);
         let (w, _) = setup(fmt, k, m, 5);
         let pool = CpuPool::new(2).expect("pool");
-        let mem: Arc<dyn MailboxMemory> =
-            Arc::new(HostMailboxMemory::new(Mailbox::bytes_needed(k, 8)));
-        let mb = Mailbox::new(mem, k, 8).expect("mailbox");
+        let mb = host_mailbox(k, 8);
         let arm = BorrowedFlagsArm {
             format: fmt,
             k,

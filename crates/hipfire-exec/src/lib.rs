@@ -58,7 +58,7 @@ pub use gpu::{GpuEngine, GpuHandle, SimulatedGpu};
 pub use join::{JoinKind, JoinStrategy};
 pub use kernel::ActivationBuf;
 pub use planner::{PlannerConfig, PlannerHandle, Route, StepReport};
-pub use pool::{CpuPool, GemvSegment, PoolConfig, TokenSegment};
+pub use pool::{CpuPool, GemvSegment, PoolConfig};
 pub use refusal::Refusal;
 pub use share::{ShareController, ShareSetting};
 pub use step::{OffloadExec, Residency, Step, WeightView};

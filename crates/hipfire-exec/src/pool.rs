@@ -536,7 +536,7 @@ impl CpuPool {
         fmt: Format,
         k: usize,
         xs: &[f32],
-        segs: &mut [TokenSegment<'_>],
+        segs: &mut [GemvSegment<'_>],
     ) -> Result<(), ExecError> {
         if k == 0 {
             return Err(ExecError::Shape {
@@ -915,11 +915,13 @@ fn check_x_len(k: usize, x: &[f32]) -> Result<(), ExecError> {
     Ok(())
 }
 
-/// One matrix of [`CpuPool::gemv_batch`]: `y (+)= w · x`, `w` holding `y.len()` rows.
+/// One matrix of [`CpuPool::gemv_batch`] (`y (+)= w · x`, `w` holding `y.len()` rows) or of
+/// [`CpuPool::gemv_tokens`] (`y[t·m..(t+1)·m] (+)= w · x_t` for every token `t`, `w` holding
+/// `m = y.len() / tokens` rows).
 pub struct GemvSegment<'a> {
-    /// The matrix (`y.len()` rows of the batch's format and `k`).
+    /// The matrix (whole rows of the call's format and `k`).
     pub w: &'a [u8],
-    /// Its output.
+    /// Its output: `m` values, or `tokens × m` token-major for `gemv_tokens`.
     pub y: &'a mut [f32],
     /// Add into `y` instead of overwriting it.
     pub accumulate: bool,
@@ -975,16 +977,6 @@ impl PoolJob for BatchGemvJob<'_> {
 /// 64 KiB 499–526 tok/s — flat within noise, the row dots being compute-bound once each tile is
 /// reused by 32 tokens.
 pub const TOKEN_TILE_BYTES: usize = 16 * 1024;
-
-/// One matrix of [`CpuPool::gemv_tokens`]: `y[t·m..(t+1)·m] (+)= w · x_t` for every token `t`.
-pub struct TokenSegment<'a> {
-    /// The matrix (`m` whole rows of the call's format and `k`).
-    pub w: &'a [u8],
-    /// Its outputs, token-major: `tokens × m`.
-    pub y: &'a mut [f32],
-    /// Add into `y` instead of overwriting it.
-    pub accumulate: bool,
-}
 
 /// A segment of a multi-token job: rows `[start, start + m)` of the job's row space.
 struct TokenPart<'a> {
@@ -1188,10 +1180,10 @@ mod tests {
                             }
                         }
                         let mut got = base.clone();
-                        let mut segs: Vec<TokenSegment<'_>> = ws
+                        let mut segs: Vec<GemvSegment<'_>> = ws
                             .iter()
                             .zip(got.iter_mut())
-                            .map(|(w, y)| TokenSegment { w, y, accumulate })
+                            .map(|(w, y)| GemvSegment { w, y, accumulate })
                             .collect();
                         pool.gemv_tokens(fmt, k, &xs, &mut segs).expect("tokens");
                         for (g, w) in got.iter().zip(&want) {
@@ -1210,7 +1202,7 @@ mod tests {
         let pool = CpuPool::new(2).expect("pool");
         let w = vec![0u8; 4 * 4 * 3];
         let mut y = vec![0.0f32; 3 * 2];
-        let mut segs = [TokenSegment {
+        let mut segs = [GemvSegment {
             w: &w,
             y: &mut y,
             accumulate: false,

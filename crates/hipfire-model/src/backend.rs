@@ -8,7 +8,7 @@
 
 use std::ops::Range;
 
-use hipfire_exec::{CpuPool, GemvSegment, TokenSegment};
+use hipfire_exec::{CpuPool, GemvSegment};
 use hipfire_quant::Format;
 
 use crate::ModelError;
@@ -143,8 +143,20 @@ fn check_tokens(
     Ok(tokens)
 }
 
-fn token_segment<'a>(w: &'a [u8], y: &'a mut [f32], accumulate: bool) -> TokenSegment<'a> {
-    TokenSegment { w, y, accumulate }
+/// The pool's segments for weights `ws` into outputs `ys`.
+fn segments<'a>(
+    ws: &[(&Weight, &'a [u8])],
+    ys: &'a mut [&mut [f32]],
+    accumulate: bool,
+) -> Vec<GemvSegment<'a>> {
+    ws.iter()
+        .zip(ys.iter_mut())
+        .map(|((_, bytes), y)| GemvSegment {
+            w: bytes,
+            y,
+            accumulate,
+        })
+        .collect()
 }
 
 /// [`Backend::gemv_batch`] as one [`Backend::gemv`] per weight.
@@ -230,15 +242,7 @@ impl Backend for CpuBackend {
         {
             return gemv_each(self, ws, x, ys, accumulate);
         }
-        let mut segs: Vec<GemvSegment<'_>> = ws
-            .iter()
-            .zip(ys.iter_mut())
-            .map(|((_, bytes), y)| GemvSegment {
-                w: bytes,
-                y,
-                accumulate,
-            })
-            .collect();
+        let mut segs = segments(ws, ys, accumulate);
         self.pool.gemv_batch(first.format, first.k, x, &mut segs)?;
         Ok(())
     }
@@ -263,16 +267,16 @@ impl Backend for CpuBackend {
                     w.format,
                     w.k,
                     xs,
-                    &mut [token_segment(bytes, y, accumulate)],
+                    &mut [GemvSegment {
+                        w: bytes,
+                        y,
+                        accumulate,
+                    }],
                 )?;
             }
             return Ok(());
         }
-        let mut segs: Vec<TokenSegment<'_>> = ws
-            .iter()
-            .zip(ys.iter_mut())
-            .map(|((_, bytes), y)| token_segment(bytes, y, accumulate))
-            .collect();
+        let mut segs = segments(ws, ys, accumulate);
         self.pool
             .gemv_tokens(first.format, first.k, xs, &mut segs)?;
         Ok(())
