@@ -215,6 +215,28 @@ mod simd {
 }
 
 /// Exact-ish sum: f64 accumulation, one rounding.
+/// Σ of 16 quants (|Σ| ≤ 16·127), in a form LLVM vectorises.
+#[inline(always)]
+fn sum16(g: &[i8]) -> i16 {
+    let mut acc = [0i16; Q6K_SUB];
+    for (a, &q) in acc.iter_mut().zip(g) {
+        *a = i16::from(q);
+    }
+    acc.iter().sum()
+}
+
+/// Whether every element is finite, without an early exit, so that it vectorises: the
+/// element-wise `position` scan was half of `prepare`'s time (perf on the dev VM, k = 4096:
+/// 3.1 µs for Q4_K), and every CPU worker of a split step prepares its own copy.
+fn all_finite(x: &[f32]) -> bool {
+    const EXP_MASK: u32 = 0x7f80_0000;
+    x.chunks(64).all(|c| {
+        c.iter().fold(0u32, |acc, v| {
+            acc | u32::from(v.to_bits() & EXP_MASK == EXP_MASK)
+        }) == 0
+    })
+}
+
 fn sum_f64(v: &[f32]) -> f32 {
     v.iter().map(|&a| f64::from(a)).sum::<f64>() as f32
 }
@@ -260,7 +282,8 @@ impl ActivationBuf {
     pub fn prepare(fmt: Format, x: &[f32]) -> Result<ActivationBuf, QuantError> {
         let k = x.len();
         fmt.row_bytes(k)?;
-        if let Some(i) = x.iter().position(|v| !v.is_finite()) {
+        if !all_finite(x) {
+            let i = x.iter().position(|v| !v.is_finite()).unwrap_or(0);
             return Err(QuantError::NonFinite {
                 format: fmt,
                 what: "activation value",
@@ -373,12 +396,11 @@ impl ActivationBuf {
         for (src, dst) in x.chunks_exact(QK_K).zip(a.qs.chunks_exact_mut(QK_K)) {
             let (d, _) = quantise_block(src, &mut natural);
             a.d.push(d);
-            for g in natural.chunks_exact(Q6K_SUB) {
-                a.bsums.push(g.iter().map(|&q| i16::from(q)).sum());
-            }
-            for g in natural.chunks_exact(Q4K_SUB) {
-                a.sums32.push(g.iter().map(|&q| i16::from(q)).sum());
-            }
+            let first = a.bsums.len();
+            a.bsums.extend(natural.chunks_exact(Q6K_SUB).map(sum16));
+            // A 32-element sub-block is two 16-element ones (|Σ| ≤ 32·127 fits i16).
+            let pairs = a.bsums[first..].chunks_exact(Q4K_SUB / Q6K_SUB);
+            a.sums32.extend(pairs.map(|p| p[0] + p[1]));
             if fmt == Format::Q4K {
                 for (t, &j) in Q4K_ACT_ORDER.iter().enumerate() {
                     dst[Q4K_SUB * t..Q4K_SUB * (t + 1)]

@@ -289,6 +289,20 @@ fn bad_input_is_a_typed_error() {
             ActivationBuf::prepare(fmt, &nan_src),
             Err(QuantError::NonFinite { .. })
         ));
+        // The activation check has no early exit: the block is still the first bad one's,
+        // wherever it sits (NaN, -inf, last element).
+        for (pos, bad) in [(37, f32::NAN), (k - 1, f32::NEG_INFINITY), (0, f32::NAN)] {
+            let mut x = random_vec(&mut rng, k, 32);
+            x[pos] = bad;
+            assert_eq!(
+                ActivationBuf::prepare(fmt, &x).map(|_| ()),
+                Err(QuantError::NonFinite {
+                    format: fmt,
+                    what: "activation value",
+                    block: pos / be
+                })
+            );
+        }
         // Activation for another format or k.
         let other = if fmt == Format::Q4_0 {
             Format::Q8_0
