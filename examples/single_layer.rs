@@ -63,7 +63,7 @@ struct Proj {
     k: usize,
     form: GemvForm,
     format: Format,
-    host: HostMappedBuffer,
+    host: Arc<HostMappedBuffer>,
     dev: DeviceBuffer<u8>,
 }
 
@@ -74,7 +74,7 @@ fn make_matrix(
     m: usize,
     k: usize,
     seed: u64,
-) -> Result<(HostMappedBuffer, DeviceBuffer<u8>)> {
+) -> Result<(Arc<HostMappedBuffer>, DeviceBuffer<u8>)> {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let rb = fmt.row_bytes(k)?;
     let mut distinct = Vec::with_capacity(DISTINCT_ROWS * rb);
@@ -89,7 +89,7 @@ fn make_matrix(
     }
     let mut dev = ctx.alloc::<u8>(m * rb)?;
     dev.upload(stream, host.as_slice())?;
-    Ok((host, dev))
+    Ok((Arc::new(host), dev))
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -155,10 +155,10 @@ impl Bench<'_> {
                             .gemv(self.stream, &w, act, y, RowRange::all(p.m), p.form)?;
                     }
                     (Mode::Offload, Some(ex)) => {
-                        let w = WeightRef::new(&p.host, 0, p.format, p.m, p.k)?;
+                        let w = WeightRef::new(p.host.as_ref(), 0, p.format, p.m, p.k)?;
                         let step = SpilledStep {
                             weight: &w,
-                            host_bytes: p.host.as_slice(),
+                            host: p.host.clone(),
                             x,
                             y,
                             form: p.form,

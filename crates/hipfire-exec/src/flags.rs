@@ -50,6 +50,15 @@ pub const MAILBOX_ALIGN: usize = 64;
 /// largest spilled layer; one second is far outside normal operation.
 pub const DEFAULT_FLAGS_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// Polls of a word between reads of the clock and of the cancel flag (a poll of a line the
+/// device writes over PCIe is ~0.1–1 µs; a clock read ~20 ns).
+const WAIT_POLLS_PER_CHECK: usize = 32;
+
+/// How long a waiting worker spins before it yields its core between checks: past the
+/// handshake's 3.5–4.4 µs on the H200 box, and short enough that an oversubscribed core is not
+/// held from the thread that would publish.
+const WAIT_SPIN_BEFORE_YIELD: Duration = Duration::from_micros(20);
+
 /// Memory a mailbox lives in.
 ///
 /// # Safety
@@ -258,8 +267,11 @@ fn wait_word(
 ) -> Result<Duration, ExecError> {
     let t0 = Instant::now();
     loop {
-        if word.load(Ordering::Acquire) == want {
-            return Ok(t0.elapsed());
+        for _ in 0..WAIT_POLLS_PER_CHECK {
+            if word.load(Ordering::Acquire) == want {
+                return Ok(t0.elapsed());
+            }
+            std::hint::spin_loop();
         }
         if cancel.is_some_and(|c| c.load(Ordering::Acquire)) {
             return Err(ExecError::Invalid {
@@ -274,7 +286,12 @@ fn wait_word(
                 after: timeout,
             });
         }
-        std::thread::yield_now();
+        // Keep the core while the device is about to publish (a yield is a syscall, a good
+        // part of the ~4 µs handshake); give it away once the wait is long, which is when a
+        // core is oversubscribed (the 2-core CI runner) or the device is busy elsewhere.
+        if t0.elapsed() >= WAIT_SPIN_BEFORE_YIELD {
+            std::thread::yield_now();
+        }
     }
 }
 
@@ -304,8 +321,10 @@ pub struct FlagsArm {
     pub k: usize,
     /// The whole weight.
     pub weight: Arc<dyn WeightBytes>,
-    /// First CPU row (`g`); the mailbox holds rows `[g, g + mailbox rows)`.
+    /// First CPU row (`g`); the mailbox holds rows `[g, g + rows)`.
     pub g: usize,
+    /// CPU rows this step (at most the mailbox's).
+    pub rows: usize,
     /// The mailbox.
     pub mailbox: Mailbox,
     /// Step number the device will publish.
@@ -323,42 +342,6 @@ pub struct FlagsReport {
     pub cpu_ns: f64,
 }
 
-/// One step's CPU arm over a borrowed weight, for [`CpuPool::run_flags`].
-pub struct BorrowedFlagsArm<'w> {
-    /// Weight format.
-    pub format: Format,
-    /// Row length.
-    pub k: usize,
-    /// The whole weight (rows `row_bytes` apart).
-    pub weight: &'w [u8],
-    /// First CPU row (`g`); the mailbox holds rows `[g, g + rows)`.
-    pub g: usize,
-    /// CPU rows this step (at most the mailbox's).
-    pub rows: usize,
-    /// The mailbox.
-    pub mailbox: Mailbox,
-    /// Step number the device will publish.
-    pub step: u32,
-    /// Give up waiting for the device after this long.
-    pub timeout: Duration,
-}
-
-/// The weight bytes a job reads: owned by the job, or borrowed for the span of
-/// [`CpuPool::run_flags`], which waits for every worker before it returns.
-struct JobWeight {
-    ptr: *const u8,
-    len: usize,
-    _owner: Option<Arc<dyn WeightBytes>>,
-}
-
-impl JobWeight {
-    fn bytes(&self) -> &[u8] {
-        // SAFETY: `ptr..ptr+len` is either the owner's bytes (kept alive by `_owner`) or a borrow
-        // that `run_flags` outlives every use of (it waits for the workers, also on unwind).
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-}
-
 /// The job the workers share.
 struct FlagsJob {
     format: Format,
@@ -368,7 +351,7 @@ struct FlagsJob {
     mailbox: Mailbox,
     step: u32,
     timeout: Duration,
-    weight: JobWeight,
+    weight: Arc<dyn WeightBytes>,
     /// Raised when the device side was never queued: waiting workers give up at once.
     cancelled: AtomicBool,
     row_bytes: usize,
@@ -377,12 +360,6 @@ struct FlagsJob {
     wait_ns: AtomicU64,
     cpu_ns: AtomicU64,
 }
-
-// SAFETY: the raw weight pointer is only read (shared bytes), under `JobWeight`'s contract; the
-// rest is Send + Sync.
-unsafe impl Send for FlagsJob {}
-// SAFETY: as above.
-unsafe impl Sync for FlagsJob {}
 
 impl FlagsJob {
     fn rows(&self, rows: Range<usize>) -> Result<(), ExecError> {
@@ -443,6 +420,20 @@ pub struct FlagsTicket {
 }
 
 impl FlagsTicket {
+    /// Whether every part has finished (done is published); [`FlagsTicket::wait`] then
+    /// returns at once.
+    pub fn is_finished(&self) -> bool {
+        self.job.remaining.load(Ordering::Acquire) == 0
+    }
+
+    /// Give up on the arm because its device side was never queued: workers still waiting for
+    /// the sequence word stop at once (done is still published, with the error word), and this
+    /// returns once every worker has let go of the job.
+    pub fn cancel(self) {
+        self.job.cancelled.store(true, Ordering::Release);
+        let _ = self.pending.wait();
+    }
+
     /// Block until every worker of the arm has finished; the arm's measurements or its error.
     pub fn wait(self) -> Result<FlagsReport, ExecError> {
         self.pending.wait()?;
@@ -458,21 +449,6 @@ impl FlagsJob {
     fn count_down(&self) {
         if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.mailbox.done().store(self.step, Ordering::Release);
-        }
-    }
-}
-
-/// Waits for a borrowed arm's workers however [`CpuPool::run_flags`] is left (unwinding too),
-/// so no worker outlives the borrow.
-struct ArmGuard {
-    ticket: Option<FlagsTicket>,
-}
-
-impl Drop for ArmGuard {
-    fn drop(&mut self) {
-        if let Some(t) = self.ticket.take() {
-            t.job.cancelled.store(true, Ordering::Release);
-            let _ = t.pending.wait();
         }
     }
 }
@@ -496,11 +472,11 @@ impl CpuPool {
                 got: job.mailbox.rows,
             });
         }
-        if job.weight.len < rows.end * job.row_bytes {
+        if job.weight.bytes().len() < rows.end * job.row_bytes {
             return Err(ExecError::Shape {
                 what: "weight bytes",
                 need: rows.end * job.row_bytes,
-                got: job.weight.len,
+                got: job.weight.bytes().len(),
             });
         }
         let parts = partition(rows, self.threads(), WORKER_ROW_ALIGN);
@@ -519,49 +495,13 @@ impl CpuPool {
     }
 
     /// Hand `arm` to the workers now; they wait for the device's sequence word, multiply, and
-    /// publish done. Returns at once. While an arm is pending the workers are busy waiting for
-    /// the device: do not run other pool work until its step has been published.
+    /// publish done. Returns once every worker has the job queued (a worker queues one job
+    /// behind the one it runs, so this blocks while the previous arm is still waiting to be
+    /// taken). Pool work submitted later runs after the arm, so it waits for the device to
+    /// publish this step: queue the device side before waiting on anything else.
     pub fn submit_flags(&self, arm: FlagsArm) -> Result<FlagsTicket, ExecError> {
         let row_bytes = arm.format.row_bytes(arm.k)?;
-        let bytes = arm.weight.bytes();
-        let weight = JobWeight {
-            ptr: bytes.as_ptr(),
-            len: bytes.len(),
-            _owner: Some(arm.weight.clone()),
-        };
         self.submit_job(FlagsJob {
-            format: arm.format,
-            k: arm.k,
-            g: arm.g,
-            rows_n: arm.mailbox.rows,
-            mailbox: arm.mailbox,
-            step: arm.step,
-            timeout: arm.timeout,
-            weight,
-            cancelled: AtomicBool::new(false),
-            row_bytes,
-            remaining: AtomicUsize::new(0),
-            wait_ns: AtomicU64::new(0),
-            cpu_ns: AtomicU64::new(0),
-        })
-    }
-
-    /// One flags step over a borrowed weight: hands `arm` to the workers, runs `device` (which
-    /// queues the device side: publish, GPU arm, wait-fold), then waits for the workers. If
-    /// `device` fails the waiting workers are cancelled and its error returned. Returns what
-    /// `device` returned and the arm's measurements.
-    pub fn run_flags<R>(
-        &self,
-        arm: BorrowedFlagsArm<'_>,
-        device: impl FnOnce() -> Result<R, ExecError>,
-    ) -> Result<(R, FlagsReport), ExecError> {
-        let row_bytes = arm.format.row_bytes(arm.k)?;
-        let weight = JobWeight {
-            ptr: arm.weight.as_ptr(),
-            len: arm.weight.len(),
-            _owner: None,
-        };
-        let ticket = self.submit_job(FlagsJob {
             format: arm.format,
             k: arm.k,
             g: arm.g,
@@ -569,30 +509,13 @@ impl CpuPool {
             mailbox: arm.mailbox,
             step: arm.step,
             timeout: arm.timeout,
-            weight,
+            weight: arm.weight,
             cancelled: AtomicBool::new(false),
             row_bytes,
             remaining: AtomicUsize::new(0),
             wait_ns: AtomicU64::new(0),
             cpu_ns: AtomicU64::new(0),
-        })?;
-        let mut guard = ArmGuard {
-            ticket: Some(ticket),
-        };
-        let queued = device();
-        let ticket = guard.ticket.take().ok_or(ExecError::Invalid {
-            what: "flags ticket",
-            value: String::new(),
-            rule: "taken once",
-        })?;
-        match queued {
-            Ok(r) => Ok((r, ticket.wait()?)),
-            Err(e) => {
-                ticket.job.cancelled.store(true, Ordering::Release);
-                let _ = ticket.pending.wait();
-                Err(e)
-            }
-        }
+        })
     }
 }
 
@@ -635,6 +558,7 @@ mod tests {
                 k,
                 weight: w.clone(),
                 g,
+                rows: m - g,
                 mailbox: mb.clone(),
                 step,
                 timeout: DEFAULT_FLAGS_TIMEOUT,
@@ -674,6 +598,7 @@ mod tests {
             k,
             weight: w,
             g: 0,
+            rows: m,
             mailbox: mb.clone(),
             step: 7,
             timeout: Duration::from_millis(20),
@@ -692,108 +617,143 @@ mod tests {
             .expect("pool after timeout");
     }
 
+    /// Several arms queued ahead of the device (as the executor queues a layer's steps), each
+    /// a part of the weight with a mailbox laid out for a longer activation: every step's rows
+    /// are the pool's, bit for bit.
     #[test]
-    fn run_flags_over_a_borrowed_weight_matches_the_pool() {
+    fn arms_queued_ahead_of_the_device_match_the_pool() {
         let (fmt, k, m, g) = (Format::Q4K, 512usize, 96usize, 32usize);
-        let (w, x) = setup(fmt, k, m, 3);
-        let weight: Vec<u8> = w.as_ref().clone();
+        let (w, _) = setup(fmt, k, m, 3);
         let pool = CpuPool::new(3).expect("pool");
-        // Laid out for a longer activation than this step's, as the executor's is.
         let mb = host_mailbox(3 * k, m);
-        for step in 1..=3u32 {
-            let arm = BorrowedFlagsArm {
-                format: fmt,
-                k,
-                weight: &weight,
-                g,
-                rows: m - g,
-                mailbox: mb.clone(),
-                step,
-                timeout: DEFAULT_FLAGS_TIMEOUT,
-            };
-            let device = mb.clone();
-            let xs = x.clone();
-            let (rows, rep) = pool
-                .run_flags(arm, move || {
-                    // The device side, played by a thread that publishes after a delay.
-                    let h = std::thread::spawn(move || {
-                        std::thread::sleep(Duration::from_millis(1));
-                        device.device_publish(&xs, step)?;
-                        device.device_wait_done(step, DEFAULT_FLAGS_TIMEOUT)
-                    });
-                    h.join().map_err(|_| ExecError::Invalid {
-                        what: "device thread",
-                        value: String::new(),
-                        rule: "no panic",
-                    })?
+        let steps = 1..=4u32;
+        let xs: Vec<Vec<f32>> = steps
+            .clone()
+            .map(|s| setup(fmt, k, 1, 300 + u64::from(s)).1)
+            .collect();
+        let tickets: Vec<FlagsTicket> = steps
+            .clone()
+            .map(|step| {
+                // Each worker queues one job behind the one it runs, so a third submit would
+                // block until the device publishes: submit two ahead, then play the device.
+                pool.submit_flags(FlagsArm {
+                    format: fmt,
+                    k,
+                    weight: w.clone(),
+                    g,
+                    rows: m - g,
+                    mailbox: mb.clone(),
+                    step,
+                    timeout: DEFAULT_FLAGS_TIMEOUT,
                 })
-                .expect("flags step");
-            assert!(rep.cpu_ns > 0.0 && rep.wait_ns > 0.0);
+            })
+            .take(2)
+            .collect::<Result<_, _>>()
+            .expect("submit");
+        let device = {
+            let (mb, xs) = (mb.clone(), xs.clone());
+            std::thread::spawn(move || -> Result<Vec<Vec<f32>>, ExecError> {
+                let mut out = Vec::new();
+                for (i, x) in xs.iter().enumerate() {
+                    let step = i as u32 + 1;
+                    mb.device_publish(x, step)?;
+                    out.push(mb.device_wait_done(step, DEFAULT_FLAGS_TIMEOUT)?);
+                }
+                Ok(out)
+            })
+        };
+        let mut tickets = tickets;
+        for step in 3..=4u32 {
+            tickets.push(
+                pool.submit_flags(FlagsArm {
+                    format: fmt,
+                    k,
+                    weight: w.clone(),
+                    g,
+                    rows: m - g,
+                    mailbox: mb.clone(),
+                    step,
+                    timeout: DEFAULT_FLAGS_TIMEOUT,
+                })
+                .expect("submit behind a running arm"),
+            );
+        }
+        let got = device.join().expect("device thread").expect("device");
+        for (i, t) in tickets.into_iter().enumerate() {
+            assert!(t.is_finished(), "done was published for step {}", i + 1);
+            let rep = t.wait().expect("arm");
+            assert!(rep.cpu_ns > 0.0);
             let mut want = vec![f32::NAN; m];
-            pool.gemv(fmt, &weight, k, &x, &mut want, false)
+            pool.gemv(fmt, &w, k, &xs[i], &mut want, false)
                 .expect("pool");
             assert_eq!(
-                rows[..m - g]
+                got[i][..m - g]
                     .iter()
                     .map(|v| v.to_bits())
                     .collect::<Vec<_>>(),
                 want[g..].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                "step {step}"
+                "step {}",
+                i + 1
             );
         }
     }
 
     #[test]
-    fn run_flags_cancels_workers_when_the_device_side_fails() {
+    fn cancel_releases_waiting_workers() {
         let (fmt, k, m) = (Format::Q8_0, 64usize, 40usize);
         let (w, _) = setup(fmt, k, m, 4);
         let pool = CpuPool::new(2).expect("pool");
         let mb = host_mailbox(k, m);
-        let arm = BorrowedFlagsArm {
-            format: fmt,
-            k,
-            weight: &w,
-            g: 0,
-            rows: m,
-            mailbox: mb.clone(),
-            step: 9,
-            // Long: the test fails by time if cancellation does not reach the workers.
-            timeout: Duration::from_secs(30),
-        };
-        let t = Instant::now();
-        let err = pool
-            .run_flags(arm, || -> Result<(), ExecError> {
-                Err(ExecError::Gpu("launch failed".into()))
+        let ticket = pool
+            .submit_flags(FlagsArm {
+                format: fmt,
+                k,
+                weight: w,
+                g: 0,
+                rows: m,
+                mailbox: mb.clone(),
+                step: 9,
+                // Long: the test fails by time if cancellation does not reach the workers.
+                timeout: Duration::from_secs(30),
             })
-            .expect_err("device side failed");
-        assert!(matches!(err, ExecError::Gpu(_)), "{err}");
+            .expect("submit");
+        let t = Instant::now();
+        ticket.cancel();
         assert!(
             t.elapsed() < Duration::from_secs(5),
             "workers not cancelled"
         );
         assert_eq!(mb.done().load(Ordering::Acquire), 9, "done still published");
+        assert_eq!(mb.error().load(Ordering::Acquire), 9, "and marked failed");
         let mut y = vec![0.0; 4];
         pool.gemv(Format::F32, &[0u8; 4 * 4 * 4], 4, &[1.0; 4], &mut y, false)
             .expect("pool after a cancelled arm");
     }
 
     #[test]
-    fn run_flags_refuses_more_rows_than_the_mailbox_holds() {
+    fn submit_refuses_more_rows_than_the_mailbox_holds() {
         let (fmt, k, m) = (Format::Q8_0, 64usize, 40usize);
         let (w, _) = setup(fmt, k, m, 5);
         let pool = CpuPool::new(2).expect("pool");
-        let mb = host_mailbox(k, 8);
-        let arm = BorrowedFlagsArm {
+        let arm = |rows, mb| FlagsArm {
             format: fmt,
             k,
-            weight: &w,
+            weight: w.clone(),
             g: 0,
-            rows: m,
+            rows,
             mailbox: mb,
             step: 1,
             timeout: DEFAULT_FLAGS_TIMEOUT,
         };
-        let err = pool.run_flags(arm, || Ok(())).expect_err("too many rows");
+        let err = pool
+            .submit_flags(arm(m, host_mailbox(k, 8)))
+            .err()
+            .expect("too many rows");
+        assert!(matches!(err, ExecError::Shape { .. }), "{err}");
+        let err = pool
+            .submit_flags(arm(m + 1, host_mailbox(k, m + 1)))
+            .err()
+            .expect("rows past the weight");
         assert!(matches!(err, ExecError::Shape { .. }), "{err}");
     }
 

@@ -18,8 +18,9 @@
 //! so reading them never adds a host wait except when the ring is full.
 //!
 //! Under `flags` (the device half is `kernels/flags.cu`, the host half [`crate::flags`]) a split
-//! step queues publish → GPU arm → wait-fold on the stream while the pool's workers spin on the
-//! mailbox's sequence word; the host waits only for its own workers.
+//! step queues publish → GPU arm → wait-fold on the stream and hands the CPU arm to the pool's
+//! workers, which spin on the mailbox's sequence word; the host waits for neither and runs
+//! ahead, so each step's engines start as soon as the previous one's rows are folded.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -31,7 +32,9 @@ use hipfire_gpu::{
 };
 use hipfire_quant::{ActivationBuf, Format};
 
-use crate::flags::{BorrowedFlagsArm, Mailbox, MailboxMemory, DEFAULT_FLAGS_TIMEOUT};
+use crate::flags::{
+    FlagsArm, FlagsTicket, Mailbox, MailboxMemory, WeightBytes, DEFAULT_FLAGS_TIMEOUT,
+};
 use crate::refusal::{OutDtype, Refusal, SplitCheck};
 use crate::share::{
     cut_rows, ArmSample, ArmTime, Form, ShapeKey, ShareController, ShareSetting, CPU_ENGINE,
@@ -153,8 +156,9 @@ impl OffloadMode {
 pub struct SpilledStep<'a> {
     /// The weight as the GPU sees it (host-mapped).
     pub weight: &'a WeightRef<'a>,
-    /// The same bytes as the CPU sees them.
-    pub host_bytes: &'a [u8],
+    /// The same bytes as the CPU sees them, shared: under `flags` the CPU arm outlives the
+    /// call that queued it.
+    pub host: Arc<dyn WeightBytes>,
     /// The f32 activation (`k` values) the GPU `Activation` was prepared from.
     pub x: &'a dyn DeviceMemory,
     /// The output (`m` values): written (plain) or accumulated into (residual).
@@ -188,14 +192,15 @@ pub struct ArmAccount {
     pub arm_ns: f64,
 }
 
-/// A GPU arm whose event pair (ring slot `slot`) is read once it has completed.
-#[derive(Debug)]
+/// A split step whose arm timings are read once it has completed: the GPU arm's event pair
+/// (ring slot `slot`) and, under `flags`, the CPU arm's ticket (its time is known only then).
 struct PendingGpuArm {
     slot: usize,
     key: ShapeKey,
     stat_key: (Format, usize, usize, bool),
     gpu_bytes: u64,
     cpu: ArmSample,
+    cpu_ticket: Option<FlagsTicket>,
 }
 
 /// Runs spilled steps in one mode; owns the pinned staging buffers and the share state.
@@ -259,6 +264,13 @@ impl Drop for OffloadExecutor {
         if self.flags.is_some() {
             if let Err(e) = self.ctx.synchronize() {
                 tracing::warn!(cause = %e, "synchronise before freeing the flags mailbox");
+            }
+            // The device side has run, so every queued CPU arm has finished or timed out;
+            // collect the workers (cancelling any still waiting after a device fault).
+            for p in self.pending.drain(..) {
+                if let Some(t) = p.cpu_ticket {
+                    t.cancel();
+                }
             }
         }
     }
@@ -437,7 +449,7 @@ impl OffloadExecutor {
         let x: Vec<f32> = f32s(&self.x_host, k).to_vec();
         self.pool.gemv(
             w.format(),
-            step.host_bytes,
+            step.host.bytes(),
             k,
             &x,
             f32s_mut(&mut self.y_host, m),
@@ -492,7 +504,7 @@ impl OffloadExecutor {
             k: w.k(),
             m: w.m(),
             row_stride: w.row_bytes(),
-            weight_len: step.host_bytes.len(),
+            weight_len: step.host.bytes().len(),
             out_dtype: OutDtype::F32,
             out_len: step.y.byte_len() / 4,
             residual: matches!(step.form, GemvForm::Residual),
@@ -549,10 +561,10 @@ impl OffloadExecutor {
         for _ in 0..PROBE_REPS {
             let t = Instant::now();
             self.pool
-                .gemv(w.format(), step.host_bytes, k, &x, &mut out, false)?;
+                .gemv(w.format(), step.host.bytes(), k, &x, &mut out, false)?;
             cpu.push(t.elapsed().as_nanos() as f64);
         }
-        let bytes = step.host_bytes.len() as u64;
+        let bytes = step.host.bytes().len() as u64;
         Ok(vec![
             ArmSample {
                 engine: CPU_ENGINE,
@@ -571,45 +583,60 @@ impl OffloadExecutor {
         ])
     }
 
-    /// Reads completed GPU arm event pairs, oldest first, and feeds both arms of each to the
-    /// controller. `block`: wait for every pending pair (callers that just drained the stream
-    /// pay nothing for it); otherwise stop at the first pair still running.
+    /// Reads completed split steps, oldest first, and feeds both arms of each to the
+    /// controller. `block`: wait for every pending step (callers that just drained the stream
+    /// pay nothing for it); otherwise stop at the first one still running.
     fn resolve_pending(&mut self, block: bool) -> Result<(), ExecError> {
-        while let Some(p) = self.pending.front() {
-            let (start, end) = &self.arm_events[p.slot];
-            if block {
-                end.synchronize().map_err(gpu_err)?;
-            } else if !end.query().map_err(gpu_err)? {
-                break;
-            }
-            let ns = f64::from(start.elapsed_ms(end).map_err(gpu_err)?) * 1e6;
-            let Some(p) = self.pending.pop_front() else {
-                break;
-            };
-            let gpu = ArmSample {
-                engine: 1,
-                bytes: p.gpu_bytes,
-                time: ArmTime::Exact { ns },
-            };
-            let cpu_ns = match p.cpu.time {
-                ArmTime::Exact { ns } | ArmTime::FinishedBy { ns } => ns,
-            };
-            self.arm_account.steps += 1;
-            self.arm_account.arm_ns += cpu_ns.max(ns);
-            self.controller.observe(p.key, &[p.cpu, gpu]);
-            self.stats.entry(p.stat_key).or_default().gpu_ns += ns;
-        }
+        while self.resolve_oldest(block)? {}
         Ok(())
     }
 
-    /// The next free event pair of the ring (waiting for the oldest pending pair if none is).
+    /// Resolve the oldest pending step, waiting for it if `block`; whether there was one that
+    /// could be resolved. A CPU arm's error (a worker failed or timed out) is returned here.
+    fn resolve_oldest(&mut self, block: bool) -> Result<bool, ExecError> {
+        let Some(p) = self.pending.front() else {
+            return Ok(false);
+        };
+        let (start, end) = &self.arm_events[p.slot];
+        if block {
+            end.synchronize().map_err(gpu_err)?;
+        } else if !end.query().map_err(gpu_err)?
+            || p.cpu_ticket.as_ref().is_some_and(|t| !t.is_finished())
+        {
+            return Ok(false);
+        }
+        let ns = f64::from(start.elapsed_ms(end).map_err(gpu_err)?) * 1e6;
+        let Some(mut p) = self.pending.pop_front() else {
+            return Ok(false);
+        };
+        if let Some(ticket) = p.cpu_ticket.take() {
+            let rep = ticket.wait()?;
+            p.cpu.time = ArmTime::Exact { ns: rep.cpu_ns };
+            let s = self.stats.entry(p.stat_key).or_default();
+            s.d2h_ns += rep.wait_ns;
+            s.cpu_ns += rep.cpu_ns;
+        }
+        let gpu = ArmSample {
+            engine: 1,
+            bytes: p.gpu_bytes,
+            time: ArmTime::Exact { ns },
+        };
+        let cpu_ns = match p.cpu.time {
+            ArmTime::Exact { ns } | ArmTime::FinishedBy { ns } => ns,
+        };
+        self.arm_account.steps += 1;
+        self.arm_account.arm_ns += cpu_ns.max(ns);
+        self.controller.observe(p.key, &[p.cpu, gpu]);
+        self.stats.entry(p.stat_key).or_default().gpu_ns += ns;
+        Ok(true)
+    }
+
+    /// The next free event pair of the ring (waiting for the oldest pending step if none is).
     fn take_slot(&mut self) -> Result<usize, ExecError> {
         if self.pending.len() >= ARM_EVENT_RING {
-            if let Some(p) = self.pending.front() {
-                self.arm_events[p.slot].1.synchronize().map_err(gpu_err)?;
-            }
-            self.resolve_pending(false)?;
+            self.resolve_oldest(true)?;
         }
+        self.resolve_pending(false)?;
         let slot = self.next_slot;
         self.next_slot = (self.next_slot + 1) % ARM_EVENT_RING;
         Ok(slot)
@@ -700,8 +727,15 @@ impl OffloadExecutor {
         let t = Instant::now();
         let cpu_act = ActivationBuf::prepare(w.format(), f32s(&self.x_host, k))?;
         let y_cpu = &mut f32s_mut(&mut self.y_host, m)[g..m];
-        self.pool
-            .gemv_prepared(w.format(), step.host_bytes, k, &cpu_act, g, y_cpu, residual)?;
+        self.pool.gemv_prepared(
+            w.format(),
+            step.host.bytes(),
+            k,
+            &cpu_act,
+            g,
+            y_cpu,
+            residual,
+        )?;
         let cpu = t.elapsed().as_nanos() as f64;
 
         // 4. Join.
@@ -732,6 +766,7 @@ impl OffloadExecutor {
                 bytes: (cpu_rows.len() * row_bytes) as u64,
                 time: ArmTime::Exact { ns: cpu },
             },
+            cpu_ticket: None,
         });
         if strategy == JoinStrategy::Ordering {
             self.resolve_pending(true)?;
@@ -741,10 +776,14 @@ impl OffloadExecutor {
         Ok(())
     }
 
-    /// A split step under `flags`: the pool's workers are handed the CPU arm first and spin on
-    /// the mailbox; the stream gets publish → GPU arm (between an event pair) → wait-fold; the
-    /// host then waits for its workers only. Trace fields: "d2h" is the workers' wait for the
-    /// published x, "join" the host's time after the CPU arm.
+    /// A split step under `flags`, queued without waiting for either engine: the pool's
+    /// workers get the CPU arm (they spin on the mailbox's sequence word), the stream gets
+    /// publish → GPU arm (between an event pair) → wait-fold, and the call returns. The host
+    /// runs ahead and queues what follows (later steps and the kernels between them), so
+    /// neither its launches nor a wake-up sit between one step's done word and the next
+    /// step's publish; the arms' times are read when a later call finds the step complete.
+    /// Trace fields: "d2h" is the workers' wait for the published x, "join" the host's time
+    /// to queue the step (its "wall" is that too: the step's own wall is not seen here).
     fn run_flags_split(
         &mut self,
         stream: &Stream,
@@ -757,7 +796,6 @@ impl OffloadExecutor {
         let w = step.weight;
         let (m, k) = (w.m(), w.k());
         let g = split.g;
-        self.resolve_pending(false)?;
         let slot = self.take_slot()?;
         let fl = self.flags.as_mut().ok_or(ExecError::Invalid {
             what: "memory.join_strategy",
@@ -778,43 +816,40 @@ impl OffloadExecutor {
         fl.step = fl.step.wrapping_add(1).max(1);
         let seq = fl.step;
         let offsets = fl.mailbox.offsets();
-        let arm = BorrowedFlagsArm {
+        let ticket = self.pool.submit_flags(FlagsArm {
             format: w.format(),
             k,
-            weight: step.host_bytes,
+            weight: step.host.clone(),
             g,
             rows: m - g,
             mailbox: fl.mailbox.clone(),
             step: seq,
             timeout: DEFAULT_FLAGS_TIMEOUT,
-        };
+        })?;
         let (flags_kernels, mem) = (&fl.kernels, &fl.mem);
         let (gpu_start, gpu_end) = &self.arm_events[slot];
         let (x, y, form) = (step.x, step.y, step.form);
-        let t = Instant::now();
-        let ((), rep) = self.pool.run_flags(arm, || {
-            flags_kernels
-                .publish(stream, x, k, mem, &offsets, seq)
-                .map_err(gpu_err)?;
-            gpu_start.record(stream).map_err(gpu_err)?;
-            kernels
-                .gemv(stream, w, act, &mut *y, RowRange::new(0, g), form)
-                .map_err(gpu_err)?;
-            gpu_end.record(stream).map_err(gpu_err)?;
-            flags_kernels
-                .wait_fold(
-                    stream,
-                    mem,
-                    &offsets,
-                    seq,
-                    &mut *y,
-                    RowRange::new(g, m),
-                    form,
-                    FLAGS_DEVICE_TIMEOUT,
-                )
-                .map_err(gpu_err)
-        })?;
-        let host = t.elapsed().as_nanos() as f64;
+        let queued = (|| -> Result<(), GpuError> {
+            flags_kernels.publish(stream, x, k, mem, &offsets, seq)?;
+            gpu_start.record(stream)?;
+            kernels.gemv(stream, w, act, &mut *y, RowRange::new(0, g), form)?;
+            gpu_end.record(stream)?;
+            flags_kernels.wait_fold(
+                stream,
+                mem,
+                &offsets,
+                seq,
+                &mut *y,
+                RowRange::new(g, m),
+                form,
+                FLAGS_DEVICE_TIMEOUT,
+            )
+        })();
+        if let Err(e) = queued {
+            // Workers waiting for a publish that may never come stop now.
+            ticket.cancel();
+            return Err(gpu_err(e));
+        }
         self.pending.push_back(PendingGpuArm {
             slot,
             key: split.key,
@@ -823,21 +858,14 @@ impl OffloadExecutor {
             cpu: ArmSample {
                 engine: CPU_ENGINE,
                 bytes: ((m - g) * split.row_bytes) as u64,
-                time: ArmTime::Exact { ns: rep.cpu_ns },
+                // Filled in from the ticket when the step is resolved.
+                time: ArmTime::Exact { ns: 0.0 },
             },
+            cpu_ticket: Some(ticket),
         });
         self.window_split_steps += 1;
-        let join = (host - rep.wait_ns - rep.cpu_ns).max(0.0);
-        self.note(
-            split.stat_key,
-            rep.wait_ns,
-            rep.cpu_ns,
-            join,
-            0.0,
-            t0,
-            None,
-            true,
-        );
+        let queue = t0.elapsed().as_nanos() as f64;
+        self.note(split.stat_key, 0.0, 0.0, queue, 0.0, t0, None, true);
         Ok(())
     }
 

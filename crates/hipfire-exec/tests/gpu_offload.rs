@@ -49,7 +49,7 @@ fn fixture() -> Option<Fixture> {
     })
 }
 
-fn weight(ctx: &Arc<Context>, fmt: Format, seed: u64) -> HostMappedBuffer {
+fn weight(ctx: &Arc<Context>, fmt: Format, seed: u64) -> Arc<HostMappedBuffer> {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let rb = fmt.row_bytes(K).expect("k");
     let mut host = ctx.alloc_host_mapped(M * rb).expect("host-mapped");
@@ -57,7 +57,7 @@ fn weight(ctx: &Arc<Context>, fmt: Format, seed: u64) -> HostMappedBuffer {
         let v: Vec<f32> = (0..K).map(|_| rng.random_range(-1.0f32..1.0)).collect();
         row.copy_from_slice(&hipfire_quant::quantize_row(fmt, &v).expect("quantise"));
     }
-    host
+    Arc::new(host)
 }
 
 /// Runs one step in `mode` from output start values `y0`; returns the output.
@@ -65,7 +65,7 @@ fn weight(ctx: &Arc<Context>, fmt: Format, seed: u64) -> HostMappedBuffer {
 fn run(
     f: &Fixture,
     mode: OffloadMode,
-    w: &HostMappedBuffer,
+    w: &Arc<HostMappedBuffer>,
     fmt: Format,
     x: &DeviceBuffer<f32>,
     act: &Activation,
@@ -75,14 +75,14 @@ fn run(
     let mut ex = OffloadExecutor::new(&f.ctx, f.pool.clone(), mode, K, M).expect("executor");
     let mut y = f.ctx.alloc::<f32>(M).expect("y");
     y.upload(&f.stream, y0).expect("upload");
-    let wr = WeightRef::new(w, 0, fmt, M, K).expect("weight");
+    let wr = WeightRef::new(w.as_ref(), 0, fmt, M, K).expect("weight");
     ex.run(
         &f.stream,
         &f.kernels,
         act,
         SpilledStep {
             weight: &wr,
-            host_bytes: w.as_slice(),
+            host: w.clone(),
             x,
             y: &mut y,
             form,
@@ -199,7 +199,7 @@ fn auto_share_converges_inside_the_clamp() {
     };
     let mut ex = OffloadExecutor::new(&f.ctx, f.pool.clone(), mode, K, M).expect("executor");
     let mut y = f.ctx.alloc::<f32>(M).expect("y");
-    let wr = WeightRef::new(&w, 0, fmt, M, K).expect("weight");
+    let wr = WeightRef::new(w.as_ref(), 0, fmt, M, K).expect("weight");
     for _ in 0..200 {
         ex.run(
             &f.stream,
@@ -207,7 +207,7 @@ fn auto_share_converges_inside_the_clamp() {
             &act,
             SpilledStep {
                 weight: &wr,
-                host_bytes: w.as_slice(),
+                host: w.clone(),
                 x: &x,
                 y: &mut y,
                 form: GemvForm::Plain,
@@ -230,4 +230,109 @@ fn auto_share_converges_inside_the_clamp() {
         (SHARE_MIN..=SHARE_MAX).contains(&s),
         "share {s} outside the clamp"
     );
+}
+
+/// `flags` queues steps without waiting for either engine, so a chain of steps runs with the
+/// host several steps ahead: alternating activations (a publish that overwrote x before the
+/// workers of the step before had read it would show), residual steps accumulating into one
+/// output (a fold reading rows of the wrong step would show) and plain steps into fresh,
+/// NaN-poisoned outputs, over two weights of different formats. The chain run without any wait
+/// must equal, bit for bit, the same chain with the stream and the executor drained after
+/// every step.
+#[test]
+fn flags_steps_queued_back_to_back_equal_steps_run_one_at_a_time() {
+    let Some(f) = fixture() else { return };
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(21);
+    let ws = [
+        (weight(&f.ctx, Format::Q4K, 31), Format::Q4K),
+        (weight(&f.ctx, Format::Q8_0, 32), Format::Q8_0),
+    ];
+    let mut xs = Vec::new();
+    let mut acts = Vec::new();
+    for _ in 0..2 {
+        let v: Vec<f32> = (0..K).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        let mut x = f.ctx.alloc::<f32>(K).expect("x");
+        x.upload(&f.stream, &v).expect("x up");
+        let mut act = Activation::new(&f.ctx, K).expect("act");
+        f.kernels.prepare(&f.stream, &x, &mut act).expect("prepare");
+        xs.push(x);
+        acts.push(act);
+    }
+    const STEPS: usize = 12;
+    let base: Vec<f32> = (0..M).map(|_| rng.random_range(-2.0f32..2.0)).collect();
+    let chain = |drain_each: bool| -> (Vec<f32>, Vec<Vec<f32>>) {
+        let mode = OffloadMode::Passback {
+            share: ShareSetting::Pinned(0.3),
+            strategy: JoinStrategy::Flags,
+        };
+        let mut ex = OffloadExecutor::new(&f.ctx, f.pool.clone(), mode, K, M).expect("executor");
+        let mut acc = f.ctx.alloc::<f32>(M).expect("acc");
+        acc.upload(&f.stream, &base).expect("acc up");
+        let mut plains: Vec<DeviceBuffer<f32>> = (0..STEPS / 3)
+            .map(|_| {
+                let mut y = f.ctx.alloc::<f32>(M).expect("y");
+                y.upload(&f.stream, &vec![f32::NAN; M]).expect("poison");
+                y
+            })
+            .collect();
+        f.stream.synchronize().expect("sync");
+        let mut accounted = 0;
+        for i in 0..STEPS {
+            let (w, fmt) = &ws[i % 2];
+            let wr = WeightRef::new(w.as_ref(), 0, *fmt, M, K).expect("weight");
+            let (x, act) = (&xs[(i / 2) % 2], &acts[(i / 2) % 2]);
+            let (y, form) = if i % 3 == 2 {
+                (&mut plains[i / 3], GemvForm::Plain)
+            } else {
+                (&mut acc, GemvForm::Residual)
+            };
+            ex.run(
+                &f.stream,
+                &f.kernels,
+                act,
+                SpilledStep {
+                    weight: &wr,
+                    host: w.clone(),
+                    x,
+                    y,
+                    form,
+                },
+            )
+            .expect("step");
+            if drain_each {
+                f.stream.synchronize().expect("sync");
+                accounted += ex.take_arm_account().expect("drain").steps;
+            }
+        }
+        f.stream.synchronize().expect("sync");
+        accounted += ex.take_arm_account().expect("account").steps;
+        assert_eq!(accounted, STEPS as u64, "every split step was accounted");
+        let mut out = vec![0f32; M];
+        acc.download(&f.stream, &mut out).expect("download");
+        let plains = plains
+            .iter()
+            .map(|y| {
+                let mut v = vec![0f32; M];
+                y.download(&f.stream, &mut v).expect("download");
+                v
+            })
+            .collect();
+        (out, plains)
+    };
+    let (acc_one, plain_one) = chain(true);
+    let (acc_ahead, plain_ahead) = chain(false);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert!(acc_one
+        .iter()
+        .chain(plain_one.iter().flatten())
+        .all(|v| v.is_finite()));
+    assert_ne!(
+        bits(&acc_one),
+        bits(&base),
+        "the residual steps added something"
+    );
+    assert_eq!(bits(&acc_ahead), bits(&acc_one), "residual chain");
+    for (i, (a, b)) in plain_ahead.iter().zip(&plain_one).enumerate() {
+        assert_eq!(bits(a), bits(b), "plain step {i}");
+    }
 }

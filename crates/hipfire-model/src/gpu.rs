@@ -99,14 +99,15 @@ impl DeviceMemory for DeviceView<'_> {
 #[derive(Debug)]
 enum GpuWeight {
     Device(DeviceBuffer<u8>),
-    Host(HostMappedBuffer),
+    /// Shared with the offload executor's CPU arms, which may outlive the call that queued them.
+    Host(Arc<HostMappedBuffer>),
 }
 
 impl GpuWeight {
     fn weight_ref(&self, w: &Weight) -> Result<WeightRef<'_>, GpuError> {
         match self {
             GpuWeight::Device(b) => WeightRef::new(b, 0, w.format, w.m, w.k),
-            GpuWeight::Host(b) => WeightRef::new(b, 0, w.format, w.m, w.k),
+            GpuWeight::Host(b) => WeightRef::new(b.as_ref(), 0, w.format, w.m, w.k),
         }
     }
 }
@@ -318,7 +319,7 @@ impl<'m> GpuDecoder<'m> {
             weights[id] = Some(if host {
                 let mut b = ctx.alloc_host_mapped(bytes.len())?;
                 b.as_mut_slice().copy_from_slice(bytes);
-                GpuWeight::Host(b)
+                GpuWeight::Host(Arc::new(b))
             } else {
                 let mut b = ctx.alloc::<u8>(bytes.len())?;
                 b.upload(&stream, bytes)?;
@@ -623,7 +624,7 @@ impl<'m> GpuDecoder<'m> {
                 };
                 let step = SpilledStep {
                     weight: &wr,
-                    host_bytes: host.as_slice(),
+                    host: host.clone(),
                     x: &xv,
                     y: &mut yv,
                     form,
