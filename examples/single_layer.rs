@@ -46,7 +46,6 @@ const AUTO_WARM_REPS: usize = 40;
 /// Untimed runs before a pinned share is timed (pool spin-up, page mapping of the weights): the
 /// first, unwarmed sweep on the H200 was non-monotone by ±10 %.
 const PINNED_WARM_REPS: usize = 10;
-/// Pinned shares of the sweeps: 0.10 to 0.50 by 0.05 (0.5 is `memory.offload_passback_share`'s cap).
 /// Interleaved head-to-head rounds of `auto` against the sweep's best pinned share. The sweep
 /// measures shares one after another, so slow drift of the box (its CPU read ceiling moved
 /// 65.6–84.2 GB/s between runs of one day) and picking the minimum of nine noisy points both
@@ -55,6 +54,12 @@ const PINNED_WARM_REPS: usize = 10;
 /// of 200 reps differed by up to 20 % non-monotonically).
 const HEAD_TO_HEAD_ROUNDS: usize = 7;
 
+/// Projections that read one activation, handed to the executor together (as the decoder
+/// does: under `flags` each group is one split step): q/k/v, o, gate/up, down.
+const SHARED_X_GROUPS: [&[usize]; 4] = [&[0, 1, 2], &[3], &[4, 5], &[6]];
+/// Each projection alone (`--per-shape`).
+const PROJ_INDEX: [usize; 7] = [0, 1, 2, 3, 4, 5, 6];
+/// Pinned shares of the sweeps: 0.10 to 0.50 by 0.05 (0.5 is `memory.offload_passback_share`'s cap).
 const SWEEP_SHARES: [f64; 9] = [0.10, 0.15, 0.20, 0.25, 0.30, 0.35, 0.40, 0.45, 0.50];
 
 struct Proj {
@@ -139,31 +144,55 @@ impl Bench<'_> {
             self.stream.synchronize()?;
             let t = Instant::now();
             let projs = &self.copies[rep % self.copies.len()];
-            for (i, (p, y)) in projs.iter().zip(ys.iter_mut()).enumerate() {
-                if only.is_some_and(|o| o != i) {
-                    continue;
-                }
-                let (x, act): (&DeviceBuffer<f32>, &Activation) = if p.k == FF {
+            let groups: Vec<&[usize]> = match only {
+                Some(o) => vec![std::slice::from_ref(&PROJ_INDEX[o])],
+                None => SHARED_X_GROUPS.to_vec(),
+            };
+            for group in groups {
+                let p0 = &projs[group[0]];
+                let (x, act): (&DeviceBuffer<f32>, &Activation) = if p0.k == FF {
                     (self.x_ff, self.act_ff)
                 } else {
                     (self.x_d, self.act_d)
                 };
+                let mut outs: Vec<(&Proj, &mut DeviceBuffer<f32>)> = projs
+                    .iter()
+                    .zip(ys.iter_mut())
+                    .enumerate()
+                    .filter(|(i, _)| group.contains(i))
+                    .map(|(_, py)| py)
+                    .collect();
                 match (mode, exec.as_deref_mut()) {
                     (Mode::Resident, _) | (_, None) => {
-                        let w = WeightRef::new(&p.dev, 0, p.format, p.m, p.k)?;
-                        self.kernels
-                            .gemv(self.stream, &w, act, y, RowRange::all(p.m), p.form)?;
+                        for (p, y) in outs.iter_mut() {
+                            let w = WeightRef::new(&p.dev, 0, p.format, p.m, p.k)?;
+                            self.kernels.gemv(
+                                self.stream,
+                                &w,
+                                act,
+                                &mut **y,
+                                RowRange::all(p.m),
+                                p.form,
+                            )?;
+                        }
                     }
                     (Mode::Offload, Some(ex)) => {
-                        let w = WeightRef::new(p.host.as_ref(), 0, p.format, p.m, p.k)?;
-                        let step = SpilledStep {
-                            weight: &w,
-                            host: p.host.clone(),
-                            x,
-                            y,
-                            form: p.form,
-                        };
-                        ex.run(self.stream, self.kernels, act, step)?;
+                        let refs = outs
+                            .iter()
+                            .map(|(p, _)| WeightRef::new(p.host.as_ref(), 0, p.format, p.m, p.k))
+                            .collect::<Result<Vec<_>, _>>()?;
+                        let mut steps: Vec<SpilledStep<'_>> = outs
+                            .iter_mut()
+                            .zip(&refs)
+                            .map(|((p, y), w)| SpilledStep {
+                                weight: w,
+                                host: p.host.clone(),
+                                x,
+                                y: &mut **y,
+                                form: p.form,
+                            })
+                            .collect();
+                        ex.run_shared(self.stream, self.kernels, act, &mut steps)?;
                     }
                 }
             }
@@ -385,7 +414,7 @@ fn main() -> Result<()> {
     }
     let mut best: std::collections::HashMap<&str, f64> = Default::default();
     for (mode, st) in runs {
-        let mut ex = OffloadExecutor::new(&ctx, pool.clone(), mode.clone(), FF, FF)?;
+        let mut ex = OffloadExecutor::new(&ctx, pool.clone(), mode.clone(), FF, 2 * FF)?;
         // Warm the auto controller (probe + refinement) before timing.
         if matches!(
             mode,

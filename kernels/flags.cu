@@ -5,9 +5,9 @@
 // parameters so the layout is stated once, in Rust). On the step's stream:
 //   flags_publish   copies x into the mailbox, fences system-wide, then writes seq = step;
 //   (GPU arm)       the row-range GEMV over rows [0, g), as in every other strategy;
-//   flags_wait_fold one thread spins on the CPU's done word (a %globaltimer timeout turns a silent
-//                   host into a fault word, never a hung GPU), then the block copies (plain) or
-//                   adds (residual) the CPU rows into y[g, m).
+//   flags_wait_fold one thread per block spins on the CPU's done word (a %globaltimer timeout turns
+//                   a silent host into a fault word, never a hung GPU), then the grid copies
+//                   (plain) or adds (residual) the CPU rows into y[g, m) of each output.
 // A one-thread kernel spinning on a host-mapped word completes a host -> GPU -> host handshake in
 // 3.5-4.4 us on the H200 box, against ~7 us for a blocking 16 KiB D2H and ~11 us for a blocking H2D.
 //
@@ -21,7 +21,7 @@ typedef unsigned long long hf_u64;
 #define HF_CUDA 1
 #endif
 
-#define HF_FLAGS_THREADS 1024 // one block: x and the CPU rows are tens of KiB at most
+#define HF_FLAGS_THREADS 1024 // publish: one block, x is 16-56 KiB and its stores are posted
 
 __device__ __forceinline__ hf_u32 hf_load_acquire_sys(const hf_u32* p) {
 #ifdef HF_CUDA
@@ -79,9 +79,23 @@ extern "C" __global__ void __launch_bounds__(HF_FLAGS_THREADS)
     if (threadIdx.x == 0) hf_store_release_sys((hf_u32*)(mb + seq_off), step);
 }
 
-extern "C" __global__ void __launch_bounds__(HF_FLAGS_THREADS)
+// The fold's segments: the CPU rows of up to HF_FOLD_SEGS outputs that shared one x (q/k/v,
+// gate/up), concatenated in the mailbox in this order. Mirrors `FoldSegments` in
+// crates/hipfire-gpu/src/flags.rs (passed by value: 8-byte pointers, then 4-byte counts).
+#define HF_FOLD_SEGS 4
+struct hf_fold_segs {
+    float* y[HF_FOLD_SEGS];
+    int rows[HF_FOLD_SEGS];
+};
+
+// Threads per fold block; the launcher sizes the grid for about two rows per thread, because each
+// row is one load over PCIe (~1-2 us): one 1024-thread block left 10 dependent loads per thread
+// for a 10k-row fold, tens of microseconds per step.
+#define HF_FOLD_THREADS 256
+
+extern "C" __global__ void __launch_bounds__(HF_FOLD_THREADS)
     flags_wait_fold(unsigned char* mb, hf_u32 done_off, hf_u32 err_off, hf_u32 fault_off,
-                    hf_u32 y_off, hf_u32 step, float* __restrict__ y, int rows, int residual,
+                    hf_u32 y_off, hf_u32 step, struct hf_fold_segs segs, int nsegs, int residual,
                     hf_u64 timeout_ns) {
     __shared__ int ok;
     if (threadIdx.x == 0) {
@@ -93,6 +107,11 @@ extern "C" __global__ void __launch_bounds__(HF_FLAGS_THREADS)
                 good = 0;
                 break;
             }
+#if defined(HF_CUDA) && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 700)
+            // Block 0 answers at once; the others poll more gently, so that tens of pollers do
+            // not keep the link busy while the CPU arm finishes.
+            if (blockIdx.x != 0) __nanosleep(200);
+#endif
         }
         // A failed CPU arm still publishes done (so this never hangs) but marks the error word.
         if (good && hf_load_acquire_sys((const hf_u32*)(mb + err_off)) == step) good = 0;
@@ -102,8 +121,13 @@ extern "C" __global__ void __launch_bounds__(HF_FLAGS_THREADS)
     __syncthreads();
     if (!ok) return;
     const float* src = (const float*)(mb + y_off);
-    for (int i = threadIdx.x; i < rows; i += blockDim.x) {
+    int total = 0;
+    for (int s = 0; s < nsegs; ++s) total += segs.rows[s];
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+        int s = 0, base = 0;
+        while (s + 1 < nsegs && i - base >= segs.rows[s]) base += segs.rows[s++];
         const float v = hf_load_fresh(src + i);
-        y[i] = residual ? y[i] + v : v;
+        float* y = segs.y[s] + (i - base);
+        *y = residual ? *y + v : v;
     }
 }

@@ -313,18 +313,26 @@ impl WeightBytes for hipfire_gpu::HostMappedBuffer {
     }
 }
 
-/// One step's CPU arm under the flags join.
+/// Rows `[g, g + rows)` of one weight: the CPU's part of one output of a flags step.
+#[derive(Clone)]
+pub struct ArmRows {
+    /// The whole weight.
+    pub weight: Arc<dyn WeightBytes>,
+    /// First CPU row (the GPU computes `[0, g)`).
+    pub g: usize,
+    /// CPU rows.
+    pub rows: usize,
+}
+
+/// One step's CPU arm under the flags join: the CPU rows of one or more outputs that share the
+/// step's activation (q/k/v, gate/up), written one after another into the mailbox.
 pub struct FlagsArm {
-    /// Weight format.
+    /// Weight format (every part's).
     pub format: Format,
     /// Row length.
     pub k: usize,
-    /// The whole weight.
-    pub weight: Arc<dyn WeightBytes>,
-    /// First CPU row (`g`); the mailbox holds rows `[g, g + rows)`.
-    pub g: usize,
-    /// CPU rows this step (at most the mailbox's).
-    pub rows: usize,
+    /// The outputs' CPU rows, in mailbox order; their total is at most the mailbox's rows.
+    pub parts: Vec<ArmRows>,
     /// The mailbox.
     pub mailbox: Mailbox,
     /// Step number the device will publish.
@@ -346,12 +354,12 @@ pub struct FlagsReport {
 struct FlagsJob {
     format: Format,
     k: usize,
-    g: usize,
+    parts: Vec<ArmRows>,
+    /// Total CPU rows (the parts' rows, concatenated: the workers' row space).
     rows_n: usize,
     mailbox: Mailbox,
     step: u32,
     timeout: Duration,
-    weight: Arc<dyn WeightBytes>,
     /// Raised when the device side was never queued: waiting workers give up at once.
     cancelled: AtomicBool,
     row_bytes: usize,
@@ -380,17 +388,27 @@ impl FlagsJob {
             std::slice::from_raw_parts(mb.mem.base().add(X_OFFSET) as *const f32, self.k)
         };
         let act = ActivationBuf::prepare(self.format, x)?;
-        let local = rows.start - self.g;
-        // SAFETY: `rows` is this worker's disjoint part of [g, g + mailbox rows) (partition), so
-        // the slice is in bounds and written by this worker alone until done is published.
+        // SAFETY: `rows` is this worker's disjoint part of [0, rows_n) (partition; rows_n is at
+        // most the mailbox's rows, checked at submit), so the slice is in bounds and written by
+        // this worker alone until done is published.
         let y = unsafe {
             std::slice::from_raw_parts_mut(
-                (mb.mem.base().add(mb.y_offset()) as *mut f32).add(local),
+                (mb.mem.base().add(mb.y_offset()) as *mut f32).add(rows.start),
                 rows.len(),
             )
         };
-        let w = &self.weight.bytes()[rows.start * self.row_bytes..rows.end * self.row_bytes];
-        gemv_rows(self.format, w, self.k, &act, y, false)?;
+        // Walk the parts that overlap this worker's range of the concatenated rows.
+        let mut base = 0;
+        for part in &self.parts {
+            let (lo, hi) = (rows.start.max(base), rows.end.min(base + part.rows));
+            if lo < hi {
+                let (r0, r1) = (part.g + lo - base, part.g + hi - base);
+                let w = &part.weight.bytes()[r0 * self.row_bytes..r1 * self.row_bytes];
+                let out = &mut y[lo - rows.start..hi - rows.start];
+                gemv_rows(self.format, w, self.k, &act, out, false)?;
+            }
+            base += part.rows;
+        }
         self.cpu_ns
             .fetch_max(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         Ok(())
@@ -455,7 +473,6 @@ impl FlagsJob {
 
 impl CpuPool {
     fn submit_job(&self, job: FlagsJob) -> Result<FlagsTicket, ExecError> {
-        let rows = job.g..job.g + job.rows_n;
         // A mailbox laid out for a longer activation serves shorter ones (its y area sits past
         // the longest x).
         if job.k > job.mailbox.k {
@@ -472,14 +489,17 @@ impl CpuPool {
                 got: job.mailbox.rows,
             });
         }
-        if job.weight.bytes().len() < rows.end * job.row_bytes {
-            return Err(ExecError::Shape {
-                what: "weight bytes",
-                need: rows.end * job.row_bytes,
-                got: job.weight.bytes().len(),
-            });
+        for part in &job.parts {
+            let need = (part.g + part.rows) * job.row_bytes;
+            if part.weight.bytes().len() < need {
+                return Err(ExecError::Shape {
+                    what: "weight bytes",
+                    need,
+                    got: part.weight.bytes().len(),
+                });
+            }
         }
-        let parts = partition(rows, self.threads(), WORKER_ROW_ALIGN);
+        let parts = partition(0..job.rows_n, self.threads(), WORKER_ROW_ALIGN);
         job.remaining.store(parts.len(), Ordering::Release);
         let job = Arc::new(job);
         if parts.is_empty() {
@@ -504,12 +524,11 @@ impl CpuPool {
         self.submit_job(FlagsJob {
             format: arm.format,
             k: arm.k,
-            g: arm.g,
-            rows_n: arm.rows,
+            rows_n: arm.parts.iter().map(|p| p.rows).sum(),
+            parts: arm.parts,
             mailbox: arm.mailbox,
             step: arm.step,
             timeout: arm.timeout,
-            weight: arm.weight,
             cancelled: AtomicBool::new(false),
             row_bytes,
             remaining: AtomicUsize::new(0),
@@ -556,9 +575,11 @@ mod tests {
             let arm = FlagsArm {
                 format: fmt,
                 k,
-                weight: w.clone(),
-                g,
-                rows: m - g,
+                parts: vec![ArmRows {
+                    weight: w.clone(),
+                    g,
+                    rows: m - g,
+                }],
                 mailbox: mb.clone(),
                 step,
                 timeout: DEFAULT_FLAGS_TIMEOUT,
@@ -596,9 +617,11 @@ mod tests {
         let arm = FlagsArm {
             format: fmt,
             k,
-            weight: w,
-            g: 0,
-            rows: m,
+            parts: vec![ArmRows {
+                weight: w,
+                g: 0,
+                rows: m,
+            }],
             mailbox: mb.clone(),
             step: 7,
             timeout: Duration::from_millis(20),
@@ -639,9 +662,11 @@ mod tests {
                 pool.submit_flags(FlagsArm {
                     format: fmt,
                     k,
-                    weight: w.clone(),
-                    g,
-                    rows: m - g,
+                    parts: vec![ArmRows {
+                        weight: w.clone(),
+                        g,
+                        rows: m - g,
+                    }],
                     mailbox: mb.clone(),
                     step,
                     timeout: DEFAULT_FLAGS_TIMEOUT,
@@ -668,9 +693,11 @@ mod tests {
                 pool.submit_flags(FlagsArm {
                     format: fmt,
                     k,
-                    weight: w.clone(),
-                    g,
-                    rows: m - g,
+                    parts: vec![ArmRows {
+                        weight: w.clone(),
+                        g,
+                        rows: m - g,
+                    }],
                     mailbox: mb.clone(),
                     step,
                     timeout: DEFAULT_FLAGS_TIMEOUT,
@@ -698,6 +725,56 @@ mod tests {
         }
     }
 
+    /// One arm over the CPU rows of three outputs (q/k/v-like: different heights, different
+    /// cuts): the mailbox holds each output's rows after the previous one's, each bit-identical
+    /// to the pool's GEMV of that weight.
+    #[test]
+    fn an_arm_over_several_outputs_writes_them_one_after_another() {
+        let (fmt, k) = (Format::Q8_0, 256usize);
+        let shapes = [(160usize, 48usize), (40, 16), (40, 0)];
+        let ws: Vec<Arc<Vec<u8>>> = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, &(m, _))| setup(fmt, k, m, 40 + i as u64).0)
+            .collect();
+        let x = setup(fmt, k, 1, 50).1;
+        let total: usize = shapes.iter().map(|&(m, g)| m - g).sum();
+        let pool = CpuPool::new(3).expect("pool");
+        let mb = host_mailbox(k, total);
+        let parts = ws
+            .iter()
+            .zip(&shapes)
+            .map(|(w, &(m, g))| ArmRows {
+                weight: w.clone(),
+                g,
+                rows: m - g,
+            })
+            .collect();
+        let ticket = pool
+            .submit_flags(FlagsArm {
+                format: fmt,
+                k,
+                parts,
+                mailbox: mb.clone(),
+                step: 1,
+                timeout: DEFAULT_FLAGS_TIMEOUT,
+            })
+            .expect("submit");
+        mb.device_publish(&x, 1).expect("publish");
+        let got = mb.device_wait_done(1, DEFAULT_FLAGS_TIMEOUT).expect("done");
+        ticket.wait().expect("arm");
+        let mut want = Vec::new();
+        for (w, &(m, g)) in ws.iter().zip(&shapes) {
+            let mut y = vec![f32::NAN; m];
+            pool.gemv(fmt, w, k, &x, &mut y, false).expect("pool");
+            want.extend_from_slice(&y[g..]);
+        }
+        assert_eq!(
+            got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+    }
+
     #[test]
     fn cancel_releases_waiting_workers() {
         let (fmt, k, m) = (Format::Q8_0, 64usize, 40usize);
@@ -708,9 +785,11 @@ mod tests {
             .submit_flags(FlagsArm {
                 format: fmt,
                 k,
-                weight: w,
-                g: 0,
-                rows: m,
+                parts: vec![ArmRows {
+                    weight: w,
+                    g: 0,
+                    rows: m,
+                }],
                 mailbox: mb.clone(),
                 step: 9,
                 // Long: the test fails by time if cancellation does not reach the workers.
@@ -738,9 +817,11 @@ mod tests {
         let arm = |rows, mb| FlagsArm {
             format: fmt,
             k,
-            weight: w.clone(),
-            g: 0,
-            rows,
+            parts: vec![ArmRows {
+                weight: w.clone(),
+                g: 0,
+                rows,
+            }],
             mailbox: mb,
             step: 1,
             timeout: DEFAULT_FLAGS_TIMEOUT,

@@ -27,13 +27,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use hipfire_gpu::{
-    Activation, Context, DeviceMemory, Event, FlagsKernels, GemvForm, GemvKernels, GpuError,
-    HostMappedBuffer, KernelRegistry, RowRange, Stream, WeightRef,
+    Activation, Context, DeviceMemory, Event, FlagsKernels, FoldTarget, GemvForm, GemvKernels,
+    GpuError, HostMappedBuffer, KernelRegistry, RowRange, Stream, WeightRef, FOLD_MAX_TARGETS,
 };
 use hipfire_quant::{ActivationBuf, Format};
 
 use crate::flags::{
-    FlagsArm, FlagsTicket, Mailbox, MailboxMemory, WeightBytes, DEFAULT_FLAGS_TIMEOUT,
+    ArmRows, FlagsArm, FlagsTicket, Mailbox, MailboxMemory, WeightBytes, DEFAULT_FLAGS_TIMEOUT,
 };
 use crate::refusal::{OutDtype, Refusal, SplitCheck};
 use crate::share::{
@@ -299,7 +299,8 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 impl OffloadExecutor {
-    /// An executor for activations up to `max_k` and outputs up to `max_m` elements.
+    /// An executor for activations up to `max_k` elements and calls that write up to `max_m`
+    /// output rows ([`OffloadExecutor::run_shared`] writes the sum of its steps' rows).
     pub fn new(
         ctx: &Arc<Context>,
         pool: CpuPool,
@@ -705,10 +706,17 @@ impl OffloadExecutor {
             let split = FlagsSplit {
                 key,
                 stat_key,
-                g,
-                row_bytes,
+                cuts: vec![(g, row_bytes)],
             };
-            return self.run_flags_split(stream, kernels, act, step, split, t0);
+            let mut step = step;
+            return self.run_flags_split(
+                stream,
+                kernels,
+                act,
+                std::slice::from_mut(&mut step),
+                split,
+                t0,
+            );
         }
 
         // 1. x (and the CPU rows of the residual) down, blocking: the CPU arm needs them now.
@@ -789,13 +797,11 @@ impl OffloadExecutor {
         stream: &Stream,
         kernels: &GemvKernels,
         act: &Activation,
-        step: SpilledStep<'_>,
+        steps: &mut [SpilledStep<'_>],
         split: FlagsSplit,
         t0: Instant,
     ) -> Result<(), ExecError> {
-        let w = step.weight;
-        let (m, k) = (w.m(), w.k());
-        let g = split.g;
+        let (format, k) = (steps[0].weight.format(), steps[0].weight.k());
         let slot = self.take_slot()?;
         let fl = self.flags.as_mut().ok_or(ExecError::Invalid {
             what: "memory.join_strategy",
@@ -816,32 +822,49 @@ impl OffloadExecutor {
         fl.step = fl.step.wrapping_add(1).max(1);
         let seq = fl.step;
         let offsets = fl.mailbox.offsets();
+        let parts = steps
+            .iter()
+            .zip(&split.cuts)
+            .map(|(st, &(g, _))| ArmRows {
+                weight: st.host.clone(),
+                g,
+                rows: st.weight.m() - g,
+            })
+            .collect();
         let ticket = self.pool.submit_flags(FlagsArm {
-            format: w.format(),
+            format,
             k,
-            weight: step.host.clone(),
-            g,
-            rows: m - g,
+            parts,
             mailbox: fl.mailbox.clone(),
             step: seq,
             timeout: DEFAULT_FLAGS_TIMEOUT,
         })?;
         let (flags_kernels, mem) = (&fl.kernels, &fl.mem);
         let (gpu_start, gpu_end) = &self.arm_events[slot];
-        let (x, y, form) = (step.x, step.y, step.form);
+        let ctx = &self.ctx;
+        let x = steps[0].x;
         let queued = (|| -> Result<(), GpuError> {
             flags_kernels.publish(stream, x, k, mem, &offsets, seq)?;
             gpu_start.record(stream)?;
-            kernels.gemv(stream, w, act, &mut *y, RowRange::new(0, g), form)?;
+            for (st, &(g, _)) in steps.iter_mut().zip(&split.cuts) {
+                let w = st.weight;
+                kernels.gemv(stream, w, act, &mut *st.y, RowRange::new(0, g), st.form)?;
+            }
             gpu_end.record(stream)?;
-            flags_kernels.wait_fold(
+            let targets = steps
+                .iter_mut()
+                .zip(&split.cuts)
+                .map(|(st, &(g, _))| {
+                    FoldTarget::new(ctx, &mut *st.y, RowRange::new(g, st.weight.m()))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            flags_kernels.wait_fold_targets(
                 stream,
                 mem,
                 &offsets,
                 seq,
-                &mut *y,
-                RowRange::new(g, m),
-                form,
+                &targets,
+                steps[0].form,
                 FLAGS_DEVICE_TIMEOUT,
             )
         })();
@@ -850,14 +873,19 @@ impl OffloadExecutor {
             ticket.cancel();
             return Err(gpu_err(e));
         }
+        let (mut gpu_bytes, mut cpu_bytes) = (0u64, 0u64);
+        for (st, &(g, rb)) in steps.iter().zip(&split.cuts) {
+            gpu_bytes += (g * rb) as u64;
+            cpu_bytes += ((st.weight.m() - g) * rb) as u64;
+        }
         self.pending.push_back(PendingGpuArm {
             slot,
             key: split.key,
             stat_key: split.stat_key,
-            gpu_bytes: (g * split.row_bytes) as u64,
+            gpu_bytes,
             cpu: ArmSample {
                 engine: CPU_ENGINE,
-                bytes: ((m - g) * split.row_bytes) as u64,
+                bytes: cpu_bytes,
                 // Filled in from the ticket when the step is resolved.
                 time: ArmTime::Exact { ns: 0.0 },
             },
@@ -867,6 +895,101 @@ impl OffloadExecutor {
         let queue = t0.elapsed().as_nanos() as f64;
         self.note(split.stat_key, 0.0, 0.0, queue, 0.0, t0, None, true);
         Ok(())
+    }
+
+    /// Several spilled steps over one activation (a layer's q/k/v, or gate/up), queued on
+    /// `stream` in order. Under `flags`, when every step can be split and they share format,
+    /// `k` and form, they run as one split step: one publish of x, one CPU arm over all their
+    /// CPU rows, the GPU rows of each, one wait-fold into every output; the controller sees
+    /// one sample of the summed bytes, under the steps' shared shape key. Otherwise (other
+    /// strategies and modes, a step to refuse or probe, CPU rows past the mailbox) each step
+    /// runs as [`OffloadExecutor::run`] would run it.
+    pub fn run_shared(
+        &mut self,
+        stream: &Stream,
+        kernels: &GemvKernels,
+        act: &Activation,
+        steps: &mut [SpilledStep<'_>],
+    ) -> Result<(), ExecError> {
+        let t0 = Instant::now();
+        if let Some(split) = self.shared_flags_split(steps) {
+            self.total_steps += steps.len() as u64;
+            self.window_steps += steps.len() as u64;
+            self.run_flags_split(stream, kernels, act, steps, split, t0)?;
+            if self.total_steps.is_power_of_two() {
+                self.trace_idle();
+            }
+            return Ok(());
+        }
+        for st in steps.iter_mut() {
+            let step = SpilledStep {
+                weight: st.weight,
+                host: st.host.clone(),
+                x: st.x,
+                y: &mut *st.y,
+                form: st.form,
+            };
+            self.run(stream, kernels, act, step)?;
+        }
+        Ok(())
+    }
+
+    /// The fused split of `steps` under `flags`, if they qualify (see
+    /// [`OffloadExecutor::run_shared`]).
+    fn shared_flags_split(&self, steps: &[SpilledStep<'_>]) -> Option<FlagsSplit> {
+        let OffloadMode::Passback {
+            strategy: JoinStrategy::Flags,
+            ..
+        } = self.mode
+        else {
+            return None;
+        };
+        let first = steps.first()?;
+        let (format, k, form) = (first.weight.format(), first.weight.k(), first.form);
+        if steps.len() > FOLD_MAX_TARGETS
+            || steps.iter().any(|st| {
+                st.weight.format() != format
+                    || st.weight.k() != k
+                    || st.form != form
+                    || st.x.device_ptr() != first.x.device_ptr()
+            })
+        {
+            return None;
+        }
+        let residual = matches!(form, GemvForm::Residual);
+        let key = ShapeKey {
+            format,
+            k,
+            form: if residual {
+                Form::Residual
+            } else {
+                Form::Plain
+            },
+        };
+        if self.controller.needs_probe(&key) {
+            return None;
+        }
+        let shares = self.controller.shares(&key);
+        let mut cuts = Vec::with_capacity(steps.len());
+        for st in steps {
+            let row_bytes = self.split_check(st).ok()?;
+            let cut = cut_rows(st.weight.m(), row_bytes, &shares)?;
+            cuts.push((cut[1].end, row_bytes));
+        }
+        let cpu_rows: usize = steps
+            .iter()
+            .zip(&cuts)
+            .map(|(st, &(g, _))| st.weight.m() - g)
+            .sum();
+        if cpu_rows > self.flags.as_ref()?.mailbox.rows() {
+            return None;
+        }
+        let m_total = steps.iter().map(|st| st.weight.m()).sum();
+        Some(FlagsSplit {
+            key,
+            stat_key: (format, m_total, k, residual),
+            cuts,
+        })
     }
 
     #[allow(clippy::too_many_arguments)] // one trace record's fields
@@ -955,8 +1078,8 @@ impl OffloadExecutor {
 struct FlagsSplit {
     key: ShapeKey,
     stat_key: (Format, usize, usize, bool),
-    g: usize,
-    row_bytes: usize,
+    /// Per output: (first CPU row `g`, row bytes).
+    cuts: Vec<(usize, usize)>,
 }
 
 fn step_bytes(format: Format, m: usize, k: usize) -> usize {

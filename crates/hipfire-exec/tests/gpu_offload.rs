@@ -336,3 +336,81 @@ fn flags_steps_queued_back_to_back_equal_steps_run_one_at_a_time() {
         assert_eq!(bits(a), bits(b), "plain step {i}");
     }
 }
+
+/// `run_shared` under `flags` runs three outputs of one activation (q/k/v) as one split step:
+/// one CPU arm over all their CPU rows, one fold into all three. Every output equals, bit for
+/// bit, the same output run as its own step, and no row is left unwritten (NaN-poisoned).
+#[test]
+fn shared_step_equals_its_outputs_run_one_by_one() {
+    let Some(f) = fixture() else { return };
+    let fmt = Format::Q4K;
+    let ws: Vec<Arc<HostMappedBuffer>> = (0..3).map(|i| weight(&f.ctx, fmt, 60 + i)).collect();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(61);
+    let xs: Vec<f32> = (0..K).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+    let mut x = f.ctx.alloc::<f32>(K).expect("x");
+    x.upload(&f.stream, &xs).expect("x up");
+    let mut act = Activation::new(&f.ctx, K).expect("act");
+    f.kernels.prepare(&f.stream, &x, &mut act).expect("prepare");
+    let refs: Vec<WeightRef<'_>> = ws
+        .iter()
+        .map(|w| WeightRef::new(w.as_ref(), 0, fmt, M, K).expect("weight"))
+        .collect();
+    let run_all = |shared: bool| -> (Vec<Vec<f32>>, u64) {
+        let mode = OffloadMode::Passback {
+            share: ShareSetting::Pinned(0.3),
+            strategy: JoinStrategy::Flags,
+        };
+        let mut ex =
+            OffloadExecutor::new(&f.ctx, f.pool.clone(), mode, K, 3 * M).expect("executor");
+        let mut ys: Vec<DeviceBuffer<f32>> = (0..3)
+            .map(|_| {
+                let mut y = f.ctx.alloc::<f32>(M).expect("y");
+                y.upload(&f.stream, &vec![f32::NAN; M]).expect("poison");
+                y
+            })
+            .collect();
+        let mut steps: Vec<SpilledStep<'_>> = refs
+            .iter()
+            .zip(&ws)
+            .zip(ys.iter_mut())
+            .map(|((wr, w), y)| SpilledStep {
+                weight: wr,
+                host: w.clone(),
+                x: &x,
+                y,
+                form: GemvForm::Plain,
+            })
+            .collect();
+        if shared {
+            ex.run_shared(&f.stream, &f.kernels, &act, &mut steps)
+                .expect("shared step");
+        } else {
+            for st in steps {
+                ex.run(&f.stream, &f.kernels, &act, st).expect("step");
+            }
+        }
+        f.stream.synchronize().expect("sync");
+        let steps = ex.take_arm_account().expect("account").steps;
+        let outs = ys
+            .iter()
+            .map(|y| {
+                let mut v = vec![0f32; M];
+                y.download(&f.stream, &mut v).expect("download");
+                v
+            })
+            .collect();
+        (outs, steps)
+    };
+    let (one_by_one, n_separate) = run_all(false);
+    let (shared, n_shared) = run_all(true);
+    assert_eq!(n_separate, 3, "three split steps");
+    assert_eq!(n_shared, 1, "one split step for the three outputs");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for (i, (a, b)) in shared.iter().zip(&one_by_one).enumerate() {
+        assert!(
+            a.iter().all(|v| v.is_finite()),
+            "output {i}: unwritten rows"
+        );
+        assert_eq!(bits(a), bits(b), "output {i}");
+    }
+}

@@ -2,9 +2,10 @@
 //!
 //! The mailbox is pinned host-mapped memory whose layout the executor owns
 //! (`hipfire_exec::flags`); it reaches these launchers as a [`MailboxOffsets`]. Both kernels run
-//! as one block on the caller's stream: [`FlagsKernels::publish`] before the GPU arm (x down,
-//! then the sequence word), [`FlagsKernels::wait_fold`] after it (spin on the CPU's done word,
-//! then fold the CPU rows into `y`).
+//! on the caller's stream: [`FlagsKernels::publish`] (one block) before the GPU arm (x down,
+//! then the sequence word), [`FlagsKernels::wait_fold`] / [`FlagsKernels::wait_fold_targets`]
+//! after it (a grid whose blocks each wait for the CPU's done word, then fold the CPU rows of
+//! one or more outputs into them).
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use crate::gemv::{GemvForm, RowRange};
 use crate::registry::{KernelRegistry, FLAGS_SOURCE};
 use crate::GpuError;
 
-/// Threads of the one block of each flags kernel (`HF_FLAGS_THREADS` in kernels/flags.cu).
+/// Threads of the publish kernel's one block (`HF_FLAGS_THREADS` in kernels/flags.cu).
 const FLAGS_THREADS: u32 = 1024;
 
 /// Byte offsets of a mailbox's words and areas (all 4-byte aligned, `x` and `y` 16-byte).
@@ -177,26 +178,62 @@ impl FlagsKernels {
         form: GemvForm,
         timeout: Duration,
     ) -> Result<(), GpuError> {
+        let target = FoldTarget::new(&self.ctx, y, rows)?;
+        self.wait_fold_targets(stream, mailbox, at, step, &[target], form, timeout)
+    }
+
+    /// [`FlagsKernels::wait_fold`] for several outputs whose CPU rows follow one another in the
+    /// mailbox (one step's q/k/v or gate/up): one wait, one launch. At most
+    /// [`FOLD_MAX_TARGETS`] outputs; every target must come from [`FoldTarget::new`] over memory
+    /// of this context that stays alive until the launch completes.
+    #[allow(clippy::too_many_arguments)] // one launch's operands
+    pub fn wait_fold_targets(
+        &self,
+        stream: &Stream,
+        mailbox: &HostMappedBuffer,
+        at: &MailboxOffsets,
+        step: u32,
+        targets: &[FoldTarget],
+        form: GemvForm,
+        timeout: Duration,
+    ) -> Result<(), GpuError> {
         self.ctx.check_same(stream.context(), "stream")?;
-        self.ctx.check_same(y.context(), "y")?;
         self.check_mailbox(mailbox, at)?;
-        if rows.is_empty() {
+        if targets.len() > FOLD_MAX_TARGETS {
+            return Err(GpuError::BufferTooSmall {
+                what: "fold targets",
+                need: targets.len(),
+                got: FOLD_MAX_TARGETS,
+            });
+        }
+        let total: usize = targets.iter().map(|t| t.rows).sum();
+        if total == 0 {
             return Ok(());
         }
-        check_fits("y", rows.end * 4, y.byte_len())?;
-        check_fits("mailbox y area", at.y + rows.len() * 4, mailbox.byte_len())?;
+        check_fits("mailbox y area", at.y + total * 4, mailbox.byte_len())?;
+        let rows_i32 = |n: usize| {
+            i32::try_from(n).map_err(|_| GpuError::BufferTooSmall {
+                what: "rows",
+                need: n,
+                got: i32::MAX as usize,
+            })
+        };
+        rows_i32(total)?;
+        let mut segs = FoldSegments {
+            y: [0; FOLD_MAX_TARGETS],
+            rows: [0; FOLD_MAX_TARGETS],
+        };
+        for (i, t) in targets.iter().enumerate() {
+            segs.y[i] = t.y;
+            segs.rows[i] = rows_i32(t.rows)?;
+        }
+        let mut nsegs = targets.len() as i32;
         let mut pmb = mailbox.device_ptr();
         let mut done = offset_u32("mailbox done offset", at.done)?;
         let mut err = offset_u32("mailbox error offset", at.error)?;
         let mut fault = offset_u32("mailbox fault offset", at.fault)?;
         let mut yo = offset_u32("mailbox y offset", at.y)?;
         let mut st = step;
-        let mut py = y.device_ptr() + (rows.start * 4) as u64;
-        let mut n = i32::try_from(rows.len()).map_err(|_| GpuError::BufferTooSmall {
-            what: "rows",
-            need: rows.len(),
-            got: i32::MAX as usize,
-        })?;
         let mut residual = i32::from(matches!(form, GemvForm::Residual));
         let mut tmo = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
         let mut params: [*mut c_void; 10] = [
@@ -206,17 +243,74 @@ impl FlagsKernels {
             (&mut fault as *mut u32).cast(),
             (&mut yo as *mut u32).cast(),
             (&mut st as *mut u32).cast(),
-            (&mut py as *mut u64).cast(),
-            (&mut n as *mut i32).cast(),
+            (&mut segs as *mut FoldSegments).cast(),
+            (&mut nsegs as *mut i32).cast(),
             (&mut residual as *mut i32).cast(),
             (&mut tmo as *mut u64).cast(),
         ];
+        let grid = total
+            .div_ceil(FOLD_THREADS as usize * FOLD_ROWS_PER_THREAD)
+            .clamp(1, FOLD_MAX_BLOCKS) as u32;
+        let dims = LaunchDims {
+            grid,
+            block: FOLD_THREADS,
+            shared_bytes: 0,
+        };
         // SAFETY: kernel `flags_wait_fold(u8* mb, u32 done_off, u32 err_off, u32 fault_off,
-        // u32 y_off, u32 step, float* y, int rows, int residual, u64 timeout_ns)`: ten parameters
-        // of these types. It reads the done/error words and mb[y_off..y_off + 4*rows], writes the
-        // fault word and y[rows.start..rows.end] (all in bounds, checked above). The spin ends by
-        // itself after `timeout`. Buffers are owned by borrowed live objects whose Drop frees
-        // synchronously.
-        unsafe { self.launch_one_block(&self.wait_fold, stream, &mut params) }
+        // u32 y_off, u32 step, hf_fold_segs segs, int nsegs, int residual, u64 timeout_ns)`:
+        // ten parameters of these types (`FoldSegments` is `hf_fold_segs`'s layout). It reads
+        // the done/error words and mb[y_off..y_off + 4*total] (in bounds, checked above), writes
+        // the fault word and, per target, `rows` floats from its `y` (each built by
+        // `FoldTarget::new`, whose contract gives the bounds and lifetime). The spin ends by
+        // itself after `timeout`.
+        unsafe {
+            self.ctx
+                .backend()
+                .launch(self.wait_fold.raw(), dims, stream.raw(), &mut params)
+        }
+    }
+}
+
+/// Outputs one fold launch can write ([`FlagsKernels::wait_fold_targets`]; `HF_FOLD_SEGS` in
+/// kernels/flags.cu): q/k/v is the most one step shares an activation among.
+pub const FOLD_MAX_TARGETS: usize = 4;
+
+/// Threads per fold block (`HF_FOLD_THREADS` in kernels/flags.cu).
+const FOLD_THREADS: u32 = 256;
+/// Rows per fold thread the grid is sized for: each row is one PCIe load, so the fold's time is
+/// about this many round trips once every load is in flight.
+const FOLD_ROWS_PER_THREAD: usize = 2;
+/// Blocks a fold launch may use (each one's first thread polls the done word).
+const FOLD_MAX_BLOCKS: usize = 64;
+
+/// `hf_fold_segs` of kernels/flags.cu, passed by value.
+#[repr(C)]
+struct FoldSegments {
+    y: [u64; FOLD_MAX_TARGETS],
+    rows: [i32; FOLD_MAX_TARGETS],
+}
+
+/// One output of a fold: `rows` floats at device address `y`.
+#[derive(Debug, Clone, Copy)]
+pub struct FoldTarget {
+    y: u64,
+    rows: usize,
+}
+
+impl FoldTarget {
+    /// Rows `rows` of `y` (bounds and context checked). The target holds `y`'s address, not a
+    /// borrow: `y` must outlive the fold launch it is passed to (device memory frees
+    /// synchronously on drop, so keeping `y` alive until the launch is queued suffices).
+    pub fn new<Y: DeviceMemory + ?Sized>(
+        ctx: &Arc<Context>,
+        y: &mut Y,
+        rows: RowRange,
+    ) -> Result<FoldTarget, GpuError> {
+        ctx.check_same(y.context(), "y")?;
+        check_fits("y", rows.end * 4, y.byte_len())?;
+        Ok(FoldTarget {
+            y: y.device_ptr() + (rows.start * 4) as u64,
+            rows: rows.len(),
+        })
     }
 }

@@ -418,7 +418,8 @@ impl<'m> GpuDecoder<'m> {
         };
         stream.synchronize()?;
         let max_k = c.d_model.max(c.n_ff).max(qd);
-        let max_m = c.d_model.max(c.n_ff).max(qd);
+        // The widest call: gate + up, or q + k + v, go to the executor together.
+        let max_m = c.d_model.max(2 * c.n_ff).max(qd + 2 * kvd);
         let offload = OffloadExecutor::new(&ctx, pool, opts.mode.clone(), max_k, max_m)?;
         let resident_gib =
             layer_bytes[n_spilled..].iter().sum::<u64>() as f64 / (1u64 << 30) as f64;
@@ -638,6 +639,75 @@ impl<'m> GpuDecoder<'m> {
         Ok(())
     }
 
+    /// Plain projections `(weight id, y, y_len)` of one activation (q/k/v, gate/up): when all
+    /// of them are spilled they go to the offload executor together (under `flags` one split
+    /// step for all), otherwise each through [`GpuDecoder::project`].
+    fn project_shared(
+        &mut self,
+        outs: &[(usize, u64, usize)],
+        x: u64,
+        which_act: ActSlot,
+    ) -> Result<(), ModelError> {
+        let all_spilled = outs.iter().all(|&(id, _, _)| {
+            matches!(self.weights[id], Some(GpuWeight::Host(_)))
+                && self.model.weights()[id].k == self.model.weights()[outs[0].0].k
+        });
+        if !all_spilled || outs.len() < 2 {
+            for &(id, y, len) in outs {
+                self.project(id, x, which_act, y, len, GemvForm::Plain)?;
+            }
+            return Ok(());
+        }
+        let ws = self.model.weights();
+        let mut refs = Vec::with_capacity(outs.len());
+        let mut hosts = Vec::with_capacity(outs.len());
+        for &(id, _, _) in outs {
+            let w = &ws[id];
+            let Some(GpuWeight::Host(host)) = &self.weights[id] else {
+                return Err(ModelError::Unsupported(format!(
+                    "weight {} not placed",
+                    w.name
+                )));
+            };
+            refs.push(WeightRef::new(host.as_ref(), 0, w.format, w.m, w.k)?);
+            hosts.push(host.clone());
+        }
+        let k = ws[outs[0].0].k;
+        let xv = DeviceView {
+            ptr: x,
+            bytes: k * 4,
+            ctx: &self.ctx,
+        };
+        let mut ys: Vec<DeviceView<'_>> = outs
+            .iter()
+            .map(|&(_, y, len)| DeviceView {
+                ptr: y,
+                bytes: len * 4,
+                ctx: &self.ctx,
+            })
+            .collect();
+        let mut steps: Vec<SpilledStep<'_>> = refs
+            .iter()
+            .zip(hosts)
+            .zip(ys.iter_mut())
+            .map(|((wr, host), yv)| SpilledStep {
+                weight: wr,
+                host,
+                x: &xv,
+                y: yv,
+                form: GemvForm::Plain,
+            })
+            .collect();
+        let act = match which_act {
+            ActSlot::Model => &self.s.act_model,
+            ActSlot::Q => &self.s.act_q,
+            ActSlot::Ff => &self.s.act_ff,
+        };
+        self.offload
+            .run_shared(&self.stream, &self.gemv, act, &mut steps)?;
+        Ok(())
+    }
+
     fn prepare(&mut self, slot: ActSlot, x: u64, k: usize) -> Result<(), GpuError> {
         let xv = DeviceView {
             ptr: x,
@@ -693,9 +763,11 @@ impl<'m> GpuDecoder<'m> {
             let vslot = l.v_cache.device_ptr() + (self.pos * kvd * 4) as u64;
             self.rms_norm(x, &self.layers[li].attn_norm, xn, 1, c.d_model)?;
             self.prepare(ActSlot::Model, xn, c.d_model)?;
-            self.project(wq, xn, ActSlot::Model, q, qd, GemvForm::Plain)?;
-            self.project(wk, xn, ActSlot::Model, kslot, kvd, GemvForm::Plain)?;
-            self.project(wv, xn, ActSlot::Model, vslot, kvd, GemvForm::Plain)?;
+            self.project_shared(
+                &[(wq, q, qd), (wk, kslot, kvd), (wv, vslot, kvd)],
+                xn,
+                ActSlot::Model,
+            )?;
             let l = &self.layers[li];
             if let Some(b) = &l.bq {
                 self.add(q, b)?;
@@ -745,8 +817,7 @@ impl<'m> GpuDecoder<'m> {
 
             self.rms_norm(x, &self.layers[li].ffn_norm, xn, 1, c.d_model)?;
             self.prepare(ActSlot::Model, xn, c.d_model)?;
-            self.project(wg, xn, ActSlot::Model, gate, c.n_ff, GemvForm::Plain)?;
-            self.project(wu, xn, ActSlot::Model, up, c.n_ff, GemvForm::Plain)?;
+            self.project_shared(&[(wg, gate, c.n_ff), (wu, up, c.n_ff)], xn, ActSlot::Model)?;
             {
                 let (mut pg, mut pu, mut po, mut n) = (gate, up, gate, c.n_ff as i32);
                 let mut p: [*mut c_void; 4] = [
