@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use anyhow::{Context as _, Result};
 use hipfire::exec::bench;
-use hipfire::exec::offload::{JoinStrategy, OffloadExecutor, OffloadMode, SpilledStep};
+use hipfire::exec::offload::{ArmAccount, JoinStrategy, OffloadExecutor, OffloadMode, SpilledStep};
 use hipfire::exec::share::ShareSetting;
 use hipfire::gpu::{
     Activation, Context, DeviceBuffer, GemvForm, GemvKernels, HostMappedBuffer, KernelRegistry,
@@ -114,6 +114,9 @@ struct Bench<'a> {
     act_ff: &'a Activation,
     /// Wall of every rep of the last `run`, warm-ups included (µs).
     last_all_reps_us: std::cell::Cell<f64>,
+    /// The executor's arm account over every rep of the last `run` (taken per rep, so no
+    /// turnaround spans the host's refill between reps).
+    last_account: std::cell::Cell<ArmAccount>,
 }
 
 impl Bench<'_> {
@@ -136,6 +139,7 @@ impl Bench<'_> {
         let mut exec = exec;
         let mut times = Vec::with_capacity(reps);
         let mut all_us = 0.0;
+        let mut account = ArmAccount::default();
         for rep in 0..reps + 2 {
             // Fresh outputs each rep: the residual forms accumulate into a known starting value.
             for y in ys.iter_mut() {
@@ -199,11 +203,21 @@ impl Bench<'_> {
             self.stream.synchronize()?;
             let us = t.elapsed().as_secs_f64() * 1e6;
             all_us += us;
+            if let Some(ex) = exec.as_deref_mut() {
+                let a = ex.take_arm_account()?;
+                account.steps += a.steps;
+                account.arm_ns += a.arm_ns;
+                account.worker_skew_ns += a.worker_skew_ns;
+                account.turnaround_ns += a.turnaround_ns;
+                account.turnarounds += a.turnarounds;
+                account.prepare_ns += a.prepare_ns;
+            }
             if rep >= 2 {
                 times.push(us);
             }
         }
         self.last_all_reps_us.set(all_us);
+        self.last_account.set(account);
         times.sort_by(f64::total_cmp);
         let mut outs = Vec::new();
         for y in &ys {
@@ -323,6 +337,7 @@ fn main() -> Result<()> {
         act_d: &act_d,
         act_ff: &act_ff,
         last_all_reps_us: std::cell::Cell::new(0.0),
+        last_account: std::cell::Cell::new(ArmAccount::default()),
     };
     let bytes = b.layer_bytes() as f64;
 
@@ -382,6 +397,9 @@ fn main() -> Result<()> {
         "mode", "strategy", "share", "us/layer", "GB/s", "max rel diff", "sync"
     );
     println!(
+        "  (sync: wall no arm covers; flags rows add: worker start skew, turnaround between steps)"
+    );
+    println!(
         "{:<10} {:<11} {:>7} {:>12.1} {:>9.1} {:>12}",
         "resident",
         "-",
@@ -427,12 +445,13 @@ fn main() -> Result<()> {
         } else {
             b.run(Mode::Offload, Some(&mut ex), PINNED_WARM_REPS, None)?;
         }
-        ex.take_arm_account()?;
         let (t, y) = b.run(Mode::Offload, Some(&mut ex), reps, None)?;
-        // Per-step sync overhead: the layer's wall that no arm's multiply covers.
-        let acct = ex.take_arm_account()?;
-        let sync = (acct.steps > 0)
-            .then(|| 1.0 - acct.arm_ns / 1e3 / b.last_all_reps_us.get().max(f64::MIN_POSITIVE));
+        // Per-step sync overhead: the layer's wall that no arm's multiply covers; under flags,
+        // how much of it is the workers' start skew and the device's turnaround between steps.
+        let acct = b.last_account.get();
+        let wall_ns = b.last_all_reps_us.get().max(f64::MIN_POSITIVE) * 1e3;
+        let sync = (acct.steps > 0).then(|| 1.0 - acct.arm_ns / wall_ns);
+        let (skew, turnaround) = (acct.worker_skew_ns / wall_ns, acct.turnaround_ns / wall_ns);
         let diff = max_rel_diff(&y_res, &y);
         let share = match &mode {
             OffloadMode::Passback {
@@ -464,7 +483,18 @@ fn main() -> Result<()> {
             diff,
             sync.map_or("-".to_string(), |v| format!("{:.1}%", 100.0 * v))
         );
-        rows.push(serde_json::json!({"mode":mode.name(),"strategy":st,"share":share,"us_per_layer":t,"gbs":gbs,"max_rel_diff":diff,"sync_overhead":sync}));
+        if acct.turnarounds > 0 {
+            println!(
+                "{:>48} skew {:.1}%  turnaround {:.1}% ({:.1} us x {} per layer)  x prep {:.1}%",
+                "",
+                100.0 * skew,
+                100.0 * turnaround,
+                acct.turnaround_ns / acct.turnarounds as f64 / 1e3,
+                acct.turnarounds as f64 / (reps + 2) as f64,
+                100.0 * acct.prepare_ns / wall_ns
+            );
+        }
+        rows.push(serde_json::json!({"mode":mode.name(),"strategy":st,"share":share,"us_per_layer":t,"gbs":gbs,"max_rel_diff":diff,"sync_overhead":sync,"worker_skew":skew,"turnaround":turnaround,"turnarounds":acct.turnarounds,"steps":acct.steps}));
     }
     // Per shape: `auto` against the best pinned share, one projection at a time (issue target:
     // auto within 3 % of the best pinned share's throughput on every 9B-class shape).

@@ -346,8 +346,25 @@ pub struct FlagsArm {
 pub struct FlagsReport {
     /// Longest a worker waited for the sequence word (ns).
     pub wait_ns: f64,
-    /// Longest a worker spent multiplying after it (ns).
+    /// Longest a worker spent multiplying after it (ns), its activation preparation included.
     pub cpu_ns: f64,
+    /// Longest a worker spent preparing the activation (ns; part of `cpu_ns`).
+    pub prepare_ns: f64,
+    /// When the first and the last worker saw the sequence word, and when the last one
+    /// finished (ns on [`flags_clock_ns`]'s clock): the arm's span is `done − first_seen`, and
+    /// `first_seen` of a step minus `done` of the one before is the device's turnaround
+    /// (fold, kernels between, publish).
+    pub first_seen_ns: u64,
+    /// See `first_seen_ns`.
+    pub last_seen_ns: u64,
+    /// See `first_seen_ns`.
+    pub done_ns: u64,
+}
+
+/// Nanoseconds since the first call in this process: the clock of [`FlagsReport`]'s instants.
+pub fn flags_clock_ns() -> u64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
 /// The job the workers share.
@@ -367,6 +384,10 @@ struct FlagsJob {
     remaining: AtomicUsize,
     wait_ns: AtomicU64,
     cpu_ns: AtomicU64,
+    prepare_ns: AtomicU64,
+    first_seen: AtomicU64,
+    last_seen: AtomicU64,
+    done_at: AtomicU64,
 }
 
 impl FlagsJob {
@@ -379,6 +400,9 @@ impl FlagsJob {
             "flags sequence word",
             Some(&self.cancelled),
         )?;
+        let seen = flags_clock_ns();
+        self.first_seen.fetch_min(seen, Ordering::Relaxed);
+        self.last_seen.fetch_max(seen, Ordering::Relaxed);
         self.wait_ns
             .fetch_max(waited.as_nanos() as u64, Ordering::Relaxed);
         let t = Instant::now();
@@ -388,6 +412,8 @@ impl FlagsJob {
             std::slice::from_raw_parts(mb.mem.base().add(X_OFFSET) as *const f32, self.k)
         };
         let act = ActivationBuf::prepare(self.format, x)?;
+        self.prepare_ns
+            .fetch_max(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         // SAFETY: `rows` is this worker's disjoint part of [0, rows_n) (partition; rows_n is at
         // most the mailbox's rows, checked at submit), so the slice is in bounds and written by
         // this worker alone until done is published.
@@ -411,6 +437,7 @@ impl FlagsJob {
         }
         self.cpu_ns
             .fetch_max(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.done_at.fetch_max(flags_clock_ns(), Ordering::Relaxed);
         Ok(())
     }
 }
@@ -458,6 +485,10 @@ impl FlagsTicket {
         Ok(FlagsReport {
             wait_ns: self.job.wait_ns.load(Ordering::Relaxed) as f64,
             cpu_ns: self.job.cpu_ns.load(Ordering::Relaxed) as f64,
+            prepare_ns: self.job.prepare_ns.load(Ordering::Relaxed) as f64,
+            first_seen_ns: self.job.first_seen.load(Ordering::Relaxed),
+            last_seen_ns: self.job.last_seen.load(Ordering::Relaxed),
+            done_ns: self.job.done_at.load(Ordering::Relaxed),
         })
     }
 }
@@ -534,6 +565,10 @@ impl CpuPool {
             remaining: AtomicUsize::new(0),
             wait_ns: AtomicU64::new(0),
             cpu_ns: AtomicU64::new(0),
+            prepare_ns: AtomicU64::new(0),
+            first_seen: AtomicU64::new(u64::MAX),
+            last_seen: AtomicU64::new(0),
+            done_at: AtomicU64::new(0),
         })
     }
 }

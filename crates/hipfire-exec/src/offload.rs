@@ -190,6 +190,18 @@ pub struct ArmAccount {
     /// Σ over those steps of max(CPU arm, GPU arm) in nanoseconds (the CPU multiply alone for
     /// whole-CPU steps).
     pub arm_ns: f64,
+    /// `flags` only, where the sync time goes. Σ over split steps of the workers' start skew
+    /// (last − first to see the sequence word), ns.
+    pub worker_skew_ns: f64,
+    /// Σ over split steps of the gap from the previous step's last worker finishing to this
+    /// step's first worker seeing its x (fold, kernels between, publish), ns; steps with
+    /// another kind of step in between are not counted.
+    pub turnaround_ns: f64,
+    /// Split steps counted in `turnaround_ns`.
+    pub turnarounds: u64,
+    /// Σ over split steps of the longest activation preparation of a worker (part of the CPU
+    /// arm: every worker quantises x itself), ns.
+    pub prepare_ns: f64,
 }
 
 /// A split step whose arm timings are read once it has completed: the GPU arm's event pair
@@ -221,6 +233,8 @@ pub struct OffloadExecutor {
     pending: std::collections::VecDeque<PendingGpuArm>,
     flags: Option<FlagsState>,
     arm_account: ArmAccount,
+    /// When the last resolved flags step's CPU arm finished ([`crate::flags::flags_clock_ns`]).
+    last_flags_done: Option<u64>,
     stats: HashMap<(Format, usize, usize, bool), ShapeStats>,
     /// `cpu exec: idle` window: steps, wall and CPU time since the window opened.
     window_start: Instant,
@@ -354,6 +368,7 @@ impl OffloadExecutor {
             pending: std::collections::VecDeque::new(),
             flags,
             arm_account: ArmAccount::default(),
+            last_flags_done: None,
             stats: HashMap::new(),
             window_start: Instant::now(),
             window_steps: 0,
@@ -390,9 +405,11 @@ impl OffloadExecutor {
     }
 
     /// The arm time accumulated since the last call (waiting for pending GPU arms first, so
-    /// call it after the stream has drained), and start a new account.
+    /// call it after the stream has drained), and start a new account; no turnaround spans
+    /// two accounts (take one per timed run so the gaps between runs are not counted).
     pub fn take_arm_account(&mut self) -> Result<ArmAccount, ExecError> {
         self.resolve_pending(true)?;
+        self.last_flags_done = None;
         Ok(std::mem::take(&mut self.arm_account))
     }
 
@@ -459,6 +476,7 @@ impl OffloadExecutor {
         let cpu = t.elapsed().as_nanos() as f64;
         self.arm_account.steps += 1;
         self.arm_account.arm_ns += cpu;
+        self.last_flags_done = None;
         let t = Instant::now();
         stream
             .memcpy_htod_async(step.y, 0, &self.y_host, 0, m * 4)
@@ -613,6 +631,16 @@ impl OffloadExecutor {
         if let Some(ticket) = p.cpu_ticket.take() {
             let rep = ticket.wait()?;
             p.cpu.time = ArmTime::Exact { ns: rep.cpu_ns };
+            if rep.first_seen_ns != u64::MAX {
+                let a = &mut self.arm_account;
+                a.worker_skew_ns += rep.last_seen_ns.saturating_sub(rep.first_seen_ns) as f64;
+                a.prepare_ns += rep.prepare_ns;
+                if let Some(prev_done) = self.last_flags_done.filter(|&d| d < rep.first_seen_ns) {
+                    a.turnaround_ns += (rep.first_seen_ns - prev_done) as f64;
+                    a.turnarounds += 1;
+                }
+                self.last_flags_done = Some(rep.done_ns);
+            }
             let s = self.stats.entry(p.stat_key).or_default();
             s.d2h_ns += rep.wait_ns;
             s.cpu_ns += rep.cpu_ns;
