@@ -211,6 +211,9 @@ impl Bench<'_> {
                 account.turnaround_ns += a.turnaround_ns;
                 account.turnarounds += a.turnarounds;
                 account.prepare_ns += a.prepare_ns;
+                account.publish_ns += a.publish_ns;
+                account.fold_ns += a.fold_ns;
+                account.device_gap_ns += a.device_gap_ns;
             }
             if rep >= 2 {
                 times.push(us);
@@ -492,6 +495,14 @@ fn main() -> Result<()> {
                 acct.turnaround_ns / acct.turnarounds as f64 / 1e3,
                 acct.turnarounds as f64 / (reps + 2) as f64,
                 100.0 * acct.prepare_ns / wall_ns
+            );
+            let per_step = |ns: f64| ns / acct.steps.max(1) as f64 / 1e3;
+            println!(
+                "{:>48} device per step: publish {:.1} us, fold {:.1} us, gap {:.1} us",
+                "",
+                per_step(acct.publish_ns),
+                per_step(acct.fold_ns),
+                acct.device_gap_ns / acct.turnarounds.max(1) as f64 / 1e3
             );
         }
         rows.push(serde_json::json!({"mode":mode.name(),"strategy":st,"share":share,"us_per_layer":t,"gbs":gbs,"max_rel_diff":diff,"sync_overhead":sync,"worker_skew":skew,"turnaround":turnaround,"turnarounds":acct.turnarounds,"steps":acct.steps}));

@@ -199,6 +199,14 @@ pub struct ArmAccount {
     pub turnaround_ns: f64,
     /// Split steps counted in `turnaround_ns`.
     pub turnarounds: u64,
+    /// Σ over flags steps of the device's publish (event before it to the GPU arm's start), ns.
+    pub publish_ns: f64,
+    /// Σ over flags steps of the wait-fold (GPU arm's end to after the fold: includes waiting
+    /// for a slower CPU arm), ns.
+    pub fold_ns: f64,
+    /// Σ over consecutive flags steps of the device's gap from one fold's end to the next
+    /// publish (launches, kernels between steps), ns.
+    pub device_gap_ns: f64,
     /// Σ over split steps of the longest activation preparation of a worker (part of the CPU
     /// arm: every worker quantises x itself), ns.
     pub prepare_ns: f64,
@@ -226,6 +234,11 @@ pub struct OffloadExecutor {
     copy_stream: Stream,
     /// Event pairs around GPU arms ([`ARM_EVENT_RING`]), used round-robin.
     arm_events: Vec<(Event, Event)>,
+    /// Under `flags`, per ring slot: before the publish and after the wait-fold, so the
+    /// account can say where the device's time between two GPU arms goes.
+    step_events: Vec<(Event, Event)>,
+    /// The previous flags step's after-fold event slot, while its successor is unresolved.
+    last_fold_slot: Option<usize>,
     next_slot: usize,
     probe_start: Event,
     probe_end: Event,
@@ -353,6 +366,15 @@ impl OffloadExecutor {
                 ctx.new_event().map_err(gpu_err)?,
             ));
         }
+        let mut step_events = Vec::new();
+        if flags.is_some() {
+            for _ in 0..ARM_EVENT_RING {
+                step_events.push((
+                    ctx.new_event().map_err(gpu_err)?,
+                    ctx.new_event().map_err(gpu_err)?,
+                ));
+            }
+        }
         Ok(OffloadExecutor {
             ctx: ctx.clone(),
             pool,
@@ -361,6 +383,8 @@ impl OffloadExecutor {
             y_host: ctx.alloc_pinned_host(max_m * 4).map_err(gpu_err)?,
             copy_stream: ctx.new_stream().map_err(gpu_err)?,
             arm_events,
+            step_events,
+            last_fold_slot: None,
             next_slot: 0,
             probe_start: ctx.new_event().map_err(gpu_err)?,
             probe_end: ctx.new_event().map_err(gpu_err)?,
@@ -410,6 +434,7 @@ impl OffloadExecutor {
     pub fn take_arm_account(&mut self) -> Result<ArmAccount, ExecError> {
         self.resolve_pending(true)?;
         self.last_flags_done = None;
+        self.last_fold_slot = None;
         Ok(std::mem::take(&mut self.arm_account))
     }
 
@@ -477,6 +502,7 @@ impl OffloadExecutor {
         self.arm_account.steps += 1;
         self.arm_account.arm_ns += cpu;
         self.last_flags_done = None;
+        self.last_fold_slot = None;
         let t = Instant::now();
         stream
             .memcpy_htod_async(step.y, 0, &self.y_host, 0, m * 4)
@@ -621,6 +647,10 @@ impl OffloadExecutor {
             end.synchronize().map_err(gpu_err)?;
         } else if !end.query().map_err(gpu_err)?
             || p.cpu_ticket.as_ref().is_some_and(|t| !t.is_finished())
+            || match self.step_events.get(p.slot) {
+                Some((_, post)) => !post.query().map_err(gpu_err)?,
+                None => false,
+            }
         {
             return Ok(false);
         }
@@ -640,6 +670,18 @@ impl OffloadExecutor {
                     a.turnarounds += 1;
                 }
                 self.last_flags_done = Some(rep.done_ns);
+            }
+            if let Some((pre, post)) = self.step_events.get(p.slot) {
+                post.synchronize().map_err(gpu_err)?;
+                let ms = |a: &Event, b: &Event| a.elapsed_ms(b).map(|v| f64::from(v) * 1e6);
+                let (gpu_start, gpu_end) = &self.arm_events[p.slot];
+                let a = &mut self.arm_account;
+                a.publish_ns += ms(pre, gpu_start).map_err(gpu_err)?;
+                a.fold_ns += ms(gpu_end, post).map_err(gpu_err)?;
+                if let Some(prev) = self.last_fold_slot {
+                    a.device_gap_ns += ms(&self.step_events[prev].1, pre).map_err(gpu_err)?;
+                }
+                self.last_fold_slot = Some(p.slot);
             }
             let s = self.stats.entry(p.stat_key).or_default();
             s.d2h_ns += rep.wait_ns;
@@ -668,6 +710,10 @@ impl OffloadExecutor {
         self.resolve_pending(false)?;
         let slot = self.next_slot;
         self.next_slot = (self.next_slot + 1) % ARM_EVENT_RING;
+        // That slot's after-fold event is about to be recorded again: no gap from it.
+        if self.last_fold_slot == Some(slot) {
+            self.last_fold_slot = None;
+        }
         Ok(slot)
     }
 
@@ -871,7 +917,9 @@ impl OffloadExecutor {
         let (gpu_start, gpu_end) = &self.arm_events[slot];
         let ctx = &self.ctx;
         let x = steps[0].x;
+        let (pre_publish, post_fold) = &self.step_events[slot];
         let queued = (|| -> Result<(), GpuError> {
+            pre_publish.record(stream)?;
             flags_kernels.publish(stream, x, k, mem, &offsets, seq)?;
             gpu_start.record(stream)?;
             for (st, &(g, _)) in steps.iter_mut().zip(&split.cuts) {
@@ -894,7 +942,8 @@ impl OffloadExecutor {
                 &targets,
                 steps[0].form,
                 FLAGS_DEVICE_TIMEOUT,
-            )
+            )?;
+            post_fold.record(stream)
         })();
         if let Err(e) = queued {
             // Workers waiting for a publish that may never come stop now.
