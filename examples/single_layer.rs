@@ -214,6 +214,7 @@ impl Bench<'_> {
                 account.publish_ns += a.publish_ns;
                 account.fold_ns += a.fold_ns;
                 account.device_gap_ns += a.device_gap_ns;
+                account.fold_wait_ns += a.fold_wait_ns;
             }
             if rep >= 2 {
                 times.push(us);
@@ -498,10 +499,11 @@ fn main() -> Result<()> {
             );
             let per_step = |ns: f64| ns / acct.steps.max(1) as f64 / 1e3;
             println!(
-                "{:>48} device per step: publish {:.1} us, fold {:.1} us, gap {:.1} us",
+                "{:>48} device per step: publish {:.1} us, fold {:.1} us (waiting for the CPU {:.1}), gap {:.1} us",
                 "",
                 per_step(acct.publish_ns),
                 per_step(acct.fold_ns),
+                per_step(acct.fold_wait_ns),
                 acct.device_gap_ns / acct.turnarounds.max(1) as f64 / 1e3
             );
         }

@@ -16,6 +16,7 @@
 //! | [`DONE_OFFSET`] | `u32` step number, written by the CPU after every row (own cache line) |
 //! | [`ERROR_OFFSET`] | `u32` step number of the last step a worker failed (rows unspecified) |
 //! | [`FAULT_OFFSET`] | `u32` step number of the last step the device's wait timed out or saw the error word |
+//! | [`FOLD_WAIT_OFFSET`] | `u64` nanoseconds the device's folds have waited for done, summed (diagnostic) |
 //! | [`X_OFFSET`] | `k` f32: the activation |
 //! | [`Mailbox::y_offset`] | `rows` f32: `W[g + i] · x` for the CPU rows, always plain |
 //!
@@ -40,6 +41,8 @@ pub const DONE_OFFSET: usize = 64;
 pub const ERROR_OFFSET: usize = 96;
 /// Offset of the device's fault word (in the device's line: only the device writes it).
 pub const FAULT_OFFSET: usize = 32;
+/// Offset of the device's running total of fold waits (in the device's line, 8-aligned).
+pub const FOLD_WAIT_OFFSET: usize = 40;
 /// Offset of the activation.
 pub const X_OFFSET: usize = 128;
 /// Alignment of the mailbox and of its areas (a cache line).
@@ -199,6 +202,14 @@ impl Mailbox {
         self.word(FAULT_OFFSET)
     }
 
+    /// Nanoseconds the device's wait-folds have spent waiting for done, summed since the
+    /// mailbox was made (the device adds to it; read it once the stream has drained).
+    pub fn fold_wait_ns(&self) -> u64 {
+        // SAFETY: 8-aligned and in bounds (below X_OFFSET, base 64-aligned, `new`); only the
+        // device writes it, with plain stores ordered by the stream.
+        unsafe { std::ptr::read_volatile(self.mem.base().add(FOLD_WAIT_OFFSET) as *const u64) }
+    }
+
     /// Activation length this mailbox was laid out for.
     pub fn k(&self) -> usize {
         self.k
@@ -216,6 +227,7 @@ impl Mailbox {
             done: DONE_OFFSET,
             error: ERROR_OFFSET,
             fault: FAULT_OFFSET,
+            fold_wait: FOLD_WAIT_OFFSET,
             x: X_OFFSET,
             y: self.y_offset(),
         }

@@ -207,6 +207,9 @@ pub struct ArmAccount {
     /// Σ over consecutive flags steps of the device's gap from one fold's end to the next
     /// publish (launches, kernels between steps), ns.
     pub device_gap_ns: f64,
+    /// Of `fold_ns`, the time the folds spent waiting for the CPU's done word (the device's
+    /// own count), ns; the rest is the fold's work and the launch.
+    pub fold_wait_ns: f64,
     /// Σ over split steps of the longest activation preparation of a worker (part of the CPU
     /// arm: every worker quantises x itself), ns.
     pub prepare_ns: f64,
@@ -264,6 +267,8 @@ struct FlagsState {
     mailbox: Mailbox,
     /// Last step number published (never 0: the mailbox starts zeroed).
     step: u32,
+    /// The device's fold-wait total at the last account.
+    fold_wait_taken: u64,
 }
 
 // SAFETY: a pinned, page-aligned allocation owned by the Arc'd buffer, valid until it drops.
@@ -355,6 +360,7 @@ impl OffloadExecutor {
                     mem,
                     mailbox,
                     step: 0,
+                    fold_wait_taken: 0,
                 })
             }
             _ => None,
@@ -435,6 +441,12 @@ impl OffloadExecutor {
         self.resolve_pending(true)?;
         self.last_flags_done = None;
         self.last_fold_slot = None;
+        if let Some(fl) = &mut self.flags {
+            // Every fold queued so far has run (the pending steps' events were waited for).
+            let total = fl.mailbox.fold_wait_ns();
+            self.arm_account.fold_wait_ns = total.saturating_sub(fl.fold_wait_taken) as f64;
+            fl.fold_wait_taken = total;
+        }
         Ok(std::mem::take(&mut self.arm_account))
     }
 
