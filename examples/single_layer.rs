@@ -6,10 +6,12 @@
 //!
 //! ```text
 //! cargo run --release --example single_layer -- [--format q4_k|q8_0] [--reps N] [--threads N]
-//!     [--sweep] [--per-shape] [--json PATH]
+//!     [--sweep] [--per-shape] [--json PATH] [--handshake STEPS]
 //! ```
 //! `--sweep` times every pinned share from 0.10 to 0.50 for the whole layer; `--per-shape` does
 //! the same one projection at a time and reports `auto` against the best pinned share per shape.
+//! `--handshake N` instead times N back-to-back steps of a tiny matrix per join (each join's own
+//! per-step cost) and exits.
 //!
 //! Needs a GPU; on a machine without one it says so and exits 1. The weights are random
 //! (64 distinct quantised rows per matrix, tiled), so the figures are bandwidth, not model quality.
@@ -253,6 +255,88 @@ fn max_rel_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
     worst
 }
 
+/// Rows of the `--handshake` matrix: 16 per worker at share 0.5, so each arm is a few µs and
+/// a step's wall is its join's own cost.
+const HANDSHAKE_M: usize = 512;
+
+/// `--handshake N`: N back-to-back steps of a small Q8_0 matrix (512 × 4096) per mode, queued
+/// as the decoder queues them; prints µs per step, the arms' share of it, and under `flags`
+/// where the rest goes (the join's per-step cost, apart from any real work).
+fn handshake(
+    ctx: &Arc<Context>,
+    stream: &hipfire::gpu::Stream,
+    kernels: &GemvKernels,
+    pool: &hipfire::exec::CpuPool,
+    steps: usize,
+) -> Result<()> {
+    let (host, _dev) = make_matrix(ctx, stream, Format::Q8_0, HANDSHAKE_M, D, 99)?;
+    let mut x = ctx.alloc::<f32>(D)?;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(98);
+    x.upload(
+        stream,
+        &(0..D)
+            .map(|_| rng.random_range(-1.0f32..1.0))
+            .collect::<Vec<_>>(),
+    )?;
+    let mut act = Activation::new(ctx, D)?;
+    kernels.prepare(stream, &x, &mut act)?;
+    let mut y = ctx.alloc::<f32>(HANDSHAKE_M)?;
+    let w = WeightRef::new(host.as_ref(), 0, Format::Q8_0, HANDSHAKE_M, D)?;
+    let mut modes = vec![OffloadMode::Cpu];
+    for st in JoinStrategy::ALL {
+        modes.push(OffloadMode::Passback {
+            share: ShareSetting::Pinned(0.5),
+            strategy: st,
+        });
+    }
+    println!("handshake: {steps} steps of {HANDSHAKE_M} x {D} q8_0 per mode, share 0.5");
+    for mode in modes {
+        let name = match &mode {
+            OffloadMode::Passback { strategy, .. } => format!("passback {}", strategy.name()),
+            m => m.name().to_string(),
+        };
+        let mut ex = OffloadExecutor::new(ctx, pool.clone(), mode, D, HANDSHAKE_M)?;
+        let mut run = |n: usize, ex: &mut OffloadExecutor| -> Result<f64> {
+            let t = Instant::now();
+            for _ in 0..n {
+                let step = SpilledStep {
+                    weight: &w,
+                    host: host.clone(),
+                    x: &x,
+                    y: &mut y,
+                    form: GemvForm::Plain,
+                };
+                ex.run(stream, kernels, &act, step)?;
+            }
+            stream.synchronize()?;
+            Ok(t.elapsed().as_secs_f64() * 1e6)
+        };
+        run(PINNED_WARM_REPS * 5, &mut ex)?;
+        ex.take_arm_account()?;
+        let wall_us = run(steps, &mut ex)?;
+        let a = ex.take_arm_account()?;
+        let per = |ns: f64| ns / 1e3 / steps as f64;
+        println!(
+            "  {name:<20} {:>7.1} us/step  arms {:>5.1} us/step",
+            wall_us / steps as f64,
+            per(a.arm_ns)
+        );
+        if a.turnarounds > 0 {
+            println!(
+                "  {:<20} publish {:.1}, fold {:.1} (waiting {:.1}), device gap {:.1}, cpu done -> next x seen {:.1}, prepare {:.1} us/step",
+                "",
+                per(a.publish_ns),
+                per(a.fold_ns),
+                per(a.fold_wait_ns),
+                a.device_gap_ns / 1e3 / a.turnarounds as f64,
+                a.turnaround_ns / 1e3 / a.turnarounds as f64,
+                per(a.prepare_ns)
+            );
+        }
+    }
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let get = |flag: &str| {
@@ -273,6 +357,7 @@ fn main() -> Result<()> {
     let sweep = args.iter().any(|a| a == "--sweep");
     let per_shape = args.iter().any(|a| a == "--per-shape");
     let json_path = get("--json");
+    let handshake_steps: Option<usize> = get("--handshake").map(|s| s.parse()).transpose()?;
 
     let ctx = match Context::new(0) {
         Ok(c) => c,
@@ -291,6 +376,9 @@ fn main() -> Result<()> {
         ctx.info().arch,
         pool.threads()
     );
+    if let Some(steps) = handshake_steps {
+        return handshake(&ctx, &stream, &kernels, &pool, steps);
+    }
 
     let shapes: [(&str, usize, usize, GemvForm); 7] = [
         ("q", D, D, GemvForm::Plain),
