@@ -400,89 +400,9 @@ struct FlagsJob {
     first_seen: AtomicU64,
     last_seen: AtomicU64,
     done_at: AtomicU64,
-    /// The step's activation, prepared by the workers together.
-    act: SharedActivation,
-}
-
-/// One activation prepared by several workers: each claims pieces of x, the one that prepares
-/// the last piece joins them, the rest wait for that. On the H200 box every worker quantising
-/// all of x itself cost 8.7 µs per step at k = 4096 (`single_layer --handshake`, 15 workers;
-/// 4.1 µs with one): fifteen cores reading the same lines the device had just written.
-struct SharedActivation {
-    pieces: Vec<std::sync::OnceLock<ActivationBuf>>,
-    /// Elements per piece (a multiple of [`ActivationBuf::PIECE`]; the last may be shorter).
-    piece_len: usize,
-    next: AtomicUsize,
-    prepared: AtomicUsize,
-    failed: AtomicBool,
-    whole: std::sync::OnceLock<ActivationBuf>,
-}
-
-impl SharedActivation {
-    /// For an activation of `k` elements shared by `workers`.
-    fn new(k: usize, workers: usize) -> SharedActivation {
-        let units = k.div_ceil(ActivationBuf::PIECE).max(1);
-        let n = units.min(workers.max(1));
-        let piece_len = units.div_ceil(n) * ActivationBuf::PIECE;
-        let n = k.div_ceil(piece_len).max(1);
-        SharedActivation {
-            pieces: (0..n).map(|_| std::sync::OnceLock::new()).collect(),
-            piece_len,
-            next: AtomicUsize::new(0),
-            prepared: AtomicUsize::new(0),
-            failed: AtomicBool::new(false),
-            whole: std::sync::OnceLock::new(),
-        }
-    }
 }
 
 impl FlagsJob {
-    /// Claim and prepare pieces of `x` until none is left, then wait for the whole activation
-    /// (joined by whoever prepared the last piece).
-    fn shared_activation(&self, x: &[f32]) -> Result<&ActivationBuf, ExecError> {
-        let sa = &self.act;
-        let fail = |e: ExecError| {
-            sa.failed.store(true, Ordering::Release);
-            e
-        };
-        loop {
-            let i = sa.next.fetch_add(1, Ordering::AcqRel);
-            let Some(slot) = sa.pieces.get(i) else { break };
-            let lo = i * sa.piece_len;
-            let piece =
-                ActivationBuf::prepare(self.format, &x[lo..(lo + sa.piece_len).min(x.len())])
-                    .map_err(|e| fail(e.into()))?;
-            let _ = slot.set(piece);
-            if sa.prepared.fetch_add(1, Ordering::AcqRel) + 1 == sa.pieces.len() {
-                let refs: Vec<&ActivationBuf> = sa.pieces.iter().filter_map(|p| p.get()).collect();
-                let whole = ActivationBuf::concat(&refs).map_err(|e| fail(e.into()))?;
-                let _ = sa.whole.set(whole);
-            }
-        }
-        let t0 = Instant::now();
-        loop {
-            for _ in 0..WAIT_POLLS_PER_CHECK {
-                if let Some(a) = sa.whole.get() {
-                    return Ok(a);
-                }
-                std::hint::spin_loop();
-            }
-            if sa.failed.load(Ordering::Acquire) {
-                return Err(ExecError::Invalid {
-                    what: "flags activation",
-                    value: format!("step {}", self.step),
-                    rule: "another worker could not prepare its piece",
-                });
-            }
-            if t0.elapsed() >= self.timeout {
-                return Err(ExecError::Timeout {
-                    what: "flags activation",
-                    after: self.timeout,
-                });
-            }
-        }
-    }
-
     fn rows(&self, rows: Range<usize>) -> Result<(), ExecError> {
         let mb = &self.mailbox;
         let waited = wait_word(
@@ -503,7 +423,7 @@ impl FlagsJob {
         let x = unsafe {
             std::slice::from_raw_parts(mb.mem.base().add(X_OFFSET) as *const f32, self.k)
         };
-        let act = self.shared_activation(x)?;
+        let act = ActivationBuf::prepare(self.format, x)?;
         self.prepare_ns
             .fetch_max(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         // SAFETY: `rows` is this worker's disjoint part of [0, rows_n) (partition; rows_n is at
@@ -523,7 +443,7 @@ impl FlagsJob {
                 let (r0, r1) = (part.g + lo - base, part.g + hi - base);
                 let w = &part.weight.bytes()[r0 * self.row_bytes..r1 * self.row_bytes];
                 let out = &mut y[lo - rows.start..hi - rows.start];
-                gemv_rows(self.format, w, self.k, act, out, false)?;
+                gemv_rows(self.format, w, self.k, &act, out, false)?;
             }
             base += part.rows;
         }
@@ -661,7 +581,6 @@ impl CpuPool {
             first_seen: AtomicU64::new(u64::MAX),
             last_seen: AtomicU64::new(0),
             done_at: AtomicU64::new(0),
-            act: SharedActivation::new(arm.k, self.threads()),
         })
     }
 }
@@ -901,80 +820,6 @@ mod tests {
             got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
             want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
         );
-    }
-
-    /// The workers prepare x together (pieces of whole 256-element units, the last ragged):
-    /// the rows are still bit-identical to the pool's, which prepares x once.
-    #[test]
-    fn shared_preparation_matches_the_pool() {
-        for (fmt, k, m, workers) in [
-            (Format::Q4K, 14336usize, 64usize, 5usize),
-            (Format::Q4_0, 4096 + 96, 48, 4),
-            (Format::Q8_0, 2048, 40, 15),
-        ] {
-            let (w, x) = setup(fmt, k, m, k as u64);
-            let pool = CpuPool::new(workers).expect("pool");
-            let mb = host_mailbox(k, m);
-            let ticket = pool
-                .submit_flags(FlagsArm {
-                    format: fmt,
-                    k,
-                    parts: vec![ArmRows {
-                        weight: w.clone(),
-                        g: 0,
-                        rows: m,
-                    }],
-                    mailbox: mb.clone(),
-                    step: 3,
-                    timeout: DEFAULT_FLAGS_TIMEOUT,
-                })
-                .expect("submit");
-            mb.device_publish(&x, 3).expect("publish");
-            let got = mb.device_wait_done(3, DEFAULT_FLAGS_TIMEOUT).expect("done");
-            ticket.wait().expect("arm");
-            let mut want = vec![f32::NAN; m];
-            pool.gemv(fmt, &w, k, &x, &mut want, false).expect("pool");
-            assert_eq!(
-                got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                "{fmt} k={k} workers={workers}"
-            );
-        }
-    }
-
-    /// A non-finite x fails the piece that holds it; the other workers stop waiting for the
-    /// whole activation, done is still published and the error word marks the step.
-    #[test]
-    fn a_bad_piece_fails_the_step_without_hanging() {
-        let (fmt, k, m) = (Format::Q8_0, 2048usize, 40usize);
-        let (w, mut x) = setup(fmt, k, m, 8);
-        x[1000] = f32::NAN;
-        let pool = CpuPool::new(4).expect("pool");
-        let mb = host_mailbox(k, m);
-        let ticket = pool
-            .submit_flags(FlagsArm {
-                format: fmt,
-                k,
-                parts: vec![ArmRows {
-                    weight: w,
-                    g: 0,
-                    rows: m,
-                }],
-                mailbox: mb.clone(),
-                step: 4,
-                timeout: Duration::from_secs(30),
-            })
-            .expect("submit");
-        let t = Instant::now();
-        mb.device_publish(&x, 4).expect("publish");
-        let err = ticket.wait().expect_err("NaN in x");
-        assert!(t.elapsed() < Duration::from_secs(5), "workers hung");
-        assert!(
-            matches!(err, ExecError::Quant(_) | ExecError::Invalid { .. }),
-            "{err}"
-        );
-        assert_eq!(mb.done().load(Ordering::Acquire), 4);
-        assert_eq!(mb.error().load(Ordering::Acquire), 4);
     }
 
     #[test]

@@ -36,7 +36,7 @@ pub(crate) const Q4K_ACT_ORDER: [usize; 8] = [0, 2, 1, 3, 4, 6, 5, 7];
 /// The activation of one GEMV, prepared once and read by every worker (it is `Send + Sync`).
 ///
 /// Build it with [`ActivationBuf::prepare`] for the weight format it will be multiplied with.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct ActivationBuf {
     /// Format the data was laid out for; `gemv_rows` refuses other formats.
     format: Format,
@@ -47,7 +47,7 @@ pub struct ActivationBuf {
 }
 
 /// The three activation shapes.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub(crate) enum ActKind {
     /// Float formats: x itself.
     F32(Vec<f32>),
@@ -58,7 +58,7 @@ pub(crate) enum ActKind {
 }
 
 /// `x` quantised per 32 elements (ggml's q8_0 / q8_1 plus SIMD-friendly extras).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub(crate) struct Q8x32 {
     /// Quants, in the format's element order (permuted for HFQ4G256).
     pub qs: Vec<i8>,
@@ -79,7 +79,7 @@ pub(crate) struct Q8x32 {
 }
 
 /// `x` quantised per 256 elements (ggml's q8_K).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub(crate) struct Q8K {
     /// Quants; Q4_K's are in [`Q4K_ACT_ORDER`] sub-block order.
     pub qs: Vec<i8>,
@@ -215,15 +215,6 @@ mod simd {
 }
 
 /// Exact-ish sum: f64 accumulation, one rounding.
-/// One field of several parts, concatenated in order.
-fn cat<A, T: Copy>(parts: &[&A], field: impl Fn(&A) -> &Vec<T>) -> Vec<T> {
-    let mut out = Vec::with_capacity(parts.iter().map(|a| field(a).len()).sum());
-    for a in parts {
-        out.extend_from_slice(field(a));
-    }
-    out
-}
-
 /// Σ of 16 quants (|Σ| ≤ 16·127), in a form LLVM vectorises.
 #[inline(always)]
 fn sum16(g: &[i8]) -> i16 {
@@ -422,91 +413,6 @@ impl ActivationBuf {
         a
     }
 
-    /// Elements per piece of [`ActivationBuf::concat`]: every format's activation layout repeats
-    /// per 256 elements (Q4_K/Q6_K super-blocks, HFQ4G256 groups, four Q4_0 groups of 32
-    /// twice), so pieces cut at multiples of it prepare independently.
-    pub const PIECE: usize = QK_K;
-
-    /// The activation of the concatenated `x` of `pieces`, each prepared by [`prepare`] from
-    /// consecutive parts of `x` that all but the last cut at a multiple of
-    /// [`ActivationBuf::PIECE`]: equal, field for field, to preparing the whole `x` (so several
-    /// threads can each prepare a part). Errors on an empty list, mixed formats, or a piece
-    /// other than the last whose length is not a multiple of `PIECE`.
-    ///
-    /// [`prepare`]: ActivationBuf::prepare
-    pub fn concat(pieces: &[&ActivationBuf]) -> Result<ActivationBuf, QuantError> {
-        let first = pieces.first().ok_or(QuantError::KNotBlockMultiple {
-            format: Format::F32,
-            k: 0,
-            block: Self::PIECE,
-        })?;
-        let format = first.format;
-        for (i, p) in pieces.iter().enumerate() {
-            if p.format != format {
-                return Err(QuantError::ActivationMismatch {
-                    format,
-                    k: first.k,
-                    act_format: p.format,
-                    act_k: p.k,
-                });
-            }
-            if i + 1 < pieces.len() && !p.k.is_multiple_of(Self::PIECE) {
-                return Err(QuantError::KNotBlockMultiple {
-                    format,
-                    k: p.k,
-                    block: Self::PIECE,
-                });
-            }
-        }
-        let k = pieces.iter().map(|p| p.k).sum();
-        let kind = match &first.kind {
-            ActKind::F32(_) => {
-                let parts: Vec<&Vec<f32>> = pieces
-                    .iter()
-                    .filter_map(|p| match &p.kind {
-                        ActKind::F32(v) => Some(v),
-                        _ => None,
-                    })
-                    .collect();
-                ActKind::F32(cat(&parts, |v| v))
-            }
-            ActKind::Q8x32(_) => {
-                let parts: Vec<&Q8x32> = pieces
-                    .iter()
-                    .filter_map(|p| match &p.kind {
-                        ActKind::Q8x32(a) => Some(a),
-                        _ => None,
-                    })
-                    .collect();
-                ActKind::Q8x32(Q8x32 {
-                    qs: cat(&parts, |a| &a.qs),
-                    d: cat(&parts, |a| &a.d),
-                    d8: cat(&parts, |a| &a.d8),
-                    corr: cat(&parts, |a| &a.corr),
-                    isum: cat(&parts, |a| &a.isum),
-                    s: cat(&parts, |a| &a.s),
-                    gsum: cat(&parts, |a| &a.gsum),
-                })
-            }
-            ActKind::Q8K(_) => {
-                let parts: Vec<&Q8K> = pieces
-                    .iter()
-                    .filter_map(|p| match &p.kind {
-                        ActKind::Q8K(a) => Some(a),
-                        _ => None,
-                    })
-                    .collect();
-                ActKind::Q8K(Q8K {
-                    qs: cat(&parts, |a| &a.qs),
-                    d: cat(&parts, |a| &a.d),
-                    bsums: cat(&parts, |a| &a.bsums),
-                    sums32: cat(&parts, |a| &a.sums32),
-                })
-            }
-        };
-        Ok(ActivationBuf { format, k, kind })
-    }
-
     /// The weight format this activation was prepared for.
     pub fn format(&self) -> Format {
         self.format
@@ -534,49 +440,6 @@ mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
-
-    /// Pieces cut at multiples of `PIECE` (the last one ragged where the format allows) prepare
-    /// to the same activation as the whole, for every format.
-    #[test]
-    fn concatenated_pieces_equal_the_whole() {
-        let mut rng = ChaCha8Rng::seed_from_u64(77);
-        for fmt in Format::ALL {
-            let block = fmt.block_elems();
-            // Five whole pieces plus, where the block allows, a ragged tail.
-            let k = 5 * ActivationBuf::PIECE
-                + if ActivationBuf::PIECE.is_multiple_of(block) && block < ActivationBuf::PIECE {
-                    3 * block
-                } else {
-                    0
-                };
-            let x: Vec<f32> = (0..k).map(|_| rng.random_range(-3.0f32..3.0)).collect();
-            let whole = ActivationBuf::prepare(fmt, &x).expect("whole");
-            for cuts in [
-                vec![ActivationBuf::PIECE],
-                vec![2 * ActivationBuf::PIECE, 3 * ActivationBuf::PIECE],
-                vec![],
-            ] {
-                let mut bounds = vec![0];
-                bounds.extend(cuts.iter().copied());
-                bounds.push(k);
-                let pieces: Vec<ActivationBuf> = bounds
-                    .windows(2)
-                    .map(|w| ActivationBuf::prepare(fmt, &x[w[0]..w[1]]).expect("piece"))
-                    .collect();
-                let refs: Vec<&ActivationBuf> = pieces.iter().collect();
-                let cat = ActivationBuf::concat(&refs).expect("concat");
-                assert!(cat == whole, "{fmt} k={k} cuts {cuts:?}");
-            }
-        }
-        // A piece that does not end on a multiple of PIECE can only be the last.
-        let x = vec![0.5f32; 2 * ActivationBuf::PIECE];
-        let short = ActivationBuf::prepare(Format::Q8_0, &x[..32]).expect("short");
-        let rest = ActivationBuf::prepare(Format::Q8_0, &x[32..]).expect("rest");
-        assert!(ActivationBuf::concat(&[&short, &rest]).is_err());
-        let other = ActivationBuf::prepare(Format::Q4K, &x).expect("q4k");
-        assert!(ActivationBuf::concat(&[&rest, &other]).is_err());
-        assert!(ActivationBuf::concat(&[]).is_err());
-    }
 
     #[test]
     fn permutations_are_bijections_within_their_span() {
