@@ -822,6 +822,77 @@ mod tests {
         );
     }
 
+    /// Long activations, ragged ones and many workers: the rows are bit-identical to the
+    /// pool's, which prepares x once for all workers.
+    #[test]
+    fn long_and_ragged_activations_match_the_pool() {
+        for (fmt, k, m, workers) in [
+            (Format::Q4K, 14336usize, 64usize, 5usize),
+            (Format::Q4_0, 4096 + 96, 48, 4),
+            (Format::Q8_0, 2048, 40, 15),
+        ] {
+            let (w, x) = setup(fmt, k, m, k as u64);
+            let pool = CpuPool::new(workers).expect("pool");
+            let mb = host_mailbox(k, m);
+            let ticket = pool
+                .submit_flags(FlagsArm {
+                    format: fmt,
+                    k,
+                    parts: vec![ArmRows {
+                        weight: w.clone(),
+                        g: 0,
+                        rows: m,
+                    }],
+                    mailbox: mb.clone(),
+                    step: 3,
+                    timeout: DEFAULT_FLAGS_TIMEOUT,
+                })
+                .expect("submit");
+            mb.device_publish(&x, 3).expect("publish");
+            let got = mb.device_wait_done(3, DEFAULT_FLAGS_TIMEOUT).expect("done");
+            ticket.wait().expect("arm");
+            let mut want = vec![f32::NAN; m];
+            pool.gemv(fmt, &w, k, &x, &mut want, false).expect("pool");
+            assert_eq!(
+                got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{fmt} k={k} workers={workers}"
+            );
+        }
+    }
+
+    /// A non-finite x fails every worker's preparation: nothing hangs, done is still
+    /// published and the error word marks the step.
+    #[test]
+    fn a_bad_piece_fails_the_step_without_hanging() {
+        let (fmt, k, m) = (Format::Q8_0, 2048usize, 40usize);
+        let (w, mut x) = setup(fmt, k, m, 8);
+        x[1000] = f32::NAN;
+        let pool = CpuPool::new(4).expect("pool");
+        let mb = host_mailbox(k, m);
+        let ticket = pool
+            .submit_flags(FlagsArm {
+                format: fmt,
+                k,
+                parts: vec![ArmRows {
+                    weight: w,
+                    g: 0,
+                    rows: m,
+                }],
+                mailbox: mb.clone(),
+                step: 4,
+                timeout: Duration::from_secs(30),
+            })
+            .expect("submit");
+        let t = Instant::now();
+        mb.device_publish(&x, 4).expect("publish");
+        let err = ticket.wait().expect_err("NaN in x");
+        assert!(t.elapsed() < Duration::from_secs(5), "workers hung");
+        assert!(matches!(err, ExecError::Quant(_)), "{err}");
+        assert_eq!(mb.done().load(Ordering::Acquire), 4);
+        assert_eq!(mb.error().load(Ordering::Acquire), 4);
+    }
+
     #[test]
     fn cancel_releases_waiting_workers() {
         let (fmt, k, m) = (Format::Q8_0, 64usize, 40usize);
