@@ -11,6 +11,11 @@ all wall time that is not the longer arm's multiply, as a fraction of the wall (
 may return before the GPU arm ends, so that overhead is a lower bound there; the `d2h` column is
 the D2H of x under ordering/two-stream and the workers' wait for the published x under flags.
 A weighted total over the shapes (by wall time) ends the table.
+
+Under `flags` (lines with join=flags) the host queues a step and returns, so the trace's wall is
+the host's queueing time, not the step's: those shapes are listed but left out of the total.
+Their figure comes from the executor's arm account instead (`examples/single_layer`'s `sync`
+column, with the flags breakdown under it).
 """
 import json
 import re
@@ -38,6 +43,7 @@ def parse(paths):
                         "multiply_us": float(kv["mean_multiply_us"]),
                         "join_us": float(kv["mean_join_us"]),
                         "gpu_arm_us": float(kv["mean_gpu_arm_us"]),
+                        "join": kv.get("join", ""),
                         "file": p,
                     }
                 except (KeyError, ValueError):
@@ -62,8 +68,9 @@ def main(argv):
     if not rows:
         print("no `split: step gemv` lines found", file=sys.stderr)
         return 1
-    wall = sum(r["wall_us"] * r["split_steps"] for r in rows)
-    total = sum(r["overhead_us"] * r["split_steps"] for r in rows) / wall if wall > 0 else float("nan")
+    counted = [r for r in rows if r["join"] != "flags"]
+    wall = sum(r["wall_us"] * r["split_steps"] for r in counted)
+    total = sum(r["overhead_us"] * r["split_steps"] for r in counted) / wall if wall > 0 else float("nan")
     if as_json:
         print(json.dumps({"shapes": rows, "weighted_overhead_frac": total}, indent=1))
         return 0
@@ -73,6 +80,8 @@ def main(argv):
         print(f"{r['format']:<8} {r['m']:>6} {r['k']:>6} {r['residual']:<5} {r['split_steps']:>6} "
               f"{r['share']:>6.3f} {r['wall_us']:>8.1f} {r['d2h_us']:>6.1f} {r['multiply_us']:>7.1f} "
               f"{r['gpu_arm_us']:>7.1f} {r['join_us']:>6.1f} {100 * r['overhead_frac']:>8.1f}%")
+    if len(counted) < len(rows):
+        print("join=flags shapes: the wall is the host's queueing time, not counted (use single_layer's sync column)")
     print(f"weighted by wall: {100 * total:.1f}% of split-step time is not the longer arm's multiply")
     return 0
 

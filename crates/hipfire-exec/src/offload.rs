@@ -1124,9 +1124,13 @@ impl OffloadExecutor {
             let bytes = step_bytes(format, m, k);
             let cpu_gbs =
                 bytes as f64 * (1.0 - if s.split > 0 { share } else { 0.0 }) / (s.cpu_ns / n);
+            let join = match &self.mode {
+                OffloadMode::Passback { strategy, .. } => strategy.name(),
+                m => m.name(),
+            };
             tracing::debug!(
                 target: TRACE_TARGET,
-                format = %format, m, k, residual, calls = s.calls, split_steps = s.split,
+                format = %format, m, k, residual, join, calls = s.calls, split_steps = s.split,
                 share, state = ?snap,
                 mean_d2h_us = s.d2h_ns / n / 1e3, mean_multiply_us = s.cpu_ns / n / 1e3,
                 mean_join_us = s.join_ns / n / 1e3,
