@@ -6,12 +6,13 @@
 //!
 //! ```text
 //! cargo run --release --example single_layer -- [--format q4_k|q8_0] [--reps N] [--threads N]
-//!     [--sweep] [--per-shape] [--json PATH] [--handshake STEPS]
+//!     [--sweep] [--per-shape] [--json PATH] [--handshake STEPS] [--timeline]
 //! ```
 //! `--sweep` times every pinned share from 0.10 to 0.50 for the whole layer; `--per-shape` does
 //! the same one projection at a time and reports `auto` against the best pinned share per shape.
 //! `--handshake N` instead times N back-to-back steps of a tiny matrix per join (each join's own
-//! per-step cost) and exits.
+//! per-step cost) and exits. `--timeline` makes the layer runs record the flags timeline too
+//! (publish, fold, fold wait, device gap: events and a count that cost each step a little).
 //!
 //! Needs a GPU; on a machine without one it says so and exits 1. The weights are random
 //! (64 distinct quantised rows per matrix, tiled), so the figures are bandwidth, not model quality.
@@ -296,6 +297,7 @@ fn handshake(
             m => m.name().to_string(),
         };
         let mut ex = OffloadExecutor::new(ctx, pool.clone(), mode, D, HANDSHAKE_M)?;
+        ex.set_timeline(true);
         let mut run = |n: usize, ex: &mut OffloadExecutor| -> Result<f64> {
             let t = Instant::now();
             for _ in 0..n {
@@ -358,6 +360,7 @@ fn main() -> Result<()> {
     let per_shape = args.iter().any(|a| a == "--per-shape");
     let json_path = get("--json");
     let handshake_steps: Option<usize> = get("--handshake").map(|s| s.parse()).transpose()?;
+    let timeline = args.iter().any(|a| a == "--timeline");
 
     let ctx = match Context::new(0) {
         Ok(c) => c,
@@ -525,6 +528,7 @@ fn main() -> Result<()> {
     let mut best: std::collections::HashMap<&str, f64> = Default::default();
     for (mode, st) in runs {
         let mut ex = OffloadExecutor::new(&ctx, pool.clone(), mode.clone(), FF, 2 * FF)?;
+        ex.set_timeline(timeline);
         // Warm the auto controller (probe + refinement) before timing.
         if matches!(
             mode,
@@ -586,7 +590,8 @@ fn main() -> Result<()> {
                 100.0 * acct.prepare_ns / wall_ns
             );
             let per_step = |ns: f64| ns / acct.steps.max(1) as f64 / 1e3;
-            println!(
+            if timeline {
+                println!(
                 "{:>48} device per step: publish {:.1} us, fold {:.1} us (waiting for the CPU {:.1}), gap {:.1} us",
                 "",
                 per_step(acct.publish_ns),
@@ -594,6 +599,7 @@ fn main() -> Result<()> {
                 per_step(acct.fold_wait_ns),
                 acct.device_gap_ns / acct.turnarounds.max(1) as f64 / 1e3
             );
+            }
         }
         rows.push(serde_json::json!({"mode":mode.name(),"strategy":st,"share":share,"us_per_layer":t,"gbs":gbs,"max_rel_diff":diff,"sync_overhead":sync,"worker_skew":skew,"turnaround":turnaround,"turnarounds":acct.turnarounds,"steps":acct.steps}));
     }

@@ -118,7 +118,7 @@ struct hf_fold_segs {
 
 extern "C" __global__ void __launch_bounds__(HF_FOLD_THREADS)
     flags_wait_fold(unsigned char* mb, hf_u32 done_off, hf_u32 err_off, hf_u32 fault_off,
-                    hf_u32 wait_off, hf_u32 y_off, hf_u32 step, struct hf_fold_segs segs, int nsegs, int residual,
+                    int count_wait, hf_u32 wait_off, hf_u32 y_off, hf_u32 step, struct hf_fold_segs segs, int nsegs, int residual,
                     hf_u64 timeout_ns) {
     __shared__ int ok;
     if (threadIdx.x == 0) {
@@ -140,9 +140,9 @@ extern "C" __global__ void __launch_bounds__(HF_FOLD_THREADS)
         // A failed CPU arm still publishes done (so this never hangs) but marks the error word.
         if (good && hf_load_acquire_sys((const hf_u32*)(mb + err_off)) == step) good = 0;
         if (!good) hf_store_release_sys((hf_u32*)(mb + fault_off), step);
-        // Diagnostic: block 0 adds how long it waited for the CPU (the host reads the total
-        // after the stream drains; the stream orders these plain read-modify-writes).
-        if (blockIdx.x == 0) *(volatile hf_u64*)(mb + wait_off) += hf_now_ns() - t0;
+        // Diagnostic, when asked: block 0 adds how long it waited for the CPU (the host reads
+        // the total after the stream drains; the stream orders these plain read-modify-writes).
+        if (count_wait && blockIdx.x == 0) *(volatile hf_u64*)(mb + wait_off) += hf_now_ns() - t0;
         ok = good;
     }
     __syncthreads();

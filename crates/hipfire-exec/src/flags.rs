@@ -16,7 +16,7 @@
 //! | [`DONE_OFFSET`] | `u32` step number, written by the CPU after every row (own cache line) |
 //! | [`ERROR_OFFSET`] | `u32` step number of the last step a worker failed (rows unspecified) |
 //! | [`FAULT_OFFSET`] | `u32` step number of the last step the device's wait timed out or saw the error word |
-//! | [`FOLD_WAIT_OFFSET`] | `u64` nanoseconds the device's folds have waited for done, summed (diagnostic) |
+//! | [`FOLD_WAIT_OFFSET`] | `u64` nanoseconds the device's folds have waited for done, summed (diagnostic, own line) |
 //! | [`X_OFFSET`] | `k` f32: the activation |
 //! | [`Mailbox::y_offset`] | `rows` f32: `W[g + i] · x` for the CPU rows, always plain |
 //!
@@ -41,10 +41,11 @@ pub const DONE_OFFSET: usize = 64;
 pub const ERROR_OFFSET: usize = 96;
 /// Offset of the device's fault word (in the device's line: only the device writes it).
 pub const FAULT_OFFSET: usize = 32;
-/// Offset of the device's running total of fold waits (in the device's line, 8-aligned).
-pub const FOLD_WAIT_OFFSET: usize = 40;
+/// Offset of the device's running total of fold waits: its own line, so that counting does not
+/// touch the line the workers spin on.
+pub const FOLD_WAIT_OFFSET: usize = 128;
 /// Offset of the activation.
-pub const X_OFFSET: usize = 128;
+pub const X_OFFSET: usize = 192;
 /// Alignment of the mailbox and of its areas (a cache line).
 pub const MAILBOX_ALIGN: usize = 64;
 
@@ -227,7 +228,7 @@ impl Mailbox {
             done: DONE_OFFSET,
             error: ERROR_OFFSET,
             fault: FAULT_OFFSET,
-            fold_wait: FOLD_WAIT_OFFSET,
+            fold_wait: Some(FOLD_WAIT_OFFSET),
             x: X_OFFSET,
             y: self.y_offset(),
         }

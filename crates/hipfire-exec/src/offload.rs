@@ -224,6 +224,8 @@ struct PendingGpuArm {
     gpu_bytes: u64,
     cpu: ArmSample,
     cpu_ticket: Option<FlagsTicket>,
+    /// Whether the step recorded its timeline events ([`OffloadExecutor::set_timeline`]).
+    timeline: bool,
 }
 
 /// Runs spilled steps in one mode; owns the pinned staging buffers and the share state.
@@ -242,6 +244,11 @@ pub struct OffloadExecutor {
     step_events: Vec<(Event, Event)>,
     /// The previous flags step's after-fold event slot, while its successor is unresolved.
     last_fold_slot: Option<usize>,
+    /// Record the flags timeline (events around each step, the device's fold-wait count):
+    /// off by default, since it costs each step a little (8B decode on the H200, 16 layers
+    /// spilled, three alternating runs: 42.1-42.2 tok/s at the commit before it, 39.2-42.8
+    /// with it always on).
+    timeline: bool,
     next_slot: usize,
     probe_start: Event,
     probe_end: Event,
@@ -391,6 +398,7 @@ impl OffloadExecutor {
             arm_events,
             step_events,
             last_fold_slot: None,
+            timeline: false,
             next_slot: 0,
             probe_start: ctx.new_event().map_err(gpu_err)?,
             probe_end: ctx.new_event().map_err(gpu_err)?,
@@ -427,6 +435,13 @@ impl OffloadExecutor {
             OffloadMode::Cpu => format!("cpu, {} cpu workers", self.pool.threads()),
             OffloadMode::Pcie => "pcie".into(),
         }
+    }
+
+    /// Record where a flags step's time goes (the account's publish, fold, fold-wait and gap
+    /// fields; they stay zero otherwise). For benchmarks: it adds two events per step and a
+    /// PCIe read-modify-write to each fold.
+    pub fn set_timeline(&mut self, on: bool) {
+        self.timeline = on;
     }
 
     /// The controller (GPU share per shape) for reports.
@@ -659,7 +674,7 @@ impl OffloadExecutor {
             end.synchronize().map_err(gpu_err)?;
         } else if !end.query().map_err(gpu_err)?
             || p.cpu_ticket.as_ref().is_some_and(|t| !t.is_finished())
-            || match self.step_events.get(p.slot) {
+            || match self.step_events.get(p.slot).filter(|_| p.timeline) {
                 Some((_, post)) => !post.query().map_err(gpu_err)?,
                 None => false,
             }
@@ -683,7 +698,7 @@ impl OffloadExecutor {
                 }
                 self.last_flags_done = Some(rep.done_ns);
             }
-            if let Some((pre, post)) = self.step_events.get(p.slot) {
+            if let Some((pre, post)) = self.step_events.get(p.slot).filter(|_| p.timeline) {
                 post.synchronize().map_err(gpu_err)?;
                 let ms = |a: &Event, b: &Event| a.elapsed_ms(b).map(|v| f64::from(v) * 1e6);
                 let (gpu_start, gpu_end) = &self.arm_events[p.slot];
@@ -861,6 +876,7 @@ impl OffloadExecutor {
                 time: ArmTime::Exact { ns: cpu },
             },
             cpu_ticket: None,
+            timeline: false,
         });
         if strategy == JoinStrategy::Ordering {
             self.resolve_pending(true)?;
@@ -907,7 +923,10 @@ impl OffloadExecutor {
         }
         fl.step = fl.step.wrapping_add(1).max(1);
         let seq = fl.step;
-        let offsets = fl.mailbox.offsets();
+        let mut offsets = fl.mailbox.offsets();
+        if !self.timeline {
+            offsets.fold_wait = None;
+        }
         let parts = steps
             .iter()
             .zip(&split.cuts)
@@ -929,9 +948,11 @@ impl OffloadExecutor {
         let (gpu_start, gpu_end) = &self.arm_events[slot];
         let ctx = &self.ctx;
         let x = steps[0].x;
-        let (pre_publish, post_fold) = &self.step_events[slot];
+        let timeline = self.step_events.get(slot).filter(|_| self.timeline);
         let queued = (|| -> Result<(), GpuError> {
-            pre_publish.record(stream)?;
+            if let Some((pre_publish, _)) = timeline {
+                pre_publish.record(stream)?;
+            }
             flags_kernels.publish(stream, x, k, mem, &offsets, seq)?;
             gpu_start.record(stream)?;
             for (st, &(g, _)) in steps.iter_mut().zip(&split.cuts) {
@@ -955,7 +976,10 @@ impl OffloadExecutor {
                 steps[0].form,
                 FLAGS_DEVICE_TIMEOUT,
             )?;
-            post_fold.record(stream)
+            if let Some((_, post_fold)) = timeline {
+                post_fold.record(stream)?;
+            }
+            Ok(())
         })();
         if let Err(e) = queued {
             // Workers waiting for a publish that may never come stop now.
@@ -979,6 +1003,7 @@ impl OffloadExecutor {
                 time: ArmTime::Exact { ns: 0.0 },
             },
             cpu_ticket: Some(ticket),
+            timeline: self.timeline,
         });
         self.window_split_steps += 1;
         let queue = t0.elapsed().as_nanos() as f64;

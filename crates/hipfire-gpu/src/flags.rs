@@ -31,8 +31,9 @@ pub struct MailboxOffsets {
     pub error: usize,
     /// The device's fault word (written when the wait timed out or the CPU arm failed).
     pub fault: usize,
-    /// The device's `u64` total of nanoseconds its folds waited for done (8-aligned).
-    pub fold_wait: usize,
+    /// The device's `u64` total of nanoseconds its folds waited for done (8-aligned); `None`:
+    /// the folds do not count (the count is a PCIe read and write on the fold's path).
+    pub fold_wait: Option<usize>,
     /// The activation (`k` f32).
     pub x: usize,
     /// The CPU rows (f32).
@@ -108,13 +109,15 @@ impl FlagsKernels {
             }
             check_fits(what, off + 4, mb.byte_len())?;
         }
-        if at.fold_wait % 8 != 0 {
-            return Err(GpuError::Misaligned {
-                what: "mailbox fold-wait total",
-                align: 8,
-            });
+        if let Some(off) = at.fold_wait {
+            if off % 8 != 0 {
+                return Err(GpuError::Misaligned {
+                    what: "mailbox fold-wait total",
+                    align: 8,
+                });
+            }
+            check_fits("mailbox fold-wait total", off + 8, mb.byte_len())?;
         }
-        check_fits("mailbox fold-wait total", at.fold_wait + 8, mb.byte_len())?;
         for (what, off) in [("mailbox x", at.x), ("mailbox y", at.y)] {
             if off % 16 != 0 {
                 return Err(GpuError::Misaligned { what, align: 16 });
@@ -241,16 +244,18 @@ impl FlagsKernels {
         let mut done = offset_u32("mailbox done offset", at.done)?;
         let mut err = offset_u32("mailbox error offset", at.error)?;
         let mut fault = offset_u32("mailbox fault offset", at.fault)?;
-        let mut wait_total = offset_u32("mailbox fold-wait offset", at.fold_wait)?;
+        let mut count_wait = i32::from(at.fold_wait.is_some());
+        let mut wait_total = offset_u32("mailbox fold-wait offset", at.fold_wait.unwrap_or(0))?;
         let mut yo = offset_u32("mailbox y offset", at.y)?;
         let mut st = step;
         let mut residual = i32::from(matches!(form, GemvForm::Residual));
         let mut tmo = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
-        let mut params: [*mut c_void; 11] = [
+        let mut params: [*mut c_void; 12] = [
             (&mut pmb as *mut u64).cast(),
             (&mut done as *mut u32).cast(),
             (&mut err as *mut u32).cast(),
             (&mut fault as *mut u32).cast(),
+            (&mut count_wait as *mut i32).cast(),
             (&mut wait_total as *mut u32).cast(),
             (&mut yo as *mut u32).cast(),
             (&mut st as *mut u32).cast(),
@@ -268,10 +273,10 @@ impl FlagsKernels {
             shared_bytes: 0,
         };
         // SAFETY: kernel `flags_wait_fold(u8* mb, u32 done_off, u32 err_off, u32 fault_off,
-        // u32 wait_off, u32 y_off, u32 step, hf_fold_segs segs, int nsegs, int residual,
-        // u64 timeout_ns)`: eleven parameters of these types (`FoldSegments` is `hf_fold_segs`'s layout). It reads
+        // int count_wait, u32 wait_off, u32 y_off, u32 step, hf_fold_segs segs, int nsegs,
+        // int residual, u64 timeout_ns)`: twelve parameters of these types (`FoldSegments` is `hf_fold_segs`'s layout). It reads
         // the done/error words and mb[y_off..y_off + 4*total] (in bounds, checked above), writes
-        // the fault word, the fold-wait total and, per target, `rows` floats from its `y` (each built by
+        // the fault word, the fold-wait total (only when counted: in bounds, checked) and, per target, `rows` floats from its `y` (each built by
         // `FoldTarget::new`, whose contract gives the bounds and lifetime). The spin ends by
         // itself after `timeout`.
         unsafe {
