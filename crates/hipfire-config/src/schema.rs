@@ -177,9 +177,10 @@ pub static KEYS: &[KeySpec] = &[
         doc: "How a split step's two arms are joined. `ordering`: the CPU rows are copied up on the \
               compute stream, so stream order is the join (the reference system's method). \
               `two-stream`: the rows go up on a copy stream and the compute stream waits on its \
-              event; the host never waits for the GPU arm. `flags` (default): no host \
-              synchronisation inside the step; x and the CPU rows pass through a host-mapped \
-              mailbox guarded by sequence words the GPU writes and polls (kernels/flags.cu). On the \
+              event; the host never waits for the GPU arm. `flags` (default): the host queues the \
+              step and never waits for it; x and the CPU rows pass through a host-mapped \
+              mailbox guarded by sequence words the GPU writes and polls (kernels/flags.cu), and \
+              the projections that read one activation (q/k/v, gate/up) run as one split step. On the \
               H200 box, synthetic Llama-3-8B Q4_K decode with 8 and 16 of 32 layers spilled ran at \
               60.6 and 40.2 tok/s under flags, 52.6 and 29.3 under ordering, and (16 spilled) 37.9 \
               under two-stream (docs/perf-checkpoints/2026-11-29-session2-h200).",
