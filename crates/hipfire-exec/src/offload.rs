@@ -947,7 +947,7 @@ impl OffloadExecutor {
         let (flags_kernels, mem) = (&fl.kernels, &fl.mem);
         let (gpu_start, gpu_end) = &self.arm_events[slot];
         let ctx = &self.ctx;
-        let x = steps[0].x;
+        let (x, form) = (steps[0].x, steps[0].form);
         let timeline = self.step_events.get(slot).filter(|_| self.timeline);
         let queued = (|| -> Result<(), GpuError> {
             if let Some((pre_publish, _)) = timeline {
@@ -973,7 +973,7 @@ impl OffloadExecutor {
                 &offsets,
                 seq,
                 &targets,
-                steps[0].form,
+                form,
                 FLAGS_DEVICE_TIMEOUT,
             )?;
             if let Some((_, post_fold)) = timeline {

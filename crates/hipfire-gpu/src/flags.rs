@@ -196,8 +196,7 @@ impl FlagsKernels {
 
     /// [`FlagsKernels::wait_fold`] for several outputs whose CPU rows follow one another in the
     /// mailbox (one step's q/k/v or gate/up): one wait, one launch. At most
-    /// [`FOLD_MAX_TARGETS`] outputs; every target must come from [`FoldTarget::new`] over memory
-    /// of this context that stays alive until the launch completes.
+    /// [`FOLD_MAX_TARGETS`] outputs, each borrowed from its buffer ([`FoldTarget::new`]).
     #[allow(clippy::too_many_arguments)] // one launch's operands
     pub fn wait_fold_targets(
         &self,
@@ -205,7 +204,7 @@ impl FlagsKernels {
         mailbox: &HostMappedBuffer,
         at: &MailboxOffsets,
         step: u32,
-        targets: &[FoldTarget],
+        targets: &[FoldTarget<'_>],
         form: GemvForm,
         timeout: Duration,
     ) -> Result<(), GpuError> {
@@ -274,11 +273,12 @@ impl FlagsKernels {
         };
         // SAFETY: kernel `flags_wait_fold(u8* mb, u32 done_off, u32 err_off, u32 fault_off,
         // int count_wait, u32 wait_off, u32 y_off, u32 step, hf_fold_segs segs, int nsegs,
-        // int residual, u64 timeout_ns)`: twelve parameters of these types (`FoldSegments` is `hf_fold_segs`'s layout). It reads
-        // the done/error words and mb[y_off..y_off + 4*total] (in bounds, checked above), writes
-        // the fault word, the fold-wait total (only when counted: in bounds, checked) and, per target, `rows` floats from its `y` (each built by
-        // `FoldTarget::new`, whose contract gives the bounds and lifetime). The spin ends by
-        // itself after `timeout`.
+        // int residual, u64 timeout_ns)`: twelve parameters of these types (`FoldSegments` is
+        // `hf_fold_segs`'s layout). It reads the done/error words and mb[y_off..y_off + 4*total]
+        // (in bounds, checked above), writes the fault word, the fold-wait total (only when
+        // counted; in bounds, checked) and, per target, `rows` floats from its `y` (bounds
+        // checked by `FoldTarget::new`; the buffer is borrowed by the target for this call and
+        // its Drop frees synchronously). The spin ends by itself after `timeout`.
         unsafe {
             self.ctx
                 .backend()
@@ -306,27 +306,29 @@ struct FoldSegments {
     rows: [i32; FOLD_MAX_TARGETS],
 }
 
-/// One output of a fold: `rows` floats at device address `y`.
-#[derive(Debug, Clone, Copy)]
-pub struct FoldTarget {
+/// One output of a fold: `rows` floats at device address `y`, borrowed from its buffer for `'a`
+/// (device memory frees synchronously on drop, so a buffer that outlives the queueing call
+/// outlives the launch).
+#[derive(Debug)]
+pub struct FoldTarget<'a> {
     y: u64,
     rows: usize,
+    _y: std::marker::PhantomData<&'a mut ()>,
 }
 
-impl FoldTarget {
-    /// Rows `rows` of `y` (bounds and context checked). The target holds `y`'s address, not a
-    /// borrow: `y` must outlive the fold launch it is passed to (device memory frees
-    /// synchronously on drop, so keeping `y` alive until the launch is queued suffices).
+impl<'a> FoldTarget<'a> {
+    /// Rows `rows` of `y` (bounds and context checked).
     pub fn new<Y: DeviceMemory + ?Sized>(
         ctx: &Arc<Context>,
-        y: &mut Y,
+        y: &'a mut Y,
         rows: RowRange,
-    ) -> Result<FoldTarget, GpuError> {
+    ) -> Result<FoldTarget<'a>, GpuError> {
         ctx.check_same(y.context(), "y")?;
         check_fits("y", rows.end * 4, y.byte_len())?;
         Ok(FoldTarget {
             y: y.device_ptr() + (rows.start * 4) as u64,
             rows: rows.len(),
+            _y: std::marker::PhantomData,
         })
     }
 }
