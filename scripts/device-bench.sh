@@ -9,6 +9,8 @@
 #   scripts/device-bench.sh verify            # bench orchestration, auto budget, ram margin on the 8B synth
 #   scripts/device-bench.sh full              # GPU tier, 8B synth, single layer, offload-bench, decode
 #   scripts/device-bench.sh per-shape         # single_layer --per-shape: auto vs pinned shares per shape
+#   scripts/device-bench.sh handshake         # each join's per-step cost (single_layer --handshake),
+#                                             # then one layer with the flags timeline on
 #   scripts/device-bench.sh llama-build       # llama.cpp CUDA llama-bench (~4 min), or unpack a carried one
 #   scripts/device-bench.sh llama-round N     # one round: hipfire and llama-bench on the same 8B synth
 #                                             # (JOIN=two-stream|flags picks hipfire's join strategy)
@@ -106,6 +108,13 @@ per-shape)
     # Each shape's step is 50-300 us: enough reps that one point is tens of milliseconds.
     "$B/bin/single_layer" --reps "${REPS:-200}" --per-shape --json "$OUT/per_shape.json" 2>&1 | tee "$OUT/per-shape.log"
     ;;
+handshake)
+    for t in ${THREADS:-0}; do
+        "$B/bin/single_layer" --handshake "${STEPS:-2000}" --threads "$t" 2>&1 | tee -a "$OUT/handshake.log"
+    done
+    "$B/bin/single_layer" --reps "${REPS:-200}" --timeline --json "$OUT/single_layer_timeline.json" 2>&1 |
+        tee "$OUT/single_layer_timeline.log" | tail -12
+    ;;
 strategies)
     ( [[ -f "$L8B" ]] || "$B/bin/hipfire" synth --arch llama3-8b --format q4_k --out "$L8B" >>"$OUT/strategies.log" 2>&1 )
     for budget in 24 16; do
@@ -184,7 +193,7 @@ llama-round)
     tar czf "$OUT/llama-run.tar.gz" -C /root llama-run
     ;;
 *)
-    sed -n 2,18p "$0"
+    sed -n 2,20p "$0"
     exit 2
     ;;
 esac
