@@ -33,10 +33,10 @@ __device__ __forceinline__ hf_u32 hf_load_acquire_sys(const hf_u32* p) {
 #endif
 }
 
-// A poll of a word the host writes: a plain system-scope load, no ordering. An acquire load per
-// poll (what the loop used before) orders every poll against all later accesses; the H200 box
-// then took ~33 us per step between the CPU's done and the next x reaching the CPU, against
-// the 3.5-4.4 us handshake of a volatile poll. The loop ends with one hf_fence_acquire_sys.
+// A poll of a word the host writes: a plain system-scope load, no ordering; the loop ends with one
+// hf_fence_acquire_sys. An acquire load per poll (the earlier form) orders every poll against all
+// later accesses, which is more than the loop needs. On the H200 box the two forms measured the
+// same (docs/perf-checkpoints/2026-11-29-session3-h200, record 09).
 __device__ __forceinline__ hf_u32 hf_load_relaxed_sys(const hf_u32* p) {
 #ifdef HF_CUDA
     hf_u32 v;
@@ -112,14 +112,16 @@ struct hf_fold_segs {
 };
 
 // Threads per fold block; the launcher sizes the grid for about two rows per thread, because each
-// row is one load over PCIe (~1-2 us): one 1024-thread block left 10 dependent loads per thread
-// for a 10k-row fold, tens of microseconds per step.
+// row is a load over PCIe: one 1024-thread block (the earlier form) left ~10 such loads per thread
+// in turn for a 10k-row fold. The fold's own work measured ~12 us per step on the H200 box with
+// this grid (session-3 checkpoint, records 06 and 10: fold minus its wait); the old block was
+// not timed.
 #define HF_FOLD_THREADS 256
 
 extern "C" __global__ void __launch_bounds__(HF_FOLD_THREADS)
     flags_wait_fold(unsigned char* mb, hf_u32 done_off, hf_u32 err_off, hf_u32 fault_off,
-                    int count_wait, hf_u32 wait_off, hf_u32 y_off, hf_u32 step, struct hf_fold_segs segs, int nsegs, int residual,
-                    hf_u64 timeout_ns) {
+                    int count_wait, hf_u32 wait_off, hf_u32 y_off, hf_u32 step,
+                    struct hf_fold_segs segs, int nsegs, int residual, hf_u64 timeout_ns) {
     __shared__ int ok;
     if (threadIdx.x == 0) {
         const hf_u32* done = (const hf_u32*)(mb + done_off);

@@ -54,8 +54,9 @@ pub const MAILBOX_ALIGN: usize = 64;
 /// largest spilled layer; one second is far outside normal operation.
 pub const DEFAULT_FLAGS_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Polls of a word between reads of the clock and of the cancel flag (a poll of a line the
-/// device writes over PCIe is ~0.1–1 µs; a clock read ~20 ns).
+/// Polls of a word between reads of the clock and of the cancel flag: enough that the clock
+/// (a vDSO call) is a small part of the loop, few enough that cancellation and the timeout are
+/// seen within microseconds. Chosen, not tuned.
 const WAIT_POLLS_PER_CHECK: usize = 32;
 
 /// How long a waiting worker spins before it yields its core between checks: past the

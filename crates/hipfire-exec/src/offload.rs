@@ -217,7 +217,7 @@ pub struct ArmAccount {
 
 /// A split step whose arm timings are read once it has completed: the GPU arm's event pair
 /// (ring slot `slot`) and, under `flags`, the CPU arm's ticket (its time is known only then).
-struct PendingGpuArm {
+struct PendingSplit {
     slot: usize,
     key: ShapeKey,
     stat_key: (Format, usize, usize, bool),
@@ -253,7 +253,7 @@ pub struct OffloadExecutor {
     probe_start: Event,
     probe_end: Event,
     copy_done: Event,
-    pending: std::collections::VecDeque<PendingGpuArm>,
+    pending: std::collections::VecDeque<PendingSplit>,
     flags: Option<FlagsState>,
     arm_account: ArmAccount,
     /// When the last resolved flags step's CPU arm finished ([`crate::flags::flags_clock_ns`]).
@@ -865,7 +865,7 @@ impl OffloadExecutor {
             }
         }
         let join = t.elapsed().as_nanos() as f64;
-        self.pending.push_back(PendingGpuArm {
+        self.pending.push_back(PendingSplit {
             slot,
             key,
             stat_key,
@@ -991,7 +991,7 @@ impl OffloadExecutor {
             gpu_bytes += (g * rb) as u64;
             cpu_bytes += ((st.weight.m() - g) * rb) as u64;
         }
-        self.pending.push_back(PendingGpuArm {
+        self.pending.push_back(PendingSplit {
             slot,
             key: split.key,
             stat_key: split.stat_key,
