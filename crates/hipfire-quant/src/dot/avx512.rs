@@ -323,43 +323,11 @@ macro_rules! int_kernels {
         pub(crate) mod $m {
             use super::*;
 
-            /// Q8_0 row · q8 activation: four blocks per step, two per vector.
+            /// Q8_0 row · q8 activation: four blocks per step, two per vector
+            /// ([`dot_q8_0_multi`] of one activation).
             #[target_feature(enable = $feat)]
             pub(crate) unsafe fn dot_q8_0_q8_0_avx512(row: &[u8], a: &Q8x32) -> f32 {
-                const STEP: usize = 4;
-                let nb = row.len() / Q8_0_BYTES;
-                let (p, xq, corr) = (row.as_ptr(), a.qs.as_ptr(), a.corr.as_ptr());
-                let (i01, i23) = (ld_idx(&IDX_2BLK), ld_idx(&IDX_2BLK_HI));
-                let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-                let mut b = 0;
-                while b + STEP <= nb {
-                    let g = p.add(Q8_0_BYTES * b);
-                    prefetch_ahead::<{ STEP * Q8_0_BYTES }>(g);
-                    let ld =
-                        |o: usize| _mm256_loadu_si256(g.add(Q8_0_BYTES * o + 2) as *const __m256i);
-                    let (w01, w23) = (join(ld(0), ld(1)), join(ld(2), ld(3)));
-                    let x01 = _mm512_loadu_si512(xq.add(QK * b) as *const _);
-                    let x23 = _mm512_loadu_si512(xq.add(QK * (b + 2)) as *const _);
-                    let c01 = _mm512_loadu_si512(corr.add(8 * b) as *const _);
-                    let c23 = _mm512_loadu_si512(corr.add(8 * (b + 2)) as *const _);
-                    let p01 = $dpi8(c01, w01, x01);
-                    let p23 = $dpi8(c23, w23, x23);
-                    let s4 = _mm_mul_ps(h2f_x4(g, Q8_0_BYTES), _mm_loadu_ps(a.d.as_ptr().add(b)));
-                    let s4 = _mm512_castps128_ps512(s4);
-                    let s01 = _mm512_permutexvar_ps(i01, s4);
-                    let s23 = _mm512_permutexvar_ps(i23, s4);
-                    acc0 = _mm512_fmadd_ps(s01, _mm512_cvtepi32_ps(p01), acc0);
-                    acc1 = _mm512_fmadd_ps(s23, _mm512_cvtepi32_ps(p23), acc1);
-                    b += STEP;
-                }
-                let mut tail = _mm256_setzero_ps();
-                while b < nb {
-                    let b0 = p.add(Q8_0_BYTES * b);
-                    let s = _mm256_set1_ps(h2f(rd16(b0)) * a.d[b]);
-                    tail = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(q8_0_block(b0, a, b)), tail);
-                    b += 1;
-                }
-                _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + hsum8(tail)
+                dot_q8_0_multi::<1>(row, &[a])[0]
             }
 
             /// Q4_0 row · q8 activation: four blocks per step, one per 128-bit lane (the
@@ -401,48 +369,18 @@ macro_rules! int_kernels {
                 _mm512_reduce_add_ps(acc) + hsum8(tail)
             }
 
-            /// Q4_1 row · q8 activation: Q4_0's 4-block layout, plus the exact `m·Σx` term.
+            /// Q4_1 row · q8 activation: Q4_0's 4-block layout, plus the exact `m·Σx` term
+            /// ([`dot_q4_1_multi`] of one activation).
             #[target_feature(enable = $feat)]
             pub(crate) unsafe fn dot_q4_1_q8_1_avx512(row: &[u8], a: &Q8x32) -> f32 {
-                let nb = row.len() / Q4_1_BYTES;
-                let nb_grouped = nb / Q4_0_GROUP_BLOCKS * Q4_0_GROUP_BLOCKS;
-                let (p, xq) = (row.as_ptr(), a.qs.as_ptr());
-                let m4 = _mm512_set1_epi8(0x0F);
-                let idx4 = ld_idx(&IDX_4BLK);
-                let mut acc = _mm512_setzero_ps();
-                let mut macc = _mm_setzero_ps();
-                let mut b = 0;
-                while b < nb_grouped {
-                    let g = p.add(Q4_1_BYTES * b);
-                    prefetch_ahead::<{ Q4_0_GROUP_BLOCKS * Q4_1_BYTES }>(g);
-                    let ld =
-                        |o: usize| _mm_loadu_si128(g.add(Q4_1_BYTES * o + 4) as *const __m128i);
-                    let q01 = _mm512_castsi256_si512(_mm256_set_m128i(ld(1), ld(0)));
-                    let q = _mm512_inserti32x4::<3>(_mm512_inserti32x4::<2>(q01, ld(2)), ld(3));
-                    let lo = _mm512_and_si512(q, m4);
-                    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
-                    let xlo = _mm512_loadu_si512(xq.add(QK * b) as *const _);
-                    let xhi = _mm512_loadu_si512(xq.add(QK * b + 64) as *const _);
-                    let pi = $dp($dp(_mm512_setzero_si512(), lo, xlo), hi, xhi);
-                    let s4 = _mm_mul_ps(h2f_x4(g, Q4_1_BYTES), _mm_loadu_ps(a.d.as_ptr().add(b)));
-                    let s = _mm512_permutexvar_ps(idx4, _mm512_castps128_ps512(s4));
-                    acc = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(pi), acc);
-                    let m = h2f_x4(g.add(2), Q4_1_BYTES);
-                    macc = _mm_fmadd_ps(m, _mm_loadu_ps(a.s.as_ptr().add(b)), macc);
-                    b += Q4_0_GROUP_BLOCKS;
-                }
-                let mut tail = 0f32;
-                while b < nb {
-                    tail += q4_1_block(p.add(Q4_1_BYTES * b), a, b);
-                    b += 1;
-                }
-                _mm512_reduce_add_ps(acc) + hsum4(macc) + tail
+                dot_q4_1_multi::<1>(row, &[a])[0]
             }
 
-            /// [`dot_q8_0_q8_0_avx512`] of one row against `N` activations at once: each
-            /// weight step is loaded and its scales converted once, then dotted with every
-            /// activation. Per activation the integer products and the float accumulation order
-            /// are exactly the single kernel's, so every result is bit-identical to it.
+            /// Q8_0 row against `N` activations at once (four blocks per step, two per vector):
+            /// each weight step is loaded and its scales converted once, then dotted with every
+            /// activation. Each activation's integer products and float accumulation order
+            /// depend on nothing but that activation, so `N = 1` is the single kernel
+            /// ([`dot_q8_0_q8_0_avx512`]) and every result is bit-identical to it.
             #[inline]
             #[target_feature(enable = $feat)]
             unsafe fn dot_q8_0_multi<const N: usize>(row: &[u8], a: &[&Q8x32; N]) -> [f32; N] {
@@ -491,9 +429,9 @@ macro_rules! int_kernels {
                 out
             }
 
-            /// [`dot_q4_1_q8_1_avx512`] of one row against `N` activations at once (the
-            /// nibbles and both scale vectors are unpacked once per step); bit-identical per
-            /// activation to the single kernel, as [`dot_q8_0_multi`].
+            /// Q4_1 row against `N` activations at once (Q4_0's 4-block layout plus the exact
+            /// `m·Σx` term; the nibbles and both scale vectors are unpacked once per step);
+            /// `N = 1` is [`dot_q4_1_q8_1_avx512`], as for [`dot_q8_0_multi`].
             #[inline]
             #[target_feature(enable = $feat)]
             unsafe fn dot_q4_1_multi<const N: usize>(row: &[u8], a: &[&Q8x32; N]) -> [f32; N] {
@@ -540,9 +478,9 @@ macro_rules! int_kernels {
                 out
             }
 
-            /// [`dot_q4k_q8k_avx512`] of one row against `N` activations at once (nibbles,
-            /// sub-block scales and mins unpacked once per super-block); bit-identical per
-            /// activation to the single kernel, as [`dot_q8_0_multi`].
+            /// Q4_K row against `N` activations at once (nibbles, sub-block scales and mins
+            /// unpacked once per super-block); `N = 1` is [`dot_q4k_q8k_avx512`], as for
+            /// [`dot_q8_0_multi`].
             #[inline]
             #[target_feature(enable = $feat)]
             unsafe fn dot_q4k_multi<const N: usize>(row: &[u8], a: &[&Q8K; N]) -> [f32; N] {
@@ -631,48 +569,10 @@ macro_rules! int_kernels {
                 _mm512_reduce_add_ps(acc) + zacc
             }
 
-            /// Q4_K row · q8_K activation.
+            /// Q4_K row · q8_K activation ([`dot_q4k_multi`] of one activation).
             #[target_feature(enable = $feat)]
             pub(crate) unsafe fn dot_q4k_q8k_avx512(row: &[u8], a: &Q8K) -> f32 {
-                let nsb = row.len() / Q4K_BYTES;
-                let p = row.as_ptr();
-                let m4 = _mm512_set1_epi8(0x0F);
-                let mut acc = _mm512_setzero_ps();
-                let mut macc = _mm_setzero_ps();
-                for s in 0..nsb {
-                    let blk = p.add(Q4K_BYTES * s);
-                    prefetch_ahead::<Q4K_BYTES>(blk);
-                    let (sc, mins) = q4k_unpack_scales(blk.add(Q4K_SCALES));
-                    let sc16 =
-                        _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
-                    let xq = a.qs.as_ptr().add(QK_K * s);
-                    let q0 = _mm512_loadu_si512(blk.add(Q4K_QS) as *const _);
-                    let q1 = _mm512_loadu_si512(blk.add(Q4K_QS + 64) as *const _);
-                    let w = [
-                        _mm512_and_si512(q0, m4),
-                        _mm512_and_si512(_mm512_srli_epi16::<4>(q0), m4),
-                        _mm512_and_si512(q1, m4),
-                        _mm512_and_si512(_mm512_srli_epi16::<4>(q1), m4),
-                    ];
-                    let mut sumi = _mm512_setzero_si512();
-                    for (t, wt) in w.into_iter().enumerate() {
-                        let x = _mm512_loadu_si512(xq.add(64 * t) as *const _);
-                        let sct = _mm512_permutexvar_epi16(ld_idx16(&IDX16_Q4K[t]), sc16);
-                        sumi = $dps(sumi, wt, x, sct);
-                    }
-                    // [d·dx, dmin·dx, 0, 0]: both f16 scales converted by one `vcvtph2ps`
-                    // (the same f32 products as converting each alone); `a.d` holds one scale
-                    // per super-block (the activation was prepared for this `k`).
-                    let dd = _mm_mul_ps(h2f_pair(blk), _mm_set1_ps(*a.d.as_ptr().add(s)));
-                    let d = _mm512_broadcastss_ps(dd);
-                    acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc);
-                    let mn = q4k_mins_dot(mins, a.sums32.as_ptr().add(8 * s));
-                    let dmin = _mm_permute_ps::<0b0101_0101>(dd);
-                    macc = _mm_fmadd_ps(dmin, _mm_cvtepi32_ps(mn), macc);
-                }
-                let m = _mm_add_ps(macc, _mm_movehl_ps(macc, macc));
-                let m = _mm_add_ss(m, _mm_movehdup_ps(m));
-                _mm512_reduce_add_ps(acc) - _mm_cvtss_f32(m)
+                dot_q4k_multi::<1>(row, &[a])[0]
             }
 
             /// Q6_K row · q8_K activation.
