@@ -215,6 +215,22 @@ pub struct ArmAccount {
     pub prepare_ns: f64,
 }
 
+impl std::ops::AddAssign for ArmAccount {
+    /// Sum two accounts (consecutive runs: their turnarounds stay counted apart).
+    fn add_assign(&mut self, o: ArmAccount) {
+        self.steps += o.steps;
+        self.arm_ns += o.arm_ns;
+        self.worker_skew_ns += o.worker_skew_ns;
+        self.turnaround_ns += o.turnaround_ns;
+        self.turnarounds += o.turnarounds;
+        self.publish_ns += o.publish_ns;
+        self.fold_ns += o.fold_ns;
+        self.device_gap_ns += o.device_gap_ns;
+        self.fold_wait_ns += o.fold_wait_ns;
+        self.prepare_ns += o.prepare_ns;
+    }
+}
+
 /// A split step whose arm timings are read once it has completed: the GPU arm's event pair
 /// (ring slot `slot`) and, under `flags`, the CPU arm's ticket (its time is known only then).
 struct PendingSplit {
