@@ -76,18 +76,80 @@ impl Rope {
     }
 }
 
-/// Softmax in place (max-subtracted).
+/// Softmax in place (max-subtracted). The exponentials go through [`exp_nonpos`] and the sum
+/// through [`DOT_LANES`] partial sums, so both loops vectorise (they were libm's scalar `expf`
+/// and a serial f64 sum). SmolLM2 with a 1536-token prompt on the 2-core VM, alternating
+/// builds: decode 71.5 → 72.9 tok/s, prefill 298.6 → 311.3 (means of 6).
 pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f64;
     for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += f64::from(*v);
+        *v = exp_nonpos(*v - max);
     }
-    let inv = (1.0 / sum) as f32;
+    let inv = 1.0 / sum_f32(x);
     for v in x.iter_mut() {
         *v *= inv;
     }
+}
+
+/// `log2(e)`.
+const LOG2_E: f32 = std::f32::consts::LOG2_E;
+/// Below this `exp_nonpos` returns 0: e^-87 ≈ 1.6e-38 is at the bottom of f32's normal range,
+/// and against a softmax maximum of e^0 = 1 it is nothing.
+const EXP_FLOOR: f32 = -87.0;
+/// 1.5·2^23: adding it rounds an f32 of magnitude < 2^22 to an integer (ties to even) without
+/// `roundss`, which baseline x86-64 lacks (`f32::round` would be a libm call per element).
+const ROUND_MAGIC: f32 = 12_582_912.0;
+/// ln 2 split for Cody–Waite reduction: `LN2_HI` has 9 significant bits, so `n · LN2_HI` is
+/// exact for |n| ≤ 127 and `x − n·ln 2` keeps its low bits (a plain `x · log2(e)` loses ~5e-6
+/// of relative accuracy at x = −80 to the rounding of the product).
+const LN2_HI: f32 = 0.693_359_4;
+const LN2_LO: f32 = -2.121_944_4e-4;
+/// Taylor coefficients of e^r, `1 / i!` for i = 7..0, on |r| ≤ ln2 / 2: the first term left
+/// out, 0.347^8 / 8!, is ≈ 5e-9, below f32's rounding.
+const EXP_POLY: [f32; 8] = [
+    1.0 / 5040.0,
+    1.0 / 720.0,
+    1.0 / 120.0,
+    1.0 / 24.0,
+    1.0 / 6.0,
+    0.5,
+    1.0,
+    1.0,
+];
+
+/// e^x for x ≤ 0, branch-free so that a loop over it vectorises: x = n·ln 2 + r with n an
+/// integer and |r| ≤ ln2 / 2, e^r by a polynomial, 2^n by writing the exponent field. Within a
+/// few ulp of `exp` down to [`EXP_FLOOR`] (9.6e-8 relative at worst against f64 in the test), 0
+/// below it.
+#[inline(always)]
+pub fn exp_nonpos(x: f32) -> f32 {
+    let below = x < EXP_FLOOR;
+    let x = x.max(EXP_FLOOR);
+    let n = (x * LOG2_E + ROUND_MAGIC) - ROUND_MAGIC;
+    let r = (x - n * LN2_HI) - n * LN2_LO;
+    let mut p = EXP_POLY[0];
+    for &c in &EXP_POLY[1..] {
+        p = p * r + c;
+    }
+    // n ∈ [-126, 0]: a normal exponent.
+    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    if below {
+        0.0
+    } else {
+        p * scale
+    }
+}
+
+/// Σ x in [`DOT_LANES`] interleaved partial sums, then those in order (vectorises; see [`dot`]).
+fn sum_f32(x: &[f32]) -> f32 {
+    let split = x.len() / DOT_LANES * DOT_LANES;
+    let mut acc = [0f32; DOT_LANES];
+    for c in x[..split].chunks_exact(DOT_LANES) {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += v;
+        }
+    }
+    acc.iter().sum::<f32>() + x[split..].iter().sum::<f32>()
 }
 
 /// Partial sums of [`dot`]: a fixed order LLVM turns into SIMD lanes (an iterator `sum` is a
@@ -259,6 +321,24 @@ mod tests {
                     assert_eq!(y[h * hd + rope_dim..(h + 1) * hd], xh[rope_dim..]);
                 }
             }
+        }
+    }
+
+    /// The softmax's exponential against f64 `exp`, over its whole input range and past it.
+    #[test]
+    fn exp_nonpos_matches_f64_exp() {
+        let mut worst = 0f64;
+        let mut x = 0f32;
+        while x > -87.0 {
+            let want = f64::from(x).exp();
+            let got = f64::from(exp_nonpos(x));
+            worst = worst.max((got - want).abs() / want);
+            x -= 0.000_97;
+        }
+        assert!(worst < 3e-7, "max relative error {worst:e}");
+        assert_eq!(exp_nonpos(0.0), 1.0);
+        for x in [-87.5f32, -100.0, -1e30, f32::NEG_INFINITY] {
+            assert_eq!(exp_nonpos(x), 0.0, "{x}");
         }
     }
 
