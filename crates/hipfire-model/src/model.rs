@@ -8,6 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
+use half::f16;
 use hipfire_quant::Format;
 
 use crate::backend::{Backend, CpuBackend, Weight};
@@ -405,8 +406,8 @@ impl Model {
     fn attention(
         &self,
         q: &[f32],
-        kc: &[f32],
-        vc: &[f32],
+        kc: &[f16],
+        vc: &[f16],
         n_pos: usize,
         att: &mut [f32],
     ) -> Result<(), ModelError> {
@@ -504,10 +505,11 @@ impl GenerationStats {
 pub struct Session<'m> {
     model: &'m Model,
     pos: usize,
-    /// Per layer, `pos × kv_dim` keys (grown as positions are added).
-    k_cache: Vec<Vec<f32>>,
-    /// Per layer, `pos × kv_dim` values.
-    v_cache: Vec<Vec<f32>>,
+    /// Per layer, `pos × kv_dim` keys in f16 (grown as positions are added): half the bytes a
+    /// long context reads every token, and llama.cpp's default cache type.
+    k_cache: Vec<Vec<f16>>,
+    /// Per layer, `pos × kv_dim` values in f16.
+    v_cache: Vec<Vec<f16>>,
     x: Vec<f32>,
     xn: Vec<f32>,
     q: Vec<f32>,
@@ -698,8 +700,8 @@ impl<'m> Session<'m> {
                 m.rope.apply(qt, hd, pos0 + i);
                 m.rope.apply(kt, hd, pos0 + i);
             }
-            self.k_cache[li].extend_from_slice(&k);
-            self.v_cache[li].extend_from_slice(&v);
+            self.k_cache[li].extend(k.iter().map(|&x| f16::from_f32(x)));
+            self.v_cache[li].extend(v.iter().map(|&x| f16::from_f32(x)));
             let (kc, vc) = (&self.k_cache[li], &self.v_cache[li]);
             for (i, (qt, att_t)) in q.chunks_exact(qd).zip(att.chunks_exact_mut(qd)).enumerate() {
                 // Token i attends to positions 0..=pos0 + i, as forward at that position.
@@ -778,8 +780,8 @@ impl<'m> Session<'m> {
             }
             m.rope.apply(&mut self.q, hd, pos);
             m.rope.apply(&mut self.k, hd, pos);
-            self.k_cache[li].extend_from_slice(&self.k);
-            self.v_cache[li].extend_from_slice(&self.v);
+            self.k_cache[li].extend(self.k.iter().map(|&x| f16::from_f32(x)));
+            self.v_cache[li].extend(self.v.iter().map(|&x| f16::from_f32(x)));
             let (kc, vc) = (&self.k_cache[li], &self.v_cache[li]);
             m.attention(&self.q, kc, vc, pos + 1, &mut self.att)?;
             // Residual folded into the GEMV: x += Wo·att.
@@ -889,6 +891,10 @@ mod tests {
         v.iter().map(|f| f.to_bits()).collect()
     }
 
+    fn bits16(v: &[f16]) -> Vec<u16> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
     /// Chunked prefill against one `step` per token: last logits, KV cache and the decode
     /// steps after it, all bit for bit (also appended to a session that already holds tokens).
     fn check_prefill_matches_steps(model: &Model, what: &str) {
@@ -912,13 +918,13 @@ mod tests {
             assert_eq!(a.position(), b.position());
             for li in 0..model.config().n_layer {
                 assert_eq!(
-                    bits(&a.k_cache[li]),
-                    bits(&b.k_cache[li]),
+                    bits16(&a.k_cache[li]),
+                    bits16(&b.k_cache[li]),
                     "{what} K layer {li}"
                 );
                 assert_eq!(
-                    bits(&a.v_cache[li]),
-                    bits(&b.v_cache[li]),
+                    bits16(&a.v_cache[li]),
+                    bits16(&b.v_cache[li]),
                     "{what} V layer {li}"
                 );
             }

@@ -1,6 +1,7 @@
 //! Small f32 kernels of the decode step that are not GEMVs (norms, RoPE, softmax, SwiGLU),
 //! plus row dequantisation for the embedding lookup.
 
+use half::f16;
 use hipfire_quant::Format;
 
 use crate::ModelError;
@@ -177,14 +178,45 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// One attention head at one query position over `n_pos` cached positions: scores
-/// `q·k_t · scale`, softmax, `out = Σ_t p_t v_t`. `kc`/`vc` hold rows of `kvd` values (one per
-/// position); this head's part of a row starts at `off` and is `q.len()` long. `scores` is
-/// scratch.
+/// `q·k_t · scale`, softmax, `out = Σ_t p_t v_t`. `kc`/`vc` hold rows of `kvd` f16 values (one
+/// per position, as llama.cpp keeps its cache by default); this head's part of a row starts at
+/// `off` and is `q.len()` long. `scores` is scratch. On CPUs with AVX2, FMA and F16C the whole
+/// head runs in one SIMD function (hardware f16 conversion); elsewhere in portable code.
 #[allow(clippy::too_many_arguments)] // one head's operands
-pub fn attend(
+pub fn attend<T: CacheValue>(
     q: &[f32],
-    kc: &[f32],
-    vc: &[f32],
+    kc: &[T],
+    vc: &[T],
+    kvd: usize,
+    off: usize,
+    n_pos: usize,
+    scale: f32,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let hd = q.len();
+    debug_assert!(
+        n_pos == 0
+            || (kc.len() >= (n_pos - 1) * kvd + off + hd
+                && vc.len() >= (n_pos - 1) * kvd + off + hd)
+    );
+    #[cfg(target_arch = "x86_64")]
+    if hd % F16C_LANES == 0 && has_f16c() {
+        // SAFETY: AVX2/FMA/F16C were detected; the slices cover every row read (the caller's
+        // shape check, asserted above in debug builds) and `hd` is a multiple of the lanes.
+        unsafe { attend_f16c(q, kc, vc, kvd, off, n_pos, scale, scores, out) };
+        return;
+    }
+    attend_portable(q, kc, vc, kvd, off, n_pos, scale, scores, out);
+}
+
+/// [`attend`] without SIMD intrinsics (CPUs without F16C, head sizes that are not a multiple of
+/// 8).
+#[allow(clippy::too_many_arguments)] // one head's operands
+fn attend_portable<T: CacheValue>(
+    q: &[f32],
+    kc: &[T],
+    vc: &[T],
     kvd: usize,
     off: usize,
     n_pos: usize,
@@ -194,12 +226,152 @@ pub fn attend(
 ) {
     let hd = q.len();
     scores.clear();
-    scores.extend((0..n_pos).map(|t| dot(q, &kc[t * kvd + off..t * kvd + off + hd]) * scale));
+    scores.extend((0..n_pos).map(|t| {
+        let kt = &kc[t * kvd + off..t * kvd + off + hd];
+        let mut acc = [0f32; DOT_LANES];
+        for (i, (&a, &b)) in q.iter().zip(kt).enumerate() {
+            acc[i % DOT_LANES] += a * b.value();
+        }
+        acc.iter().sum::<f32>() * scale
+    }));
     softmax(scores);
     out.fill(0.0);
     for (t, &p) in scores.iter().enumerate() {
         let vt = &vc[t * kvd + off..t * kvd + off + hd];
-        out.iter_mut().zip(vt).for_each(|(o, &v)| *o += p * v);
+        out.iter_mut()
+            .zip(vt)
+            .for_each(|(o, &v)| *o += p * v.value());
+    }
+}
+
+/// A K/V cache element: f32, or f16 (half the bytes; converted by F16C on the SIMD path).
+pub trait CacheValue: Copy + Send + Sync {
+    /// As f32.
+    fn value(self) -> f32;
+    /// Eight consecutive values from `p`, as f32 lanes.
+    ///
+    /// # Safety
+    /// Eight values are readable at `p`; the CPU has AVX2 and F16C.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+}
+
+impl CacheValue for f32 {
+    #[inline(always)]
+    fn value(self) -> f32 {
+        self
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
+        // SAFETY: forwarded from the contract.
+        unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
+    }
+}
+
+impl CacheValue for f16 {
+    #[inline(always)]
+    fn value(self) -> f32 {
+        self.to_f32()
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const f16) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // SAFETY: forwarded from the contract (16 bytes readable, F16C present).
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
+    }
+}
+
+/// f32 lanes of one 256-bit vector: the F16C path needs `head_dim` to be a multiple of it.
+const F16C_LANES: usize = 8;
+/// Cached positions whose scores the F16C path computes together: independent FMA chains, so
+/// the dot's latency (head_dim / 8 dependent FMAs per position) overlaps.
+const F16C_POSITIONS: usize = 4;
+/// Output lanes the F16C path keeps in registers while it sums `p_t · v_t` (64 values of the
+/// head per pass; 128-wide heads take two passes).
+const F16C_OUT_VECTORS: usize = 8;
+
+/// Whether the CPU has AVX2, FMA and F16C, detected once.
+#[cfg(target_arch = "x86_64")]
+fn has_f16c() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    })
+}
+
+/// [`attend`] with hardware f16 conversion.
+///
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `q.len()` is a multiple of [`F16C_LANES`]; `kc` and `vc`
+/// hold `(n_pos - 1) · kvd + off + q.len()` values at least; `out.len() == q.len()`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)] // one head's operands
+unsafe fn attend_f16c<T: CacheValue>(
+    q: &[f32],
+    kc: &[T],
+    vc: &[T],
+    kvd: usize,
+    off: usize,
+    n_pos: usize,
+    scale: f32,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let hd = q.len();
+    let vecs = hd / F16C_LANES;
+    let (qp, kp, vp) = (q.as_ptr(), kc.as_ptr(), vc.as_ptr());
+    // SAFETY (every load below): row `t` of the cache, this head's part, is `off + t·kvd ..
+    // off + t·kvd + hd` with t < n_pos, inside `kc`/`vc` by the contract; `c < vecs` keeps each
+    // 8-value load inside the head; `q` and `out` are `hd` long.
+    let ld_h =
+        |base: *const T, t: usize, c: usize| T::load8(base.add(t * kvd + off + c * F16C_LANES));
+    let hsum = |v: __m256| {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+    };
+    scores.clear();
+    scores.reserve(n_pos);
+    let mut t = 0;
+    while t + F16C_POSITIONS <= n_pos {
+        let mut acc = [_mm256_setzero_ps(); F16C_POSITIONS];
+        for c in 0..vecs {
+            let qv = _mm256_loadu_ps(qp.add(c * F16C_LANES));
+            for (j, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(qv, ld_h(kp, t + j, c), *a);
+            }
+        }
+        scores.extend(acc.iter().map(|&a| hsum(a) * scale));
+        t += F16C_POSITIONS;
+    }
+    while t < n_pos {
+        let mut a = _mm256_setzero_ps();
+        for c in 0..vecs {
+            a = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(c * F16C_LANES)), ld_h(kp, t, c), a);
+        }
+        scores.push(hsum(a) * scale);
+        t += 1;
+    }
+    softmax(scores);
+    let op = out.as_mut_ptr();
+    for c0 in (0..vecs).step_by(F16C_OUT_VECTORS) {
+        let n = (vecs - c0).min(F16C_OUT_VECTORS);
+        let mut acc = [_mm256_setzero_ps(); F16C_OUT_VECTORS];
+        for (t, &p) in scores.iter().enumerate() {
+            let pv = _mm256_set1_ps(p);
+            for (i, a) in acc.iter_mut().enumerate().take(n) {
+                *a = _mm256_fmadd_ps(pv, ld_h(vp, t, c0 + i), *a);
+            }
+        }
+        for (i, a) in acc.iter().enumerate().take(n) {
+            _mm256_storeu_ps(op.add((c0 + i) * F16C_LANES), *a);
+        }
     }
 }
 
@@ -222,39 +394,31 @@ mod tests {
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
+    type AttendFn = fn(&[f32], &[f16], &[f16], usize, usize, usize, f32, &mut Vec<f32>, &mut [f32]);
+
     #[test]
     fn attend_matches_an_f64_reference() {
         let mut r = ChaCha8Rng::seed_from_u64(11);
-        // Head dims around the lane count (partial chunks), GQA offsets, short and long contexts.
+        // Head dims around the lane count (partial chunks; 128 takes two output passes on the
+        // F16C path), GQA offsets, contexts that are and are not a multiple of 4 positions.
         for (hd, kvd, off, n_pos) in [
             (64usize, 192usize, 128usize, 300usize),
+            (128, 256, 128, 7),
             (17, 34, 17, 5),
             (8, 8, 0, 1),
         ] {
             let q: Vec<f32> = (0..hd).map(|_| r.random_range(-1.0f32..1.0)).collect();
-            let kc: Vec<f32> = (0..n_pos * kvd)
-                .map(|_| r.random_range(-1.0f32..1.0))
+            let kc: Vec<f16> = (0..n_pos * kvd)
+                .map(|_| f16::from_f32(r.random_range(-1.0f32..1.0)))
                 .collect();
-            let vc: Vec<f32> = (0..n_pos * kvd)
-                .map(|_| r.random_range(-1.0f32..1.0))
+            let vc: Vec<f16> = (0..n_pos * kvd)
+                .map(|_| f16::from_f32(r.random_range(-1.0f32..1.0)))
                 .collect();
             let scale = 1.0 / (hd as f32).sqrt();
-            let mut out = vec![f32::NAN; hd];
-            attend(
-                &q,
-                &kc,
-                &vc,
-                kvd,
-                off,
-                n_pos,
-                scale,
-                &mut Vec::new(),
-                &mut out,
-            );
             let s: Vec<f64> = (0..n_pos)
                 .map(|t| {
                     (0..hd)
-                        .map(|i| f64::from(q[i]) * f64::from(kc[t * kvd + off + i]))
+                        .map(|i| f64::from(q[i]) * f64::from(kc[t * kvd + off + i].to_f32()))
                         .sum::<f64>()
                         * f64::from(scale)
                 })
@@ -262,18 +426,37 @@ mod tests {
             let mx = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let e: Vec<f64> = s.iter().map(|v| (v - mx).exp()).collect();
             let z: f64 = e.iter().sum();
-            for i in 0..hd {
-                let want: f64 = (0..n_pos)
-                    .map(|t| e[t] / z * f64::from(vc[t * kvd + off + i]))
-                    .sum();
-                let got = f64::from(out[i]);
-                assert!(
-                    (got - want).abs() < 1e-5,
-                    "hd={hd} n_pos={n_pos} i={i}: {got} vs {want}"
+            // The dispatching entry (F16C where the CPU has it) and the portable code.
+            for (path, run) in [
+                ("attend", attend as AttendFn),
+                ("portable", attend_portable as AttendFn),
+            ] {
+                let mut out = vec![f32::NAN; hd];
+                run(
+                    &q,
+                    &kc,
+                    &vc,
+                    kvd,
+                    off,
+                    n_pos,
+                    scale,
+                    &mut Vec::new(),
+                    &mut out,
                 );
+                for i in 0..hd {
+                    let want: f64 = (0..n_pos)
+                        .map(|t| e[t] / z * f64::from(vc[t * kvd + off + i].to_f32()))
+                        .sum();
+                    let got = f64::from(out[i]);
+                    assert!(
+                        (got - want).abs() < 1e-5,
+                        "{path} hd={hd} n_pos={n_pos} i={i}: {got} vs {want}"
+                    );
+                }
             }
+            let q32: Vec<f32> = kc[off..off + hd].iter().map(|v| v.to_f32()).collect();
             // `dot` alone, against f64, relative to Σ|a·b|.
-            let kt = &kc[off..off + hd];
+            let kt = &q32[..];
             let want: f64 = q
                 .iter()
                 .zip(kt)

@@ -1,6 +1,7 @@
 //! Decode of tiny synthetic llama / qwen2 / qwen3 models against an independent f64
 //! forward pass written here from the architectures' definitions (HF `modeling_llama.py`,
-//! `modeling_qwen2.py`, `modeling_qwen3.py`, with llama.cpp's RoPE pairing per arch).
+//! `modeling_qwen2.py`, `modeling_qwen3.py`, with llama.cpp's RoPE pairing per arch). The
+//! reference stores its K/V cache rounded to f16, the decoder's storage type.
 
 use std::path::PathBuf;
 
@@ -99,8 +100,14 @@ fn reference_logits(f: &GgufFile, s: &SynthSpec, tokens: &[u32]) -> Vec<f64> {
             }
             rope(&mut q, pos);
             rope(&mut k, pos);
-            kc[l].push(k);
-            vc[l].push(v);
+            // The cache holds f16, as the decoder's (and llama.cpp's by default) does.
+            let f16_round = |v: Vec<f64>| -> Vec<f64> {
+                v.into_iter()
+                    .map(|x| half::f16::from_f64(x).to_f64())
+                    .collect()
+            };
+            kc[l].push(f16_round(k));
+            vc[l].push(f16_round(v));
             let mut att = vec![0f64; nh * hd];
             for h in 0..nh {
                 let kvh = h / (nh / nkv);
