@@ -435,17 +435,14 @@ impl Model {
                     // call (`parallel_for` returns after every part); parts are disjoint ranges of
                     // heads, so head `h`'s slice is written by this part alone.
                     let o = unsafe { std::slice::from_raw_parts_mut(out.0.add(h * hd), hd) };
-                    ops::attend(
-                        &q[h * hd..(h + 1) * hd],
-                        kc,
-                        vc,
+                    let cache = ops::HeadCache {
+                        k: kc,
+                        v: vc,
                         kvd,
-                        (h / group) * hd,
+                        off: (h / group) * hd,
                         n_pos,
-                        scale,
-                        &mut scores,
-                        o,
-                    );
+                    };
+                    ops::attend(&q[h * hd..(h + 1) * hd], cache, scale, &mut scores, o);
                 }
             })
     }

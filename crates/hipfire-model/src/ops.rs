@@ -177,53 +177,72 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
+/// One attention head's view of a layer's K/V cache: rows of `kvd` values, one per position,
+/// the first `n_pos` of them used; the head's part of a row starts at `off`.
+#[derive(Debug, Clone, Copy)]
+pub struct HeadCache<'a, T> {
+    /// Keys.
+    pub k: &'a [T],
+    /// Values.
+    pub v: &'a [T],
+    /// Values per row (every KV head's).
+    pub kvd: usize,
+    /// This head's first value in a row.
+    pub off: usize,
+    /// Positions attended to.
+    pub n_pos: usize,
+}
+
+impl<T> HeadCache<'_, T> {
+    /// Whether `k` and `v` hold this head's `hd` values at every attended position.
+    fn covers(&self, hd: usize) -> bool {
+        let need = self
+            .n_pos
+            .checked_sub(1)
+            .map_or(0, |last| last * self.kvd + self.off + hd);
+        self.k.len() >= need && self.v.len() >= need
+    }
+}
+
 /// One attention head at one query position over `n_pos` cached positions: scores
-/// `q·k_t · scale`, softmax, `out = Σ_t p_t v_t`. `kc`/`vc` hold rows of `kvd` f16 values (one
-/// per position, as llama.cpp keeps its cache by default); this head's part of a row starts at
-/// `off` and is `q.len()` long. `scores` is scratch. On CPUs with AVX2, FMA and F16C the whole
+/// `q·k_t · scale`, softmax, `out = Σ_t p_t v_t`, over `cache` (f16 in the decoder, as
+/// llama.cpp keeps its cache by default); this head's part of a row is `q.len()` long. `scores`
+/// is scratch. On CPUs with AVX2, FMA and F16C the whole
 /// head runs in one SIMD function (hardware f16 conversion); elsewhere in portable code.
-#[allow(clippy::too_many_arguments)] // one head's operands
 pub fn attend<T: CacheValue>(
     q: &[f32],
-    kc: &[T],
-    vc: &[T],
-    kvd: usize,
-    off: usize,
-    n_pos: usize,
+    cache: HeadCache<'_, T>,
     scale: f32,
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
     let hd = q.len();
-    debug_assert!(
-        n_pos == 0
-            || (kc.len() >= (n_pos - 1) * kvd + off + hd
-                && vc.len() >= (n_pos - 1) * kvd + off + hd)
-    );
     #[cfg(target_arch = "x86_64")]
-    if hd % F16C_LANES == 0 && has_f16c() {
-        // SAFETY: AVX2/FMA/F16C were detected; the slices cover every row read (the caller's
-        // shape check, asserted above in debug builds) and `hd` is a multiple of the lanes.
-        unsafe { attend_f16c(q, kc, vc, kvd, off, n_pos, scale, scores, out) };
+    if hd % F16C_LANES == 0 && out.len() == hd && cache.covers(hd) && has_f16c() {
+        // SAFETY: AVX2/FMA/F16C were detected, the slices cover every row read and `out` is
+        // `hd` long (checked just above), and `hd` is a multiple of the lanes.
+        unsafe { attend_f16c(q, cache, scale, scores, out) };
         return;
     }
-    attend_portable(q, kc, vc, kvd, off, n_pos, scale, scores, out);
+    attend_portable(q, cache, scale, scores, out);
 }
 
 /// [`attend`] without SIMD intrinsics (CPUs without F16C, head sizes that are not a multiple of
 /// 8).
-#[allow(clippy::too_many_arguments)] // one head's operands
 fn attend_portable<T: CacheValue>(
     q: &[f32],
-    kc: &[T],
-    vc: &[T],
-    kvd: usize,
-    off: usize,
-    n_pos: usize,
+    cache: HeadCache<'_, T>,
     scale: f32,
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
+    let HeadCache {
+        k: kc,
+        v: vc,
+        kvd,
+        off,
+        n_pos,
+    } = cache;
     let hd = q.len();
     scores.clear();
     scores.extend((0..n_pos).map(|t| {
@@ -310,22 +329,17 @@ fn has_f16c() -> bool {
 /// hold `(n_pos - 1) · kvd + off + q.len()` values at least; `out.len() == q.len()`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)] // one head's operands
 unsafe fn attend_f16c<T: CacheValue>(
     q: &[f32],
-    kc: &[T],
-    vc: &[T],
-    kvd: usize,
-    off: usize,
-    n_pos: usize,
+    cache: HeadCache<'_, T>,
     scale: f32,
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
     use std::arch::x86_64::*;
-    let hd = q.len();
+    let (hd, kvd, off, n_pos) = (q.len(), cache.kvd, cache.off, cache.n_pos);
     let vecs = hd / F16C_LANES;
-    let (qp, kp, vp) = (q.as_ptr(), kc.as_ptr(), vc.as_ptr());
+    let (qp, kp, vp) = (q.as_ptr(), cache.k.as_ptr(), cache.v.as_ptr());
     // SAFETY (every load below): row `t` of the cache, this head's part, is `off + t·kvd ..
     // off + t·kvd + hd` with t < n_pos, inside `kc`/`vc` by the contract; `c < vecs` keeps each
     // 8-value load inside the head; `q` and `out` are `hd` long.
@@ -394,7 +408,7 @@ mod tests {
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
-    type AttendFn = fn(&[f32], &[f16], &[f16], usize, usize, usize, f32, &mut Vec<f32>, &mut [f32]);
+    type AttendFn = fn(&[f32], HeadCache<'_, f16>, f32, &mut Vec<f32>, &mut [f32]);
 
     #[test]
     fn attend_matches_an_f64_reference() {
@@ -432,17 +446,14 @@ mod tests {
                 ("portable", attend_portable as AttendFn),
             ] {
                 let mut out = vec![f32::NAN; hd];
-                run(
-                    &q,
-                    &kc,
-                    &vc,
+                let cache = HeadCache {
+                    k: &kc,
+                    v: &vc,
                     kvd,
                     off,
                     n_pos,
-                    scale,
-                    &mut Vec::new(),
-                    &mut out,
-                );
+                };
+                run(&q, cache, scale, &mut Vec::new(), &mut out);
                 for i in 0..hd {
                     let want: f64 = (0..n_pos)
                         .map(|t| e[t] / z * f64::from(vc[t * kvd + off + i].to_f32()))
