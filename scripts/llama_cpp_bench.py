@@ -30,12 +30,17 @@ def main():
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--prompt", default="The capital of France is")
+    ap.add_argument("--prompt-repeat", type=int, default=1,
+                    help="repeat --prompt this many times (long-context runs)")
+    ap.add_argument("--ctx", type=int, default=512,
+                    help="llama.cpp's n_ctx and n_batch (prompt + tokens must fit)")
     a = ap.parse_args()
     path = a.gguf or find_gguf()
 
     from llama_cpp import Llama, __version__
 
-    llm = Llama(model_path=path, n_ctx=512, n_batch=512, n_threads=a.threads,
+    a.prompt = a.prompt * a.prompt_repeat
+    llm = Llama(model_path=path, n_ctx=a.ctx, n_batch=a.ctx, n_threads=a.threads,
                 n_threads_batch=a.threads, verbose=False, seed=0)
     ids = llm.tokenize(a.prompt.encode(), add_bos=True, special=True)
 
