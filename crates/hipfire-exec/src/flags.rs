@@ -613,6 +613,27 @@ mod tests {
         Mailbox::new(mem, k, rows).expect("mailbox")
     }
 
+    /// A one-output arm: rows `[g, g + rows)` of `w` into `mailbox`, published as `step`, with the
+    /// default timeout.
+    fn one_part_arm(
+        fmt: Format,
+        k: usize,
+        w: Arc<Vec<u8>>,
+        g: usize,
+        rows: usize,
+        mailbox: Mailbox,
+        step: u32,
+    ) -> FlagsArm {
+        FlagsArm {
+            format: fmt,
+            k,
+            parts: vec![ArmRows { weight: w, g, rows }],
+            mailbox,
+            step,
+            timeout: DEFAULT_FLAGS_TIMEOUT,
+        }
+    }
+
     #[test]
     fn flags_arm_matches_pool_over_steps() {
         let (fmt, k, m, g) = (Format::Q4_0, 256usize, 200usize, 48usize);
@@ -621,18 +642,7 @@ mod tests {
         let mb = host_mailbox(k, m - g);
         for step in 1..=5u32 {
             let x: Vec<f32> = setup(fmt, k, 1, 100 + u64::from(step)).1;
-            let arm = FlagsArm {
-                format: fmt,
-                k,
-                parts: vec![ArmRows {
-                    weight: w.clone(),
-                    g,
-                    rows: m - g,
-                }],
-                mailbox: mb.clone(),
-                step,
-                timeout: DEFAULT_FLAGS_TIMEOUT,
-            };
+            let arm = one_part_arm(fmt, k, w.clone(), g, m - g, mb.clone(), step);
             // Submitted ahead of the device, as the host would a token ahead.
             let ticket = pool.submit_flags(arm).expect("submit");
             let device = {
@@ -664,16 +674,8 @@ mod tests {
         let pool = CpuPool::new(2).expect("pool");
         let mb = host_mailbox(k, m);
         let arm = FlagsArm {
-            format: fmt,
-            k,
-            parts: vec![ArmRows {
-                weight: w,
-                g: 0,
-                rows: m,
-            }],
-            mailbox: mb.clone(),
-            step: 7,
             timeout: Duration::from_millis(20),
+            ..one_part_arm(fmt, k, w, 0, m, mb.clone(), 7)
         };
         let err = pool
             .submit_flags(arm)
@@ -708,18 +710,7 @@ mod tests {
             .map(|step| {
                 // Each worker queues one job behind the one it runs, so a third submit would
                 // block until the device publishes: submit two ahead, then play the device.
-                pool.submit_flags(FlagsArm {
-                    format: fmt,
-                    k,
-                    parts: vec![ArmRows {
-                        weight: w.clone(),
-                        g,
-                        rows: m - g,
-                    }],
-                    mailbox: mb.clone(),
-                    step,
-                    timeout: DEFAULT_FLAGS_TIMEOUT,
-                })
+                pool.submit_flags(one_part_arm(fmt, k, w.clone(), g, m - g, mb.clone(), step))
             })
             .take(2)
             .collect::<Result<_, _>>()
@@ -739,19 +730,8 @@ mod tests {
         let mut tickets = tickets;
         for step in 3..=4u32 {
             tickets.push(
-                pool.submit_flags(FlagsArm {
-                    format: fmt,
-                    k,
-                    parts: vec![ArmRows {
-                        weight: w.clone(),
-                        g,
-                        rows: m - g,
-                    }],
-                    mailbox: mb.clone(),
-                    step,
-                    timeout: DEFAULT_FLAGS_TIMEOUT,
-                })
-                .expect("submit behind a running arm"),
+                pool.submit_flags(one_part_arm(fmt, k, w.clone(), g, m - g, mb.clone(), step))
+                    .expect("submit behind a running arm"),
             );
         }
         let got = device.join().expect("device thread").expect("device");
@@ -837,18 +817,7 @@ mod tests {
             let pool = CpuPool::new(workers).expect("pool");
             let mb = host_mailbox(k, m);
             let ticket = pool
-                .submit_flags(FlagsArm {
-                    format: fmt,
-                    k,
-                    parts: vec![ArmRows {
-                        weight: w.clone(),
-                        g: 0,
-                        rows: m,
-                    }],
-                    mailbox: mb.clone(),
-                    step: 3,
-                    timeout: DEFAULT_FLAGS_TIMEOUT,
-                })
+                .submit_flags(one_part_arm(fmt, k, w.clone(), 0, m, mb.clone(), 3))
                 .expect("submit");
             mb.device_publish(&x, 3).expect("publish");
             let got = mb.device_wait_done(3, DEFAULT_FLAGS_TIMEOUT).expect("done");
@@ -874,16 +843,8 @@ mod tests {
         let mb = host_mailbox(k, m);
         let ticket = pool
             .submit_flags(FlagsArm {
-                format: fmt,
-                k,
-                parts: vec![ArmRows {
-                    weight: w,
-                    g: 0,
-                    rows: m,
-                }],
-                mailbox: mb.clone(),
-                step: 4,
                 timeout: Duration::from_secs(30),
+                ..one_part_arm(fmt, k, w, 0, m, mb.clone(), 4)
             })
             .expect("submit");
         let t = Instant::now();
@@ -903,17 +864,9 @@ mod tests {
         let mb = host_mailbox(k, m);
         let ticket = pool
             .submit_flags(FlagsArm {
-                format: fmt,
-                k,
-                parts: vec![ArmRows {
-                    weight: w,
-                    g: 0,
-                    rows: m,
-                }],
-                mailbox: mb.clone(),
-                step: 9,
                 // Long: the test fails by time if cancellation does not reach the workers.
                 timeout: Duration::from_secs(30),
+                ..one_part_arm(fmt, k, w, 0, m, mb.clone(), 9)
             })
             .expect("submit");
         let t = Instant::now();
@@ -934,18 +887,7 @@ mod tests {
         let (fmt, k, m) = (Format::Q8_0, 64usize, 40usize);
         let (w, _) = setup(fmt, k, m, 5);
         let pool = CpuPool::new(2).expect("pool");
-        let arm = |rows, mb| FlagsArm {
-            format: fmt,
-            k,
-            parts: vec![ArmRows {
-                weight: w.clone(),
-                g: 0,
-                rows,
-            }],
-            mailbox: mb,
-            step: 1,
-            timeout: DEFAULT_FLAGS_TIMEOUT,
-        };
+        let arm = |rows, mb| one_part_arm(fmt, k, w.clone(), 0, rows, mb, 1);
         let err = pool
             .submit_flags(arm(m, host_mailbox(k, 8)))
             .err()
