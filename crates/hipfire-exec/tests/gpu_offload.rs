@@ -90,9 +90,19 @@ fn run(
     )
     .expect("step");
     f.stream.synchronize().expect("sync");
+    download(f, &y)
+}
+
+/// The `M` outputs of `y` (the stream must have drained).
+fn download(f: &Fixture, y: &DeviceBuffer<f32>) -> Vec<f32> {
     let mut out = vec![0f32; M];
     y.download(&f.stream, &mut out).expect("download");
     out
+}
+
+/// Bit patterns, for exact comparisons that print usefully.
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
 }
 
 #[test]
@@ -135,7 +145,6 @@ fn split_arms_are_bit_exact_with_their_engines_and_write_only_their_rows() {
                     strategy,
                 };
                 let split = run(&f, mode, &w, fmt, &x, &act, &y0, form);
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(
                     bits(&split[..g]),
                     bits(&pcie[..g]),
@@ -160,11 +169,7 @@ fn split_arms_are_bit_exact_with_their_engines_and_write_only_their_rows() {
                 &y0,
                 form,
             );
-            assert_eq!(
-                zero.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                cpu.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                "{fmt}: share 0 != cpu"
-            );
+            assert_eq!(bits(&zero), bits(&cpu), "{fmt}: share 0 != cpu");
             // The two engines differ only by rounding: state the bound measured.
             let scale = pcie.iter().map(|v| v.abs()).fold(0f32, f32::max);
             let worst = pcie
@@ -307,21 +312,13 @@ fn flags_steps_queued_back_to_back_equal_steps_run_one_at_a_time() {
         f.stream.synchronize().expect("sync");
         accounted += ex.take_arm_account().expect("account").steps;
         assert_eq!(accounted, STEPS as u64, "every split step was accounted");
-        let mut out = vec![0f32; M];
-        acc.download(&f.stream, &mut out).expect("download");
-        let plains = plains
-            .iter()
-            .map(|y| {
-                let mut v = vec![0f32; M];
-                y.download(&f.stream, &mut v).expect("download");
-                v
-            })
-            .collect();
-        (out, plains)
+        (
+            download(&f, &acc),
+            plains.iter().map(|y| download(&f, y)).collect(),
+        )
     };
     let (acc_one, plain_one) = chain(true);
     let (acc_ahead, plain_ahead) = chain(false);
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert!(acc_one
         .iter()
         .chain(plain_one.iter().flatten())
@@ -391,21 +388,12 @@ fn shared_step_equals_its_outputs_run_one_by_one() {
         }
         f.stream.synchronize().expect("sync");
         let steps = ex.take_arm_account().expect("account").steps;
-        let outs = ys
-            .iter()
-            .map(|y| {
-                let mut v = vec![0f32; M];
-                y.download(&f.stream, &mut v).expect("download");
-                v
-            })
-            .collect();
-        (outs, steps)
+        (ys.iter().map(|y| download(&f, y)).collect(), steps)
     };
     let (one_by_one, n_separate) = run_all(false);
     let (shared, n_shared) = run_all(true);
     assert_eq!(n_separate, 3, "three split steps");
     assert_eq!(n_shared, 1, "one split step for the three outputs");
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     for (i, (a, b)) in shared.iter().zip(&one_by_one).enumerate() {
         assert!(
             a.iter().all(|v| v.is_finite()),
