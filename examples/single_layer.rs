@@ -7,12 +7,16 @@
 //! ```text
 //! cargo run --release --example single_layer -- [--format q4_k|q8_0] [--reps N] [--threads N]
 //!     [--sweep] [--per-shape] [--json PATH] [--handshake STEPS] [--timeline]
+//!     [--flags-variants LIST]
 //! ```
 //! `--sweep` times every pinned share from 0.10 to 0.50 for the whole layer; `--per-shape` does
 //! the same one projection at a time and reports `auto` against the best pinned share per shape.
 //! `--handshake N` instead times N back-to-back steps of a tiny matrix per join (each join's own
 //! per-step cost) and exits. `--timeline` makes the layer runs record the flags timeline too
 //! (publish, fold, fold wait, device gap: events and a count that cost each step a little).
+//! `--flags-variants` runs the flags join once per listed host-side tuning, for A/B in one run:
+//! a comma-separated list of `default` or `+`-joined knobs (`per-worker`|`last` done words,
+//! `cached`|`streaming` row stores, `flush-x`), e.g. `default,last,streaming,flush-x`.
 //!
 //! Needs a GPU; on a machine without one it says so and exits 1. The weights are random
 //! (64 distinct quantised rows per matrix, tiled), so the figures are bandwidth, not model quality.
@@ -22,6 +26,7 @@ use std::time::Instant;
 
 use anyhow::{Context as _, Result};
 use hipfire::exec::bench;
+use hipfire::exec::flags::{DoneSignal, FlagsTuning, RowStores};
 use hipfire::exec::offload::{ArmAccount, JoinStrategy, OffloadExecutor, OffloadMode, SpilledStep};
 use hipfire::exec::share::ShareSetting;
 use hipfire::gpu::{
@@ -246,6 +251,38 @@ fn max_rel_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
     worst
 }
 
+/// `--flags-variants`: each entry's label and tuning.
+fn parse_flags_variants(list: &str) -> Result<Vec<(String, FlagsTuning)>> {
+    list.split(',')
+        .map(|v| {
+            let mut t = FlagsTuning::default();
+            for knob in v.split('+').filter(|k| *k != "default") {
+                match knob {
+                    "per-worker" => t.done = DoneSignal::PerWorker,
+                    "last" => t.done = DoneSignal::Last,
+                    "cached" => t.rows = RowStores::Cached,
+                    "streaming" => t.rows = RowStores::Streaming,
+                    "flush-x" => t.flush_x = true,
+                    other => anyhow::bail!(
+                        "--flags-variants: unknown knob {other:?} (default, per-worker, last, \
+                         cached, streaming, flush-x; join with +, separate with ,)"
+                    ),
+                }
+            }
+            Ok((v.to_string(), t))
+        })
+        .collect()
+}
+
+/// The label of a flags run under variant `v` (`flags` for the default).
+fn flags_label(v: &str) -> String {
+    if v == "default" {
+        "flags".into()
+    } else {
+        format!("flags/{v}")
+    }
+}
+
 /// Rows of the `--handshake` matrix: at share 0.5 about 17 per worker of 15 and a 1.1 MB GPU
 /// arm (measured 27–28 µs for the longer arm on the H200), so most of a step's wall beyond
 /// that is its join's own cost.
@@ -260,6 +297,7 @@ fn handshake(
     kernels: &GemvKernels,
     pool: &hipfire::exec::CpuPool,
     steps: usize,
+    variants: &[(String, FlagsTuning)],
 ) -> Result<()> {
     let (host, _dev) = make_matrix(ctx, stream, Format::Q8_0, HANDSHAKE_M, D, 99)?;
     let mut x = ctx.alloc::<f32>(D)?;
@@ -274,21 +312,29 @@ fn handshake(
     kernels.prepare(stream, &x, &mut act)?;
     let mut y = ctx.alloc::<f32>(HANDSHAKE_M)?;
     let w = WeightRef::new(host.as_ref(), 0, Format::Q8_0, HANDSHAKE_M, D)?;
-    let mut modes = vec![OffloadMode::Cpu];
+    let mut modes = vec![(OffloadMode::Cpu, "cpu".to_string(), FlagsTuning::default())];
     for st in JoinStrategy::ALL {
-        modes.push(OffloadMode::Passback {
+        let mode = OffloadMode::Passback {
             share: ShareSetting::Pinned(0.5),
             strategy: st,
-        });
+        };
+        if st == JoinStrategy::Flags {
+            for (v, t) in variants {
+                modes.push((mode.clone(), format!("passback {}", flags_label(v)), *t));
+            }
+        } else {
+            modes.push((
+                mode,
+                format!("passback {}", st.name()),
+                FlagsTuning::default(),
+            ));
+        }
     }
     println!("handshake: {steps} steps of {HANDSHAKE_M} x {D} q8_0 per mode, share 0.5");
-    for mode in modes {
-        let name = match &mode {
-            OffloadMode::Passback { strategy, .. } => format!("passback {}", strategy.name()),
-            m => m.name().to_string(),
-        };
+    for (mode, name, tuning) in modes {
         let mut ex = OffloadExecutor::new(ctx, pool.clone(), mode, D, HANDSHAKE_M)?;
         ex.set_timeline(true);
+        ex.set_flags_tuning(tuning);
         let mut run = |n: usize, ex: &mut OffloadExecutor| -> Result<f64> {
             let t = Instant::now();
             for _ in 0..n {
@@ -352,6 +398,8 @@ fn main() -> Result<()> {
     let json_path = get("--json");
     let handshake_steps: Option<usize> = get("--handshake").map(|s| s.parse()).transpose()?;
     let timeline = args.iter().any(|a| a == "--timeline");
+    let flags_variants =
+        parse_flags_variants(get("--flags-variants").as_deref().unwrap_or("default"))?;
 
     let ctx = match Context::new(0) {
         Ok(c) => c,
@@ -371,7 +419,7 @@ fn main() -> Result<()> {
         pool.threads()
     );
     if let Some(steps) = handshake_steps {
-        return handshake(&ctx, &stream, &kernels, &pool, steps);
+        return handshake(&ctx, &stream, &kernels, &pool, steps, &flags_variants);
     }
 
     let shapes: [(&str, usize, usize, GemvForm); 7] = [
@@ -494,16 +542,23 @@ fn main() -> Result<()> {
         bytes / t_res / 1e3,
         "-"
     );
-    let mut runs: Vec<(OffloadMode, &str)> =
-        vec![(OffloadMode::Pcie, "-"), (OffloadMode::Cpu, "-")];
+    let default_tuning = FlagsTuning::default();
+    let mut runs: Vec<(OffloadMode, String, FlagsTuning)> = vec![
+        (OffloadMode::Pcie, "-".into(), default_tuning),
+        (OffloadMode::Cpu, "-".into(), default_tuning),
+    ];
     for st in JoinStrategy::ALL {
-        runs.push((
-            OffloadMode::Passback {
-                share: ShareSetting::Auto,
-                strategy: st,
-            },
-            st.name(),
-        ));
+        let auto = OffloadMode::Passback {
+            share: ShareSetting::Auto,
+            strategy: st,
+        };
+        if st == JoinStrategy::Flags {
+            for (v, t) in &flags_variants {
+                runs.push((auto.clone(), flags_label(v), *t));
+            }
+        } else {
+            runs.push((auto, st.name().into(), default_tuning));
+        }
         if sweep {
             for s in SWEEP_SHARES {
                 runs.push((
@@ -511,15 +566,18 @@ fn main() -> Result<()> {
                         share: ShareSetting::Pinned(s),
                         strategy: st,
                     },
-                    st.name(),
+                    st.name().into(),
+                    default_tuning,
                 ));
             }
         }
     }
-    let mut best: std::collections::HashMap<&str, f64> = Default::default();
-    for (mode, st) in runs {
+    let mut best: std::collections::HashMap<String, f64> = Default::default();
+    for (mode, st, tuning) in runs {
+        let st = st.as_str();
         let mut ex = OffloadExecutor::new(&ctx, pool.clone(), mode.clone(), FF, 2 * FF)?;
         ex.set_timeline(timeline);
+        ex.set_flags_tuning(tuning);
         // Warm the auto controller (probe + refinement) before timing.
         if matches!(
             mode,
@@ -557,7 +615,7 @@ fn main() -> Result<()> {
         };
         let gbs = bytes / t / 1e3;
         if let OffloadMode::Passback { .. } = mode {
-            let e = best.entry(st).or_insert(0.0);
+            let e = best.entry(st.to_string()).or_insert(0.0);
             *e = e.max(gbs);
         }
         println!(

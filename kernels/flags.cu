@@ -5,9 +5,10 @@
 // parameters so the layout is stated once, in Rust). On the step's stream:
 //   flags_publish   copies x into the mailbox, fences system-wide, then writes seq = step;
 //   (GPU arm)       the row-range GEMV over rows [0, g), as in every other strategy;
-//   flags_wait_fold one thread per block spins on the CPU's done word (a %globaltimer timeout turns
-//                   a silent host into a fault word, never a hung GPU), then the grid copies
-//                   (plain) or adds (residual) the CPU rows into y[g, m) of each output.
+//   flags_wait_fold one thread per block spins on the done word of the CPU rows it folds (one
+//                   word per worker, or one for the whole arm; a %globaltimer timeout turns a
+//                   silent host into a fault word, never a hung GPU), then its block copies
+//                   (plain) or adds (residual) those rows into y[g, m) of each output.
 // A one-thread kernel spinning on a host-mapped word completes a host -> GPU -> host handshake in
 // 3.5-4.4 us on the H200 box, against ~7 us for a blocking 16 KiB D2H and ~11 us for a blocking H2D.
 //
@@ -111,48 +112,73 @@ struct hf_fold_segs {
     int rows[HF_FOLD_SEGS];
 };
 
-// Threads per fold block; the launcher sizes the grid for about two rows per thread, because each
-// row is a load over PCIe: one 1024-thread block (the earlier form) left ~10 such loads per thread
-// in turn for a 10k-row fold. The fold's own work measured ~12 us per step on the H200 box with
-// this grid (session-3 checkpoint, records 06 and 10: fold minus its wait); the old block was
-// not timed.
+// Which done word covers which CPU rows: part p is rows [cut[p], cut[p + 1]) of the concatenated
+// segments, and its done word sits at done_off + p * done_stride. One part (the whole range
+// under the one done word the last worker writes) or one per worker, so that each worker's rows
+// are folded as soon as that worker is done and only the last one's remain once the CPU arm
+// ends. Mirrors `FoldParts` in crates/hipfire-gpu/src/flags.rs.
+#define HF_FOLD_PARTS 64
+struct hf_fold_parts {
+    hf_u32 cut[HF_FOLD_PARTS + 1];
+    int n;
+};
+
+// A done word says the step it finished; with this bit set, that the CPU arm failed for it
+// (rows unspecified). Step numbers stay below it (DONE_FAILED in crates/hipfire-exec/src/flags.rs).
+#define HF_DONE_FAILED 0x80000000u
+
+// Threads per fold block; the launcher gives each part enough blocks for about two rows per
+// thread, because each row is a load over PCIe.
 #define HF_FOLD_THREADS 256
 
 extern "C" __global__ void __launch_bounds__(HF_FOLD_THREADS)
-    flags_wait_fold(unsigned char* mb, hf_u32 done_off, hf_u32 err_off, hf_u32 fault_off,
-                    int count_wait, hf_u32 wait_off, hf_u32 y_off, hf_u32 step,
+    flags_wait_fold(unsigned char* mb, hf_u32 done_off, hf_u32 done_stride,
+                    struct hf_fold_parts parts, int blocks_per_part, hf_u32 fault_off,
+                    hf_u64* wait_scratch, hf_u32 wait_off, hf_u32 y_off, hf_u32 step,
                     struct hf_fold_segs segs, int nsegs, int residual, hf_u64 timeout_ns) {
     __shared__ int ok;
+    const int part = blockIdx.x / blocks_per_part;
+    const int sub = blockIdx.x % blocks_per_part;
     if (threadIdx.x == 0) {
-        const hf_u32* done = (const hf_u32*)(mb + done_off);
+        const hf_u32* done = (const hf_u32*)(mb + done_off + (hf_u64)part * done_stride);
         const hf_u64 t0 = hf_now_ns();
         int good = 1;
-        while (hf_load_relaxed_sys(done) != step) {
+        hf_u32 v;
+        while ((v = hf_load_relaxed_sys(done)) != step && v != (step | HF_DONE_FAILED)) {
             if (hf_now_ns() - t0 > timeout_ns) {
                 good = 0;
                 break;
             }
 #if defined(HF_CUDA) && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 700)
-            // Block 0 answers at once; the others poll more gently, so that tens of pollers do
-            // not keep the link busy while the CPU arm finishes.
-            if (blockIdx.x != 0) __nanosleep(200);
+            // The first block of each part answers at once; the others poll more gently, so
+            // that tens of pollers do not keep the link busy while the CPU arm finishes.
+            if (sub != 0) __nanosleep(200);
 #endif
         }
         hf_fence_acquire_sys();
-        // A failed CPU arm still publishes done (so this never hangs) but marks the error word.
-        if (good && hf_load_acquire_sys((const hf_u32*)(mb + err_off)) == step) good = 0;
+        // A failed CPU arm still publishes done (so this never hangs), with the failure bit.
+        if (v != step) good = 0;
         if (!good) hf_store_release_sys((hf_u32*)(mb + fault_off), step);
-        // Diagnostic, when asked: block 0 adds how long it waited for the CPU (the host reads
-        // the total after the stream drains; the stream orders these plain read-modify-writes).
-        if (count_wait && blockIdx.x == 0) *(volatile hf_u64*)(mb + wait_off) += hf_now_ns() - t0;
+        // Diagnostic, when asked: the longest wait of any part, added to the mailbox's total by
+        // the last part to arrive (wait_scratch: {longest wait, arrivals}, zero between folds;
+        // the stream orders one fold after another).
+        if (wait_scratch && sub == 0) {
+            atomicMax(&wait_scratch[0], hf_now_ns() - t0);
+            __threadfence();
+            if (atomicAdd(&wait_scratch[1], 1ull) == (hf_u64)(parts.n - 1)) {
+                __threadfence();
+                *(volatile hf_u64*)(mb + wait_off) += atomicExch(&wait_scratch[0], 0ull);
+                wait_scratch[1] = 0;
+            }
+        }
         ok = good;
     }
     __syncthreads();
     if (!ok) return;
     const float* src = (const float*)(mb + y_off);
-    int total = 0;
-    for (int s = 0; s < nsegs; ++s) total += segs.rows[s];
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    const int hi = (int)parts.cut[part + 1];
+    for (int i = (int)parts.cut[part] + sub * blockDim.x + threadIdx.x; i < hi;
+         i += blocks_per_part * blockDim.x) {
         int s = 0, base = 0;
         while (s + 1 < nsegs && i - base >= segs.rows[s]) base += segs.rows[s++];
         const float v = hf_load_fresh(src + i);

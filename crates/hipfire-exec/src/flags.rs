@@ -3,8 +3,8 @@
 //! No host synchronisation per step: the device writes the activation into the mailbox, then
 //! (after `__threadfence_system()`) the sequence word; the pool's workers, handed the job before
 //! the device gets there, spin on that word, multiply their rows, write them into the mailbox
-//! and publish the done word; on the device a one-thread kernel spins on the done word and a
-//! fold copies (or adds) the CPU rows into the output. This module is the host side and the
+//! and publish their done words; on the device each block of the fold spins on the done word
+//! of the rows it folds and copies (or adds) them into the output. This module is the host side and the
 //! layout; the device kernels are `kernels/flags.cu` (launched by `hipfire_gpu::FlagsKernels`,
 //! driven from [`crate::offload`]). [`Mailbox::device_publish`] / [`Mailbox::device_wait_done`]
 //! play the device in CPU-only tests.
@@ -13,11 +13,14 @@
 //! | offset | what |
 //! |---|---|
 //! | [`SEQ_OFFSET`] | `u32` step number, written by the device after `x` |
-//! | [`DONE_OFFSET`] | `u32` step number, written by the CPU after every row (own cache line) |
-//! | [`ERROR_OFFSET`] | `u32` step number of the last step a worker failed (rows unspecified) |
-//! | [`FAULT_OFFSET`] | `u32` step number of the last step the device's wait timed out or saw the error word |
+//! | [`FAULT_OFFSET`] | `u32` step number of the last step the device's wait timed out or saw a failed arm |
+//! | [`DONE_OFFSET`] | `u32` step number, written by the arm's last worker after every row (own cache line) |
 //! | [`FOLD_WAIT_OFFSET`] | `u64` nanoseconds the device's folds have waited for done, summed (diagnostic, own line) |
+//! | [`PART_DONE_OFFSET`] | [`MAX_DONE_PARTS`] lines: worker `p`'s `u32` done word at `PART_DONE_OFFSET + 64 p`, written after its rows |
 //! | [`X_OFFSET`] | `k` f32: the activation |
+//!
+//! A done word holds the step it finished, with [`DONE_FAILED`] set when the arm (or that
+//! worker) failed; step numbers stay below that bit ([`next_step`]).
 //! | [`Mailbox::y_offset`] | `rows` f32: `W[g + i] · x` for the CPU rows, always plain |
 //!
 //! The CPU rows are always the plain product; the device fold adds them for the residual form,
@@ -34,20 +37,74 @@ use std::time::{Duration, Instant};
 
 /// Offset of the device's sequence word.
 pub const SEQ_OFFSET: usize = 0;
-/// Offset of the CPU's done word: its own 64-byte line, so the device's polling of it does not
-/// share a line with the word it writes.
+/// Offset of the CPU's done word for the whole arm: its own 64-byte line, so the device's
+/// polling of it does not share a line with the word it writes.
 pub const DONE_OFFSET: usize = 64;
-/// Offset of the error word (same line as done: written only on failure, before done).
-pub const ERROR_OFFSET: usize = 96;
 /// Offset of the device's fault word (in the device's line: only the device writes it).
 pub const FAULT_OFFSET: usize = 32;
 /// Offset of the device's running total of fold waits: its own line, so that counting does not
 /// touch the line the workers spin on.
 pub const FOLD_WAIT_OFFSET: usize = 128;
+/// Offset of the first worker's done word; each worker's is on its own line.
+pub const PART_DONE_OFFSET: usize = 192;
+/// Workers' done words a mailbox holds: a flags arm is cut into at most this many parts.
+pub const MAX_DONE_PARTS: usize = hipfire_gpu::FOLD_MAX_PARTS;
 /// Offset of the activation.
-pub const X_OFFSET: usize = 192;
+pub const X_OFFSET: usize = PART_DONE_OFFSET + MAX_DONE_PARTS * MAILBOX_ALIGN;
 /// Alignment of the mailbox and of its areas (a cache line).
 pub const MAILBOX_ALIGN: usize = 64;
+/// Set in a done word when the step failed (its rows unspecified): the device's fold then
+/// marks the fault word instead of folding. `HF_DONE_FAILED` in kernels/flags.cu.
+pub const DONE_FAILED: u32 = 0x8000_0000;
+
+/// The step number after `step`: never 0 (the mailbox starts zeroed) and always below
+/// [`DONE_FAILED`].
+pub fn next_step(step: u32) -> u32 {
+    let next = step.wrapping_add(1);
+    if next == 0 || next >= DONE_FAILED {
+        1
+    } else {
+        next
+    }
+}
+
+/// How a flags arm signals the device that its rows are there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DoneSignal {
+    /// Each worker publishes its own done word after its rows; the device folds each worker's
+    /// rows as soon as they are there, so only the last worker's remain when the arm ends.
+    #[default]
+    PerWorker,
+    /// The last worker to finish publishes one done word for all the rows; the device folds
+    /// them all after it.
+    Last,
+}
+
+/// How the workers write their rows into the mailbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RowStores {
+    /// Plain stores: the rows sit modified in the workers' caches, and the device's reads of
+    /// them are answered from there.
+    #[default]
+    Cached,
+    /// Non-temporal stores (x86-64; plain elsewhere): the rows go to memory past the caches,
+    /// so the device's reads need no snoop of a core.
+    Streaming,
+}
+
+/// A/B knobs of the flags arm's host side (`single_layer --flags-done/--flags-rows/
+/// --flags-flush-x`); the default is what measured best on the H200 box.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FlagsTuning {
+    /// How done is signalled.
+    pub done: DoneSignal,
+    /// How the rows are written.
+    pub rows: RowStores,
+    /// After the arm, the last worker flushes the activation's lines from the CPU caches, so
+    /// that the device's next publish does not have to invalidate them in every worker's
+    /// cache (x86-64 only).
+    pub flush_x: bool,
+}
 
 /// Default wait for the device's sequence word before a worker gives up (so a device fault
 /// becomes an error, never a hung pool). A decode step is well under 100 ms even for the
@@ -189,14 +246,15 @@ impl Mailbox {
         self.word(SEQ_OFFSET)
     }
 
-    /// The CPU's done word.
+    /// The CPU's done word for the whole arm.
     pub fn done(&self) -> &AtomicU32 {
         self.word(DONE_OFFSET)
     }
 
-    /// The error word.
-    pub fn error(&self) -> &AtomicU32 {
-        self.word(ERROR_OFFSET)
+    /// Worker `part`'s done word (`part < MAX_DONE_PARTS`).
+    pub fn part_done(&self, part: usize) -> &AtomicU32 {
+        debug_assert!(part < MAX_DONE_PARTS);
+        self.word(PART_DONE_OFFSET + part.min(MAX_DONE_PARTS - 1) * MAILBOX_ALIGN)
     }
 
     /// The device's fault word.
@@ -227,7 +285,9 @@ impl Mailbox {
         hipfire_gpu::MailboxOffsets {
             seq: SEQ_OFFSET,
             done: DONE_OFFSET,
-            error: ERROR_OFFSET,
+            part_done: PART_DONE_OFFSET,
+            part_done_stride: MAILBOX_ALIGN,
+            part_done_count: MAX_DONE_PARTS,
             fault: FAULT_OFFSET,
             fold_wait: Some(FOLD_WAIT_OFFSET),
             x: X_OFFSET,
@@ -256,8 +316,14 @@ impl Mailbox {
 
     /// Stand-in for the device: wait until done says `step`, then return the CPU rows.
     pub fn device_wait_done(&self, step: u32, timeout: Duration) -> Result<Vec<f32>, ExecError> {
-        wait_word(self.done(), step, timeout, "flags done word", None)?;
-        if self.error().load(Ordering::Acquire) == step {
+        let seen = wait_word(
+            self.done(),
+            |v| v & !DONE_FAILED == step,
+            timeout,
+            "flags done word",
+            None,
+        )?;
+        if seen & DONE_FAILED != 0 {
             return Err(ExecError::Gpu(format!("cpu arm failed at step {step}")));
         }
         // SAFETY: in bounds (`new`); after done == step (acquire) no worker writes the rows.
@@ -271,26 +337,28 @@ impl Mailbox {
     }
 }
 
-/// Spin (yielding) until `word == want`, or time out, or `cancel` is raised.
+/// Spin (yielding) until `word` holds a value `want` accepts (returned), or time out, or
+/// `cancel` is raised.
 fn wait_word(
     word: &AtomicU32,
-    want: u32,
+    want: impl Fn(u32) -> bool,
     timeout: Duration,
     what: &'static str,
     cancel: Option<&AtomicBool>,
-) -> Result<Duration, ExecError> {
+) -> Result<u32, ExecError> {
     let t0 = Instant::now();
     loop {
         for _ in 0..WAIT_POLLS_PER_CHECK {
-            if word.load(Ordering::Acquire) == want {
-                return Ok(t0.elapsed());
+            let v = word.load(Ordering::Acquire);
+            if want(v) {
+                return Ok(v);
             }
             std::hint::spin_loop();
         }
         if cancel.is_some_and(|c| c.load(Ordering::Acquire)) {
             return Err(ExecError::Invalid {
                 what,
-                value: format!("step {want}"),
+                value: "the awaited step".into(),
                 rule: "cancelled: the device side of the step was never queued",
             });
         }
@@ -353,6 +421,8 @@ pub struct FlagsArm {
     pub step: u32,
     /// Give up waiting for the device after this long.
     pub timeout: Duration,
+    /// How done is signalled and the rows written.
+    pub tuning: FlagsTuning,
 }
 
 /// What a flags arm measured.
@@ -394,8 +464,13 @@ struct FlagsJob {
     /// Raised when the device side was never queued: waiting workers give up at once.
     cancelled: AtomicBool,
     row_bytes: usize,
+    tuning: FlagsTuning,
+    /// The workers' parts of `[0, rows_n)` as cut points (part `p` is `cuts[p]..cuts[p + 1]`).
+    cuts: Vec<usize>,
     /// Workers still to finish; the last one publishes done.
     remaining: AtomicUsize,
+    /// Raised by a worker that failed: done then says so.
+    failed: AtomicBool,
     wait_ns: AtomicU64,
     cpu_ns: AtomicU64,
     prepare_ns: AtomicU64,
@@ -407,13 +482,15 @@ struct FlagsJob {
 impl FlagsJob {
     fn rows(&self, rows: Range<usize>) -> Result<(), ExecError> {
         let mb = &self.mailbox;
-        let waited = wait_word(
+        let t_wait = Instant::now();
+        wait_word(
             mb.seq(),
-            self.step,
+            |v| v == self.step,
             self.timeout,
             "flags sequence word",
             Some(&self.cancelled),
         )?;
+        let waited = t_wait.elapsed();
         let seen = flags_clock_ns();
         self.first_seen.fetch_min(seen, Ordering::Relaxed);
         self.last_seen.fetch_max(seen, Ordering::Relaxed);
@@ -437,17 +514,16 @@ impl FlagsJob {
                 rows.len(),
             )
         };
-        // Walk the parts that overlap this worker's range of the concatenated rows.
-        let mut base = 0;
-        for part in &self.parts {
-            let (lo, hi) = (rows.start.max(base), rows.end.min(base + part.rows));
-            if lo < hi {
-                let (r0, r1) = (part.g + lo - base, part.g + hi - base);
-                let w = &part.weight.bytes()[r0 * self.row_bytes..r1 * self.row_bytes];
-                let out = &mut y[lo - rows.start..hi - rows.start];
-                gemv_rows(self.format, w, self.k, &act, out, false)?;
-            }
-            base += part.rows;
+        match self.tuning.rows {
+            RowStores::Cached => self.multiply(&rows, &act, y)?,
+            RowStores::Streaming => STREAM_ROWS.with(|scratch| -> Result<(), ExecError> {
+                let mut scratch = scratch.borrow_mut();
+                scratch.clear();
+                scratch.resize(rows.len(), 0.0);
+                self.multiply(&rows, &act, &mut scratch)?;
+                stream_store(y, &scratch);
+                Ok(())
+            })?,
         }
         self.cpu_ns
             .fetch_max(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -456,12 +532,109 @@ impl FlagsJob {
     }
 }
 
+thread_local! {
+    /// A worker's rows before they are streamed into the mailbox ([`RowStores::Streaming`]).
+    static STREAM_ROWS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `dst = src` with non-temporal stores where the target has them, then a store fence, so
+/// that the rows are in memory before a later release store (the done word) is seen.
+fn stream_store(dst: &mut [f32], src: &[f32]) {
+    debug_assert_eq!(dst.len(), src.len());
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_loadu_ps, _mm_sfence, _mm_stream_ps};
+        let n = dst.len().min(src.len());
+        // Scalar up to the first 16-byte boundary of the destination, then four at a time.
+        let head = dst.as_ptr().align_offset(16).min(n);
+        dst[..head].copy_from_slice(&src[..head]);
+        let mut i = head;
+        while i + 4 <= n {
+            // SAFETY: i + 4 <= n, both slices hold n floats; dst + i is 16-aligned (head
+            // brought it there and it advances by 16 bytes); SSE is part of x86-64.
+            unsafe { _mm_stream_ps(dst.as_mut_ptr().add(i), _mm_loadu_ps(src.as_ptr().add(i))) };
+            i += 4;
+        }
+        dst[i..n].copy_from_slice(&src[i..n]);
+        // SAFETY: SSE is part of x86-64; orders the streaming stores before later stores.
+        unsafe { _mm_sfence() };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    dst.copy_from_slice(src);
+}
+
+/// Write back and evict `bytes` from every CPU cache (x86-64; nothing elsewhere).
+fn flush_lines(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_clflush, _mm_mfence};
+        for line in bytes.chunks(MAILBOX_ALIGN) {
+            // SAFETY: the pointer is inside `bytes`; SSE2 is part of x86-64.
+            unsafe { _mm_clflush(line.as_ptr()) };
+        }
+        // SAFETY: SSE2 is part of x86-64.
+        unsafe { _mm_mfence() };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
+}
+
+impl FlagsJob {
+    /// This worker's rows of every part that overlaps them (`y` is their slot in the
+    /// concatenated rows).
+    fn multiply(
+        &self,
+        rows: &Range<usize>,
+        act: &ActivationBuf,
+        y: &mut [f32],
+    ) -> Result<(), ExecError> {
+        let mut base = 0;
+        for part in &self.parts {
+            let (lo, hi) = (rows.start.max(base), rows.end.min(base + part.rows));
+            if lo < hi {
+                let (r0, r1) = (part.g + lo - base, part.g + hi - base);
+                let w = &part.weight.bytes()[r0 * self.row_bytes..r1 * self.row_bytes];
+                let out = &mut y[lo - rows.start..hi - rows.start];
+                gemv_rows(self.format, w, self.k, act, out, false)?;
+            }
+            base += part.rows;
+        }
+        Ok(())
+    }
+
+    /// The part (worker) whose rows start at `start`.
+    fn part_of(&self, start: usize) -> Option<usize> {
+        self.cuts[..self.cuts.len().saturating_sub(1)]
+            .binary_search(&start)
+            .ok()
+    }
+
+    /// Part `part` is finished (`failed`: without its rows): publish its done word.
+    fn part_done(&self, part: usize, failed: bool) {
+        let v = if failed {
+            self.step | DONE_FAILED
+        } else {
+            self.step
+        };
+        if failed {
+            self.failed.store(true, Ordering::Release);
+        }
+        if self.tuning.done == DoneSignal::PerWorker && part < MAX_DONE_PARTS {
+            self.mailbox.part_done(part).store(v, Ordering::Release);
+        }
+    }
+}
+
 impl PoolJob for FlagsJob {
     fn run(&self, rows: Range<usize>) -> Result<u64, ExecError> {
+        let part = self.part_of(rows.start);
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.rows(rows)));
         let failed = !matches!(r, Ok(Ok(())));
-        if failed {
-            self.mailbox.error().store(self.step, Ordering::Release);
+        match part {
+            Some(p) => self.part_done(p, failed),
+            // Not one of the parts the arm was cut into: nothing is published for it, so
+            // the device's fold of the real parts times out rather than folding stale rows.
+            None => self.failed.store(true, Ordering::Release),
         }
         // Always count down, so the device never waits on a worker that failed.
         self.count_down();
@@ -479,6 +652,18 @@ pub struct FlagsTicket {
 }
 
 impl FlagsTicket {
+    /// The workers' parts of the arm's concatenated rows, as cut points from 0 to their
+    /// total: the device's fold waits on part `p`'s done word for rows `cuts[p]..cuts[p + 1]`
+    /// under [`DoneSignal::PerWorker`].
+    pub fn cuts(&self) -> &[usize] {
+        &self.job.cuts
+    }
+
+    /// How this arm signals done.
+    pub fn done_signal(&self) -> DoneSignal {
+        self.job.tuning.done
+    }
+
     /// Whether every part has finished (done is published); [`FlagsTicket::wait`] then
     /// returns at once.
     pub fn is_finished(&self) -> bool {
@@ -508,10 +693,23 @@ impl FlagsTicket {
 }
 
 impl FlagsJob {
-    /// One part finished (or was never taken): the last one publishes done.
+    /// One part finished (or was never taken): the last one publishes done (and, when asked,
+    /// then flushes x from the caches: every worker has read it).
     fn count_down(&self) {
         if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.mailbox.done().store(self.step, Ordering::Release);
+            let v = if self.failed.load(Ordering::Acquire) {
+                self.step | DONE_FAILED
+            } else {
+                self.step
+            };
+            self.mailbox.done().store(v, Ordering::Release);
+            if self.tuning.flush_x {
+                // SAFETY: the x area is in bounds (`Mailbox::new`); it is only read here.
+                let x = unsafe {
+                    std::slice::from_raw_parts(self.mailbox.mem.base().add(X_OFFSET), self.k * 4)
+                };
+                flush_lines(x);
+            }
         }
     }
 }
@@ -544,7 +742,15 @@ impl CpuPool {
                 });
             }
         }
-        let parts = partition(0..job.rows_n, self.threads(), WORKER_ROW_ALIGN);
+        let parts = partition(
+            0..job.rows_n,
+            self.threads().min(MAX_DONE_PARTS),
+            WORKER_ROW_ALIGN,
+        );
+        let mut job = job;
+        job.cuts = std::iter::once(0)
+            .chain(parts.iter().map(|r| r.end))
+            .collect();
         job.remaining.store(parts.len(), Ordering::Release);
         let job = Arc::new(job);
         if parts.is_empty() {
@@ -552,8 +758,8 @@ impl CpuPool {
         }
         let pending = self.submit_owned(job.clone(), parts)?;
         // Parts no worker took: count them down as failed, so done is still published.
-        for _ in 0..pending.unsent {
-            job.mailbox.error().store(job.step, Ordering::Release);
+        for &p in &pending.unsent {
+            job.part_done(p, true);
             job.count_down();
         }
         Ok(FlagsTicket { pending, job })
@@ -576,7 +782,10 @@ impl CpuPool {
             timeout: arm.timeout,
             cancelled: AtomicBool::new(false),
             row_bytes,
+            tuning: arm.tuning,
+            cuts: Vec::new(),
             remaining: AtomicUsize::new(0),
+            failed: AtomicBool::new(false),
             wait_ns: AtomicU64::new(0),
             cpu_ns: AtomicU64::new(0),
             prepare_ns: AtomicU64::new(0),
@@ -631,6 +840,7 @@ mod tests {
             mailbox,
             step,
             timeout: DEFAULT_FLAGS_TIMEOUT,
+            tuning: FlagsTuning::default(),
         }
     }
 
@@ -683,8 +893,8 @@ mod tests {
             .wait()
             .expect_err("no device");
         assert!(matches!(err, ExecError::Timeout { .. }), "{err}");
-        assert_eq!(mb.done().load(Ordering::Acquire), 7);
-        assert_eq!(mb.error().load(Ordering::Acquire), 7);
+        assert_eq!(mb.done().load(Ordering::Acquire), 7 | DONE_FAILED);
+        assert_eq!(mb.part_done(0).load(Ordering::Acquire), 7 | DONE_FAILED);
         // The pool is usable afterwards.
         let mut y = vec![0.0; 4];
         pool.gemv(Format::F32, &[0u8; 4 * 4 * 4], 4, &[1.0; 4], &mut y, false)
@@ -787,6 +997,7 @@ mod tests {
                 mailbox: mb.clone(),
                 step: 1,
                 timeout: DEFAULT_FLAGS_TIMEOUT,
+                tuning: FlagsTuning::default(),
             })
             .expect("submit");
         mb.device_publish(&x, 1).expect("publish");
@@ -852,8 +1063,7 @@ mod tests {
         let err = ticket.wait().expect_err("NaN in x");
         assert!(t.elapsed() < Duration::from_secs(5), "workers hung");
         assert!(matches!(err, ExecError::Quant(_)), "{err}");
-        assert_eq!(mb.done().load(Ordering::Acquire), 4);
-        assert_eq!(mb.error().load(Ordering::Acquire), 4);
+        assert_eq!(mb.done().load(Ordering::Acquire), 4 | DONE_FAILED);
     }
 
     #[test]
@@ -875,8 +1085,11 @@ mod tests {
             t.elapsed() < Duration::from_secs(5),
             "workers not cancelled"
         );
-        assert_eq!(mb.done().load(Ordering::Acquire), 9, "done still published");
-        assert_eq!(mb.error().load(Ordering::Acquire), 9, "and marked failed");
+        assert_eq!(
+            mb.done().load(Ordering::Acquire),
+            9 | DONE_FAILED,
+            "done still published, marked failed"
+        );
         let mut y = vec![0.0; 4];
         pool.gemv(Format::F32, &[0u8; 4 * 4 * 4], 4, &[1.0; 4], &mut y, false)
             .expect("pool after a cancelled arm");
@@ -898,6 +1111,95 @@ mod tests {
             .err()
             .expect("rows past the weight");
         assert!(matches!(err, ExecError::Shape { .. }), "{err}");
+    }
+
+    /// Every tuning gives the pool's rows bit for bit; per-worker done words say the step
+    /// for exactly the arm's parts (cut points from 0 to the rows, one per worker at most);
+    /// under `Last` they are left alone.
+    #[test]
+    fn every_tuning_matches_the_pool_and_publishes_its_done_words() {
+        let (fmt, k, m) = (Format::Q4K, 1024usize, 203usize);
+        let (w, x) = setup(fmt, k, m, 11);
+        let pool = CpuPool::new(4).expect("pool");
+        let mut want = vec![f32::NAN; m];
+        pool.gemv(fmt, &w, k, &x, &mut want, false).expect("pool");
+        let mut step = 0;
+        for done in [DoneSignal::PerWorker, DoneSignal::Last] {
+            for rows in [RowStores::Cached, RowStores::Streaming] {
+                for flush_x in [false, true] {
+                    let tuning = FlagsTuning {
+                        done,
+                        rows,
+                        flush_x,
+                    };
+                    step = next_step(step);
+                    let mb = host_mailbox(k, m);
+                    // Poisoned: a row left unwritten shows.
+                    // SAFETY: the y area holds `m` floats (`host_mailbox`); no arm runs yet.
+                    unsafe {
+                        std::slice::from_raw_parts_mut(
+                            mb.mem.base().add(mb.y_offset()) as *mut f32,
+                            m,
+                        )
+                    }
+                    .fill(f32::NAN);
+                    let ticket = pool
+                        .submit_flags(FlagsArm {
+                            tuning,
+                            ..one_part_arm(fmt, k, w.clone(), 0, m, mb.clone(), step)
+                        })
+                        .expect("submit");
+                    let cuts = ticket.cuts().to_vec();
+                    assert_eq!((cuts[0], *cuts.last().expect("cuts")), (0, m), "{tuning:?}");
+                    assert!(cuts.windows(2).all(|c| c[0] < c[1]), "{cuts:?}");
+                    assert_eq!(cuts.len() - 1, 4, "one part per worker");
+                    mb.device_publish(&x, step).expect("publish");
+                    let got = mb
+                        .device_wait_done(step, DEFAULT_FLAGS_TIMEOUT)
+                        .expect("done");
+                    ticket.wait().expect("arm");
+                    assert_eq!(
+                        got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "{tuning:?}"
+                    );
+                    for p in 0..MAX_DONE_PARTS {
+                        let v = mb.part_done(p).load(Ordering::Acquire);
+                        let expect = if done == DoneSignal::PerWorker && p + 1 < cuts.len() {
+                            step
+                        } else {
+                            0
+                        };
+                        assert_eq!(v, expect, "{tuning:?} part {p}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// The streaming copy equals a plain copy at every alignment and length.
+    #[test]
+    fn stream_store_copies_at_any_alignment() {
+        let src: Vec<f32> = (0..67).map(|i| i as f32 * 1.5 - 7.0).collect();
+        for off in 0..4 {
+            for n in [0usize, 1, 3, 4, 5, 17, 63] {
+                let mut dst = vec![f32::NAN; 70];
+                stream_store(&mut dst[off..off + n], &src[..n]);
+                assert_eq!(&dst[off..off + n], &src[..n], "off {off} n {n}");
+                assert!(dst[..off].iter().all(|v| v.is_nan()), "before");
+                assert!(dst[off + n..].iter().all(|v| v.is_nan()), "after");
+            }
+        }
+    }
+
+    /// Step numbers never reach the failure bit and never return to 0.
+    #[test]
+    fn step_numbers_wrap_below_the_failure_bit() {
+        assert_eq!(next_step(0), 1);
+        assert_eq!(next_step(41), 42);
+        assert_eq!(next_step(DONE_FAILED - 2), DONE_FAILED - 1);
+        assert_eq!(next_step(DONE_FAILED - 1), 1);
+        assert_eq!(next_step(u32::MAX), 1);
     }
 
     #[test]

@@ -27,13 +27,15 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use hipfire_gpu::{
-    Activation, Context, DeviceMemory, Event, FlagsKernels, FoldTarget, GemvForm, GemvKernels,
-    GpuError, HostMappedBuffer, KernelRegistry, RowRange, Stream, WeightRef, FOLD_MAX_TARGETS,
+    Activation, Context, DeviceMemory, DoneWords, Event, FlagsKernels, FoldTarget, GemvForm,
+    GemvKernels, GpuError, HostMappedBuffer, KernelRegistry, RowRange, Stream, WeightRef,
+    FOLD_MAX_TARGETS,
 };
 use hipfire_quant::{ActivationBuf, Format};
 
 use crate::flags::{
-    ArmRows, FlagsArm, FlagsTicket, Mailbox, MailboxMemory, WeightBytes, DEFAULT_FLAGS_TIMEOUT,
+    next_step, ArmRows, DoneSignal, FlagsArm, FlagsTicket, FlagsTuning, Mailbox, MailboxMemory,
+    WeightBytes, DEFAULT_FLAGS_TIMEOUT,
 };
 use crate::refusal::{OutDtype, Refusal, SplitCheck};
 use crate::share::{
@@ -260,6 +262,8 @@ pub struct OffloadExecutor {
     step_events: Vec<(Event, Event)>,
     /// The previous flags step's after-fold event slot, while its successor is unresolved.
     last_fold_slot: Option<usize>,
+    /// The flags arm's host-side knobs.
+    flags_tuning: FlagsTuning,
     /// Record the flags timeline (events around each step, the device's fold-wait count):
     /// off by default, since it costs each step a little (8B decode on the H200, 16 layers
     /// spilled, three alternating runs: 42.1-42.2 tok/s at the commit before it, 39.2-42.8
@@ -415,6 +419,7 @@ impl OffloadExecutor {
             step_events,
             last_fold_slot: None,
             timeline: false,
+            flags_tuning: FlagsTuning::default(),
             next_slot: 0,
             probe_start: ctx.new_event().map_err(gpu_err)?,
             probe_end: ctx.new_event().map_err(gpu_err)?,
@@ -458,6 +463,11 @@ impl OffloadExecutor {
     /// PCIe read-modify-write to each fold.
     pub fn set_timeline(&mut self, on: bool) {
         self.timeline = on;
+    }
+
+    /// The flags arm's host-side knobs (for A/B runs; the default is the measured best).
+    pub fn set_flags_tuning(&mut self, tuning: FlagsTuning) {
+        self.flags_tuning = tuning;
     }
 
     /// The controller (GPU share per shape) for reports.
@@ -937,7 +947,7 @@ impl OffloadExecutor {
                  the CPU arm fail; that step's output rows were not written"
             )));
         }
-        fl.step = fl.step.wrapping_add(1).max(1);
+        fl.step = next_step(fl.step);
         let seq = fl.step;
         let mut offsets = fl.mailbox.offsets();
         if !self.timeline {
@@ -959,6 +969,7 @@ impl OffloadExecutor {
             mailbox: fl.mailbox.clone(),
             step: seq,
             timeout: DEFAULT_FLAGS_TIMEOUT,
+            tuning: self.flags_tuning,
         })?;
         let (flags_kernels, mem) = (&fl.kernels, &fl.mem);
         let (gpu_start, gpu_end) = &self.arm_events[slot];
@@ -983,12 +994,17 @@ impl OffloadExecutor {
                     FoldTarget::new(ctx, &mut *st.y, RowRange::new(g, st.weight.m()))
                 })
                 .collect::<Result<Vec<_>, _>>()?;
+            let done = match ticket.done_signal() {
+                DoneSignal::PerWorker => DoneWords::PerPart(ticket.cuts()),
+                DoneSignal::Last => DoneWords::Whole,
+            };
             flags_kernels.wait_fold_targets(
                 stream,
                 mem,
                 &offsets,
                 seq,
                 &targets,
+                done,
                 form,
                 FLAGS_DEVICE_TIMEOUT,
             )?;

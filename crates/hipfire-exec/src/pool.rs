@@ -615,7 +615,7 @@ impl CpuPool {
     }
 
     /// Send an owned job's `parts` (at most one per worker) without waiting; collect with
-    /// [`Pending::wait`]. Parts that could not be sent are counted in [`Pending::unsent`].
+    /// [`Pending::wait`]. Parts that could not be sent are listed in [`Pending::unsent`].
     pub(crate) fn submit_owned(
         &self,
         job: Arc<dyn PoolJob + Send + Sync>,
@@ -632,7 +632,7 @@ impl CpuPool {
         let mut pending = Pending {
             rx,
             sent: 0,
-            unsent: 0,
+            unsent: Vec::new(),
             first_err: None,
             spin: self.inner.caller_spin,
         };
@@ -645,7 +645,7 @@ impl CpuPool {
             match self.inner.senders[worker].send(msg) {
                 Ok(()) => pending.sent += 1,
                 Err(_) => {
-                    pending.unsent += 1;
+                    pending.unsent.push(worker);
                     pending
                         .first_err
                         .get_or_insert(ExecError::PoolStopped { worker });
@@ -768,7 +768,7 @@ pub(crate) struct Pending {
     rx: Receiver<Reply>,
     sent: usize,
     /// Parts no worker received (the pool was stopping).
-    pub(crate) unsent: usize,
+    pub(crate) unsent: Vec<usize>,
     first_err: Option<ExecError>,
     /// The pool's caller spin (see `PoolInner::caller_spin`).
     spin: Duration,

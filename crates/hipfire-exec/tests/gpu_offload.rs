@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use hipfire_exec::flags::{DoneSignal, FlagsTuning, RowStores};
 use hipfire_exec::offload::{JoinStrategy, OffloadExecutor, OffloadMode, SpilledStep};
 use hipfire_exec::share::{plan_rows, Form, ShapeKey, ShareSetting, SHARE_MAX, SHARE_MIN};
 use hipfire_exec::CpuPool;
@@ -243,7 +244,8 @@ fn auto_share_converges_inside_the_clamp() {
 /// output (a fold reading rows of the wrong step would show) and plain steps into fresh,
 /// NaN-poisoned outputs, over two weights of different formats. The chain run without any wait
 /// must equal, bit for bit, the same chain with the stream and the executor drained after
-/// every step.
+/// every step — under each done signal and row store, with and without the device timeline
+/// (whose fold counts waits across the fold's blocks).
 #[test]
 fn flags_steps_queued_back_to_back_equal_steps_run_one_at_a_time() {
     let Some(f) = fixture() else { return };
@@ -265,12 +267,14 @@ fn flags_steps_queued_back_to_back_equal_steps_run_one_at_a_time() {
     }
     const STEPS: usize = 12;
     let base: Vec<f32> = (0..M).map(|_| rng.random_range(-2.0f32..2.0)).collect();
-    let chain = |drain_each: bool| -> (Vec<f32>, Vec<Vec<f32>>) {
+    let chain = |drain_each: bool, tuning: FlagsTuning, timeline: bool| {
         let mode = OffloadMode::Passback {
             share: ShareSetting::Pinned(0.3),
             strategy: JoinStrategy::Flags,
         };
         let mut ex = OffloadExecutor::new(&f.ctx, f.pool.clone(), mode, K, M).expect("executor");
+        ex.set_flags_tuning(tuning);
+        ex.set_timeline(timeline);
         let mut acc = f.ctx.alloc::<f32>(M).expect("acc");
         acc.upload(&f.stream, &base).expect("acc up");
         let mut plains: Vec<DeviceBuffer<f32>> = (0..STEPS / 3)
@@ -310,15 +314,25 @@ fn flags_steps_queued_back_to_back_equal_steps_run_one_at_a_time() {
             }
         }
         f.stream.synchronize().expect("sync");
-        accounted += ex.take_arm_account().expect("account").steps;
+        let account = ex.take_arm_account().expect("account");
+        accounted += account.steps;
         assert_eq!(accounted, STEPS as u64, "every split step was accounted");
+        if timeline && !drain_each {
+            assert!(
+                account.fold_wait_ns > 0.0,
+                "{tuning:?}: the folds counted their waits"
+            );
+            assert!(
+                account.fold_wait_ns < account.fold_ns,
+                "{tuning:?}: a wait inside its fold"
+            );
+        }
         (
             download(&f, &acc),
-            plains.iter().map(|y| download(&f, y)).collect(),
+            plains.iter().map(|y| download(&f, y)).collect::<Vec<_>>(),
         )
     };
-    let (acc_one, plain_one) = chain(true);
-    let (acc_ahead, plain_ahead) = chain(false);
+    let (acc_one, plain_one) = chain(true, FlagsTuning::default(), false);
     assert!(acc_one
         .iter()
         .chain(plain_one.iter().flatten())
@@ -328,9 +342,35 @@ fn flags_steps_queued_back_to_back_equal_steps_run_one_at_a_time() {
         bits(&base),
         "the residual steps added something"
     );
-    assert_eq!(bits(&acc_ahead), bits(&acc_one), "residual chain");
-    for (i, (a, b)) in plain_ahead.iter().zip(&plain_one).enumerate() {
-        assert_eq!(bits(a), bits(b), "plain step {i}");
+    let tunings = [
+        (FlagsTuning::default(), false),
+        (FlagsTuning::default(), true),
+        (
+            FlagsTuning {
+                done: DoneSignal::Last,
+                ..FlagsTuning::default()
+            },
+            true,
+        ),
+        (
+            FlagsTuning {
+                rows: RowStores::Streaming,
+                flush_x: true,
+                ..FlagsTuning::default()
+            },
+            false,
+        ),
+    ];
+    for (tuning, timeline) in tunings {
+        let (acc_ahead, plain_ahead) = chain(false, tuning, timeline);
+        assert_eq!(
+            bits(&acc_ahead),
+            bits(&acc_one),
+            "{tuning:?}: residual chain"
+        );
+        for (i, (a, b)) in plain_ahead.iter().zip(&plain_one).enumerate() {
+            assert_eq!(bits(a), bits(b), "{tuning:?}: plain step {i}");
+        }
     }
 }
 
@@ -352,13 +392,17 @@ fn shared_step_equals_its_outputs_run_one_by_one() {
         .iter()
         .map(|w| WeightRef::new(w.as_ref(), 0, fmt, M, K).expect("weight"))
         .collect();
-    let run_all = |shared: bool| -> (Vec<Vec<f32>>, u64) {
+    let run_all = |shared: bool, done: DoneSignal| -> (Vec<Vec<f32>>, u64) {
         let mode = OffloadMode::Passback {
             share: ShareSetting::Pinned(0.3),
             strategy: JoinStrategy::Flags,
         };
         let mut ex =
             OffloadExecutor::new(&f.ctx, f.pool.clone(), mode, K, 3 * M).expect("executor");
+        ex.set_flags_tuning(FlagsTuning {
+            done,
+            ..FlagsTuning::default()
+        });
         let mut ys: Vec<DeviceBuffer<f32>> = (0..3)
             .map(|_| {
                 let mut y = f.ctx.alloc::<f32>(M).expect("y");
@@ -390,15 +434,20 @@ fn shared_step_equals_its_outputs_run_one_by_one() {
         let steps = ex.take_arm_account().expect("account").steps;
         (ys.iter().map(|y| download(&f, y)).collect(), steps)
     };
-    let (one_by_one, n_separate) = run_all(false);
-    let (shared, n_shared) = run_all(true);
+    let (one_by_one, n_separate) = run_all(false, DoneSignal::PerWorker);
     assert_eq!(n_separate, 3, "three split steps");
-    assert_eq!(n_shared, 1, "one split step for the three outputs");
-    for (i, (a, b)) in shared.iter().zip(&one_by_one).enumerate() {
-        assert!(
-            a.iter().all(|v| v.is_finite()),
-            "output {i}: unwritten rows"
+    for done in [DoneSignal::PerWorker, DoneSignal::Last] {
+        let (shared, n_shared) = run_all(true, done);
+        assert_eq!(
+            n_shared, 1,
+            "{done:?}: one split step for the three outputs"
         );
-        assert_eq!(bits(a), bits(b), "output {i}");
+        for (i, (a, b)) in shared.iter().zip(&one_by_one).enumerate() {
+            assert!(
+                a.iter().all(|v| v.is_finite()),
+                "{done:?} output {i}: unwritten rows"
+            );
+            assert_eq!(bits(a), bits(b), "{done:?} output {i}");
+        }
     }
 }

@@ -113,6 +113,14 @@ pub enum GpuError {
         /// Activation k.
         got: usize,
     },
+    /// An argument breaks a rule the launch states.
+    #[error("{what}: {rule}")]
+    Invalid {
+        /// Which argument.
+        what: &'static str,
+        /// The rule it breaks.
+        rule: &'static str,
+    },
     /// Objects from two different contexts were mixed in one call.
     #[error("{what} belongs to another GPU context")]
     WrongContext {

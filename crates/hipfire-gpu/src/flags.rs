@@ -4,15 +4,15 @@
 //! (`hipfire_exec::flags`); it reaches these launchers as a [`MailboxOffsets`]. Both kernels run
 //! on the caller's stream: [`FlagsKernels::publish`] (one block) before the GPU arm (x down,
 //! then the sequence word), [`FlagsKernels::wait_fold`] / [`FlagsKernels::wait_fold_targets`]
-//! after it (a grid whose blocks each wait for the CPU's done word, then fold the CPU rows of
-//! one or more outputs into them).
+//! after it (a grid whose blocks each wait for the done word of the CPU rows they fold — one
+//! per worker, or one for the whole arm — then fold those rows of one or more outputs).
 
 use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::LaunchDims;
-use crate::context::{Context, DeviceMemory, Function, HostMappedBuffer, Stream};
+use crate::context::{Context, DeviceBuffer, DeviceMemory, Function, HostMappedBuffer, Stream};
 use crate::gemv::{GemvForm, RowRange};
 use crate::registry::{KernelRegistry, FLAGS_SOURCE};
 use crate::GpuError;
@@ -25,10 +25,15 @@ const FLAGS_THREADS: u32 = 1024;
 pub struct MailboxOffsets {
     /// The device's sequence word.
     pub seq: usize,
-    /// The CPU's done word.
+    /// The CPU's done word for the whole arm (written by its last worker).
     pub done: usize,
-    /// The CPU's error word.
-    pub error: usize,
+    /// The first worker's done word ([`DoneWords::PerPart`]); worker `p`'s is
+    /// `part_done + p * part_done_stride`.
+    pub part_done: usize,
+    /// Bytes between the workers' done words (a cache line each).
+    pub part_done_stride: usize,
+    /// Done words the mailbox holds from `part_done` on.
+    pub part_done_count: usize,
     /// The device's fault word (written when the wait timed out or the CPU arm failed).
     pub fault: usize,
     /// The device's `u64` total of nanoseconds its folds waited for done (8-aligned); `None`:
@@ -40,12 +45,28 @@ pub struct MailboxOffsets {
     pub y: usize,
 }
 
+/// Which done word covers which of a fold's CPU rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DoneWords<'a> {
+    /// One word ([`MailboxOffsets::done`]) for the whole arm: the fold starts when the last
+    /// worker is done.
+    Whole,
+    /// One word per worker: part `p` is rows `[cuts[p], cuts[p + 1])` of the fold's
+    /// concatenated rows (`cuts` rises from 0 to their total), its word
+    /// `MailboxOffsets::part_done + p * part_done_stride`; each part is folded as soon as its
+    /// worker is done.
+    PerPart(&'a [usize]),
+}
+
 /// The two flags kernels, loaded for one context.
 #[derive(Debug)]
 pub struct FlagsKernels {
     ctx: Arc<Context>,
     publish: Function,
     wait_fold: Function,
+    /// The fold's fold-wait count between its parts: {longest wait, arrivals}, zero between
+    /// folds. One stream's folds at a time (they run in order).
+    wait_scratch: DeviceBuffer<u64>,
 }
 
 fn offset_u32(what: &'static str, v: usize) -> Result<u32, GpuError> {
@@ -67,10 +88,16 @@ impl FlagsKernels {
     /// Compiles (or loads from the cache) `kernels/flags.cu`.
     pub fn new(registry: &KernelRegistry) -> Result<FlagsKernels, GpuError> {
         let module = registry.module(&FLAGS_SOURCE, &[])?;
+        let ctx = registry.context().clone();
+        let mut wait_scratch = ctx.alloc::<u64>(2)?;
+        let stream = ctx.new_stream()?;
+        wait_scratch.upload(&stream, &[0, 0])?;
+        stream.synchronize()?;
         Ok(FlagsKernels {
-            ctx: registry.context().clone(),
             publish: module.function("flags_publish")?,
             wait_fold: module.function("flags_wait_fold")?,
+            wait_scratch,
+            ctx,
         })
     }
 
@@ -101,7 +128,7 @@ impl FlagsKernels {
         for (what, off) in [
             ("mailbox seq word", at.seq),
             ("mailbox done word", at.done),
-            ("mailbox error word", at.error),
+            ("mailbox first worker's done word", at.part_done),
             ("mailbox fault word", at.fault),
         ] {
             if off % 4 != 0 {
@@ -109,6 +136,17 @@ impl FlagsKernels {
             }
             check_fits(what, off + 4, mb.byte_len())?;
         }
+        if at.part_done_stride % 4 != 0 {
+            return Err(GpuError::Misaligned {
+                what: "mailbox done-word stride",
+                align: 4,
+            });
+        }
+        check_fits(
+            "mailbox workers' done words",
+            at.part_done + at.part_done_count.saturating_sub(1) * at.part_done_stride + 4,
+            mb.byte_len(),
+        )?;
         if let Some(off) = at.fold_wait {
             if off % 8 != 0 {
                 return Err(GpuError::Misaligned {
@@ -175,9 +213,9 @@ impl FlagsKernels {
         unsafe { self.launch_one_block(&self.publish, stream, &mut params) }
     }
 
-    /// Queues: wait until the mailbox's done word says `step` (or `timeout` passes: then the
-    /// fault word is set to `step` and `y` is left alone), then write (plain) or add (residual)
-    /// the mailbox's CPU rows into `y[rows]`.
+    /// Queues: wait until the mailbox's done word says `step` (or `timeout` passes, or it says
+    /// the CPU arm failed: then the fault word is set to `step` and `y` is left alone), then
+    /// write (plain) or add (residual) the mailbox's CPU rows into `y[rows]`.
     #[allow(clippy::too_many_arguments)] // one launch's operands
     pub fn wait_fold<Y: DeviceMemory + ?Sized>(
         &self,
@@ -191,12 +229,22 @@ impl FlagsKernels {
         timeout: Duration,
     ) -> Result<(), GpuError> {
         let target = FoldTarget::new(&self.ctx, y, rows)?;
-        self.wait_fold_targets(stream, mailbox, at, step, &[target], form, timeout)
+        self.wait_fold_targets(
+            stream,
+            mailbox,
+            at,
+            step,
+            &[target],
+            DoneWords::Whole,
+            form,
+            timeout,
+        )
     }
 
     /// [`FlagsKernels::wait_fold`] for several outputs whose CPU rows follow one another in the
-    /// mailbox (one step's q/k/v or gate/up): one wait, one launch. At most
-    /// [`FOLD_MAX_TARGETS`] outputs, each borrowed from its buffer ([`FoldTarget::new`]).
+    /// mailbox (one step's q/k/v or gate/up): one launch. At most [`FOLD_MAX_TARGETS`] outputs,
+    /// each borrowed from its buffer ([`FoldTarget::new`]); `done` says which done word guards
+    /// which rows. With `at.fold_wait`, the fold adds the longest of its parts' waits there.
     #[allow(clippy::too_many_arguments)] // one launch's operands
     pub fn wait_fold_targets(
         &self,
@@ -205,6 +253,7 @@ impl FlagsKernels {
         at: &MailboxOffsets,
         step: u32,
         targets: &[FoldTarget<'_>],
+        done: DoneWords<'_>,
         form: GemvForm,
         timeout: Duration,
     ) -> Result<(), GpuError> {
@@ -238,23 +287,68 @@ impl FlagsKernels {
             segs.y[i] = t.y;
             segs.rows[i] = rows_i32(t.rows)?;
         }
+        let mut parts = FoldParts {
+            cut: [0; FOLD_MAX_PARTS + 1],
+            n: 1,
+        };
+        let (done_off, stride) = match done {
+            DoneWords::Whole => {
+                parts.cut[1] = total as u32;
+                (at.done, 0)
+            }
+            DoneWords::PerPart(cuts) => {
+                let n = cuts.len().saturating_sub(1);
+                if n == 0 || n > FOLD_MAX_PARTS.min(at.part_done_count) {
+                    return Err(GpuError::BufferTooSmall {
+                        what: "fold parts (workers' done words)",
+                        need: n,
+                        got: FOLD_MAX_PARTS.min(at.part_done_count),
+                    });
+                }
+                if cuts[0] != 0 || cuts[n] != total || cuts.windows(2).any(|w| w[0] > w[1]) {
+                    return Err(GpuError::Invalid {
+                        what: "fold parts",
+                        rule: "cut points rise from 0 to the fold's total rows",
+                    });
+                }
+                for (c, &v) in parts.cut.iter_mut().zip(cuts) {
+                    *c = v as u32; // below `total`, which fits an i32 (checked above)
+                }
+                parts.n = n as i32;
+                (at.part_done, at.part_done_stride)
+            }
+        };
+        let widest = (0..parts.n as usize)
+            .map(|p| (parts.cut[p + 1] - parts.cut[p]) as usize)
+            .max()
+            .unwrap_or(0);
+        let blocks_per_part = widest
+            .div_ceil(FOLD_THREADS as usize * FOLD_ROWS_PER_THREAD)
+            .clamp(1, (FOLD_MAX_BLOCKS / parts.n as usize).max(1));
+        let grid = blocks_per_part * parts.n as usize;
+        let mut blocks_per_part_i = blocks_per_part as i32;
         let mut nsegs = targets.len() as i32;
         let mut pmb = mailbox.device_ptr();
-        let mut done = offset_u32("mailbox done offset", at.done)?;
-        let mut err = offset_u32("mailbox error offset", at.error)?;
+        let mut done_off = offset_u32("mailbox done offset", done_off)?;
+        let mut stride = offset_u32("mailbox done stride", stride)?;
         let mut fault = offset_u32("mailbox fault offset", at.fault)?;
-        let mut count_wait = i32::from(at.fold_wait.is_some());
+        let mut scratch = match at.fold_wait {
+            Some(_) => self.wait_scratch.device_ptr(),
+            None => 0,
+        };
         let mut wait_total = offset_u32("mailbox fold-wait offset", at.fold_wait.unwrap_or(0))?;
         let mut yo = offset_u32("mailbox y offset", at.y)?;
         let mut st = step;
         let mut residual = i32::from(matches!(form, GemvForm::Residual));
         let mut tmo = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
-        let mut params: [*mut c_void; 12] = [
+        let mut params: [*mut c_void; 14] = [
             (&mut pmb as *mut u64).cast(),
-            (&mut done as *mut u32).cast(),
-            (&mut err as *mut u32).cast(),
+            (&mut done_off as *mut u32).cast(),
+            (&mut stride as *mut u32).cast(),
+            (&mut parts as *mut FoldParts).cast(),
+            (&mut blocks_per_part_i as *mut i32).cast(),
             (&mut fault as *mut u32).cast(),
-            (&mut count_wait as *mut i32).cast(),
+            (&mut scratch as *mut u64).cast(),
             (&mut wait_total as *mut u32).cast(),
             (&mut yo as *mut u32).cast(),
             (&mut st as *mut u32).cast(),
@@ -263,22 +357,22 @@ impl FlagsKernels {
             (&mut residual as *mut i32).cast(),
             (&mut tmo as *mut u64).cast(),
         ];
-        let grid = total
-            .div_ceil(FOLD_THREADS as usize * FOLD_ROWS_PER_THREAD)
-            .clamp(1, FOLD_MAX_BLOCKS) as u32;
         let dims = LaunchDims {
-            grid,
+            grid: grid as u32,
             block: FOLD_THREADS,
             shared_bytes: 0,
         };
-        // SAFETY: kernel `flags_wait_fold(u8* mb, u32 done_off, u32 err_off, u32 fault_off,
-        // int count_wait, u32 wait_off, u32 y_off, u32 step, hf_fold_segs segs, int nsegs,
-        // int residual, u64 timeout_ns)`: twelve parameters of these types (`FoldSegments` is
-        // `hf_fold_segs`'s layout). It reads the done/error words and mb[y_off..y_off + 4*total]
-        // (in bounds, checked above), writes the fault word, the fold-wait total (only when
-        // counted; in bounds, checked) and, per target, `rows` floats from its `y` (bounds
-        // checked by `FoldTarget::new`; the buffer is borrowed by the target for this call and
-        // its Drop frees synchronously). The spin ends by itself after `timeout`.
+        // SAFETY: kernel `flags_wait_fold(u8* mb, u32 done_off, u32 done_stride,
+        // hf_fold_parts parts, int blocks_per_part, u32 fault_off, u64* wait_scratch,
+        // u32 wait_off, u32 y_off, u32 step, hf_fold_segs segs, int nsegs, int residual,
+        // u64 timeout_ns)`: fourteen parameters of these types (`FoldParts` and `FoldSegments`
+        // are `hf_fold_parts`' and `hf_fold_segs`' layouts). Block b reads done word b /
+        // blocks_per_part (at most `part_done_count` words, in bounds, checked) and
+        // mb[y_off..y_off + 4*total] (checked above), writes the fault word, the fold-wait total
+        // and the kernels' own two-word scratch (only when counted; in bounds, checked) and, per
+        // target, `rows` floats from its `y` (bounds checked by `FoldTarget::new`; the buffer is
+        // borrowed by the target for this call and its Drop frees synchronously). The spin
+        // ends by itself after `timeout`.
         unsafe {
             self.ctx
                 .backend()
@@ -297,10 +391,21 @@ const FOLD_THREADS: u32 = 256;
 /// about this many round trips once every load is in flight. Chosen, not tuned: with it the
 /// fold's own work was ~12 µs per step on the H200 (session-3 checkpoint).
 const FOLD_ROWS_PER_THREAD: usize = 2;
-/// Blocks a fold launch may use (each one's first thread polls the done word): enough for
-/// two rows per thread up to 32 k CPU rows (gate + up of a 14336-wide FFN at share 0.3 is
-/// ~20 k). Chosen, not tuned.
+/// Blocks a fold launch may use (each one's first thread polls a done word): enough for two
+/// rows per thread up to 32 k CPU rows (gate + up of a 14336-wide FFN at share 0.3 is ~20 k),
+/// and one per part at [`FOLD_MAX_PARTS`]. Chosen, not tuned.
 const FOLD_MAX_BLOCKS: usize = 64;
+
+/// Done words a fold can wait on (`HF_FOLD_PARTS` in kernels/flags.cu): one per CPU worker, up
+/// to 64 workers.
+pub const FOLD_MAX_PARTS: usize = 64;
+
+/// `hf_fold_parts` of kernels/flags.cu, passed by value.
+#[repr(C)]
+struct FoldParts {
+    cut: [u32; FOLD_MAX_PARTS + 1],
+    n: i32,
+}
 
 /// `hf_fold_segs` of kernels/flags.cu, passed by value.
 #[repr(C)]

@@ -67,7 +67,9 @@ pub use context::{
     HostMappedBuffer, Module, Stream,
 };
 pub use error::{mem_available_bytes, DriverCode, GpuError};
-pub use flags::{FlagsKernels, FoldTarget, MailboxOffsets, FOLD_MAX_TARGETS};
+pub use flags::{
+    DoneWords, FlagsKernels, FoldTarget, MailboxOffsets, FOLD_MAX_PARTS, FOLD_MAX_TARGETS,
+};
 pub use gemv::{
     Activation, GemvConfig, GemvForm, GemvKernels, ReadKernel, RowRange, WeightLocation, WeightRef,
     QX_BLOCK,
