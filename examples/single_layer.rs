@@ -7,7 +7,7 @@
 //! ```text
 //! cargo run --release --example single_layer -- [--format q4_k|q8_0] [--reps N] [--threads N]
 //!     [--sweep] [--per-shape] [--json PATH] [--handshake STEPS] [--timeline]
-//!     [--flags-variants LIST]
+//!     [--flags-variants LIST] [--copies N]
 //! ```
 //! `--sweep` times every pinned share from 0.10 to 0.50 for the whole layer; `--per-shape` does
 //! the same one projection at a time and reports `auto` against the best pinned share per shape.
@@ -17,6 +17,8 @@
 //! `--flags-variants` runs the flags join once per listed host-side tuning, for A/B in one run:
 //! a comma-separated list of `default` or `+`-joined knobs (`per-worker`|`last` done words,
 //! `cached`|`streaming` row stores, `flush-x`), e.g. `default,last,streaming,flush-x`.
+//! `--copies N` sets how many copies of the layer the reps cycle through (default 4, ~0.5 GB
+//! at Q4_K), so that the timed reads come from DRAM rather than the last-level cache.
 //!
 //! Needs a GPU; on a machine without one it says so and exits 1. The weights are random
 //! (64 distinct quantised rows per matrix, tiled), so the figures are bandwidth, not model quality.
@@ -43,8 +45,8 @@ const FF: usize = 14336;
 /// Distinct random rows per matrix (tiled to m rows): enough that no two neighbouring rows of a
 /// worker's slice share cache lines, few enough that quantising a layer takes well under a second.
 const DISTINCT_ROWS: usize = 64;
-/// Layer copies cycled through by the timed reps, so the ~123 MB (Q4_K) layer is not served from
-/// the box's last-level cache (hundreds of MB on its Xeon): 4 copies ≈ 0.5 GB.
+/// Layer copies cycled through by the timed reps (`--copies`), so the ~123 MB (Q4_K) layer is
+/// not served from the box's last-level cache: 4 copies ≈ 0.5 GB.
 const LAYER_COPIES: usize = 4;
 /// Bytes of each buffer the read ceilings are measured over: far beyond any cache.
 const CEILING_BYTES: usize = 1 << 30;
@@ -398,6 +400,11 @@ fn main() -> Result<()> {
     let json_path = get("--json");
     let handshake_steps: Option<usize> = get("--handshake").map(|s| s.parse()).transpose()?;
     let timeline = args.iter().any(|a| a == "--timeline");
+    let layer_copies: usize = get("--copies")
+        .map(|s| s.parse())
+        .transpose()?
+        .unwrap_or(LAYER_COPIES)
+        .max(1);
     let flags_variants =
         parse_flags_variants(get("--flags-variants").as_deref().unwrap_or("default"))?;
 
@@ -432,7 +439,7 @@ fn main() -> Result<()> {
         ("down", D, FF, GemvForm::Residual),
     ];
     let mut copies = Vec::new();
-    for c in 0..LAYER_COPIES {
+    for c in 0..layer_copies {
         let mut projs = Vec::new();
         for (i, (name, m, k, form)) in shapes.into_iter().enumerate() {
             let (host, dev) = make_matrix(&ctx, &stream, format, m, k, 1000 * c as u64 + i as u64)?;
@@ -765,7 +772,7 @@ fn main() -> Result<()> {
     let out = serde_json::json!({
         "per_shape": shape_rows,
         "example": "single_layer", "format": format.name(), "device": ctx.info().name, "cpu_workers": pool.threads(),
-        "layer_bytes": bytes, "reps": reps,
+        "layer_bytes": bytes, "reps": reps, "layer_copies": layer_copies, "flags_variants": flags_variants.iter().map(|(v, _)| v.clone()).collect::<Vec<_>>(),
         "ceilings": {"cpu_read_gbs": cpu_read, "gpu_zero_copy_read_gbs": gpu_read, "both_cpu_gbs": both.0, "both_gpu_gbs": both.1, "both_total_gbs": both_total},
         "runs": rows,
         "projections": projs.iter().map(|p| serde_json::json!({"name":p.name,"m":p.m,"k":p.k,"bytes":p.host.len()})).collect::<Vec<_>>(),
