@@ -17,8 +17,8 @@
 //! `--flags-variants` runs the flags join once per listed host-side tuning, for A/B in one run:
 //! a comma-separated list of `default` or `+`-joined knobs (`per-worker`|`last` done words,
 //! `cached`|`streaming` row stores, `flush-x`), e.g. `default,last,streaming,flush-x`.
-//! `--copies N` sets how many copies of the layer the reps cycle through (default 4, ~0.5 GB
-//! at Q4_K), so that the timed reads come from DRAM rather than the last-level cache.
+//! `--copies N` sets how many copies of the layer the reps cycle through (default: enough for
+//! 2 GiB, 18 at Q4_K), so that the timed reads come from DRAM rather than the last-level cache.
 //!
 //! Needs a GPU; on a machine without one it says so and exits 1. The weights are random
 //! (64 distinct quantised rows per matrix, tiled), so the figures are bandwidth, not model quality.
@@ -45,9 +45,12 @@ const FF: usize = 14336;
 /// Distinct random rows per matrix (tiled to m rows): enough that no two neighbouring rows of a
 /// worker's slice share cache lines, few enough that quantising a layer takes well under a second.
 const DISTINCT_ROWS: usize = 64;
-/// Layer copies cycled through by the timed reps (`--copies`), so the ~123 MB (Q4_K) layer is
-/// not served from the box's last-level cache: 4 copies ≈ 0.5 GB.
-const LAYER_COPIES: usize = 4;
+/// Bytes of layer copies the timed reps cycle through (unless `--copies` says how many), so
+/// that the weights come from DRAM, not the last-level cache: the H200 box's Xeon has a 300 MiB
+/// L3 (lscpu), and with 4 Q4_K copies (0.5 GB) passback read 143-151 GB/s against a 127-137
+/// GB/s both-at-once ceiling, 113.6-118.5 with 16 copies (2 GB) in the same session
+/// (docs/perf-checkpoints/2026-11-29-session4-h200). About 7× the L3.
+const LAYER_SET_BYTES: usize = 2 << 30;
 /// Bytes of each buffer the read ceilings are measured over: far beyond any cache.
 const CEILING_BYTES: usize = 1 << 30;
 /// Layer runs that let an `auto` controller probe, refine and latch before timing (the H200
@@ -400,11 +403,7 @@ fn main() -> Result<()> {
     let json_path = get("--json");
     let handshake_steps: Option<usize> = get("--handshake").map(|s| s.parse()).transpose()?;
     let timeline = args.iter().any(|a| a == "--timeline");
-    let layer_copies: usize = get("--copies")
-        .map(|s| s.parse())
-        .transpose()?
-        .unwrap_or(LAYER_COPIES)
-        .max(1);
+    let copies_arg: Option<usize> = get("--copies").map(|s| s.parse()).transpose()?;
     let flags_variants =
         parse_flags_variants(get("--flags-variants").as_deref().unwrap_or("default"))?;
 
@@ -438,6 +437,17 @@ fn main() -> Result<()> {
         ("up", FF, D, GemvForm::Plain),
         ("down", D, FF, GemvForm::Residual),
     ];
+    let one_layer_bytes: usize = shapes
+        .iter()
+        .map(|&(_, m, k, _)| format.row_bytes(k).map(|rb| m * rb))
+        .sum::<Result<usize, _>>()?;
+    let layer_copies = copies_arg
+        .unwrap_or(LAYER_SET_BYTES.div_ceil(one_layer_bytes))
+        .max(1);
+    eprintln!(
+        "{layer_copies} layer copies of {:.1} MB",
+        one_layer_bytes as f64 / 1e6
+    );
     let mut copies = Vec::new();
     for c in 0..layer_copies {
         let mut projs = Vec::new();
