@@ -66,6 +66,10 @@ const PINNED_WARM_REPS: usize = 10;
 /// ratios removes both (docs/perf-checkpoints/2026-11-29-session2-h200: adjacent shares' medians
 /// of 200 reps differed by up to 20 % non-monotonically).
 const HEAD_TO_HEAD_ROUNDS: usize = 7;
+/// The sweep's fastest shares raced against `auto` in those rounds: the sweep's single fastest
+/// is the luckiest of nine noisy points (session 3's worst per-shape rows, 0.853 and 0.915,
+/// came from such minima).
+const HEAD_TO_HEAD_RIVALS: usize = 3;
 
 /// Projections that read one activation, handed to the executor together (as the decoder
 /// does: under `flags` each group is one split step): q/k/v, o, gate/up, down.
@@ -677,7 +681,7 @@ fn main() -> Result<()> {
             "{:<6} {:>6} {:>6} {:<11} {:>14} {:>10} {:>10} {:>12} {:>8}",
             "proj", "m", "k", "strategy", "auto share", "auto us", "best us", "auto/best", "h2h"
         );
-        println!("  (h2h: median of {HEAD_TO_HEAD_ROUNDS} interleaved rounds, auto against the sweep's best share)");
+        println!("  (h2h: auto against the sweep's {HEAD_TO_HEAD_RIVALS} fastest shares in {HEAD_TO_HEAD_ROUNDS} interleaved rounds; the median ratio against the rival auto fares worst against, and that rival's share)");
         for (i, p) in projs.iter().enumerate() {
             // v has k's shape; one of them is enough.
             if p.name == "v" {
@@ -718,49 +722,63 @@ fn main() -> Result<()> {
                             (f64::NAN, f64::INFINITY),
                             |a, x| if x.1 < a.1 { x } else { a },
                         );
-                // Throughput ratio: auto over the best pinned share.
+                // Throughput ratio: auto over the best pinned share of the sweep.
                 let ratio = t_best / t_auto;
-                // Head to head, interleaved: the sweep's winner against auto.
-                let mut best_ex = OffloadExecutor::new(
-                    &ctx,
-                    pool.clone(),
-                    OffloadMode::Passback {
-                        share: ShareSetting::Pinned(best_share),
-                        strategy: st,
-                    },
-                    FF,
-                    FF,
-                )?;
-                b.run(Mode::Offload, Some(&mut best_ex), PINNED_WARM_REPS, Some(i))?;
-                let round_reps = (reps / 2).max(5);
-                let mut h2h = Vec::with_capacity(HEAD_TO_HEAD_ROUNDS);
-                for round in 0..HEAD_TO_HEAD_ROUNDS {
-                    // Alternate which goes first, so neither always follows the other.
-                    let (ta, tb) = if round % 2 == 0 {
-                        let ta = b
-                            .run(Mode::Offload, Some(&mut auto_ex), round_reps, Some(i))?
-                            .0;
-                        (
-                            ta,
-                            b.run(Mode::Offload, Some(&mut best_ex), round_reps, Some(i))?
-                                .0,
-                        )
-                    } else {
-                        let tb = b
-                            .run(Mode::Offload, Some(&mut best_ex), round_reps, Some(i))?
-                            .0;
-                        (
-                            b.run(Mode::Offload, Some(&mut auto_ex), round_reps, Some(i))?
-                                .0,
-                            tb,
-                        )
-                    };
-                    h2h.push(tb / ta);
+                // Head to head, interleaved: auto against each of the sweep's fastest shares.
+                // The sweep's minimum alone is the luckiest of nine noisy points; racing its
+                // top few against auto in the same rounds picks the best pinned share by the
+                // same measurement that judges auto.
+                let mut ranked = pinned.clone();
+                ranked.sort_by(|a, b| a.1.total_cmp(&b.1));
+                let mut rivals = Vec::new();
+                for &(share, _) in ranked.iter().take(HEAD_TO_HEAD_RIVALS) {
+                    let mut ex = OffloadExecutor::new(
+                        &ctx,
+                        pool.clone(),
+                        OffloadMode::Passback {
+                            share: ShareSetting::Pinned(share),
+                            strategy: st,
+                        },
+                        FF,
+                        FF,
+                    )?;
+                    b.run(Mode::Offload, Some(&mut ex), PINNED_WARM_REPS, Some(i))?;
+                    rivals.push((share, ex, Vec::with_capacity(HEAD_TO_HEAD_ROUNDS)));
                 }
-                h2h.sort_by(f64::total_cmp);
-                let ratio_h2h = h2h[h2h.len() / 2];
+                let round_reps = (reps / 2).max(5);
+                for round in 0..HEAD_TO_HEAD_ROUNDS {
+                    // Auto runs first, then the rivals, with the order rotated every round so
+                    // that none always follows another.
+                    let n = rivals.len() + 1;
+                    let mut times = vec![0f64; n];
+                    for j in 0..n {
+                        let slot = (j + round) % n;
+                        let ex = if slot == 0 {
+                            &mut auto_ex
+                        } else {
+                            &mut rivals[slot - 1].1
+                        };
+                        times[slot] = b.run(Mode::Offload, Some(ex), round_reps, Some(i))?.0;
+                    }
+                    for (r, t) in rivals.iter_mut().zip(&times[1..]) {
+                        r.2.push(t / times[0]);
+                    }
+                }
+                // Per rival, the median over rounds of its time over auto's (auto's throughput
+                // over the rival's); the best pinned share is the rival auto fares worst
+                // against.
+                let mut h2h_rows = Vec::new();
+                let (mut h2h_share, mut ratio_h2h) = (f64::NAN, f64::INFINITY);
+                for (share, _, mut r) in rivals {
+                    r.sort_by(f64::total_cmp);
+                    let med = r[r.len() / 2];
+                    if med < ratio_h2h {
+                        (h2h_share, ratio_h2h) = (share, med);
+                    }
+                    h2h_rows.push(serde_json::json!({"share": share, "rounds": r, "median": med}));
+                }
                 println!(
-                    "{:<6} {:>6} {:>6} {:<11} {:>14.3} {:>10.1} {:>10.1} {:>12.3} {:>8.3}",
+                    "{:<6} {:>6} {:>6} {:<11} {:>14.3} {:>10.1} {:>10.1} {:>12.3} {:>8.3} ({h2h_share:.2})",
                     p.name,
                     p.m,
                     p.k,
@@ -774,7 +792,8 @@ fn main() -> Result<()> {
                 shape_rows.push(serde_json::json!({"proj": p.name, "m": p.m, "k": p.k, "strategy": st.name(),
                     "auto_share": auto_share, "auto_us": t_auto, "best_share": best_share, "best_us": t_best,
                     "auto_over_best_throughput": ratio,
-                    "auto_over_best_interleaved": ratio_h2h, "interleaved_rounds": h2h,
+                    "auto_over_best_interleaved": ratio_h2h, "interleaved_best_share": h2h_share,
+                    "interleaved": h2h_rows,
                     "pinned": pinned.iter().map(|(s, t)| serde_json::json!({"share": s, "us": t})).collect::<Vec<_>>()}));
             }
         }
