@@ -1,9 +1,20 @@
 // Decode-step kernels for the llama family (batch 1): RMSNorm, RoPE, grouped-query attention over an
-// f32 KV cache, SwiGLU, bias add. CUDA/HIP common subset: no cooperative groups, no warp-size
-// assumptions beyond 32 (HIP wave64 builds set HF_WARP to 64).
+// f16 KV cache, the f32 -> f16 cache store, SwiGLU, bias add. CUDA/HIP common subset: no cooperative
+// groups, no warp-size assumptions beyond 32 (HIP wave64 builds set HF_WARP to 64), no inline PTX
+// outside the HF_CUDA guards.
+//
+// The cache is f16 like the CPU decoder's (llama.cpp's default cache type): this step's k and v are
+// computed in f32 (projection, bias, k-norm, RoPE) and rounded once, to nearest with ties to even,
+// when stored, which is half::f16::from_f32's rule, so on finite values both engines cache the same bits.
 //
 // Everything here is bandwidth-trivial next to the projections (a 4096-wide vector per call), so the
 // kernels favour simplicity: one block per vector or per head, shared-memory reductions.
+
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC_RTC__)
+#define HF_HIP 1
+#else
+#define HF_CUDA 1
+#endif
 
 #ifndef HF_WARP
 #define HF_WARP 32
@@ -17,6 +28,33 @@
 #ifndef INFINITY
 #define INFINITY __int_as_float(0x7f800000)
 #endif
+
+// An f16 cache element is handled as its bit pattern, as gemv.cu handles f16 scales: no half-type
+// header is needed, and the two conversions below are the only arithmetic on it.
+typedef unsigned short hf_u16;
+
+// f16 bits -> f32 (exact).
+__device__ __forceinline__ float hf_h2f(hf_u16 h) {
+#ifdef HF_CUDA
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+#else
+    return (float)__builtin_bit_cast(_Float16, h);
+#endif
+}
+
+// f32 -> f16 bits, round to nearest with ties to even (`.rn`; the C conversion on HIP rounds the
+// same way); out-of-range values become +-inf, as half::f16::from_f32 makes them.
+__device__ __forceinline__ hf_u16 hf_f2h(float f) {
+#ifdef HF_CUDA
+    hf_u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+#else
+    return __builtin_bit_cast(hf_u16, (_Float16)f);
+#endif
+}
 
 // Block-wide sum; `scratch` holds one float per warp. Every thread gets the total.
 __device__ __forceinline__ float hf_block_sum(float v, float* scratch) {
@@ -82,12 +120,24 @@ extern "C" __global__ void rope_f32(float* __restrict__ x, int head_dim, int rop
     }
 }
 
-// Decode attention for one query token. q: [n_head][head_dim]; caches: [n_pos_max][n_kv_head][head_dim]
-// (row `p` written at position p); out: [n_head][head_dim]. One block per query head; scores for all
-// n_pos positions live in dynamic shared memory (n_pos floats).
-extern "C" __global__ void attention_f32(const float* __restrict__ q, const float* __restrict__ kc,
-                                         const float* __restrict__ vc, float* __restrict__ out,
-                                         int n_head, int n_kv_head, int head_dim, int n_pos, float scale) {
+// Stores this position's k and v (f32, n floats each) into their cache rows as f16.
+extern "C" __global__ void kv_store_f16(const float* __restrict__ k, const float* __restrict__ v,
+                                        hf_u16* __restrict__ kslot, hf_u16* __restrict__ vslot, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        kslot[i] = hf_f2h(k[i]);
+        vslot[i] = hf_f2h(v[i]);
+    }
+}
+
+// Decode attention for one query token over the f16 cache. q: [n_head][head_dim] (f32); caches:
+// [n_pos_max][n_kv_head][head_dim] f16 (row `p` written at position p); out: [n_head][head_dim] (f32).
+// One block per query head; scores for all n_pos positions live in dynamic shared memory (n_pos
+// floats); products and sums are f32.
+extern "C" __global__ void attention_f16kv(const float* __restrict__ q, const hf_u16* __restrict__ kc,
+                                           const hf_u16* __restrict__ vc, float* __restrict__ out,
+                                           int n_head, int n_kv_head, int head_dim, int n_pos,
+                                           float scale) {
     extern __shared__ float scores[];
     __shared__ float scratch[32];
     const int h = blockIdx.x;
@@ -98,9 +148,9 @@ extern "C" __global__ void attention_f32(const float* __restrict__ q, const floa
     const int n_warps = blockDim.x / HF_WARP;
     // One warp per position: lanes split the head dimension.
     for (int p = warp; p < n_pos; p += n_warps) {
-        const float* kp = kc + p * stride + (size_t)kvh * head_dim;
+        const hf_u16* kp = kc + p * stride + (size_t)kvh * head_dim;
         float s = 0.0f;
-        for (int i = lane; i < head_dim; i += HF_WARP) s += qh[i] * kp[i];
+        for (int i = lane; i < head_dim; i += HF_WARP) s += qh[i] * hf_h2f(kp[i]);
         for (int o = HF_WARP / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
         if (lane == 0) scores[p] = s * scale;
     }
@@ -118,8 +168,8 @@ extern "C" __global__ void attention_f32(const float* __restrict__ q, const floa
     const float inv = 1.0f / sum;
     for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
         float acc = 0.0f;
-        const float* vp = vc + (size_t)kvh * head_dim + i;
-        for (int p = 0; p < n_pos; ++p) acc += scores[p] * vp[p * stride];
+        const hf_u16* vp = vc + (size_t)kvh * head_dim + i;
+        for (int p = 0; p < n_pos; ++p) acc += scores[p] * hf_h2f(vp[p * stride]);
         out[(size_t)h * head_dim + i] = acc * inv;
     }
 }

@@ -2,8 +2,9 @@
 //!
 //! The activation never leaves the GPU except where a spilled projection needs the CPU: the
 //! embedding row is dequantised on the host (one `d_model` row per token) and uploaded, norms,
-//! RoPE, attention over a device KV cache and SwiGLU run as kernels from `kernels/decode.cu`,
-//! resident weights live in device memory, and weights beyond `memory.gpu_layer_budget` live in
+//! RoPE, attention over a device KV cache (f16, as on the CPU path) and SwiGLU run as kernels
+//! from `kernels/decode.cu`, resident weights live in device memory, and weights beyond
+//! `memory.gpu_layer_budget` live in
 //! pinned host-mapped memory where both the GPU (over PCIe) and the CPU pool can read them. Each
 //! projection over a spilled weight is handed to [`hipfire_exec::offload::OffloadExecutor`],
 //! which runs it as `pcie`, `cpu` or `passback` (split by rows, both engines at once).
@@ -28,12 +29,22 @@ use crate::model::GenerationStats;
 use crate::sampling::SamplingParams;
 use crate::{Model, ModelError, Weight};
 
-/// `kernels/decode.cu`: RMSNorm, RoPE, attention, SwiGLU, add.
+/// `kernels/decode.cu`: RMSNorm, RoPE, the f16 KV store, attention, SwiGLU, add.
 pub const DECODE_SOURCE: KernelSource = KernelSource {
     name: "decode.cu",
     source: include_str!("../../../kernels/decode.cu"),
     headers: &[],
 };
+
+/// The kernels [`GpuDecoder`] launches from [`DECODE_SOURCE`], in [`DecodeKernels`] field order.
+const DECODE_KERNEL_NAMES: [&str; 6] = [
+    "rms_norm_f32",
+    "rope_f32",
+    "kv_store_f16",
+    "attention_f16kv",
+    "swiglu_f32",
+    "add_f32",
+];
 
 /// Threads per block of the small decode kernels: one block covers a 4096-wide row in 4 strides,
 /// and 256 threads = 8 warps keeps the two-level reductions in `decode.cu` to one shuffle round.
@@ -45,6 +56,9 @@ pub const MAX_GPU_CTX: usize = 48 * 1024 / 4;
 /// CUDA context's own growth, module loads, scratch) and for other users of the card. A chosen
 /// margin, not yet measured against what hipfire itself allocates after placement.
 const VRAM_MARGIN_BYTES: u64 = 2 << 30;
+/// Bytes of one KV cache element: f16, the CPU decoder's cache type and llama.cpp's default
+/// (`kv_store_f16` rounds each f32 k/v value once, as `half::f16::from_f32` does).
+const KV_ELEM_BYTES: usize = std::mem::size_of::<u16>();
 
 /// How to place and run the model on the GPU.
 #[derive(Debug, Clone)]
@@ -127,13 +141,15 @@ struct GpuLayer {
     gate: usize,
     up: usize,
     down: usize,
-    k_cache: DeviceBuffer<f32>,
-    v_cache: DeviceBuffer<f32>,
+    /// f16 bit patterns, `[ctx_len][kv_dim]`.
+    k_cache: DeviceBuffer<u16>,
+    v_cache: DeviceBuffer<u16>,
 }
 
 struct DecodeKernels {
     rms_norm: Function,
     rope: Function,
+    kv_store: Function,
     attention: Function,
     swiglu: Function,
     add: Function,
@@ -144,6 +160,10 @@ struct Scratch {
     x: DeviceBuffer<f32>,
     xn: DeviceBuffer<f32>,
     q: DeviceBuffer<f32>,
+    /// This position's k and v in f32 (projection, bias, k-norm and RoPE act here) before
+    /// `kv_store_f16` rounds them into the cache.
+    k: DeviceBuffer<f32>,
+    v: DeviceBuffer<f32>,
     att: DeviceBuffer<f32>,
     gate: DeviceBuffer<f32>,
     up: DeviceBuffer<f32>,
@@ -241,12 +261,15 @@ impl<'m> GpuDecoder<'m> {
         let registry = KernelRegistry::new(&ctx);
         let gemv = GemvKernels::new(&registry)?;
         let module = registry.module(&DECODE_SOURCE, &[])?;
+        let [rms_norm, rope, kv_store, attention, swiglu, add] =
+            DECODE_KERNEL_NAMES.map(|n| module.function(n));
         let k = DecodeKernels {
-            rms_norm: module.function("rms_norm_f32")?,
-            rope: module.function("rope_f32")?,
-            attention: module.function("attention_f32")?,
-            swiglu: module.function("swiglu_f32")?,
-            add: module.function("add_f32")?,
+            rms_norm: rms_norm?,
+            rope: rope?,
+            kv_store: kv_store?,
+            attention: attention?,
+            swiglu: swiglu?,
+            add: add?,
         };
         let ctx_len = model.ctx_len().min(MAX_GPU_CTX);
 
@@ -278,7 +301,7 @@ impl<'m> GpuDecoder<'m> {
                     .filter(|w| !w.name.starts_with("blk."))
                     .map(|w| w.n_bytes as u64)
                     .sum();
-                let kv = (2 * ctx_len * c.kv_dim() * 4 * c.n_layer) as u64;
+                let kv = (2 * ctx_len * c.kv_dim() * KV_ELEM_BYTES * c.n_layer) as u64;
                 // Free memory now, not the card's total: another process may hold some of it.
                 let (free_now, _) = ctx.mem_info()?;
                 let free = free_now.saturating_sub(VRAM_MARGIN_BYTES + fixed + kv);
@@ -344,8 +367,11 @@ impl<'m> GpuDecoder<'m> {
                     .transpose()
                     .map_err(Into::into)
             };
-            let mut k_cache = ctx.alloc::<f32>(ctx_len * kvd)?;
-            let mut v_cache = ctx.alloc::<f32>(ctx_len * kvd)?;
+            // Rounded up to whole 32-bit words so the zero fill covers every element.
+            let cache_len =
+                (ctx_len * kvd).next_multiple_of(std::mem::size_of::<u32>() / KV_ELEM_BYTES);
+            let mut k_cache = ctx.alloc::<u16>(cache_len)?;
+            let mut v_cache = ctx.alloc::<u16>(cache_len)?;
             stream.fill_u32_async(&mut k_cache, 0)?;
             stream.fill_u32_async(&mut v_cache, 0)?;
             layers.push(GpuLayer {
@@ -405,6 +431,8 @@ impl<'m> GpuDecoder<'m> {
             x: ctx.alloc(c.d_model)?,
             xn: ctx.alloc(c.d_model)?,
             q: ctx.alloc(qd)?,
+            k: ctx.alloc(kvd)?,
+            v: ctx.alloc(kvd)?,
             att: ctx.alloc(qd)?,
             gate: ctx.alloc(c.n_ff)?,
             up: ctx.alloc(c.n_ff)?,
@@ -535,6 +563,22 @@ impl<'m> GpuDecoder<'m> {
         }
     }
 
+    /// An elementwise kernel over `n` items: one thread each, [`DECODE_THREADS`] per block.
+    fn launch_1d(
+        &self,
+        f: &Function,
+        n: usize,
+        params: &mut [*mut c_void],
+    ) -> Result<(), GpuError> {
+        self.launch(
+            f,
+            (n as u32).div_ceil(DECODE_THREADS),
+            DECODE_THREADS,
+            0,
+            params,
+        )
+    }
+
     fn rms_norm(
         &self,
         x: u64,
@@ -573,6 +617,20 @@ impl<'m> GpuDecoder<'m> {
         self.launch(&self.k.rope, n_heads as u32, 64, 0, &mut p)
     }
 
+    /// Rounds this position's `n` k and v values (f32 at `k`, `v`) into the f16 cache rows at
+    /// `kslot`, `vslot`.
+    fn kv_store(&self, k: u64, v: u64, kslot: u64, vslot: u64, n: usize) -> Result<(), GpuError> {
+        let (mut pk, mut pv, mut pks, mut pvs, mut pn) = (k, v, kslot, vslot, n as i32);
+        let mut p: [*mut c_void; 5] = [
+            (&mut pk as *mut u64).cast(),
+            (&mut pv as *mut u64).cast(),
+            (&mut pks as *mut u64).cast(),
+            (&mut pvs as *mut u64).cast(),
+            (&mut pn as *mut i32).cast(),
+        ];
+        self.launch_1d(&self.k.kv_store, n, &mut p)
+    }
+
     fn add(&self, y: u64, b: &DeviceBuffer<f32>) -> Result<(), GpuError> {
         let (mut py, mut pb, mut n) = (y, b.device_ptr(), b.len() as i32);
         let mut p: [*mut c_void; 3] = [
@@ -580,13 +638,7 @@ impl<'m> GpuDecoder<'m> {
             (&mut pb as *mut u64).cast(),
             (&mut n as *mut i32).cast(),
         ];
-        self.launch(
-            &self.k.add,
-            (b.len() as u32).div_ceil(DECODE_THREADS),
-            DECODE_THREADS,
-            0,
-            &mut p,
-        )
+        self.launch_1d(&self.k.add, b.len(), &mut p)
     }
 
     /// `y (+)= W·act` for weight `id`: resident weights on the GPU, spilled ones through the
@@ -753,18 +805,19 @@ impl<'m> GpuDecoder<'m> {
         let x = self.s.x.device_ptr();
         let xn = self.s.xn.device_ptr();
         let q = self.s.q.device_ptr();
+        let (kcur, vcur) = (self.s.k.device_ptr(), self.s.v.device_ptr());
         let att = self.s.att.device_ptr();
         let gate = self.s.gate.device_ptr();
         let up = self.s.up.device_ptr();
         for li in 0..self.layers.len() {
             let l = &self.layers[li];
             let (wq, wk, wv, wo, wg, wu, wd) = (l.wq, l.wk, l.wv, l.wo, l.gate, l.up, l.down);
-            let kslot = l.k_cache.device_ptr() + (self.pos * kvd * 4) as u64;
-            let vslot = l.v_cache.device_ptr() + (self.pos * kvd * 4) as u64;
+            let kslot = l.k_cache.device_ptr() + (self.pos * kvd * KV_ELEM_BYTES) as u64;
+            let vslot = l.v_cache.device_ptr() + (self.pos * kvd * KV_ELEM_BYTES) as u64;
             self.rms_norm(x, &self.layers[li].attn_norm, xn, 1, c.d_model)?;
             self.prepare(ActSlot::Model, xn, c.d_model)?;
             self.project_shared(
-                &[(wq, q, qd), (wk, kslot, kvd), (wv, vslot, kvd)],
+                &[(wq, q, qd), (wk, kcur, kvd), (wv, vcur, kvd)],
                 xn,
                 ActSlot::Model,
             )?;
@@ -773,19 +826,20 @@ impl<'m> GpuDecoder<'m> {
                 self.add(q, b)?;
             }
             if let Some(b) = &l.bk {
-                self.add(kslot, b)?;
+                self.add(kcur, b)?;
             }
             if let Some(b) = &l.bv {
-                self.add(vslot, b)?;
+                self.add(vcur, b)?;
             }
             if let Some(w) = &l.q_norm {
                 self.rms_norm(q, w, q, c.n_head, hd)?;
             }
             if let Some(w) = &l.k_norm {
-                self.rms_norm(kslot, w, kslot, c.n_head_kv, hd)?;
+                self.rms_norm(kcur, w, kcur, c.n_head_kv, hd)?;
             }
             self.rope(q, c.n_head)?;
-            self.rope(kslot, c.n_head_kv)?;
+            self.rope(kcur, c.n_head_kv)?;
+            self.kv_store(kcur, vcur, kslot, vslot, kvd)?;
             {
                 let n_pos = self.pos + 1;
                 let (mut pq, mut pk, mut pv, mut po) =
@@ -826,13 +880,7 @@ impl<'m> GpuDecoder<'m> {
                     (&mut po as *mut u64).cast(),
                     (&mut n as *mut i32).cast(),
                 ];
-                self.launch(
-                    &self.k.swiglu,
-                    (c.n_ff as u32).div_ceil(DECODE_THREADS),
-                    DECODE_THREADS,
-                    0,
-                    &mut p,
-                )?;
+                self.launch_1d(&self.k.swiglu, c.n_ff, &mut p)?;
             }
             self.prepare(ActSlot::Ff, gate, c.n_ff)?;
             self.project(wd, gate, ActSlot::Ff, x, c.d_model, GemvForm::Residual)?;
@@ -893,5 +941,64 @@ impl Decoder for GpuDecoder<'_> {
     }
     fn is_eog(&self, token: u32) -> bool {
         self.model.tokenizer().is_eog(token)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Compiles `decode.cu` for sm_90 with NVRTC (no GPU needed) and checks that every kernel
+    /// [`GpuDecoder::new`] looks up is in the image. Skips, saying so, without libnvrtc, unless
+    /// CI's `HIPFIRE_REQUIRE_NVRTC=1` says it must be there.
+    #[test]
+    fn decode_kernels_compile_for_sm90_with_nvrtc() {
+        let src = &DECODE_SOURCE;
+        let image =
+            match hipfire_gpu::cuda::nvrtc_compile(src.name, src.source, src.headers, "sm_90", &[])
+            {
+                Ok(image) => image,
+                Err(GpuError::NoGpu { reason }) => {
+                    assert!(
+                        std::env::var("HIPFIRE_REQUIRE_NVRTC").as_deref() != Ok("1"),
+                        "HIPFIRE_REQUIRE_NVRTC=1 but {reason}"
+                    );
+                    println!("skipped: {reason}");
+                    return;
+                }
+                Err(e) => panic!("{e}"),
+            };
+        for n in DECODE_KERNEL_NAMES {
+            let needle = format!("{n}\0");
+            assert!(
+                image.windows(needle.len()).any(|w| w == needle.as_bytes()),
+                "decode.cu: kernel {n} missing"
+            );
+        }
+    }
+
+    /// The CPU cache rounds with `half::f16::from_f32`; `kv_store_f16` with `cvt.rn.f16.f32`
+    /// (nearest, ties to even, overflow to inf). This pins the CPU half of that contract on the
+    /// cases where rounding rules differ: exact ties both ways, the overflow edge, subnormals.
+    #[test]
+    fn cpu_cache_rounding_is_nearest_ties_to_even() {
+        use half::f16;
+        let cases: [(f32, u16); 6] = [
+            // Halfway between 1.0 (even mantissa) and 1 + 2^-10: down to the even one.
+            (1.0 + 2f32.powi(-11), 0x3c00),
+            // Halfway between 1 + 2^-10 (odd) and 1 + 2^-9: up to the even one.
+            (1.0 + 3.0 * 2f32.powi(-11), 0x3c02),
+            // Just under the halfway point above f16::MAX (65504): stays finite.
+            (65519.0, 0x7bff),
+            // The halfway point 65520 ties away from the odd f16::MAX mantissa, to inf.
+            (65520.0, 0x7c00),
+            // Halfway between the two smallest subnormals (2^-24 odd, 2^-23 even): up.
+            (1.5 * 2f32.powi(-24), 0x0002),
+            // Negative values round by magnitude.
+            (-(1.0 + 2f32.powi(-11)), 0xbc00),
+        ];
+        for (x, bits) in cases {
+            assert_eq!(f16::from_f32(x).to_bits(), bits, "{x:e}");
+        }
     }
 }

@@ -20,7 +20,7 @@ use crate::tokenizer::Tokenizer;
 use crate::ModelError;
 
 /// Context cap when the caller does not choose one: enough for chat and benchmarks while
-/// keeping the KV cache bound of an 8B model at 1 GiB (32 layers × 4096 × 1024 × 2 × 4 B).
+/// keeping the f16 KV cache of an 8B model at 512 MiB (32 layers × 4096 × 1024 × 2 × 2 B).
 pub const DEFAULT_CTX: usize = 4096;
 /// Page size used to pre-fault the mapped weights while reporting load progress.
 const PAGE: usize = 4096;
