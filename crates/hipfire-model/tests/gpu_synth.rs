@@ -19,12 +19,21 @@ use hipfire_quant::Format;
 /// K-quants (GPU per 32, CPU per 256 with q8_K), so those differ by activation rounding compounded
 /// over the layers: measured on the H200 box 2.4e-2 (tiny llama, Q4_K) and 4.1e-2 (3 layers,
 /// 2048 wide) — the CPU path alone is ~1.5e-2 from the f64 forward (tests/synth_decode.rs).
-/// Both engines keep the KV cache in f16, rounded the same way (nearest, ties to even), so the
-/// cache adds no difference of its own beyond what the k/v values already differ by.
+///
+/// Both engines keep the KV cache in f16, rounded to nearest with ties to even. Where their k/v
+/// already differ in the last f32 bits, that rounding can land one f16 step apart (4.9e-4
+/// relative), so the cache widens the gap rather than closing it. On the 3-layer, 2048-wide
+/// Q8_0 model the H200 box measured (session 4, docs/perf-checkpoints/2026-11-29-session4-h200):
+/// - only the CPU cache f16: 2.5e-2 to 3.0e-2 over the six modes;
+/// - both caches f16: 2.44e-2 resident and pcie, 1.9e-2 to 2.0e-2 in the modes that split.
+///
+/// Hence 4e-2 for the 8-bit legacy formats. F32 weights keep 2e-2: no weight quantisation
+/// separates the engines there.
 fn rel_bound(fmt: Format) -> f64 {
     match fmt {
         Format::Q4K | Format::Q6K => 8e-2,
-        _ => 2e-2,
+        Format::F32 | Format::F16 | Format::BF16 => 2e-2,
+        _ => 4e-2,
     }
 }
 
