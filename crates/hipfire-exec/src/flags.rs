@@ -104,6 +104,9 @@ pub struct FlagsTuning {
     /// that the device's next publish does not have to invalidate them in every worker's
     /// cache (x86-64 only).
     pub flush_x: bool,
+    /// Each worker copies x out of the mailbox starting at its own line (worker `p` of `n` at
+    /// `k·p/n`) before preparing it, instead of every worker reading the same line first.
+    pub staggered_x: bool,
 }
 
 /// Default wait for the device's sequence word before a worker gives up (so a device fault
@@ -502,7 +505,23 @@ impl FlagsJob {
         let x = unsafe {
             std::slice::from_raw_parts(mb.mem.base().add(X_OFFSET) as *const f32, self.k)
         };
-        let act = ActivationBuf::prepare(self.format, x)?;
+        let act = if self.tuning.staggered_x {
+            // Each worker reads x from its own starting line, so that the workers do not all
+            // miss on the same freshly written line at once; the copy is in element order.
+            STAGGERED_X.with(|buf| {
+                let mut buf = buf.borrow_mut();
+                buf.clear();
+                buf.resize(self.k, 0.0);
+                let parts = self.cuts.len().saturating_sub(1).max(1);
+                let part = self.part_of(rows.start).unwrap_or(0);
+                let start = (self.k * part / parts) / STAGGER_ALIGN * STAGGER_ALIGN;
+                buf[start..].copy_from_slice(&x[start..]);
+                buf[..start].copy_from_slice(&x[..start]);
+                ActivationBuf::prepare(self.format, &buf)
+            })?
+        } else {
+            ActivationBuf::prepare(self.format, x)?
+        };
         self.prepare_ns
             .fetch_max(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         // SAFETY: `rows` is this worker's disjoint part of [0, rows_n) (partition; rows_n is at
@@ -535,7 +554,13 @@ impl FlagsJob {
 thread_local! {
     /// A worker's rows before they are streamed into the mailbox ([`RowStores::Streaming`]).
     static STREAM_ROWS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// A worker's copy of x ([`FlagsTuning::staggered_x`]).
+    static STAGGERED_X: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
+
+/// Elements between the workers' starting points in x under [`FlagsTuning::staggered_x`]: one
+/// cache line of f32.
+const STAGGER_ALIGN: usize = MAILBOX_ALIGN / 4;
 
 /// `dst = src` with non-temporal stores where the target has them, then a store fence, so
 /// that the rows are in memory before a later release store (the done word) is seen.
@@ -1126,11 +1151,12 @@ mod tests {
         let mut step = 0;
         for done in [DoneSignal::PerWorker, DoneSignal::Last] {
             for rows in [RowStores::Cached, RowStores::Streaming] {
-                for flush_x in [false, true] {
+                for (flush_x, staggered_x) in [(false, false), (true, false), (false, true)] {
                     let tuning = FlagsTuning {
                         done,
                         rows,
                         flush_x,
+                        staggered_x,
                     };
                     step = next_step(step);
                     let mb = host_mailbox(k, m);
