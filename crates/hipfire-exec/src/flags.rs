@@ -107,6 +107,10 @@ pub struct FlagsTuning {
     /// Each worker copies x out of the mailbox starting at its own line (worker `p` of `n` at
     /// `k·p/n`) before preparing it, instead of every worker reading the same line first.
     pub staggered_x: bool,
+    /// While a worker waits for x, it prefetches up to this many bytes of the start of its
+    /// weight rows into its L2 (x86-64; 0: off), so that the time between steps, when the
+    /// memory system is idle, does part of the arm's reading.
+    pub prefetch_bytes: usize,
 }
 
 /// Default wait for the device's sequence word before a worker gives up (so a device fault
@@ -325,6 +329,7 @@ impl Mailbox {
             timeout,
             "flags done word",
             None,
+            || {},
         )?;
         if seen & DONE_FAILED != 0 {
             return Err(ExecError::Gpu(format!("cpu arm failed at step {step}")));
@@ -341,16 +346,18 @@ impl Mailbox {
 }
 
 /// Spin (yielding) until `word` holds a value `want` accepts (returned), or time out, or
-/// `cancel` is raised.
+/// `cancel` is raised; `idle` runs between batches of polls.
 fn wait_word(
     word: &AtomicU32,
     want: impl Fn(u32) -> bool,
     timeout: Duration,
     what: &'static str,
     cancel: Option<&AtomicBool>,
+    mut idle: impl FnMut(),
 ) -> Result<u32, ExecError> {
     let t0 = Instant::now();
     loop {
+        idle();
         for _ in 0..WAIT_POLLS_PER_CHECK {
             let v = word.load(Ordering::Acquire);
             if want(v) {
@@ -486,12 +493,14 @@ impl FlagsJob {
     fn rows(&self, rows: Range<usize>) -> Result<(), ExecError> {
         let mb = &self.mailbox;
         let t_wait = Instant::now();
+        let mut prefetch = WeightPrefetch::new(self, &rows);
         wait_word(
             mb.seq(),
             |v| v == self.step,
             self.timeout,
             "flags sequence word",
             Some(&self.cancelled),
+            || prefetch.advance(),
         )?;
         let waited = t_wait.elapsed();
         let seen = flags_clock_ns();
@@ -556,6 +565,76 @@ thread_local! {
     static STREAM_ROWS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     /// A worker's copy of x ([`FlagsTuning::staggered_x`]).
     static STAGGERED_X: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Cache lines a waiting worker prefetches between batches of polls
+/// ([`FlagsTuning::prefetch_bytes`]): 512 bytes, a few of a core's fill buffers, so that a poll
+/// batch still sees the sequence word within a fraction of a microsecond.
+const PREFETCH_LINES_PER_BATCH: usize = 8;
+
+/// The start of a worker's weight rows, pulled into its cache while it waits for x
+/// ([`FlagsTuning::prefetch_bytes`]): the memory system is otherwise idle between steps.
+struct WeightPrefetch<'a> {
+    /// The worker's byte ranges of each part's weight, in the order it will read them.
+    spans: Vec<&'a [u8]>,
+    span: usize,
+    off: usize,
+    left: usize,
+}
+
+impl<'a> WeightPrefetch<'a> {
+    fn new(job: &'a FlagsJob, rows: &Range<usize>) -> WeightPrefetch<'a> {
+        let mut spans = Vec::new();
+        if job.tuning.prefetch_bytes > 0 {
+            let mut base = 0;
+            for part in &job.parts {
+                let (lo, hi) = (rows.start.max(base), rows.end.min(base + part.rows));
+                if lo < hi {
+                    let (r0, r1) = (part.g + lo - base, part.g + hi - base);
+                    if let Some(b) = part
+                        .weight
+                        .bytes()
+                        .get(r0 * job.row_bytes..r1 * job.row_bytes)
+                    {
+                        spans.push(b);
+                    }
+                }
+                base += part.rows;
+            }
+        }
+        WeightPrefetch {
+            spans,
+            span: 0,
+            off: 0,
+            left: job.tuning.prefetch_bytes,
+        }
+    }
+
+    /// Prefetch the next few lines, until the budget or the rows run out.
+    fn advance(&mut self) {
+        for _ in 0..PREFETCH_LINES_PER_BATCH {
+            let Some(span) = self.spans.get(self.span) else {
+                return;
+            };
+            if self.left == 0 {
+                return;
+            }
+            if self.off >= span.len() {
+                self.span += 1;
+                self.off = 0;
+                continue;
+            }
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the pointer is inside `span`; a prefetch never faults and SSE is part of
+            // x86-64. T1: into L2 (and L3), where the multiply will find it.
+            unsafe {
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+                _mm_prefetch::<_MM_HINT_T1>(span.as_ptr().add(self.off) as *const i8);
+            }
+            self.off += MAILBOX_ALIGN;
+            self.left = self.left.saturating_sub(MAILBOX_ALIGN);
+        }
+    }
 }
 
 /// Elements between the workers' starting points in x under [`FlagsTuning::staggered_x`]: one
@@ -1151,12 +1230,18 @@ mod tests {
         let mut step = 0;
         for done in [DoneSignal::PerWorker, DoneSignal::Last] {
             for rows in [RowStores::Cached, RowStores::Streaming] {
-                for (flush_x, staggered_x) in [(false, false), (true, false), (false, true)] {
+                for (flush_x, staggered_x, prefetch_bytes) in [
+                    (false, false, 0),
+                    (true, false, 0),
+                    (false, true, 0),
+                    (false, false, 4096),
+                ] {
                     let tuning = FlagsTuning {
                         done,
                         rows,
                         flush_x,
                         staggered_x,
+                        prefetch_bytes,
                     };
                     step = next_step(step);
                     let mb = host_mailbox(k, m);

@@ -363,6 +363,7 @@ fn flags_steps_queued_back_to_back_equal_steps_run_one_at_a_time() {
         (
             FlagsTuning {
                 staggered_x: true,
+                prefetch_bytes: 256 << 10,
                 ..FlagsTuning::default()
             },
             false,
