@@ -690,6 +690,7 @@ fn main() -> Result<()> {
             "{:<6} {:>6} {:>6} {:<11} {:>14} {:>10} {:>10} {:>12} {:>8}",
             "proj", "m", "k", "strategy", "auto share", "auto us", "best us", "auto/best", "h2h"
         );
+        println!("  (last column: A/A control, a second executor at the fastest rival's share against that rival)");
         println!("  (h2h: auto against the sweep's {HEAD_TO_HEAD_RIVALS} fastest shares in {HEAD_TO_HEAD_ROUNDS} interleaved rounds; the median ratio against the rival auto fares worst against, and that rival's share)");
         for (i, p) in projs.iter().enumerate() {
             // v has k's shape; one of them is enough.
@@ -740,7 +741,11 @@ fn main() -> Result<()> {
                 let mut ranked = pinned.clone();
                 ranked.sort_by(|a, b| a.1.total_cmp(&b.1));
                 let mut rivals = Vec::new();
-                for &(share, _) in ranked.iter().take(HEAD_TO_HEAD_RIVALS) {
+                // The last entry is a control: a second executor at the fastest rival's share,
+                // judged against that rival (an A/A pair: how far two identical setups differ
+                // on this box).
+                let twin = ranked.first().map(|&(s, t)| (s, t));
+                for &(share, _) in ranked.iter().take(HEAD_TO_HEAD_RIVALS).chain(twin.as_ref()) {
                     let mut ex = OffloadExecutor::new(
                         &ctx,
                         pool.clone(),
@@ -769,10 +774,16 @@ fn main() -> Result<()> {
                         };
                         times[slot] = b.run(Mode::Offload, Some(ex), round_reps, Some(i))?.0;
                     }
-                    for (r, t) in rivals.iter_mut().zip(&times[1..]) {
+                    let n_rivals = rivals.len() - 1;
+                    for (r, t) in rivals.iter_mut().zip(&times[1..]).take(n_rivals) {
                         r.2.push(t / times[0]);
                     }
+                    // The control: the twin's time over the fastest rival's.
+                    rivals[n_rivals].2.push(times[n - 1] / times[1]);
                 }
+                let mut control = rivals.pop().map(|r| r.2).unwrap_or_default();
+                control.sort_by(f64::total_cmp);
+                let aa = control.get(control.len() / 2).copied().unwrap_or(f64::NAN);
                 // Per rival, the median over rounds of its time over auto's (auto's throughput
                 // over the rival's); the best pinned share is the rival auto fares worst
                 // against.
@@ -787,7 +798,7 @@ fn main() -> Result<()> {
                     h2h_rows.push(serde_json::json!({"share": share, "rounds": r, "median": med}));
                 }
                 println!(
-                    "{:<6} {:>6} {:>6} {:<11} {:>14.3} {:>10.1} {:>10.1} {:>12.3} {:>8.3} ({h2h_share:.2})",
+                    "{:<6} {:>6} {:>6} {:<11} {:>14.3} {:>10.1} {:>10.1} {:>12.3} {:>8.3} ({h2h_share:.2}) {aa:>6.3}",
                     p.name,
                     p.m,
                     p.k,
@@ -802,7 +813,7 @@ fn main() -> Result<()> {
                     "auto_share": auto_share, "auto_us": t_auto, "best_share": best_share, "best_us": t_best,
                     "auto_over_best_throughput": ratio,
                     "auto_over_best_interleaved": ratio_h2h, "interleaved_best_share": h2h_share,
-                    "interleaved": h2h_rows,
+                    "interleaved": h2h_rows, "a_a_control": aa, "a_a_rounds": control,
                     "pinned": pinned.iter().map(|(s, t)| serde_json::json!({"share": s, "us": t})).collect::<Vec<_>>()}));
             }
         }
