@@ -55,18 +55,22 @@ def per_shape_table():
         rows = d.get("per_shape") or []
         print(f"## Per shape ({os.path.relpath(path, HERE)}): auto against the sweep's 3 fastest shares, "
               "7 interleaved rounds\n")
-        print("| proj | m | k | strategy | auto share | sweep's best share | auto / sweep best | worst rival | auto / worst rival (median) |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("| proj | m | k | strategy | auto share | sweep's best share | auto / sweep best | worst rival | auto / worst rival (median) | A/A control |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             print(f"| {r['proj']} | {r['m']} | {r['k']} | {r['strategy']} | {r['auto_share']:.3f} | "
                   f"{r['best_share']:.2f} | {r['auto_over_best_throughput']:.3f} | "
-                  f"{r['interleaved_best_share']:.2f} | {r['auto_over_best_interleaved']:.3f} |")
+                  f"{r['interleaved_best_share']:.2f} | {r['auto_over_best_interleaved']:.3f} | "
+                  + (f"{r['a_a_control']:.3f} |" if "a_a_control" in r else "– |"))
         for st in ("ordering", "two-stream", "flags", None):
             sel = [r for r in rows if st is None or r["strategy"] == st]
             ok = [r for r in sel if r["auto_over_best_interleaved"] >= 0.97]
             worst = min(sel, key=lambda r: r["auto_over_best_interleaved"])
             print(f"\n- {st or 'all'}: {len(ok)} of {len(sel)} within 3 %; worst "
                   f"{worst['auto_over_best_interleaved']:.3f} ({worst['proj']}, {worst['strategy']})", end="")
+            aa = [abs(r["a_a_control"] - 1) for r in sel if "a_a_control" in r]
+            if aa:
+                print(f"; A/A control off by up to {100 * max(aa):.1f} %", end="")
         print("\n")
 
 
