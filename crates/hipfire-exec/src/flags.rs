@@ -4,8 +4,8 @@
 //! (after `__threadfence_system()`) the sequence word; the pool's workers, handed the job before
 //! the device gets there, spin on that word, multiply their rows, write them into the mailbox
 //! and publish their done words; on the device each block of the fold spins on the done word
-//! of the rows it folds and copies (or adds) them into the output. This module is the host side and the
-//! layout; the device kernels are `kernels/flags.cu` (launched by `hipfire_gpu::FlagsKernels`,
+//! of the rows it folds and copies (or adds) them into the output. This module is the host side
+//! and the layout; the device kernels are `kernels/flags.cu` (launched by `hipfire_gpu::FlagsKernels`,
 //! driven from [`crate::offload`]). [`Mailbox::device_publish`] / [`Mailbox::device_wait_done`]
 //! play the device in CPU-only tests.
 //!
@@ -18,10 +18,10 @@
 //! | [`FOLD_WAIT_OFFSET`] | `u64` nanoseconds the device's folds have waited for done, summed (diagnostic, own line) |
 //! | [`PART_DONE_OFFSET`] | [`MAX_DONE_PARTS`] lines: worker `p`'s `u32` done word at `PART_DONE_OFFSET + 64 p`, written after its rows |
 //! | [`X_OFFSET`] | `k` f32: the activation |
+//! | [`Mailbox::y_offset`] | `rows` f32: `W[g + i] · x` for the CPU rows, always plain |
 //!
 //! A done word holds the step it finished, with [`DONE_FAILED`] set when the arm (or that
 //! worker) failed; step numbers stay below that bit ([`next_step`]).
-//! | [`Mailbox::y_offset`] | `rows` f32: `W[g + i] · x` for the CPU rows, always plain |
 //!
 //! The CPU rows are always the plain product; the device fold adds them for the residual form,
 //! so the residual never crosses the link.
@@ -92,8 +92,8 @@ pub enum RowStores {
     Streaming,
 }
 
-/// A/B knobs of the flags arm's host side (`single_layer --flags-done/--flags-rows/
-/// --flags-flush-x`); the default is what measured best on the H200 box.
+/// A/B knobs of the flags arm's host side (`single_layer --flags-variants`); the default is
+/// what measured best on the H200 box (docs/perf-checkpoints/2026-11-29-session4-h200).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct FlagsTuning {
     /// How done is signalled.
