@@ -4,10 +4,10 @@
 //! embedding row is dequantised on the host (one `d_model` row per token) and uploaded, norms,
 //! RoPE, attention over a device KV cache (f16, as on the CPU path) and SwiGLU run as kernels
 //! from `kernels/decode.cu`, resident weights live in device memory, and weights beyond
-//! `memory.gpu_layer_budget` live in
-//! pinned host-mapped memory where both the GPU (over PCIe) and the CPU pool can read them. Each
-//! projection over a spilled weight is handed to [`hipfire_exec::offload::OffloadExecutor`],
-//! which runs it as `pcie`, `cpu` or `passback` (split by rows, both engines at once).
+//! `memory.gpu_layer_budget` live in pinned host-mapped memory where both the GPU (over PCIe)
+//! and the CPU pool can read them. Each projection over a spilled weight is handed to
+//! [`hipfire_exec::offload::OffloadExecutor`], which runs it as `pcie`, `cpu` or `passback`
+//! (split by rows, both engines at once).
 //!
 //! Layer placement follows llama.cpp's convention: the *first* `n_layer − budget` blocks spill,
 //! the last `budget` stay resident; embeddings, output norm and head are always resident.
