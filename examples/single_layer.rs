@@ -17,7 +17,8 @@
 //! `--flags-variants` runs the flags join once per listed host-side tuning, for A/B in one run:
 //! a comma-separated list of `default` or `+`-joined knobs (`per-worker`|`last` done words,
 //! `cached`|`streaming` row stores, `flush-x`, `staggered-x`, `prefetch-KIB` of weight rows
-//! while waiting), e.g. `default,last,prefetch-256`.
+//! while waiting, `device-x`: x published already quantised for Q4_K/Q6_K), e.g.
+//! `default,last,device-x`.
 //! `--copies N` sets how many copies of the layer the reps cycle through (default: enough for
 //! 2 GiB, 18 at Q4_K), so that the timed reads come from DRAM rather than the last-level cache.
 //!
@@ -274,6 +275,7 @@ fn parse_flags_variants(list: &str) -> Result<Vec<(String, FlagsTuning)>> {
                     "streaming" => t.rows = RowStores::Streaming,
                     "flush-x" => t.flush_x = true,
                     "staggered-x" => t.staggered_x = true,
+                    "device-x" => t.device_quantised_x = true,
                     k if k.starts_with("prefetch-") => {
                         let kib: usize = k["prefetch-".len()..].parse().with_context(|| {
                             format!("--flags-variants: {k}: prefetch-KIB takes a number of KiB")
@@ -282,8 +284,8 @@ fn parse_flags_variants(list: &str) -> Result<Vec<(String, FlagsTuning)>> {
                     }
                     other => anyhow::bail!(
                         "--flags-variants: unknown knob {other:?} (default, per-worker, last, \
-                         cached, streaming, flush-x, staggered-x, prefetch-KIB; join with +, \
-                         separate with ,)"
+                         cached, streaming, flush-x, staggered-x, prefetch-KIB, device-x; join \
+                         with +, separate with ,)"
                     ),
                 }
             }

@@ -3,7 +3,8 @@
 // A mailbox in pinned host-mapped memory carries x down and the CPU rows up, guarded by sequence
 // words (layout and the host half: crates/hipfire-exec/src/flags.rs; the offsets arrive as
 // parameters so the layout is stated once, in Rust). On the step's stream:
-//   flags_publish   copies x into the mailbox, fences system-wide, then writes seq = step;
+//   flags_publish   copies x into the mailbox, fences system-wide, then writes seq = step
+//                   (flags_publish_q8k: x quantised as the CPU's q8_K activation instead);
 //   (GPU arm)       the row-range GEMV over rows [0, g), as in every other strategy;
 //   flags_wait_fold one thread per block spins on the done word of the CPU rows it folds (one
 //                   word per worker, or one for the whole arm; a %globaltimer timeout turns a
@@ -98,6 +99,64 @@ extern "C" __global__ void __launch_bounds__(HF_FLAGS_THREADS)
     }
     // Every thread's x stores reach the host before any thread passes the barrier; thread 0's
     // release store of the sequence word follows them.
+    __threadfence_system();
+    __syncthreads();
+    if (threadIdx.x == 0) hf_store_release_sys((hf_u32*)(mb + seq_off), step);
+}
+
+// flags_publish for a CPU arm over Q4_K / Q6_K weights: x goes down already quantised the way the
+// CPU's q8_K activation is (hipfire_quant::quantise_q8k, bit for bit): per 256 elements
+// d = max|x| / 127 and q = rn(x * (1/d)), each one IEEE f32 operation; the int8 quants in element
+// order at x_off, the f32 scales at d_off. A block holding a non-finite x gets a NaN scale, which
+// the CPU refuses. Four groups of 256 threads take a super-block each per round.
+#define HF_Q8K 256
+extern "C" __global__ void __launch_bounds__(HF_FLAGS_THREADS)
+    flags_publish_q8k(const float* __restrict__ x, int k, unsigned char* mb, hf_u32 x_off,
+                      hf_u32 d_off, hf_u32 seq_off, hf_u32 step) {
+    __shared__ float amax_w[HF_FLAGS_THREADS / 32];
+    __shared__ int bad_w[HF_FLAGS_THREADS / 32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int group = threadIdx.x / HF_Q8K, t = threadIdx.x % HF_Q8K;
+    const int groups = HF_FLAGS_THREADS / HF_Q8K;
+    const int nsb = k / HF_Q8K;
+    signed char* qs = (signed char*)(mb + x_off);
+    float* ds = (float*)(mb + d_off);
+    for (int base = 0; base < nsb; base += groups) {
+        const int sb = base + group;
+        const int active = sb < nsb;
+        const float v = active ? x[sb * HF_Q8K + t] : 0.0f;
+        float a = fabsf(v);
+        int bad = active && !isfinite(v);
+        for (int o = 16; o > 0; o >>= 1) {
+#ifdef HF_CUDA
+            a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+            bad |= __shfl_xor_sync(0xffffffffu, bad, o);
+#else
+            a = fmaxf(a, __shfl_xor(a, o, 32));
+            bad |= __shfl_xor(bad, o, 32);
+#endif
+        }
+        if (lane == 0) {
+            amax_w[warp] = a;
+            bad_w[warp] = bad;
+        }
+        __syncthreads();
+        float amax = 0.0f;
+        int any_bad = 0;
+        for (int w = group * (HF_Q8K / 32); w < (group + 1) * (HF_Q8K / 32); ++w) {
+            amax = fmaxf(amax, amax_w[w]);
+            any_bad |= bad_w[w];
+        }
+        const float d = __fdiv_rn(amax, 127.0f);
+        const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+        if (active) {
+            int q = __float2int_rn(__fmul_rn(v, id));
+            q = q > 127 ? 127 : (q < -127 ? -127 : q);
+            qs[sb * HF_Q8K + t] = (signed char)q;
+            if (t == 0) ds[sb] = any_bad ? __int_as_float(0x7fc00000) : d;
+        }
+        __syncthreads();
+    }
     __threadfence_system();
     __syncthreads();
     if (threadIdx.x == 0) hf_store_release_sys((hf_u32*)(mb + seq_off), step);

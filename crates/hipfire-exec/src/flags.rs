@@ -111,6 +111,17 @@ pub struct FlagsTuning {
     /// weight rows into its L2 (x86-64; 0: off), so that the time between steps, when the
     /// memory system is idle, does part of the arm's reading.
     pub prefetch_bytes: usize,
+    /// For weights whose CPU activation is q8_K (Q4_K, Q6_K), the device publishes x already
+    /// quantised that way (`FlagsKernels::publish_q8k`), so the workers read a quarter of the
+    /// bytes and do not quantise it themselves.
+    pub device_quantised_x: bool,
+}
+
+impl FlagsTuning {
+    /// Whether x travels quantised (q8_K) for `format` under these knobs.
+    pub fn x_is_q8k(&self, format: Format) -> bool {
+        self.device_quantised_x && ActivationBuf::takes_q8k(format)
+    }
 }
 
 /// Default wait for the device's sequence word before a worker gives up (so a device fault
@@ -321,6 +332,32 @@ impl Mailbox {
         Ok(())
     }
 
+    /// Stand-in for the device's q8_K publish (`FlagsKernels::publish_q8k`): write `x`
+    /// quantised as the CPU's q8_K activation, then publish `step` (release).
+    pub fn device_publish_q8k(&self, x: &[f32], step: u32) -> Result<(), ExecError> {
+        if x.len() > self.k {
+            return Err(ExecError::Shape {
+                what: "x",
+                need: self.k,
+                got: x.len(),
+            });
+        }
+        let (qs, d) = hipfire_quant::quantise_q8k(x)?;
+        // SAFETY: in bounds (`new`: the q8_K form is smaller than the f32 x area); as in
+        // `device_publish`, the device has sole access until `seq` says `step`.
+        unsafe {
+            let base = self.mem.base().add(X_OFFSET);
+            std::ptr::copy_nonoverlapping(qs.as_ptr() as *const u8, base, qs.len());
+            std::ptr::copy_nonoverlapping(
+                d.as_ptr(),
+                base.add(hipfire_gpu::q8k_scales_offset(x.len())) as *mut f32,
+                d.len(),
+            );
+        }
+        self.seq().store(step, Ordering::Release);
+        Ok(())
+    }
+
     /// Stand-in for the device: wait until done says `step`, then return the CPU rows.
     pub fn device_wait_done(&self, step: u32, timeout: Duration) -> Result<Vec<f32>, ExecError> {
         let seen = wait_word(
@@ -514,7 +551,22 @@ impl FlagsJob {
         let x = unsafe {
             std::slice::from_raw_parts(mb.mem.base().add(X_OFFSET) as *const f32, self.k)
         };
-        let act = if self.tuning.staggered_x {
+        let act = if self.tuning.x_is_q8k(self.format) {
+            // SAFETY: in bounds (the q8_K form is smaller than the f32 x area, `Mailbox::new`:
+            // k bytes of quants, then k/256 scales from the next line); i8 and f32 accept every
+            // bit pattern; 4-aligned (base 64-aligned, offsets multiples of 64).
+            let (qs, d) = unsafe {
+                let base = mb.mem.base().add(X_OFFSET);
+                (
+                    std::slice::from_raw_parts(base as *const i8, self.k),
+                    std::slice::from_raw_parts(
+                        base.add(hipfire_gpu::q8k_scales_offset(self.k)) as *const f32,
+                        self.k / hipfire_gpu::Q8K_ELEMS,
+                    ),
+                )
+            };
+            ActivationBuf::from_q8k(self.format, qs, d)?
+        } else if self.tuning.staggered_x {
             // Each worker reads x from its own starting line, so that the workers do not all
             // miss on the same freshly written line at once; the copy is in element order.
             STAGGERED_X.with(|buf| {
@@ -1230,11 +1282,12 @@ mod tests {
         let mut step = 0;
         for done in [DoneSignal::PerWorker, DoneSignal::Last] {
             for rows in [RowStores::Cached, RowStores::Streaming] {
-                for (flush_x, staggered_x, prefetch_bytes) in [
-                    (false, false, 0),
-                    (true, false, 0),
-                    (false, true, 0),
-                    (false, false, 4096),
+                for (flush_x, staggered_x, prefetch_bytes, device_quantised_x) in [
+                    (false, false, 0, false),
+                    (true, false, 0, false),
+                    (false, true, 0, false),
+                    (false, false, 4096, false),
+                    (false, false, 0, true),
                 ] {
                     let tuning = FlagsTuning {
                         done,
@@ -1242,6 +1295,7 @@ mod tests {
                         flush_x,
                         staggered_x,
                         prefetch_bytes,
+                        device_quantised_x,
                     };
                     step = next_step(step);
                     let mb = host_mailbox(k, m);
@@ -1264,7 +1318,11 @@ mod tests {
                     assert_eq!((cuts[0], *cuts.last().expect("cuts")), (0, m), "{tuning:?}");
                     assert!(cuts.windows(2).all(|c| c[0] < c[1]), "{cuts:?}");
                     assert_eq!(cuts.len() - 1, 4, "one part per worker");
-                    mb.device_publish(&x, step).expect("publish");
+                    if tuning.x_is_q8k(fmt) {
+                        mb.device_publish_q8k(&x, step).expect("publish");
+                    } else {
+                        mb.device_publish(&x, step).expect("publish");
+                    }
                     let got = mb
                         .device_wait_done(step, DEFAULT_FLAGS_TIMEOUT)
                         .expect("done");

@@ -971,6 +971,7 @@ impl OffloadExecutor {
             timeout: DEFAULT_FLAGS_TIMEOUT,
             tuning: self.flags_tuning,
         })?;
+        let tuning = self.flags_tuning;
         let (flags_kernels, mem) = (&fl.kernels, &fl.mem);
         let (gpu_start, gpu_end) = &self.arm_events[slot];
         let ctx = &self.ctx;
@@ -980,7 +981,11 @@ impl OffloadExecutor {
             if let Some((pre_publish, _)) = timeline {
                 pre_publish.record(stream)?;
             }
-            flags_kernels.publish(stream, x, k, mem, &offsets, seq)?;
+            if tuning.x_is_q8k(format) {
+                flags_kernels.publish_q8k(stream, x, k, mem, &offsets, seq)?;
+            } else {
+                flags_kernels.publish(stream, x, k, mem, &offsets, seq)?;
+            }
             gpu_start.record(stream)?;
             for (st, &(g, _)) in steps.iter_mut().zip(&split.cuts) {
                 let w = st.weight;

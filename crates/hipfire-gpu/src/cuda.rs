@@ -512,7 +512,11 @@ mod tests {
             let names: Vec<String> = if src.name == "read.cu" {
                 vec!["read_sum".into()]
             } else if src.name == "flags.cu" {
-                vec!["flags_publish".into(), "flags_wait_fold".into()]
+                vec![
+                    "flags_publish".into(),
+                    "flags_publish_q8k".into(),
+                    "flags_wait_fold".into(),
+                ]
             } else {
                 let mut v = vec!["quantize_x_q8".to_string()];
                 for f in hipfire_quant::Format::ALL {

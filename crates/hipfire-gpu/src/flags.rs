@@ -63,6 +63,7 @@ pub enum DoneWords<'a> {
 pub struct FlagsKernels {
     ctx: Arc<Context>,
     publish: Function,
+    publish_q8k: Function,
     wait_fold: Function,
     /// The fold's fold-wait count between its parts: {longest wait, arrivals}, zero between
     /// folds. One stream's folds at a time (they run in order).
@@ -95,6 +96,7 @@ impl FlagsKernels {
         stream.synchronize()?;
         Ok(FlagsKernels {
             publish: module.function("flags_publish")?,
+            publish_q8k: module.function("flags_publish_q8k")?,
             wait_fold: module.function("flags_wait_fold")?,
             wait_scratch,
             ctx,
@@ -211,6 +213,70 @@ impl FlagsKernels {
         // writes mb[x_off..x_off + 4k] and the seq word (in bounds and aligned, checked). Both
         // buffers are owned by borrowed live objects whose Drop frees synchronously.
         unsafe { self.launch_one_block(&self.publish, stream, &mut params) }
+    }
+
+    /// Queues: quantise `x[0..k]` as the CPU's q8_K activation into the mailbox (int8 quants in
+    /// element order at `at.x`, one f32 scale per [`Q8K_ELEMS`] at `at.x +
+    /// q8k_scales_offset(k)`; `hipfire_quant::quantise_q8k`'s rule, bit for bit), fence, then
+    /// `seq = step`. `k` must be a multiple of [`Q8K_ELEMS`].
+    pub fn publish_q8k<X: DeviceMemory + ?Sized>(
+        &self,
+        stream: &Stream,
+        x: &X,
+        k: usize,
+        mailbox: &HostMappedBuffer,
+        at: &MailboxOffsets,
+        step: u32,
+    ) -> Result<(), GpuError> {
+        self.ctx.check_same(stream.context(), "stream")?;
+        self.ctx.check_same(x.context(), "x")?;
+        self.check_mailbox(mailbox, at)?;
+        if k == 0 || k % Q8K_ELEMS != 0 {
+            return Err(GpuError::Invalid {
+                what: "k of a q8_K publish",
+                rule: "a positive multiple of 256",
+            });
+        }
+        check_fits("x", k * 4, x.byte_len())?;
+        let d_off = at.x + q8k_scales_offset(k);
+        check_fits(
+            "mailbox x area (q8_K)",
+            d_off + k / Q8K_ELEMS * 4,
+            mailbox.byte_len(),
+        )?;
+        let mut px = x.device_ptr();
+        if px % 4 != 0 {
+            return Err(GpuError::Misaligned {
+                what: "x",
+                align: 4,
+            });
+        }
+        let mut pk = i32::try_from(k).map_err(|_| GpuError::BufferTooSmall {
+            what: "k",
+            need: k,
+            got: i32::MAX as usize,
+        })?;
+        let mut pmb = mailbox.device_ptr();
+        let mut xo = offset_u32("mailbox x offset", at.x)?;
+        let mut dof = offset_u32("mailbox q8_K scales offset", d_off)?;
+        let mut so = offset_u32("mailbox seq offset", at.seq)?;
+        let mut st = step;
+        let mut params: [*mut c_void; 7] = [
+            (&mut px as *mut u64).cast(),
+            (&mut pk as *mut i32).cast(),
+            (&mut pmb as *mut u64).cast(),
+            (&mut xo as *mut u32).cast(),
+            (&mut dof as *mut u32).cast(),
+            (&mut so as *mut u32).cast(),
+            (&mut st as *mut u32).cast(),
+        ];
+        // SAFETY: kernel `flags_publish_q8k(const float* x, int k, u8* mb, u32 x_off, u32 d_off,
+        // u32 seq_off, u32 step)`: seven parameters of these types. It reads x[0..k] (k*4 bytes
+        // present, checked) and writes mb[x_off..x_off + k], k/256 f32 at d_off (4-aligned:
+        // at.x is 16-aligned and the scales offset a multiple of 64; in bounds, checked) and the
+        // seq word (checked). Both buffers are owned by borrowed live objects whose Drop frees
+        // synchronously.
+        unsafe { self.launch_one_block(&self.publish_q8k, stream, &mut params) }
     }
 
     /// Queues: wait until the mailbox's done word says `step` (or `timeout` passes, or it says
@@ -379,6 +445,17 @@ impl FlagsKernels {
                 .launch(self.wait_fold.raw(), dims, stream.raw(), &mut params)
         }
     }
+}
+
+/// Elements per scale of [`FlagsKernels::publish_q8k`]'s activation (`HF_Q8K` in
+/// kernels/flags.cu; `hipfire_quant::Q8K_BLOCK`).
+pub const Q8K_ELEMS: usize = 256;
+const _: () = assert!(Q8K_ELEMS == hipfire_quant::Q8K_BLOCK);
+
+/// Byte offset, from the start of the mailbox's x area, of the scales a q8_K publish writes
+/// after its `k` int8 quants (the next cache line).
+pub fn q8k_scales_offset(k: usize) -> usize {
+    k.next_multiple_of(64)
 }
 
 /// Outputs one fold launch can write ([`FlagsKernels::wait_fold_targets`]; `HF_FOLD_SEGS` in

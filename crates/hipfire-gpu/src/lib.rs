@@ -68,7 +68,8 @@ pub use context::{
 };
 pub use error::{mem_available_bytes, DriverCode, GpuError};
 pub use flags::{
-    DoneWords, FlagsKernels, FoldTarget, MailboxOffsets, FOLD_MAX_PARTS, FOLD_MAX_TARGETS,
+    q8k_scales_offset, DoneWords, FlagsKernels, FoldTarget, MailboxOffsets, FOLD_MAX_PARTS,
+    FOLD_MAX_TARGETS, Q8K_ELEMS,
 };
 pub use gemv::{
     Activation, GemvConfig, GemvForm, GemvKernels, ReadKernel, RowRange, WeightLocation, WeightRef,

@@ -91,6 +91,65 @@ pub(crate) struct Q8K {
     pub sums32: Vec<i16>,
 }
 
+impl Q8K {
+    /// Appends one block's scale and sums (natural order); its quants go to `qs` by
+    /// [`place_q8k_block`].
+    fn push_block(&mut self, natural: &[i8], d: f32) {
+        self.d.push(d);
+        let first = self.bsums.len();
+        self.bsums.extend(natural.chunks_exact(Q6K_SUB).map(sum16));
+        // A 32-element sub-block is two 16-element ones (|Σ| ≤ 32·127 fits i16).
+        let pairs = self.bsums[first..].chunks_exact(Q4K_SUB / Q6K_SUB);
+        self.sums32.extend(pairs.map(|p| p[0] + p[1]));
+    }
+}
+
+/// One block's quants from element order into `dst`, in `fmt`'s activation order.
+fn place_q8k_block(fmt: Format, natural: &[i8], dst: &mut [i8]) {
+    if fmt == Format::Q4K {
+        for (t, &j) in Q4K_ACT_ORDER.iter().enumerate() {
+            dst[Q4K_SUB * t..Q4K_SUB * (t + 1)]
+                .copy_from_slice(&natural[Q4K_SUB * j..Q4K_SUB * (j + 1)]);
+        }
+    } else {
+        dst.copy_from_slice(natural);
+    }
+}
+
+/// Elements per scale of the q8_K activation ([`ActivationBuf::from_q8k`]).
+pub const Q8K_BLOCK: usize = QK_K;
+
+/// `x` quantised to q8_K in element order: `(qs, d)`, one scale per [`Q8K_BLOCK`]: the rule a
+/// quantiser outside this crate (the GPU's, in kernels/flags.cu) must follow bit for bit. Per
+/// block, `d = max|x| / 127`, `q = x · (1/d)` rounded to nearest with ties to even (0 when
+/// `d = 0`), each step one IEEE f32 operation.
+///
+/// Errors: a length that is not a positive multiple of the block, or a non-finite value.
+pub fn quantise_q8k(x: &[f32]) -> Result<(Vec<i8>, Vec<f32>), QuantError> {
+    if x.is_empty() || !x.len().is_multiple_of(QK_K) {
+        return Err(QuantError::KNotBlockMultiple {
+            format: Format::Q4K,
+            k: x.len(),
+            block: QK_K,
+        });
+    }
+    if !all_finite(x) {
+        let i = x.iter().position(|v| !v.is_finite()).unwrap_or(0);
+        return Err(QuantError::NonFinite {
+            format: Format::Q4K,
+            what: "activation value",
+            block: i / QK_K,
+        });
+    }
+    let mut qs = vec![0i8; x.len()];
+    let d = x
+        .chunks_exact(QK_K)
+        .zip(qs.chunks_exact_mut(QK_K))
+        .map(|(src, dst)| quantise_block(src, dst).0)
+        .collect();
+    Ok((qs, d))
+}
+
 /// Q4_0 code offset (value = d·(q − 8)).
 const Q4_0_OFF: i32 = 8;
 /// Q8_0 VNNI sign bias: `vpdpbusd` needs unsigned weights, so the dot uses w + 128.
@@ -387,30 +446,77 @@ impl ActivationBuf {
         let k = x.len();
         let nsb = k / QK_K;
         let mut a = Q8K {
-            qs: vec![0; k],
+            qs: Vec::new(),
             d: Vec::with_capacity(nsb),
             bsums: Vec::with_capacity(nsb * QK_K / Q6K_SUB),
             sums32: Vec::with_capacity(nsb * QK_K / Q4K_SUB),
         };
+        let mut qs = vec![0i8; k];
         let mut natural = [0i8; QK_K];
-        for (src, dst) in x.chunks_exact(QK_K).zip(a.qs.chunks_exact_mut(QK_K)) {
+        for (src, dst) in x.chunks_exact(QK_K).zip(qs.chunks_exact_mut(QK_K)) {
             let (d, _) = quantise_block(src, &mut natural);
-            a.d.push(d);
-            let first = a.bsums.len();
-            a.bsums.extend(natural.chunks_exact(Q6K_SUB).map(sum16));
-            // A 32-element sub-block is two 16-element ones (|Σ| ≤ 32·127 fits i16).
-            let pairs = a.bsums[first..].chunks_exact(Q4K_SUB / Q6K_SUB);
-            a.sums32.extend(pairs.map(|p| p[0] + p[1]));
-            if fmt == Format::Q4K {
-                for (t, &j) in Q4K_ACT_ORDER.iter().enumerate() {
-                    dst[Q4K_SUB * t..Q4K_SUB * (t + 1)]
-                        .copy_from_slice(&natural[Q4K_SUB * j..Q4K_SUB * (j + 1)]);
-                }
-            } else {
-                dst.copy_from_slice(&natural);
-            }
+            a.push_block(&natural, d);
+            place_q8k_block(fmt, &natural, dst);
         }
+        a.qs = qs;
         a
+    }
+
+    /// Whether `fmt`'s activation is q8_K (Q4_K, Q6_K): the form [`ActivationBuf::from_q8k`]
+    /// takes.
+    pub fn takes_q8k(fmt: Format) -> bool {
+        matches!(fmt, Format::Q4K | Format::Q6K)
+    }
+
+    /// The activation for `fmt` (Q4_K or Q6_K) from `x` already quantised to q8_K in element
+    /// order — `qs` and one scale per [`Q8K_BLOCK`] elements, as [`quantise_q8k`] makes them —
+    /// for instance by the GPU. Equal, bit for bit, to [`ActivationBuf::prepare`] of that `x`.
+    ///
+    /// Errors: a format without a q8_K activation, lengths that disagree, or a non-finite
+    /// scale (a quantiser marks a block with a non-finite `x` that way).
+    pub fn from_q8k(fmt: Format, qs: &[i8], d: &[f32]) -> Result<ActivationBuf, QuantError> {
+        let k = qs.len();
+        fmt.row_bytes(k)?;
+        if !Self::takes_q8k(fmt) {
+            // Its activation is another form than the one given.
+            return Err(QuantError::ActivationMismatch {
+                format: fmt,
+                k,
+                act_format: Format::Q4K,
+                act_k: k,
+            });
+        }
+        if d.len() * QK_K != k {
+            return Err(QuantError::ShortBuffer {
+                what: "q8_K scales (one per 256 quants)",
+                need: k / QK_K,
+                got: d.len(),
+            });
+        }
+        if let Some(b) = d.iter().position(|v| !v.is_finite()) {
+            return Err(QuantError::NonFinite {
+                format: fmt,
+                what: "activation value",
+                block: b,
+            });
+        }
+        let mut a = Q8K {
+            qs: vec![0; k],
+            d: Vec::with_capacity(d.len()),
+            bsums: Vec::with_capacity(k / Q6K_SUB),
+            sums32: Vec::with_capacity(k / Q4K_SUB),
+        };
+        for (natural, &db) in qs.chunks_exact(QK_K).zip(d) {
+            a.push_block(natural, db);
+        }
+        for (natural, dst) in qs.chunks_exact(QK_K).zip(a.qs.chunks_exact_mut(QK_K)) {
+            place_q8k_block(fmt, natural, dst);
+        }
+        Ok(ActivationBuf {
+            format: fmt,
+            k,
+            kind: ActKind::Q8K(a),
+        })
     }
 
     /// The weight format this activation was prepared for.
@@ -548,6 +654,52 @@ mod tests {
     /// Inverse of [`act_source`], by search (tests only).
     fn pos_of(fmt: Format, e: usize, k: usize) -> usize {
         (0..k).find(|&p| act_source(fmt, p, k) == e).unwrap()
+    }
+
+    #[test]
+    fn from_q8k_equals_prepare_bit_for_bit() {
+        let mut rng = ChaCha8Rng::seed_from_u64(31);
+        for (fmt, k) in [
+            (Format::Q4K, 4096usize),
+            (Format::Q6K, 14336),
+            (Format::Q4K, 256),
+        ] {
+            let mut x: Vec<f32> = (0..k).map(|_| rng.random_range(-3.0f32..3.0)).collect();
+            // A block of zeros (d = 0) is in range too.
+            x[..QK_K].fill(0.0);
+            let want = ActivationBuf::prepare(fmt, &x).unwrap();
+            let (qs, d) = quantise_q8k(&x).unwrap();
+            let got = ActivationBuf::from_q8k(fmt, &qs, &d).unwrap();
+            let (ActKind::Q8K(a), ActKind::Q8K(b)) = (&want.kind, &got.kind) else {
+                panic!("{fmt} should be q8k")
+            };
+            assert_eq!(a.qs, b.qs, "{fmt} k={k}");
+            assert_eq!(
+                a.d.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                b.d.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
+            assert_eq!((&a.bsums, &a.sums32), (&b.bsums, &b.sums32));
+            assert_eq!((got.format(), got.k()), (fmt, k));
+        }
+    }
+
+    #[test]
+    fn from_q8k_refuses_bad_input() {
+        let qs = vec![1i8; 512];
+        assert!(matches!(
+            ActivationBuf::from_q8k(Format::Q8_0, &qs, &[1.0, 1.0]),
+            Err(QuantError::ActivationMismatch { .. })
+        ));
+        assert!(matches!(
+            ActivationBuf::from_q8k(Format::Q4K, &qs, &[1.0]),
+            Err(QuantError::ShortBuffer { .. })
+        ));
+        assert!(matches!(
+            ActivationBuf::from_q8k(Format::Q4K, &qs, &[1.0, f32::NAN]),
+            Err(QuantError::NonFinite { block: 1, .. })
+        ));
+        assert!(quantise_q8k(&[1.0; 100]).is_err());
+        assert!(quantise_q8k(&[f32::INFINITY; 256]).is_err());
     }
 
     #[test]

@@ -67,7 +67,7 @@ mod dot;
 pub mod formats;
 mod read;
 
-pub use act::ActivationBuf;
+pub use act::{quantise_q8k, ActivationBuf, Q8K_BLOCK};
 pub use dispatch::{
     dequantize_row, dequantize_row_f64, gemv_rows, gemv_rows_multi, gemv_rows_multi_with,
     gemv_rows_scalar, gemv_rows_with, quantize_row, simd_tier, SimdTier,
