@@ -108,58 +108,57 @@ extern "C" __global__ void __launch_bounds__(HF_FLAGS_THREADS)
 // CPU's q8_K activation is (hipfire_quant::quantise_q8k, bit for bit): per 256 elements
 // d = max|x| / 127 and q = rn(x * (1/d)), each one IEEE f32 operation; the int8 quants in element
 // order at x_off, the f32 scales at d_off. A block holding a non-finite x gets a NaN scale, which
-// the CPU refuses. Four groups of 256 threads take a super-block each per round.
+// the CPU refuses. One block per super-block (the one-block form, four super-blocks a round,
+// made the publish the longer part of a step on the H200); the last block to finish, counted in
+// `arrivals` (zero between launches; the stream orders them), writes seq after every block's
+// stores are fenced.
 #define HF_Q8K 256
-extern "C" __global__ void __launch_bounds__(HF_FLAGS_THREADS)
+extern "C" __global__ void __launch_bounds__(HF_Q8K)
     flags_publish_q8k(const float* __restrict__ x, int k, unsigned char* mb, hf_u32 x_off,
-                      hf_u32 d_off, hf_u32 seq_off, hf_u32 step) {
-    __shared__ float amax_w[HF_FLAGS_THREADS / 32];
-    __shared__ int bad_w[HF_FLAGS_THREADS / 32];
+                      hf_u32 d_off, hf_u32 seq_off, hf_u32 step, hf_u32* arrivals) {
+    __shared__ float amax_w[HF_Q8K / 32];
+    __shared__ int bad_w[HF_Q8K / 32];
+    __shared__ int last;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int group = threadIdx.x / HF_Q8K, t = threadIdx.x % HF_Q8K;
-    const int groups = HF_FLAGS_THREADS / HF_Q8K;
-    const int nsb = k / HF_Q8K;
-    signed char* qs = (signed char*)(mb + x_off);
-    float* ds = (float*)(mb + d_off);
-    for (int base = 0; base < nsb; base += groups) {
-        const int sb = base + group;
-        const int active = sb < nsb;
-        const float v = active ? x[sb * HF_Q8K + t] : 0.0f;
-        float a = fabsf(v);
-        int bad = active && !isfinite(v);
-        for (int o = 16; o > 0; o >>= 1) {
+    const int sb = blockIdx.x, t = threadIdx.x;
+    const float v = x[sb * HF_Q8K + t];
+    float a = fabsf(v);
+    int bad = !isfinite(v);
+    for (int o = 16; o > 0; o >>= 1) {
 #ifdef HF_CUDA
-            a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-            bad |= __shfl_xor_sync(0xffffffffu, bad, o);
+        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+        bad |= __shfl_xor_sync(0xffffffffu, bad, o);
 #else
-            a = fmaxf(a, __shfl_xor(a, o, 32));
-            bad |= __shfl_xor(bad, o, 32);
+        a = fmaxf(a, __shfl_xor(a, o, 32));
+        bad |= __shfl_xor(bad, o, 32);
 #endif
-        }
-        if (lane == 0) {
-            amax_w[warp] = a;
-            bad_w[warp] = bad;
-        }
-        __syncthreads();
-        float amax = 0.0f;
-        int any_bad = 0;
-        for (int w = group * (HF_Q8K / 32); w < (group + 1) * (HF_Q8K / 32); ++w) {
-            amax = fmaxf(amax, amax_w[w]);
-            any_bad |= bad_w[w];
-        }
-        const float d = __fdiv_rn(amax, 127.0f);
-        const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
-        if (active) {
-            int q = __float2int_rn(__fmul_rn(v, id));
-            q = q > 127 ? 127 : (q < -127 ? -127 : q);
-            qs[sb * HF_Q8K + t] = (signed char)q;
-            if (t == 0) ds[sb] = any_bad ? __int_as_float(0x7fc00000) : d;
-        }
-        __syncthreads();
     }
+    if (lane == 0) {
+        amax_w[warp] = a;
+        bad_w[warp] = bad;
+    }
+    __syncthreads();
+    float amax = 0.0f;
+    int any_bad = 0;
+    for (int w = 0; w < HF_Q8K / 32; ++w) {
+        amax = fmaxf(amax, amax_w[w]);
+        any_bad |= bad_w[w];
+    }
+    const float d = __fdiv_rn(amax, 127.0f);
+    const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    int q = __float2int_rn(__fmul_rn(v, id));
+    q = q > 127 ? 127 : (q < -127 ? -127 : q);
+    ((signed char*)(mb + x_off))[sb * HF_Q8K + t] = (signed char)q;
+    if (t == 0) ((float*)(mb + d_off))[sb] = any_bad ? __int_as_float(0x7fc00000) : d;
+    // Every thread's stores reach the host before its block counts itself.
     __threadfence_system();
     __syncthreads();
-    if (threadIdx.x == 0) hf_store_release_sys((hf_u32*)(mb + seq_off), step);
+    if (t == 0) last = atomicAdd(arrivals, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (last && t == 0) {
+        *arrivals = 0;
+        hf_store_release_sys((hf_u32*)(mb + seq_off), step);
+    }
 }
 
 // The fold's segments: the CPU rows of up to HF_FOLD_SEGS outputs that shared one x (q/k/v,

@@ -68,6 +68,8 @@ pub struct FlagsKernels {
     /// The fold's fold-wait count between its parts: {longest wait, arrivals}, zero between
     /// folds. One stream's folds at a time (they run in order).
     wait_scratch: DeviceBuffer<u64>,
+    /// The q8_K publish's count of finished blocks, zero between launches.
+    publish_arrivals: DeviceBuffer<u32>,
 }
 
 fn offset_u32(what: &'static str, v: usize) -> Result<u32, GpuError> {
@@ -91,14 +93,17 @@ impl FlagsKernels {
         let module = registry.module(&FLAGS_SOURCE, &[])?;
         let ctx = registry.context().clone();
         let mut wait_scratch = ctx.alloc::<u64>(2)?;
+        let mut publish_arrivals = ctx.alloc::<u32>(1)?;
         let stream = ctx.new_stream()?;
         wait_scratch.upload(&stream, &[0, 0])?;
+        publish_arrivals.upload(&stream, &[0])?;
         stream.synchronize()?;
         Ok(FlagsKernels {
             publish: module.function("flags_publish")?,
             publish_q8k: module.function("flags_publish_q8k")?,
             wait_fold: module.function("flags_wait_fold")?,
             wait_scratch,
+            publish_arrivals,
             ctx,
         })
     }
@@ -261,7 +266,8 @@ impl FlagsKernels {
         let mut dof = offset_u32("mailbox q8_K scales offset", d_off)?;
         let mut so = offset_u32("mailbox seq offset", at.seq)?;
         let mut st = step;
-        let mut params: [*mut c_void; 7] = [
+        let mut arrivals = self.publish_arrivals.device_ptr();
+        let mut params: [*mut c_void; 8] = [
             (&mut px as *mut u64).cast(),
             (&mut pk as *mut i32).cast(),
             (&mut pmb as *mut u64).cast(),
@@ -269,14 +275,29 @@ impl FlagsKernels {
             (&mut dof as *mut u32).cast(),
             (&mut so as *mut u32).cast(),
             (&mut st as *mut u32).cast(),
+            (&mut arrivals as *mut u64).cast(),
         ];
+        let dims = LaunchDims {
+            grid: u32::try_from(k / Q8K_ELEMS).map_err(|_| GpuError::BufferTooSmall {
+                what: "q8_K blocks",
+                need: k / Q8K_ELEMS,
+                got: u32::MAX as usize,
+            })?,
+            block: Q8K_ELEMS as u32,
+            shared_bytes: 0,
+        };
         // SAFETY: kernel `flags_publish_q8k(const float* x, int k, u8* mb, u32 x_off, u32 d_off,
-        // u32 seq_off, u32 step)`: seven parameters of these types. It reads x[0..k] (k*4 bytes
-        // present, checked) and writes mb[x_off..x_off + k], k/256 f32 at d_off (4-aligned:
-        // at.x is 16-aligned and the scales offset a multiple of 64; in bounds, checked) and the
-        // seq word (checked). Both buffers are owned by borrowed live objects whose Drop frees
-        // synchronously.
-        unsafe { self.launch_one_block(&self.publish_q8k, stream, &mut params) }
+        // u32 seq_off, u32 step, u32* arrivals)`: eight parameters of these types, one 256-thread
+        // block per 256 elements. It reads x[0..k] (k*4 bytes present, checked) and writes
+        // mb[x_off..x_off + k], k/256 f32 at d_off (4-aligned: at.x is 16-aligned and the
+        // scales offset a multiple of 64; in bounds, checked), the seq word (checked) and its
+        // own one-word counter. The buffers are owned by borrowed live objects (the counter by
+        // `self`) whose Drop frees synchronously.
+        unsafe {
+            self.ctx
+                .backend()
+                .launch(self.publish_q8k.raw(), dims, stream.raw(), &mut params)
+        }
     }
 
     /// Queues: wait until the mailbox's done word says `step` (or `timeout` passes, or it says
