@@ -25,16 +25,6 @@ typedef unsigned long long hf_u64;
 
 #define HF_FLAGS_THREADS 1024 // publish: one block, x is 16-56 KiB and its stores are posted
 
-__device__ __forceinline__ hf_u32 hf_load_acquire_sys(const hf_u32* p) {
-#ifdef HF_CUDA
-    hf_u32 v;
-    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-#else
-    return __hip_atomic_load(p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_SYSTEM);
-#endif
-}
-
 // A poll of a word the host writes: a plain system-scope load, no ordering; the loop ends with one
 // hf_fence_acquire_sys. An acquire load per poll (the earlier form) orders every poll against all
 // later accesses, which is more than the loop needs. On the H200 box the two forms measured the
