@@ -7,7 +7,7 @@
 //! ```text
 //! cargo run --release --example single_layer -- [--format q4_k|q8_0] [--reps N] [--threads N]
 //!     [--sweep] [--per-shape] [--json PATH] [--handshake STEPS] [--timeline]
-//!     [--flags-variants LIST] [--copies N]
+//!     [--flags-variants LIST] [--copies N] [--ab-rounds R]
 //! ```
 //! `--sweep` times every pinned share from 0.10 to 0.50 for the whole layer; `--per-shape` does
 //! the same one projection at a time and reports `auto` against the best pinned share per shape.
@@ -19,6 +19,8 @@
 //! `cached`|`streaming` row stores, `flush-x`, `staggered-x`, `prefetch-KIB` of weight rows
 //! while waiting, `device-x`: x published already quantised for Q4_K/Q6_K), e.g.
 //! `default,last,device-x`.
+//! `--ab-rounds R` instead races the flags variants against the first one in R interleaved
+//! rounds (one warmed executor each) and exits: the A/B that drift between runs cannot bias.
 //! `--copies N` sets how many copies of the layer the reps cycle through (default: enough for
 //! 2 GiB, 18 at Q4_K), so that the timed reads come from DRAM rather than the last-level cache.
 //!
@@ -294,6 +296,82 @@ fn parse_flags_variants(list: &str) -> Result<Vec<(String, FlagsTuning)>> {
         .collect()
 }
 
+/// `--ab-rounds R`: the flags variants against the first one, interleaved. One executor per
+/// variant (passback auto, warmed), then R rounds in which each runs `reps / 2` layer reps, the
+/// order rotated every round; per variant, the median over rounds of the first variant's time
+/// over its own (its throughput relative to the first). Box drift between rounds cancels.
+fn flags_ab(
+    ctx: &Arc<Context>,
+    pool: &hipfire::exec::CpuPool,
+    b: &Bench<'_>,
+    variants: &[(String, FlagsTuning)],
+    rounds: usize,
+    reps: usize,
+    json_path: Option<&str>,
+) -> Result<()> {
+    anyhow::ensure!(
+        variants.len() >= 2 && rounds >= 1,
+        "--ab-rounds needs --flags-variants with at least two variants and at least one round"
+    );
+    let mut exs = Vec::new();
+    for (_, t) in variants {
+        let mode = OffloadMode::Passback {
+            share: ShareSetting::Auto,
+            strategy: JoinStrategy::Flags,
+        };
+        let mut ex = OffloadExecutor::new(ctx, pool.clone(), mode, FF, 2 * FF)?;
+        ex.set_flags_tuning(*t);
+        b.run(Mode::Offload, Some(&mut ex), AUTO_WARM_REPS, None)?;
+        exs.push(ex);
+    }
+    let round_reps = (reps / 2).max(5);
+    let bytes = b.layer_bytes() as f64;
+    let mut times: Vec<Vec<f64>> = vec![Vec::with_capacity(rounds); variants.len()];
+    for round in 0..rounds {
+        for j in 0..variants.len() {
+            let v = (j + round) % variants.len();
+            times[v].push(b.run(Mode::Offload, Some(&mut exs[v]), round_reps, None)?.0);
+        }
+    }
+    println!(
+        "flags A/B: {rounds} interleaved rounds of {round_reps} layer reps, passback auto; ratio = \
+         the first variant's time over this one's, median over rounds"
+    );
+    let mut rows = Vec::new();
+    for (v, (name, _)) in variants.iter().enumerate() {
+        let by_round: Vec<f64> = times[0].iter().zip(&times[v]).map(|(a, b)| a / b).collect();
+        let mut ratios = by_round.clone();
+        ratios.sort_by(f64::total_cmp);
+        let mut t = times[v].clone();
+        t.sort_by(f64::total_cmp);
+        let (med_ratio, med_us) = (ratios[ratios.len() / 2], t[t.len() / 2]);
+        println!(
+            "  {:<28} {:>8.1} us/layer {:>7.1} GB/s  ratio {:.3}  (sorted {})",
+            flags_label(name),
+            med_us,
+            bytes / med_us / 1e3,
+            med_ratio,
+            ratios
+                .iter()
+                .map(|r| format!("{r:.3}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+        rows.push(serde_json::json!({"variant": name, "us_per_layer_rounds": times[v],
+            "median_us": med_us, "ratio_to_first_rounds": by_round, "median_ratio_to_first": med_ratio,
+            "share": exs[v].controller().gpu_share(&hipfire::exec::share::ShapeKey {
+                format: b.copies[0][0].format, k: D, form: hipfire::exec::share::Form::Plain })}));
+    }
+    if let Some(p) = json_path {
+        let out = serde_json::json!({"example": "single_layer", "mode": "flags_ab",
+            "device": ctx.info().name, "cpu_workers": pool.threads(), "layer_bytes": bytes,
+            "layer_copies": b.copies.len(), "rounds": rounds, "round_reps": round_reps, "variants": rows});
+        std::fs::write(p, serde_json::to_string_pretty(&out)?)
+            .with_context(|| format!("writing {p}"))?;
+    }
+    Ok(())
+}
+
 /// The label of a flags run under variant `v` (`flags` for the default).
 fn flags_label(v: &str) -> String {
     if v == "default" {
@@ -418,6 +496,7 @@ fn main() -> Result<()> {
     let json_path = get("--json");
     let handshake_steps: Option<usize> = get("--handshake").map(|s| s.parse()).transpose()?;
     let timeline = args.iter().any(|a| a == "--timeline");
+    let ab_rounds: Option<usize> = get("--ab-rounds").map(|s| s.parse()).transpose()?;
     let copies_arg: Option<usize> = get("--copies").map(|s| s.parse()).transpose()?;
     let flags_variants =
         parse_flags_variants(get("--flags-variants").as_deref().unwrap_or("default"))?;
@@ -506,6 +585,17 @@ fn main() -> Result<()> {
         last_account: std::cell::Cell::new(ArmAccount::default()),
     };
     let bytes = b.layer_bytes() as f64;
+    if let Some(rounds) = ab_rounds {
+        return flags_ab(
+            &ctx,
+            &pool,
+            &b,
+            &flags_variants,
+            rounds,
+            reps,
+            json_path.as_deref(),
+        );
+    }
 
     // Ceilings over the same bytes: CPU read alone, GPU zero-copy read alone, both at once.
     let reader = ReadKernel::new(&registry)?;
