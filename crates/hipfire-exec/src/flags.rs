@@ -1199,8 +1199,8 @@ mod tests {
         }
     }
 
-    /// A non-finite x fails every worker's preparation: nothing hangs, done is still
-    /// published and the error word marks the step.
+    /// A non-finite x fails every worker's preparation: nothing hangs, and the arm's done word
+    /// and every worker's are still published, each with the failure bit.
     #[test]
     fn a_bad_piece_fails_the_step_without_hanging() {
         let (fmt, k, m) = (Format::Q8_0, 2048usize, 40usize);
@@ -1214,12 +1214,21 @@ mod tests {
                 ..one_part_arm(fmt, k, w, 0, m, mb.clone(), 4)
             })
             .expect("submit");
+        let parts = ticket.cuts().len() - 1;
+        assert!(parts > 1, "the arm is cut among workers");
         let t = Instant::now();
         mb.device_publish(&x, 4).expect("publish");
         let err = ticket.wait().expect_err("NaN in x");
         assert!(t.elapsed() < Duration::from_secs(5), "workers hung");
         assert!(matches!(err, ExecError::Quant(_)), "{err}");
         assert_eq!(mb.done().load(Ordering::Acquire), 4 | DONE_FAILED);
+        for p in 0..parts {
+            assert_eq!(
+                mb.part_done(p).load(Ordering::Acquire),
+                4 | DONE_FAILED,
+                "part {p}"
+            );
+        }
     }
 
     #[test]
