@@ -474,32 +474,64 @@ fn handshake(
     Ok(())
 }
 
+/// One spilled Llama-3-8B layer through every offload mode and join strategy, against the read
+/// ceilings measured in the same run. Needs a GPU.
+#[derive(clap::Parser, Debug)]
+#[command(name = "single_layer")]
+struct Args {
+    /// Weight format of the layer: q4_k or q8_0 (any format hipfire quantises).
+    #[arg(long, default_value = "q4_k")]
+    format: String,
+    /// Timed layer runs per mode (the median is reported); two untimed runs come first.
+    #[arg(long, default_value_t = 20)]
+    reps: usize,
+    /// CPU workers of the offload pool (0: one per physical core but one).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Also time every pinned share from 0.10 to 0.50 for the whole layer (the chart's sweep).
+    #[arg(long)]
+    sweep: bool,
+    /// Also time each projection alone: auto against the sweep's fastest shares, interleaved.
+    #[arg(long)]
+    per_shape: bool,
+    /// Write every figure of the run here as JSON.
+    #[arg(long, value_name = "PATH")]
+    json: Option<String>,
+    /// Instead, time STEPS back-to-back steps of a small matrix per join (each join's own
+    /// per-step cost), and exit.
+    #[arg(long, value_name = "STEPS")]
+    handshake: Option<usize>,
+    /// Record the flags timeline too (publish, fold, fold wait, device gap; costs each step a
+    /// little).
+    #[arg(long)]
+    timeline: bool,
+    /// Instead, race the --flags-variants against the first in R interleaved rounds, and exit.
+    #[arg(long, value_name = "R")]
+    ab_rounds: Option<usize>,
+    /// Layer copies the reps cycle through (default: enough for 2 GiB, past the L3).
+    #[arg(long, value_name = "N")]
+    copies: Option<usize>,
+    /// Host-side tunings of the flags join to run, comma-separated: `default` or knobs joined
+    /// with `+` (per-worker, last, cached, streaming, flush-x, staggered-x, prefetch-KIB,
+    /// device-x).
+    #[arg(long, value_name = "LIST", default_value = "default")]
+    flags_variants: String,
+}
+
 fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let get = |flag: &str| {
-        args.iter()
-            .position(|a| a == flag)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
-    let format = match get("--format") {
-        Some(f) => Format::from_name(&f).with_context(|| format!("unknown format {f}"))?,
-        None => Format::Q4K,
-    };
-    let reps: usize = get("--reps").map(|s| s.parse()).transpose()?.unwrap_or(20);
-    let threads: usize = get("--threads")
-        .map(|s| s.parse())
-        .transpose()?
-        .unwrap_or(0);
-    let sweep = args.iter().any(|a| a == "--sweep");
-    let per_shape = args.iter().any(|a| a == "--per-shape");
-    let json_path = get("--json");
-    let handshake_steps: Option<usize> = get("--handshake").map(|s| s.parse()).transpose()?;
-    let timeline = args.iter().any(|a| a == "--timeline");
-    let ab_rounds: Option<usize> = get("--ab-rounds").map(|s| s.parse()).transpose()?;
-    let copies_arg: Option<usize> = get("--copies").map(|s| s.parse()).transpose()?;
-    let flags_variants =
-        parse_flags_variants(get("--flags-variants").as_deref().unwrap_or("default"))?;
+    let args = <Args as clap::Parser>::parse();
+    let format = Format::from_name(&args.format)
+        .with_context(|| format!("unknown format {}", args.format))?;
+    let (reps, threads, sweep, per_shape, timeline) = (
+        args.reps,
+        args.threads,
+        args.sweep,
+        args.per_shape,
+        args.timeline,
+    );
+    let json_path = args.json.clone();
+    let (handshake_steps, ab_rounds, copies_arg) = (args.handshake, args.ab_rounds, args.copies);
+    let flags_variants = parse_flags_variants(&args.flags_variants)?;
 
     let ctx = match Context::new(0) {
         Ok(c) => c,
