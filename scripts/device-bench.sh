@@ -11,6 +11,8 @@
 #   scripts/device-bench.sh per-shape         # single_layer --per-shape: auto vs pinned shares per shape
 #   scripts/device-bench.sh handshake         # each join's per-step cost (single_layer --handshake),
 #                                             # then one layer with the flags timeline on
+#   scripts/device-bench.sh ab                # flags knobs raced against the default in interleaved
+#                                             # rounds (single_layer --ab-rounds; VARIANTS, ROUNDS)
 #   scripts/device-bench.sh llama-build       # llama.cpp CUDA llama-bench (~4 min), or unpack a carried one
 #   scripts/device-bench.sh llama-round N     # one round: hipfire and llama-bench on the same 8B synth
 #                                             # (JOIN=two-stream|flags picks hipfire's join strategy)
@@ -114,6 +116,12 @@ handshake)
     done
     "$B/bin/single_layer" --reps "${REPS:-200}" --timeline --json "$OUT/single_layer_timeline.json" 2>&1 |
         tee "$OUT/single_layer_timeline.log" | tail -12
+    ;;
+ab)
+    # `last` is the positive control: per-worker done words beat it by 3-5 % in same-run pairs.
+    "$B/bin/single_layer" --reps "${REPS:-200}" --ab-rounds "${ROUNDS:-9}" \
+        --flags-variants "${VARIANTS:-default,last,device-x,prefetch-256}" --json "$OUT/ab.json" 2>&1 |
+        tee "$OUT/ab.log" | grep -A8 "flags A/B"
     ;;
 strategies)
     ( [[ -f "$L8B" ]] || "$B/bin/hipfire" synth --arch llama3-8b --format q4_k --out "$L8B" >>"$OUT/strategies.log" 2>&1 )
