@@ -171,6 +171,35 @@ impl FlagsKernels {
         Ok(())
     }
 
+    /// The checks both publishes make of their operands; `x`'s device address (4-aligned) and
+    /// `k` as the kernels take it.
+    fn publish_operands<X: DeviceMemory + ?Sized>(
+        &self,
+        stream: &Stream,
+        x: &X,
+        k: usize,
+        mailbox: &HostMappedBuffer,
+        at: &MailboxOffsets,
+    ) -> Result<(u64, i32), GpuError> {
+        self.ctx.check_same(stream.context(), "stream")?;
+        self.ctx.check_same(x.context(), "x")?;
+        self.check_mailbox(mailbox, at)?;
+        check_fits("x", k * 4, x.byte_len())?;
+        let px = x.device_ptr();
+        if px % 4 != 0 {
+            return Err(GpuError::Misaligned {
+                what: "x",
+                align: 4,
+            });
+        }
+        let pk = i32::try_from(k).map_err(|_| GpuError::BufferTooSmall {
+            what: "k",
+            need: k,
+            got: i32::MAX as usize,
+        })?;
+        Ok((px, pk))
+    }
+
     /// Queues: copy `x[0..k]` into the mailbox, fence, then `seq = step`.
     pub fn publish<X: DeviceMemory + ?Sized>(
         &self,
@@ -181,23 +210,8 @@ impl FlagsKernels {
         at: &MailboxOffsets,
         step: u32,
     ) -> Result<(), GpuError> {
-        self.ctx.check_same(stream.context(), "stream")?;
-        self.ctx.check_same(x.context(), "x")?;
-        self.check_mailbox(mailbox, at)?;
-        check_fits("x", k * 4, x.byte_len())?;
+        let (mut px, mut pk) = self.publish_operands(stream, x, k, mailbox, at)?;
         check_fits("mailbox x area", at.x + k * 4, mailbox.byte_len())?;
-        let mut px = x.device_ptr();
-        if px % 4 != 0 {
-            return Err(GpuError::Misaligned {
-                what: "x",
-                align: 4,
-            });
-        }
-        let mut pk = i32::try_from(k).map_err(|_| GpuError::BufferTooSmall {
-            what: "k",
-            need: k,
-            got: i32::MAX as usize,
-        })?;
         let mut vec4 = i32::from(px % 16 == 0 && k % 4 == 0);
         let mut pmb = mailbox.device_ptr();
         let mut xo = offset_u32("mailbox x offset", at.x)?;
@@ -233,34 +247,19 @@ impl FlagsKernels {
         at: &MailboxOffsets,
         step: u32,
     ) -> Result<(), GpuError> {
-        self.ctx.check_same(stream.context(), "stream")?;
-        self.ctx.check_same(x.context(), "x")?;
-        self.check_mailbox(mailbox, at)?;
         if k == 0 || k % Q8K_ELEMS != 0 {
             return Err(GpuError::Invalid {
                 what: "k of a q8_K publish",
                 rule: "a positive multiple of 256",
             });
         }
-        check_fits("x", k * 4, x.byte_len())?;
+        let (mut px, mut pk) = self.publish_operands(stream, x, k, mailbox, at)?;
         let d_off = at.x + q8k_scales_offset(k);
         check_fits(
             "mailbox x area (q8_K)",
             d_off + k / Q8K_ELEMS * 4,
             mailbox.byte_len(),
         )?;
-        let mut px = x.device_ptr();
-        if px % 4 != 0 {
-            return Err(GpuError::Misaligned {
-                what: "x",
-                align: 4,
-            });
-        }
-        let mut pk = i32::try_from(k).map_err(|_| GpuError::BufferTooSmall {
-            what: "k",
-            need: k,
-            got: i32::MAX as usize,
-        })?;
         let mut pmb = mailbox.device_ptr();
         let mut xo = offset_u32("mailbox x offset", at.x)?;
         let mut dof = offset_u32("mailbox q8_K scales offset", d_off)?;
