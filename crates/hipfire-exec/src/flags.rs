@@ -527,7 +527,8 @@ struct FlagsJob {
 }
 
 impl FlagsJob {
-    fn rows(&self, rows: Range<usize>) -> Result<(), ExecError> {
+    /// This worker's arm: `rows` of the concatenated row space, which is part `part` of the cut.
+    fn rows(&self, rows: Range<usize>, part: Option<usize>) -> Result<(), ExecError> {
         let mb = &self.mailbox;
         let t_wait = Instant::now();
         let mut prefetch = WeightPrefetch::new(self, &rows);
@@ -574,7 +575,7 @@ impl FlagsJob {
                 buf.clear();
                 buf.resize(self.k, 0.0);
                 let parts = self.cuts.len().saturating_sub(1).max(1);
-                let part = self.part_of(rows.start).unwrap_or(0);
+                let part = part.unwrap_or(0);
                 let start = (self.k * part / parts) / STAGGER_ALIGN * STAGGER_ALIGN;
                 buf[start..].copy_from_slice(&x[start..]);
                 buf[..start].copy_from_slice(&x[..start]);
@@ -638,20 +639,14 @@ impl<'a> WeightPrefetch<'a> {
     fn new(job: &'a FlagsJob, rows: &Range<usize>) -> WeightPrefetch<'a> {
         let mut spans = Vec::new();
         if job.tuning.prefetch_bytes > 0 {
-            let mut base = 0;
-            for part in &job.parts {
-                let (lo, hi) = (rows.start.max(base), rows.end.min(base + part.rows));
-                if lo < hi {
-                    let (r0, r1) = (part.g + lo - base, part.g + hi - base);
-                    if let Some(b) = part
-                        .weight
-                        .bytes()
-                        .get(r0 * job.row_bytes..r1 * job.row_bytes)
-                    {
-                        spans.push(b);
-                    }
+            for (part, r, _) in job.overlaps(rows.clone()) {
+                if let Some(b) = part
+                    .weight
+                    .bytes()
+                    .get(r.start * job.row_bytes..r.end * job.row_bytes)
+                {
+                    spans.push(b);
                 }
-                base += part.rows;
             }
         }
         WeightPrefetch {
@@ -744,18 +739,33 @@ impl FlagsJob {
         act: &ActivationBuf,
         y: &mut [f32],
     ) -> Result<(), ExecError> {
-        let mut base = 0;
-        for part in &self.parts {
-            let (lo, hi) = (rows.start.max(base), rows.end.min(base + part.rows));
-            if lo < hi {
-                let (r0, r1) = (part.g + lo - base, part.g + hi - base);
-                let w = &part.weight.bytes()[r0 * self.row_bytes..r1 * self.row_bytes];
-                let out = &mut y[lo - rows.start..hi - rows.start];
-                gemv_rows(self.format, w, self.k, act, out, false)?;
-            }
-            base += part.rows;
+        for (part, weight_rows, out) in self.overlaps(rows.clone()) {
+            let w = &part.weight.bytes()
+                [weight_rows.start * self.row_bytes..weight_rows.end * self.row_bytes];
+            gemv_rows(self.format, w, self.k, act, &mut y[out], false)?;
         }
         Ok(())
+    }
+
+    /// The parts that overlap `rows` of the concatenated row space: each part, its weight rows
+    /// in that overlap, and where they sit in `rows` (from 0).
+    fn overlaps(
+        &self,
+        rows: Range<usize>,
+    ) -> impl Iterator<Item = (&ArmRows, Range<usize>, Range<usize>)> + '_ {
+        let mut base = 0;
+        self.parts.iter().filter_map(move |part| {
+            let (lo, hi) = (rows.start.max(base), rows.end.min(base + part.rows));
+            let out = (lo < hi).then(|| {
+                (
+                    part,
+                    part.g + lo - base..part.g + hi - base,
+                    lo - rows.start..hi - rows.start,
+                )
+            });
+            base += part.rows;
+            out
+        })
     }
 
     /// The part (worker) whose rows start at `start`.
@@ -784,7 +794,7 @@ impl FlagsJob {
 impl PoolJob for FlagsJob {
     fn run(&self, rows: Range<usize>) -> Result<u64, ExecError> {
         let part = self.part_of(rows.start);
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.rows(rows)));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.rows(rows, part)));
         let failed = !matches!(r, Ok(Ok(())));
         match part {
             Some(p) => self.part_done(p, failed),
