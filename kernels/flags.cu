@@ -76,9 +76,21 @@ __device__ __forceinline__ float hf_load_fresh(const float* p) {
 #endif
 }
 
+// How a publish orders x's stores before the sequence word. Every thread fencing is the plain
+// reading of the CUDA guide (__threadfence_system orders the calling thread's writes). The leader
+// form fences once, in thread 0 after the barrier: bar.sync orders the block's stores before
+// thread 0's fence, and a sys-scope fence is cumulative over what its thread has observed (the
+// PTX memory model's causality order; cooperative groups' grid sync relies on the same at gpu
+// scope), so one fence covers the block.
+__device__ __forceinline__ void hf_publish_fence(int leader_fence, int leader) {
+    if (!leader_fence) __threadfence_system();
+    __syncthreads();
+    if (leader_fence && leader) __threadfence_system();
+}
+
 extern "C" __global__ void __launch_bounds__(HF_FLAGS_THREADS)
     flags_publish(const float* __restrict__ x, int k, int vec4, unsigned char* mb, hf_u32 x_off,
-                  hf_u32 seq_off, hf_u32 step) {
+                  hf_u32 seq_off, hf_u32 step, int leader_fence) {
     float* dst = (float*)(mb + x_off);
     if (vec4) {
         const float4* s4 = (const float4*)x;
@@ -87,10 +99,9 @@ extern "C" __global__ void __launch_bounds__(HF_FLAGS_THREADS)
     } else {
         for (int i = threadIdx.x; i < k; i += blockDim.x) dst[i] = x[i];
     }
-    // Every thread's x stores reach the host before any thread passes the barrier; thread 0's
-    // release store of the sequence word follows them.
-    __threadfence_system();
-    __syncthreads();
+    // Every thread's x stores reach the host before thread 0's release store of the sequence
+    // word.
+    hf_publish_fence(leader_fence, threadIdx.x == 0);
     if (threadIdx.x == 0) hf_store_release_sys((hf_u32*)(mb + seq_off), step);
 }
 
@@ -105,7 +116,8 @@ extern "C" __global__ void __launch_bounds__(HF_FLAGS_THREADS)
 #define HF_Q8K 256
 extern "C" __global__ void __launch_bounds__(HF_Q8K)
     flags_publish_q8k(const float* __restrict__ x, int k, unsigned char* mb, hf_u32 x_off,
-                      hf_u32 d_off, hf_u32 seq_off, hf_u32 step, hf_u32* arrivals) {
+                      hf_u32 d_off, hf_u32 seq_off, hf_u32 step, hf_u32* arrivals,
+                      int leader_fence) {
     __shared__ float amax_w[HF_Q8K / 32];
     __shared__ int bad_w[HF_Q8K / 32];
     __shared__ int last;
@@ -141,8 +153,7 @@ extern "C" __global__ void __launch_bounds__(HF_Q8K)
     ((signed char*)(mb + x_off))[sb * HF_Q8K + t] = (signed char)q;
     if (t == 0) ((float*)(mb + d_off))[sb] = any_bad ? __int_as_float(0x7fc00000) : d;
     // Every thread's stores reach the host before its block counts itself.
-    __threadfence_system();
-    __syncthreads();
+    hf_publish_fence(leader_fence, t == 0);
     if (t == 0) last = atomicAdd(arrivals, 1u) == gridDim.x - 1;
     __syncthreads();
     if (last && t == 0) {

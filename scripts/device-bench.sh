@@ -13,6 +13,8 @@
 #                                             # then one layer with the flags timeline on
 #   scripts/device-bench.sh ab                # flags knobs raced against the default in interleaved
 #                                             # rounds (single_layer --ab-rounds; VARIANTS, ROUNDS)
+#   scripts/device-bench.sh targets           # the layer targets in interleaved rounds
+#                                             # (single_layer --target-rounds; CHAINS, ROUNDS)
 #   scripts/device-bench.sh llama-build       # llama.cpp CUDA llama-bench (~4 min), or unpack a carried one
 #   scripts/device-bench.sh llama-round N     # one round: hipfire and llama-bench on the same 8B synth
 #                                             # (JOIN=two-stream|flags picks hipfire's join strategy)
@@ -120,8 +122,16 @@ handshake)
 ab)
     # `last` is the positive control: per-worker done words beat it by 3-5 % in same-run pairs.
     "$B/bin/single_layer" --reps "${REPS:-200}" --ab-rounds "${ROUNDS:-9}" \
-        --flags-variants "${VARIANTS:-default,last,device-x,prefetch-256}" --json "$OUT/ab.json" 2>&1 |
+        --flags-variants "${VARIANTS:-default,leader-fence,last}" --json "$OUT/ab.json" 2>&1 |
         tee "$OUT/ab.log" | grep -A8 "flags A/B"
+    ;;
+targets)
+    # The layer targets in interleaved rounds, with a host sync around every layer
+    # (chain 1) and with 8 layers queued back to back as the decoder queues a token's (chain 8).
+    for chain in ${CHAINS:-1 8}; do
+        "$B/bin/single_layer" --reps "${REPS:-200}" --chain "$chain" --target-rounds "${ROUNDS:-9}" \
+            --json "$OUT/targets-chain$chain.json" 2>&1 | tee "$OUT/targets-chain$chain.log" | tail -16
+    done
     ;;
 strategies)
     ( [[ -f "$L8B" ]] || "$B/bin/hipfire" synth --arch llama3-8b --format q4_k --out "$L8B" >>"$OUT/strategies.log" 2>&1 )

@@ -138,6 +138,61 @@ pub fn read_bandwidth(
     })
 }
 
+/// What [`read_until`] read: bytes, over how long.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct ReadWindow {
+    /// Bytes read.
+    pub bytes: usize,
+    /// Seconds from the first chunk's start to the last one's end.
+    pub seconds: f64,
+}
+
+impl ReadWindow {
+    /// GB/s (10^9 B/s) over the window.
+    pub fn gbps(&self) -> f64 {
+        self.bytes as f64 / self.seconds.max(f64::MIN_POSITIVE) / 1e9
+    }
+}
+
+/// Read `buf` on `pool`'s workers chunk after chunk (`chunk` bytes, `unit`-byte rows cut like a
+/// GEMV's, cycling through the buffer) until `stop` says so; `stop` is asked before each chunk
+/// and at least one chunk is read. For a read ceiling over another engine's window: the caller
+/// stops when that engine is done, so the two rates cover the same time (within one chunk).
+pub fn read_until(
+    pool: &CpuPool,
+    buf: &[u8],
+    unit: usize,
+    chunk: usize,
+    mut stop: impl FnMut() -> Result<bool, ExecError>,
+) -> Result<ReadWindow, ExecError> {
+    let unit = unit.max(1);
+    let chunk_rows = (chunk / unit).clamp(1, (buf.len() / unit).max(1));
+    let rows = buf.len() / unit;
+    if rows == 0 {
+        return Err(ExecError::Invalid {
+            what: "read buffer",
+            value: format!("{} bytes", buf.len()),
+            rule: "holds at least one row",
+        });
+    }
+    let t0 = Instant::now();
+    let (mut bytes, mut at, mut sink) = (0usize, 0usize, 0u64);
+    loop {
+        let end = (at + chunk_rows).min(rows);
+        sink ^= pool.run_job(&ReadJob { buf, unit }, at..end)?;
+        bytes += (end - at) * unit;
+        at = if end == rows { 0 } else { end };
+        if stop()? {
+            break;
+        }
+    }
+    std::hint::black_box(sink);
+    Ok(ReadWindow {
+        bytes,
+        seconds: t0.elapsed().as_secs_f64(),
+    })
+}
+
 /// Round-trip cost of one pool call that does no work: send to every worker, all reply.
 #[derive(Debug, Clone, Serialize)]
 pub struct DispatchLatency {
@@ -318,6 +373,25 @@ mod tests {
             .fold(0u64, |acc, r| acc ^ job.run(r).expect("serial"));
         assert_eq!(pooled, serial);
         assert_ne!(serial, 0);
+    }
+
+    #[test]
+    fn read_until_reads_whole_chunks_cycling_through_the_buffer_until_told_to_stop() {
+        let buf: Vec<u8> = (0..64 * 100).map(|i| (i * 13 % 251) as u8).collect();
+        let pool = CpuPool::new(2).expect("pool");
+        // 40-row chunks of a 100-row buffer: 40, 40, 20 (the tail), then 40 again from the start.
+        let mut asked = 0;
+        let w = read_until(&pool, &buf, 64, 40 * 64, || {
+            asked += 1;
+            Ok(asked == 4)
+        })
+        .expect("read");
+        assert_eq!(w.bytes, (40 + 40 + 20 + 40) * 64);
+        assert!(w.seconds > 0.0 && w.gbps() > 0.0);
+        // Stop at once: still one chunk.
+        let one = read_until(&pool, &buf, 64, 1 << 20, || Ok(true)).expect("read");
+        assert_eq!(one.bytes, 100 * 64);
+        assert!(read_until(&pool, &buf[..10], 64, 64, || Ok(true)).is_err());
     }
 
     #[test]

@@ -29,6 +29,7 @@
 use crate::error::ExecError;
 use crate::kernel::{gemv_rows, ActivationBuf};
 use crate::pool::{partition, CpuPool, PoolJob, WORKER_ROW_ALIGN};
+pub use hipfire_gpu::PublishFence;
 use hipfire_quant::Format;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -115,6 +116,9 @@ pub struct FlagsTuning {
     /// quantised that way (`FlagsKernels::publish_q8k`), so the workers read a quarter of the
     /// bytes and do not quantise it themselves.
     pub device_quantised_x: bool,
+    /// How the device's publish orders x before the sequence word: every thread fences, or
+    /// thread 0 alone after the block's barrier (one system-wide fence instead of one per warp).
+    pub publish_fence: PublishFence,
 }
 
 impl FlagsTuning {
@@ -1315,6 +1319,8 @@ mod tests {
                         staggered_x,
                         prefetch_bytes,
                         device_quantised_x,
+                        // The device's fence: no device here (tests/gpu_offload.rs runs both).
+                        publish_fence: PublishFence::default(),
                     };
                     step = next_step(step);
                     let mb = host_mailbox(k, m);

@@ -982,9 +982,17 @@ impl OffloadExecutor {
                 pre_publish.record(stream)?;
             }
             if tuning.x_is_q8k(format) {
-                flags_kernels.publish_q8k(stream, x, k, mem, &offsets, seq)?;
+                flags_kernels.publish_q8k(
+                    stream,
+                    x,
+                    k,
+                    mem,
+                    &offsets,
+                    seq,
+                    tuning.publish_fence,
+                )?;
             } else {
-                flags_kernels.publish(stream, x, k, mem, &offsets, seq)?;
+                flags_kernels.publish(stream, x, k, mem, &offsets, seq, tuning.publish_fence)?;
             }
             gpu_start.record(stream)?;
             for (st, &(g, _)) in steps.iter_mut().zip(&split.cuts) {

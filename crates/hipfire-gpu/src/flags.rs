@@ -45,6 +45,24 @@ pub struct MailboxOffsets {
     pub y: usize,
 }
 
+/// How a publish orders x's stores before the sequence word (`hf_publish_fence` in
+/// kernels/flags.cu).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PublishFence {
+    /// Every thread fences its own stores system-wide, then the block meets at a barrier.
+    #[default]
+    EveryThread,
+    /// The block meets at a barrier, then thread 0 alone fences (cumulative over the stores the
+    /// barrier ordered before it) and writes the word.
+    Leader,
+}
+
+impl PublishFence {
+    fn as_kernel_arg(self) -> i32 {
+        i32::from(self == PublishFence::Leader)
+    }
+}
+
 /// Which done word covers which of a fold's CPU rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DoneWords<'a> {
@@ -200,7 +218,8 @@ impl FlagsKernels {
         Ok((px, pk))
     }
 
-    /// Queues: copy `x[0..k]` into the mailbox, fence, then `seq = step`.
+    /// Queues: copy `x[0..k]` into the mailbox, fence (as `fence` says), then `seq = step`.
+    #[allow(clippy::too_many_arguments)]
     pub fn publish<X: DeviceMemory + ?Sized>(
         &self,
         stream: &Stream,
@@ -209,6 +228,7 @@ impl FlagsKernels {
         mailbox: &HostMappedBuffer,
         at: &MailboxOffsets,
         step: u32,
+        fence: PublishFence,
     ) -> Result<(), GpuError> {
         let (mut px, mut pk) = self.publish_operands(stream, x, k, mailbox, at)?;
         check_fits("mailbox x area", at.x + k * 4, mailbox.byte_len())?;
@@ -217,7 +237,8 @@ impl FlagsKernels {
         let mut xo = offset_u32("mailbox x offset", at.x)?;
         let mut so = offset_u32("mailbox seq offset", at.seq)?;
         let mut st = step;
-        let mut params: [*mut c_void; 7] = [
+        let mut lf = fence.as_kernel_arg();
+        let mut params: [*mut c_void; 8] = [
             (&mut px as *mut u64).cast(),
             (&mut pk as *mut i32).cast(),
             (&mut vec4 as *mut i32).cast(),
@@ -225,9 +246,10 @@ impl FlagsKernels {
             (&mut xo as *mut u32).cast(),
             (&mut so as *mut u32).cast(),
             (&mut st as *mut u32).cast(),
+            (&mut lf as *mut i32).cast(),
         ];
         // SAFETY: kernel `flags_publish(const float* x, int k, int vec4, u8* mb, u32 x_off,
-        // u32 seq_off, u32 step)`: seven parameters of these types. It reads x[0..k] (k*4 bytes
+        // u32 seq_off, u32 step, int leader_fence)`: eight parameters of these types. It reads x[0..k] (k*4 bytes
         // present, checked; 16-byte loads only when vec4 says x is 16-aligned and k % 4 == 0) and
         // writes mb[x_off..x_off + 4k] and the seq word (in bounds and aligned, checked). Both
         // buffers are owned by borrowed live objects whose Drop frees synchronously.
@@ -238,6 +260,7 @@ impl FlagsKernels {
     /// element order at `at.x`, one f32 scale per [`Q8K_ELEMS`] at `at.x +
     /// q8k_scales_offset(k)`; `hipfire_quant::quantise_q8k`'s rule, bit for bit), fence, then
     /// `seq = step`. `k` must be a multiple of [`Q8K_ELEMS`].
+    #[allow(clippy::too_many_arguments)]
     pub fn publish_q8k<X: DeviceMemory + ?Sized>(
         &self,
         stream: &Stream,
@@ -246,6 +269,7 @@ impl FlagsKernels {
         mailbox: &HostMappedBuffer,
         at: &MailboxOffsets,
         step: u32,
+        fence: PublishFence,
     ) -> Result<(), GpuError> {
         if k == 0 || k % Q8K_ELEMS != 0 {
             return Err(GpuError::Invalid {
@@ -266,7 +290,8 @@ impl FlagsKernels {
         let mut so = offset_u32("mailbox seq offset", at.seq)?;
         let mut st = step;
         let mut arrivals = self.publish_arrivals.device_ptr();
-        let mut params: [*mut c_void; 8] = [
+        let mut lf = fence.as_kernel_arg();
+        let mut params: [*mut c_void; 9] = [
             (&mut px as *mut u64).cast(),
             (&mut pk as *mut i32).cast(),
             (&mut pmb as *mut u64).cast(),
@@ -275,6 +300,7 @@ impl FlagsKernels {
             (&mut so as *mut u32).cast(),
             (&mut st as *mut u32).cast(),
             (&mut arrivals as *mut u64).cast(),
+            (&mut lf as *mut i32).cast(),
         ];
         let dims = LaunchDims {
             grid: u32::try_from(k / Q8K_ELEMS).map_err(|_| GpuError::BufferTooSmall {
@@ -286,7 +312,8 @@ impl FlagsKernels {
             shared_bytes: 0,
         };
         // SAFETY: kernel `flags_publish_q8k(const float* x, int k, u8* mb, u32 x_off, u32 d_off,
-        // u32 seq_off, u32 step, u32* arrivals)`: eight parameters of these types, one 256-thread
+        // u32 seq_off, u32 step, u32* arrivals, int leader_fence)`: nine parameters of these
+        // types, one 256-thread
         // block per 256 elements. It reads x[0..k] (k*4 bytes present, checked) and writes
         // mb[x_off..x_off + k], k/256 f32 at d_off (4-aligned: at.x is 16-aligned and the
         // scales offset a multiple of 64; in bounds, checked), the seq word (checked) and its

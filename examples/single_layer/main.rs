@@ -27,12 +27,14 @@
 //! Needs a GPU; on a machine without one it says so and exits 1. The weights are random
 //! (64 distinct quantised rows per matrix, tiled), so the figures are bandwidth, not model quality.
 
+mod targets;
+
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context as _, Result};
 use hipfire::exec::bench;
-use hipfire::exec::flags::{DoneSignal, FlagsTuning, RowStores};
+use hipfire::exec::flags::{DoneSignal, FlagsTuning, PublishFence, RowStores};
 use hipfire::exec::offload::{ArmAccount, JoinStrategy, OffloadExecutor, OffloadMode, SpilledStep};
 use hipfire::exec::share::ShareSetting;
 use hipfire::gpu::{
@@ -133,6 +135,9 @@ struct Bench<'a> {
     x_ff: &'a DeviceBuffer<f32>,
     act_d: &'a Activation,
     act_ff: &'a Activation,
+    /// Layers per timed rep, run back to back with no host synchronisation between them (as
+    /// the decoder runs a token's layers); a rep's time is divided among them.
+    chain: usize,
     /// Wall of every rep of the last `run`, warm-ups included (µs).
     last_all_reps_us: std::cell::Cell<f64>,
     /// The executor's arm account over every rep of the last `run` (taken per rep, so no
@@ -145,7 +150,16 @@ impl Bench<'_> {
         self.copies[0].iter().map(|p| p.host.len()).sum()
     }
 
-    /// Runs the layer `reps` times; returns (µs per layer median, outputs of the last rep).
+    /// Per-step sync overhead of the last `run`: the wall that no arm's multiply covers
+    /// (`None` when no step ran on the CPU).
+    fn last_sync(&self) -> Option<f64> {
+        let acct = self.last_account.get();
+        let wall_ns = self.last_all_reps_us.get().max(f64::MIN_POSITIVE) * 1e3;
+        (acct.steps > 0).then(|| 1.0 - acct.arm_ns / wall_ns)
+    }
+
+    /// Runs `reps` timed reps of `chain` layers each (after two untimed ones); returns (µs per
+    /// layer, median over reps; outputs of the last rep).
     fn run(
         &self,
         mode: Mode,
@@ -168,62 +182,67 @@ impl Bench<'_> {
             }
             self.stream.synchronize()?;
             let t = Instant::now();
-            let projs = &self.copies[rep % self.copies.len()];
-            let groups: Vec<&[usize]> = match only {
-                Some(o) => vec![std::slice::from_ref(&PROJ_INDEX[o])],
-                None => SHARED_X_GROUPS.to_vec(),
-            };
-            for group in groups {
-                let p0 = &projs[group[0]];
-                let (x, act): (&DeviceBuffer<f32>, &Activation) = if p0.k == FF {
-                    (self.x_ff, self.act_ff)
-                } else {
-                    (self.x_d, self.act_d)
+            for layer in 0..self.chain {
+                let projs = &self.copies[(rep * self.chain + layer) % self.copies.len()];
+                let groups: Vec<&[usize]> = match only {
+                    Some(o) => vec![std::slice::from_ref(&PROJ_INDEX[o])],
+                    None => SHARED_X_GROUPS.to_vec(),
                 };
-                let mut outs: Vec<(&Proj, &mut DeviceBuffer<f32>)> = projs
-                    .iter()
-                    .zip(ys.iter_mut())
-                    .enumerate()
-                    .filter(|(i, _)| group.contains(i))
-                    .map(|(_, py)| py)
-                    .collect();
-                match (mode, exec.as_deref_mut()) {
-                    (Mode::Resident, _) | (_, None) => {
-                        for (p, y) in outs.iter_mut() {
-                            let w = WeightRef::new(&p.dev, 0, p.format, p.m, p.k)?;
-                            self.kernels.gemv(
-                                self.stream,
-                                &w,
-                                act,
-                                &mut **y,
-                                RowRange::all(p.m),
-                                p.form,
-                            )?;
+                for group in groups {
+                    let p0 = &projs[group[0]];
+                    let (x, act): (&DeviceBuffer<f32>, &Activation) = if p0.k == FF {
+                        (self.x_ff, self.act_ff)
+                    } else {
+                        (self.x_d, self.act_d)
+                    };
+                    let mut outs: Vec<(&Proj, &mut DeviceBuffer<f32>)> = projs
+                        .iter()
+                        .zip(ys.iter_mut())
+                        .enumerate()
+                        .filter(|(i, _)| group.contains(i))
+                        .map(|(_, py)| py)
+                        .collect();
+                    match (mode, exec.as_deref_mut()) {
+                        (Mode::Resident, _) | (_, None) => {
+                            for (p, y) in outs.iter_mut() {
+                                let w = WeightRef::new(&p.dev, 0, p.format, p.m, p.k)?;
+                                self.kernels.gemv(
+                                    self.stream,
+                                    &w,
+                                    act,
+                                    &mut **y,
+                                    RowRange::all(p.m),
+                                    p.form,
+                                )?;
+                            }
                         }
-                    }
-                    (Mode::Offload, Some(ex)) => {
-                        let refs = outs
-                            .iter()
-                            .map(|(p, _)| WeightRef::new(p.host.as_ref(), 0, p.format, p.m, p.k))
-                            .collect::<Result<Vec<_>, _>>()?;
-                        let mut steps: Vec<SpilledStep<'_>> = outs
-                            .iter_mut()
-                            .zip(&refs)
-                            .map(|((p, y), w)| SpilledStep {
-                                weight: w,
-                                host: p.host.clone(),
-                                x,
-                                y: &mut **y,
-                                form: p.form,
-                            })
-                            .collect();
-                        ex.run_shared(self.stream, self.kernels, act, &mut steps)?;
+                        (Mode::Offload, Some(ex)) => {
+                            let refs = outs
+                                .iter()
+                                .map(|(p, _)| {
+                                    WeightRef::new(p.host.as_ref(), 0, p.format, p.m, p.k)
+                                })
+                                .collect::<Result<Vec<_>, _>>()?;
+                            let mut steps: Vec<SpilledStep<'_>> = outs
+                                .iter_mut()
+                                .zip(&refs)
+                                .map(|((p, y), w)| SpilledStep {
+                                    weight: w,
+                                    host: p.host.clone(),
+                                    x,
+                                    y: &mut **y,
+                                    form: p.form,
+                                })
+                                .collect();
+                            ex.run_shared(self.stream, self.kernels, act, &mut steps)?;
+                        }
                     }
                 }
             }
             self.stream.synchronize()?;
             let us = t.elapsed().as_secs_f64() * 1e6;
             all_us += us;
+            let us = us / self.chain as f64;
             if let Some(ex) = exec.as_deref_mut() {
                 account += ex.take_arm_account()?;
             }
@@ -278,6 +297,7 @@ fn parse_flags_variants(list: &str) -> Result<Vec<(String, FlagsTuning)>> {
                     "flush-x" => t.flush_x = true,
                     "staggered-x" => t.staggered_x = true,
                     "device-x" => t.device_quantised_x = true,
+                    "leader-fence" => t.publish_fence = PublishFence::Leader,
                     k if k.starts_with("prefetch-") => {
                         let kib: usize = k["prefetch-".len()..].parse().with_context(|| {
                             format!("--flags-variants: {k}: prefetch-KIB takes a number of KiB")
@@ -286,8 +306,8 @@ fn parse_flags_variants(list: &str) -> Result<Vec<(String, FlagsTuning)>> {
                     }
                     other => anyhow::bail!(
                         "--flags-variants: unknown knob {other:?} (default, per-worker, last, \
-                         cached, streaming, flush-x, staggered-x, prefetch-KIB, device-x; join \
-                         with +, separate with ,)"
+                         cached, streaming, flush-x, staggered-x, prefetch-KIB, device-x, \
+                         leader-fence; join with +, separate with ,)"
                     ),
                 }
             }
@@ -508,12 +528,21 @@ struct Args {
     /// Instead, race the --flags-variants against the first in R interleaved rounds, and exit.
     #[arg(long, value_name = "R")]
     ab_rounds: Option<usize>,
+    /// Layers per timed rep, queued back to back with no host synchronisation between them, as
+    /// the decoder queues a token's layers (1: a host sync around every layer, which the layer's
+    /// sync figure then includes).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    chain: u64,
+    /// Interleaved rounds of the issue's layer targets (ceiling, cpu, pcie, flags auto back to
+    /// back; ratios within each round, median and range); 0 skips them.
+    #[arg(long, value_name = "R", default_value_t = 7)]
+    target_rounds: usize,
     /// Layer copies the reps cycle through (default: enough for 2 GiB, past the L3).
     #[arg(long, value_name = "N")]
     copies: Option<usize>,
     /// Host-side tunings of the flags join to run, comma-separated: `default` or knobs joined
     /// with `+` (per-worker, last, cached, streaming, flush-x, staggered-x, prefetch-KIB,
-    /// device-x).
+    /// device-x, leader-fence).
     #[arg(long, value_name = "LIST", default_value = "default")]
     flags_variants: String,
 }
@@ -531,6 +560,7 @@ fn main() -> Result<()> {
     );
     let json_path = args.json.clone();
     let (handshake_steps, ab_rounds, copies_arg) = (args.handshake, args.ab_rounds, args.copies);
+    let (chain, target_rounds) = (args.chain as usize, args.target_rounds);
     let flags_variants = parse_flags_variants(&args.flags_variants)?;
 
     let ctx = match Context::new(0) {
@@ -613,6 +643,7 @@ fn main() -> Result<()> {
         x_ff: &x_ff,
         act_d: &act_d,
         act_ff: &act_ff,
+        chain,
         last_all_reps_us: std::cell::Cell::new(0.0),
         last_account: std::cell::Cell::new(ArmAccount::default()),
     };
@@ -647,32 +678,22 @@ fn main() -> Result<()> {
     let cpu_read = bench::read_bandwidth(&pool, cold[0].as_slice(), 4096, 5)?
         .rate
         .gbps;
-    let gpu_read_over = |buf: &HostMappedBuffer, rounds: usize| -> Result<f64> {
+    let gpu_read = {
         let (s, e) = (ctx.new_event()?, ctx.new_event()?);
-        s.record(&stream)?;
-        for _ in 0..rounds {
-            reader.read_at(&stream, buf, 0, CEILING_BYTES)?;
-        }
-        e.record(&stream)?;
-        e.synchronize()?;
-        Ok((CEILING_BYTES * rounds) as f64 / (f64::from(s.elapsed_ms(&e)?) * 1e-3) / 1e9)
-    };
-    let gpu_read = gpu_read_over(&cold[1], 3)?;
-    // Both at once: the GPU reads one buffer while the CPU reads the other, over the same window.
-    let both = {
         let rounds = 3;
-        let (s, e) = (ctx.new_event()?, ctx.new_event()?);
         s.record(&stream)?;
         for _ in 0..rounds {
             reader.read_at(&stream, &cold[1], 0, CEILING_BYTES)?;
         }
         e.record(&stream)?;
-        let cpu = bench::read_bandwidth(&pool, cold[0].as_slice(), 4096, 4)?;
         e.synchronize()?;
-        let gpu_gbs = (CEILING_BYTES * rounds) as f64 / (f64::from(s.elapsed_ms(&e)?) * 1e-3) / 1e9;
-        (cpu.rate.gbps, gpu_gbs)
+        (CEILING_BYTES * rounds) as f64 / (f64::from(s.elapsed_ms(&e)?) * 1e-3) / 1e9
     };
-    drop(cold);
+    let bufs = targets::CeilingBuffers {
+        cpu: &cold[0],
+        gpu: &cold[1],
+    };
+    let both = targets::both_at_once(&ctx, &stream, &reader, &pool, &bufs)?;
     let both_total = both.0 + both.1;
     println!("ceilings: cpu read {cpu_read:.1} GB/s, gpu zero-copy read {gpu_read:.1} GB/s, both at once {:.1} + {:.1} = {both_total:.1} GB/s", both.0, both.1);
 
@@ -749,7 +770,7 @@ fn main() -> Result<()> {
         // how much of it is the workers' start skew and the device's turnaround between steps.
         let acct = b.last_account.get();
         let wall_ns = b.last_all_reps_us.get().max(f64::MIN_POSITIVE) * 1e3;
-        let sync = (acct.steps > 0).then(|| 1.0 - acct.arm_ns / wall_ns);
+        let sync = b.last_sync();
         let (skew, turnaround) = (acct.worker_skew_ns / wall_ns, acct.turnaround_ns / wall_ns);
         let diff = max_rel_diff(&y_res, &y);
         let share = match &mode {
@@ -806,6 +827,22 @@ fn main() -> Result<()> {
         }
         rows.push(serde_json::json!({"mode":mode.name(),"strategy":st,"share":share,"us_per_layer":t,"gbs":gbs,"max_rel_diff":diff,"sync_overhead":sync,"worker_skew":skew,"turnaround":turnaround,"turnarounds":acct.turnarounds,"steps":acct.steps}));
     }
+    let target_json = if target_rounds > 0 {
+        targets::target_rounds(
+            &ctx,
+            &stream,
+            &reader,
+            &pool,
+            &b,
+            &bufs,
+            flags_variants[0].1,
+            target_rounds,
+            reps,
+        )?
+    } else {
+        serde_json::Value::Null
+    };
+    drop(cold);
     // Per shape: `auto` against the best pinned share, one projection at a time (issue target:
     // auto within 3 % of the best pinned share's throughput on every 9B-class shape).
     let mut shape_rows = Vec::new();
@@ -944,6 +981,7 @@ fn main() -> Result<()> {
     }
     let out = serde_json::json!({
         "per_shape": shape_rows,
+        "targets": target_json, "chain": chain,
         "example": "single_layer", "format": format.name(), "device": ctx.info().name, "cpu_workers": pool.threads(),
         "layer_bytes": bytes, "reps": reps, "layer_copies": layer_copies, "flags_variants": flags_variants.iter().map(|(v, _)| v.clone()).collect::<Vec<_>>(),
         "ceilings": {"cpu_read_gbs": cpu_read, "gpu_zero_copy_read_gbs": gpu_read, "both_cpu_gbs": both.0, "both_gpu_gbs": both.1, "both_total_gbs": both_total},
