@@ -7,7 +7,7 @@
 //! ```text
 //! cargo run --release --example single_layer -- [--format q4_k|q8_0] [--reps N] [--threads N]
 //!     [--sweep] [--per-shape] [--json PATH] [--handshake STEPS] [--timeline]
-//!     [--flags-variants LIST] [--copies N] [--ab-rounds R]
+//!     [--flags-variants LIST] [--copies N] [--ab-rounds R] [--chain N] [--target-rounds R]
 //! ```
 //! `--sweep` times every pinned share from 0.10 to 0.50 for the whole layer; `--per-shape` does
 //! the same one projection at a time and reports `auto` against the best pinned share per shape.
@@ -17,10 +17,14 @@
 //! `--flags-variants` runs the flags join once per listed host-side tuning, for A/B in one run:
 //! a comma-separated list of `default` or `+`-joined knobs (`per-worker`|`last` done words,
 //! `cached`|`streaming` row stores, `flush-x`, `staggered-x`, `prefetch-KIB` of weight rows
-//! while waiting, `device-x`: x published already quantised for Q4_K/Q6_K), e.g.
-//! `default,last,device-x`.
+//! while waiting, `device-x`: x published already quantised for Q4_K/Q6_K, `leader-fence`: one
+//! system fence in the publish instead of one per thread, `shared-x`: the workers prepare x
+//! together), e.g. `default,last,device-x`.
 //! `--ab-rounds R` instead races the flags variants against the first one in R interleaved
 //! rounds (one warmed executor each) and exits: the A/B that drift between runs cannot bias.
+//! `--chain N` queues N layers per timed rep with no host synchronisation between them, as the
+//! decoder queues a token's layers. `--target-rounds R` (7 unless 0) ends the run with the
+//! issue's layer targets measured in R interleaved rounds (`targets.rs`).
 //! `--copies N` sets how many copies of the layer the reps cycle through (default: enough for
 //! 2 GiB, 18 at Q4_K), so that the timed reads come from DRAM rather than the last-level cache.
 //!
@@ -298,6 +302,7 @@ fn parse_flags_variants(list: &str) -> Result<Vec<(String, FlagsTuning)>> {
                     "staggered-x" => t.staggered_x = true,
                     "device-x" => t.device_quantised_x = true,
                     "leader-fence" => t.publish_fence = PublishFence::Leader,
+                    "shared-x" => t.shared_x = true,
                     k if k.starts_with("prefetch-") => {
                         let kib: usize = k["prefetch-".len()..].parse().with_context(|| {
                             format!("--flags-variants: {k}: prefetch-KIB takes a number of KiB")
@@ -307,7 +312,7 @@ fn parse_flags_variants(list: &str) -> Result<Vec<(String, FlagsTuning)>> {
                     other => anyhow::bail!(
                         "--flags-variants: unknown knob {other:?} (default, per-worker, last, \
                          cached, streaming, flush-x, staggered-x, prefetch-KIB, device-x, \
-                         leader-fence; join with +, separate with ,)"
+                         leader-fence, shared-x; join with +, separate with ,)"
                     ),
                 }
             }
@@ -542,7 +547,7 @@ struct Args {
     copies: Option<usize>,
     /// Host-side tunings of the flags join to run, comma-separated: `default` or knobs joined
     /// with `+` (per-worker, last, cached, streaming, flush-x, staggered-x, prefetch-KIB,
-    /// device-x, leader-fence).
+    /// device-x, leader-fence, shared-x).
     #[arg(long, value_name = "LIST", default_value = "default")]
     flags_variants: String,
 }

@@ -30,7 +30,7 @@ use crate::error::ExecError;
 use crate::kernel::{gemv_rows, ActivationBuf};
 use crate::pool::{partition, CpuPool, PoolJob, WORKER_ROW_ALIGN};
 pub use hipfire_gpu::PublishFence;
-use hipfire_quant::Format;
+use hipfire_quant::{Format, SharedActivation};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -119,12 +119,21 @@ pub struct FlagsTuning {
     /// How the device's publish orders x before the sequence word: every thread fences, or
     /// thread 0 alone after the block's barrier (one system-wide fence instead of one per warp).
     pub publish_fence: PublishFence,
+    /// For weights whose CPU activation is q8_K (Q4_K, Q6_K), the workers prepare x together
+    /// (each takes 256-element blocks off a counter) into one activation that all then read,
+    /// instead of each reading and quantising all of x. Off under `device_quantised_x`.
+    pub shared_x: bool,
 }
 
 impl FlagsTuning {
     /// Whether x travels quantised (q8_K) for `format` under these knobs.
     pub fn x_is_q8k(&self, format: Format) -> bool {
         self.device_quantised_x && ActivationBuf::takes_q8k(format)
+    }
+
+    /// Whether the workers prepare x together for `format` under these knobs.
+    pub fn x_is_shared(&self, format: Format) -> bool {
+        self.shared_x && !self.x_is_q8k(format) && SharedActivation::supports(format)
     }
 }
 
@@ -502,6 +511,79 @@ pub fn flags_clock_ns() -> u64 {
     EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
+/// x prepared by the workers together ([`FlagsTuning::shared_x`]).
+struct SharedX {
+    act: SharedActivation,
+    /// The next block to take.
+    next: AtomicU32,
+    /// Blocks prepared (or given up on): the activation is read once it reaches all of them.
+    done: AtomicU32,
+    /// A block could not be prepared (a non-finite x).
+    failed: AtomicBool,
+}
+
+impl SharedX {
+    fn new(format: Format, k: usize) -> Result<SharedX, ExecError> {
+        let act = SharedActivation::new(format, k)?;
+        if u32::try_from(act.blocks()).is_err() {
+            return Err(ExecError::Shape {
+                what: "activation blocks",
+                need: act.blocks(),
+                got: u32::MAX as usize,
+            });
+        }
+        Ok(SharedX {
+            act,
+            next: AtomicU32::new(0),
+            done: AtomicU32::new(0),
+            failed: AtomicBool::new(false),
+        })
+    }
+
+    /// Take blocks of x off the counter until none is left, then wait until every block is
+    /// prepared: the activation every worker multiplies by.
+    fn prepare(&self, x: &[f32], job: &FlagsJob) -> Result<&ActivationBuf, ExecError> {
+        let blocks = self.act.blocks() as u32;
+        let mut err = None;
+        loop {
+            let b = self.next.fetch_add(1, Ordering::Relaxed);
+            if b >= blocks {
+                break;
+            }
+            let b = b as usize;
+            // SAFETY: the counter hands block b to this worker alone, once; no worker reads
+            // the activation before `done` counts every block (below, acquire).
+            if let Err(e) = unsafe { self.act.prepare_blocks(x, b..b + 1) } {
+                self.failed.store(true, Ordering::Relaxed);
+                err = Some(e);
+            }
+            // Counted even when it failed, so that the others stop waiting.
+            self.done.fetch_add(1, Ordering::Release);
+        }
+        if let Some(e) = err {
+            return Err(e.into());
+        }
+        wait_word(
+            &self.done,
+            |v| v >= blocks,
+            job.timeout,
+            "flags shared activation",
+            Some(&job.cancelled),
+            || {},
+        )?;
+        if self.failed.load(Ordering::Relaxed) {
+            return Err(ExecError::Invalid {
+                what: "activation",
+                value: "a non-finite value".into(),
+                rule: "every value finite (another worker found one)",
+            });
+        }
+        // SAFETY: every block is prepared, ordered before this point (`done` released per
+        // block, acquired in `wait_word`), and the counter never hands out a block again.
+        Ok(unsafe { self.act.activation() })
+    }
+}
+
 /// The job the workers share.
 struct FlagsJob {
     format: Format,
@@ -516,6 +598,8 @@ struct FlagsJob {
     cancelled: AtomicBool,
     row_bytes: usize,
     tuning: FlagsTuning,
+    /// x prepared together, when the tuning says so.
+    shared_x: Option<SharedX>,
     /// The workers' parts of `[0, rows_n)` as cut points (part `p` is `cuts[p]..cuts[p + 1]`).
     cuts: Vec<usize>,
     /// Workers still to finish; the last one publishes done.
@@ -556,7 +640,10 @@ impl FlagsJob {
         let x = unsafe {
             std::slice::from_raw_parts(mb.mem.base().add(X_OFFSET) as *const f32, self.k)
         };
-        let act = if self.tuning.x_is_q8k(self.format) {
+        let owned;
+        let act = if let Some(shared) = &self.shared_x {
+            shared.prepare(x, self)?
+        } else if self.tuning.x_is_q8k(self.format) {
             // SAFETY: in bounds (the q8_K form is smaller than the f32 x area, `Mailbox::new`:
             // k bytes of quants, then k/256 scales from the next line); i8 and f32 accept every
             // bit pattern; 4-aligned (base 64-aligned, offsets multiples of 64).
@@ -570,11 +657,12 @@ impl FlagsJob {
                     ),
                 )
             };
-            ActivationBuf::from_q8k(self.format, qs, d)?
+            owned = ActivationBuf::from_q8k(self.format, qs, d)?;
+            &owned
         } else if self.tuning.staggered_x {
             // Each worker reads x from its own starting line, so that the workers do not all
             // miss on the same freshly written line at once; the copy is in element order.
-            STAGGERED_X.with(|buf| {
+            owned = STAGGERED_X.with(|buf| {
                 let mut buf = buf.borrow_mut();
                 buf.clear();
                 buf.resize(self.k, 0.0);
@@ -584,9 +672,11 @@ impl FlagsJob {
                 buf[start..].copy_from_slice(&x[start..]);
                 buf[..start].copy_from_slice(&x[..start]);
                 ActivationBuf::prepare(self.format, &buf)
-            })?
+            })?;
+            &owned
         } else {
-            ActivationBuf::prepare(self.format, x)?
+            owned = ActivationBuf::prepare(self.format, x)?;
+            &owned
         };
         self.prepare_ns
             .fetch_max(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -600,12 +690,12 @@ impl FlagsJob {
             )
         };
         match self.tuning.rows {
-            RowStores::Cached => self.multiply(&rows, &act, y)?,
+            RowStores::Cached => self.multiply(&rows, act, y)?,
             RowStores::Streaming => STREAM_ROWS.with(|scratch| -> Result<(), ExecError> {
                 let mut scratch = scratch.borrow_mut();
                 scratch.clear();
                 scratch.resize(rows.len(), 0.0);
-                self.multiply(&rows, &act, &mut scratch)?;
+                self.multiply(&rows, act, &mut scratch)?;
                 stream_store(y, &scratch);
                 Ok(())
             })?,
@@ -942,6 +1032,11 @@ impl CpuPool {
     /// publish this step: queue the device side before waiting on anything else.
     pub fn submit_flags(&self, arm: FlagsArm) -> Result<FlagsTicket, ExecError> {
         let row_bytes = arm.format.row_bytes(arm.k)?;
+        let shared_x = if arm.tuning.x_is_shared(arm.format) {
+            Some(SharedX::new(arm.format, arm.k)?)
+        } else {
+            None
+        };
         self.submit_job(FlagsJob {
             format: arm.format,
             k: arm.k,
@@ -953,6 +1048,7 @@ impl CpuPool {
             cancelled: AtomicBool::new(false),
             row_bytes,
             tuning: arm.tuning,
+            shared_x,
             cuts: Vec::new(),
             remaining: AtomicUsize::new(0),
             failed: AtomicBool::new(false),
@@ -1213,35 +1309,47 @@ mod tests {
         }
     }
 
-    /// A non-finite x fails every worker's preparation: nothing hangs, and the arm's done word
-    /// and every worker's are still published, each with the failure bit.
+    /// A non-finite x fails every worker's preparation (its own, or the shared one's): nothing
+    /// hangs, and the arm's done word and every worker's are still published, each with the
+    /// failure bit.
     #[test]
     fn a_bad_piece_fails_the_step_without_hanging() {
-        let (fmt, k, m) = (Format::Q8_0, 2048usize, 40usize);
-        let (w, mut x) = setup(fmt, k, m, 8);
-        x[1000] = f32::NAN;
-        let pool = CpuPool::new(4).expect("pool");
-        let mb = host_mailbox(k, m);
-        let ticket = pool
-            .submit_flags(FlagsArm {
-                timeout: Duration::from_secs(30),
-                ..one_part_arm(fmt, k, w, 0, m, mb.clone(), 4)
-            })
-            .expect("submit");
-        let parts = ticket.cuts().len() - 1;
-        assert!(parts > 1, "the arm is cut among workers");
-        let t = Instant::now();
-        mb.device_publish(&x, 4).expect("publish");
-        let err = ticket.wait().expect_err("NaN in x");
-        assert!(t.elapsed() < Duration::from_secs(5), "workers hung");
-        assert!(matches!(err, ExecError::Quant(_)), "{err}");
-        assert_eq!(mb.done().load(Ordering::Acquire), 4 | DONE_FAILED);
-        for p in 0..parts {
-            assert_eq!(
-                mb.part_done(p).load(Ordering::Acquire),
-                4 | DONE_FAILED,
-                "part {p}"
+        for (fmt, shared_x) in [(Format::Q8_0, false), (Format::Q4K, true)] {
+            let (k, m) = (2048usize, 40usize);
+            let (w, mut x) = setup(fmt, k, m, 8);
+            x[1000] = f32::NAN;
+            let pool = CpuPool::new(4).expect("pool");
+            let mb = host_mailbox(k, m);
+            let ticket = pool
+                .submit_flags(FlagsArm {
+                    timeout: Duration::from_secs(30),
+                    tuning: FlagsTuning {
+                        shared_x,
+                        ..FlagsTuning::default()
+                    },
+                    ..one_part_arm(fmt, k, w, 0, m, mb.clone(), 4)
+                })
+                .expect("submit");
+            let parts = ticket.cuts().len() - 1;
+            assert!(parts > 1, "the arm is cut among workers");
+            let t = Instant::now();
+            mb.device_publish(&x, 4).expect("publish");
+            let err = ticket.wait().expect_err("NaN in x");
+            assert!(t.elapsed() < Duration::from_secs(5), "{fmt}: workers hung");
+            // Shared: the worker that met the NaN says so, the others that another did.
+            assert!(
+                matches!(err, ExecError::Quant(_))
+                    || (shared_x && matches!(err, ExecError::Invalid { .. })),
+                "{fmt}: {err}"
             );
+            assert_eq!(mb.done().load(Ordering::Acquire), 4 | DONE_FAILED);
+            for p in 0..parts {
+                assert_eq!(
+                    mb.part_done(p).load(Ordering::Acquire),
+                    4 | DONE_FAILED,
+                    "{fmt}: part {p}"
+                );
+            }
         }
     }
 
@@ -1305,12 +1413,14 @@ mod tests {
         let mut step = 0;
         for done in [DoneSignal::PerWorker, DoneSignal::Last] {
             for rows in [RowStores::Cached, RowStores::Streaming] {
-                for (flush_x, staggered_x, prefetch_bytes, device_quantised_x) in [
-                    (false, false, 0, false),
-                    (true, false, 0, false),
-                    (false, true, 0, false),
-                    (false, false, 4096, false),
-                    (false, false, 0, true),
+                for (flush_x, staggered_x, prefetch_bytes, device_quantised_x, shared_x) in [
+                    (false, false, 0, false, false),
+                    (true, false, 0, false, false),
+                    (false, true, 0, false, false),
+                    (false, false, 4096, false, false),
+                    (false, false, 0, true, false),
+                    (false, false, 0, false, true),
+                    (true, false, 0, false, true),
                 ] {
                     let tuning = FlagsTuning {
                         done,
@@ -1321,6 +1431,7 @@ mod tests {
                         device_quantised_x,
                         // The device's fence: no device here (tests/gpu_offload.rs runs both).
                         publish_fence: PublishFence::default(),
+                        shared_x,
                     };
                     step = next_step(step);
                     let mb = host_mailbox(k, m);

@@ -390,6 +390,13 @@ fn flags_steps_queued_back_to_back_equal_steps_run_one_at_a_time() {
             },
             false,
         ),
+        (
+            FlagsTuning {
+                shared_x: true,
+                ..FlagsTuning::default()
+            },
+            true,
+        ),
     ];
     for (tuning, timeline) in tunings {
         let (acc_ahead, plain_ahead) = chain(false, tuning, timeline);

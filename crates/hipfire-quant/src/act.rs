@@ -92,16 +92,44 @@ pub(crate) struct Q8K {
 }
 
 impl Q8K {
-    /// Appends one block's scale and sums (natural order); its quants go to `qs` by
-    /// [`place_q8k_block`].
-    fn push_block(&mut self, natural: &[i8], d: f32) {
-        self.d.push(d);
-        let first = self.bsums.len();
-        self.bsums.extend(natural.chunks_exact(Q6K_SUB).map(sum16));
-        // A 32-element sub-block is two 16-element ones (|Σ| ≤ 32·127 fits i16).
-        let pairs = self.bsums[first..].chunks_exact(Q4K_SUB / Q6K_SUB);
-        self.sums32.extend(pairs.map(|p| p[0] + p[1]));
+    /// Every buffer sized for `k` (a multiple of [`QK_K`]), zero: filled block by block.
+    pub(crate) fn zeroed(k: usize) -> Q8K {
+        Q8K {
+            qs: vec![0; k],
+            d: vec![0.0; k / QK_K],
+            bsums: vec![0; k / Q6K_SUB],
+            sums32: vec![0; k / Q4K_SUB],
+        }
     }
+}
+
+/// Σ per 16 and per 32 of one block's quants in natural order, into that block's `bsums` (16)
+/// and `sums32` (8).
+fn q8k_block_sums(natural: &[i8], bsums: &mut [i16], sums32: &mut [i16]) {
+    for (s, g) in bsums.iter_mut().zip(natural.chunks_exact(Q6K_SUB)) {
+        *s = sum16(g);
+    }
+    // A 32-element sub-block is two 16-element ones (|Σ| ≤ 32·127 fits i16).
+    for (s, p) in sums32.iter_mut().zip(bsums.chunks_exact(Q4K_SUB / Q6K_SUB)) {
+        *s = p[0] + p[1];
+    }
+}
+
+/// One q8_K block of `fmt`'s activation from its 256 elements `src`: the quants into `qs` (in
+/// `fmt`'s order), the sums into `bsums` (16) and `sums32` (8); returns the scale. The one rule
+/// both [`ActivationBuf::prepare`] and a [`crate::SharedActivation`] follow.
+pub(crate) fn q8k_block(
+    fmt: Format,
+    src: &[f32],
+    qs: &mut [i8],
+    bsums: &mut [i16],
+    sums32: &mut [i16],
+) -> f32 {
+    let mut natural = [0i8; QK_K];
+    let (d, _) = quantise_block(src, &mut natural);
+    q8k_block_sums(&natural, bsums, sums32);
+    place_q8k_block(fmt, &natural, qs);
+    d
 }
 
 /// One block's quants from element order into `dst`, in `fmt`'s activation order.
@@ -443,23 +471,26 @@ impl ActivationBuf {
     }
 
     fn q8k(fmt: Format, x: &[f32]) -> Q8K {
-        let k = x.len();
-        let nsb = k / QK_K;
-        let mut a = Q8K {
-            qs: Vec::new(),
-            d: Vec::with_capacity(nsb),
-            bsums: Vec::with_capacity(nsb * QK_K / Q6K_SUB),
-            sums32: Vec::with_capacity(nsb * QK_K / Q4K_SUB),
-        };
-        let mut qs = vec![0i8; k];
-        let mut natural = [0i8; QK_K];
-        for (src, dst) in x.chunks_exact(QK_K).zip(qs.chunks_exact_mut(QK_K)) {
-            let (d, _) = quantise_block(src, &mut natural);
-            a.push_block(&natural, d);
-            place_q8k_block(fmt, &natural, dst);
+        let mut a = Q8K::zeroed(x.len());
+        let blocks = x
+            .chunks_exact(QK_K)
+            .zip(a.qs.chunks_exact_mut(QK_K))
+            .zip(a.bsums.chunks_exact_mut(QK_K / Q6K_SUB))
+            .zip(a.sums32.chunks_exact_mut(QK_K / Q4K_SUB));
+        for ((((src, qs), bsums), sums32), d) in blocks.zip(a.d.iter_mut()) {
+            *d = q8k_block(fmt, src, qs, bsums, sums32);
         }
-        a.qs = qs;
         a
+    }
+
+    /// A q8_K activation of length `k` for `fmt`, every value zero (its blocks are filled in
+    /// place: [`crate::SharedActivation`]).
+    pub(crate) fn q8k_zeroed(fmt: Format, k: usize) -> ActivationBuf {
+        ActivationBuf {
+            format: fmt,
+            k,
+            kind: ActKind::Q8K(Q8K::zeroed(k)),
+        }
     }
 
     /// Whether `fmt`'s activation is q8_K (Q4_K, Q6_K): the form [`ActivationBuf::from_q8k`]
@@ -500,16 +531,15 @@ impl ActivationBuf {
                 block: b,
             });
         }
-        let mut a = Q8K {
-            qs: vec![0; k],
-            d: Vec::with_capacity(d.len()),
-            bsums: Vec::with_capacity(k / Q6K_SUB),
-            sums32: Vec::with_capacity(k / Q4K_SUB),
-        };
-        for (natural, &db) in qs.chunks_exact(QK_K).zip(d) {
-            a.push_block(natural, db);
-        }
-        for (natural, dst) in qs.chunks_exact(QK_K).zip(a.qs.chunks_exact_mut(QK_K)) {
+        let mut a = Q8K::zeroed(k);
+        a.d.copy_from_slice(d);
+        let blocks = qs
+            .chunks_exact(QK_K)
+            .zip(a.qs.chunks_exact_mut(QK_K))
+            .zip(a.bsums.chunks_exact_mut(QK_K / Q6K_SUB))
+            .zip(a.sums32.chunks_exact_mut(QK_K / Q4K_SUB));
+        for (((natural, dst), bsums), sums32) in blocks {
+            q8k_block_sums(natural, bsums, sums32);
             place_q8k_block(fmt, natural, dst);
         }
         Ok(ActivationBuf {

@@ -66,6 +66,7 @@ mod dispatch;
 mod dot;
 pub mod formats;
 mod read;
+mod shared_act;
 
 pub use act::{quantise_q8k, ActivationBuf, Q8K_BLOCK};
 pub use dispatch::{
@@ -73,6 +74,7 @@ pub use dispatch::{
     gemv_rows_scalar, gemv_rows_with, quantize_row, simd_tier, SimdTier,
 };
 pub use read::read_sum;
+pub use shared_act::SharedActivation;
 
 use thiserror::Error;
 
