@@ -552,8 +552,22 @@ struct Args {
     flags_variants: String,
 }
 
+/// Env var that turns on the executor's split trace (as in `hipfire`: docs/env-vars.md).
+const CPU_EXEC_TRACE_ENV: &str = "HIPFIRE_CPU_EXEC_TRACE";
+
 fn main() -> Result<()> {
     let args = <Args as clap::Parser>::parse();
+    // Warnings, RUST_LOG if set, and the split trace (`split:` lines per shape) when asked.
+    let mut filter = tracing_subscriber::EnvFilter::builder()
+        .with_default_directive(tracing_subscriber::filter::LevelFilter::WARN.into())
+        .from_env_lossy();
+    if std::env::var(CPU_EXEC_TRACE_ENV).is_ok_and(|v| v == "1") {
+        filter = filter.add_directive("hipfire::cpu_exec=debug".parse()?);
+    }
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
     let format = Format::from_name(&args.format)
         .with_context(|| format!("unknown format {}", args.format))?;
     let (reps, threads, sweep, per_shape, timeline) = (

@@ -29,6 +29,7 @@
 use crate::error::ExecError;
 use crate::kernel::{gemv_rows, ActivationBuf};
 use crate::pool::{partition, CpuPool, PoolJob, WORKER_ROW_ALIGN};
+use crossbeam_utils::CachePadded;
 pub use hipfire_gpu::PublishFence;
 use hipfire_quant::{Format, SharedActivation};
 use std::ops::Range;
@@ -514,10 +515,10 @@ pub fn flags_clock_ns() -> u64 {
 /// x prepared by the workers together ([`FlagsTuning::shared_x`]).
 struct SharedX {
     act: SharedActivation,
-    /// The next block to take.
-    next: AtomicU32,
+    /// The next block to take (its own cache line, as is `done`: every worker updates both).
+    next: CachePadded<AtomicU32>,
     /// Blocks prepared (or given up on): the activation is read once it reaches all of them.
-    done: AtomicU32,
+    done: CachePadded<AtomicU32>,
     /// A block could not be prepared (a non-finite x).
     failed: AtomicBool,
 }
@@ -534,8 +535,8 @@ impl SharedX {
         }
         Ok(SharedX {
             act,
-            next: AtomicU32::new(0),
-            done: AtomicU32::new(0),
+            next: CachePadded::new(AtomicU32::new(0)),
+            done: CachePadded::new(AtomicU32::new(0)),
             failed: AtomicBool::new(false),
         })
     }
@@ -603,15 +604,44 @@ struct FlagsJob {
     /// The workers' parts of `[0, rows_n)` as cut points (part `p` is `cuts[p]..cuts[p + 1]`).
     cuts: Vec<usize>,
     /// Workers still to finish; the last one publishes done.
-    remaining: AtomicUsize,
+    /// (On its own cache line, like `failed` and each worker's stats: the fields above are
+    /// read by every worker throughout the arm, and a store to a line they share would take
+    /// it from all of them.)
+    remaining: CachePadded<AtomicUsize>,
     /// Raised by a worker that failed: done then says so.
-    failed: AtomicBool,
+    failed: CachePadded<AtomicBool>,
+    /// What each part's worker measured (one slot per part, and a last one for a worker whose
+    /// rows are not one of the parts), collected by the ticket once the arm is over.
+    stats: Vec<CachePadded<WorkerStats>>,
+}
+
+/// What one worker measured of its part (ns). Each on its own cache line: the workers record
+/// these right after they see x, all at once, and fifteen read-modify-writes of one shared
+/// line there queue behind each other for the line.
+#[derive(Debug)]
+struct WorkerStats {
+    /// Wait for the sequence word.
     wait_ns: AtomicU64,
+    /// Preparation of x and the multiply.
     cpu_ns: AtomicU64,
+    /// Preparation of x alone.
     prepare_ns: AtomicU64,
-    first_seen: AtomicU64,
-    last_seen: AtomicU64,
+    /// When it saw the sequence word and when it was done ([`flags_clock_ns`]; `u64::MAX`
+    /// and 0 until then).
+    seen: AtomicU64,
     done_at: AtomicU64,
+}
+
+impl Default for WorkerStats {
+    fn default() -> Self {
+        WorkerStats {
+            wait_ns: AtomicU64::new(0),
+            cpu_ns: AtomicU64::new(0),
+            prepare_ns: AtomicU64::new(0),
+            seen: AtomicU64::new(u64::MAX),
+            done_at: AtomicU64::new(0),
+        }
+    }
 }
 
 impl FlagsJob {
@@ -630,9 +660,19 @@ impl FlagsJob {
         )?;
         let waited = t_wait.elapsed();
         let seen = flags_clock_ns();
-        self.first_seen.fetch_min(seen, Ordering::Relaxed);
-        self.last_seen.fetch_max(seen, Ordering::Relaxed);
-        self.wait_ns
+        // Uncontended: this worker's own line (the fallback slot is shared, hence min/max).
+        let last = self.stats.len().saturating_sub(1);
+        let stats =
+            self.stats
+                .get(part.map_or(last, |p| p.min(last)))
+                .ok_or(ExecError::Invalid {
+                    what: "flags job",
+                    value: "no stats slots".into(),
+                    rule: "submitted through CpuPool::submit_flags",
+                })?;
+        stats.seen.fetch_min(seen, Ordering::Relaxed);
+        stats
+            .wait_ns
             .fetch_max(waited.as_nanos() as u64, Ordering::Relaxed);
         let t = Instant::now();
         // SAFETY: in bounds (`Mailbox::new`); after seq == step (acquire, in `wait_word`) the
@@ -678,7 +718,8 @@ impl FlagsJob {
             owned = ActivationBuf::prepare(self.format, x)?;
             &owned
         };
-        self.prepare_ns
+        stats
+            .prepare_ns
             .fetch_max(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         // SAFETY: `rows` is this worker's disjoint part of [0, rows_n) (partition; rows_n is at
         // most the mailbox's rows, checked at submit), so the slice is in bounds and written by
@@ -700,9 +741,10 @@ impl FlagsJob {
                 Ok(())
             })?,
         }
-        self.cpu_ns
+        stats
+            .cpu_ns
             .fetch_max(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        self.done_at.fetch_max(flags_clock_ns(), Ordering::Relaxed);
+        stats.done_at.fetch_max(flags_clock_ns(), Ordering::Relaxed);
         Ok(())
     }
 }
@@ -941,13 +983,27 @@ impl FlagsTicket {
     /// Block until every worker of the arm has finished; the arm's measurements or its error.
     pub fn wait(self) -> Result<FlagsReport, ExecError> {
         self.pending.wait()?;
+        let stats = &self.job.stats;
+        let max = |f: fn(&WorkerStats) -> &AtomicU64| {
+            stats
+                .iter()
+                .map(|s| f(s).load(Ordering::Relaxed))
+                .max()
+                .unwrap_or(0)
+        };
+        let seen = || {
+            stats
+                .iter()
+                .map(|s| s.seen.load(Ordering::Relaxed))
+                .filter(|&v| v != u64::MAX)
+        };
         Ok(FlagsReport {
-            wait_ns: self.job.wait_ns.load(Ordering::Relaxed) as f64,
-            cpu_ns: self.job.cpu_ns.load(Ordering::Relaxed) as f64,
-            prepare_ns: self.job.prepare_ns.load(Ordering::Relaxed) as f64,
-            first_seen_ns: self.job.first_seen.load(Ordering::Relaxed),
-            last_seen_ns: self.job.last_seen.load(Ordering::Relaxed),
-            done_ns: self.job.done_at.load(Ordering::Relaxed),
+            wait_ns: max(|s| &s.wait_ns) as f64,
+            cpu_ns: max(|s| &s.cpu_ns) as f64,
+            prepare_ns: max(|s| &s.prepare_ns) as f64,
+            first_seen_ns: seen().min().unwrap_or(u64::MAX),
+            last_seen_ns: seen().max().unwrap_or(0),
+            done_ns: max(|s| &s.done_at),
         })
     }
 }
@@ -1012,6 +1068,7 @@ impl CpuPool {
             .chain(parts.iter().map(|r| r.end))
             .collect();
         job.remaining.store(parts.len(), Ordering::Release);
+        job.stats = (0..=parts.len()).map(|_| CachePadded::default()).collect();
         let job = Arc::new(job);
         if parts.is_empty() {
             job.mailbox.done().store(job.step, Ordering::Release);
@@ -1050,14 +1107,9 @@ impl CpuPool {
             tuning: arm.tuning,
             shared_x,
             cuts: Vec::new(),
-            remaining: AtomicUsize::new(0),
-            failed: AtomicBool::new(false),
-            wait_ns: AtomicU64::new(0),
-            cpu_ns: AtomicU64::new(0),
-            prepare_ns: AtomicU64::new(0),
-            first_seen: AtomicU64::new(u64::MAX),
-            last_seen: AtomicU64::new(0),
-            done_at: AtomicU64::new(0),
+            remaining: CachePadded::new(AtomicUsize::new(0)),
+            failed: CachePadded::new(AtomicBool::new(false)),
+            stats: Vec::new(),
         })
     }
 }
@@ -1133,6 +1185,10 @@ mod tests {
             let got = device.join().expect("device thread").expect("device");
             let rep = ticket.wait().expect("arm");
             assert!(rep.wait_ns > 0.0);
+            // The workers' own records, gathered: every one saw x, then finished.
+            assert!(rep.first_seen_ns <= rep.last_seen_ns, "{rep:?}");
+            assert!(rep.last_seen_ns <= rep.done_ns && rep.done_ns > 0, "{rep:?}");
+            assert!(rep.prepare_ns > 0.0 && rep.prepare_ns <= rep.cpu_ns, "{rep:?}");
             let mut want = vec![f32::NAN; m];
             pool.gemv(fmt, &w, k, &x, &mut want, false).expect("pool");
             assert_eq!(
