@@ -110,7 +110,9 @@ verify)
     ;;
 per-shape)
     # Each shape's step is 50-300 us: enough reps that one point is tens of milliseconds.
-    "$B/bin/single_layer" --reps "${REPS:-200}" --per-shape --json "$OUT/per_shape.json" 2>&1 | tee "$OUT/per-shape.log"
+    # CHAIN queues that many layers' steps back to back per timed rep, as decode does.
+    "$B/bin/single_layer" --reps "${REPS:-200}" --chain "${CHAIN:-1}" --target-rounds 0 --per-shape \
+        --json "$OUT/per_shape.json" 2>&1 | tee "$OUT/per-shape.log"
     ;;
 handshake)
     for t in ${THREADS:-0}; do

@@ -18,8 +18,8 @@
 //! a comma-separated list of `default` or `+`-joined knobs (`per-worker`|`last` done words,
 //! `cached`|`streaming` row stores, `flush-x`, `staggered-x`, `prefetch-KIB` of weight rows
 //! while waiting, `device-x`: x published already quantised for Q4_K/Q6_K, `leader-fence`: one
-//! system fence in the publish instead of one per thread, `shared-x`: the workers prepare x
-//! together), e.g. `default,last,device-x`.
+//! system fence in the publish instead of one per thread, `shared-x` (the default) | `own-x`: the
+//! workers prepare x together, or each its own), e.g. `default,last,own-x`.
 //! `--ab-rounds R` instead races the flags variants against the first one in R interleaved
 //! rounds (one warmed executor each) and exits: the A/B that drift between runs cannot bias.
 //! `--chain N` queues N layers per timed rep with no host synchronisation between them, as the
@@ -38,7 +38,7 @@ use std::time::Instant;
 
 use anyhow::{Context as _, Result};
 use hipfire::exec::bench;
-use hipfire::exec::flags::{DoneSignal, FlagsTuning, PublishFence, RowStores};
+use hipfire::exec::flags::{DoneSignal, FlagsTuning, PublishFence, RowStores, XPrep};
 use hipfire::exec::offload::{ArmAccount, JoinStrategy, OffloadExecutor, OffloadMode, SpilledStep};
 use hipfire::exec::share::ShareSetting;
 use hipfire::gpu::{
@@ -302,7 +302,8 @@ fn parse_flags_variants(list: &str) -> Result<Vec<(String, FlagsTuning)>> {
                     "staggered-x" => t.staggered_x = true,
                     "device-x" => t.device_quantised_x = true,
                     "leader-fence" => t.publish_fence = PublishFence::Leader,
-                    "shared-x" => t.shared_x = true,
+                    "shared-x" => t.x_prep = XPrep::Shared,
+                    "own-x" => t.x_prep = XPrep::EachWorker,
                     k if k.starts_with("prefetch-") => {
                         let kib: usize = k["prefetch-".len()..].parse().with_context(|| {
                             format!("--flags-variants: {k}: prefetch-KIB takes a number of KiB")
@@ -312,7 +313,7 @@ fn parse_flags_variants(list: &str) -> Result<Vec<(String, FlagsTuning)>> {
                     other => anyhow::bail!(
                         "--flags-variants: unknown knob {other:?} (default, per-worker, last, \
                          cached, streaming, flush-x, staggered-x, prefetch-KIB, device-x, \
-                         leader-fence, shared-x; join with +, separate with ,)"
+                         leader-fence, shared-x, own-x; join with +, separate with ,)"
                     ),
                 }
             }
@@ -547,7 +548,7 @@ struct Args {
     copies: Option<usize>,
     /// Host-side tunings of the flags join to run, comma-separated: `default` or knobs joined
     /// with `+` (per-worker, last, cached, streaming, flush-x, staggered-x, prefetch-KIB,
-    /// device-x, leader-fence, shared-x).
+    /// device-x, leader-fence, shared-x, own-x).
     #[arg(long, value_name = "LIST", default_value = "default")]
     flags_variants: String,
 }
@@ -567,6 +568,7 @@ fn main() -> Result<()> {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
     let format = Format::from_name(&args.format)
         .with_context(|| format!("unknown format {}", args.format))?;

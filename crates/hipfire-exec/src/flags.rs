@@ -82,6 +82,20 @@ pub enum DoneSignal {
     Last,
 }
 
+/// Who prepares the CPU's activation from x (for weights whose activation is q8_K: Q4_K, Q6_K;
+/// the others always take [`XPrep::EachWorker`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum XPrep {
+    /// The workers together: each takes 256-element blocks off a counter, and all read the one
+    /// result. On the H200 box this cut the workers' preparation from 3.5 to 1.7 % of the
+    /// layer's wall, and the layer ran 1.011× as fast (median of 9 interleaved rounds, twice:
+    /// docs/perf-checkpoints/2026-11-29-session5-h200).
+    #[default]
+    Shared,
+    /// Each worker reads and quantises all of x itself.
+    EachWorker,
+}
+
 /// How the workers write their rows into the mailbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RowStores {
@@ -120,10 +134,9 @@ pub struct FlagsTuning {
     /// How the device's publish orders x before the sequence word: every thread fences, or
     /// thread 0 alone after the block's barrier (one system-wide fence instead of one per warp).
     pub publish_fence: PublishFence,
-    /// For weights whose CPU activation is q8_K (Q4_K, Q6_K), the workers prepare x together
-    /// (each takes 256-element blocks off a counter) into one activation that all then read,
-    /// instead of each reading and quantising all of x. Off under `device_quantised_x`.
-    pub shared_x: bool,
+    /// Who prepares the activation (not used under `device_quantised_x`, where the device
+    /// has quantised it).
+    pub x_prep: XPrep,
 }
 
 impl FlagsTuning {
@@ -134,7 +147,7 @@ impl FlagsTuning {
 
     /// Whether the workers prepare x together for `format` under these knobs.
     pub fn x_is_shared(&self, format: Format) -> bool {
-        self.shared_x && !self.x_is_q8k(format) && SharedActivation::supports(format)
+        self.x_prep == XPrep::Shared && !self.x_is_q8k(format) && SharedActivation::supports(format)
     }
 }
 
@@ -512,7 +525,7 @@ pub fn flags_clock_ns() -> u64 {
     EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
-/// x prepared by the workers together ([`FlagsTuning::shared_x`]).
+/// x prepared by the workers together ([`XPrep::Shared`]).
 struct SharedX {
     act: SharedActivation,
     /// The next block to take (its own cache line, as is `done`: every worker updates both).
@@ -1187,8 +1200,14 @@ mod tests {
             assert!(rep.wait_ns > 0.0);
             // The workers' own records, gathered: every one saw x, then finished.
             assert!(rep.first_seen_ns <= rep.last_seen_ns, "{rep:?}");
-            assert!(rep.last_seen_ns <= rep.done_ns && rep.done_ns > 0, "{rep:?}");
-            assert!(rep.prepare_ns > 0.0 && rep.prepare_ns <= rep.cpu_ns, "{rep:?}");
+            assert!(
+                rep.last_seen_ns <= rep.done_ns && rep.done_ns > 0,
+                "{rep:?}"
+            );
+            assert!(
+                rep.prepare_ns > 0.0 && rep.prepare_ns <= rep.cpu_ns,
+                "{rep:?}"
+            );
             let mut want = vec![f32::NAN; m];
             pool.gemv(fmt, &w, k, &x, &mut want, false).expect("pool");
             assert_eq!(
@@ -1370,7 +1389,11 @@ mod tests {
     /// failure bit.
     #[test]
     fn a_bad_piece_fails_the_step_without_hanging() {
-        for (fmt, shared_x) in [(Format::Q8_0, false), (Format::Q4K, true)] {
+        for (fmt, x_prep) in [
+            (Format::Q8_0, XPrep::Shared),
+            (Format::Q4K, XPrep::Shared),
+            (Format::Q4K, XPrep::EachWorker),
+        ] {
             let (k, m) = (2048usize, 40usize);
             let (w, mut x) = setup(fmt, k, m, 8);
             x[1000] = f32::NAN;
@@ -1380,7 +1403,7 @@ mod tests {
                 .submit_flags(FlagsArm {
                     timeout: Duration::from_secs(30),
                     tuning: FlagsTuning {
-                        shared_x,
+                        x_prep,
                         ..FlagsTuning::default()
                     },
                     ..one_part_arm(fmt, k, w, 0, m, mb.clone(), 4)
@@ -1395,7 +1418,7 @@ mod tests {
             // Shared: the worker that met the NaN says so, the others that another did.
             assert!(
                 matches!(err, ExecError::Quant(_))
-                    || (shared_x && matches!(err, ExecError::Invalid { .. })),
+                    || (x_prep == XPrep::Shared && matches!(err, ExecError::Invalid { .. })),
                 "{fmt}: {err}"
             );
             assert_eq!(mb.done().load(Ordering::Acquire), 4 | DONE_FAILED);
@@ -1469,14 +1492,15 @@ mod tests {
         let mut step = 0;
         for done in [DoneSignal::PerWorker, DoneSignal::Last] {
             for rows in [RowStores::Cached, RowStores::Streaming] {
-                for (flush_x, staggered_x, prefetch_bytes, device_quantised_x, shared_x) in [
-                    (false, false, 0, false, false),
-                    (true, false, 0, false, false),
-                    (false, true, 0, false, false),
-                    (false, false, 4096, false, false),
-                    (false, false, 0, true, false),
-                    (false, false, 0, false, true),
-                    (true, false, 0, false, true),
+                let (own, shared) = (XPrep::EachWorker, XPrep::Shared);
+                for (flush_x, staggered_x, prefetch_bytes, device_quantised_x, x_prep) in [
+                    (false, false, 0, false, own),
+                    (true, false, 0, false, own),
+                    (false, true, 0, false, own),
+                    (false, false, 4096, false, own),
+                    (false, false, 0, true, own),
+                    (false, false, 0, false, shared),
+                    (true, false, 0, false, shared),
                 ] {
                     let tuning = FlagsTuning {
                         done,
@@ -1487,7 +1511,7 @@ mod tests {
                         device_quantised_x,
                         // The device's fence: no device here (tests/gpu_offload.rs runs both).
                         publish_fence: PublishFence::default(),
-                        shared_x,
+                        x_prep,
                     };
                     step = next_step(step);
                     let mb = host_mailbox(k, m);

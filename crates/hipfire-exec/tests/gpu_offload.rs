@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use hipfire_exec::flags::{DoneSignal, FlagsTuning, PublishFence, RowStores};
+use hipfire_exec::flags::{DoneSignal, FlagsTuning, PublishFence, RowStores, XPrep};
 use hipfire_exec::offload::{JoinStrategy, OffloadExecutor, OffloadMode, SpilledStep};
 use hipfire_exec::share::{plan_rows, Form, ShapeKey, ShareSetting, SHARE_MAX, SHARE_MIN};
 use hipfire_exec::CpuPool;
@@ -392,7 +392,7 @@ fn flags_steps_queued_back_to_back_equal_steps_run_one_at_a_time() {
         ),
         (
             FlagsTuning {
-                shared_x: true,
+                x_prep: XPrep::EachWorker,
                 ..FlagsTuning::default()
             },
             true,
