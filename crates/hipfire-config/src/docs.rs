@@ -34,14 +34,14 @@ pub static OTHER_ENV: &[EnvVarDoc] = &[
     },
     EnvVarDoc {
         name: "HIPFIRE_CPU_EXEC_TRACE",
-        read_by: "hipfire CLI",
+        read_by: "hipfire CLI, single_layer example",
         doc:
             "`1` logs every split step (target `hipfire::cpu_exec`, level debug): share, rows, arm \
               timings, refusals.",
     },
     EnvVarDoc {
         name: "RUST_LOG",
-        read_by: "hipfire CLI",
+        read_by: "hipfire CLI, single_layer example",
         doc: "tracing filter (`info`, `hipfire_exec=debug`, ...); overrides `-v` / `--quiet`.",
     },
     EnvVarDoc {
