@@ -63,6 +63,9 @@ const DISTINCT_ROWS: usize = 64;
 const LAYER_SET_BYTES: usize = 2 << 30;
 /// Bytes of each buffer the read ceilings are measured over: far beyond any cache.
 const CEILING_BYTES: usize = 1 << 30;
+/// Both-at-once measurements the run's headline ceiling is the median of (the target rounds
+/// measure their own, one per round).
+const CEILING_SAMPLES: usize = 3;
 /// Layer runs that let an `auto` controller probe, refine and latch before timing (the H200
 /// trace shows the 9B-class shapes latched within ~30 steps of a shape, i.e. ~8 layer runs).
 const AUTO_WARM_REPS: usize = 40;
@@ -714,9 +717,15 @@ fn main() -> Result<()> {
         cpu: &cold[0],
         gpu: &cold[1],
     };
-    let both = targets::both_at_once(&ctx, &stream, &reader, &pool, &bufs)?;
+    // The median (by total) of a few: on the H200 box the single measurement of two of seven
+    // runs read the CPU at 13.5–14.3 GB/s, against 72.6–78.0 in the others (session 5).
+    let mut boths = (0..CEILING_SAMPLES)
+        .map(|_| targets::both_at_once(&ctx, &stream, &reader, &pool, &bufs))
+        .collect::<Result<Vec<_>>>()?;
+    boths.sort_by(|a, b| (a.0 + a.1).total_cmp(&(b.0 + b.1)));
+    let both = boths[boths.len() / 2];
     let both_total = both.0 + both.1;
-    println!("ceilings: cpu read {cpu_read:.1} GB/s, gpu zero-copy read {gpu_read:.1} GB/s, both at once {:.1} + {:.1} = {both_total:.1} GB/s", both.0, both.1);
+    println!("ceilings: cpu read {cpu_read:.1} GB/s, gpu zero-copy read {gpu_read:.1} GB/s, both at once {:.1} + {:.1} = {both_total:.1} GB/s (median of {CEILING_SAMPLES})", both.0, both.1);
 
     let (t_res, y_res) = b.run(Mode::Resident, None, reps, None)?;
     let mut rows = vec![

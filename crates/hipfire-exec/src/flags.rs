@@ -108,8 +108,8 @@ pub enum RowStores {
     Streaming,
 }
 
-/// A/B knobs of the flags arm's host side (`single_layer --flags-variants`); the default is
-/// what measured best on the H200 box (docs/perf-checkpoints/2026-11-29-session4-h200).
+/// A/B knobs of the flags arm (`single_layer --flags-variants`); the default is what measured
+/// best on the H200 box (docs/perf-checkpoints/2026-11-29-session4-h200 and -session5-h200).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct FlagsTuning {
     /// How done is signalled.
