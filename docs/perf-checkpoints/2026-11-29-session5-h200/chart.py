@@ -95,33 +95,33 @@ def per_shape_table():
 
 
 def decode_table():
-    tgz = os.path.join(HERE, "06-8a3f314", "llama-run.tar.gz")
-    if not os.path.exists(tgz):
-        return
-    with tarfile.open(tgz) as t:
-        files = {os.path.basename(m.name): t.extractfile(m).read()
-                 for m in t.getmembers() if m.isfile()}
-
-    def get(name):
-        return json.loads(files[name])
-
-    def hip(b, mode):
-        return get(f"r1-hipfire-b{b}-{mode}.json")["modes"][0]["decode_tok_s"]["median"]
-
-    def llama(n):
-        d = get(f"r1-llama-ngl{n}.json")
-        return (d[0] if isinstance(d, list) else d)["avg_ts"]
-
     print("## Decode, synthetic Llama-3-8B Q4_K, with llama.cpp in the same run (tok/s)\n")
-    print("| resident / spilled | cpu | pcie | passback | llama.cpp | passback / max(cpu, pcie)"
-          " | passback / llama.cpp |")
-    print("|---|---|---|---|---|---|---|")
-    print(f"| 32 / 0 | - | {hip(32, 'pcie'):.1f} | - | {llama(99):.1f} | - |"
-          f" {hip(32, 'pcie') / llama(99):.3f} (all resident) |")
-    for b in (24, 16, 8):
-        c, p, pb, l = hip(b, "cpu"), hip(b, "pcie"), hip(b, "passback"), llama(b)
-        print(f"| {b} / {32 - b} | {c:.1f} | {p:.1f} | {pb:.1f} | {l:.1f} |"
-              f" {pb / max(c, p):.3f} | {pb / l:.3f} |")
+    print("| round | resident / spilled | cpu | pcie | passback | llama.cpp |"
+          " passback / max(cpu, pcie) | passback / llama.cpp |")
+    print("|---|---|---|---|---|---|---|---|")
+    for tgz in sorted(glob.glob(os.path.join(HERE, "*", "llama-run.tar.gz"))):
+        with tarfile.open(tgz) as t:
+            files = {os.path.basename(m.name): t.extractfile(m).read()
+                     for m in t.getmembers() if m.isfile()}
+        for rnd in sorted({n.split("-")[0] for n in files}):
+
+            def get(name):
+                return json.loads(files[f"{rnd}-{name}.json"])
+
+            def hip(b, mode):
+                return get(f"hipfire-b{b}-{mode}")["modes"][0]["decode_tok_s"]["median"]
+
+            def llama(n):
+                d = get(f"llama-ngl{n}")
+                return (d[0] if isinstance(d, list) else d)["avg_ts"]
+
+            r = rnd.lstrip("r")
+            print(f"| {r} | 32 / 0 | - | {hip(32, 'pcie'):.1f} | - | {llama(99):.1f} | - |"
+                  f" {hip(32, 'pcie') / llama(99):.3f} (all resident) |")
+            for b in (24, 16, 8):
+                c, p, pb, l = hip(b, "cpu"), hip(b, "pcie"), hip(b, "passback"), llama(b)
+                print(f"| {r} | {b} / {32 - b} | {c:.1f} | {p:.1f} | {pb:.1f} | {l:.1f} |"
+                      f" {pb / max(c, p):.3f} | {pb / l:.3f} |")
     print()
 
 
