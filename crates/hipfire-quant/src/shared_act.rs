@@ -58,8 +58,14 @@ impl SharedActivation {
             });
         }
         let mut act = ActivationBuf::q8k_zeroed(fmt, k);
+        // Always q8_K (`q8k_zeroed`); refused rather than assumed.
         let ActKind::Q8K(q) = &mut act.kind else {
-            unreachable!("q8k_zeroed makes a q8_K activation")
+            return Err(QuantError::ActivationMismatch {
+                format: fmt,
+                k,
+                act_format: Format::Q4K,
+                act_k: k,
+            });
         };
         let (qs, d) = (q.qs.as_mut_ptr(), q.d.as_mut_ptr());
         let (bsums, sums32) = (q.bsums.as_mut_ptr(), q.sums32.as_mut_ptr());
