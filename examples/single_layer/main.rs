@@ -31,14 +31,17 @@
 //! Needs a GPU; on a machine without one it says so and exits 1. The weights are random
 //! (64 distinct quantised rows per matrix, tiled), so the figures are bandwidth, not model quality.
 
+mod handshake;
+mod per_shape;
 mod targets;
+mod variants;
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context as _, Result};
 use hipfire::exec::bench;
-use hipfire::exec::flags::{DoneSignal, FlagsTuning, PublishFence, RowStores, XPrep};
+use hipfire::exec::flags::FlagsTuning;
 use hipfire::exec::offload::{ArmAccount, JoinStrategy, OffloadExecutor, OffloadMode, SpilledStep};
 use hipfire::exec::share::ShareSetting;
 use hipfire::gpu::{
@@ -47,6 +50,7 @@ use hipfire::gpu::{
 };
 use hipfire::quant::Format;
 use rand::{Rng, SeedableRng};
+use variants::{flags_ab, flags_label, parse_flags_variants};
 
 /// Llama-3-8B: d_model 4096, 8 of 32 heads for k/v (GQA), FFN 14336.
 const D: usize = 4096;
@@ -72,18 +76,6 @@ const AUTO_WARM_REPS: usize = 40;
 /// Untimed runs before a pinned share is timed (pool spin-up, page mapping of the weights): the
 /// first, unwarmed sweep on the H200 was non-monotone by ±10 %.
 const PINNED_WARM_REPS: usize = 10;
-/// Interleaved head-to-head rounds of `auto` against the sweep's best pinned share. The sweep
-/// measures shares one after another, so slow drift of the box (its CPU read ceiling moved
-/// 65.6–84.2 GB/s between runs of one day) and picking the minimum of nine noisy points both
-/// favour the pinned side; alternating the two executors and taking the median of the per-round
-/// ratios removes both (docs/perf-checkpoints/2026-11-29-session2-h200: adjacent shares' medians
-/// of 200 reps differed by up to 20 % non-monotonically).
-const HEAD_TO_HEAD_ROUNDS: usize = 7;
-/// The sweep's fastest shares raced against `auto` in those rounds: the sweep's single fastest
-/// is the luckiest of nine noisy points (session 3's worst per-shape rows, 0.853 and 0.915,
-/// came from such minima).
-const HEAD_TO_HEAD_RIVALS: usize = 3;
-
 /// Projections that read one activation, handed to the executor together (as the decoder
 /// does: under `flags` each group is one split step): q/k/v, o, gate/up, down.
 const SHARED_X_GROUPS: [&[usize]; 4] = [&[0, 1, 2], &[3], &[4, 5], &[6]];
@@ -290,219 +282,6 @@ fn max_rel_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
     worst
 }
 
-/// `--flags-variants`: each entry's label and tuning.
-fn parse_flags_variants(list: &str) -> Result<Vec<(String, FlagsTuning)>> {
-    list.split(',')
-        .map(|v| {
-            let mut t = FlagsTuning::default();
-            for knob in v.split('+').filter(|k| *k != "default") {
-                match knob {
-                    "per-worker" => t.done = DoneSignal::PerWorker,
-                    "last" => t.done = DoneSignal::Last,
-                    "cached" => t.rows = RowStores::Cached,
-                    "streaming" => t.rows = RowStores::Streaming,
-                    "flush-x" => t.flush_x = true,
-                    "staggered-x" => t.staggered_x = true,
-                    "device-x" => t.device_quantised_x = true,
-                    "leader-fence" => t.publish_fence = PublishFence::Leader,
-                    "shared-x" => t.x_prep = XPrep::Shared,
-                    "own-x" => t.x_prep = XPrep::EachWorker,
-                    k if k.starts_with("prefetch-") => {
-                        let kib: usize = k["prefetch-".len()..].parse().with_context(|| {
-                            format!("--flags-variants: {k}: prefetch-KIB takes a number of KiB")
-                        })?;
-                        t.prefetch_bytes = kib << 10;
-                    }
-                    other => anyhow::bail!(
-                        "--flags-variants: unknown knob {other:?} (default, per-worker, last, \
-                         cached, streaming, flush-x, staggered-x, prefetch-KIB, device-x, \
-                         leader-fence, shared-x, own-x; join with +, separate with ,)"
-                    ),
-                }
-            }
-            Ok((v.to_string(), t))
-        })
-        .collect()
-}
-
-/// `--ab-rounds R`: the flags variants against the first one, interleaved. One executor per
-/// variant (passback auto, warmed), then R rounds in which each runs `reps / 2` layer reps, the
-/// order rotated every round; per variant, the median over rounds of the first variant's time
-/// over its own (its throughput relative to the first). Box drift between rounds cancels.
-fn flags_ab(
-    ctx: &Arc<Context>,
-    pool: &hipfire::exec::CpuPool,
-    b: &Bench<'_>,
-    variants: &[(String, FlagsTuning)],
-    rounds: usize,
-    reps: usize,
-    json_path: Option<&str>,
-) -> Result<()> {
-    anyhow::ensure!(
-        variants.len() >= 2 && rounds >= 1,
-        "--ab-rounds needs --flags-variants with at least two variants and at least one round"
-    );
-    let mut exs = Vec::new();
-    for (_, t) in variants {
-        let mode = OffloadMode::Passback {
-            share: ShareSetting::Auto,
-            strategy: JoinStrategy::Flags,
-        };
-        let mut ex = OffloadExecutor::new(ctx, pool.clone(), mode, FF, 2 * FF)?;
-        ex.set_flags_tuning(*t);
-        b.run(Mode::Offload, Some(&mut ex), AUTO_WARM_REPS, None)?;
-        exs.push(ex);
-    }
-    let round_reps = (reps / 2).max(5);
-    let bytes = b.layer_bytes() as f64;
-    let mut times: Vec<Vec<f64>> = vec![Vec::with_capacity(rounds); variants.len()];
-    for round in 0..rounds {
-        for j in 0..variants.len() {
-            let v = (j + round) % variants.len();
-            times[v].push(b.run(Mode::Offload, Some(&mut exs[v]), round_reps, None)?.0);
-        }
-    }
-    println!(
-        "flags A/B: {rounds} interleaved rounds of {round_reps} layer reps, passback auto; ratio = \
-         the first variant's time over this one's, median over rounds"
-    );
-    let mut rows = Vec::new();
-    for (v, (name, _)) in variants.iter().enumerate() {
-        let by_round: Vec<f64> = times[0].iter().zip(&times[v]).map(|(a, b)| a / b).collect();
-        let mut ratios = by_round.clone();
-        ratios.sort_by(f64::total_cmp);
-        let mut t = times[v].clone();
-        t.sort_by(f64::total_cmp);
-        let (med_ratio, med_us) = (ratios[ratios.len() / 2], t[t.len() / 2]);
-        println!(
-            "  {:<28} {:>8.1} us/layer {:>7.1} GB/s  ratio {:.3}  (sorted {})",
-            flags_label(name),
-            med_us,
-            bytes / med_us / 1e3,
-            med_ratio,
-            ratios
-                .iter()
-                .map(|r| format!("{r:.3}"))
-                .collect::<Vec<_>>()
-                .join(" ")
-        );
-        rows.push(serde_json::json!({"variant": name, "us_per_layer_rounds": times[v],
-            "median_us": med_us, "ratio_to_first_rounds": by_round, "median_ratio_to_first": med_ratio,
-            "share": exs[v].controller().gpu_share(&hipfire::exec::share::ShapeKey {
-                format: b.copies[0][0].format, k: D, form: hipfire::exec::share::Form::Plain })}));
-    }
-    if let Some(p) = json_path {
-        let out = serde_json::json!({"example": "single_layer", "mode": "flags_ab",
-            "device": ctx.info().name, "cpu_workers": pool.threads(), "layer_bytes": bytes,
-            "layer_copies": b.copies.len(), "rounds": rounds, "round_reps": round_reps, "variants": rows});
-        std::fs::write(p, serde_json::to_string_pretty(&out)?)
-            .with_context(|| format!("writing {p}"))?;
-    }
-    Ok(())
-}
-
-/// The label of a flags run under variant `v` (`flags` for the default).
-fn flags_label(v: &str) -> String {
-    if v == "default" {
-        "flags".into()
-    } else {
-        format!("flags/{v}")
-    }
-}
-
-/// Rows of the `--handshake` matrix: at share 0.5 about 17 per worker of 15 and a 1.1 MB GPU
-/// arm (measured 27–28 µs for the longer arm on the H200), so most of a step's wall beyond
-/// that is its join's own cost.
-const HANDSHAKE_M: usize = 512;
-
-/// `--handshake N`: N back-to-back steps of a small Q8_0 matrix (512 × 4096) per mode, queued
-/// as the decoder queues them; prints µs per step, the arms' share of it, and under `flags`
-/// where the rest goes (the join's per-step cost, apart from any real work).
-fn handshake(
-    ctx: &Arc<Context>,
-    stream: &hipfire::gpu::Stream,
-    kernels: &GemvKernels,
-    pool: &hipfire::exec::CpuPool,
-    steps: usize,
-    variants: &[(String, FlagsTuning)],
-) -> Result<()> {
-    let (host, _dev) = make_matrix(ctx, stream, Format::Q8_0, HANDSHAKE_M, D, 99)?;
-    let mut x = ctx.alloc::<f32>(D)?;
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(98);
-    x.upload(
-        stream,
-        &(0..D)
-            .map(|_| rng.random_range(-1.0f32..1.0))
-            .collect::<Vec<_>>(),
-    )?;
-    let mut act = Activation::new(ctx, D)?;
-    kernels.prepare(stream, &x, &mut act)?;
-    let mut y = ctx.alloc::<f32>(HANDSHAKE_M)?;
-    let w = WeightRef::new(host.as_ref(), 0, Format::Q8_0, HANDSHAKE_M, D)?;
-    let mut modes = vec![(OffloadMode::Cpu, "cpu".to_string(), FlagsTuning::default())];
-    for st in JoinStrategy::ALL {
-        let mode = OffloadMode::Passback {
-            share: ShareSetting::Pinned(0.5),
-            strategy: st,
-        };
-        if st == JoinStrategy::Flags {
-            for (v, t) in variants {
-                modes.push((mode.clone(), format!("passback {}", flags_label(v)), *t));
-            }
-        } else {
-            modes.push((
-                mode,
-                format!("passback {}", st.name()),
-                FlagsTuning::default(),
-            ));
-        }
-    }
-    println!("handshake: {steps} steps of {HANDSHAKE_M} x {D} q8_0 per mode, share 0.5");
-    for (mode, name, tuning) in modes {
-        let mut ex = OffloadExecutor::new(ctx, pool.clone(), mode, D, HANDSHAKE_M)?;
-        ex.set_timeline(true);
-        ex.set_flags_tuning(tuning);
-        let mut run = |n: usize, ex: &mut OffloadExecutor| -> Result<f64> {
-            let t = Instant::now();
-            for _ in 0..n {
-                let step = SpilledStep {
-                    weight: &w,
-                    host: host.clone(),
-                    x: &x,
-                    y: &mut y,
-                    form: GemvForm::Plain,
-                };
-                ex.run(stream, kernels, &act, step)?;
-            }
-            stream.synchronize()?;
-            Ok(t.elapsed().as_secs_f64() * 1e6)
-        };
-        run(PINNED_WARM_REPS * 5, &mut ex)?;
-        ex.take_arm_account()?;
-        let wall_us = run(steps, &mut ex)?;
-        let a = ex.take_arm_account()?;
-        let per = |ns: f64| ns / 1e3 / steps as f64;
-        println!(
-            "  {name:<20} {:>7.1} us/step  arms {:>5.1} us/step",
-            wall_us / steps as f64,
-            per(a.arm_ns)
-        );
-        if a.turnarounds > 0 {
-            println!(
-                "  {:<20} publish {:.1}, fold {:.1} (waiting {:.1}), device gap {:.1}, cpu done -> next x seen {:.1}, prepare {:.1} us/step",
-                "",
-                per(a.publish_ns),
-                per(a.fold_ns),
-                per(a.fold_wait_ns),
-                a.device_gap_ns / 1e3 / a.turnarounds as f64,
-                a.turnaround_ns / 1e3 / a.turnarounds as f64,
-                per(a.prepare_ns)
-            );
-        }
-    }
-    Ok(())
-}
-
 /// One spilled Llama-3-8B layer through every offload mode and join strategy, against the read
 /// ceilings measured in the same run. Needs a GPU.
 #[derive(clap::Parser, Debug)]
@@ -605,7 +384,7 @@ fn main() -> Result<()> {
         pool.threads()
     );
     if let Some(steps) = handshake_steps {
-        return handshake(&ctx, &stream, &kernels, &pool, steps, &flags_variants);
+        return handshake::handshake(&ctx, &stream, &kernels, &pool, steps, &flags_variants);
     }
 
     let shapes: [(&str, usize, usize, GemvForm); 7] = [
@@ -875,140 +654,11 @@ fn main() -> Result<()> {
     drop(cold);
     // Per shape: `auto` against the best pinned share, one projection at a time (issue target:
     // auto within 3 % of the best pinned share's throughput on every 9B-class shape).
-    let mut shape_rows = Vec::new();
-    if per_shape {
-        println!(
-            "{:<6} {:>6} {:>6} {:<11} {:>14} {:>10} {:>10} {:>12} {:>8}",
-            "proj", "m", "k", "strategy", "auto share", "auto us", "best us", "auto/best", "h2h"
-        );
-        println!("  (last column: A/A control, a second executor at the fastest rival's share against that rival)");
-        println!("  (h2h: auto against the sweep's {HEAD_TO_HEAD_RIVALS} fastest shares in {HEAD_TO_HEAD_ROUNDS} interleaved rounds; the median ratio against the rival auto fares worst against, and that rival's share)");
-        for (i, p) in projs.iter().enumerate() {
-            // v has k's shape; one of them is enough.
-            if p.name == "v" {
-                continue;
-            }
-            let key = hipfire::exec::share::ShapeKey {
-                format,
-                k: p.k,
-                form: match p.form {
-                    GemvForm::Residual => hipfire::exec::share::Form::Residual,
-                    _ => hipfire::exec::share::Form::Plain,
-                },
-            };
-            for st in JoinStrategy::ALL {
-                let auto = OffloadMode::Passback {
-                    share: ShareSetting::Auto,
-                    strategy: st,
-                };
-                let mut auto_ex = OffloadExecutor::new(&ctx, pool.clone(), auto, FF, FF)?;
-                b.run(Mode::Offload, Some(&mut auto_ex), AUTO_WARM_REPS, Some(i))?;
-                let (t_auto, _) = b.run(Mode::Offload, Some(&mut auto_ex), reps, Some(i))?;
-                let auto_share = auto_ex.controller().gpu_share(&key);
-                let mut pinned = Vec::new();
-                for s in SWEEP_SHARES {
-                    let mode = OffloadMode::Passback {
-                        share: ShareSetting::Pinned(s),
-                        strategy: st,
-                    };
-                    let mut ex = OffloadExecutor::new(&ctx, pool.clone(), mode, FF, FF)?;
-                    b.run(Mode::Offload, Some(&mut ex), PINNED_WARM_REPS, Some(i))?;
-                    pinned.push((s, b.run(Mode::Offload, Some(&mut ex), reps, Some(i))?.0));
-                }
-                let (best_share, t_best) =
-                    pinned
-                        .iter()
-                        .copied()
-                        .fold(
-                            (f64::NAN, f64::INFINITY),
-                            |a, x| if x.1 < a.1 { x } else { a },
-                        );
-                // Throughput ratio: auto over the best pinned share of the sweep.
-                let ratio = t_best / t_auto;
-                // Head to head, interleaved: auto against each of the sweep's fastest shares.
-                // The sweep's minimum alone is the luckiest of nine noisy points; racing its
-                // top few against auto in the same rounds picks the best pinned share by the
-                // same measurement that judges auto.
-                let mut ranked = pinned.clone();
-                ranked.sort_by(|a, b| a.1.total_cmp(&b.1));
-                let mut rivals = Vec::new();
-                // The last entry is a control: a second executor at the fastest rival's share,
-                // judged against that rival (an A/A pair: how far two identical setups differ
-                // on this box).
-                let twin = ranked.first().map(|&(s, t)| (s, t));
-                for &(share, _) in ranked.iter().take(HEAD_TO_HEAD_RIVALS).chain(twin.as_ref()) {
-                    let mut ex = OffloadExecutor::new(
-                        &ctx,
-                        pool.clone(),
-                        OffloadMode::Passback {
-                            share: ShareSetting::Pinned(share),
-                            strategy: st,
-                        },
-                        FF,
-                        FF,
-                    )?;
-                    b.run(Mode::Offload, Some(&mut ex), PINNED_WARM_REPS, Some(i))?;
-                    rivals.push((share, ex, Vec::with_capacity(HEAD_TO_HEAD_ROUNDS)));
-                }
-                let round_reps = (reps / 2).max(5);
-                for round in 0..HEAD_TO_HEAD_ROUNDS {
-                    // Auto runs first, then the rivals, with the order rotated every round so
-                    // that none always follows another.
-                    let n = rivals.len() + 1;
-                    let mut times = vec![0f64; n];
-                    for j in 0..n {
-                        let slot = (j + round) % n;
-                        let ex = if slot == 0 {
-                            &mut auto_ex
-                        } else {
-                            &mut rivals[slot - 1].1
-                        };
-                        times[slot] = b.run(Mode::Offload, Some(ex), round_reps, Some(i))?.0;
-                    }
-                    let n_rivals = rivals.len() - 1;
-                    for (r, t) in rivals.iter_mut().zip(&times[1..]).take(n_rivals) {
-                        r.2.push(t / times[0]);
-                    }
-                    // The control: the twin's time over the fastest rival's.
-                    rivals[n_rivals].2.push(times[n - 1] / times[1]);
-                }
-                let mut control = rivals.pop().map(|r| r.2).unwrap_or_default();
-                control.sort_by(f64::total_cmp);
-                let aa = control.get(control.len() / 2).copied().unwrap_or(f64::NAN);
-                // Per rival, the median over rounds of its time over auto's (auto's throughput
-                // over the rival's); the best pinned share is the rival auto fares worst
-                // against.
-                let mut h2h_rows = Vec::new();
-                let (mut h2h_share, mut ratio_h2h) = (f64::NAN, f64::INFINITY);
-                for (share, _, mut r) in rivals {
-                    r.sort_by(f64::total_cmp);
-                    let med = r[r.len() / 2];
-                    if med < ratio_h2h {
-                        (h2h_share, ratio_h2h) = (share, med);
-                    }
-                    h2h_rows.push(serde_json::json!({"share": share, "rounds": r, "median": med}));
-                }
-                println!(
-                    "{:<6} {:>6} {:>6} {:<11} {:>14.3} {:>10.1} {:>10.1} {:>12.3} {:>8.3} ({h2h_share:.2}) {aa:>6.3}",
-                    p.name,
-                    p.m,
-                    p.k,
-                    st.name(),
-                    auto_share,
-                    t_auto,
-                    t_best,
-                    ratio,
-                    ratio_h2h
-                );
-                shape_rows.push(serde_json::json!({"proj": p.name, "m": p.m, "k": p.k, "strategy": st.name(),
-                    "auto_share": auto_share, "auto_us": t_auto, "best_share": best_share, "best_us": t_best,
-                    "auto_over_best_throughput": ratio,
-                    "auto_over_best_interleaved": ratio_h2h, "interleaved_best_share": h2h_share,
-                    "interleaved": h2h_rows, "a_a_control": aa, "a_a_rounds": control,
-                    "pinned": pinned.iter().map(|(s, t)| serde_json::json!({"share": s, "us": t})).collect::<Vec<_>>()}));
-            }
-        }
-    }
+    let shape_rows = if per_shape {
+        per_shape::per_shape(&ctx, &pool, &b, format, reps)?
+    } else {
+        Vec::new()
+    };
     let out = serde_json::json!({
         "per_shape": shape_rows,
         "targets": target_json, "chain": chain,

@@ -1,0 +1,132 @@
+//! `--flags-variants` and `--ab-rounds`: the flags join's knobs by name, and the A/B that races
+//! them against the first one in interleaved rounds.
+
+use std::sync::Arc;
+
+use anyhow::{Context as _, Result};
+use hipfire::exec::flags::{DoneSignal, FlagsTuning, PublishFence, RowStores, XPrep};
+use hipfire::exec::offload::{JoinStrategy, OffloadExecutor, OffloadMode};
+use hipfire::exec::share::ShareSetting;
+use hipfire::gpu::Context;
+
+use crate::{Bench, Mode, AUTO_WARM_REPS, D, FF};
+
+/// `--flags-variants`: each entry's label and tuning.
+pub(crate) fn parse_flags_variants(list: &str) -> Result<Vec<(String, FlagsTuning)>> {
+    list.split(',')
+        .map(|v| {
+            let mut t = FlagsTuning::default();
+            for knob in v.split('+').filter(|k| *k != "default") {
+                match knob {
+                    "per-worker" => t.done = DoneSignal::PerWorker,
+                    "last" => t.done = DoneSignal::Last,
+                    "cached" => t.rows = RowStores::Cached,
+                    "streaming" => t.rows = RowStores::Streaming,
+                    "flush-x" => t.flush_x = true,
+                    "staggered-x" => t.staggered_x = true,
+                    "device-x" => t.device_quantised_x = true,
+                    "leader-fence" => t.publish_fence = PublishFence::Leader,
+                    "shared-x" => t.x_prep = XPrep::Shared,
+                    "own-x" => t.x_prep = XPrep::EachWorker,
+                    k if k.starts_with("prefetch-") => {
+                        let kib: usize = k["prefetch-".len()..].parse().with_context(|| {
+                            format!("--flags-variants: {k}: prefetch-KIB takes a number of KiB")
+                        })?;
+                        t.prefetch_bytes = kib << 10;
+                    }
+                    other => anyhow::bail!(
+                        "--flags-variants: unknown knob {other:?} (default, per-worker, last, \
+                         cached, streaming, flush-x, staggered-x, prefetch-KIB, device-x, \
+                         leader-fence, shared-x, own-x; join with +, separate with ,)"
+                    ),
+                }
+            }
+            Ok((v.to_string(), t))
+        })
+        .collect()
+}
+
+/// `--ab-rounds R`: the flags variants against the first one, interleaved. One executor per
+/// variant (passback auto, warmed), then R rounds in which each runs `reps / 2` layer reps, the
+/// order rotated every round; per variant, the median over rounds of the first variant's time
+/// over its own (its throughput relative to the first). Box drift between rounds cancels.
+pub(crate) fn flags_ab(
+    ctx: &Arc<Context>,
+    pool: &hipfire::exec::CpuPool,
+    b: &Bench<'_>,
+    variants: &[(String, FlagsTuning)],
+    rounds: usize,
+    reps: usize,
+    json_path: Option<&str>,
+) -> Result<()> {
+    anyhow::ensure!(
+        variants.len() >= 2 && rounds >= 1,
+        "--ab-rounds needs --flags-variants with at least two variants and at least one round"
+    );
+    let mut exs = Vec::new();
+    for (_, t) in variants {
+        let mode = OffloadMode::Passback {
+            share: ShareSetting::Auto,
+            strategy: JoinStrategy::Flags,
+        };
+        let mut ex = OffloadExecutor::new(ctx, pool.clone(), mode, FF, 2 * FF)?;
+        ex.set_flags_tuning(*t);
+        b.run(Mode::Offload, Some(&mut ex), AUTO_WARM_REPS, None)?;
+        exs.push(ex);
+    }
+    let round_reps = (reps / 2).max(5);
+    let bytes = b.layer_bytes() as f64;
+    let mut times: Vec<Vec<f64>> = vec![Vec::with_capacity(rounds); variants.len()];
+    for round in 0..rounds {
+        for j in 0..variants.len() {
+            let v = (j + round) % variants.len();
+            times[v].push(b.run(Mode::Offload, Some(&mut exs[v]), round_reps, None)?.0);
+        }
+    }
+    println!(
+        "flags A/B: {rounds} interleaved rounds of {round_reps} layer reps, passback auto; ratio = \
+         the first variant's time over this one's, median over rounds"
+    );
+    let mut rows = Vec::new();
+    for (v, (name, _)) in variants.iter().enumerate() {
+        let by_round: Vec<f64> = times[0].iter().zip(&times[v]).map(|(a, b)| a / b).collect();
+        let mut ratios = by_round.clone();
+        ratios.sort_by(f64::total_cmp);
+        let mut t = times[v].clone();
+        t.sort_by(f64::total_cmp);
+        let (med_ratio, med_us) = (ratios[ratios.len() / 2], t[t.len() / 2]);
+        println!(
+            "  {:<28} {:>8.1} us/layer {:>7.1} GB/s  ratio {:.3}  (sorted {})",
+            flags_label(name),
+            med_us,
+            bytes / med_us / 1e3,
+            med_ratio,
+            ratios
+                .iter()
+                .map(|r| format!("{r:.3}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+        rows.push(serde_json::json!({"variant": name, "us_per_layer_rounds": times[v],
+            "median_us": med_us, "ratio_to_first_rounds": by_round, "median_ratio_to_first": med_ratio,
+            "share": exs[v].controller().gpu_share(&hipfire::exec::share::ShapeKey {
+                format: b.copies[0][0].format, k: D, form: hipfire::exec::share::Form::Plain })}));
+    }
+    if let Some(p) = json_path {
+        let out = serde_json::json!({"example": "single_layer", "mode": "flags_ab",
+            "device": ctx.info().name, "cpu_workers": pool.threads(), "layer_bytes": bytes,
+            "layer_copies": b.copies.len(), "rounds": rounds, "round_reps": round_reps, "variants": rows});
+        std::fs::write(p, serde_json::to_string_pretty(&out)?)
+            .with_context(|| format!("writing {p}"))?;
+    }
+    Ok(())
+}
+
+/// The label of a flags run under variant `v` (`flags` for the default).
+pub(crate) fn flags_label(v: &str) -> String {
+    if v == "default" {
+        "flags".into()
+    } else {
+        format!("flags/{v}")
+    }
+}
