@@ -81,7 +81,9 @@ __device__ __forceinline__ float hf_load_fresh(const float* p) {
 // form fences once, in thread 0 after the barrier: bar.sync orders the block's stores before
 // thread 0's fence, and a sys-scope fence is cumulative over what its thread has observed (the
 // PTX memory model's causality order; cooperative groups' grid sync relies on the same at gpu
-// scope), so one fence covers the block.
+// scope), so one fence covers the block. On the H200 the leader form ran the layer at 0.963x
+// (9 interleaved rounds, docs/perf-checkpoints/2026-11-29-session5-h200): every thread fences by
+// default.
 __device__ __forceinline__ void hf_publish_fence(int leader_fence, int leader) {
     if (!leader_fence) __threadfence_system();
     __syncthreads();
