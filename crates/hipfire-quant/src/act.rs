@@ -101,6 +101,18 @@ impl Q8K {
             sums32: vec![0; k / Q4K_SUB],
         }
     }
+
+    /// Each block's parts: its quants, its scale, its Σ per 16 and its Σ per 32.
+    fn blocks_mut(
+        &mut self,
+    ) -> impl Iterator<Item = (&mut [i8], &mut f32, &mut [i16], &mut [i16])> + '_ {
+        self.qs
+            .chunks_exact_mut(QK_K)
+            .zip(self.d.iter_mut())
+            .zip(self.bsums.chunks_exact_mut(QK_K / Q6K_SUB))
+            .zip(self.sums32.chunks_exact_mut(QK_K / Q4K_SUB))
+            .map(|(((qs, d), bsums), sums32)| (qs, d, bsums, sums32))
+    }
 }
 
 /// Σ per 16 and per 32 of one block's quants in natural order, into that block's `bsums` (16)
@@ -472,12 +484,7 @@ impl ActivationBuf {
 
     fn q8k(fmt: Format, x: &[f32]) -> Q8K {
         let mut a = Q8K::zeroed(x.len());
-        let blocks = x
-            .chunks_exact(QK_K)
-            .zip(a.qs.chunks_exact_mut(QK_K))
-            .zip(a.bsums.chunks_exact_mut(QK_K / Q6K_SUB))
-            .zip(a.sums32.chunks_exact_mut(QK_K / Q4K_SUB));
-        for ((((src, qs), bsums), sums32), d) in blocks.zip(a.d.iter_mut()) {
+        for (src, (qs, d, bsums, sums32)) in x.chunks_exact(QK_K).zip(a.blocks_mut()) {
             *d = q8k_block(fmt, src, qs, bsums, sums32);
         }
         a
@@ -532,13 +539,10 @@ impl ActivationBuf {
             });
         }
         let mut a = Q8K::zeroed(k);
-        a.d.copy_from_slice(d);
-        let blocks = qs
-            .chunks_exact(QK_K)
-            .zip(a.qs.chunks_exact_mut(QK_K))
-            .zip(a.bsums.chunks_exact_mut(QK_K / Q6K_SUB))
-            .zip(a.sums32.chunks_exact_mut(QK_K / Q4K_SUB));
-        for (((natural, dst), bsums), sums32) in blocks {
+        for ((natural, &db), (dst, d, bsums, sums32)) in
+            qs.chunks_exact(QK_K).zip(d).zip(a.blocks_mut())
+        {
+            *d = db;
             q8k_block_sums(natural, bsums, sums32);
             place_q8k_block(fmt, natural, dst);
         }
