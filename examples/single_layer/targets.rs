@@ -17,7 +17,7 @@ use hipfire::exec::flags::FlagsTuning;
 use hipfire::exec::offload::{JoinStrategy, OffloadExecutor, OffloadMode};
 use hipfire::exec::share::ShareSetting;
 use hipfire::exec::CpuPool;
-use hipfire::gpu::{Context, HostMappedBuffer, ReadKernel, Stream};
+use hipfire::gpu::{Context, Event, HostMappedBuffer, ReadKernel, Stream};
 
 use crate::{Bench, Mode, AUTO_WARM_REPS, FF, PINNED_WARM_REPS};
 
@@ -40,6 +40,47 @@ pub(crate) struct CeilingBuffers<'a> {
     pub gpu: &'a HostMappedBuffer,
 }
 
+/// `passes` GPU reads of all of `buf` (host-mapped, over the link), queued between two events.
+pub(crate) struct GpuRead {
+    start: Event,
+    end: Event,
+    bytes: usize,
+}
+
+impl GpuRead {
+    pub(crate) fn queue(
+        ctx: &Arc<Context>,
+        stream: &Stream,
+        reader: &ReadKernel,
+        buf: &HostMappedBuffer,
+        passes: usize,
+    ) -> Result<GpuRead> {
+        let (start, end) = (ctx.new_event()?, ctx.new_event()?);
+        start.record(stream)?;
+        for _ in 0..passes {
+            reader.read_at(stream, buf, 0, buf.len())?;
+        }
+        end.record(stream)?;
+        Ok(GpuRead {
+            start,
+            end,
+            bytes: buf.len() * passes,
+        })
+    }
+
+    /// Whether the reads have finished.
+    fn done(&self) -> Result<bool> {
+        Ok(self.end.query()?)
+    }
+
+    /// GB/s over the events, once the reads have finished.
+    pub(crate) fn gbps(&self) -> Result<f64> {
+        self.end.synchronize()?;
+        let s = f64::from(self.start.elapsed_ms(&self.end)?) * 1e-3;
+        Ok(self.bytes as f64 / s / 1e9)
+    }
+}
+
 /// Both engines reading at once over one window: the GPU reads `bufs.gpu` (host-mapped, over
 /// the link) [`CEILING_GPU_PASSES`] times while the CPU workers read `bufs.cpu` chunk after chunk
 /// until the GPU's end event has completed. Returns (CPU GB/s, GPU GB/s). The GPU's rate is over
@@ -51,20 +92,14 @@ pub(crate) fn both_at_once(
     pool: &CpuPool,
     bufs: &CeilingBuffers<'_>,
 ) -> Result<(f64, f64)> {
-    let (s, e) = (ctx.new_event()?, ctx.new_event()?);
-    let gpu_bytes = bufs.gpu.len();
-    s.record(stream)?;
-    for _ in 0..CEILING_GPU_PASSES {
-        reader.read_at(stream, bufs.gpu, 0, gpu_bytes)?;
-    }
-    e.record(stream)?;
+    let gpu = GpuRead::queue(ctx, stream, reader, bufs.gpu, CEILING_GPU_PASSES)?;
     let mut query_err = None;
     let cpu = bench::read_until(
         pool,
         bufs.cpu.as_slice(),
         CEILING_UNIT,
         CEILING_CHUNK,
-        || match e.query() {
+        || match gpu.done() {
             Ok(done) => Ok(done),
             Err(err) => {
                 query_err = Some(err);
@@ -73,12 +108,9 @@ pub(crate) fn both_at_once(
         },
     )?;
     if let Some(err) = query_err {
-        return Err(err.into());
+        return Err(err);
     }
-    e.synchronize()?;
-    let gpu_s = f64::from(s.elapsed_ms(&e)?) * 1e-3;
-    let gpu_gbs = (gpu_bytes * CEILING_GPU_PASSES) as f64 / gpu_s / 1e9;
-    Ok((cpu.gbps(), gpu_gbs))
+    Ok((cpu.gbps(), gpu.gbps()?))
 }
 
 /// One round's figures.
