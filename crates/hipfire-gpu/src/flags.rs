@@ -249,10 +249,11 @@ impl FlagsKernels {
             (&mut lf as *mut i32).cast(),
         ];
         // SAFETY: kernel `flags_publish(const float* x, int k, int vec4, u8* mb, u32 x_off,
-        // u32 seq_off, u32 step, int leader_fence)`: eight parameters of these types. It reads x[0..k] (k*4 bytes
-        // present, checked; 16-byte loads only when vec4 says x is 16-aligned and k % 4 == 0) and
-        // writes mb[x_off..x_off + 4k] and the seq word (in bounds and aligned, checked). Both
-        // buffers are owned by borrowed live objects whose Drop frees synchronously.
+        // u32 seq_off, u32 step, int leader_fence)`: eight parameters of these types. It reads
+        // x[0..k] (k*4 bytes present, checked; 16-byte loads only when vec4 says x is 16-aligned
+        // and k % 4 == 0) and writes mb[x_off..x_off + 4k] and the seq word (in bounds and
+        // aligned, checked). Both buffers are owned by borrowed live objects whose Drop frees
+        // synchronously.
         unsafe { self.launch_one_block(&self.publish, stream, &mut params) }
     }
 
