@@ -18,8 +18,9 @@
 //! a comma-separated list of `default` or `+`-joined knobs (`per-worker`|`last` done words,
 //! `cached`|`streaming` row stores, `flush-x`, `staggered-x`, `prefetch-KIB` of weight rows
 //! while waiting, `device-x`: x published already quantised for Q4_K/Q6_K, `leader-fence`: one
-//! system fence in the publish instead of one per thread, `shared-x` (the default) | `own-x`: the
-//! workers prepare x together, or each its own), e.g. `default,last,own-x`.
+//! system fence in the publish instead of one per thread, `shared-x` (the default) | `own-x` |
+//! `by-part-x`: the workers prepare x together off a counter, each its own, or together in fixed
+//! blocks per worker), e.g. `default,last,own-x`.
 //! `--ab-rounds R` instead races the flags variants against the first one in R interleaved
 //! rounds (one warmed executor each) and exits: the A/B that drift between runs cannot bias.
 //! `--chain N` queues N layers per timed rep with no host synchronisation between them, as the
@@ -332,7 +333,7 @@ struct Args {
     copies: Option<usize>,
     /// Host-side tunings of the flags join to run, comma-separated: `default` or knobs joined
     /// with `+` (per-worker, last, cached, streaming, flush-x, staggered-x, prefetch-KIB,
-    /// device-x, leader-fence, shared-x, own-x).
+    /// device-x, leader-fence, shared-x, own-x, by-part-x).
     #[arg(long, value_name = "LIST", default_value = "default")]
     flags_variants: String,
 }

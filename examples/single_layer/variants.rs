@@ -28,6 +28,7 @@ pub(crate) fn parse_flags_variants(list: &str) -> Result<Vec<(String, FlagsTunin
                     "leader-fence" => t.publish_fence = PublishFence::Leader,
                     "shared-x" => t.x_prep = XPrep::Shared,
                     "own-x" => t.x_prep = XPrep::EachWorker,
+                    "by-part-x" => t.x_prep = XPrep::SharedByPart,
                     k if k.starts_with("prefetch-") => {
                         let kib: usize = k["prefetch-".len()..].parse().with_context(|| {
                             format!("--flags-variants: {k}: prefetch-KIB takes a number of KiB")
@@ -37,7 +38,7 @@ pub(crate) fn parse_flags_variants(list: &str) -> Result<Vec<(String, FlagsTunin
                     other => anyhow::bail!(
                         "--flags-variants: unknown knob {other:?} (default, per-worker, last, \
                          cached, streaming, flush-x, staggered-x, prefetch-KIB, device-x, \
-                         leader-fence, shared-x, own-x; join with +, separate with ,)"
+                         leader-fence, shared-x, own-x, by-part-x; join with +, separate with ,)"
                     ),
                 }
             }

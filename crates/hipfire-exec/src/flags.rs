@@ -94,6 +94,11 @@ pub enum XPrep {
     Shared,
     /// Each worker reads and quantises all of x itself.
     EachWorker,
+    /// The workers together, each taking a fixed set of blocks (part `p` of `n`: blocks
+    /// `p, p + n, …`) and saying so on its own cache line, which the others then read: no
+    /// counter that every worker updates. Under [`XPrep::Shared`] ~2 read-modify-writes per
+    /// worker queue on the `next` and `done` lines while all fifteen spin on `done`.
+    SharedByPart,
 }
 
 /// How the workers write their rows into the mailbox.
@@ -147,7 +152,9 @@ impl FlagsTuning {
 
     /// Whether the workers prepare x together for `format` under these knobs.
     pub fn x_is_shared(&self, format: Format) -> bool {
-        self.x_prep == XPrep::Shared && !self.x_is_q8k(format) && SharedActivation::supports(format)
+        matches!(self.x_prep, XPrep::Shared | XPrep::SharedByPart)
+            && !self.x_is_q8k(format)
+            && SharedActivation::supports(format)
     }
 }
 
@@ -393,7 +400,7 @@ impl Mailbox {
             timeout,
             "flags done word",
             None,
-            || {},
+            || false,
         )?;
         if seen & DONE_FAILED != 0 {
             return Err(ExecError::Gpu(format!("cpu arm failed at step {step}")));
@@ -410,24 +417,42 @@ impl Mailbox {
 }
 
 /// Spin (yielding) until `word` holds a value `want` accepts (returned), or time out, or
-/// `cancel` is raised; `idle` runs between batches of polls.
+/// `cancel` is raised. `idle` runs between batches of polls and says whether it did work (the
+/// weight prefetch): while it does, each batch is one poll without a pause, so that the work
+/// goes at the memory system's pace rather than at one batch per [`WAIT_POLLS_PER_CHECK`]
+/// paused polls (~1 µs on a recent Xeon, where a pause is ~140 cycles: 512 bytes per µs, a
+/// twentieth of a core's share of the box's bandwidth).
 fn wait_word(
     word: &AtomicU32,
     want: impl Fn(u32) -> bool,
     timeout: Duration,
     what: &'static str,
     cancel: Option<&AtomicBool>,
-    mut idle: impl FnMut(),
+    mut idle: impl FnMut() -> bool,
 ) -> Result<u32, ExecError> {
     let t0 = Instant::now();
+    // When the spinning without work began (the yield below counts from there).
+    let mut idle_since: Option<Instant> = None;
+    let mut busy_batches = 0usize;
     loop {
-        idle();
-        for _ in 0..WAIT_POLLS_PER_CHECK {
+        let busy = idle();
+        if busy {
             let v = word.load(Ordering::Acquire);
             if want(v) {
                 return Ok(v);
             }
-            std::hint::spin_loop();
+            busy_batches += 1;
+            if busy_batches % WAIT_POLLS_PER_CHECK != 0 {
+                continue;
+            }
+        } else {
+            for _ in 0..WAIT_POLLS_PER_CHECK {
+                let v = word.load(Ordering::Acquire);
+                if want(v) {
+                    return Ok(v);
+                }
+                std::hint::spin_loop();
+            }
         }
         if cancel.is_some_and(|c| c.load(Ordering::Acquire)) {
             return Err(ExecError::Invalid {
@@ -436,7 +461,8 @@ fn wait_word(
                 rule: "cancelled: the device side of the step was never queued",
             });
         }
-        if t0.elapsed() >= timeout {
+        let now = Instant::now();
+        if now.duration_since(t0) >= timeout {
             return Err(ExecError::Timeout {
                 what,
                 after: timeout,
@@ -445,7 +471,9 @@ fn wait_word(
         // Keep the core while the device is about to publish (a yield is a syscall, a good
         // part of the ~4 µs handshake); give it away once the wait is long, which is when a
         // core is oversubscribed (the 2-core CI runner) or the device is busy elsewhere.
-        if t0.elapsed() >= WAIT_SPIN_BEFORE_YIELD {
+        if busy {
+            idle_since = None;
+        } else if now.duration_since(*idle_since.get_or_insert(now)) >= WAIT_SPIN_BEFORE_YIELD {
             std::thread::yield_now();
         }
     }
@@ -534,7 +562,16 @@ struct SharedX {
     done: CachePadded<AtomicU32>,
     /// A block could not be prepared (a non-finite x).
     failed: AtomicBool,
+    /// Under [`XPrep::SharedByPart`], one line per part of the arm: [`PART_X_READY`] once that
+    /// part's blocks are prepared, [`PART_X_FAILED`] when they could not be (or the part was
+    /// never taken), 0 until then. Empty under [`XPrep::Shared`].
+    by_part: Vec<CachePadded<AtomicU32>>,
 }
+
+/// A part's blocks of x are prepared ([`XPrep::SharedByPart`]).
+const PART_X_READY: u32 = 1;
+/// A part's blocks of x could not be prepared ([`XPrep::SharedByPart`]).
+const PART_X_FAILED: u32 = 2;
 
 impl SharedX {
     fn new(format: Format, k: usize) -> Result<SharedX, ExecError> {
@@ -551,12 +588,73 @@ impl SharedX {
             next: CachePadded::new(AtomicU32::new(0)),
             done: CachePadded::new(AtomicU32::new(0)),
             failed: AtomicBool::new(false),
+            by_part: Vec::new(),
         })
+    }
+
+    /// Under [`XPrep::SharedByPart`]: part `part` of the cut prepares blocks `part, part + n,
+    /// …`, says so on its line, then waits for every other part's line. A worker outside the
+    /// parts (`None`) only waits.
+    fn prepare_by_part(
+        &self,
+        x: &[f32],
+        job: &FlagsJob,
+        part: Option<usize>,
+        prefetch: &mut WeightPrefetch<'_>,
+    ) -> Result<&ActivationBuf, ExecError> {
+        let n = self.by_part.len();
+        let mut err = None;
+        if let Some(p) = part.filter(|&p| p < n) {
+            for b in (p..self.act.blocks()).step_by(n) {
+                // SAFETY: block b belongs to part p alone (b ≡ p mod n) and each part runs
+                // once; no worker reads the activation before every part's line says READY
+                // (release below, acquire in `wait_word`).
+                if let Err(e) = unsafe { self.act.prepare_blocks(x, b..b + 1) } {
+                    err = Some(e);
+                    break;
+                }
+            }
+            let v = if err.is_some() {
+                PART_X_FAILED
+            } else {
+                PART_X_READY
+            };
+            self.by_part[p].store(v, Ordering::Release);
+        }
+        if let Some(e) = err {
+            return Err(e.into());
+        }
+        for line in &self.by_part {
+            let v = wait_word(
+                line,
+                |v| v != 0,
+                job.timeout,
+                "flags shared activation",
+                Some(&job.cancelled),
+                || prefetch.advance(),
+            )?;
+            if v != PART_X_READY {
+                return Err(ExecError::Invalid {
+                    what: "activation",
+                    value: "a non-finite value, or a part never run".into(),
+                    rule: "every value finite (another worker could not prepare its blocks)",
+                });
+            }
+        }
+        // SAFETY: every block is prepared (each part's blocks before its READY, released;
+        // acquired above), and no block is written again during the arm.
+        Ok(unsafe { self.act.activation() })
     }
 
     /// Take blocks of x off the counter until none is left, then wait until every block is
     /// prepared: the activation every worker multiplies by.
-    fn prepare(&self, x: &[f32], job: &FlagsJob) -> Result<&ActivationBuf, ExecError> {
+    /// The worker's weight prefetch goes on while it waits for the others.
+    fn prepare(
+        &self,
+        x: &[f32],
+        job: &FlagsJob,
+        prefetch: &mut WeightPrefetch<'_>,
+    ) -> Result<&ActivationBuf, ExecError> {
         let blocks = self.act.blocks() as u32;
         let mut err = None;
         loop {
@@ -583,7 +681,7 @@ impl SharedX {
             job.timeout,
             "flags shared activation",
             Some(&job.cancelled),
-            || {},
+            || prefetch.advance(),
         )?;
         if self.failed.load(Ordering::Relaxed) {
             return Err(ExecError::Invalid {
@@ -695,7 +793,11 @@ impl FlagsJob {
         };
         let owned;
         let act = if let Some(shared) = &self.shared_x {
-            shared.prepare(x, self)?
+            if self.tuning.x_prep == XPrep::SharedByPart {
+                shared.prepare_by_part(x, self, part, &mut prefetch)?
+            } else {
+                shared.prepare(x, self, &mut prefetch)?
+            }
         } else if self.tuning.x_is_q8k(self.format) {
             // SAFETY: in bounds (the q8_K form is smaller than the f32 x area, `Mailbox::new`:
             // k bytes of quants, then k/256 scales from the next line); i8 and f32 accept every
@@ -806,14 +908,15 @@ impl<'a> WeightPrefetch<'a> {
         }
     }
 
-    /// Prefetch the next few lines, until the budget or the rows run out.
-    fn advance(&mut self) {
+    /// Prefetch the next few lines, until the budget or the rows run out; whether any was
+    /// left to prefetch.
+    fn advance(&mut self) -> bool {
         for _ in 0..PREFETCH_LINES_PER_BATCH {
             let Some(span) = self.spans.get(self.span) else {
-                return;
+                return false;
             };
             if self.left == 0 {
-                return;
+                return false;
             }
             if self.off >= span.len() {
                 self.span += 1;
@@ -830,6 +933,7 @@ impl<'a> WeightPrefetch<'a> {
             self.off += MAILBOX_ALIGN;
             self.left = self.left.saturating_sub(MAILBOX_ALIGN);
         }
+        true
     }
 }
 
@@ -1082,6 +1186,11 @@ impl CpuPool {
             .collect();
         job.remaining.store(parts.len(), Ordering::Release);
         job.stats = (0..=parts.len()).map(|_| CachePadded::default()).collect();
+        if job.tuning.x_prep == XPrep::SharedByPart {
+            if let Some(sx) = &mut job.shared_x {
+                sx.by_part = (0..parts.len()).map(|_| CachePadded::default()).collect();
+            }
+        }
         let job = Arc::new(job);
         if parts.is_empty() {
             job.mailbox.done().store(job.step, Ordering::Release);
@@ -1089,6 +1198,11 @@ impl CpuPool {
         let pending = self.submit_owned(job.clone(), parts)?;
         // Parts no worker took: count them down as failed, so done is still published.
         for &p in &pending.unsent {
+            // Its blocks of a by-part x will never be prepared: the workers waiting for them
+            // stop now instead of at the timeout.
+            if let Some(line) = job.shared_x.as_ref().and_then(|sx| sx.by_part.get(p)) {
+                line.store(PART_X_FAILED, Ordering::Release);
+            }
             job.part_done(p, true);
             job.count_down();
         }
@@ -1360,16 +1474,27 @@ mod tests {
     /// pool's, which prepares x once for all workers.
     #[test]
     fn long_and_ragged_activations_match_the_pool() {
-        for (fmt, k, m, workers) in [
-            (Format::Q4K, 14336usize, 64usize, 5usize),
-            (Format::Q4_0, 4096 + 96, 48, 4),
-            (Format::Q8_0, 2048, 40, 15),
+        // The last two: more workers than blocks of x, so that some by-part workers prepare
+        // none and only wait.
+        for (fmt, k, m, workers, x_prep) in [
+            (Format::Q4K, 14336usize, 64usize, 5usize, XPrep::Shared),
+            (Format::Q4K, 14336, 64, 5, XPrep::SharedByPart),
+            (Format::Q4_0, 4096 + 96, 48, 4, XPrep::Shared),
+            (Format::Q8_0, 2048, 40, 15, XPrep::Shared),
+            (Format::Q4K, 512, 40, 6, XPrep::SharedByPart),
+            (Format::Q6K, 768, 40, 6, XPrep::SharedByPart),
         ] {
             let (w, x) = setup(fmt, k, m, k as u64);
             let pool = CpuPool::new(workers).expect("pool");
             let mb = host_mailbox(k, m);
             let ticket = pool
-                .submit_flags(one_part_arm(fmt, k, w.clone(), 0, m, mb.clone(), 3))
+                .submit_flags(FlagsArm {
+                    tuning: FlagsTuning {
+                        x_prep,
+                        ..FlagsTuning::default()
+                    },
+                    ..one_part_arm(fmt, k, w.clone(), 0, m, mb.clone(), 3)
+                })
                 .expect("submit");
             mb.device_publish(&x, 3).expect("publish");
             let got = mb.device_wait_done(3, DEFAULT_FLAGS_TIMEOUT).expect("done");
@@ -1379,7 +1504,7 @@ mod tests {
             assert_eq!(
                 got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                 want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                "{fmt} k={k} workers={workers}"
+                "{fmt} k={k} workers={workers} {x_prep:?}"
             );
         }
     }
@@ -1392,6 +1517,7 @@ mod tests {
         for (fmt, x_prep) in [
             (Format::Q8_0, XPrep::Shared),
             (Format::Q4K, XPrep::Shared),
+            (Format::Q4K, XPrep::SharedByPart),
             (Format::Q4K, XPrep::EachWorker),
         ] {
             let (k, m) = (2048usize, 40usize);
@@ -1418,7 +1544,7 @@ mod tests {
             // Shared: the worker that met the NaN says so, the others that another did.
             assert!(
                 matches!(err, ExecError::Quant(_))
-                    || (x_prep == XPrep::Shared && matches!(err, ExecError::Invalid { .. })),
+                    || (x_prep != XPrep::EachWorker && matches!(err, ExecError::Invalid { .. })),
                 "{fmt}: {err}"
             );
             assert_eq!(mb.done().load(Ordering::Acquire), 4 | DONE_FAILED);
@@ -1492,7 +1618,8 @@ mod tests {
         let mut step = 0;
         for done in [DoneSignal::PerWorker, DoneSignal::Last] {
             for rows in [RowStores::Cached, RowStores::Streaming] {
-                let (own, shared) = (XPrep::EachWorker, XPrep::Shared);
+                let (own, shared, by_part) =
+                    (XPrep::EachWorker, XPrep::Shared, XPrep::SharedByPart);
                 for (flush_x, staggered_x, prefetch_bytes, device_quantised_x, x_prep) in [
                     (false, false, 0, false, own),
                     (true, false, 0, false, own),
@@ -1501,6 +1628,9 @@ mod tests {
                     (false, false, 0, true, own),
                     (false, false, 0, false, shared),
                     (true, false, 0, false, shared),
+                    (false, false, 4096, false, shared),
+                    (false, false, 0, false, by_part),
+                    (false, false, 65536, false, by_part),
                 ] {
                     let tuning = FlagsTuning {
                         done,

@@ -397,6 +397,14 @@ fn flags_steps_queued_back_to_back_equal_steps_run_one_at_a_time() {
             },
             true,
         ),
+        (
+            FlagsTuning {
+                x_prep: XPrep::SharedByPart,
+                prefetch_bytes: 64 << 10,
+                ..FlagsTuning::default()
+            },
+            false,
+        ),
     ];
     for (tuning, timeline) in tunings {
         let (acc_ahead, plain_ahead) = chain(false, tuning, timeline);
