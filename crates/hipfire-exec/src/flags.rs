@@ -115,7 +115,7 @@ pub enum RowStores {
 
 /// A/B knobs of the flags arm (`single_layer --flags-variants`); the default is what measured
 /// best on the H200 box (docs/perf-checkpoints/2026-11-29-session4-h200 and -session5-h200).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FlagsTuning {
     /// How done is signalled.
     pub done: DoneSignal,
@@ -128,9 +128,10 @@ pub struct FlagsTuning {
     /// Each worker copies x out of the mailbox starting at its own line (worker `p` of `n` at
     /// `k·p/n`) before preparing it, instead of every worker reading the same line first.
     pub staggered_x: bool,
-    /// While a worker waits for x, it prefetches up to this many bytes of the start of its
-    /// weight rows into its L2 (x86-64; 0: off), so that the time between steps, when the
-    /// memory system is idle, does part of the arm's reading.
+    /// While a worker waits for x (and for the shared activation), it prefetches up to this
+    /// many bytes of the start of its weight rows into its L2 (x86-64; 0: off), so that the
+    /// time between steps, when the memory system is idle, does part of the arm's reading
+    /// ([`DEFAULT_WAIT_PREFETCH_BYTES`]).
     pub prefetch_bytes: usize,
     /// For weights whose CPU activation is q8_K (Q4_K, Q6_K), the device publishes x already
     /// quantised that way (`FlagsKernels::publish_q8k`), so the workers read a quarter of the
@@ -142,6 +143,28 @@ pub struct FlagsTuning {
     /// Who prepares the activation (not used under `device_quantised_x`, where the device
     /// has quantised it).
     pub x_prep: XPrep,
+}
+
+/// Bytes of its weight rows a worker prefetches while it waits for x and for the shared
+/// activation ([`FlagsTuning::prefetch_bytes`]): 64 KiB, about what fifteen workers can read in
+/// the ~13 µs between steps at the box's ~70 GB/s, and a thirtieth of a core's 2 MiB L2. On the
+/// H200 box the layer ran 1.035× as fast as with none (16 KiB 1.024×, 256 KiB 1.028×; medians
+/// of 13 interleaved rounds, docs/perf-checkpoints/2026-11-30-session6-h200, record 01).
+pub const DEFAULT_WAIT_PREFETCH_BYTES: usize = 64 << 10;
+
+impl Default for FlagsTuning {
+    fn default() -> Self {
+        FlagsTuning {
+            done: DoneSignal::default(),
+            rows: RowStores::default(),
+            flush_x: false,
+            staggered_x: false,
+            prefetch_bytes: DEFAULT_WAIT_PREFETCH_BYTES,
+            device_quantised_x: false,
+            publish_fence: PublishFence::default(),
+            x_prep: XPrep::default(),
+        }
+    }
 }
 
 impl FlagsTuning {

@@ -400,7 +400,13 @@ fn flags_steps_queued_back_to_back_equal_steps_run_one_at_a_time() {
         (
             FlagsTuning {
                 x_prep: XPrep::SharedByPart,
-                prefetch_bytes: 64 << 10,
+                ..FlagsTuning::default()
+            },
+            false,
+        ),
+        (
+            FlagsTuning {
+                prefetch_bytes: 0,
                 ..FlagsTuning::default()
             },
             false,
