@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use anyhow::{Context as _, Result};
-use hipfire::exec::flags::{DoneSignal, FlagsTuning, PublishFence, RowStores, XPrep};
+use hipfire::exec::flags::{DoneSignal, FlagsTuning, PublishFence, RowClaim, RowStores, XPrep};
 use hipfire::exec::offload::{JoinStrategy, OffloadExecutor, OffloadMode};
 use hipfire::exec::share::ShareSetting;
 use hipfire::gpu::Context;
@@ -29,6 +29,13 @@ pub(crate) fn parse_flags_variants(list: &str) -> Result<Vec<(String, FlagsTunin
                     "shared-x" => t.x_prep = XPrep::Shared,
                     "own-x" => t.x_prep = XPrep::EachWorker,
                     "by-part-x" => t.x_prep = XPrep::SharedByPart,
+                    k if k.starts_with("chunks-") => {
+                        let n: u8 = k["chunks-".len()..].parse().with_context(|| {
+                            format!("--flags-variants: {k}: chunks-N takes chunks per worker (1-255)")
+                        })?;
+                        t.claim = RowClaim::Chunks(n);
+                    }
+                    "per-worker-rows" => t.claim = RowClaim::PerWorker,
                     k if k.starts_with("prefetch-") => {
                         let kib: usize = k["prefetch-".len()..].parse().with_context(|| {
                             format!("--flags-variants: {k}: prefetch-KIB takes a number of KiB")
@@ -38,7 +45,7 @@ pub(crate) fn parse_flags_variants(list: &str) -> Result<Vec<(String, FlagsTunin
                     other => anyhow::bail!(
                         "--flags-variants: unknown knob {other:?} (default, per-worker, last, \
                          cached, streaming, flush-x, staggered-x, prefetch-KIB, device-x, \
-                         leader-fence, shared-x, own-x, by-part-x; join with +, separate with ,)"
+                         leader-fence, shared-x, own-x, by-part-x, chunks-N, per-worker-rows; join with +, separate with ,)"
                     ),
                 }
             }

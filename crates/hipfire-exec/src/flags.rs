@@ -143,6 +143,22 @@ pub struct FlagsTuning {
     /// Who prepares the activation (not used under `device_quantised_x`, where the device
     /// has quantised it).
     pub x_prep: XPrep,
+    /// How the CPU rows are dealt to the workers.
+    pub claim: RowClaim,
+}
+
+/// How a flags arm's CPU rows are dealt to its workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RowClaim {
+    /// One part per worker, cut evenly: each worker's rows are fixed at submit, and the
+    /// device's fold waits on one done word per worker.
+    #[default]
+    PerWorker,
+    /// About this many chunks per worker (at most [`MAX_DONE_PARTS`] in all), each with its own
+    /// done word: every worker starts on its own chunk (the one it prefetches while waiting),
+    /// then takes the rest off a counter, so that a worker slowed by its core (a VM's vCPUs
+    /// are not equal) hands its share to the others instead of holding the step.
+    Chunks(u8),
 }
 
 /// Bytes of its weight rows a worker prefetches while it waits for x and for the shared
@@ -163,6 +179,7 @@ impl Default for FlagsTuning {
             device_quantised_x: false,
             publish_fence: PublishFence::default(),
             x_prep: XPrep::default(),
+            claim: RowClaim::default(),
         }
     }
 }
@@ -735,8 +752,12 @@ struct FlagsJob {
     tuning: FlagsTuning,
     /// x prepared together, when the tuning says so.
     shared_x: Option<SharedX>,
-    /// The workers' parts of `[0, rows_n)` as cut points (part `p` is `cuts[p]..cuts[p + 1]`).
+    /// The parts of `[0, rows_n)` as cut points (part `p` is `cuts[p]..cuts[p + 1]`), each with
+    /// its own done word: one per worker, or the chunks of [`RowClaim::Chunks`] (worker `w`
+    /// starts on chunk `w`).
     cuts: Vec<usize>,
+    /// Under [`RowClaim::Chunks`], the next chunk to take (starts at the number of workers).
+    next_chunk: CachePadded<AtomicUsize>,
     /// Workers still to finish; the last one publishes done.
     /// (On its own cache line, like `failed` and each worker's stats: the fields above are
     /// read by every worker throughout the arm, and a store to a line they share would take
@@ -779,8 +800,16 @@ impl Default for WorkerStats {
 }
 
 impl FlagsJob {
-    /// This worker's arm: `rows` of the concatenated row space, which is part `part` of the cut.
-    fn rows(&self, rows: Range<usize>, part: Option<usize>) -> Result<(), ExecError> {
+    /// This worker's arm: `rows` of the concatenated row space, which is part `part` of the cut,
+    /// then (under [`RowClaim::Chunks`]) chunks off the counter until none is left, publishing
+    /// each one's done word as it finishes. `first_done` says whether part `part`'s done word
+    /// was published here (the caller publishes it otherwise).
+    fn rows(
+        &self,
+        rows: Range<usize>,
+        part: Option<usize>,
+        first_done: &mut bool,
+    ) -> Result<(), ExecError> {
         let mb = &self.mailbox;
         let t_wait = Instant::now();
         let mut prefetch = WeightPrefetch::new(self, &rows);
@@ -859,9 +888,38 @@ impl FlagsJob {
         stats
             .prepare_ns
             .fetch_max(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        // SAFETY: `rows` is this worker's disjoint part of [0, rows_n) (partition; rows_n is at
-        // most the mailbox's rows, checked at submit), so the slice is in bounds and written by
-        // this worker alone until done is published.
+        self.write_rows(&rows, act)?;
+        if matches!(self.tuning.claim, RowClaim::Chunks(_)) {
+            if let Some(p) = part {
+                self.part_done(p, false);
+                *first_done = true;
+            }
+            loop {
+                let c = self.next_chunk.fetch_add(1, Ordering::Relaxed);
+                let Some(chunk) = self.cuts.get(c..c + 2).map(|w| w[0]..w[1]) else {
+                    break;
+                };
+                let r = self.write_rows(&chunk, act);
+                self.part_done(c, r.is_err());
+                r?;
+            }
+        }
+        stats
+            .cpu_ns
+            .fetch_max(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        stats.done_at.fetch_max(flags_clock_ns(), Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+impl FlagsJob {
+    /// `rows` of the concatenated row space, multiplied into their slot of the mailbox.
+    fn write_rows(&self, rows: &Range<usize>, act: &ActivationBuf) -> Result<(), ExecError> {
+        let mb = &self.mailbox;
+        // SAFETY: `rows` is one part of [0, rows_n) (partition; rows_n is at most the
+        // mailbox's rows, checked at submit), so the slice is in bounds; each part is handed
+        // to one worker once (its first part at submit, a chunk by the counter), which alone
+        // writes it until its done word is published.
         let y = unsafe {
             std::slice::from_raw_parts_mut(
                 (mb.mem.base().add(mb.y_offset()) as *mut f32).add(rows.start),
@@ -869,21 +927,32 @@ impl FlagsJob {
             )
         };
         match self.tuning.rows {
-            RowStores::Cached => self.multiply(&rows, act, y)?,
+            RowStores::Cached => self.multiply(rows, act, y),
             RowStores::Streaming => STREAM_ROWS.with(|scratch| -> Result<(), ExecError> {
                 let mut scratch = scratch.borrow_mut();
                 scratch.clear();
                 scratch.resize(rows.len(), 0.0);
-                self.multiply(&rows, act, &mut scratch)?;
+                self.multiply(rows, act, &mut scratch)?;
                 stream_store(y, &scratch);
                 Ok(())
-            })?,
+            }),
         }
-        stats
-            .cpu_ns
-            .fetch_max(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        stats.done_at.fetch_max(flags_clock_ns(), Ordering::Relaxed);
-        Ok(())
+    }
+
+    /// Under [`RowClaim::Chunks`], once a worker failed: the chunks nobody took yet are
+    /// published as failed, so that the device's fold does not wait for them until its
+    /// timeout.
+    fn fail_untaken_chunks(&self) {
+        if !matches!(self.tuning.claim, RowClaim::Chunks(_)) {
+            return;
+        }
+        loop {
+            let c = self.next_chunk.fetch_add(1, Ordering::Relaxed);
+            if c + 1 >= self.cuts.len() {
+                break;
+            }
+            self.part_done(c, true);
+        }
     }
 }
 
@@ -1070,9 +1139,16 @@ impl FlagsJob {
 impl PoolJob for FlagsJob {
     fn run(&self, rows: Range<usize>) -> Result<u64, ExecError> {
         let part = self.part_of(rows.start);
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.rows(rows, part)));
+        let mut first_done = false;
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.rows(rows, part, &mut first_done)
+        }));
         let failed = !matches!(r, Ok(Ok(())));
+        if failed {
+            self.fail_untaken_chunks();
+        }
         match part {
+            Some(_) if first_done => {}
             Some(p) => self.part_done(p, failed),
             // Not one of the parts the arm was cut into: nothing is published for it, so
             // the device's fold of the real parts times out rather than folding stale rows.
@@ -1198,15 +1274,22 @@ impl CpuPool {
                 });
             }
         }
-        let parts = partition(
-            0..job.rows_n,
-            self.threads().min(MAX_DONE_PARTS),
-            WORKER_ROW_ALIGN,
-        );
+        let workers = self.threads().min(MAX_DONE_PARTS);
+        let cut = match job.tuning.claim {
+            RowClaim::PerWorker => partition(0..job.rows_n, workers, WORKER_ROW_ALIGN),
+            RowClaim::Chunks(per_worker) => partition(
+                0..job.rows_n,
+                (workers * usize::from(per_worker.max(1))).min(MAX_DONE_PARTS),
+                WORKER_ROW_ALIGN,
+            ),
+        };
         let mut job = job;
         job.cuts = std::iter::once(0)
-            .chain(parts.iter().map(|r| r.end))
+            .chain(cut.iter().map(|r| r.end))
             .collect();
+        // Worker w starts on part w; under chunks the rest go to whoever asks first.
+        let parts: Vec<Range<usize>> = cut.into_iter().take(workers).collect();
+        job.next_chunk.store(parts.len(), Ordering::Relaxed);
         job.remaining.store(parts.len(), Ordering::Release);
         job.stats = (0..=parts.len()).map(|_| CachePadded::default()).collect();
         if job.tuning.x_prep == XPrep::SharedByPart {
@@ -1257,6 +1340,7 @@ impl CpuPool {
             tuning: arm.tuning,
             shared_x,
             cuts: Vec::new(),
+            next_chunk: CachePadded::new(AtomicUsize::new(0)),
             remaining: CachePadded::new(AtomicUsize::new(0)),
             failed: CachePadded::new(AtomicBool::new(false)),
             stats: Vec::new(),
@@ -1543,40 +1627,44 @@ mod tests {
             (Format::Q4K, XPrep::SharedByPart),
             (Format::Q4K, XPrep::EachWorker),
         ] {
-            let (k, m) = (2048usize, 40usize);
-            let (w, mut x) = setup(fmt, k, m, 8);
-            x[1000] = f32::NAN;
-            let pool = CpuPool::new(4).expect("pool");
-            let mb = host_mailbox(k, m);
-            let ticket = pool
-                .submit_flags(FlagsArm {
-                    timeout: Duration::from_secs(30),
-                    tuning: FlagsTuning {
-                        x_prep,
-                        ..FlagsTuning::default()
-                    },
-                    ..one_part_arm(fmt, k, w, 0, m, mb.clone(), 4)
-                })
-                .expect("submit");
-            let parts = ticket.cuts().len() - 1;
-            assert!(parts > 1, "the arm is cut among workers");
-            let t = Instant::now();
-            mb.device_publish(&x, 4).expect("publish");
-            let err = ticket.wait().expect_err("NaN in x");
-            assert!(t.elapsed() < Duration::from_secs(5), "{fmt}: workers hung");
-            // Shared: the worker that met the NaN says so, the others that another did.
-            assert!(
-                matches!(err, ExecError::Quant(_))
-                    || (x_prep != XPrep::EachWorker && matches!(err, ExecError::Invalid { .. })),
-                "{fmt}: {err}"
-            );
-            assert_eq!(mb.done().load(Ordering::Acquire), 4 | DONE_FAILED);
-            for p in 0..parts {
-                assert_eq!(
-                    mb.part_done(p).load(Ordering::Acquire),
-                    4 | DONE_FAILED,
-                    "{fmt}: part {p}"
+            for claim in [RowClaim::PerWorker, RowClaim::Chunks(4)] {
+                let (k, m) = (2048usize, 400usize);
+                let (w, mut x) = setup(fmt, k, m, 8);
+                x[1000] = f32::NAN;
+                let pool = CpuPool::new(4).expect("pool");
+                let mb = host_mailbox(k, m);
+                let ticket = pool
+                    .submit_flags(FlagsArm {
+                        timeout: Duration::from_secs(30),
+                        tuning: FlagsTuning {
+                            x_prep,
+                            claim,
+                            ..FlagsTuning::default()
+                        },
+                        ..one_part_arm(fmt, k, w, 0, m, mb.clone(), 4)
+                    })
+                    .expect("submit");
+                let parts = ticket.cuts().len() - 1;
+                assert!(parts > 1, "the arm is cut among workers");
+                let t = Instant::now();
+                mb.device_publish(&x, 4).expect("publish");
+                let err = ticket.wait().expect_err("NaN in x");
+                assert!(t.elapsed() < Duration::from_secs(5), "{fmt}: workers hung");
+                // Shared: the worker that met the NaN says so, the others that another did.
+                assert!(
+                    matches!(err, ExecError::Quant(_))
+                        || (x_prep != XPrep::EachWorker
+                            && matches!(err, ExecError::Invalid { .. })),
+                    "{fmt}: {err}"
                 );
+                assert_eq!(mb.done().load(Ordering::Acquire), 4 | DONE_FAILED);
+                for p in 0..parts {
+                    assert_eq!(
+                        mb.part_done(p).load(Ordering::Acquire),
+                        4 | DONE_FAILED,
+                        "{fmt}: part {p}"
+                    );
+                }
             }
         }
     }
@@ -1639,7 +1727,12 @@ mod tests {
         let mut want = vec![f32::NAN; m];
         pool.gemv(fmt, &w, k, &x, &mut want, false).expect("pool");
         let mut step = 0;
-        for done in [DoneSignal::PerWorker, DoneSignal::Last] {
+        for (done, claim) in [
+            (DoneSignal::PerWorker, RowClaim::PerWorker),
+            (DoneSignal::Last, RowClaim::PerWorker),
+            (DoneSignal::PerWorker, RowClaim::Chunks(4)),
+            (DoneSignal::Last, RowClaim::Chunks(3)),
+        ] {
             for rows in [RowStores::Cached, RowStores::Streaming] {
                 let (own, shared, by_part) =
                     (XPrep::EachWorker, XPrep::Shared, XPrep::SharedByPart);
@@ -1665,6 +1758,7 @@ mod tests {
                         // The device's fence: no device here (tests/gpu_offload.rs runs both).
                         publish_fence: PublishFence::default(),
                         x_prep,
+                        claim,
                     };
                     step = next_step(step);
                     let mb = host_mailbox(k, m);
@@ -1686,7 +1780,14 @@ mod tests {
                     let cuts = ticket.cuts().to_vec();
                     assert_eq!((cuts[0], *cuts.last().expect("cuts")), (0, m), "{tuning:?}");
                     assert!(cuts.windows(2).all(|c| c[0] < c[1]), "{cuts:?}");
-                    assert_eq!(cuts.len() - 1, 4, "one part per worker");
+                    match claim {
+                        RowClaim::PerWorker => assert_eq!(cuts.len() - 1, 4, "one per worker"),
+                        // 203 rows are 12 whole lines of output: fewer chunks than asked.
+                        RowClaim::Chunks(n) => assert!(
+                            (5..=4 * usize::from(n)).contains(&(cuts.len() - 1)),
+                            "{n} per worker: {cuts:?}"
+                        ),
+                    }
                     if tuning.x_is_q8k(fmt) {
                         mb.device_publish_q8k(&x, step).expect("publish");
                     } else {

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use hipfire_exec::flags::{DoneSignal, FlagsTuning, PublishFence, RowStores, XPrep};
+use hipfire_exec::flags::{DoneSignal, FlagsTuning, PublishFence, RowClaim, RowStores, XPrep};
 use hipfire_exec::offload::{JoinStrategy, OffloadExecutor, OffloadMode, SpilledStep};
 use hipfire_exec::share::{plan_rows, Form, ShapeKey, ShareSetting, SHARE_MAX, SHARE_MIN};
 use hipfire_exec::CpuPool;
@@ -410,6 +410,13 @@ fn flags_steps_queued_back_to_back_equal_steps_run_one_at_a_time() {
                 ..FlagsTuning::default()
             },
             false,
+        ),
+        (
+            FlagsTuning {
+                claim: RowClaim::Chunks(4),
+                ..FlagsTuning::default()
+            },
+            true,
         ),
     ];
     for (tuning, timeline) in tunings {
