@@ -21,7 +21,9 @@
 //! system fence in the publish instead of one per thread, `shared-x` (the default) | `own-x` |
 //! `by-part-x`: the workers prepare x together off a counter, each its own, or together in fixed
 //! blocks per worker; `chunks-N`: about N chunks of rows per worker, the rest taken off a counter
-//! after each worker's first, `per-worker-rows`: one fixed part each), e.g. `default,last,own-x`.
+//! after each worker's first, `per-worker-rows`: one fixed part each; `gpu-warm-KIB`: the device
+//! reads that much of the next step's first GPU rows into L2 once an arm ends), e.g.
+//! `default,last,own-x`.
 //! `--ab-rounds R` instead races the flags variants against the first one in R interleaved
 //! rounds (one warmed executor each) and exits: the A/B that drift between runs cannot bias.
 //! `--chain N` queues N layers per timed rep with no host synchronisation between them, as the
@@ -334,7 +336,8 @@ struct Args {
     copies: Option<usize>,
     /// Host-side tunings of the flags join to run, comma-separated: `default` or knobs joined
     /// with `+` (per-worker, last, cached, streaming, flush-x, staggered-x, prefetch-KIB,
-    /// device-x, leader-fence, shared-x, own-x, by-part-x, chunks-N, per-worker-rows).
+    /// device-x, leader-fence, shared-x, own-x, by-part-x, chunks-N, per-worker-rows,
+    /// gpu-warm-KIB).
     #[arg(long, value_name = "LIST", default_value = "default")]
     flags_variants: String,
 }

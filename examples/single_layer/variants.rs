@@ -36,6 +36,12 @@ pub(crate) fn parse_flags_variants(list: &str) -> Result<Vec<(String, FlagsTunin
                         t.claim = RowClaim::Chunks(n);
                     }
                     "per-worker-rows" => t.claim = RowClaim::PerWorker,
+                    k if k.starts_with("gpu-warm-") => {
+                        let kib: usize = k["gpu-warm-".len()..].parse().with_context(|| {
+                            format!("--flags-variants: {k}: gpu-warm-KIB takes a number of KiB")
+                        })?;
+                        t.gpu_warm_bytes = kib << 10;
+                    }
                     k if k.starts_with("prefetch-") => {
                         let kib: usize = k["prefetch-".len()..].parse().with_context(|| {
                             format!("--flags-variants: {k}: prefetch-KIB takes a number of KiB")
@@ -45,7 +51,7 @@ pub(crate) fn parse_flags_variants(list: &str) -> Result<Vec<(String, FlagsTunin
                     other => anyhow::bail!(
                         "--flags-variants: unknown knob {other:?} (default, per-worker, last, \
                          cached, streaming, flush-x, staggered-x, prefetch-KIB, device-x, \
-                         leader-fence, shared-x, own-x, by-part-x, chunks-N, per-worker-rows; join with +, separate with ,)"
+                         leader-fence, shared-x, own-x, by-part-x, chunks-N, per-worker-rows, gpu-warm-KIB; join with +, separate with ,)"
                     ),
                 }
             }

@@ -145,6 +145,11 @@ pub struct FlagsTuning {
     pub x_prep: XPrep,
     /// How the CPU rows are dealt to the workers.
     pub claim: RowClaim,
+    /// Once a step's GPU arm has finished, the device reads up to this many bytes of the next
+    /// step's first GPU rows into its L2 on a side stream (0: off), so that the link, idle
+    /// while the fold waits for the CPU and the next x is published, does part of the next
+    /// arm's reading: the device's twin of `prefetch_bytes`.
+    pub gpu_warm_bytes: usize,
 }
 
 /// How a flags arm's CPU rows are dealt to its workers.
@@ -180,6 +185,7 @@ impl Default for FlagsTuning {
             publish_fence: PublishFence::default(),
             x_prep: XPrep::default(),
             claim: RowClaim::default(),
+            gpu_warm_bytes: 0,
         }
     }
 }
@@ -1759,6 +1765,8 @@ mod tests {
                         publish_fence: PublishFence::default(),
                         x_prep,
                         claim,
+                        // The device's: no device here (tests/gpu_offload.rs runs it).
+                        gpu_warm_bytes: 0,
                     };
                     step = next_step(step);
                     let mb = host_mailbox(k, m);

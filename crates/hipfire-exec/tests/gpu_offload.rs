@@ -418,6 +418,13 @@ fn flags_steps_queued_back_to_back_equal_steps_run_one_at_a_time() {
             },
             true,
         ),
+        (
+            FlagsTuning {
+                gpu_warm_bytes: 512 << 10,
+                ..FlagsTuning::default()
+            },
+            false,
+        ),
     ];
     for (tuning, timeline) in tunings {
         let (acc_ahead, plain_ahead) = chain(false, tuning, timeline);
