@@ -153,17 +153,29 @@ pub struct FlagsTuning {
 }
 
 /// How a flags arm's CPU rows are dealt to its workers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RowClaim {
     /// One part per worker, cut evenly: each worker's rows are fixed at submit, and the
     /// device's fold waits on one done word per worker.
-    #[default]
     PerWorker,
     /// About this many chunks per worker (at most [`MAX_DONE_PARTS`] in all), each with its own
     /// done word: every worker starts on its own chunk (the one it prefetches while waiting),
     /// then takes the rest off a counter, so that a worker slowed by its core (a VM's vCPUs
     /// are not equal) hands its share to the others instead of holding the step.
     Chunks(u8),
+}
+
+/// Chunks per worker under [`RowClaim::Chunks`] by default: 4 (60 chunks for 15 workers, within
+/// the fold's 64 done words). On the H200 box, with 64 KiB of prefetch the layer ran 1.008× as
+/// fast as with one part per worker (2 chunks: 0.994×), and with 128 KiB 1.070× (15 of 15
+/// rounds at or above 0.995), on a box whose CPU arm then ran ~20 % slower (medians of 15
+/// interleaved rounds, docs/perf-checkpoints/2026-11-30-session6-h200, records 02 and 03).
+pub const DEFAULT_CHUNKS_PER_WORKER: u8 = 4;
+
+impl Default for RowClaim {
+    fn default() -> Self {
+        RowClaim::Chunks(DEFAULT_CHUNKS_PER_WORKER)
+    }
 }
 
 /// Bytes of its weight rows a worker prefetches while it waits for x and for the shared
