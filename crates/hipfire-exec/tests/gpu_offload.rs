@@ -413,7 +413,7 @@ fn flags_steps_queued_back_to_back_equal_steps_run_one_at_a_time() {
         ),
         (
             FlagsTuning {
-                claim: RowClaim::Chunks(4),
+                claim: RowClaim::PerWorker,
                 ..FlagsTuning::default()
             },
             true,
