@@ -4,7 +4,8 @@
 // words (layout and the host half: crates/hipfire-exec/src/flags.rs; the offsets arrive as
 // parameters so the layout is stated once, in Rust). On the step's stream:
 //   flags_publish   copies x into the mailbox, fences system-wide, then writes seq = step
-//                   (flags_publish_q8k: x quantised as the CPU's q8_K activation instead);
+//                   (flags_publish_q8k: x quantised as the CPU's q8_K activation instead;
+//                   flags_publish_tagged: each element stored with the step beside it, no fence);
 //   (GPU arm)       the row-range GEMV over rows [0, g), as in every other strategy;
 //   flags_wait_fold one thread per block spins on the done word of the CPU rows it folds (one
 //                   word per worker, or one for the whole arm; a %globaltimer timeout turns a
@@ -105,6 +106,29 @@ extern "C" __global__ void __launch_bounds__(HF_FLAGS_THREADS)
     // word.
     hf_publish_fence(leader_fence, threadIdx.x == 0);
     if (threadIdx.x == 0) hf_store_release_sys((hf_u32*)(mb + seq_off), step);
+}
+
+// flags_publish without a fence or a sequence word: each element of x goes down as one 8-byte
+// store of {its f32 bits, step}, so that an element the CPU reads with the current step in its
+// upper half is that step's value (an aligned 8-byte store reaches host memory whole; NCCL's LL
+// protocol rests on the same). The workers poll element 0, then check every element's step as
+// they read it. No __threadfence_system, which waits for the link's acknowledgements before the
+// sequence word may go, and no second store behind it.
+__device__ __forceinline__ void hf_store_volatile_u64(hf_u64* p, hf_u64 v) {
+#ifdef HF_CUDA
+    asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+#else
+    __hip_atomic_store(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(HF_FLAGS_THREADS)
+    flags_publish_tagged(const float* __restrict__ x, int k, unsigned char* mb, hf_u32 x_off,
+                         hf_u32 step) {
+    hf_u64* dst = (hf_u64*)(mb + x_off);
+    const hf_u64 tag = (hf_u64)step << 32;
+    for (int i = threadIdx.x; i < k; i += blockDim.x)
+        hf_store_volatile_u64(dst + i, tag | (hf_u64)__float_as_uint(x[i]));
 }
 
 // flags_publish for a CPU arm over Q4_K / Q6_K weights: x goes down already quantised the way the

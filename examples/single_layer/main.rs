@@ -22,8 +22,9 @@
 //! `by-part-x`: the workers prepare x together off a counter, each its own, or together in fixed
 //! blocks per worker; `chunks-N`: about N chunks of rows per worker, the rest taken off a counter
 //! after each worker's first, `per-worker-rows`: one fixed part each; `gpu-warm-KIB`: the device
-//! reads that much of the next step's first GPU rows into L2 once an arm ends), e.g.
-//! `default,last,own-x`.
+//! reads that much of the next step's first GPU rows into L2 once an arm ends; `tagged-x` |
+//! `seq-x`: x published as 8-byte {value, step} words with no fence or sequence word, or plain
+//! behind a fenced sequence word), e.g. `default,last,own-x`.
 //! `--ab-rounds R` instead races the flags variants against the first one in R interleaved
 //! rounds (one warmed executor each) and exits: the A/B that drift between runs cannot bias.
 //! `--chain N` queues N layers per timed rep with no host synchronisation between them, as the
@@ -337,7 +338,7 @@ struct Args {
     /// Host-side tunings of the flags join to run, comma-separated: `default` or knobs joined
     /// with `+` (per-worker, last, cached, streaming, flush-x, staggered-x, prefetch-KIB,
     /// device-x, leader-fence, shared-x, own-x, by-part-x, chunks-N, per-worker-rows,
-    /// gpu-warm-KIB).
+    /// gpu-warm-KIB, tagged-x, seq-x).
     #[arg(long, value_name = "LIST", default_value = "default")]
     flags_variants: String,
 }

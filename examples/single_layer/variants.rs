@@ -29,6 +29,8 @@ pub(crate) fn parse_flags_variants(list: &str) -> Result<Vec<(String, FlagsTunin
                     "shared-x" => t.x_prep = XPrep::Shared,
                     "own-x" => t.x_prep = XPrep::EachWorker,
                     "by-part-x" => t.x_prep = XPrep::SharedByPart,
+                    "tagged-x" => t.tagged_x = true,
+                    "seq-x" => t.tagged_x = false,
                     k if k.starts_with("chunks-") => {
                         let n: u8 = k["chunks-".len()..].parse().with_context(|| {
                             format!("--flags-variants: {k}: chunks-N takes chunks per worker (1-255)")
@@ -51,7 +53,7 @@ pub(crate) fn parse_flags_variants(list: &str) -> Result<Vec<(String, FlagsTunin
                     other => anyhow::bail!(
                         "--flags-variants: unknown knob {other:?} (default, per-worker, last, \
                          cached, streaming, flush-x, staggered-x, prefetch-KIB, device-x, \
-                         leader-fence, shared-x, own-x, by-part-x, chunks-N, per-worker-rows, gpu-warm-KIB; join with +, separate with ,)"
+                         leader-fence, shared-x, own-x, by-part-x, chunks-N, per-worker-rows, gpu-warm-KIB, tagged-x, seq-x; join with +, separate with ,)"
                     ),
                 }
             }

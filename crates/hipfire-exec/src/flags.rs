@@ -17,7 +17,7 @@
 //! | [`DONE_OFFSET`] | `u32` step number, written by the arm's last worker after every row (own cache line) |
 //! | [`FOLD_WAIT_OFFSET`] | `u64` nanoseconds the device's folds have waited for done, summed (diagnostic, own line) |
 //! | [`PART_DONE_OFFSET`] | [`MAX_DONE_PARTS`] lines: worker `p`'s `u32` done word at `PART_DONE_OFFSET + 64 p`, written after its rows |
-//! | [`X_OFFSET`] | `k` f32: the activation |
+//! | [`X_OFFSET`] | `k` f32: the activation; or, under [`FlagsTuning::tagged_x`], `k` 8-byte words, each an f32's bits with the step in the upper half (8 k bytes are kept for it) |
 //! | [`Mailbox::y_offset`] | `rows` f32: `W[g + i] · x` for the CPU rows, always plain |
 //!
 //! A done word holds the step it finished, with [`DONE_FAILED`] set when the arm (or that
@@ -53,6 +53,8 @@ pub const PART_DONE_OFFSET: usize = 192;
 pub const MAX_DONE_PARTS: usize = hipfire_gpu::FOLD_MAX_PARTS;
 /// Offset of the activation.
 pub const X_OFFSET: usize = PART_DONE_OFFSET + MAX_DONE_PARTS * MAILBOX_ALIGN;
+/// Bytes per element of the x area: room for the tagged form ([`FlagsTuning::tagged_x`]).
+pub const TAGGED_X_BYTES: usize = 8;
 /// Alignment of the mailbox and of its areas (a cache line).
 pub const MAILBOX_ALIGN: usize = 64;
 /// Set in a done word when the step failed (its rows unspecified): the device's fold then
@@ -150,6 +152,11 @@ pub struct FlagsTuning {
     /// while the fold waits for the CPU and the next x is published, does part of the next
     /// arm's reading: the device's twin of `prefetch_bytes`.
     pub gpu_warm_bytes: usize,
+    /// Where the workers prepare x together ([`FlagsTuning::x_is_shared`]), the device stores
+    /// each element as one 8-byte word with the step beside it (`FlagsKernels::publish_tagged`):
+    /// no system fence and no sequence word behind x; the workers poll element 0 and check
+    /// every element's step as they read it.
+    pub tagged_x: bool,
 }
 
 /// How a flags arm's CPU rows are dealt to its workers.
@@ -198,6 +205,7 @@ impl Default for FlagsTuning {
             x_prep: XPrep::default(),
             claim: RowClaim::default(),
             gpu_warm_bytes: 0,
+            tagged_x: false,
         }
     }
 }
@@ -206,6 +214,11 @@ impl FlagsTuning {
     /// Whether x travels quantised (q8_K) for `format` under these knobs.
     pub fn x_is_q8k(&self, format: Format) -> bool {
         self.device_quantised_x && ActivationBuf::takes_q8k(format)
+    }
+
+    /// Whether x travels tagged ([`FlagsTuning::tagged_x`]) for `format` under these knobs.
+    pub fn x_is_tagged(&self, format: Format) -> bool {
+        self.tagged_x && self.x_is_shared(format)
     }
 
     /// Whether the workers prepare x together for `format` under these knobs.
@@ -317,7 +330,7 @@ impl Mailbox {
     }
 
     fn y_offset_for(k: usize) -> usize {
-        (X_OFFSET + k * 4).div_ceil(MAILBOX_ALIGN) * MAILBOX_ALIGN
+        (X_OFFSET + k * TAGGED_X_BYTES).div_ceil(MAILBOX_ALIGN) * MAILBOX_ALIGN
     }
 
     /// A mailbox over `mem`; errors if it is too small or misaligned.
@@ -450,10 +463,42 @@ impl Mailbox {
         Ok(())
     }
 
+    /// The x area as tagged words ([`FlagsTuning::tagged_x`]).
+    fn x_tagged(&self) -> &[AtomicU64] {
+        // SAFETY: in bounds (`new`: the x area holds k 8-byte words), 8-aligned (base 64-aligned,
+        // X_OFFSET a multiple of 64); AtomicU64 has u64's layout and every bit pattern is valid.
+        unsafe {
+            std::slice::from_raw_parts(self.mem.base().add(X_OFFSET) as *const AtomicU64, self.k)
+        }
+    }
+
+    /// Stand-in for the device's tagged publish (`FlagsKernels::publish_tagged`): store each
+    /// element with `step` in its upper half (release), no sequence word; element 0 first,
+    /// then the rest after [`TAGGED_STAND_IN_PAUSE`], so that readers meet elements not yet
+    /// written.
+    pub fn device_publish_tagged(&self, x: &[f32], step: u32) -> Result<(), ExecError> {
+        if x.len() > self.k {
+            return Err(ExecError::Shape {
+                what: "x",
+                need: self.k,
+                got: x.len(),
+            });
+        }
+        let words = self.x_tagged();
+        for (i, (w, v)) in words.iter().zip(x).enumerate() {
+            w.store(tagged(*v, step), Ordering::Release);
+            if i == 0 {
+                // The workers start on element 0: let them meet the rest still unwritten.
+                std::thread::sleep(TAGGED_STAND_IN_PAUSE);
+            }
+        }
+        Ok(())
+    }
+
     /// Stand-in for the device: wait until done says `step`, then return the CPU rows.
     pub fn device_wait_done(&self, step: u32, timeout: Duration) -> Result<Vec<f32>, ExecError> {
         let seen = wait_word(
-            self.done(),
+            || self.done().load(Ordering::Acquire),
             |v| v & !DONE_FAILED == step,
             timeout,
             "flags done word",
@@ -474,14 +519,24 @@ impl Mailbox {
     }
 }
 
-/// Spin (yielding) until `word` holds a value `want` accepts (returned), or time out, or
+/// How long [`Mailbox::device_publish_tagged`] leaves x with only element 0 written: long
+/// against a worker's wake-up, short for a test.
+const TAGGED_STAND_IN_PAUSE: Duration = Duration::from_millis(2);
+
+/// One element of a tagged x: its f32 bits, `step` in the upper half.
+fn tagged(v: f32, step: u32) -> u64 {
+    (u64::from(step) << 32) | u64::from(v.to_bits())
+}
+
+/// Spin (yielding) until `load` (an acquire load of a word) gives a value `want` accepts
+/// (returned), or time out, or
 /// `cancel` is raised. `idle` runs between batches of polls and says whether it did work (the
 /// weight prefetch): while it does, each batch is one poll without a pause, so that the work
 /// goes at the memory system's pace rather than at one batch per [`WAIT_POLLS_PER_CHECK`]
 /// paused polls (~1 µs on a recent Xeon, where a pause is ~140 cycles: 512 bytes per µs, a
 /// twentieth of a core's share of the box's bandwidth).
 fn wait_word(
-    word: &AtomicU32,
+    load: impl Fn() -> u32,
     want: impl Fn(u32) -> bool,
     timeout: Duration,
     what: &'static str,
@@ -495,7 +550,7 @@ fn wait_word(
     loop {
         let busy = idle();
         if busy {
-            let v = word.load(Ordering::Acquire);
+            let v = load();
             if want(v) {
                 return Ok(v);
             }
@@ -505,7 +560,7 @@ fn wait_word(
             }
         } else {
             for _ in 0..WAIT_POLLS_PER_CHECK {
-                let v = word.load(Ordering::Acquire);
+                let v = load();
                 if want(v) {
                     return Ok(v);
                 }
@@ -655,7 +710,7 @@ impl SharedX {
     /// parts (`None`) only waits.
     fn prepare_by_part(
         &self,
-        x: &[f32],
+        x: &XSource<'_>,
         job: &FlagsJob,
         part: Option<usize>,
         prefetch: &mut WeightPrefetch<'_>,
@@ -663,11 +718,15 @@ impl SharedX {
         let n = self.by_part.len();
         let mut err = None;
         if let Some(p) = part.filter(|&p| p < n) {
+            let mut vals = [0.0f32; Q8K_BLOCK];
             for b in (p..self.act.blocks()).step_by(n) {
                 // SAFETY: block b belongs to part p alone (b ≡ p mod n) and each part runs
                 // once; no worker reads the activation before every part's line says READY
                 // (release below, acquire in `wait_word`).
-                if let Err(e) = unsafe { self.act.prepare_blocks(x, b..b + 1) } {
+                let r = x
+                    .block(b, &mut vals, job)
+                    .and_then(|v| unsafe { self.act.prepare_block(b, v) }.map_err(ExecError::from));
+                if let Err(e) = r {
                     err = Some(e);
                     break;
                 }
@@ -680,11 +739,11 @@ impl SharedX {
             self.by_part[p].store(v, Ordering::Release);
         }
         if let Some(e) = err {
-            return Err(e.into());
+            return Err(e);
         }
         for line in &self.by_part {
             let v = wait_word(
-                line,
+                || line.load(Ordering::Acquire),
                 |v| v != 0,
                 job.timeout,
                 "flags shared activation",
@@ -709,7 +768,7 @@ impl SharedX {
     /// The worker's weight prefetch goes on while it waits for the others.
     fn prepare(
         &self,
-        x: &[f32],
+        x: &XSource<'_>,
         job: &FlagsJob,
         prefetch: &mut WeightPrefetch<'_>,
     ) -> Result<&ActivationBuf, ExecError> {
@@ -721,9 +780,13 @@ impl SharedX {
                 break;
             }
             let b = b as usize;
+            let mut vals = [0.0f32; Q8K_BLOCK];
             // SAFETY: the counter hands block b to this worker alone, once; no worker reads
             // the activation before `done` counts every block (below, acquire).
-            if let Err(e) = unsafe { self.act.prepare_blocks(x, b..b + 1) } {
+            let r = x
+                .block(b, &mut vals, job)
+                .and_then(|v| unsafe { self.act.prepare_block(b, v) }.map_err(ExecError::from));
+            if let Err(e) = r {
                 self.failed.store(true, Ordering::Relaxed);
                 err = Some(e);
             }
@@ -731,10 +794,10 @@ impl SharedX {
             self.done.fetch_add(1, Ordering::Release);
         }
         if let Some(e) = err {
-            return Err(e.into());
+            return Err(e);
         }
         wait_word(
-            &self.done,
+            || self.done.load(Ordering::Acquire),
             |v| v >= blocks,
             job.timeout,
             "flags shared activation",
@@ -751,6 +814,59 @@ impl SharedX {
         // SAFETY: every block is prepared, ordered before this point (`done` released per
         // block, acquired in `wait_word`), and the counter never hands out a block again.
         Ok(unsafe { self.act.activation() })
+    }
+}
+
+/// Elements per block of x prepared together (q8_K's super-block).
+const Q8K_BLOCK: usize = hipfire_gpu::Q8K_ELEMS;
+
+/// Where the workers read x from when they prepare it together.
+enum XSource<'a> {
+    /// Plain f32 after the sequence word said the step.
+    Plain(&'a [f32]),
+    /// Tagged words ([`FlagsTuning::tagged_x`]): each element is the step's once its upper
+    /// half says so.
+    Tagged(&'a [AtomicU64]),
+}
+
+impl XSource<'_> {
+    /// Block `b`'s [`Q8K_BLOCK`] values: a slice of a plain x, or gathered into `buf` from a
+    /// tagged one, waiting (with the job's timeout and cancel) for any element not yet there.
+    fn block<'b>(
+        &'b self,
+        b: usize,
+        buf: &'b mut [f32; Q8K_BLOCK],
+        job: &FlagsJob,
+    ) -> Result<&'b [f32], ExecError> {
+        let range = b * Q8K_BLOCK..(b + 1) * Q8K_BLOCK;
+        let short = |got| ExecError::Shape {
+            what: "activation block",
+            need: range.end,
+            got,
+        };
+        match self {
+            XSource::Plain(x) => x.get(range.clone()).ok_or(short(x.len())),
+            XSource::Tagged(words) => {
+                let words = words.get(range.clone()).ok_or(short(words.len()))?;
+                for (out, w) in buf.iter_mut().zip(words) {
+                    let mut v = w.load(Ordering::Acquire);
+                    if (v >> 32) as u32 != job.step {
+                        wait_word(
+                            || (w.load(Ordering::Acquire) >> 32) as u32,
+                            |t| t == job.step,
+                            job.timeout,
+                            "flags tagged activation",
+                            Some(&job.cancelled),
+                            || false,
+                        )?;
+                        // The device writes each element once per step: it is the step's now.
+                        v = w.load(Ordering::Acquire);
+                    }
+                    *out = f32::from_bits(v as u32);
+                }
+                Ok(&buf[..])
+            }
+        }
     }
 }
 
@@ -831,8 +947,18 @@ impl FlagsJob {
         let mb = &self.mailbox;
         let t_wait = Instant::now();
         let mut prefetch = WeightPrefetch::new(self, &rows);
+        let tagged = self.tuning.x_is_tagged(self.format);
         wait_word(
-            mb.seq(),
+            || {
+                if tagged {
+                    // The first element's step stands for the sequence word.
+                    mb.x_tagged()
+                        .first()
+                        .map_or(0, |w| (w.load(Ordering::Acquire) >> 32) as u32)
+                } else {
+                    mb.seq().load(Ordering::Acquire)
+                }
+            },
             |v| v == self.step,
             self.timeout,
             "flags sequence word",
@@ -863,10 +989,15 @@ impl FlagsJob {
         };
         let owned;
         let act = if let Some(shared) = &self.shared_x {
-            if self.tuning.x_prep == XPrep::SharedByPart {
-                shared.prepare_by_part(x, self, part, &mut prefetch)?
+            let src = if tagged {
+                XSource::Tagged(mb.x_tagged())
             } else {
-                shared.prepare(x, self, &mut prefetch)?
+                XSource::Plain(x)
+            };
+            if self.tuning.x_prep == XPrep::SharedByPart {
+                shared.prepare_by_part(&src, self, part, &mut prefetch)?
+            } else {
+                shared.prepare(&src, self, &mut prefetch)?
             }
         } else if self.tuning.x_is_q8k(self.format) {
             // SAFETY: in bounds (the q8_K form is smaller than the f32 x area, `Mailbox::new`:
@@ -1601,13 +1732,23 @@ mod tests {
     fn long_and_ragged_activations_match_the_pool() {
         // The last two: more workers than blocks of x, so that some by-part workers prepare
         // none and only wait.
-        for (fmt, k, m, workers, x_prep) in [
-            (Format::Q4K, 14336usize, 64usize, 5usize, XPrep::Shared),
-            (Format::Q4K, 14336, 64, 5, XPrep::SharedByPart),
-            (Format::Q4_0, 4096 + 96, 48, 4, XPrep::Shared),
-            (Format::Q8_0, 2048, 40, 15, XPrep::Shared),
-            (Format::Q4K, 512, 40, 6, XPrep::SharedByPart),
-            (Format::Q6K, 768, 40, 6, XPrep::SharedByPart),
+        // Tagged x where it applies (the shared q8_K preparations); Q4_0/Q8_0 fall back to the
+        // sequence word.
+        for (fmt, k, m, workers, x_prep, tagged_x) in [
+            (
+                Format::Q4K,
+                14336usize,
+                64usize,
+                5usize,
+                XPrep::Shared,
+                false,
+            ),
+            (Format::Q4K, 14336, 64, 5, XPrep::Shared, true),
+            (Format::Q4K, 14336, 64, 5, XPrep::SharedByPart, true),
+            (Format::Q4_0, 4096 + 96, 48, 4, XPrep::Shared, true),
+            (Format::Q8_0, 2048, 40, 15, XPrep::Shared, false),
+            (Format::Q4K, 512, 40, 6, XPrep::SharedByPart, false),
+            (Format::Q6K, 768, 40, 6, XPrep::SharedByPart, true),
         ] {
             let (w, x) = setup(fmt, k, m, k as u64);
             let pool = CpuPool::new(workers).expect("pool");
@@ -1616,12 +1757,17 @@ mod tests {
                 .submit_flags(FlagsArm {
                     tuning: FlagsTuning {
                         x_prep,
+                        tagged_x,
                         ..FlagsTuning::default()
                     },
                     ..one_part_arm(fmt, k, w.clone(), 0, m, mb.clone(), 3)
                 })
                 .expect("submit");
-            mb.device_publish(&x, 3).expect("publish");
+            if tagged_x && fmt != Format::Q4_0 {
+                mb.device_publish_tagged(&x, 3).expect("publish");
+            } else {
+                mb.device_publish(&x, 3).expect("publish");
+            }
             let got = mb.device_wait_done(3, DEFAULT_FLAGS_TIMEOUT).expect("done");
             ticket.wait().expect("arm");
             let mut want = vec![f32::NAN; m];
@@ -1629,7 +1775,7 @@ mod tests {
             assert_eq!(
                 got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                 want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                "{fmt} k={k} workers={workers} {x_prep:?}"
+                "{fmt} k={k} workers={workers} {x_prep:?} tagged {tagged_x}"
             );
         }
     }
@@ -1645,7 +1791,11 @@ mod tests {
             (Format::Q4K, XPrep::SharedByPart),
             (Format::Q4K, XPrep::EachWorker),
         ] {
-            for claim in [RowClaim::PerWorker, RowClaim::Chunks(4)] {
+            for (claim, tagged_x) in [
+                (RowClaim::PerWorker, false),
+                (RowClaim::Chunks(4), false),
+                (RowClaim::Chunks(4), true),
+            ] {
                 let (k, m) = (2048usize, 400usize);
                 let (w, mut x) = setup(fmt, k, m, 8);
                 x[1000] = f32::NAN;
@@ -1657,6 +1807,7 @@ mod tests {
                         tuning: FlagsTuning {
                             x_prep,
                             claim,
+                            tagged_x,
                             ..FlagsTuning::default()
                         },
                         ..one_part_arm(fmt, k, w, 0, m, mb.clone(), 4)
@@ -1665,7 +1816,16 @@ mod tests {
                 let parts = ticket.cuts().len() - 1;
                 assert!(parts > 1, "the arm is cut among workers");
                 let t = Instant::now();
-                mb.device_publish(&x, 4).expect("publish");
+                let tuning = FlagsTuning {
+                    x_prep,
+                    tagged_x,
+                    ..FlagsTuning::default()
+                };
+                if tuning.x_is_tagged(fmt) {
+                    mb.device_publish_tagged(&x, 4).expect("publish");
+                } else {
+                    mb.device_publish(&x, 4).expect("publish");
+                }
                 let err = ticket.wait().expect_err("NaN in x");
                 assert!(t.elapsed() < Duration::from_secs(5), "{fmt}: workers hung");
                 // Shared: the worker that met the NaN says so, the others that another did.
@@ -1766,70 +1926,78 @@ mod tests {
                     (false, false, 0, false, by_part),
                     (false, false, 65536, false, by_part),
                 ] {
-                    let tuning = FlagsTuning {
-                        done,
-                        rows,
-                        flush_x,
-                        staggered_x,
-                        prefetch_bytes,
-                        device_quantised_x,
-                        // The device's fence: no device here (tests/gpu_offload.rs runs both).
-                        publish_fence: PublishFence::default(),
-                        x_prep,
-                        claim,
-                        // The device's: no device here (tests/gpu_offload.rs runs it).
-                        gpu_warm_bytes: 0,
-                    };
-                    step = next_step(step);
-                    let mb = host_mailbox(k, m);
-                    // Poisoned: a row left unwritten shows.
-                    // SAFETY: the y area holds `m` floats (`host_mailbox`); no arm runs yet.
-                    unsafe {
-                        std::slice::from_raw_parts_mut(
-                            mb.mem.base().add(mb.y_offset()) as *mut f32,
-                            m,
-                        )
-                    }
-                    .fill(f32::NAN);
-                    let ticket = pool
-                        .submit_flags(FlagsArm {
-                            tuning,
-                            ..one_part_arm(fmt, k, w.clone(), 0, m, mb.clone(), step)
-                        })
-                        .expect("submit");
-                    let cuts = ticket.cuts().to_vec();
-                    assert_eq!((cuts[0], *cuts.last().expect("cuts")), (0, m), "{tuning:?}");
-                    assert!(cuts.windows(2).all(|c| c[0] < c[1]), "{cuts:?}");
-                    match claim {
-                        RowClaim::PerWorker => assert_eq!(cuts.len() - 1, 4, "one per worker"),
-                        // 203 rows are 12 whole lines of output: fewer chunks than asked.
-                        RowClaim::Chunks(n) => assert!(
-                            (5..=4 * usize::from(n)).contains(&(cuts.len() - 1)),
-                            "{n} per worker: {cuts:?}"
-                        ),
-                    }
-                    if tuning.x_is_q8k(fmt) {
-                        mb.device_publish_q8k(&x, step).expect("publish");
-                    } else {
-                        mb.device_publish(&x, step).expect("publish");
-                    }
-                    let got = mb
-                        .device_wait_done(step, DEFAULT_FLAGS_TIMEOUT)
-                        .expect("done");
-                    ticket.wait().expect("arm");
-                    assert_eq!(
-                        got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                        want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                        "{tuning:?}"
-                    );
-                    for p in 0..MAX_DONE_PARTS {
-                        let v = mb.part_done(p).load(Ordering::Acquire);
-                        let expect = if done == DoneSignal::PerWorker && p + 1 < cuts.len() {
-                            step
-                        } else {
-                            0
+                    for tagged_x in [false, true] {
+                        if tagged_x && (x_prep == own || device_quantised_x) {
+                            continue;
+                        }
+                        let tuning = FlagsTuning {
+                            done,
+                            rows,
+                            flush_x,
+                            staggered_x,
+                            prefetch_bytes,
+                            device_quantised_x,
+                            // The device's fence: no device here (tests/gpu_offload.rs runs both).
+                            publish_fence: PublishFence::default(),
+                            x_prep,
+                            claim,
+                            // The device's: no device here (tests/gpu_offload.rs runs it).
+                            gpu_warm_bytes: 0,
+                            tagged_x,
                         };
-                        assert_eq!(v, expect, "{tuning:?} part {p}");
+                        step = next_step(step);
+                        let mb = host_mailbox(k, m);
+                        // Poisoned: a row left unwritten shows.
+                        // SAFETY: the y area holds `m` floats (`host_mailbox`); no arm runs yet.
+                        unsafe {
+                            std::slice::from_raw_parts_mut(
+                                mb.mem.base().add(mb.y_offset()) as *mut f32,
+                                m,
+                            )
+                        }
+                        .fill(f32::NAN);
+                        let ticket = pool
+                            .submit_flags(FlagsArm {
+                                tuning,
+                                ..one_part_arm(fmt, k, w.clone(), 0, m, mb.clone(), step)
+                            })
+                            .expect("submit");
+                        let cuts = ticket.cuts().to_vec();
+                        assert_eq!((cuts[0], *cuts.last().expect("cuts")), (0, m), "{tuning:?}");
+                        assert!(cuts.windows(2).all(|c| c[0] < c[1]), "{cuts:?}");
+                        match claim {
+                            RowClaim::PerWorker => assert_eq!(cuts.len() - 1, 4, "one per worker"),
+                            // 203 rows are 12 whole lines of output: fewer chunks than asked.
+                            RowClaim::Chunks(n) => assert!(
+                                (5..=4 * usize::from(n)).contains(&(cuts.len() - 1)),
+                                "{n} per worker: {cuts:?}"
+                            ),
+                        }
+                        if tuning.x_is_tagged(fmt) {
+                            mb.device_publish_tagged(&x, step).expect("publish");
+                        } else if tuning.x_is_q8k(fmt) {
+                            mb.device_publish_q8k(&x, step).expect("publish");
+                        } else {
+                            mb.device_publish(&x, step).expect("publish");
+                        }
+                        let got = mb
+                            .device_wait_done(step, DEFAULT_FLAGS_TIMEOUT)
+                            .expect("done");
+                        ticket.wait().expect("arm");
+                        assert_eq!(
+                            got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                            want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                            "{tuning:?}"
+                        );
+                        for p in 0..MAX_DONE_PARTS {
+                            let v = mb.part_done(p).load(Ordering::Acquire);
+                            let expect = if done == DoneSignal::PerWorker && p + 1 < cuts.len() {
+                                step
+                            } else {
+                                0
+                            };
+                            assert_eq!(v, expect, "{tuning:?} part {p}");
+                        }
                     }
                 }
             }

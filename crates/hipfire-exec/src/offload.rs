@@ -997,7 +997,9 @@ impl OffloadExecutor {
             if let Some((pre_publish, _)) = timeline {
                 pre_publish.record(stream)?;
             }
-            if tuning.x_is_q8k(format) {
+            if tuning.x_is_tagged(format) {
+                flags_kernels.publish_tagged(stream, x, k, mem, &offsets, seq)?;
+            } else if tuning.x_is_q8k(format) {
                 flags_kernels.publish_q8k(
                     stream,
                     x,

@@ -425,6 +425,22 @@ fn flags_steps_queued_back_to_back_equal_steps_run_one_at_a_time() {
             },
             false,
         ),
+        (
+            FlagsTuning {
+                tagged_x: true,
+                ..FlagsTuning::default()
+            },
+            true,
+        ),
+        (
+            FlagsTuning {
+                tagged_x: true,
+                x_prep: XPrep::SharedByPart,
+                claim: RowClaim::PerWorker,
+                ..FlagsTuning::default()
+            },
+            false,
+        ),
     ];
     for (tuning, timeline) in tunings {
         let (acc_ahead, plain_ahead) = chain(false, tuning, timeline);

@@ -515,6 +515,7 @@ mod tests {
                 vec![
                     "flags_publish".into(),
                     "flags_publish_q8k".into(),
+                    "flags_publish_tagged".into(),
                     "flags_wait_fold".into(),
                 ]
             } else {

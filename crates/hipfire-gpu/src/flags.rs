@@ -82,6 +82,7 @@ pub struct FlagsKernels {
     ctx: Arc<Context>,
     publish: Function,
     publish_q8k: Function,
+    publish_tagged: Function,
     wait_fold: Function,
     /// The fold's fold-wait count between its parts: {longest wait, arrivals}, zero between
     /// folds. One stream's folds at a time (they run in order).
@@ -119,6 +120,7 @@ impl FlagsKernels {
         Ok(FlagsKernels {
             publish: module.function("flags_publish")?,
             publish_q8k: module.function("flags_publish_q8k")?,
+            publish_tagged: module.function("flags_publish_tagged")?,
             wait_fold: module.function("flags_wait_fold")?,
             wait_scratch,
             publish_arrivals,
@@ -255,6 +257,43 @@ impl FlagsKernels {
         // aligned, checked). Both buffers are owned by borrowed live objects whose Drop frees
         // synchronously.
         unsafe { self.launch_one_block(&self.publish, stream, &mut params) }
+    }
+
+    /// Queues: store each `x[i]` into the mailbox as one 8-byte word, its f32 bits in the low
+    /// half and `step` in the high half, at `at.x + 8 i` (8-aligned), with no fence and no
+    /// sequence word: a reader takes an element once its high half says `step`.
+    pub fn publish_tagged<X: DeviceMemory + ?Sized>(
+        &self,
+        stream: &Stream,
+        x: &X,
+        k: usize,
+        mailbox: &HostMappedBuffer,
+        at: &MailboxOffsets,
+        step: u32,
+    ) -> Result<(), GpuError> {
+        let (mut px, mut pk) = self.publish_operands(stream, x, k, mailbox, at)?;
+        if at.x % 8 != 0 {
+            return Err(GpuError::Misaligned {
+                what: "mailbox x area",
+                align: 8,
+            });
+        }
+        check_fits("mailbox tagged x area", at.x + k * 8, mailbox.byte_len())?;
+        let mut pmb = mailbox.device_ptr();
+        let mut xo = offset_u32("mailbox x offset", at.x)?;
+        let mut st = step;
+        let mut params: [*mut c_void; 5] = [
+            (&mut px as *mut u64).cast(),
+            (&mut pk as *mut i32).cast(),
+            (&mut pmb as *mut u64).cast(),
+            (&mut xo as *mut u32).cast(),
+            (&mut st as *mut u32).cast(),
+        ];
+        // SAFETY: kernel `flags_publish_tagged(const float* x, int k, u8* mb, u32 x_off, u32
+        // step)`: five parameters of these types. It reads x[0..k] (k*4 bytes present, checked)
+        // and writes the 8-aligned mb[x_off..x_off + 8k] (in bounds, checked). Both buffers are
+        // owned by borrowed live objects whose Drop frees synchronously.
+        unsafe { self.launch_one_block(&self.publish_tagged, stream, &mut params) }
     }
 
     /// Queues: quantise `x[0..k]` as the CPU's q8_K activation into the mailbox (int8 quants in

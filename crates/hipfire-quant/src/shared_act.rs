@@ -110,34 +110,61 @@ impl SharedActivation {
             });
         }
         for b in blocks {
-            let src = &x[b * Q8K_BLOCK..(b + 1) * Q8K_BLOCK];
-            if src.iter().any(|v| !v.is_finite()) {
-                return Err(QuantError::NonFinite {
-                    format: self.format,
-                    what: "activation value",
-                    block: b,
-                });
-            }
-            // SAFETY: block b is in bounds of every buffer (b < blocks(); the buffers hold
-            // blocks() blocks) and, by the contract, written by this thread alone.
-            let d = unsafe {
-                q8k_block(
-                    self.format,
-                    src,
-                    std::slice::from_raw_parts_mut(self.qs.add(b * Q8K_BLOCK), Q8K_BLOCK),
-                    std::slice::from_raw_parts_mut(
-                        self.bsums.add(b * BSUMS_PER_BLOCK),
-                        BSUMS_PER_BLOCK,
-                    ),
-                    std::slice::from_raw_parts_mut(
-                        self.sums32.add(b * SUMS32_PER_BLOCK),
-                        SUMS32_PER_BLOCK,
-                    ),
-                )
-            };
-            // SAFETY: as above.
-            unsafe { self.d.add(b).write(d) };
+            // SAFETY: the caller's contract, for each of these blocks.
+            unsafe { self.prepare_block(b, &x[b * Q8K_BLOCK..(b + 1) * Q8K_BLOCK])? };
         }
+        Ok(())
+    }
+
+    /// Prepare block `b` from its own [`Q8K_BLOCK`] values `src` (for a reader that gathers a
+    /// block's elements itself, such as from a tagged mailbox).
+    ///
+    /// Errors: `src` of another length, a block past the end, or a non-finite value.
+    ///
+    /// # Safety
+    /// As [`SharedActivation::prepare_blocks`], for block `b`.
+    pub unsafe fn prepare_block(&self, b: usize, src: &[f32]) -> Result<(), QuantError> {
+        if src.len() != Q8K_BLOCK {
+            return Err(QuantError::ActivationMismatch {
+                format: self.format,
+                k: Q8K_BLOCK,
+                act_format: self.format,
+                act_k: src.len(),
+            });
+        }
+        if b >= self.blocks() {
+            return Err(QuantError::ShortBuffer {
+                what: "q8_K blocks",
+                need: b + 1,
+                got: self.blocks(),
+            });
+        }
+        if src.iter().any(|v| !v.is_finite()) {
+            return Err(QuantError::NonFinite {
+                format: self.format,
+                what: "activation value",
+                block: b,
+            });
+        }
+        // SAFETY: block b is in bounds of every buffer (b < blocks(); the buffers hold
+        // blocks() blocks) and, by the contract, written by this thread alone.
+        let d = unsafe {
+            q8k_block(
+                self.format,
+                src,
+                std::slice::from_raw_parts_mut(self.qs.add(b * Q8K_BLOCK), Q8K_BLOCK),
+                std::slice::from_raw_parts_mut(
+                    self.bsums.add(b * BSUMS_PER_BLOCK),
+                    BSUMS_PER_BLOCK,
+                ),
+                std::slice::from_raw_parts_mut(
+                    self.sums32.add(b * SUMS32_PER_BLOCK),
+                    SUMS32_PER_BLOCK,
+                ),
+            )
+        };
+        // SAFETY: as above.
+        unsafe { self.d.add(b).write(d) };
         Ok(())
     }
 
