@@ -427,7 +427,7 @@ fn flags_steps_queued_back_to_back_equal_steps_run_one_at_a_time() {
         ),
         (
             FlagsTuning {
-                tagged_x: true,
+                tagged_x: false,
                 ..FlagsTuning::default()
             },
             true,
