@@ -179,10 +179,10 @@ pub enum RowClaim {
 }
 
 /// Chunks per worker under [`RowClaim::Chunks`] by default: 4 (60 chunks for 15 workers, within
-/// the fold's 64 done words). On the H200 box, with 64 KiB of prefetch the layer ran 1.008× as
-/// fast as with one part per worker (2 chunks: 0.994×), and with 128 KiB 1.070× (15 of 15
-/// rounds at or above 0.995), on a box whose CPU arm then ran ~20 % slower (medians of 15
-/// interleaved rounds, docs/perf-checkpoints/2026-11-30-session6-h200, records 02 and 03).
+/// the fold's 64 done words). On the H200 box, one part per worker ran at 0.955× of it and
+/// 8 chunks at 1.005× (record 04); in an earlier A/B 4 chunks ran 1.008× and 2 chunks 0.994× of
+/// one part per worker (record 02); medians of 15 interleaved rounds,
+/// docs/perf-checkpoints/2026-11-30-session6-h200.
 pub const DEFAULT_CHUNKS_PER_WORKER: u8 = 4;
 
 impl Default for RowClaim {
@@ -195,7 +195,9 @@ impl Default for RowClaim {
 /// activation ([`FlagsTuning::prefetch_bytes`]): 64 KiB, about what fifteen workers can read in
 /// the ~13 µs between steps at the box's ~70 GB/s, and a thirtieth of a core's 2 MiB L2. On the
 /// H200 box the layer ran 1.035× as fast as with none (16 KiB 1.024×, 256 KiB 1.028×; medians
-/// of 13 interleaved rounds, docs/perf-checkpoints/2026-11-30-session6-h200, record 01).
+/// of 13 interleaved rounds, docs/perf-checkpoints/2026-11-30-session6-h200, record 01), and
+/// none ran at 0.970× of it in record 02; 128 KiB read 0.956–1.016× of it over four A/Bs
+/// (records 02–05), so it stays at 64.
 pub const DEFAULT_WAIT_PREFETCH_BYTES: usize = 64 << 10;
 
 impl Default for FlagsTuning {
