@@ -24,7 +24,8 @@
 //! after each worker's first, `per-worker-rows`: one fixed part each; `gpu-warm-KIB`: the device
 //! reads that much of the next step's first GPU rows into L2 once an arm ends; `tagged-x` |
 //! `seq-x`: x published as 8-byte {value, step} words with no fence or sequence word, or plain
-//! behind a fenced sequence word), e.g. `default,last,own-x`.
+//! behind a fenced sequence word; `gpu-arm-from-publish`: the controller's GPU arm time includes
+//! the publish), e.g. `default,last,own-x`. `--per-shape` runs with the first variant's tuning.
 //! `--ab-rounds R` instead races the flags variants against the first one in R interleaved
 //! rounds (one warmed executor each) and exits: the A/B that drift between runs cannot bias.
 //! `--chain N` queues N layers per timed rep with no host synchronisation between them, as the
@@ -338,7 +339,8 @@ struct Args {
     /// Host-side tunings of the flags join to run, comma-separated: `default` or knobs joined
     /// with `+` (per-worker, last, cached, streaming, flush-x, staggered-x, prefetch-KIB,
     /// device-x, leader-fence, shared-x, own-x, by-part-x, chunks-N, per-worker-rows,
-    /// gpu-warm-KIB, tagged-x, seq-x).
+    /// gpu-warm-KIB, tagged-x, seq-x, gpu-arm-from-publish). `--per-shape` and the target
+    /// rounds run with the first one.
     #[arg(long, value_name = "LIST", default_value = "default")]
     flags_variants: String,
 }
@@ -654,7 +656,7 @@ fn main() -> Result<()> {
     // Per shape: `auto` against the best pinned share, one projection at a time (issue target:
     // auto within 3 % of the best pinned share's throughput on every 9B-class shape).
     let shape_rows = if per_shape {
-        per_shape::per_shape(&ctx, &pool, &b, format, reps)?
+        per_shape::per_shape(&ctx, &pool, &b, format, reps, flags_variants[0].1)?
     } else {
         Vec::new()
     };

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use anyhow::Result;
+use hipfire::exec::flags::FlagsTuning;
 use hipfire::exec::offload::{JoinStrategy, OffloadExecutor, OffloadMode};
 use hipfire::exec::share::ShareSetting;
 use hipfire::exec::CpuPool;
@@ -33,9 +34,16 @@ pub(crate) fn per_shape(
     b: &Bench<'_>,
     format: Format,
     reps: usize,
+    tuning: FlagsTuning,
 ) -> Result<Vec<serde_json::Value>> {
     let mut shape_rows = Vec::new();
     let projs = &b.copies[0];
+    // Every executor of the table (auto, the sweep, the head-to-head rivals) runs `tuning`.
+    let executor = |mode| -> Result<OffloadExecutor> {
+        let mut ex = OffloadExecutor::new(ctx, pool.clone(), mode, FF, FF)?;
+        ex.set_flags_tuning(tuning);
+        Ok(ex)
+    };
     println!(
         "{:<6} {:>6} {:>6} {:<11} {:>14} {:>10} {:>10} {:>12} {:>8}",
         "proj", "m", "k", "strategy", "auto share", "auto us", "best us", "auto/best", "h2h"
@@ -60,7 +68,7 @@ pub(crate) fn per_shape(
                 share: ShareSetting::Auto,
                 strategy: st,
             };
-            let mut auto_ex = OffloadExecutor::new(ctx, pool.clone(), auto, FF, FF)?;
+            let mut auto_ex = executor(auto)?;
             b.run(Mode::Offload, Some(&mut auto_ex), AUTO_WARM_REPS, Some(i))?;
             let (t_auto, _) = b.run(Mode::Offload, Some(&mut auto_ex), reps, Some(i))?;
             let auto_share = auto_ex.controller().gpu_share(&key);
@@ -70,7 +78,7 @@ pub(crate) fn per_shape(
                     share: ShareSetting::Pinned(s),
                     strategy: st,
                 };
-                let mut ex = OffloadExecutor::new(ctx, pool.clone(), mode, FF, FF)?;
+                let mut ex = executor(mode)?;
                 b.run(Mode::Offload, Some(&mut ex), PINNED_WARM_REPS, Some(i))?;
                 pinned.push((s, b.run(Mode::Offload, Some(&mut ex), reps, Some(i))?.0));
             }
@@ -96,16 +104,10 @@ pub(crate) fn per_shape(
             // on this box).
             let twin = ranked.first().map(|&(s, t)| (s, t));
             for &(share, _) in ranked.iter().take(HEAD_TO_HEAD_RIVALS).chain(twin.as_ref()) {
-                let mut ex = OffloadExecutor::new(
-                    ctx,
-                    pool.clone(),
-                    OffloadMode::Passback {
-                        share: ShareSetting::Pinned(share),
-                        strategy: st,
-                    },
-                    FF,
-                    FF,
-                )?;
+                let mut ex = executor(OffloadMode::Passback {
+                    share: ShareSetting::Pinned(share),
+                    strategy: st,
+                })?;
                 b.run(Mode::Offload, Some(&mut ex), PINNED_WARM_REPS, Some(i))?;
                 rivals.push((share, ex, Vec::with_capacity(HEAD_TO_HEAD_ROUNDS)));
             }

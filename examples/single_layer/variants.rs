@@ -31,6 +31,7 @@ pub(crate) fn parse_flags_variants(list: &str) -> Result<Vec<(String, FlagsTunin
                     "by-part-x" => t.x_prep = XPrep::SharedByPart,
                     "tagged-x" => t.tagged_x = true,
                     "seq-x" => t.tagged_x = false,
+                    "gpu-arm-from-publish" => t.gpu_arm_from_publish = true,
                     k if k.starts_with("chunks-") => {
                         let n: u8 = k["chunks-".len()..].parse().with_context(|| {
                             format!("--flags-variants: {k}: chunks-N takes chunks per worker (1-255)")
@@ -53,7 +54,7 @@ pub(crate) fn parse_flags_variants(list: &str) -> Result<Vec<(String, FlagsTunin
                     other => anyhow::bail!(
                         "--flags-variants: unknown knob {other:?} (default, per-worker, last, \
                          cached, streaming, flush-x, staggered-x, prefetch-KIB, device-x, \
-                         leader-fence, shared-x, own-x, by-part-x, chunks-N, per-worker-rows, gpu-warm-KIB, tagged-x, seq-x; join with +, separate with ,)"
+                         leader-fence, shared-x, own-x, by-part-x, chunks-N, per-worker-rows, gpu-warm-KIB, tagged-x, seq-x, gpu-arm-from-publish; join with +, separate with ,)"
                     ),
                 }
             }

@@ -157,6 +157,13 @@ pub struct FlagsTuning {
     /// no system fence and no sequence word behind x; the workers poll element 0 and check
     /// every element's step as they read it.
     pub tagged_x: bool,
+    /// The GPU arm's time, which the share controller balances against the CPU arm's, starts
+    /// before the publish instead of after it. With tagged x the workers start while the
+    /// publish still runs, so the GPU's publish is part of what the CPU's arm overlaps; on
+    /// small steps (k, o: 30–70 µs) the ~6 µs publish then moves the balance. The timeline's
+    /// publish figure reads ~0 then (the publish is inside the arm). Off: to be measured
+    /// (`single_layer --per-shape --flags-variants gpu-arm-from-publish`).
+    pub gpu_arm_from_publish: bool,
 }
 
 /// x travels tagged by default ([`FlagsTuning::tagged_x`]): on the H200 box the device's
@@ -214,6 +221,7 @@ impl Default for FlagsTuning {
             claim: RowClaim::default(),
             gpu_warm_bytes: 0,
             tagged_x: DEFAULT_TAGGED_X,
+            gpu_arm_from_publish: false,
         }
     }
 }
@@ -1972,6 +1980,8 @@ mod tests {
                             // The device's: no device here (tests/gpu_offload.rs runs it).
                             gpu_warm_bytes: 0,
                             tagged_x,
+                            // Where the device's events go: no device here.
+                            gpu_arm_from_publish: false,
                         };
                         step = next_step(step);
                         let mb = host_mailbox(k, m);

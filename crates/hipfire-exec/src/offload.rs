@@ -997,6 +997,9 @@ impl OffloadExecutor {
             if let Some((pre_publish, _)) = timeline {
                 pre_publish.record(stream)?;
             }
+            if tuning.gpu_arm_from_publish {
+                gpu_start.record(stream)?;
+            }
             if tuning.x_is_tagged(format) {
                 flags_kernels.publish_tagged(stream, x, k, mem, &offsets, seq)?;
             } else if tuning.x_is_q8k(format) {
@@ -1012,7 +1015,9 @@ impl OffloadExecutor {
             } else {
                 flags_kernels.publish(stream, x, k, mem, &offsets, seq, tuning.publish_fence)?;
             }
-            gpu_start.record(stream)?;
+            if !tuning.gpu_arm_from_publish {
+                gpu_start.record(stream)?;
+            }
             for (st, &(g, _)) in steps.iter_mut().zip(&split.cuts) {
                 let w = st.weight;
                 kernels.gemv(stream, w, act, &mut *st.y, RowRange::new(0, g), st.form)?;

@@ -434,6 +434,13 @@ fn flags_steps_queued_back_to_back_equal_steps_run_one_at_a_time() {
         ),
         (
             FlagsTuning {
+                gpu_arm_from_publish: true,
+                ..FlagsTuning::default()
+            },
+            true,
+        ),
+        (
+            FlagsTuning {
                 tagged_x: true,
                 x_prep: XPrep::SharedByPart,
                 claim: RowClaim::PerWorker,
