@@ -20,11 +20,11 @@
 //! while waiting, `device-x`: x published already quantised for Q4_K/Q6_K, `leader-fence`: one
 //! system fence in the publish instead of one per thread, `shared-x` (the default) | `own-x` |
 //! `by-part-x`: the workers prepare x together off a counter, each its own, or together in fixed
-//! blocks per worker; `chunks-N`: about N chunks of rows per worker, the rest taken off a counter
-//! after each worker's first, `per-worker-rows`: one fixed part each; `gpu-warm-KIB`: the device
-//! reads that much of the next step's first GPU rows into L2 once an arm ends; `tagged-x` |
-//! `seq-x`: x published as 8-byte {value, step} words with no fence or sequence word, or plain
-//! behind a fenced sequence word; `gpu-arm-from-publish`: the controller's GPU arm time includes
+//! blocks per worker; `chunks-N` (4 by default): about N chunks of rows per worker, the rest
+//! taken off a counter after each worker's first, `per-worker-rows`: one fixed part each;
+//! `gpu-warm-KIB`: the device reads that much of the next step's first GPU rows into L2 once an
+//! arm ends; `tagged-x` (the default) | `seq-x`: x published as 8-byte {value, step} words with
+//! no fence or sequence word, or plain behind a fenced sequence word; `gpu-arm-from-publish`: the controller's GPU arm time includes
 //! the publish), e.g. `default,last,own-x`. `--per-shape` runs with the first variant's tuning.
 //! `--ab-rounds R` instead races the flags variants against the first one in R interleaved
 //! rounds (one warmed executor each) and exits: the A/B that drift between runs cannot bias.

@@ -33,9 +33,13 @@ pub(crate) fn parse_flags_variants(list: &str) -> Result<Vec<(String, FlagsTunin
                     "seq-x" => t.tagged_x = false,
                     "gpu-arm-from-publish" => t.gpu_arm_from_publish = true,
                     k if k.starts_with("chunks-") => {
-                        let n: u8 = k["chunks-".len()..].parse().with_context(|| {
-                            format!("--flags-variants: {k}: chunks-N takes chunks per worker (1-255)")
-                        })?;
+                        let n: u8 = k["chunks-".len()..]
+                            .parse()
+                            .ok()
+                            .filter(|&n| n >= 1)
+                            .with_context(|| {
+                                format!("--flags-variants: {k}: chunks-N takes chunks per worker (1-255)")
+                            })?;
                         t.claim = RowClaim::Chunks(n);
                     }
                     "per-worker-rows" => t.claim = RowClaim::PerWorker,

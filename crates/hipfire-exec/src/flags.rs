@@ -99,7 +99,9 @@ pub enum XPrep {
     /// The workers together, each taking a fixed set of blocks (part `p` of `n`: blocks
     /// `p, p + n, …`) and saying so on its own cache line, which the others then read: no
     /// counter that every worker updates. Under [`XPrep::Shared`] ~2 read-modify-writes per
-    /// worker queue on the `next` and `done` lines while all fifteen spin on `done`.
+    /// worker queue on the `next` and `done` lines while all fifteen spin on `done`. On the
+    /// H200 box it ran 1.006× and, with tagged x, 1.002× of the counter (within the noise;
+    /// session 6, records 01 and 05): not the default.
     SharedByPart,
 }
 
@@ -116,7 +118,8 @@ pub enum RowStores {
 }
 
 /// A/B knobs of the flags arm (`single_layer --flags-variants`); the default is what measured
-/// best on the H200 box (docs/perf-checkpoints/2026-11-29-session4-h200 and -session5-h200).
+/// best on the H200 box (docs/perf-checkpoints/2026-11-29-session4-h200, -session5-h200 and
+/// 2026-11-30-session6-h200).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FlagsTuning {
     /// How done is signalled.
@@ -150,7 +153,8 @@ pub struct FlagsTuning {
     /// Once a step's GPU arm has finished, the device reads up to this many bytes of the next
     /// step's first GPU rows into its L2 on a side stream (0: off), so that the link, idle
     /// while the fold waits for the CPU and the next x is published, does part of the next
-    /// arm's reading: the device's twin of `prefetch_bytes`.
+    /// arm's reading: the device's twin of `prefetch_bytes`. On the H200 box it made the layer
+    /// slower (0.962× at 256 KiB, 0.901× at 1 MiB; session 6, record 03): off.
     pub gpu_warm_bytes: usize,
     /// Where the workers prepare x together ([`FlagsTuning::x_is_shared`]), the device stores
     /// each element as one 8-byte word with the step beside it (`FlagsKernels::publish_tagged`):
@@ -545,12 +549,11 @@ fn tagged(v: f32, step: u32) -> u64 {
 }
 
 /// Spin (yielding) until `load` (an acquire load of a word) gives a value `want` accepts
-/// (returned), or time out, or
-/// `cancel` is raised. `idle` runs between batches of polls and says whether it did work (the
-/// weight prefetch): while it does, each batch is one poll without a pause, so that the work
-/// goes at the memory system's pace rather than at one batch per [`WAIT_POLLS_PER_CHECK`]
-/// paused polls (~1 µs on a recent Xeon, where a pause is ~140 cycles: 512 bytes per µs, a
-/// twentieth of a core's share of the box's bandwidth).
+/// (returned), or time out, or `cancel` is raised. `idle` runs between batches of polls and
+/// says whether it did work (the weight prefetch): while it does, each batch is one poll
+/// without a pause, so that the work goes at the memory system's pace rather than at one batch
+/// per [`WAIT_POLLS_PER_CHECK`] paused polls (~1 µs on a recent Xeon, where a pause is ~140
+/// cycles: 512 bytes per µs, a twentieth of a core's share of the box's bandwidth).
 fn wait_word(
     load: impl Fn() -> u32,
     want: impl Fn(u32) -> bool,
