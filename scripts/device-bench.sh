@@ -9,12 +9,13 @@
 #   scripts/device-bench.sh verify            # bench orchestration, auto budget, ram margin on the 8B synth
 #   scripts/device-bench.sh full              # GPU tier, 8B synth, single layer, offload-bench, decode
 #   scripts/device-bench.sh per-shape         # single_layer --per-shape: auto vs pinned shares per shape
+#                                             # (CHAIN, REPS; VARIANTS: one flags tuning for all)
 #   scripts/device-bench.sh handshake         # each join's per-step cost (single_layer --handshake),
 #                                             # then one layer with the flags timeline on
 #   scripts/device-bench.sh ab                # flags knobs raced against the default in interleaved
 #                                             # rounds (single_layer --ab-rounds; VARIANTS, ROUNDS)
 #   scripts/device-bench.sh targets           # the layer targets in interleaved rounds
-#                                             # (single_layer --target-rounds; CHAINS, ROUNDS)
+#                                             # (single_layer --target-rounds; CHAINS, ROUNDS, VARIANTS)
 #   scripts/device-bench.sh llama-build       # llama.cpp CUDA llama-bench (~4 min), or unpack a carried one
 #   scripts/device-bench.sh llama-round N     # one round: hipfire and llama-bench on the same 8B synth
 #                                             # (JOIN=two-stream|flags picks hipfire's join strategy)
@@ -111,8 +112,9 @@ verify)
 per-shape)
     # Each shape's step is 50-300 us: enough reps that one point is tens of milliseconds.
     # CHAIN queues that many layers' steps back to back per timed rep, as decode does.
+    # VARIANTS (one tuning, e.g. gpu-arm-from-publish) runs every executor of the table with it.
     "$B/bin/single_layer" --reps "${REPS:-200}" --chain "${CHAIN:-1}" --target-rounds 0 --per-shape \
-        --json "$OUT/per_shape.json" 2>&1 | tee "$OUT/per-shape.log"
+        ${VARIANTS:+--flags-variants "$VARIANTS"} --json "$OUT/per_shape.json" 2>&1 | tee "$OUT/per-shape.log"
     ;;
 handshake)
     for t in ${THREADS:-0}; do
@@ -132,6 +134,7 @@ targets)
     # (chain 1) and with 8 layers queued back to back as the decoder queues a token's (chain 8).
     for chain in ${CHAINS:-1 8}; do
         "$B/bin/single_layer" --reps "${REPS:-200}" --chain "$chain" --target-rounds "${ROUNDS:-9}" \
+            ${VARIANTS:+--flags-variants "$VARIANTS"} \
             --json "$OUT/targets-chain$chain.json" 2>&1 | tee "$OUT/targets-chain$chain.log" | tail -16
     done
     ;;
