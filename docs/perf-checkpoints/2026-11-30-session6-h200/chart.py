@@ -5,8 +5,8 @@
     python3 docs/perf-checkpoints/2026-11-30-session6-h200/chart.py --tables   # tables only
 
 Each NN-<commit>/ folder is one or more device calls (NN in time order) with the bundle's commit
-in its name. The chart is drawn by the repository's `chart_targets` example; set
-CARGO_TARGET_DIR to keep its build apart. Every ratio printed here is computed from two numbers
+in its name. The charts are drawn by the repository's `chart_targets` and `chart_per_shape`
+examples; set CARGO_TARGET_DIR to keep their build apart. Every ratio printed here is computed from two numbers
 of the same run (the target rounds: of the same round).
 """
 import glob
@@ -136,6 +136,9 @@ def charts():
     out = os.path.join(HERE, "targets_rounds.svg")
     subprocess.run(["cargo", "run", "--quiet", "--release", "--example", "chart_targets", "--",
                     out, *inputs], cwd=ROOT, env=env, check=True)
+    subprocess.run(["cargo", "run", "--quiet", "--release", "--example", "chart_per_shape", "--",
+                    os.path.join(HERE, "06-81958b5", "per_shape.json"),
+                    os.path.join(HERE, "per_shape_share.svg")], cwd=ROOT, env=env, check=True)
 
 
 if __name__ == "__main__":
