@@ -23,6 +23,8 @@
 #define HF_DP4A(a, b, c) __dp4a((a), (b), (c))
 #endif
 
+#include "f16.cuh"
+
 #ifndef HF_WARPS
 #define HF_WARPS 4 // warps per block; each warp owns HF_ROWS rows
 #endif
@@ -65,16 +67,6 @@ __device__ __forceinline__ float hf_warp_max(float v) {
 #endif
     }
     return v;
-}
-
-__device__ __forceinline__ float hf_h2f(hf_u16 h) {
-#ifdef HF_CUDA
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-#else
-    return (float)__builtin_bit_cast(_Float16, h);
-#endif
 }
 
 __device__ __forceinline__ float hf_bf2f(hf_u16 h) { return __int_as_float(((hf_u32)h) << 16); }

@@ -76,7 +76,7 @@ pub use gemv::{
     QX_BLOCK,
 };
 pub use registry::{
-    KernelRegistry, KernelSource, FLAGS_SOURCE, GEMV_SOURCE, KERNEL_CACHE_ENV, READ_SOURCE,
+    KernelRegistry, KernelSource, F16_CUH, FLAGS_SOURCE, GEMV_SOURCE, KERNEL_CACHE_ENV, READ_SOURCE,
 };
 
 /// Environment variable that enables the GPU test tier (`HIPFIRE_GPU_TESTS=1`).

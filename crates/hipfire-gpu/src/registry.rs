@@ -29,11 +29,13 @@ pub struct KernelSource {
 
 /// `kernels/blocks.cuh`.
 pub const BLOCKS_CUH: &str = include_str!("../../../kernels/blocks.cuh");
+/// `kernels/f16.cuh`: f16 bit patterns to and from f32 (the GEMV and the decoder include it).
+pub const F16_CUH: &str = include_str!("../../../kernels/f16.cuh");
 /// `kernels/gemv.cu`: the GEMV for every format and the activation quantiser.
 pub const GEMV_SOURCE: KernelSource = KernelSource {
     name: "gemv.cu",
     source: include_str!("../../../kernels/gemv.cu"),
-    headers: &[("blocks.cuh", BLOCKS_CUH)],
+    headers: &[("blocks.cuh", BLOCKS_CUH), ("f16.cuh", F16_CUH)],
 };
 /// `kernels/read.cu`: the read-bandwidth ceiling kernel.
 pub const READ_SOURCE: KernelSource = KernelSource {

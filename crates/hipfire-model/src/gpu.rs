@@ -33,7 +33,7 @@ use crate::{Model, ModelError, Weight};
 pub const DECODE_SOURCE: KernelSource = KernelSource {
     name: "decode.cu",
     source: include_str!("../../../kernels/decode.cu"),
-    headers: &[],
+    headers: &[("f16.cuh", hipfire_gpu::F16_CUH)],
 };
 
 /// The kernels [`GpuDecoder`] launches from [`DECODE_SOURCE`], in [`DecodeKernels`] field order.
