@@ -615,13 +615,15 @@ fn main() -> Result<()> {
         );
         if acct.turnarounds > 0 {
             println!(
-                "{:>48} skew {:.1}%  turnaround {:.1}% ({:.1} us x {} per layer)  x prep {:.1}%",
+                "{:>48} skew {:.1}%  turnaround {:.1}% ({:.1} us x {} per layer)  x prep {:.1}%  \
+                 prefetched while waiting {:.0} KiB a step",
                 "",
                 100.0 * skew,
                 100.0 * turnaround,
                 acct.turnaround_ns / acct.turnarounds as f64 / 1e3,
                 acct.turnarounds as f64 / (reps + 2) as f64,
-                100.0 * acct.prepare_ns / wall_ns
+                100.0 * acct.prepare_ns / wall_ns,
+                acct.prefetched_bytes / acct.steps.max(1) as f64 / 1024.0
             );
             let per_step = |ns: f64| ns / acct.steps.max(1) as f64 / 1e3;
             if timeline {
@@ -635,7 +637,7 @@ fn main() -> Result<()> {
             );
             }
         }
-        rows.push(serde_json::json!({"mode":mode.name(),"strategy":st,"share":share,"us_per_layer":t,"gbs":gbs,"max_rel_diff":diff,"sync_overhead":sync,"worker_skew":skew,"turnaround":turnaround,"turnarounds":acct.turnarounds,"steps":acct.steps}));
+        rows.push(serde_json::json!({"mode":mode.name(),"strategy":st,"share":share,"us_per_layer":t,"gbs":gbs,"max_rel_diff":diff,"sync_overhead":sync,"worker_skew":skew,"turnaround":turnaround,"turnarounds":acct.turnarounds,"steps":acct.steps,"prefetched_bytes_per_step":acct.prefetched_bytes / acct.steps.max(1) as f64}));
     }
     let target_json = if target_rounds > 0 {
         targets::target_rounds(

@@ -677,6 +677,10 @@ pub struct FlagsReport {
     pub last_seen_ns: u64,
     /// See `first_seen_ns`.
     pub done_ns: u64,
+    /// Bytes of weight rows the workers prefetched while they waited (for x and for the
+    /// shared activation), summed over the workers ([`FlagsTuning::prefetch_bytes`] each at
+    /// most): how much of the budget the wait had time for.
+    pub prefetched_bytes: u64,
 }
 
 /// Nanoseconds since the first call in this process: the clock of [`FlagsReport`]'s instants.
@@ -938,6 +942,8 @@ struct WorkerStats {
     /// and 0 until then).
     seen: AtomicU64,
     done_at: AtomicU64,
+    /// Bytes of weight rows prefetched while waiting.
+    prefetched: AtomicU64,
 }
 
 impl Default for WorkerStats {
@@ -948,6 +954,7 @@ impl Default for WorkerStats {
             prepare_ns: AtomicU64::new(0),
             seen: AtomicU64::new(u64::MAX),
             done_at: AtomicU64::new(0),
+            prefetched: AtomicU64::new(0),
         }
     }
 }
@@ -1056,6 +1063,9 @@ impl FlagsJob {
         stats
             .prepare_ns
             .fetch_max(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        stats
+            .prefetched
+            .fetch_add(prefetch.issued() as u64, Ordering::Relaxed);
         self.write_rows(&rows, act)?;
         if matches!(self.tuning.claim, RowClaim::Chunks(_)) {
             if let Some(p) = part {
@@ -1144,6 +1154,8 @@ struct WeightPrefetch<'a> {
     span: usize,
     off: usize,
     left: usize,
+    /// Bytes issued so far.
+    issued: usize,
 }
 
 impl<'a> WeightPrefetch<'a> {
@@ -1165,7 +1177,13 @@ impl<'a> WeightPrefetch<'a> {
             span: 0,
             off: 0,
             left: job.tuning.prefetch_bytes,
+            issued: 0,
         }
+    }
+
+    /// Bytes prefetched so far.
+    fn issued(&self) -> usize {
+        self.issued
     }
 
     /// Prefetch the next few lines, until the budget or the rows run out; whether any was
@@ -1192,6 +1210,7 @@ impl<'a> WeightPrefetch<'a> {
             }
             self.off += MAILBOX_ALIGN;
             self.left = self.left.saturating_sub(MAILBOX_ALIGN);
+            self.issued += MAILBOX_ALIGN;
         }
         true
     }
@@ -1388,6 +1407,10 @@ impl FlagsTicket {
             first_seen_ns: seen().min().unwrap_or(u64::MAX),
             last_seen_ns: seen().max().unwrap_or(0),
             done_ns: max(|s| &s.done_at),
+            prefetched_bytes: stats
+                .iter()
+                .map(|s| s.prefetched.load(Ordering::Relaxed))
+                .sum(),
         })
     }
 }
@@ -1883,6 +1906,40 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// Workers that wait long for x prefetch exactly their budget each (their first chunks
+    /// are longer than it), and nothing without one; the report sums what they issued.
+    #[test]
+    fn waiting_workers_prefetch_their_budget_and_no_more() {
+        let (fmt, k, m, workers) = (Format::Q4K, 4096usize, 512usize, 4usize);
+        let (w, x) = setup(fmt, k, m, 21);
+        let pool = CpuPool::new(workers).expect("pool");
+        for (step, budget) in [(1u32, 0usize), (2, 4096), (3, 64 << 10)] {
+            let mb = host_mailbox(k, m);
+            let ticket = pool
+                .submit_flags(FlagsArm {
+                    tuning: FlagsTuning {
+                        prefetch_bytes: budget,
+                        ..FlagsTuning::default()
+                    },
+                    ..one_part_arm(fmt, k, w.clone(), 0, m, mb.clone(), step)
+                })
+                .expect("submit");
+            let first_chunk = (ticket.cuts()[1] - ticket.cuts()[0]) * fmt.row_bytes(k).expect("rb");
+            assert!(first_chunk > budget, "each first chunk outlasts the budget");
+            // Long against issuing 64 KiB of prefetches, even on two busy cores.
+            std::thread::sleep(Duration::from_millis(50));
+            mb.device_publish_tagged(&x, step).expect("publish");
+            mb.device_wait_done(step, DEFAULT_FLAGS_TIMEOUT)
+                .expect("done");
+            let rep = ticket.wait().expect("arm");
+            assert_eq!(
+                rep.prefetched_bytes,
+                (workers * budget) as u64,
+                "budget {budget}"
+            );
         }
     }
 

@@ -220,6 +220,8 @@ pub struct ArmAccount {
     /// Σ over split steps of the longest activation preparation of a worker (part of the CPU
     /// arm: every worker quantises x itself), ns.
     pub prepare_ns: f64,
+    /// Σ over flags steps of the weight bytes the workers prefetched while they waited.
+    pub prefetched_bytes: f64,
 }
 
 impl std::ops::AddAssign for ArmAccount {
@@ -235,6 +237,7 @@ impl std::ops::AddAssign for ArmAccount {
         self.device_gap_ns += o.device_gap_ns;
         self.fold_wait_ns += o.fold_wait_ns;
         self.prepare_ns += o.prepare_ns;
+        self.prefetched_bytes += o.prefetched_bytes;
     }
 }
 
@@ -734,6 +737,7 @@ impl OffloadExecutor {
                 let a = &mut self.arm_account;
                 a.worker_skew_ns += rep.last_seen_ns.saturating_sub(rep.first_seen_ns) as f64;
                 a.prepare_ns += rep.prepare_ns;
+                a.prefetched_bytes += rep.prefetched_bytes as f64;
                 if let Some(prev_done) = self.last_flags_done.filter(|&d| d < rep.first_seen_ns) {
                     a.turnaround_ns += (rep.first_seen_ns - prev_done) as f64;
                     a.turnarounds += 1;
