@@ -1008,9 +1008,11 @@ impl FlagsJob {
             .wait_ns
             .fetch_max(waited.as_nanos() as u64, Ordering::Relaxed);
         let t = Instant::now();
+        // Plain x, read only when x is not tagged (a tagged area may still be being written
+        // when element 0 is seen).
         // SAFETY: in bounds (`Mailbox::new`); after seq == step (acquire, in `wait_word`) the
         // device does not write x until it sees done.
-        let x = unsafe {
+        let plain_x = || unsafe {
             std::slice::from_raw_parts(mb.mem.base().add(X_OFFSET) as *const f32, self.k)
         };
         let owned;
@@ -1018,7 +1020,7 @@ impl FlagsJob {
             let src = if tagged {
                 XSource::Tagged(mb.x_tagged())
             } else {
-                XSource::Plain(x)
+                XSource::Plain(plain_x())
             };
             if self.tuning.x_prep == XPrep::SharedByPart {
                 shared.prepare_by_part(&src, self, part, &mut prefetch)?
@@ -1051,13 +1053,14 @@ impl FlagsJob {
                 let parts = self.cuts.len().saturating_sub(1).max(1);
                 let part = part.unwrap_or(0);
                 let start = (self.k * part / parts) / STAGGER_ALIGN * STAGGER_ALIGN;
+                let x = plain_x();
                 buf[start..].copy_from_slice(&x[start..]);
                 buf[..start].copy_from_slice(&x[..start]);
                 ActivationBuf::prepare(self.format, &buf)
             })?;
             &owned
         } else {
-            owned = ActivationBuf::prepare(self.format, x)?;
+            owned = ActivationBuf::prepare(self.format, plain_x())?;
             &owned
         };
         stats
