@@ -1080,9 +1080,16 @@ impl FlagsJob {
                 let Some(chunk) = self.cuts.get(c..c + 2).map(|w| w[0]..w[1]) else {
                     break;
                 };
-                let r = self.write_rows(&chunk, act);
-                self.part_done(c, r.is_err());
-                r?;
+                // The chunk's done word goes out whatever happens to it, a panic included
+                // (re-raised after): the device's fold waits for every chunk.
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    self.write_rows(&chunk, act)
+                }));
+                self.part_done(c, !matches!(r, Ok(Ok(()))));
+                match r {
+                    Ok(res) => res?,
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
             }
         }
         stats
@@ -1909,6 +1916,72 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// A weight whose bytes vanish after `good` looks: the multiply of whatever chunk a worker
+    /// is on then panics, mid-arm, while other workers may still be taking chunks.
+    struct VanishingWeight {
+        bytes: Arc<Vec<u8>>,
+        looks: AtomicUsize,
+        good: usize,
+    }
+
+    impl WeightBytes for VanishingWeight {
+        fn bytes(&self) -> &[u8] {
+            if self.looks.fetch_add(1, Ordering::Relaxed) < self.good {
+                &self.bytes
+            } else {
+                &[]
+            }
+        }
+    }
+
+    /// A worker that fails partway through its chunks: the arm fails, every chunk still gets
+    /// a done word (the ones nobody took are published as failed), and nothing waits for a
+    /// timeout.
+    #[test]
+    fn a_worker_failing_mid_arm_publishes_every_chunk() {
+        let (fmt, k, m, workers) = (Format::Q4_0, 256usize, 2048usize, 4usize);
+        let (w, x) = setup(fmt, k, m, 33);
+        let pool = CpuPool::new(workers).expect("pool");
+        // Looks: 1 at submit, 1 per worker's prefetch, then one per chunk multiplied.
+        for good in [1 + workers + 2, 1 + workers + 9] {
+            let mb = host_mailbox(k, m);
+            let weight = Arc::new(VanishingWeight {
+                bytes: w.clone(),
+                looks: AtomicUsize::new(0),
+                good,
+            });
+            let ticket = pool
+                .submit_flags(FlagsArm {
+                    parts: vec![ArmRows {
+                        weight,
+                        g: 0,
+                        rows: m,
+                    }],
+                    timeout: Duration::from_secs(30),
+                    ..one_part_arm(fmt, k, w.clone(), 0, m, mb.clone(), 5)
+                })
+                .expect("submit");
+            let chunks = ticket.cuts().len() - 1;
+            assert_eq!(chunks, workers * usize::from(DEFAULT_CHUNKS_PER_WORKER));
+            let t = Instant::now();
+            mb.device_publish(&x, 5).expect("publish");
+            assert!(ticket.wait().is_err(), "good {good}: the arm failed");
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "good {good}: nothing hung"
+            );
+            assert_eq!(mb.done().load(Ordering::Acquire), 5 | DONE_FAILED);
+            let words: Vec<u32> = (0..chunks)
+                .map(|c| mb.part_done(c).load(Ordering::Acquire))
+                .collect();
+            assert!(
+                words.iter().all(|&v| v == 5 || v == 5 | DONE_FAILED),
+                "good {good}: every chunk published: {words:?}"
+            );
+            assert!(words.contains(&(5 | DONE_FAILED)), "good {good}: {words:?}");
         }
     }
 
