@@ -1919,6 +1919,39 @@ mod tests {
         }
     }
 
+    /// A tagged x with one element never written for the step (a device that stopped midway):
+    /// the workers give up at their timeout with an error, and done says the arm failed.
+    #[test]
+    fn a_tagged_element_that_never_comes_times_out() {
+        let (fmt, k, m) = (Format::Q4K, 1024usize, 96usize);
+        let (w, x) = setup(fmt, k, m, 17);
+        let pool = CpuPool::new(3).expect("pool");
+        let mb = host_mailbox(k, m);
+        let ticket = pool
+            .submit_flags(FlagsArm {
+                timeout: Duration::from_millis(300),
+                ..one_part_arm(fmt, k, w, 0, m, mb.clone(), 6)
+            })
+            .expect("submit");
+        assert!(FlagsTuning::default().x_is_tagged(fmt), "tagged by default");
+        // Every element of step 6 but one; that one keeps an older step.
+        for (i, (word, v)) in mb.x_tagged().iter().zip(&x).enumerate() {
+            let step = if i == 700 { 5 } else { 6 };
+            word.store(tagged(*v, step), Ordering::Release);
+        }
+        let t = Instant::now();
+        let err = ticket.wait().expect_err("element 700 never came");
+        assert!(
+            matches!(err, ExecError::Timeout { .. } | ExecError::Invalid { .. }),
+            "{err}"
+        );
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "gave up at the timeout"
+        );
+        assert_eq!(mb.done().load(Ordering::Acquire), 6 | DONE_FAILED);
+    }
+
     /// A weight whose bytes vanish after `good` looks: the multiply of whatever chunk a worker
     /// is on then panics, mid-arm, while other workers may still be taking chunks.
     struct VanishingWeight {
