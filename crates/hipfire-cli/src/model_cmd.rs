@@ -159,6 +159,10 @@ fn gpu_decoder<'m>(
         },
         mode,
         ram_margin_bytes: s.ram_margin_mib << 20,
+        flags: hipfire_exec::flags::FlagsTuning {
+            tagged_x: s.flags_x_publish == hipfire_config::FlagsXPublish::Tagged,
+            ..hipfire_exec::flags::FlagsTuning::default()
+        },
     };
     // `auto` is 0 here so the offload pool leaves one core to the thread driving the GPU.
     let pool = hipfire_exec::offload::offload_pool(pool_threads(s.threads))?;
@@ -178,7 +182,11 @@ fn note_inert(ctx: &Ctx, config: &hipfire_config::Config, s: &Settings) {
     if s.offload_exec == OffloadExec::Passback {
         return;
     }
-    for k in ["memory.offload_passback_share", "memory.join_strategy"] {
+    for k in [
+        "memory.offload_passback_share",
+        "memory.join_strategy",
+        "memory.flags_x_publish",
+    ] {
         if let Ok(r) = config.get(k) {
             if r.source != Source::Default {
                 ctx.note(format!(
@@ -411,6 +419,8 @@ pub fn bench(ctx: &Ctx, a: &BenchArgs) -> anyhow::Result<ExitCode> {
         let passback = matches!(l.engine, Engine::Gpu)
             && s.offload_exec == hipfire_config::OffloadExec::Passback;
         let join = passback.then(|| s.join_strategy.name());
+        let flags_x = (passback && s.join_strategy == hipfire_config::JoinStrategy::Flags)
+            .then(|| s.flags_x_publish.name());
         let share = passback.then(|| match s.passback_share {
             PassbackShare::Auto => "auto".to_string(),
             PassbackShare::CpuOnly => "0".to_string(),
@@ -419,6 +429,7 @@ pub fn bench(ctx: &Ctx, a: &BenchArgs) -> anyhow::Result<ExitCode> {
         results.push(serde_json::json!({
             "offload_exec": mode_name,
             "join_strategy": join,
+            "flags_x_publish": flags_x,
             "passback_share": share,
             "placement": placement,
             "prefill_tok_s": { "median": median(prefill.clone()), "samples": prefill },

@@ -272,6 +272,7 @@ mod tests {
             ("memory.offload_exec", "cpu"),
             ("memory.offload_passback_share", "0.377"),
             ("memory.join_strategy", "flags"),
+            ("memory.flags_x_publish", "fenced"),
             ("memory.ram_margin_mib", "2048"),
             ("gpu.kernel_cache", "/var/cache/k"),
             ("sampling.temperature", "0.25"),

@@ -34,8 +34,8 @@ pub use file::{config_path, hipfire_home, ConfigFile, CONFIG_ENV, HOME_ENV};
 pub use resolve::{CliOverride, Config, EnvSource, ProcessEnv, Resolved, Source};
 pub use schema::{key, KeySpec, Kind, KEYS};
 pub use value::{
-    Device, JoinStrategy, KernelCache, LayerBudget, OffloadExec, PassbackShare, Sampling, Settings,
-    Threads, Value,
+    Device, FlagsXPublish, JoinStrategy, KernelCache, LayerBudget, OffloadExec, PassbackShare,
+    Sampling, Settings, Threads, Value,
 };
 
 /// Everything that can go wrong reading, validating or writing configuration.

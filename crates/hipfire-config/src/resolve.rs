@@ -353,6 +353,7 @@ mod tests {
             ("memory.offload_exec", "pcie"),
             ("memory.offload_passback_share", "0"),
             ("memory.join_strategy", "two-stream"),
+            ("memory.flags_x_publish", "fenced"),
             ("memory.ram_margin_mib", "333"),
             ("gpu.kernel_cache", "/tmp/k"),
             ("sampling.temperature", "0"),
@@ -376,6 +377,7 @@ mod tests {
         assert_eq!(s.offload_exec, OffloadExec::Pcie);
         assert_eq!(s.passback_share, PassbackShare::CpuOnly);
         assert_eq!(s.join_strategy, JoinStrategy::TwoStream);
+        assert_eq!(s.flags_x_publish, FlagsXPublish::Fenced);
         assert_eq!(s.ram_margin_mib, 333);
         assert_eq!(s.kernel_cache.dir(), Some(PathBuf::from("/tmp/k")));
         assert_eq!(s.sampling.temperature, 0.0);

@@ -3,7 +3,7 @@
 //! Why a static table and not a derive: the same entry feeds validation, `config list`,
 //! `--help` text and the generated docs, and a table is the one form all four can iterate.
 
-use crate::value::{Device, JoinStrategy, OffloadExec, Value};
+use crate::value::{Device, FlagsXPublish, JoinStrategy, OffloadExec, Value};
 use crate::ConfigError;
 
 /// Upper bound on `cpu.threads`: far above any socket today, low enough that a typo
@@ -184,6 +184,25 @@ pub static KEYS: &[KeySpec] = &[
               H200 box, synthetic Llama-3-8B Q4_K decode with 8 and 16 of 32 layers spilled ran at \
               60.6 and 40.2 tok/s under flags, 52.6 and 29.3 under ordering, and (16 spilled) 37.9 \
               under two-stream (docs/perf-checkpoints/2026-11-29-session2-h200).",
+    },
+    KeySpec {
+        name: "memory.flags_x_publish",
+        kind: Kind::Choice(FlagsXPublish::NAMES),
+        default: "tagged",
+        rule: "one of tagged | fenced",
+        env: "HIPFIRE_FLAGS_X_PUBLISH",
+        flag: None,
+        summary: "How the flags join hands x to the CPU workers",
+        doc: "Under `join_strategy = flags`, for Q4_K/Q6_K weights, how the device writes the \
+              activation into the host-mapped mailbox. `tagged` (default): each element goes down \
+              as one 8-byte word with the step number beside it, with no fence and no sequence \
+              word; the workers check every element's step as they read it. This rests on an \
+              aligned 8-byte device store reaching host memory whole. On the H200 box the \
+              publish took 6.1 instead of 7.4 µs a step and the single layer ran 1.010× as fast \
+              (docs/perf-checkpoints/2026-11-30-session6-h200). `fenced`: x, a system-wide \
+              fence, then the sequence word; the other weight formats always go this way. Set \
+              `fenced` on a platform where that store is not known to arrive whole (the HIP \
+              backend is untested on AMD hardware).",
     },
     KeySpec {
         name: "memory.ram_margin_mib",

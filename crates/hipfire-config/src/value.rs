@@ -108,6 +108,16 @@ word_enum! {
     }
 }
 
+word_enum! {
+    /// `memory.flags_x_publish`: how the `flags` join's device hands x to the CPU workers.
+    FlagsXPublish {
+        /// Each element with the step beside it in one 8-byte word; no fence.
+        Tagged => "tagged",
+        /// x, a system-wide fence, then the sequence word.
+        Fenced => "fenced",
+    }
+}
+
 /// `memory.gpu_layer_budget`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LayerBudget {
@@ -199,6 +209,8 @@ pub struct Settings {
     pub passback_share: PassbackShare,
     /// `memory.join_strategy`.
     pub join_strategy: JoinStrategy,
+    /// `memory.flags_x_publish`.
+    pub flags_x_publish: FlagsXPublish,
     /// `memory.ram_margin_mib`.
     pub ram_margin_mib: u64,
     /// `gpu.kernel_cache`.
@@ -239,6 +251,7 @@ impl Settings {
                 (s, x) => return Err(mismatch(s, x)),
             },
             join_strategy: word(v("memory.join_strategy")?, JoinStrategy::from_word)?,
+            flags_x_publish: word(v("memory.flags_x_publish")?, FlagsXPublish::from_word)?,
             ram_margin_mib: {
                 let (s, x) = v("memory.ram_margin_mib")?;
                 int(s, x)?

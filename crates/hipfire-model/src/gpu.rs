@@ -15,6 +15,7 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
+use hipfire_exec::flags::FlagsTuning;
 use hipfire_exec::offload::{OffloadExecutor, OffloadMode, SpilledStep};
 use hipfire_exec::CpuPool;
 use hipfire_gpu::backend::LaunchDims;
@@ -72,6 +73,9 @@ pub struct GpuOptions {
     /// RAM that pinning spilled layers must leave available (`memory.ram_margin_mib`): pinned
     /// pages cannot be reclaimed, so a load that would eat into it is refused up front.
     pub ram_margin_bytes: u64,
+    /// The `flags` join's knobs (`memory.flags_x_publish`; the rest stay at their measured
+    /// defaults).
+    pub flags: FlagsTuning,
 }
 
 /// Default of [`GpuOptions::ram_margin_bytes`] (and of `memory.ram_margin_mib`): 4 GiB for the
@@ -448,7 +452,8 @@ impl<'m> GpuDecoder<'m> {
         let max_k = c.d_model.max(c.n_ff).max(qd);
         // The widest call: gate + up, or q + k + v, go to the executor together.
         let max_m = c.d_model.max(2 * c.n_ff).max(qd + 2 * kvd);
-        let offload = OffloadExecutor::new(&ctx, pool, opts.mode.clone(), max_k, max_m)?;
+        let mut offload = OffloadExecutor::new(&ctx, pool, opts.mode.clone(), max_k, max_m)?;
+        offload.set_flags_tuning(opts.flags);
         let resident_gib =
             layer_bytes[n_spilled..].iter().sum::<u64>() as f64 / (1u64 << 30) as f64;
         let summary = format!(

@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use hipfire_exec::flags::FlagsTuning;
 use hipfire_exec::offload::{JoinStrategy, OffloadMode};
 use hipfire_exec::share::ShareSetting;
 use hipfire_model::gpu::{GpuDecoder, GpuOptions};
@@ -49,26 +50,40 @@ fn tmp(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("hipfire-gpu-synth-{}-{name}", std::process::id()))
 }
 
-fn modes() -> Vec<(&'static str, Option<usize>, OffloadMode)> {
+fn modes() -> Vec<(&'static str, Option<usize>, OffloadMode, FlagsTuning)> {
     let pb = |share, strategy| OffloadMode::Passback { share, strategy };
+    let default = FlagsTuning::default();
     vec![
-        ("resident", None, OffloadMode::Pcie),
-        ("pcie", Some(1), OffloadMode::Pcie),
-        ("cpu", Some(1), OffloadMode::Cpu),
+        ("resident", None, OffloadMode::Pcie, default),
+        ("pcie", Some(1), OffloadMode::Pcie, default),
+        ("cpu", Some(1), OffloadMode::Cpu, default),
         (
             "passback-ordering",
             Some(0),
             pb(ShareSetting::Auto, JoinStrategy::Ordering),
+            default,
         ),
         (
             "passback-two-stream",
             Some(0),
             pb(ShareSetting::Pinned(0.4), JoinStrategy::TwoStream),
+            default,
         ),
         (
             "passback-flags",
             Some(0),
             pb(ShareSetting::Auto, JoinStrategy::Flags),
+            default,
+        ),
+        // `memory.flags_x_publish = fenced`: x behind a fenced sequence word.
+        (
+            "passback-flags-fenced",
+            Some(0),
+            pb(ShareSetting::Auto, JoinStrategy::Flags),
+            FlagsTuning {
+                tagged_x: false,
+                ..default
+            },
         ),
     ]
 }
@@ -93,7 +108,7 @@ fn check(spec: &SynthSpec, fmt: Format, failures: &mut Vec<String>) {
             want.push(s.step(t).expect("cpu step").to_vec());
         }
     }
-    for (name, budget, mode) in modes() {
+    for (name, budget, mode, flags) in modes() {
         let mut dec = GpuDecoder::new(
             &model,
             pool.clone(),
@@ -102,6 +117,7 @@ fn check(spec: &SynthSpec, fmt: Format, failures: &mut Vec<String>) {
                 gpu_layer_budget: budget,
                 mode,
                 ram_margin_bytes: hipfire_model::gpu::DEFAULT_RAM_MARGIN_BYTES,
+                flags,
             },
         )
         .expect("gpu decoder");
