@@ -125,8 +125,10 @@ handshake)
     ;;
 ab)
     # `last` is the positive control: per-worker done words beat it by 3-5 % in same-run pairs.
+    # The default list holds the open questions of session 6 (gpu-arm-from-publish; seq-x, the
+    # fenced publish, as a second control).
     "$B/bin/single_layer" --reps "${REPS:-200}" --ab-rounds "${ROUNDS:-9}" \
-        --flags-variants "${VARIANTS:-default,leader-fence,last}" --json "$OUT/ab.json" 2>&1 |
+        --flags-variants "${VARIANTS:-default,gpu-arm-from-publish,seq-x,last}" --json "$OUT/ab.json" 2>&1 |
         tee "$OUT/ab.log" | grep -A8 "flags A/B"
     ;;
 targets)
