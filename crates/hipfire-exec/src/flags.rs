@@ -32,6 +32,7 @@ use crate::pool::{partition, CpuPool, PoolJob, WORKER_ROW_ALIGN};
 use crossbeam_utils::CachePadded;
 pub use hipfire_gpu::PublishFence;
 use hipfire_quant::{Format, SharedActivation};
+use std::cell::Cell;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -962,13 +963,14 @@ impl Default for WorkerStats {
 impl FlagsJob {
     /// This worker's arm: `rows` of the concatenated row space, which is part `part` of the cut,
     /// then (under [`RowClaim::Chunks`]) chunks off the counter until none is left, publishing
-    /// each one's done word as it finishes. `first_done` says whether part `part`'s done word
-    /// was published here (the caller publishes it otherwise).
+    /// each one's done word as it finishes. `holding` names the part whose done word is still
+    /// this worker's to publish (its first part until published, then the chunk it is on):
+    /// the caller publishes it, failed or not, whatever way this returns.
     fn rows(
         &self,
         rows: Range<usize>,
         part: Option<usize>,
-        first_done: &mut bool,
+        holding: &Cell<Option<usize>>,
     ) -> Result<(), ExecError> {
         let mb = &self.mailbox;
         let t_wait = Instant::now();
@@ -1073,23 +1075,17 @@ impl FlagsJob {
         if matches!(self.tuning.claim, RowClaim::Chunks(_)) {
             if let Some(p) = part {
                 self.part_done(p, false);
-                *first_done = true;
             }
+            holding.set(None);
             loop {
                 let c = self.next_chunk.fetch_add(1, Ordering::Relaxed);
                 let Some(chunk) = self.cuts.get(c..c + 2).map(|w| w[0]..w[1]) else {
                     break;
                 };
-                // The chunk's done word goes out whatever happens to it, a panic included
-                // (re-raised after): the device's fold waits for every chunk.
-                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    self.write_rows(&chunk, act)
-                }));
-                self.part_done(c, !matches!(r, Ok(Ok(()))));
-                match r {
-                    Ok(res) => res?,
-                    Err(panic) => std::panic::resume_unwind(panic),
-                }
+                holding.set(Some(c));
+                self.write_rows(&chunk, act)?;
+                self.part_done(c, false);
+                holding.set(None);
             }
         }
         stats
@@ -1336,20 +1332,23 @@ impl FlagsJob {
 impl PoolJob for FlagsJob {
     fn run(&self, rows: Range<usize>) -> Result<u64, ExecError> {
         let part = self.part_of(rows.start);
-        let mut first_done = false;
+        // The part whose done word this worker still owes (see `rows`): published here, after
+        // an error or a panic too, because the device's fold waits for every part.
+        let holding = Cell::new(part);
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.rows(rows, part, &mut first_done)
+            self.rows(rows, part, &holding)
         }));
         let failed = !matches!(r, Ok(Ok(())));
         if failed {
             self.fail_untaken_chunks();
         }
-        match part {
-            Some(_) if first_done => {}
-            Some(p) => self.part_done(p, failed),
+        if let Some(p) = holding.get() {
+            self.part_done(p, failed);
+        }
+        if part.is_none() {
             // Not one of the parts the arm was cut into: nothing is published for it, so
             // the device's fold of the real parts times out rather than folding stale rows.
-            None => self.failed.store(true, Ordering::Release),
+            self.failed.store(true, Ordering::Release);
         }
         // Always count down, so the device never waits on a worker that failed.
         self.count_down();
