@@ -300,16 +300,22 @@ pub struct OffloadExecutor {
 /// The `flags` join's device kernels and mailbox.
 struct FlagsState {
     kernels: FlagsKernels,
-    /// Reads the next step's first GPU rows into L2 ([`FlagsTuning::gpu_warm_bytes`]) ...
-    warm: ReadKernel,
-    /// ... on this stream, which waits for the previous step's GPU arm.
-    warm_stream: Stream,
+    /// The L2 warm of [`FlagsTuning::gpu_warm_bytes`], made on its first use (the knob is off
+    /// by default, so an executor does not load its kernel or make its stream up front).
+    warm: Option<L2Warm>,
     mem: Arc<HostMappedBuffer>,
     mailbox: Mailbox,
     /// Last step number published (never 0: the mailbox starts zeroed).
     step: u32,
     /// The device's fold-wait total at the last account.
     fold_wait_taken: u64,
+}
+
+/// Reads the next step's first GPU rows into L2 ([`FlagsTuning::gpu_warm_bytes`]) on its own
+/// stream, which waits for the previous step's GPU arm.
+struct L2Warm {
+    kernel: ReadKernel,
+    stream: Stream,
 }
 
 // SAFETY: a pinned, page-aligned allocation owned by the Arc'd buffer, valid until it drops.
@@ -390,9 +396,7 @@ impl OffloadExecutor {
                 strategy: JoinStrategy::Flags,
                 ..
             } => {
-                let registry = KernelRegistry::new(ctx);
-                let kernels = FlagsKernels::new(&registry).map_err(gpu_err)?;
-                let warm = ReadKernel::new(&registry).map_err(gpu_err)?;
+                let kernels = FlagsKernels::new(&KernelRegistry::new(ctx)).map_err(gpu_err)?;
                 let mem = Arc::new(
                     ctx.alloc_host_mapped(Mailbox::bytes_needed(max_k, max_m))
                         .map_err(gpu_err)?,
@@ -400,8 +404,7 @@ impl OffloadExecutor {
                 let mailbox = Mailbox::new(Arc::new(mem.clone()), max_k, max_m)?;
                 Some(FlagsState {
                     kernels,
-                    warm,
-                    warm_stream: ctx.new_stream().map_err(gpu_err)?,
+                    warm: None,
                     mem,
                     mailbox,
                     step: 0,
@@ -1065,11 +1068,18 @@ impl OffloadExecutor {
                 // The first GPU rows the step's arm reads, once the previous arm is done with
                 // the link (the fold and the publish between them barely use it).
                 let warmed = (|| -> Result<(), GpuError> {
+                    let warm = match &mut fl.warm {
+                        Some(w) => w,
+                        slot => slot.insert(L2Warm {
+                            kernel: ReadKernel::new(&KernelRegistry::new(ctx))?,
+                            stream: ctx.new_stream()?,
+                        }),
+                    };
                     if let Some(p) = prev_arm {
-                        fl.warm_stream.wait_event(&self.arm_events[p].1)?;
+                        warm.stream.wait_event(&self.arm_events[p].1)?;
                     }
-                    fl.warm.warm_rows(
-                        &fl.warm_stream,
+                    warm.kernel.warm_rows(
+                        &warm.stream,
                         st.weight,
                         RowRange::new(0, rows),
                         GPU_WARM_BLOCKS,
