@@ -1,6 +1,7 @@
 //! `--flags-variants` and `--ab-rounds`: the flags join's knobs by name, and the A/B that races
 //! them against the first one in interleaved rounds.
 
+use std::num::NonZeroU8;
 use std::sync::Arc;
 
 use anyhow::{Context as _, Result};
@@ -10,6 +11,14 @@ use hipfire::exec::share::ShareSetting;
 use hipfire::gpu::Context;
 
 use crate::{Bench, Mode, AUTO_WARM_REPS, D, FF};
+
+/// The number after `prefix` in `knob` (`prefetch-64` → 64), or an error saying what the knob
+/// `takes`.
+fn knob_number<T: std::str::FromStr>(knob: &str, prefix: &str, takes: &str) -> Result<T> {
+    knob.strip_prefix(prefix)
+        .and_then(|digits| digits.parse().ok())
+        .with_context(|| format!("--flags-variants: {knob}: {takes}"))
+}
 
 /// `--flags-variants`: each entry's label and tuning.
 pub(crate) fn parse_flags_variants(list: &str) -> Result<Vec<(String, FlagsTuning)>> {
@@ -33,26 +42,22 @@ pub(crate) fn parse_flags_variants(list: &str) -> Result<Vec<(String, FlagsTunin
                     "seq-x" => t.tagged_x = false,
                     "gpu-arm-from-publish" => t.gpu_arm_from_publish = true,
                     k if k.starts_with("chunks-") => {
-                        let n: u8 = k["chunks-".len()..]
-                            .parse()
-                            .ok()
-                            .filter(|&n| n >= 1)
-                            .with_context(|| {
-                                format!("--flags-variants: {k}: chunks-N takes chunks per worker (1-255)")
-                            })?;
-                        t.claim = RowClaim::Chunks(n);
+                        let n: NonZeroU8 = knob_number(
+                            k,
+                            "chunks-",
+                            "chunks-N takes chunks per worker (1-255)",
+                        )?;
+                        t.claim = RowClaim::Chunks(n.get());
                     }
                     "per-worker-rows" => t.claim = RowClaim::PerWorker,
                     k if k.starts_with("gpu-warm-") => {
-                        let kib: usize = k["gpu-warm-".len()..].parse().with_context(|| {
-                            format!("--flags-variants: {k}: gpu-warm-KIB takes a number of KiB")
-                        })?;
+                        let kib: usize =
+                            knob_number(k, "gpu-warm-", "gpu-warm-KIB takes a number of KiB")?;
                         t.gpu_warm_bytes = kib << 10;
                     }
                     k if k.starts_with("prefetch-") => {
-                        let kib: usize = k["prefetch-".len()..].parse().with_context(|| {
-                            format!("--flags-variants: {k}: prefetch-KIB takes a number of KiB")
-                        })?;
+                        let kib: usize =
+                            knob_number(k, "prefetch-", "prefetch-KIB takes a number of KiB")?;
                         t.prefetch_bytes = kib << 10;
                     }
                     other => anyhow::bail!(
