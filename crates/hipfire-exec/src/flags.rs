@@ -729,6 +729,23 @@ impl SharedX {
         })
     }
 
+    /// Block `b` of the activation from `x` (read, and waited for when tagged).
+    ///
+    /// # Safety
+    /// As [`SharedActivation::prepare_block`] for block `b`: no other thread prepares it at the
+    /// same time or later, and no thread holds the activation meanwhile.
+    unsafe fn prepare_block(
+        &self,
+        x: &XSource<'_>,
+        b: usize,
+        job: &FlagsJob,
+    ) -> Result<(), ExecError> {
+        let mut vals = [0.0f32; Q8K_BLOCK];
+        let v = x.block(b, &mut vals, job)?;
+        // SAFETY: the caller's contract.
+        Ok(unsafe { self.act.prepare_block(b, v) }?)
+    }
+
     /// Under [`XPrep::SharedByPart`]: part `part` of the cut prepares blocks `part, part + n,
     /// …`, says so on its line, then waits for every other part's line. A worker outside the
     /// parts (`None`) only waits.
@@ -742,15 +759,11 @@ impl SharedX {
         let n = self.by_part.len();
         let mut err = None;
         if let Some(p) = part.filter(|&p| p < n) {
-            let mut vals = [0.0f32; Q8K_BLOCK];
             for b in (p..self.act.blocks()).step_by(n) {
                 // SAFETY: block b belongs to part p alone (b ≡ p mod n) and each part runs
                 // once; no worker reads the activation before every part's line says READY
                 // (release below, acquire in `wait_word`).
-                let r = x
-                    .block(b, &mut vals, job)
-                    .and_then(|v| unsafe { self.act.prepare_block(b, v) }.map_err(ExecError::from));
-                if let Err(e) = r {
+                if let Err(e) = unsafe { self.prepare_block(x, b, job) } {
                     err = Some(e);
                     break;
                 }
@@ -804,13 +817,9 @@ impl SharedX {
                 break;
             }
             let b = b as usize;
-            let mut vals = [0.0f32; Q8K_BLOCK];
             // SAFETY: the counter hands block b to this worker alone, once; no worker reads
             // the activation before `done` counts every block (below, acquire).
-            let r = x
-                .block(b, &mut vals, job)
-                .and_then(|v| unsafe { self.act.prepare_block(b, v) }.map_err(ExecError::from));
-            if let Err(e) = r {
+            if let Err(e) = unsafe { self.prepare_block(x, b, job) } {
                 self.failed.store(true, Ordering::Relaxed);
                 err = Some(e);
             }
