@@ -62,8 +62,14 @@ fn panels(v: &Value) -> Result<Vec<Panel>> {
             .as_f64()
             .zip(row["auto_us"].as_f64())
             .map(|(s, us)| (s, gbs(bytes, us)));
+        // Several flags autos (one per tuning) share a sweep: each is its own curve, named.
+        let strategy = match (row["strategy"].as_str(), row["flags_variant"].as_str()) {
+            (Some(st), Some(v)) if v != "default" => format!("{st}/{v}"),
+            (Some(st), _) => st.to_string(),
+            (None, _) => "?".to_string(),
+        };
         let curve = Curve {
-            strategy: row["strategy"].as_str().unwrap_or("?").to_string(),
+            strategy,
             sweep,
             auto,
         };

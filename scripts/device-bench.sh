@@ -9,7 +9,8 @@
 #   scripts/device-bench.sh verify            # bench orchestration, auto budget, ram margin on the 8B synth
 #   scripts/device-bench.sh full              # GPU tier, 8B synth, single layer, offload-bench, decode
 #   scripts/device-bench.sh per-shape         # single_layer --per-shape: auto vs pinned shares per shape
-#                                             # (CHAIN, REPS; VARIANTS: one flags tuning for all)
+#                                             # (CHAIN, REPS; JOINS: the joins tabled; VARIANTS:
+#                                             # one flags auto per tuning, raced together)
 #   scripts/device-bench.sh handshake         # each join's per-step cost (single_layer --handshake),
 #                                             # then one layer with the flags timeline on
 #   scripts/device-bench.sh ab                # flags knobs raced against the default in interleaved
@@ -112,9 +113,10 @@ verify)
 per-shape)
     # Each shape's step is 50-300 us: enough reps that one point is tens of milliseconds.
     # CHAIN queues that many layers' steps back to back per timed rep, as decode does.
-    # VARIANTS (one tuning, e.g. gpu-arm-from-publish) runs every executor of the table with it.
+    # VARIANTS (e.g. default,gpu-arm-from-publish): one flags auto per tuning, raced against the
+    # same rivals (which run the first); JOINS (e.g. flags) limits the joins tabled.
     "$B/bin/single_layer" --reps "${REPS:-200}" --chain "${CHAIN:-1}" --target-rounds 0 --per-shape \
-        ${VARIANTS:+--flags-variants "$VARIANTS"} --json "$OUT/per_shape.json" 2>&1 | tee "$OUT/per-shape.log"
+        ${VARIANTS:+--flags-variants "$VARIANTS"} ${JOINS:+--per-shape-joins "$JOINS"} --json "$OUT/per_shape.json" 2>&1 | tee "$OUT/per-shape.log"
     ;;
 handshake)
     for t in ${THREADS:-0}; do

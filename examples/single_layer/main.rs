@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! cargo run --release --example single_layer -- [--format q4_k|q8_0] [--reps N] [--threads N]
-//!     [--sweep] [--per-shape] [--json PATH] [--handshake STEPS] [--timeline]
+//!     [--sweep] [--per-shape] [--per-shape-joins LIST] [--json PATH] [--handshake STEPS] [--timeline]
 //!     [--flags-variants LIST] [--copies N] [--ab-rounds R] [--chain N] [--target-rounds R]
 //! ```
 //! `--sweep` times every pinned share from 0.10 to 0.50 for the whole layer; `--per-shape` does
@@ -24,8 +24,10 @@
 //! taken off a counter after each worker's first, `per-worker-rows`: one fixed part each;
 //! `gpu-warm-KIB`: the device reads that much of the next step's first GPU rows into L2 once an
 //! arm ends; `tagged-x` (the default) | `seq-x`: x published as 8-byte {value, step} words with
-//! no fence or sequence word, or plain behind a fenced sequence word; `gpu-arm-from-publish`: the controller's GPU arm time includes
-//! the publish), e.g. `default,last,own-x`. `--per-shape` runs with the first variant's tuning.
+//! no fence or sequence word, or plain behind a fenced sequence word; `gpu-arm-from-publish`: the
+//! controller's GPU arm time includes the publish), e.g. `default,last,own-x`. Under `flags`,
+//! `--per-shape` races one `auto` per variant against the same pinned rivals (which run the first
+//! variant's tuning); `--per-shape-joins` picks the joins it tables.
 //! `--ab-rounds R` instead races the flags variants against the first one in R interleaved
 //! rounds (one warmed executor each) and exits: the A/B that drift between runs cannot bias.
 //! `--chain N` queues N layers per timed rep with no host synchronisation between them, as the
@@ -310,6 +312,9 @@ struct Args {
     /// Also time each projection alone: auto against the sweep's fastest shares, interleaved.
     #[arg(long)]
     per_shape: bool,
+    /// The join strategies `--per-shape` tables, comma-separated (ordering, two-stream, flags).
+    #[arg(long, value_name = "LIST", default_value = "ordering,two-stream,flags")]
+    per_shape_joins: String,
     /// Write every figure of the run here as JSON.
     #[arg(long, value_name = "PATH")]
     json: Option<String>,
@@ -339,8 +344,8 @@ struct Args {
     /// Host-side tunings of the flags join to run, comma-separated: `default` or knobs joined
     /// with `+` (per-worker, last, cached, streaming, flush-x, staggered-x, prefetch-KIB,
     /// device-x, leader-fence, shared-x, own-x, by-part-x, chunks-N, per-worker-rows,
-    /// gpu-warm-KIB, tagged-x, seq-x, gpu-arm-from-publish). `--per-shape` and the target
-    /// rounds run with the first one.
+    /// gpu-warm-KIB, tagged-x, seq-x, gpu-arm-from-publish). The target rounds run with the
+    /// first one; `--per-shape` races one flags `auto` per variant.
     #[arg(long, value_name = "LIST", default_value = "default")]
     flags_variants: String,
 }
@@ -375,6 +380,12 @@ fn main() -> Result<()> {
     let (handshake_steps, ab_rounds, copies_arg) = (args.handshake, args.ab_rounds, args.copies);
     let (chain, target_rounds) = (args.chain as usize, args.target_rounds);
     let flags_variants = parse_flags_variants(&args.flags_variants)?;
+    let per_shape_joins = args
+        .per_shape_joins
+        .split(',')
+        .map(JoinStrategy::parse)
+        .collect::<Result<Vec<_>, _>>()
+        .context("--per-shape-joins")?;
 
     let ctx = match Context::new(0) {
         Ok(c) => c,
@@ -658,7 +669,15 @@ fn main() -> Result<()> {
     // Per shape: `auto` against the best pinned share, one projection at a time (issue target:
     // auto within 3 % of the best pinned share's throughput on every 9B-class shape).
     let shape_rows = if per_shape {
-        per_shape::per_shape(&ctx, &pool, &b, format, reps, flags_variants[0].1)?
+        per_shape::per_shape(
+            &ctx,
+            &pool,
+            &b,
+            format,
+            reps,
+            &per_shape_joins,
+            &flags_variants,
+        )?
     } else {
         Vec::new()
     };

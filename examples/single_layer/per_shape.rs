@@ -26,20 +26,25 @@ const HEAD_TO_HEAD_ROUNDS: usize = 7;
 /// came from such minima).
 const HEAD_TO_HEAD_RIVALS: usize = 3;
 
-/// Every projection (v has k's shape and is skipped) under every join: the printed table, and
-/// one JSON row per projection and join.
+/// Every projection (v has k's shape and is skipped) under each of `joins`: the printed table,
+/// and one JSON row per projection, join and `auto` variant.
+///
+/// Under `flags`, every one of `variants` gets its own `auto` executor, raced in the same
+/// interleaved rounds against the same rivals (so that two controllers' tunings are compared by
+/// one measurement); the sweep and the rivals run the first variant's tuning.
 pub(crate) fn per_shape(
     ctx: &Arc<Context>,
     pool: &CpuPool,
     b: &Bench<'_>,
     format: Format,
     reps: usize,
-    tuning: FlagsTuning,
+    joins: &[JoinStrategy],
+    variants: &[(String, FlagsTuning)],
 ) -> Result<Vec<serde_json::Value>> {
     let mut shape_rows = Vec::new();
     let projs = &b.copies[0];
-    // Every executor of the table (auto, the sweep, the head-to-head rivals) runs `tuning`.
-    let executor = |mode| -> Result<OffloadExecutor> {
+    let first = variants.first().map(|v| v.1).unwrap_or_default();
+    let executor = |mode, tuning: FlagsTuning| -> Result<OffloadExecutor> {
         let mut ex = OffloadExecutor::new(ctx, pool.clone(), mode, FF, FF)?;
         ex.set_flags_tuning(tuning);
         Ok(ex)
@@ -63,22 +68,31 @@ pub(crate) fn per_shape(
                 _ => hipfire::exec::share::Form::Plain,
             },
         };
-        for st in JoinStrategy::ALL {
+        for &st in joins {
+            // One auto per variant under flags (the other joins ignore the flags tuning).
+            let autos_of = if st == JoinStrategy::Flags {
+                variants
+            } else {
+                &variants[..variants.len().min(1)]
+            };
             let auto = OffloadMode::Passback {
                 share: ShareSetting::Auto,
                 strategy: st,
             };
-            let mut auto_ex = executor(auto)?;
-            b.run(Mode::Offload, Some(&mut auto_ex), AUTO_WARM_REPS, Some(i))?;
-            let (t_auto, _) = b.run(Mode::Offload, Some(&mut auto_ex), reps, Some(i))?;
-            let auto_share = auto_ex.controller().gpu_share(&key);
+            let mut autos = Vec::new();
+            for (name, tuning) in autos_of {
+                let mut ex = executor(auto.clone(), *tuning)?;
+                b.run(Mode::Offload, Some(&mut ex), AUTO_WARM_REPS, Some(i))?;
+                let (t, _) = b.run(Mode::Offload, Some(&mut ex), reps, Some(i))?;
+                autos.push((name.as_str(), ex, t));
+            }
             let mut pinned = Vec::new();
             for s in SWEEP_SHARES {
                 let mode = OffloadMode::Passback {
                     share: ShareSetting::Pinned(s),
                     strategy: st,
                 };
-                let mut ex = executor(mode)?;
+                let mut ex = executor(mode, first)?;
                 b.run(Mode::Offload, Some(&mut ex), PINNED_WARM_REPS, Some(i))?;
                 pinned.push((s, b.run(Mode::Offload, Some(&mut ex), reps, Some(i))?.0));
             }
@@ -90,83 +104,89 @@ pub(crate) fn per_shape(
                         (f64::NAN, f64::INFINITY),
                         |a, x| if x.1 < a.1 { x } else { a },
                     );
-            // Throughput ratio: auto over the best pinned share of the sweep.
-            let ratio = t_best / t_auto;
-            // Head to head, interleaved: auto against each of the sweep's fastest shares.
-            // The sweep's minimum alone is the luckiest of nine noisy points; racing its
-            // top few against auto in the same rounds picks the best pinned share by the
+            // Head to head, interleaved: each auto against each of the sweep's fastest
+            // shares. The sweep's minimum alone is the luckiest of nine noisy points; racing
+            // its top few against auto in the same rounds picks the best pinned share by the
             // same measurement that judges auto.
             let mut ranked = pinned.clone();
             ranked.sort_by(|a, b| a.1.total_cmp(&b.1));
-            let mut rivals = Vec::new();
-            // The last entry is a control: a second executor at the fastest rival's share,
-            // judged against that rival (an A/A pair: how far two identical setups differ
-            // on this box).
+            // The last rival is a control: a second executor at the fastest rival's share,
+            // judged against that rival (an A/A pair: how far two identical setups differ on
+            // this box).
             let twin = ranked.first().map(|&(s, t)| (s, t));
+            let mut rivals = Vec::new();
             for &(share, _) in ranked.iter().take(HEAD_TO_HEAD_RIVALS).chain(twin.as_ref()) {
-                let mut ex = executor(OffloadMode::Passback {
-                    share: ShareSetting::Pinned(share),
-                    strategy: st,
-                })?;
+                let mut ex = executor(
+                    OffloadMode::Passback {
+                        share: ShareSetting::Pinned(share),
+                        strategy: st,
+                    },
+                    first,
+                )?;
                 b.run(Mode::Offload, Some(&mut ex), PINNED_WARM_REPS, Some(i))?;
-                rivals.push((share, ex, Vec::with_capacity(HEAD_TO_HEAD_ROUNDS)));
+                rivals.push((share, ex));
             }
+            let n_autos = autos.len();
+            let n = n_autos + rivals.len();
+            // times[round][slot]: the autos' slots first, then the rivals'.
+            let mut times = Vec::with_capacity(HEAD_TO_HEAD_ROUNDS);
             let round_reps = (reps / 2).max(5);
             for round in 0..HEAD_TO_HEAD_ROUNDS {
-                // Auto runs first, then the rivals, with the order rotated every round so
-                // that none always follows another.
-                let n = rivals.len() + 1;
-                let mut times = vec![0f64; n];
+                // The order rotates every round, so that none always follows another.
+                let mut t = vec![0f64; n];
                 for j in 0..n {
                     let slot = (j + round) % n;
-                    let ex = if slot == 0 {
-                        &mut auto_ex
+                    let ex = if slot < n_autos {
+                        &mut autos[slot].1
                     } else {
-                        &mut rivals[slot - 1].1
+                        &mut rivals[slot - n_autos].1
                     };
-                    times[slot] = b.run(Mode::Offload, Some(ex), round_reps, Some(i))?.0;
+                    t[slot] = b.run(Mode::Offload, Some(ex), round_reps, Some(i))?.0;
                 }
-                let n_rivals = rivals.len() - 1;
-                for (r, t) in rivals.iter_mut().zip(&times[1..]).take(n_rivals) {
-                    r.2.push(t / times[0]);
-                }
-                // The control: the twin's time over the fastest rival's.
-                rivals[n_rivals].2.push(times[n - 1] / times[1]);
+                times.push(t);
             }
-            let mut control = rivals.pop().map(|r| r.2).unwrap_or_default();
-            control.sort_by(f64::total_cmp);
-            let aa = control.get(control.len() / 2).copied().unwrap_or(f64::NAN);
-            // Per rival, the median over rounds of its time over auto's (auto's throughput
-            // over the rival's); the best pinned share is the rival auto fares worst
-            // against.
-            let mut h2h_rows = Vec::new();
-            let (mut h2h_share, mut ratio_h2h) = (f64::NAN, f64::INFINITY);
-            for (share, _, mut r) in rivals {
+            let median = |mut r: Vec<f64>| {
                 r.sort_by(f64::total_cmp);
-                let med = r[r.len() / 2];
-                if med < ratio_h2h {
-                    (h2h_share, ratio_h2h) = (share, med);
+                (r.get(r.len() / 2).copied().unwrap_or(f64::NAN), r)
+            };
+            let n_rivals = rivals.len() - 1;
+            // The control: the twin's time over the fastest rival's.
+            let (aa, control) = median(times.iter().map(|t| t[n - 1] / t[n_autos]).collect());
+            for (a, (variant, ex, t_auto)) in autos.iter().enumerate() {
+                let auto_share = ex.controller().gpu_share(&key);
+                // Throughput ratio: auto over the best pinned share of the sweep.
+                let ratio = t_best / t_auto;
+                // Per rival, the median over rounds of its time over this auto's (auto's
+                // throughput over the rival's); the best pinned share is the rival auto
+                // fares worst against.
+                let mut h2h_rows = Vec::new();
+                let (mut h2h_share, mut ratio_h2h) = (f64::NAN, f64::INFINITY);
+                for (r, (share, _)) in rivals.iter().take(n_rivals).enumerate() {
+                    let (med, rounds) =
+                        median(times.iter().map(|t| t[n_autos + r] / t[a]).collect());
+                    if med < ratio_h2h {
+                        (h2h_share, ratio_h2h) = (*share, med);
+                    }
+                    h2h_rows
+                        .push(serde_json::json!({"share": share, "rounds": rounds, "median": med}));
                 }
-                h2h_rows.push(serde_json::json!({"share": share, "rounds": r, "median": med}));
+                let label = if n_autos > 1 {
+                    format!("{}/{variant}", st.name())
+                } else {
+                    st.name().to_string()
+                };
+                println!(
+                    "{:<6} {:>6} {:>6} {:<11} {:>14.3} {:>10.1} {:>10.1} {:>12.3} {:>8.3} ({h2h_share:.2}) {aa:>6.3}",
+                    p.name, p.m, p.k, label, auto_share, t_auto, t_best, ratio, ratio_h2h
+                );
+                shape_rows.push(serde_json::json!({"proj": p.name, "m": p.m, "k": p.k, "strategy": st.name(),
+                    "flags_variant": if st == JoinStrategy::Flags { Some(*variant) } else { None },
+                    "auto_share": auto_share, "auto_us": t_auto, "best_share": best_share, "best_us": t_best,
+                    "auto_over_best_throughput": ratio,
+                    "auto_over_best_interleaved": ratio_h2h, "interleaved_best_share": h2h_share,
+                    "interleaved": h2h_rows, "a_a_control": aa, "a_a_rounds": control,
+                    "pinned": pinned.iter().map(|(s, t)| serde_json::json!({"share": s, "us": t})).collect::<Vec<_>>()}));
             }
-            println!(
-                "{:<6} {:>6} {:>6} {:<11} {:>14.3} {:>10.1} {:>10.1} {:>12.3} {:>8.3} ({h2h_share:.2}) {aa:>6.3}",
-                p.name,
-                p.m,
-                p.k,
-                st.name(),
-                auto_share,
-                t_auto,
-                t_best,
-                ratio,
-                ratio_h2h
-            );
-            shape_rows.push(serde_json::json!({"proj": p.name, "m": p.m, "k": p.k, "strategy": st.name(),
-                "auto_share": auto_share, "auto_us": t_auto, "best_share": best_share, "best_us": t_best,
-                "auto_over_best_throughput": ratio,
-                "auto_over_best_interleaved": ratio_h2h, "interleaved_best_share": h2h_share,
-                "interleaved": h2h_rows, "a_a_control": aa, "a_a_rounds": control,
-                "pinned": pinned.iter().map(|(s, t)| serde_json::json!({"share": s, "us": t})).collect::<Vec<_>>()}));
         }
     }
     Ok(shape_rows)
