@@ -626,13 +626,13 @@ fn main() -> Result<()> {
         );
         if acct.turnarounds > 0 {
             println!(
-                "{:>48} skew {:.1}%  turnaround {:.1}% ({:.1} us x {} per layer)  x prep {:.1}%  \
+                "{:>48} skew {:.1}%  turnaround {:.1}% ({:.1} us x {:.1} per layer)  x prep {:.1}%  \
                  prefetched while waiting {:.0} KiB a step",
                 "",
                 100.0 * skew,
                 100.0 * turnaround,
                 acct.turnaround_ns / acct.turnarounds as f64 / 1e3,
-                acct.turnarounds as f64 / (reps + 2) as f64,
+                acct.turnarounds as f64 / ((reps + 2) * chain) as f64,
                 100.0 * acct.prepare_ns / wall_ns,
                 acct.prefetched_bytes / acct.steps.max(1) as f64 / 1024.0
             );

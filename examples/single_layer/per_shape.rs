@@ -19,8 +19,15 @@ use crate::{Bench, Mode, AUTO_WARM_REPS, FF, PINNED_WARM_REPS, SWEEP_SHARES};
 /// 65.6–84.2 GB/s between runs of one day) and picking the minimum of nine noisy points both
 /// favour the pinned side; alternating the two executors and taking the median of the per-round
 /// ratios removes both (docs/perf-checkpoints/2026-11-29-session2-h200: adjacent shares' medians
-/// of 200 reps differed by up to 20 % non-monotonically).
-const HEAD_TO_HEAD_ROUNDS: usize = 7;
+/// of 200 reps differed by up to 20 % non-monotonically). 15, not session 6's 7: one round's
+/// ratio spread ±4–9 % around its median even between two identical executors (the A/A
+/// control, docs/perf-checkpoints/2026-11-30-session7-h200 record 01), so the median of 7 could
+/// not resolve the 3 % target.
+const HEAD_TO_HEAD_ROUNDS: usize = 15;
+/// Each executor's turn in a round lasts about this long (µs of layers), whatever the shape: 50
+/// reps were 15 ms of k but 110 ms of gate. Longer turns did not narrow the rounds' spread
+/// there (gate's A/A spread was the widest), so the time goes into more rounds instead.
+const HEAD_TO_HEAD_TURN_US: f64 = 60_000.0;
 /// The sweep's fastest shares raced against `auto` in those rounds: the sweep's single fastest
 /// is the luckiest of nine noisy points (session 3's worst per-shape rows, 0.853 and 0.915,
 /// came from such minima).
@@ -130,7 +137,8 @@ pub(crate) fn per_shape(
             let n = n_autos + rivals.len();
             // times[round][slot]: the autos' slots first, then the rivals'.
             let mut times = Vec::with_capacity(HEAD_TO_HEAD_ROUNDS);
-            let round_reps = (reps / 2).max(5);
+            let round_reps =
+                ((HEAD_TO_HEAD_TURN_US / (t_best * b.chain as f64)).ceil() as usize).max(5);
             for round in 0..HEAD_TO_HEAD_ROUNDS {
                 // The order rotates every round, so that none always follows another.
                 let mut t = vec![0f64; n];
