@@ -183,8 +183,8 @@ impl Trace {
             let st = state
                 .map(|st| {
                     format!(
-                        " ({:?}, seed {:?}, target={:.3}, {} windows, {} reopens)",
-                        st.phase, st.seed, st.target, st.windows, st.reopens
+                        " ({:?}, seed {:?}, target={:.3}, {} windows, {} reopens, {} re-centred)",
+                        st.phase, st.seed, st.target, st.windows, st.reopens, st.refines
                     )
                     .to_lowercase()
                 })
