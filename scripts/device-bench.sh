@@ -114,9 +114,10 @@ per-shape)
     # Each shape's step is 50-300 us: enough reps that one point is tens of milliseconds.
     # CHAIN queues that many layers' steps back to back per timed rep, as decode does.
     # VARIANTS (e.g. default,gpu-arm-from-publish): one flags auto per tuning, raced against the
-    # same rivals (which run the first); JOINS (e.g. flags) limits the joins tabled.
+    # same rivals (which run the first); JOINS (e.g. flags) and PROJS (e.g. q,k) limit the table.
     "$B/bin/single_layer" --reps "${REPS:-200}" --chain "${CHAIN:-1}" --target-rounds 0 --per-shape \
-        ${VARIANTS:+--flags-variants "$VARIANTS"} ${JOINS:+--per-shape-joins "$JOINS"} --json "$OUT/per_shape.json" 2>&1 | tee "$OUT/per-shape.log"
+        ${VARIANTS:+--flags-variants "$VARIANTS"} ${JOINS:+--per-shape-joins "$JOINS"} \
+        ${PROJS:+--per-shape-projs "$PROJS"} --json "$OUT/per_shape.json" 2>&1 | tee "$OUT/per-shape.log"
     ;;
 handshake)
     for t in ${THREADS:-0}; do

@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! cargo run --release --example single_layer -- [--format q4_k|q8_0] [--reps N] [--threads N]
-//!     [--sweep] [--per-shape] [--per-shape-joins LIST] [--json PATH] [--handshake STEPS] [--timeline]
+//!     [--sweep] [--per-shape] [--per-shape-joins LIST] [--per-shape-projs LIST] [--json PATH] [--handshake STEPS] [--timeline]
 //!     [--flags-variants LIST] [--copies N] [--ab-rounds R] [--chain N] [--target-rounds R]
 //! ```
 //! `--sweep` times every pinned share from 0.10 to 0.50 for the whole layer; `--per-shape` does
@@ -315,6 +315,10 @@ struct Args {
     /// The join strategies `--per-shape` tables, comma-separated (ordering, two-stream, flags).
     #[arg(long, value_name = "LIST", default_value = "ordering,two-stream,flags")]
     per_shape_joins: String,
+    /// The projections `--per-shape` tables, comma-separated (q, k, o, gate, up, down; v has
+    /// k's shape and is never tabled).
+    #[arg(long, value_name = "LIST", default_value = "q,k,o,gate,up,down")]
+    per_shape_projs: String,
     /// Write every figure of the run here as JSON.
     #[arg(long, value_name = "PATH")]
     json: Option<String>,
@@ -676,6 +680,7 @@ fn main() -> Result<()> {
             format,
             reps,
             &per_shape_joins,
+            &args.per_shape_projs.split(',').collect::<Vec<_>>(),
             &flags_variants,
         )?
     } else {

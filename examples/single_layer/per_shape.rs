@@ -46,10 +46,19 @@ pub(crate) fn per_shape(
     format: Format,
     reps: usize,
     joins: &[JoinStrategy],
+    projections: &[&str],
     variants: &[(String, FlagsTuning)],
 ) -> Result<Vec<serde_json::Value>> {
     let mut shape_rows = Vec::new();
     let projs = &b.copies[0];
+    if let Some(unknown) = projections
+        .iter()
+        .find(|&&n| n == "v" || !projs.iter().any(|p| p.name == n))
+    {
+        anyhow::bail!(
+            "--per-shape-projs: no projection {unknown:?} (q, k, o, gate, up, down; v is k's shape)"
+        );
+    }
     let first = variants.first().map(|v| v.1).unwrap_or_default();
     let executor = |mode, tuning: FlagsTuning| -> Result<OffloadExecutor> {
         let mut ex = OffloadExecutor::new(ctx, pool.clone(), mode, FF, FF)?;
@@ -64,7 +73,7 @@ pub(crate) fn per_shape(
     println!("  (h2h: auto against the sweep's {HEAD_TO_HEAD_RIVALS} fastest shares in {HEAD_TO_HEAD_ROUNDS} interleaved rounds; the median ratio against the rival auto fares worst against, and that rival's share)");
     for (i, p) in projs.iter().enumerate() {
         // v has k's shape; one of them is enough.
-        if p.name == "v" {
+        if p.name == "v" || !projections.contains(&p.name) {
             continue;
         }
         let key = hipfire::exec::share::ShapeKey {
