@@ -113,7 +113,7 @@ verify)
 per-shape)
     # Each shape's step is 50-300 us: enough reps that one point is tens of milliseconds.
     # CHAIN queues that many layers' steps back to back per timed rep, as decode does.
-    # VARIANTS (e.g. default,gpu-arm-from-publish): one flags auto per tuning, raced against the
+    # VARIANTS (e.g. default,gpu-arm-after-publish): one flags auto per tuning, raced against the
     # same rivals (which run the first); JOINS (e.g. flags) and PROJS (e.g. q,k) limit the table.
     "$B/bin/single_layer" --reps "${REPS:-200}" --chain "${CHAIN:-1}" --target-rounds 0 --per-shape \
         ${VARIANTS:+--flags-variants "$VARIANTS"} ${JOINS:+--per-shape-joins "$JOINS"} \
@@ -128,10 +128,10 @@ handshake)
     ;;
 ab)
     # `last` is the positive control: per-worker done words beat it by 3-5 % in same-run pairs.
-    # The default list holds the open questions of session 6 (gpu-arm-from-publish; seq-x, the
-    # fenced publish, as a second control).
+    # The default list: session 7's default against the arm timed after the publish (the
+    # default before it), and seq-x, the fenced publish, as a second control.
     "$B/bin/single_layer" --reps "${REPS:-200}" --ab-rounds "${ROUNDS:-9}" \
-        --flags-variants "${VARIANTS:-default,gpu-arm-from-publish,seq-x,last}" --json "$OUT/ab.json" 2>&1 |
+        --flags-variants "${VARIANTS:-default,gpu-arm-after-publish,seq-x,last}" --json "$OUT/ab.json" 2>&1 |
         tee "$OUT/ab.log" | grep -A8 "flags A/B"
     ;;
 targets)

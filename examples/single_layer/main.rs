@@ -24,8 +24,9 @@
 //! taken off a counter after each worker's first, `per-worker-rows`: one fixed part each;
 //! `gpu-warm-KIB`: the device reads that much of the next step's first GPU rows into L2 once an
 //! arm ends; `tagged-x` (the default) | `seq-x`: x published as 8-byte {value, step} words with
-//! no fence or sequence word, or plain behind a fenced sequence word; `gpu-arm-from-publish`: the
-//! controller's GPU arm time includes the publish), e.g. `default,last,own-x`. Under `flags`,
+//! no fence or sequence word, or plain behind a fenced sequence word; `gpu-arm-from-publish` (the
+//! default) | `gpu-arm-after-publish`: the controller's GPU arm time includes the publish, or
+//! starts after it), e.g. `default,last,own-x`. Under `flags`,
 //! `--per-shape` races one `auto` per variant against the same pinned rivals (which run the first
 //! variant's tuning); `--per-shape-joins` picks the joins it tables.
 //! `--ab-rounds R` instead races the flags variants against the first one in R interleaved
@@ -348,7 +349,7 @@ struct Args {
     /// Host-side tunings of the flags join to run, comma-separated: `default` or knobs joined
     /// with `+` (per-worker, last, cached, streaming, flush-x, staggered-x, prefetch-KIB,
     /// device-x, leader-fence, shared-x, own-x, by-part-x, chunks-N, per-worker-rows,
-    /// gpu-warm-KIB, tagged-x, seq-x, gpu-arm-from-publish). The target rounds run with the
+    /// gpu-warm-KIB, tagged-x, seq-x, gpu-arm-from-publish, gpu-arm-after-publish). The target rounds run with the
     /// first one; `--per-shape` races one flags `auto` per variant.
     #[arg(long, value_name = "LIST", default_value = "default")]
     flags_variants: String,

@@ -41,6 +41,7 @@ pub(crate) fn parse_flags_variants(list: &str) -> Result<Vec<(String, FlagsTunin
                     "tagged-x" => t.tagged_x = true,
                     "seq-x" => t.tagged_x = false,
                     "gpu-arm-from-publish" => t.gpu_arm_from_publish = true,
+                    "gpu-arm-after-publish" => t.gpu_arm_from_publish = false,
                     k if k.starts_with("chunks-") => {
                         let n: NonZeroU8 = knob_number(
                             k,
@@ -63,7 +64,7 @@ pub(crate) fn parse_flags_variants(list: &str) -> Result<Vec<(String, FlagsTunin
                     other => anyhow::bail!(
                         "--flags-variants: unknown knob {other:?} (default, per-worker, last, \
                          cached, streaming, flush-x, staggered-x, prefetch-KIB, device-x, \
-                         leader-fence, shared-x, own-x, by-part-x, chunks-N, per-worker-rows, gpu-warm-KIB, tagged-x, seq-x, gpu-arm-from-publish; join with +, separate with ,)"
+                         leader-fence, shared-x, own-x, by-part-x, chunks-N, per-worker-rows, gpu-warm-KIB, tagged-x, seq-x, gpu-arm-from-publish, gpu-arm-after-publish; join with +, separate with ,)"
                     ),
                 }
             }

@@ -166,10 +166,22 @@ pub struct FlagsTuning {
     /// before the publish instead of after it. With tagged x the workers start while the
     /// publish still runs, so the GPU's publish is part of what the CPU's arm overlaps; on
     /// small steps (k, o: 30–70 µs) the ~6 µs publish then moves the balance. The timeline's
-    /// publish figure reads ~0 then (the publish is inside the arm). Off: to be measured
-    /// (`single_layer --per-shape --flags-variants gpu-arm-from-publish`).
+    /// publish figure reads ~0 then (the publish is inside the arm). On by default
+    /// ([`DEFAULT_GPU_ARM_FROM_PUBLISH`]).
     pub gpu_arm_from_publish: bool,
 }
+
+/// The GPU arm is timed from before the publish by default
+/// ([`FlagsTuning::gpu_arm_from_publish`]). Timed from after it, the controller balanced the
+/// arms' durations from different origins (the CPU's starts when the first element of x lands,
+/// a few µs into the publish), so the CPU finished that much before the GPU and the fold waited
+/// on the GPU: every flags `auto` of the per-shape table sat above the best pinned share (k at
+/// 0.24 against 0.15–0.20). Timed from before it, auto against the sweep's best pinned shares
+/// rose on all six projections in one run (q 0.970 → 0.987, k 0.957 → 0.961, o 0.977 → 0.992,
+/// gate 1.001 → 1.004, up 0.992 → 1.009, down 0.996 → 1.005; 15 interleaved rounds each,
+/// docs/perf-checkpoints/2026-11-30-session7-h200 record 03); the whole layer, whose q/k/v and
+/// gate/up steps share one shape key, ran 0.994× in the same call's A/B (15 rounds, 0.988–1.007).
+pub const DEFAULT_GPU_ARM_FROM_PUBLISH: bool = true;
 
 /// x travels tagged by default ([`FlagsTuning::tagged_x`]): on the H200 box the device's
 /// publish went from 7.4 to 6.1 µs a step, the layer ran 1.010× as fast (median of 15
@@ -226,7 +238,7 @@ impl Default for FlagsTuning {
             claim: RowClaim::default(),
             gpu_warm_bytes: 0,
             tagged_x: DEFAULT_TAGGED_X,
-            gpu_arm_from_publish: false,
+            gpu_arm_from_publish: DEFAULT_GPU_ARM_FROM_PUBLISH,
         }
     }
 }

@@ -434,7 +434,7 @@ fn flags_steps_queued_back_to_back_equal_steps_run_one_at_a_time() {
         ),
         (
             FlagsTuning {
-                gpu_arm_from_publish: true,
+                gpu_arm_from_publish: !FlagsTuning::default().gpu_arm_from_publish,
                 ..FlagsTuning::default()
             },
             true,
