@@ -680,9 +680,11 @@ fn main() -> Result<()> {
             &b,
             format,
             reps,
-            &per_shape_joins,
-            &args.per_shape_projs.split(',').collect::<Vec<_>>(),
-            &flags_variants,
+            &per_shape::PerShapeTable {
+                joins: &per_shape_joins,
+                projections: &args.per_shape_projs.split(',').collect::<Vec<_>>(),
+                variants: &flags_variants,
+            },
         )?
     } else {
         Vec::new()

@@ -33,6 +33,14 @@ const HEAD_TO_HEAD_TURN_US: f64 = 60_000.0;
 /// came from such minima).
 const HEAD_TO_HEAD_RIVALS: usize = 3;
 
+/// What `--per-shape` tables: which joins, which projections, and the flags tunings that each
+/// get an `auto`.
+pub(crate) struct PerShapeTable<'a> {
+    pub(crate) joins: &'a [JoinStrategy],
+    pub(crate) projections: &'a [&'a str],
+    pub(crate) variants: &'a [(String, FlagsTuning)],
+}
+
 /// Every projection (v has k's shape and is skipped) under each of `joins`: the printed table,
 /// and one JSON row per projection, join and `auto` variant.
 ///
@@ -45,10 +53,13 @@ pub(crate) fn per_shape(
     b: &Bench<'_>,
     format: Format,
     reps: usize,
-    joins: &[JoinStrategy],
-    projections: &[&str],
-    variants: &[(String, FlagsTuning)],
+    table: &PerShapeTable<'_>,
 ) -> Result<Vec<serde_json::Value>> {
+    let PerShapeTable {
+        joins,
+        projections,
+        variants,
+    } = *table;
     let mut shape_rows = Vec::new();
     let projs = &b.copies[0];
     if let Some(unknown) = projections
