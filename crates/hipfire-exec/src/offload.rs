@@ -250,9 +250,6 @@ struct PendingSplit {
     gpu_bytes: u64,
     cpu: ArmSample,
     cpu_ticket: Option<FlagsTicket>,
-    /// `two-stream`: the CPU arm is timed from the GPU arm's start event to its slot's
-    /// `rows_landed` event once both have completed (see [`OffloadExecutor::run_passback`]).
-    cpu_until_landed: bool,
     /// Whether the step recorded its timeline events ([`OffloadExecutor::set_timeline`]).
     timeline: bool,
 }
@@ -285,9 +282,7 @@ pub struct OffloadExecutor {
     next_slot: usize,
     probe_start: Event,
     probe_end: Event,
-    /// Under `two-stream`, per ring slot: the CPU rows' copy up has completed (on the copy
-    /// stream). The compute stream waits for it, and the CPU arm is timed to it.
-    rows_landed: Vec<Event>,
+    copy_done: Event,
     pending: std::collections::VecDeque<PendingSplit>,
     flags: Option<FlagsState>,
     arm_account: ArmAccount,
@@ -450,10 +445,7 @@ impl OffloadExecutor {
             next_slot: 0,
             probe_start: ctx.new_event().map_err(gpu_err)?,
             probe_end: ctx.new_event().map_err(gpu_err)?,
-            rows_landed: (0..ARM_EVENT_RING)
-                .map(|_| ctx.new_event())
-                .collect::<Result<_, _>>()
-                .map_err(gpu_err)?,
+            copy_done: ctx.new_event().map_err(gpu_err)?,
             pending: std::collections::VecDeque::new(),
             flags,
             arm_account: ArmAccount::default(),
@@ -726,17 +718,9 @@ impl OffloadExecutor {
             return Ok(false);
         };
         let (start, end) = &self.arm_events[p.slot];
-        let landed = p.cpu_until_landed.then(|| &self.rows_landed[p.slot]);
         if block {
             end.synchronize().map_err(gpu_err)?;
-            if let Some(l) = landed {
-                l.synchronize().map_err(gpu_err)?;
-            }
         } else if !end.query().map_err(gpu_err)?
-            || match landed {
-                Some(l) => !l.query().map_err(gpu_err)?,
-                None => false,
-            }
             || p.cpu_ticket.as_ref().is_some_and(|t| !t.is_finished())
             || match self.step_events.get(p.slot).filter(|_| p.timeline) {
                 Some((_, post)) => !post.query().map_err(gpu_err)?,
@@ -746,26 +730,8 @@ impl OffloadExecutor {
             return Ok(false);
         }
         let ns = f64::from(start.elapsed_ms(end).map_err(gpu_err)?) * 1e6;
-        // Under `two-stream` the CPU rows count as done when they are on the device, timed from
-        // the GPU arm's start (the host starts the CPU arm as it queues the GPU arm): the copy
-        // up and the compute stream's wait for it are the CPU arm's to pay, and the two arms'
-        // times then share an origin. With the multiply alone, auto sat below the best pinned
-        // share wherever that copy is a large part of the step (k: 0.229 against 0.30, 0.957
-        // of its throughput; docs/perf-checkpoints/2026-11-30-session7-h200 record 05).
-        let landed_ns = match landed {
-            Some(l) => Some(f64::from(start.elapsed_ms(l).map_err(gpu_err)?) * 1e6),
-            None => None,
-        };
         let Some(mut p) = self.pending.pop_front() else {
             return Ok(false);
-        };
-        // The balance's CPU time; the account below keeps the multiply's.
-        let cpu_balanced = match landed_ns.filter(|t| t.is_finite() && *t > 0.0) {
-            Some(t) => ArmSample {
-                time: ArmTime::Exact { ns: t },
-                ..p.cpu
-            },
-            None => p.cpu,
         };
         if let Some(ticket) = p.cpu_ticket.take() {
             let rep = ticket.wait()?;
@@ -807,7 +773,7 @@ impl OffloadExecutor {
         };
         self.arm_account.steps += 1;
         self.arm_account.arm_ns += cpu_ns.max(ns);
-        self.controller.observe(p.key, &[cpu_balanced, gpu]);
+        self.controller.observe(p.key, &[p.cpu, gpu]);
         self.stats.entry(p.stat_key).or_default().gpu_ns += ns;
         Ok(true)
     }
@@ -943,9 +909,8 @@ impl OffloadExecutor {
                 self.copy_stream
                     .memcpy_htod_async(step.y, g * 4, &self.y_host, g * 4, (m - g) * 4)
                     .map_err(gpu_err)?;
-                let landed = &self.rows_landed[slot];
-                landed.record(&self.copy_stream).map_err(gpu_err)?;
-                stream.wait_event(landed).map_err(gpu_err)?;
+                self.copy_done.record(&self.copy_stream).map_err(gpu_err)?;
+                stream.wait_event(&self.copy_done).map_err(gpu_err)?;
             }
         }
         let join = t.elapsed().as_nanos() as f64;
@@ -960,7 +925,6 @@ impl OffloadExecutor {
                 time: ArmTime::Exact { ns: cpu },
             },
             cpu_ticket: None,
-            cpu_until_landed: strategy == JoinStrategy::TwoStream,
             timeline: false,
         });
         if strategy == JoinStrategy::Ordering {
@@ -1144,7 +1108,6 @@ impl OffloadExecutor {
                 time: ArmTime::Exact { ns: 0.0 },
             },
             cpu_ticket: Some(ticket),
-            cpu_until_landed: false,
             timeline: self.timeline,
         });
         self.window_split_steps += 1;
