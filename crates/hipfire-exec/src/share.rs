@@ -21,9 +21,13 @@
 //!    (fixed launch/copy costs included), the fixed point of this iteration is exactly
 //!    `T_gpu = T_cpu`, not the overhead-free ratio.
 //! 3. Latch: once the share has sat within [`LATCH_BAND`] of its target for [`LATCH_RUN`]
-//!    windows (after at least [`LATCH_MIN_WINDOWS`]), it is frozen; estimates keep updating;
-//!    it re-opens only after [`REOPEN_CONFIRM`] consecutive windows whose target lies more than
-//!    [`REOPEN_BAND`] away on the same side (a transient does not move it, a real change does).
+//!    windows (after at least [`LATCH_MIN_WINDOWS`]), it is set to the mean of those windows'
+//!    targets and frozen; estimates keep updating; it re-opens only after [`REOPEN_CONFIRM`]
+//!    consecutive windows whose target lies more than [`REOPEN_BAND`] away on the same side (a
+//!    transient does not move it, a real change does). While latched it is re-centred on the
+//!    median of each [`REFINE_WINDOWS`] windows' own targets when that median is further than
+//!    its standard error allows ([`REFINE_SIGMAS`], [`REFINE_MIN_BAND`]): the band is wider than
+//!    the 3 % a share that far off the balance costs a step.
 //!
 //! The reference system (notes §2.1) inferred the GPU arm's time from the host's wait at the
 //! join, against a *running minimum* of past joins. Its documented defects, and what we do:
