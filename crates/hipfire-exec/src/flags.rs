@@ -507,8 +507,8 @@ impl Mailbox {
 
     /// Stand-in for the device's tagged publish (`FlagsKernels::publish_tagged`): store each
     /// element with `step` in its upper half (release), no sequence word; element 0 first,
-    /// then the rest after a 2 ms pause (`TAGGED_STAND_IN_PAUSE`), so that readers meet elements not yet
-    /// written.
+    /// then the rest after a 2 ms pause (`TAGGED_STAND_IN_PAUSE`), so that readers meet
+    /// elements not yet written.
     pub fn device_publish_tagged(&self, x: &[f32], step: u32) -> Result<(), ExecError> {
         if x.len() > self.k {
             return Err(ExecError::Shape {
