@@ -422,6 +422,15 @@ fn main() -> Result<()> {
         ("up", FF, D, GemvForm::Plain),
         ("down", D, FF, GemvForm::Residual),
     ];
+    let per_shape_projs: Vec<&str> = args.per_shape_projs.split(',').collect();
+    if let Some(unknown) = per_shape_projs
+        .iter()
+        .find(|&&n| n == "v" || !shapes.iter().any(|s| s.0 == n))
+    {
+        anyhow::bail!(
+            "--per-shape-projs: no projection {unknown:?} (q, k, o, gate, up, down; v is k's shape)"
+        );
+    }
     let one_layer_bytes: usize = shapes
         .iter()
         .map(|&(_, m, k, _)| format.row_bytes(k).map(|rb| m * rb))
@@ -682,7 +691,7 @@ fn main() -> Result<()> {
             reps,
             &per_shape::PerShapeTable {
                 joins: &per_shape_joins,
-                projections: &args.per_shape_projs.split(',').collect::<Vec<_>>(),
+                projections: &per_shape_projs,
                 variants: &flags_variants,
             },
         )?

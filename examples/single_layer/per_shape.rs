@@ -62,14 +62,6 @@ pub(crate) fn per_shape(
     } = *table;
     let mut shape_rows = Vec::new();
     let projs = &b.copies[0];
-    if let Some(unknown) = projections
-        .iter()
-        .find(|&&n| n == "v" || !projs.iter().any(|p| p.name == n))
-    {
-        anyhow::bail!(
-            "--per-shape-projs: no projection {unknown:?} (q, k, o, gate, up, down; v is k's shape)"
-        );
-    }
     let first = variants.first().map(|v| v.1).unwrap_or_default();
     let executor = |mode, tuning: FlagsTuning| -> Result<OffloadExecutor> {
         let mut ex = OffloadExecutor::new(ctx, pool.clone(), mode, FF, FF)?;
@@ -140,7 +132,7 @@ pub(crate) fn per_shape(
             // The last rival is a control: a second executor at the fastest rival's share,
             // judged against that rival (an A/A pair: how far two identical setups differ on
             // this box).
-            let twin = ranked.first().map(|&(s, t)| (s, t));
+            let twin = ranked.first().copied();
             let mut rivals = Vec::new();
             for &(share, _) in ranked.iter().take(HEAD_TO_HEAD_RIVALS).chain(twin.as_ref()) {
                 let mut ex = executor(
