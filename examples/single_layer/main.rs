@@ -6,8 +6,9 @@
 //!
 //! ```text
 //! cargo run --release --example single_layer -- [--format q4_k|q8_0] [--reps N] [--threads N]
-//!     [--sweep] [--per-shape] [--per-shape-joins LIST] [--per-shape-projs LIST] [--json PATH] [--handshake STEPS] [--timeline]
-//!     [--flags-variants LIST] [--copies N] [--ab-rounds R] [--chain N] [--target-rounds R]
+//!     [--sweep] [--per-shape] [--per-shape-joins LIST] [--per-shape-projs LIST] [--json PATH]
+//!     [--handshake STEPS] [--timeline] [--flags-variants LIST] [--copies N] [--ab-rounds R]
+//!     [--chain N] [--target-rounds R]
 //! ```
 //! `--sweep` times every pinned share from 0.10 to 0.50 for the whole layer; `--per-shape` does
 //! the same one projection at a time and reports `auto` against the best pinned share per shape.
@@ -26,9 +27,9 @@
 //! arm ends; `tagged-x` (the default) | `seq-x`: x published as 8-byte {value, step} words with
 //! no fence or sequence word, or plain behind a fenced sequence word; `gpu-arm-from-publish` (the
 //! default) | `gpu-arm-after-publish`: the controller's GPU arm time includes the publish, or
-//! starts after it), e.g. `default,last,own-x`. Under `flags`,
-//! `--per-shape` races one `auto` per variant against the same pinned rivals (which run the first
-//! variant's tuning); `--per-shape-joins` picks the joins it tables.
+//! starts after it), e.g. `default,last,own-x`. Under `flags`, `--per-shape` races one `auto` per
+//! variant against the same pinned rivals (which run the first variant's tuning);
+//! `--per-shape-joins` and `--per-shape-projs` pick the joins and projections it tables.
 //! `--ab-rounds R` instead races the flags variants against the first one in R interleaved
 //! rounds (one warmed executor each) and exits: the A/B that drift between runs cannot bias.
 //! `--chain N` queues N layers per timed rep with no host synchronisation between them, as the

@@ -179,8 +179,9 @@ pub struct FlagsTuning {
 /// 0.24 against 0.15–0.20). Timed from before it, auto against the sweep's best pinned shares
 /// rose on all six projections in one run (q 0.970 → 0.987, k 0.957 → 0.961, o 0.977 → 0.992,
 /// gate 1.001 → 1.004, up 0.992 → 1.009, down 0.996 → 1.005; 15 interleaved rounds each,
-/// docs/perf-checkpoints/2026-11-30-session7-h200 record 03); the whole layer, whose q/k/v and
-/// gate/up steps share one shape key, ran 0.994× in the same call's A/B (15 rounds, 0.988–1.007).
+/// docs/perf-checkpoints/2026-11-30-session7-h200 record 03). On the whole layer, whose q/k/v
+/// and gate/up steps share one shape key, it read 0.994× in 03's A/B (15 rounds, 0.988–1.007);
+/// once it was the default, the old timing ran the layer at 0.984× of it in 05's.
 pub const DEFAULT_GPU_ARM_FROM_PUBLISH: bool = true;
 
 /// x travels tagged by default ([`FlagsTuning::tagged_x`]): on the H200 box the device's

@@ -112,10 +112,10 @@ pub const REOPEN_CONFIRM: u32 = 4;
 
 /// While latched, the share is re-centred on the median of this many windows' own targets
 /// (128 steps): the latch itself may sit anywhere within [`LATCH_BAND`] of the target it saw,
-/// and on the H200 a GPU share 0.01 above the balance point costs a split step ~1.5 % (the
-/// per-shape sweeps of docs/perf-checkpoints/2026-11-30-session7-h200, record 02: 0.05 past the
-/// best pinned share cost 7-8 %), so the 3 % target needs the share closer than the band. A
-/// median, so that a burst a few windows long does not move it.
+/// and on the H200 a GPU share 0.01 above the balance point costs a split step 1.5–3 % (the
+/// flags sweeps of docs/perf-checkpoints/2026-11-30-session7-h200, record 02: 0.05 past the
+/// best pinned share cost 7.7 % on gate, 14.5 % on up), so the 3 % target needs the share closer
+/// than the band. A median, so that a burst a few windows long does not move it.
 pub const REFINE_WINDOWS: usize = 32;
 
 /// ... and moved only when that median is further away than [`REFINE_SIGMAS`] of its own
@@ -962,7 +962,7 @@ mod tests {
 
     #[test]
     fn latched_share_sits_on_the_balance_not_anywhere_in_the_band() {
-        // A share 0.01 above the balance costs the H200's split steps ~1.5 %: the latch band
+        // A share 0.01 above the balance costs the H200's split steps 1.5–3 %: the latch band
         // (0.02) is too coarse a place to stop. Without the re-centring these hosts averaged
         // 0.0079 (±20 % noise) and 0.0022 (±5 %) from the balance over the same seeds.
         for (noise, bound) in [(0.2, 0.005), (0.05, 0.0015)] {
