@@ -9,8 +9,9 @@
 #   scripts/device-bench.sh verify            # bench orchestration, auto budget, ram margin on the 8B synth
 #   scripts/device-bench.sh full              # GPU tier, 8B synth, single layer, offload-bench, decode
 #   scripts/device-bench.sh per-shape         # single_layer --per-shape: auto vs pinned shares per shape
-#                                             # (CHAIN, REPS; JOINS: the joins tabled; VARIANTS:
-#                                             # one flags auto per tuning, raced together)
+#                                             # (CHAIN, REPS; JOINS, PROJS: the joins and
+#                                             # projections tabled; VARIANTS: one flags auto per
+#                                             # tuning, raced together)
 #   scripts/device-bench.sh handshake         # each join's per-step cost (single_layer --handshake),
 #                                             # then one layer with the flags timeline on
 #   scripts/device-bench.sh ab                # flags knobs raced against the default in interleaved

@@ -350,8 +350,8 @@ struct Args {
     /// Host-side tunings of the flags join to run, comma-separated: `default` or knobs joined
     /// with `+` (per-worker, last, cached, streaming, flush-x, staggered-x, prefetch-KIB,
     /// device-x, leader-fence, shared-x, own-x, by-part-x, chunks-N, per-worker-rows,
-    /// gpu-warm-KIB, tagged-x, seq-x, gpu-arm-from-publish, gpu-arm-after-publish). The target rounds run with the
-    /// first one; `--per-shape` races one flags `auto` per variant.
+    /// gpu-warm-KIB, tagged-x, seq-x, gpu-arm-from-publish, gpu-arm-after-publish). The target
+    /// rounds run with the first one; `--per-shape` races one flags `auto` per variant.
     #[arg(long, value_name = "LIST", default_value = "default")]
     flags_variants: String,
 }
