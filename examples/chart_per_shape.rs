@@ -62,8 +62,11 @@ fn panels(v: &Value) -> Result<Vec<Panel>> {
             .as_f64()
             .zip(row["auto_us"].as_f64())
             .map(|(s, us)| (s, gbs(bytes, us)));
-        // Several flags autos (one per tuning) share a sweep: each is its own curve, named.
-        let strategy = match (row["strategy"].as_str(), row["flags_variant"].as_str()) {
+        // Several autos of one join (one per tuning) share a sweep: each is its own curve, named.
+        let variant = row["flags_variant"]
+            .as_str()
+            .or_else(|| row["two_stream_variant"].as_str());
+        let strategy = match (row["strategy"].as_str(), variant) {
             (Some(st), Some(v)) if v != "default" => format!("{st}/{v}"),
             (Some(st), _) => st.to_string(),
             (None, _) => "?".to_string(),

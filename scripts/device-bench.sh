@@ -10,8 +10,8 @@
 #   scripts/device-bench.sh full              # GPU tier, 8B synth, single layer, offload-bench, decode
 #   scripts/device-bench.sh per-shape         # single_layer --per-shape: auto vs pinned shares per shape
 #                                             # (CHAIN, REPS; JOINS, PROJS: the joins and
-#                                             # projections tabled; VARIANTS: one flags auto per
-#                                             # tuning, raced together)
+#                                             # projections tabled; VARIANTS / TS_VARIANTS: one
+#                                             # flags / two-stream auto per tuning, raced together)
 #   scripts/device-bench.sh handshake         # each join's per-step cost (single_layer --handshake),
 #                                             # then one layer with the flags timeline on
 #   scripts/device-bench.sh ab                # flags knobs raced against the default in interleaved
@@ -115,10 +115,11 @@ per-shape)
     # Each shape's step is 50-300 us: enough reps that one point is tens of milliseconds.
     # CHAIN queues that many layers' steps back to back per timed rep, as decode does.
     # VARIANTS (e.g. default,gpu-arm-after-publish): one flags auto per tuning, raced against the
-    # same rivals (which run the first); JOINS (e.g. flags) and PROJS (e.g. q,k) limit the table.
+    # same rivals (which run the first); TS_VARIANTS (default,copy-up-in-arm) the same for
+    # two-stream; JOINS (e.g. flags) and PROJS (e.g. q,k) limit the table.
     "$B/bin/single_layer" --reps "${REPS:-200}" --chain "${CHAIN:-1}" --target-rounds 0 --per-shape \
         ${VARIANTS:+--flags-variants "$VARIANTS"} ${JOINS:+--per-shape-joins "$JOINS"} \
-        ${PROJS:+--per-shape-projs "$PROJS"} --json "$OUT/per_shape.json" 2>&1 | tee "$OUT/per-shape.log"
+        ${PROJS:+--per-shape-projs "$PROJS"} ${TS_VARIANTS:+--two-stream-variants "$TS_VARIANTS"} --json "$OUT/per_shape.json" 2>&1 | tee "$OUT/per-shape.log"
     ;;
 handshake)
     for t in ${THREADS:-0}; do

@@ -6,7 +6,8 @@
 //!
 //! ```text
 //! cargo run --release --example single_layer -- [--format q4_k|q8_0] [--reps N] [--threads N]
-//!     [--sweep] [--per-shape] [--per-shape-joins LIST] [--per-shape-projs LIST] [--json PATH]
+//!     [--sweep] [--per-shape] [--per-shape-joins LIST] [--per-shape-projs LIST]
+//!     [--two-stream-variants LIST] [--json PATH]
 //!     [--handshake STEPS] [--timeline] [--flags-variants LIST] [--copies N] [--ab-rounds R]
 //!     [--chain N] [--target-rounds R]
 //! ```
@@ -29,7 +30,8 @@
 //! default) | `gpu-arm-after-publish`: the controller's GPU arm time includes the publish, or
 //! starts after it), e.g. `default,last,own-x`. Under `flags`, `--per-shape` races one `auto` per
 //! variant against the same pinned rivals (which run the first variant's tuning);
-//! `--per-shape-joins` and `--per-shape-projs` pick the joins and projections it tables.
+//! `--per-shape-joins` and `--per-shape-projs` pick the joins and projections it tables, and
+//! `--two-stream-variants default,copy-up-in-arm` races two two-stream `auto`s the same way.
 //! `--ab-rounds R` instead races the flags variants against the first one in R interleaved
 //! rounds (one warmed executor each) and exits: the A/B that drift between runs cannot bias.
 //! `--chain N` queues N layers per timed rep with no host synchronisation between them, as the
@@ -317,6 +319,11 @@ struct Args {
     /// The join strategies `--per-shape` tables, comma-separated (ordering, two-stream, flags).
     #[arg(long, value_name = "LIST", default_value = "ordering,two-stream,flags")]
     per_shape_joins: String,
+    /// Two-stream `auto`s `--per-shape` races, comma-separated: `default` and/or
+    /// `copy-up-in-arm` (the controller's CPU arm includes the host's queueing of the rows' copy
+    /// up and that copy on an idle link, measured at the probe).
+    #[arg(long, value_name = "LIST", default_value = "default")]
+    two_stream_variants: String,
     /// The projections `--per-shape` tables, comma-separated (q, k, o, gate, up, down; v has
     /// k's shape and is never tabled).
     #[arg(long, value_name = "LIST", default_value = "q,k,o,gate,up,down")]
@@ -423,6 +430,21 @@ fn main() -> Result<()> {
         ("up", FF, D, GemvForm::Plain),
         ("down", D, FF, GemvForm::Residual),
     ];
+    let two_stream_variants = args
+        .two_stream_variants
+        .split(',')
+        .map(|v| match v {
+            "default" => Ok((
+                v.to_string(),
+                hipfire::exec::offload::DEFAULT_COPY_UP_IN_CPU_ARM,
+            )),
+            "copy-up-in-arm" => Ok((v.to_string(), true)),
+            "copy-up-not-in-arm" => Ok((v.to_string(), false)),
+            _ => Err(anyhow::anyhow!(
+                "--two-stream-variants: unknown {v:?} (default, copy-up-in-arm, copy-up-not-in-arm)"
+            )),
+        })
+        .collect::<Result<Vec<_>>>()?;
     let per_shape_projs: Vec<&str> = args.per_shape_projs.split(',').collect();
     if let Some(unknown) = per_shape_projs
         .iter()
@@ -694,6 +716,7 @@ fn main() -> Result<()> {
                 joins: &per_shape_joins,
                 projections: &per_shape_projs,
                 variants: &flags_variants,
+                two_stream_variants: &two_stream_variants,
             },
         )?
     } else {

@@ -39,14 +39,17 @@ pub(crate) struct PerShapeTable<'a> {
     pub(crate) joins: &'a [JoinStrategy],
     pub(crate) projections: &'a [&'a str],
     pub(crate) variants: &'a [(String, FlagsTuning)],
+    /// Two-stream's `auto`s: (name, whether the CPU arm includes its copy up).
+    pub(crate) two_stream_variants: &'a [(String, bool)],
 }
 
 /// Every projection (v has k's shape and is skipped) under each of `joins`: the printed table,
 /// and one JSON row per projection, join and `auto` variant.
 ///
-/// Under `flags`, every one of `variants` gets its own `auto` executor, raced in the same
-/// interleaved rounds against the same rivals (so that two controllers' tunings are compared by
-/// one measurement); the sweep and the rivals run the first variant's tuning.
+/// Under `flags`, every one of `variants` gets its own `auto` executor, and under `two-stream`
+/// every one of `two_stream_variants`: raced in the same interleaved rounds against the same
+/// rivals (so that two controllers' tunings are compared by one measurement); the sweep and the
+/// rivals run the first variants.
 pub(crate) fn per_shape(
     ctx: &Arc<Context>,
     pool: &CpuPool,
@@ -59,13 +62,18 @@ pub(crate) fn per_shape(
         joins,
         projections,
         variants,
+        two_stream_variants,
     } = *table;
     let mut shape_rows = Vec::new();
     let projs = &b.copies[0];
     let first = variants.first().map(|v| v.1).unwrap_or_default();
-    let executor = |mode, tuning: FlagsTuning| -> Result<OffloadExecutor> {
+    let first_copy_up = two_stream_variants
+        .first()
+        .map_or(hipfire::exec::offload::DEFAULT_COPY_UP_IN_CPU_ARM, |v| v.1);
+    let executor = |mode, tuning: FlagsTuning, copy_up: bool| -> Result<OffloadExecutor> {
         let mut ex = OffloadExecutor::new(ctx, pool.clone(), mode, FF, FF)?;
         ex.set_flags_tuning(tuning);
+        ex.set_copy_up_in_cpu_arm(copy_up);
         Ok(ex)
     };
     println!(
@@ -88,22 +96,29 @@ pub(crate) fn per_shape(
             },
         };
         for &st in joins {
-            // One auto per variant under flags (the other joins ignore the flags tuning).
-            let autos_of = if st == JoinStrategy::Flags {
-                variants
-            } else {
-                &variants[..variants.len().min(1)]
+            // One auto per variant of the join's own tuning: the flags tunings under flags,
+            // the copy-up choice under two-stream (each join ignores the other's).
+            let autos_of: Vec<(&str, FlagsTuning, bool)> = match st {
+                JoinStrategy::Flags => variants
+                    .iter()
+                    .map(|(n, t)| (n.as_str(), *t, first_copy_up))
+                    .collect(),
+                JoinStrategy::TwoStream => two_stream_variants
+                    .iter()
+                    .map(|(n, c)| (n.as_str(), first, *c))
+                    .collect(),
+                JoinStrategy::Ordering => vec![("default", first, first_copy_up)],
             };
             let auto = OffloadMode::Passback {
                 share: ShareSetting::Auto,
                 strategy: st,
             };
             let mut autos = Vec::new();
-            for (name, tuning) in autos_of {
-                let mut ex = executor(auto.clone(), *tuning)?;
+            for &(name, tuning, copy_up) in &autos_of {
+                let mut ex = executor(auto.clone(), tuning, copy_up)?;
                 b.run(Mode::Offload, Some(&mut ex), AUTO_WARM_REPS, Some(i))?;
                 let (t, _) = b.run(Mode::Offload, Some(&mut ex), reps, Some(i))?;
-                autos.push((name.as_str(), ex, t));
+                autos.push((name, ex, t));
             }
             let mut pinned = Vec::new();
             for s in SWEEP_SHARES {
@@ -111,7 +126,7 @@ pub(crate) fn per_shape(
                     share: ShareSetting::Pinned(s),
                     strategy: st,
                 };
-                let mut ex = executor(mode, first)?;
+                let mut ex = executor(mode, first, first_copy_up)?;
                 b.run(Mode::Offload, Some(&mut ex), PINNED_WARM_REPS, Some(i))?;
                 pinned.push((s, b.run(Mode::Offload, Some(&mut ex), reps, Some(i))?.0));
             }
@@ -141,6 +156,7 @@ pub(crate) fn per_shape(
                         strategy: st,
                     },
                     first,
+                    first_copy_up,
                 )?;
                 b.run(Mode::Offload, Some(&mut ex), PINNED_WARM_REPS, Some(i))?;
                 rivals.push((share, ex));
@@ -201,6 +217,7 @@ pub(crate) fn per_shape(
                 );
                 shape_rows.push(serde_json::json!({"proj": p.name, "m": p.m, "k": p.k, "strategy": st.name(),
                     "flags_variant": if st == JoinStrategy::Flags { Some(*variant) } else { None },
+                    "two_stream_variant": if st == JoinStrategy::TwoStream { Some(*variant) } else { None },
                     "auto_share": auto_share, "auto_us": t_auto, "best_share": best_share, "best_us": t_best,
                     "auto_over_best_throughput": ratio,
                     "auto_over_best_interleaved": ratio_h2h, "interleaved_best_share": h2h_share,

@@ -50,6 +50,12 @@ pub const TRACE_TARGET: &str = "hipfire::cpu_exec";
 /// reference system's choice (its probe medians were stable to ±3 % at 3 reps).
 const PROBE_REPS: usize = 3;
 
+/// Under `two-stream`, whether the controller's CPU arm includes the tail that brings its rows to
+/// the device ([`OffloadExecutor::set_copy_up_in_cpu_arm`]). Off until measured on the H200: there
+/// two-stream's k row was the one `auto` of 18 more than 3 % below the best pinned share (0.957,
+/// auto at 0.229 against 0.30; docs/perf-checkpoints/2026-11-30-session7-h200 record 05).
+pub const DEFAULT_COPY_UP_IN_CPU_ARM: bool = false;
+
 /// GPU arm event pairs in flight before the oldest must be waited for. Under `flags` a pair is
 /// read when a later step finds it complete; eight covers a whole layer's seven projections.
 const ARM_EVENT_RING: usize = 8;
@@ -250,6 +256,9 @@ struct PendingSplit {
     gpu_bytes: u64,
     cpu: ArmSample,
     cpu_ticket: Option<FlagsTicket>,
+    /// Added to the CPU arm's time for the controller only (the account keeps the multiply's):
+    /// [`OffloadExecutor::set_copy_up_in_cpu_arm`].
+    cpu_tail_ns: f64,
     /// Whether the step recorded its timeline events ([`OffloadExecutor::set_timeline`]).
     timeline: bool,
 }
@@ -274,6 +283,11 @@ pub struct OffloadExecutor {
     last_gpu_arm_slot: Option<usize>,
     /// The flags arm's host-side knobs.
     flags_tuning: FlagsTuning,
+    /// [`OffloadExecutor::set_copy_up_in_cpu_arm`].
+    copy_up_in_cpu_arm: bool,
+    /// Per shape, the copy up of the step's rows on an idle link (event-timed at the probe,
+    /// median of [`PROBE_REPS`]), ns.
+    copy_up_ns: HashMap<ShapeKey, f64>,
     /// Record the flags timeline (events around each step, the device's fold-wait count):
     /// off by default, since it costs each step a little (8B decode on the H200, 16 layers
     /// spilled, three alternating runs: 42.1-42.2 tok/s at the commit before it, 39.2-42.8
@@ -442,6 +456,8 @@ impl OffloadExecutor {
             last_gpu_arm_slot: None,
             timeline: false,
             flags_tuning: FlagsTuning::default(),
+            copy_up_in_cpu_arm: DEFAULT_COPY_UP_IN_CPU_ARM,
+            copy_up_ns: HashMap::new(),
             next_slot: 0,
             probe_start: ctx.new_event().map_err(gpu_err)?,
             probe_end: ctx.new_event().map_err(gpu_err)?,
@@ -490,6 +506,16 @@ impl OffloadExecutor {
     /// The flags arm's host-side knobs (for A/B runs; the default is the measured best).
     pub fn set_flags_tuning(&mut self, tuning: FlagsTuning) {
         self.flags_tuning = tuning;
+    }
+
+    /// Under `two-stream`, count in the CPU arm that the controller balances the tail that
+    /// brings its rows to the device: the host's time to queue the copy up (measured each step)
+    /// and the copy itself on an idle link (measured once per shape at the probe). The copy's
+    /// own time in the step is not used: it queues behind the GPU arm's reads on the link, so
+    /// a late GPU would read as a slow CPU and pull the share further towards the GPU (measured:
+    /// auto at 0.33-0.50, docs/perf-checkpoints/2026-11-30-session7-h200 record 06).
+    pub fn set_copy_up_in_cpu_arm(&mut self, on: bool) {
+        self.copy_up_in_cpu_arm = on;
     }
 
     /// The controller (GPU share per shape) for reports.
@@ -644,10 +670,39 @@ impl OffloadExecutor {
         kernels: &GemvKernels,
         act: &Activation,
         step: &SpilledStep<'_>,
+        key: ShapeKey,
     ) -> Result<Vec<ArmSample>, ExecError> {
         let w = step.weight;
         let (m, k) = (w.m(), w.k());
         let mut scratch = self.ctx.alloc::<f32>(m).map_err(gpu_err)?;
+        // The copy up of all m rows on the idle copy stream, as two-stream's join issues it
+        // (for `set_copy_up_in_cpu_arm`, and only when it is on; a small copy is mostly
+        // latency, so m rows stand for the CPU's share of them).
+        let mut copy_up = Vec::with_capacity(PROBE_REPS);
+        for _ in 0..if self.copy_up_in_cpu_arm {
+            PROBE_REPS
+        } else {
+            0
+        } {
+            self.probe_start
+                .record(&self.copy_stream)
+                .map_err(gpu_err)?;
+            self.copy_stream
+                .memcpy_htod_async(&mut scratch, 0, &self.y_host, 0, m * 4)
+                .map_err(gpu_err)?;
+            self.probe_end.record(&self.copy_stream).map_err(gpu_err)?;
+            self.probe_end.synchronize().map_err(gpu_err)?;
+            copy_up.push(
+                f64::from(
+                    self.probe_start
+                        .elapsed_ms(&self.probe_end)
+                        .map_err(gpu_err)?,
+                ) * 1e6,
+            );
+        }
+        if !copy_up.is_empty() {
+            self.copy_up_ns.insert(key, median(&mut copy_up));
+        }
         let mut gpu = Vec::with_capacity(PROBE_REPS);
         for _ in 0..PROBE_REPS {
             self.probe_start.record(stream).map_err(gpu_err)?;
@@ -773,7 +828,18 @@ impl OffloadExecutor {
         };
         self.arm_account.steps += 1;
         self.arm_account.arm_ns += cpu_ns.max(ns);
-        self.controller.observe(p.key, &[p.cpu, gpu]);
+        let cpu = ArmSample {
+            time: match p.cpu.time {
+                ArmTime::Exact { ns } => ArmTime::Exact {
+                    ns: ns + p.cpu_tail_ns,
+                },
+                ArmTime::FinishedBy { ns } => ArmTime::FinishedBy {
+                    ns: ns + p.cpu_tail_ns,
+                },
+            },
+            ..p.cpu
+        };
+        self.controller.observe(p.key, &[cpu, gpu]);
         self.stats.entry(p.stat_key).or_default().gpu_ns += ns;
         Ok(true)
     }
@@ -836,7 +902,7 @@ impl OffloadExecutor {
         if self.controller.needs_probe(&key) {
             self.resolve_pending(true)?;
             // A failed probe degrades to the controller's default share, never fails the step.
-            let probe = self.probe(stream, kernels, act, &step);
+            let probe = self.probe(stream, kernels, act, &step, key);
             if let Err(e) = &probe {
                 tracing::warn!(target: TRACE_TARGET, cause = %e, "probe failed; default share");
             }
@@ -925,6 +991,11 @@ impl OffloadExecutor {
                 time: ArmTime::Exact { ns: cpu },
             },
             cpu_ticket: None,
+            cpu_tail_ns: if strategy == JoinStrategy::TwoStream && self.copy_up_in_cpu_arm {
+                join + self.copy_up_ns.get(&key).copied().unwrap_or(0.0)
+            } else {
+                0.0
+            },
             timeline: false,
         });
         if strategy == JoinStrategy::Ordering {
@@ -1108,6 +1179,7 @@ impl OffloadExecutor {
                 time: ArmTime::Exact { ns: 0.0 },
             },
             cpu_ticket: Some(ticket),
+            cpu_tail_ns: 0.0,
             timeline: self.timeline,
         });
         self.window_split_steps += 1;

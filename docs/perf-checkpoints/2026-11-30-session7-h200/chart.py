@@ -89,8 +89,9 @@ def per_shape_table():
         for r in d["per_shape"]:
             h = r["auto_over_best_interleaved"]
             name = r["strategy"]
-            if r.get("flags_variant") not in (None, "default"):
-                name += "/" + r["flags_variant"]
+            variant = r.get("flags_variant") or r.get("two_stream_variant")
+            if variant not in (None, "default"):
+                name += "/" + variant
             ok.setdefault(name, []).append(h >= 0.97)
             print(f"| {r['proj']} | {name} | {r['auto_share']:.3f} |"
                   f" {h:.3f} ({r['interleaved_best_share']:.2f}) | {r['a_a_control']:.3f} |")
