@@ -386,6 +386,20 @@ fn f32s_mut(buf: &mut HostMappedBuffer, n: usize) -> &mut [f32] {
     unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<f32>(), n) }
 }
 
+/// `op` queued on `stream` between `start` and `end`, waited for; the device's time for it, ns.
+fn event_timed_ns(
+    stream: &Stream,
+    start: &Event,
+    end: &Event,
+    op: impl FnOnce() -> Result<(), GpuError>,
+) -> Result<f64, ExecError> {
+    start.record(stream).map_err(gpu_err)?;
+    op().map_err(gpu_err)?;
+    end.record(stream).map_err(gpu_err)?;
+    end.synchronize().map_err(gpu_err)?;
+    Ok(f64::from(start.elapsed_ms(end).map_err(gpu_err)?) * 1e6)
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -678,36 +692,25 @@ impl OffloadExecutor {
         // The copy up of all m rows on the idle copy stream, as two-stream's join issues it
         // (for `set_copy_up_in_cpu_arm`, and only when it is on; a small copy is mostly
         // latency, so m rows stand for the CPU's share of them).
+        let (start, end) = (&self.probe_start, &self.probe_end);
         let mut copy_up = Vec::with_capacity(PROBE_REPS);
         for _ in 0..if self.copy_up_in_cpu_arm {
             PROBE_REPS
         } else {
             0
         } {
-            self.probe_start
-                .record(&self.copy_stream)
-                .map_err(gpu_err)?;
-            self.copy_stream
-                .memcpy_htod_async(&mut scratch, 0, &self.y_host, 0, m * 4)
-                .map_err(gpu_err)?;
-            self.probe_end.record(&self.copy_stream).map_err(gpu_err)?;
-            self.probe_end.synchronize().map_err(gpu_err)?;
-            copy_up.push(
-                f64::from(
-                    self.probe_start
-                        .elapsed_ms(&self.probe_end)
-                        .map_err(gpu_err)?,
-                ) * 1e6,
-            );
+            let (copy, y_host) = (&self.copy_stream, &self.y_host);
+            copy_up.push(event_timed_ns(copy, start, end, || {
+                copy.memcpy_htod_async(&mut scratch, 0, y_host, 0, m * 4)
+            })?);
         }
         if !copy_up.is_empty() {
             self.copy_up_ns.insert(key, median(&mut copy_up));
         }
         let mut gpu = Vec::with_capacity(PROBE_REPS);
         for _ in 0..PROBE_REPS {
-            self.probe_start.record(stream).map_err(gpu_err)?;
-            kernels
-                .gemv(
+            gpu.push(event_timed_ns(stream, start, end, || {
+                kernels.gemv(
                     stream,
                     w,
                     act,
@@ -715,16 +718,7 @@ impl OffloadExecutor {
                     RowRange::all(m),
                     GemvForm::Plain,
                 )
-                .map_err(gpu_err)?;
-            self.probe_end.record(stream).map_err(gpu_err)?;
-            self.probe_end.synchronize().map_err(gpu_err)?;
-            gpu.push(
-                f64::from(
-                    self.probe_start
-                        .elapsed_ms(&self.probe_end)
-                        .map_err(gpu_err)?,
-                ) * 1e6,
-            );
+            })?);
         }
         stream
             .memcpy_dtoh_async(&mut self.x_host, 0, step.x, 0, k * 4)
