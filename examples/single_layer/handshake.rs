@@ -3,8 +3,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::variants::Tuning;
 use anyhow::Result;
-use hipfire::exec::flags::FlagsTuning;
 use hipfire::exec::offload::{JoinStrategy, OffloadExecutor, OffloadMode, SpilledStep};
 use hipfire::exec::share::ShareSetting;
 use hipfire::gpu::{Activation, Context, GemvForm, GemvKernels, Stream, WeightRef};
@@ -28,7 +28,7 @@ pub(crate) fn handshake(
     kernels: &GemvKernels,
     pool: &hipfire::exec::CpuPool,
     steps: usize,
-    variants: &[(String, FlagsTuning)],
+    variants: &[(String, Tuning)],
 ) -> Result<()> {
     let (host, _dev) = make_matrix(ctx, stream, Format::Q8_0, HANDSHAKE_M, D, 99)?;
     let mut x = ctx.alloc::<f32>(D)?;
@@ -43,7 +43,7 @@ pub(crate) fn handshake(
     kernels.prepare(stream, &x, &mut act)?;
     let mut y = ctx.alloc::<f32>(HANDSHAKE_M)?;
     let w = WeightRef::new(host.as_ref(), 0, Format::Q8_0, HANDSHAKE_M, D)?;
-    let mut modes = vec![(OffloadMode::Cpu, "cpu".to_string(), FlagsTuning::default())];
+    let mut modes = vec![(OffloadMode::Cpu, "cpu".to_string(), Tuning::default())];
     for st in JoinStrategy::ALL {
         let mode = OffloadMode::Passback {
             share: ShareSetting::Pinned(0.5),
@@ -54,18 +54,14 @@ pub(crate) fn handshake(
                 modes.push((mode.clone(), format!("passback {}", flags_label(v)), *t));
             }
         } else {
-            modes.push((
-                mode,
-                format!("passback {}", st.name()),
-                FlagsTuning::default(),
-            ));
+            modes.push((mode, format!("passback {}", st.name()), Tuning::default()));
         }
     }
     println!("handshake: {steps} steps of {HANDSHAKE_M} x {D} q8_0 per mode, share 0.5");
     for (mode, name, tuning) in modes {
         let mut ex = OffloadExecutor::new(ctx, pool.clone(), mode, D, HANDSHAKE_M)?;
         ex.set_timeline(true);
-        ex.set_flags_tuning(tuning);
+        tuning.apply(&mut ex);
         let mut run = |n: usize, ex: &mut OffloadExecutor| -> Result<f64> {
             let t = Instant::now();
             for _ in 0..n {

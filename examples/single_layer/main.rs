@@ -28,7 +28,8 @@
 //! arm ends; `tagged-x` (the default) | `seq-x`: x published as 8-byte {value, step} words with
 //! no fence or sequence word, or plain behind a fenced sequence word; `gpu-arm-from-publish` (the
 //! default) | `gpu-arm-after-publish`: the controller's GPU arm time includes the publish, or
-//! starts after it), e.g. `default,last,own-x`. Under `flags`, `--per-shape` races one `auto` per
+//! starts after it; `key-by-rows` | `key-by-shape` (the default): one share estimate per step
+//! height, or per `(format, k, form)`), e.g. `default,last,own-x`. Under `flags`, `--per-shape` races one `auto` per
 //! variant against the same pinned rivals (which run the first variant's tuning);
 //! `--per-shape-joins` and `--per-shape-projs` pick the joins and projections it tables, and
 //! `--two-stream-variants default,copy-up-in-arm` races two two-stream `auto`s the same way.
@@ -53,7 +54,6 @@ use std::time::Instant;
 
 use anyhow::{Context as _, Result};
 use hipfire::exec::bench;
-use hipfire::exec::flags::FlagsTuning;
 use hipfire::exec::offload::{ArmAccount, JoinStrategy, OffloadExecutor, OffloadMode, SpilledStep};
 use hipfire::exec::share::ShareSetting;
 use hipfire::gpu::{
@@ -62,12 +62,14 @@ use hipfire::gpu::{
 };
 use hipfire::quant::Format;
 use rand::{Rng, SeedableRng};
-use variants::{flags_ab, flags_label, parse_flags_variants};
+use variants::{flags_ab, flags_label, parse_flags_variants, Tuning};
 
 /// Llama-3-8B: d_model 4096, 8 of 32 heads for k/v (GQA), FFN 14336.
 const D: usize = 4096;
 const KV: usize = 1024;
 const FF: usize = 14336;
+/// The fused q/k/v step's rows: the layer tables print the share of its key.
+const QKV_ROWS: usize = D + 2 * KV;
 /// Distinct random rows per matrix (tiled to m rows): enough that no two neighbouring rows of a
 /// worker's slice share cache lines, few enough that quantising a layer takes well under a second.
 const DISTINCT_ROWS: usize = 64;
@@ -357,8 +359,9 @@ struct Args {
     /// Host-side tunings of the flags join to run, comma-separated: `default` or knobs joined
     /// with `+` (per-worker, last, cached, streaming, flush-x, staggered-x, prefetch-KIB,
     /// device-x, leader-fence, shared-x, own-x, by-part-x, chunks-N, per-worker-rows,
-    /// gpu-warm-KIB, tagged-x, seq-x, gpu-arm-from-publish, gpu-arm-after-publish). The target
-    /// rounds run with the first one; `--per-shape` races one flags `auto` per variant.
+    /// gpu-warm-KIB, tagged-x, seq-x, gpu-arm-from-publish, gpu-arm-after-publish, key-by-rows,
+    /// key-by-shape). The target rounds run with the first one; `--per-shape` races one flags
+    /// `auto` per variant.
     #[arg(long, value_name = "LIST", default_value = "default")]
     flags_variants: String,
 }
@@ -575,8 +578,8 @@ fn main() -> Result<()> {
         bytes / t_res / 1e3,
         "-"
     );
-    let default_tuning = FlagsTuning::default();
-    let mut runs: Vec<(OffloadMode, String, FlagsTuning)> = vec![
+    let default_tuning = Tuning::default();
+    let mut runs: Vec<(OffloadMode, String, Tuning)> = vec![
         (OffloadMode::Pcie, "-".into(), default_tuning),
         (OffloadMode::Cpu, "-".into(), default_tuning),
     ];
@@ -610,7 +613,7 @@ fn main() -> Result<()> {
         let st = st.as_str();
         let mut ex = OffloadExecutor::new(&ctx, pool.clone(), mode.clone(), FF, 2 * FF)?;
         ex.set_timeline(timeline);
-        ex.set_flags_tuning(tuning);
+        tuning.apply(&mut ex);
         // Warm the auto controller (probe + refinement) before timing.
         if matches!(
             mode,
@@ -637,11 +640,7 @@ fn main() -> Result<()> {
                 ..
             } => format!("{s:.2}"),
             OffloadMode::Passback { .. } => {
-                let key = hipfire::exec::share::ShapeKey {
-                    format,
-                    k: D,
-                    form: hipfire::exec::share::Form::Plain,
-                };
+                let key = ex.shape_key(format, D, hipfire::exec::share::Form::Plain, QKV_ROWS);
                 format!("auto({:.3})", ex.controller().gpu_share(&key))
             }
             _ => "-".into(),

@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
+use crate::variants::Tuning;
 use anyhow::Result;
-use hipfire::exec::flags::FlagsTuning;
 use hipfire::exec::offload::{JoinStrategy, OffloadExecutor, OffloadMode};
 use hipfire::exec::share::ShareSetting;
 use hipfire::exec::CpuPool;
@@ -38,7 +38,7 @@ const HEAD_TO_HEAD_RIVALS: usize = 3;
 pub(crate) struct PerShapeTable<'a> {
     pub(crate) joins: &'a [JoinStrategy],
     pub(crate) projections: &'a [&'a str],
-    pub(crate) variants: &'a [(String, FlagsTuning)],
+    pub(crate) variants: &'a [(String, Tuning)],
     /// Two-stream's `auto`s: (name, whether the CPU arm includes its copy up).
     pub(crate) two_stream_variants: &'a [(String, bool)],
 }
@@ -70,9 +70,9 @@ pub(crate) fn per_shape(
     let first_copy_up = two_stream_variants
         .first()
         .map_or(hipfire::exec::offload::DEFAULT_COPY_UP_IN_CPU_ARM, |v| v.1);
-    let executor = |mode, tuning: FlagsTuning, copy_up: bool| -> Result<OffloadExecutor> {
+    let executor = |mode, tuning: Tuning, copy_up: bool| -> Result<OffloadExecutor> {
         let mut ex = OffloadExecutor::new(ctx, pool.clone(), mode, FF, FF)?;
-        ex.set_flags_tuning(tuning);
+        tuning.apply(&mut ex);
         ex.set_copy_up_in_cpu_arm(copy_up);
         Ok(ex)
     };
@@ -87,18 +87,14 @@ pub(crate) fn per_shape(
         if p.name == "v" || !projections.contains(&p.name) {
             continue;
         }
-        let key = hipfire::exec::share::ShapeKey {
-            format,
-            k: p.k,
-            form: match p.form {
-                GemvForm::Residual => hipfire::exec::share::Form::Residual,
-                _ => hipfire::exec::share::Form::Plain,
-            },
+        let form = match p.form {
+            GemvForm::Residual => hipfire::exec::share::Form::Residual,
+            _ => hipfire::exec::share::Form::Plain,
         };
         for &st in joins {
             // One auto per variant of the join's own tuning: the flags tunings under flags,
             // the copy-up choice under two-stream (each join ignores the other's).
-            let autos_of: Vec<(&str, FlagsTuning, bool)> = match st {
+            let autos_of: Vec<(&str, Tuning, bool)> = match st {
                 JoinStrategy::Flags => variants
                     .iter()
                     .map(|(n, t)| (n.as_str(), *t, first_copy_up))
@@ -189,7 +185,9 @@ pub(crate) fn per_shape(
             // The control: the twin's time over the fastest rival's.
             let (aa, control) = median(times.iter().map(|t| t[n - 1] / t[n_autos]).collect());
             for (a, (variant, ex, t_auto)) in autos.iter().enumerate() {
-                let auto_share = ex.controller().gpu_share(&key);
+                let auto_share = ex
+                    .controller()
+                    .gpu_share(&ex.shape_key(format, p.k, form, p.m));
                 // Throughput ratio: auto over the best pinned share of the sweep.
                 let ratio = t_best / t_auto;
                 // Per rival, the median over rounds of its time over this auto's (auto's

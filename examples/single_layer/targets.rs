@@ -11,9 +11,9 @@
 
 use std::sync::Arc;
 
+use crate::variants::Tuning;
 use anyhow::Result;
 use hipfire::exec::bench;
-use hipfire::exec::flags::FlagsTuning;
 use hipfire::exec::offload::{JoinStrategy, OffloadExecutor, OffloadMode};
 use hipfire::exec::share::ShareSetting;
 use hipfire::exec::CpuPool;
@@ -160,7 +160,7 @@ pub(crate) fn target_rounds(
     pool: &CpuPool,
     b: &Bench<'_>,
     bufs: &CeilingBuffers<'_>,
-    tuning: FlagsTuning,
+    tuning: Tuning,
     rounds: usize,
     reps: usize,
 ) -> Result<serde_json::Value> {
@@ -177,7 +177,7 @@ pub(crate) fn target_rounds(
         (flags_mode, AUTO_WARM_REPS),
     ] {
         let mut ex = OffloadExecutor::new(ctx, pool.clone(), mode, FF, 2 * FF)?;
-        ex.set_flags_tuning(tuning);
+        tuning.apply(&mut ex);
         b.run(Mode::Offload, Some(&mut ex), warm, None)?;
         exs.push(ex);
     }

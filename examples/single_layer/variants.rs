@@ -10,7 +10,7 @@ use hipfire::exec::offload::{JoinStrategy, OffloadExecutor, OffloadMode};
 use hipfire::exec::share::ShareSetting;
 use hipfire::gpu::Context;
 
-use crate::{Bench, Mode, AUTO_WARM_REPS, D, FF};
+use crate::{Bench, Mode, AUTO_WARM_REPS, D, FF, QKV_ROWS};
 
 /// The number after `prefix` in `knob` (`prefetch-64` → 64), or an error saying what the knob
 /// `takes`.
@@ -20,13 +20,42 @@ fn knob_number<T: std::str::FromStr>(knob: &str, prefix: &str, takes: &str) -> R
         .with_context(|| format!("--flags-variants: {knob}: {takes}"))
 }
 
+/// One variant of an A/B: the flags join's host-side tuning, and how the executor keys its
+/// share estimates.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Tuning {
+    pub(crate) flags: FlagsTuning,
+    /// [`OffloadExecutor::set_key_by_rows`].
+    pub(crate) key_by_rows: bool,
+}
+
+impl Default for Tuning {
+    fn default() -> Tuning {
+        Tuning {
+            flags: FlagsTuning::default(),
+            key_by_rows: hipfire::exec::offload::DEFAULT_KEY_BY_ROWS,
+        }
+    }
+}
+
+impl Tuning {
+    /// Set `ex` up with this variant.
+    pub(crate) fn apply(&self, ex: &mut OffloadExecutor) {
+        ex.set_flags_tuning(self.flags);
+        ex.set_key_by_rows(self.key_by_rows);
+    }
+}
+
 /// `--flags-variants`: each entry's label and tuning.
-pub(crate) fn parse_flags_variants(list: &str) -> Result<Vec<(String, FlagsTuning)>> {
+pub(crate) fn parse_flags_variants(list: &str) -> Result<Vec<(String, Tuning)>> {
     list.split(',')
         .map(|v| {
-            let mut t = FlagsTuning::default();
+            let mut tuning = Tuning::default();
+            let t = &mut tuning.flags;
             for knob in v.split('+').filter(|k| *k != "default") {
                 match knob {
+                    "key-by-rows" => tuning.key_by_rows = true,
+                    "key-by-shape" => tuning.key_by_rows = false,
                     "per-worker" => t.done = DoneSignal::PerWorker,
                     "last" => t.done = DoneSignal::Last,
                     "cached" => t.rows = RowStores::Cached,
@@ -43,11 +72,8 @@ pub(crate) fn parse_flags_variants(list: &str) -> Result<Vec<(String, FlagsTunin
                     "gpu-arm-from-publish" => t.gpu_arm_from_publish = true,
                     "gpu-arm-after-publish" => t.gpu_arm_from_publish = false,
                     k if k.starts_with("chunks-") => {
-                        let n: NonZeroU8 = knob_number(
-                            k,
-                            "chunks-",
-                            "chunks-N takes chunks per worker (1-255)",
-                        )?;
+                        let n: NonZeroU8 =
+                            knob_number(k, "chunks-", "chunks-N takes chunks per worker (1-255)")?;
                         t.claim = RowClaim::Chunks(n.get());
                     }
                     "per-worker-rows" => t.claim = RowClaim::PerWorker,
@@ -64,11 +90,14 @@ pub(crate) fn parse_flags_variants(list: &str) -> Result<Vec<(String, FlagsTunin
                     other => anyhow::bail!(
                         "--flags-variants: unknown knob {other:?} (default, per-worker, last, \
                          cached, streaming, flush-x, staggered-x, prefetch-KIB, device-x, \
-                         leader-fence, shared-x, own-x, by-part-x, chunks-N, per-worker-rows, gpu-warm-KIB, tagged-x, seq-x, gpu-arm-from-publish, gpu-arm-after-publish; join with +, separate with ,)"
+                         leader-fence, shared-x, own-x, by-part-x, chunks-N, per-worker-rows, \
+                         gpu-warm-KIB, tagged-x, seq-x, gpu-arm-from-publish, \
+                         gpu-arm-after-publish, key-by-rows, key-by-shape; join with +, \
+                         separate with ,)"
                     ),
                 }
             }
-            Ok((v.to_string(), t))
+            Ok((v.to_string(), tuning))
         })
         .collect()
 }
@@ -81,7 +110,7 @@ pub(crate) fn flags_ab(
     ctx: &Arc<Context>,
     pool: &hipfire::exec::CpuPool,
     b: &Bench<'_>,
-    variants: &[(String, FlagsTuning)],
+    variants: &[(String, Tuning)],
     rounds: usize,
     reps: usize,
     json_path: Option<&str>,
@@ -97,7 +126,7 @@ pub(crate) fn flags_ab(
             strategy: JoinStrategy::Flags,
         };
         let mut ex = OffloadExecutor::new(ctx, pool.clone(), mode, FF, 2 * FF)?;
-        ex.set_flags_tuning(*t);
+        t.apply(&mut ex);
         b.run(Mode::Offload, Some(&mut ex), AUTO_WARM_REPS, None)?;
         exs.push(ex);
     }
@@ -136,8 +165,8 @@ pub(crate) fn flags_ab(
         );
         rows.push(serde_json::json!({"variant": name, "us_per_layer_rounds": times[v],
             "median_us": med_us, "ratio_to_first_rounds": by_round, "median_ratio_to_first": med_ratio,
-            "share": exs[v].controller().gpu_share(&hipfire::exec::share::ShapeKey {
-                format: b.copies[0][0].format, k: D, form: hipfire::exec::share::Form::Plain })}));
+            "share": exs[v].controller().gpu_share(&exs[v].shape_key(
+                b.copies[0][0].format, D, hipfire::exec::share::Form::Plain, QKV_ROWS))}));
     }
     if let Some(p) = json_path {
         let out = serde_json::json!({"example": "single_layer", "mode": "flags_ab",

@@ -56,6 +56,14 @@ const PROBE_REPS: usize = 3;
 /// auto at 0.229 against 0.30; docs/perf-checkpoints/2026-11-30-session7-h200 record 05).
 pub const DEFAULT_COPY_UP_IN_CPU_ARM: bool = false;
 
+/// Whether the controller keeps one estimate per step height too ([`ShapeKey::rows`],
+/// [`OffloadExecutor::set_key_by_rows`]). Off until measured: under `flags` a layer's fused q/k/v
+/// step (6144 rows at Llama-3-8B) and its fused gate/up step (28672) share one `(format, k,
+/// form)` estimate, while alone their best pinned shares differed (q 0.15–0.20, gate 0.25;
+/// docs/perf-checkpoints/2026-11-30-session7-h200 record 05), and unfused, q and k/v under one
+/// key re-opened its latch 32 times in 10 k steps (session 2).
+pub const DEFAULT_KEY_BY_ROWS: bool = false;
+
 /// GPU arm event pairs in flight before the oldest must be waited for. Under `flags` a pair is
 /// read when a later step finds it complete; eight covers a whole layer's seven projections.
 const ARM_EVENT_RING: usize = 8;
@@ -285,6 +293,8 @@ pub struct OffloadExecutor {
     flags_tuning: FlagsTuning,
     /// [`OffloadExecutor::set_copy_up_in_cpu_arm`].
     copy_up_in_cpu_arm: bool,
+    /// [`OffloadExecutor::set_key_by_rows`].
+    key_by_rows: bool,
     /// Per shape, the copy up of the step's rows on an idle link (event-timed at the probe,
     /// median of [`PROBE_REPS`]), ns.
     copy_up_ns: HashMap<ShapeKey, f64>,
@@ -471,6 +481,7 @@ impl OffloadExecutor {
             timeline: false,
             flags_tuning: FlagsTuning::default(),
             copy_up_in_cpu_arm: DEFAULT_COPY_UP_IN_CPU_ARM,
+            key_by_rows: DEFAULT_KEY_BY_ROWS,
             copy_up_ns: HashMap::new(),
             next_slot: 0,
             probe_start: ctx.new_event().map_err(gpu_err)?,
@@ -530,6 +541,24 @@ impl OffloadExecutor {
     /// auto at 0.33-0.50, docs/perf-checkpoints/2026-11-30-session7-h200 record 06).
     pub fn set_copy_up_in_cpu_arm(&mut self, on: bool) {
         self.copy_up_in_cpu_arm = on;
+    }
+
+    /// Keep one share estimate per step height as well as per `(format, k, form)`
+    /// ([`DEFAULT_KEY_BY_ROWS`]). A fused `flags` step then starts from the estimate of its
+    /// first output's own key ([`ShareController::seed_from`]) rather than from a probe.
+    pub fn set_key_by_rows(&mut self, on: bool) {
+        self.key_by_rows = on;
+    }
+
+    /// The controller's key for a step of `rows` rows (all outputs of a fused step together)
+    /// under this executor's keying.
+    pub fn shape_key(&self, format: Format, k: usize, form: Form, rows: usize) -> ShapeKey {
+        ShapeKey {
+            format,
+            k,
+            form,
+            rows: self.key_by_rows.then_some(rows),
+        }
     }
 
     /// The controller (GPU share per shape) for reports.
@@ -871,11 +900,7 @@ impl OffloadExecutor {
         } else {
             Form::Plain
         };
-        let key = ShapeKey {
-            format: w.format(),
-            k,
-            form,
-        };
+        let key = self.shape_key(w.format(), k, form, m);
         let row_bytes = match self.split_check(&step) {
             Ok(rb) => rb,
             Err(rule) => {
@@ -1197,6 +1222,21 @@ impl OffloadExecutor {
         steps: &mut [SpilledStep<'_>],
     ) -> Result<(), ExecError> {
         let t0 = Instant::now();
+        if self.key_by_rows && steps.len() > 1 {
+            if let Some(first) = steps.first() {
+                // The fused key starts from its first output's own key, once that has been
+                // seeded (the steps below run one at a time until then, probing it).
+                let (format, k) = (first.weight.format(), first.weight.k());
+                let form = match first.form {
+                    GemvForm::Residual => Form::Residual,
+                    _ => Form::Plain,
+                };
+                let rows = steps.iter().map(|st| st.weight.m()).sum();
+                let fused = self.shape_key(format, k, form, rows);
+                let own = self.shape_key(format, k, form, first.weight.m());
+                self.controller.seed_from(fused, &own);
+            }
+        }
         if let Some(split) = self.shared_flags_split(steps) {
             self.total_steps += steps.len() as u64;
             self.window_steps += steps.len() as u64;
@@ -1242,15 +1282,13 @@ impl OffloadExecutor {
             return None;
         }
         let residual = matches!(form, GemvForm::Residual);
-        let key = ShapeKey {
-            format,
-            k,
-            form: if residual {
-                Form::Residual
-            } else {
-                Form::Plain
-            },
+        let form = if residual {
+            Form::Residual
+        } else {
+            Form::Plain
         };
+        let m_total = steps.iter().map(|st| st.weight.m()).sum();
+        let key = self.shape_key(format, k, form, m_total);
         if self.controller.needs_probe(&key) {
             return None;
         }
@@ -1269,7 +1307,6 @@ impl OffloadExecutor {
         if cpu_rows > self.flags.as_ref()?.mailbox.rows() {
             return None;
         }
-        let m_total = steps.iter().map(|st| st.weight.m()).sum();
         Some(FlagsSplit {
             key,
             stat_key: (format, m_total, k, residual),
@@ -1306,14 +1343,16 @@ impl OffloadExecutor {
         {
             let (format, m, k, residual) = key;
             let n = s.calls as f64;
+            let form = if residual {
+                Form::Residual
+            } else {
+                Form::Plain
+            };
             let fkey = ShapeKey {
                 format,
                 k,
-                form: if residual {
-                    Form::Residual
-                } else {
-                    Form::Plain
-                },
+                form,
+                rows: self.key_by_rows.then_some(m),
             };
             let snap = self.controller.snapshot(&fkey);
             let share = self.controller.gpu_share(&fkey);

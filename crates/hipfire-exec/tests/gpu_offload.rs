@@ -226,6 +226,7 @@ fn auto_share_converges_inside_the_clamp() {
         format: fmt,
         k: K,
         form: Form::Plain,
+        rows: None,
     };
     let s = ex.controller().gpu_share(&key);
     eprintln!(
