@@ -1055,7 +1055,10 @@ mod tests {
             rows: Some(7),
             ..KEY
         };
-        assert!(!run.ctl.seed_from(fused, &absent), "seeded from an unseeded key");
+        assert!(
+            !run.ctl.seed_from(fused, &absent),
+            "seeded from an unseeded key"
+        );
         assert!(run.ctl.needs_probe(&fused));
         assert!(run.ctl.seed_from(fused, &KEY));
         let (src, dst) = (
@@ -1091,7 +1094,10 @@ mod tests {
             );
         }
         assert!((run.ctl.gpu_share(&fused) - host.balance(2.0)).abs() < TOL);
-        assert!(host.balance(2.0) - before > 0.05, "fixture: the balances differ");
+        assert!(
+            host.balance(2.0) - before > 0.05,
+            "fixture: the balances differ"
+        );
         assert_eq!(run.ctl.gpu_share(&KEY), before);
     }
 
