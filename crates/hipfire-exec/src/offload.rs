@@ -722,12 +722,13 @@ impl OffloadExecutor {
         // (for `set_copy_up_in_cpu_arm`, and only when it is on; a small copy is mostly
         // latency, so m rows stand for the CPU's share of them).
         let (start, end) = (&self.probe_start, &self.probe_end);
-        let mut copy_up = Vec::with_capacity(PROBE_REPS);
-        for _ in 0..if self.copy_up_in_cpu_arm {
+        let copy_up_reps = if self.copy_up_in_cpu_arm {
             PROBE_REPS
         } else {
             0
-        } {
+        };
+        let mut copy_up = Vec::with_capacity(copy_up_reps);
+        for _ in 0..copy_up_reps {
             let (copy, y_host) = (&self.copy_stream, &self.y_host);
             copy_up.push(event_timed_ns(copy, start, end, || {
                 copy.memcpy_htod_async(&mut scratch, 0, y_host, 0, m * 4)
