@@ -396,6 +396,15 @@ fn f32s_mut(buf: &mut HostMappedBuffer, n: usize) -> &mut [f32] {
     unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<f32>(), n) }
 }
 
+/// The controller's form of a step (`residual`: `y += W x`).
+fn share_form(residual: bool) -> Form {
+    if residual {
+        Form::Residual
+    } else {
+        Form::Plain
+    }
+}
+
 /// `op` queued on `stream` between `start` and `end`, waited for; the device's time for it, ns.
 fn event_timed_ns(
     stream: &Stream,
@@ -896,11 +905,7 @@ impl OffloadExecutor {
         let (m, k) = (w.m(), w.k());
         let residual = matches!(step.form, GemvForm::Residual);
         let stat_key = (w.format(), m, k, residual);
-        let form = if residual {
-            Form::Residual
-        } else {
-            Form::Plain
-        };
+        let form = share_form(residual);
         let key = self.shape_key(w.format(), k, form, m);
         let row_bytes = match self.split_check(&step) {
             Ok(rb) => rb,
@@ -1223,21 +1228,6 @@ impl OffloadExecutor {
         steps: &mut [SpilledStep<'_>],
     ) -> Result<(), ExecError> {
         let t0 = Instant::now();
-        if self.key_by_rows && steps.len() > 1 {
-            if let Some(first) = steps.first() {
-                // The fused key starts from its first output's own key, once that has been
-                // seeded (the steps below run one at a time until then, probing it).
-                let (format, k) = (first.weight.format(), first.weight.k());
-                let form = match first.form {
-                    GemvForm::Residual => Form::Residual,
-                    _ => Form::Plain,
-                };
-                let rows = steps.iter().map(|st| st.weight.m()).sum();
-                let fused = self.shape_key(format, k, form, rows);
-                let own = self.shape_key(format, k, form, first.weight.m());
-                self.controller.seed_from(fused, &own);
-            }
-        }
         if let Some(split) = self.shared_flags_split(steps) {
             self.total_steps += steps.len() as u64;
             self.window_steps += steps.len() as u64;
@@ -1262,7 +1252,7 @@ impl OffloadExecutor {
 
     /// The fused split of `steps` under `flags`, if they qualify (see
     /// [`OffloadExecutor::run_shared`]).
-    fn shared_flags_split(&self, steps: &[SpilledStep<'_>]) -> Option<FlagsSplit> {
+    fn shared_flags_split(&mut self, steps: &[SpilledStep<'_>]) -> Option<FlagsSplit> {
         let OffloadMode::Passback {
             strategy: JoinStrategy::Flags,
             ..
@@ -1283,13 +1273,15 @@ impl OffloadExecutor {
             return None;
         }
         let residual = matches!(form, GemvForm::Residual);
-        let form = if residual {
-            Form::Residual
-        } else {
-            Form::Plain
-        };
+        let form = share_form(residual);
         let m_total = steps.iter().map(|st| st.weight.m()).sum();
         let key = self.shape_key(format, k, form, m_total);
+        if self.key_by_rows {
+            // A fused key starts from its first output's own key, once that has been seeded
+            // (until then the steps run one at a time, probing it).
+            let own = self.shape_key(format, k, form, first.weight.m());
+            self.controller.seed_from(key, &own);
+        }
         if self.controller.needs_probe(&key) {
             return None;
         }
@@ -1344,15 +1336,10 @@ impl OffloadExecutor {
         {
             let (format, m, k, residual) = key;
             let n = s.calls as f64;
-            let form = if residual {
-                Form::Residual
-            } else {
-                Form::Plain
-            };
             let fkey = ShapeKey {
                 format,
                 k,
-                form,
+                form: share_form(residual),
                 rows: self.key_by_rows.then_some(m),
             };
             let snap = self.controller.snapshot(&fkey);
