@@ -916,18 +916,7 @@ mod tests {
             } else {
                 ArmTime::FinishedBy { ns: tc }
             };
-            in_flight.push_back([
-                ArmSample {
-                    engine: 0,
-                    bytes: ((M - g) * ROW_BYTES) as u64,
-                    time: ArmTime::Exact { ns: tc },
-                },
-                ArmSample {
-                    engine: 1,
-                    bytes: (g * ROW_BYTES) as u64,
-                    time: gpu_time,
-                },
-            ]);
+            in_flight.push_back(split_arms(g, tc, gpu_time));
             while in_flight.len() > late {
                 if let Some(arms) = in_flight.pop_front() {
                     ctl.observe(KEY, &arms);
@@ -941,6 +930,23 @@ mod tests {
             optimum,
             ctl,
         }
+    }
+
+    /// The arms of a simulated step: rows `[0, g)` of the fixture's weight on the GPU, the rest
+    /// on the CPU in `tc` ns.
+    fn split_arms(g: usize, tc: f64, gpu_time: ArmTime) -> [ArmSample; 2] {
+        [
+            ArmSample {
+                engine: 0,
+                bytes: ((M - g) * ROW_BYTES) as u64,
+                time: ArmTime::Exact { ns: tc },
+            },
+            ArmSample {
+                engine: 1,
+                bytes: (g * ROW_BYTES) as u64,
+                time: gpu_time,
+            },
+        ]
     }
 
     /// Largest |share − optimum| over steps `from..to`.
@@ -1073,25 +1079,11 @@ mod tests {
         // It then runs on its own estimate: a slower CPU on this key alone moves its share up
         // and leaves the neighbour's where it was.
         let before = run.ctl.gpu_share(&KEY);
-        let bytes = (M * ROW_BYTES) as f64;
         for _ in 0..400 {
-            let s = run.ctl.gpu_share(&fused);
-            let (tg, tc) = host.times(s, 2.0);
-            run.ctl.observe(
-                fused,
-                &[
-                    ArmSample {
-                        engine: 0,
-                        bytes: ((1.0 - s) * bytes) as u64,
-                        time: ArmTime::Exact { ns: tc },
-                    },
-                    ArmSample {
-                        engine: 1,
-                        bytes: (s * bytes) as u64,
-                        time: ArmTime::Exact { ns: tg },
-                    },
-                ],
-            );
+            let g = plan_rows(M, ROW_BYTES, run.ctl.gpu_share(&fused)).expect("shape splits");
+            let (tg, tc) = host.times(g as f64 / M as f64, 2.0);
+            run.ctl
+                .observe(fused, &split_arms(g, tc, ArmTime::Exact { ns: tg }));
         }
         assert!((run.ctl.gpu_share(&fused) - host.balance(2.0)).abs() < TOL);
         assert!(
