@@ -10,7 +10,8 @@
 #   scripts/device-bench.sh full              # GPU tier, 8B synth, single layer, offload-bench, decode
 #   scripts/device-bench.sh per-shape         # single_layer --per-shape: auto vs pinned shares per shape
 #                                             # (CHAIN, REPS; JOINS, PROJS: the joins and
-#                                             # projections tabled; VARIANTS / TS_VARIANTS: one
+#                                             # projections tabled; H2H_ROUNDS: rounds per row
+#                                             # (15); VARIANTS / TS_VARIANTS: one
 #                                             # flags / two-stream auto per tuning, raced together)
 #   scripts/device-bench.sh handshake         # each join's per-step cost (single_layer --handshake),
 #                                             # then one layer with the flags timeline on
@@ -119,7 +120,7 @@ per-shape)
     # two-stream; JOINS (e.g. flags) and PROJS (e.g. q,k) limit the table.
     "$B/bin/single_layer" --reps "${REPS:-200}" --chain "${CHAIN:-1}" --target-rounds 0 --per-shape \
         ${VARIANTS:+--flags-variants "$VARIANTS"} ${JOINS:+--per-shape-joins "$JOINS"} \
-        ${PROJS:+--per-shape-projs "$PROJS"} ${TS_VARIANTS:+--two-stream-variants "$TS_VARIANTS"} --json "$OUT/per_shape.json" 2>&1 | tee "$OUT/per-shape.log"
+        ${PROJS:+--per-shape-projs "$PROJS"} ${H2H_ROUNDS:+--h2h-rounds "$H2H_ROUNDS"} ${TS_VARIANTS:+--two-stream-variants "$TS_VARIANTS"} --json "$OUT/per_shape.json" 2>&1 | tee "$OUT/per-shape.log"
     ;;
 handshake)
     for t in ${THREADS:-0}; do

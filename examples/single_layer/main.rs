@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! cargo run --release --example single_layer -- [--format q4_k|q8_0] [--reps N] [--threads N]
-//!     [--sweep] [--per-shape] [--per-shape-joins LIST] [--per-shape-projs LIST]
+//!     [--sweep] [--per-shape] [--per-shape-joins LIST] [--per-shape-projs LIST] [--h2h-rounds R]
 //!     [--two-stream-variants LIST] [--json PATH]
 //!     [--handshake STEPS] [--timeline] [--flags-variants LIST] [--copies N] [--ab-rounds R]
 //!     [--chain N] [--target-rounds R]
@@ -31,7 +31,8 @@
 //! starts after it; `key-by-rows` | `key-by-shape` (the default): one share estimate per step
 //! height, or per `(format, k, form)`), e.g. `default,last,own-x`. Under `flags`, `--per-shape` races one `auto` per
 //! variant against the same pinned rivals (which run the first variant's tuning);
-//! `--per-shape-joins` and `--per-shape-projs` pick the joins and projections it tables, and
+//! `--per-shape-joins` and `--per-shape-projs` pick the joins and projections it tables,
+//! `--h2h-rounds` its interleaved rounds per row (15), and
 //! `--two-stream-variants default,copy-up-in-arm` races two two-stream `auto`s the same way.
 //! `--ab-rounds R` instead races the flags variants against the first one in R interleaved
 //! rounds (one warmed executor each) and exits: the A/B that drift between runs cannot bias.
@@ -46,6 +47,7 @@
 
 mod handshake;
 mod per_shape;
+mod stats;
 mod targets;
 mod variants;
 
@@ -330,6 +332,11 @@ struct Args {
     /// k's shape and is never tabled).
     #[arg(long, value_name = "LIST", default_value = "q,k,o,gate,up,down")]
     per_shape_projs: String,
+    /// Interleaved rounds of `--per-shape`'s head-to-head per row (each executor's turn ~60 ms):
+    /// more narrow the printed 95 % interval of each median.
+    #[arg(long, value_name = "R", default_value_t = per_shape::HEAD_TO_HEAD_ROUNDS as u64,
+          value_parser = clap::value_parser!(u64).range(5..))]
+    h2h_rounds: u64,
     /// Write every figure of the run here as JSON.
     #[arg(long, value_name = "PATH")]
     json: Option<String>,
@@ -716,6 +723,7 @@ fn main() -> Result<()> {
                 projections: &per_shape_projs,
                 variants: &flags_variants,
                 two_stream_variants: &two_stream_variants,
+                rounds: args.h2h_rounds as usize,
             },
         )?
     } else {

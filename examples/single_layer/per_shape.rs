@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use crate::stats::MedianCi;
 use crate::variants::Tuning;
 use anyhow::Result;
 use hipfire::exec::offload::{JoinStrategy, OffloadExecutor, OffloadMode};
@@ -22,8 +23,10 @@ use crate::{Bench, Mode, AUTO_WARM_REPS, FF, PINNED_WARM_REPS, SWEEP_SHARES};
 /// of 200 reps differed by up to 20 % non-monotonically). 15, not session 6's 7: one round's
 /// ratio spread ±4–9 % around its median even between two identical executors (the A/A
 /// control, docs/perf-checkpoints/2026-11-30-session7-h200 record 01), so the median of 7 could
-/// not resolve the 3 % target.
-const HEAD_TO_HEAD_ROUNDS: usize = 15;
+/// not resolve the 3 % target. `--h2h-rounds` raises it where a row's interval (see
+/// [`MedianCi`]) is still wider than the target: two-stream k's rounds spread 0.84–1.12 in
+/// session 8's record 01, an interval of ±3 % around the median of 15.
+pub(crate) const HEAD_TO_HEAD_ROUNDS: usize = 15;
 /// Each executor's turn in a round lasts about this long (µs of layers), whatever the shape: 50
 /// reps were 15 ms of k but 110 ms of gate. Longer turns did not narrow the rounds' spread
 /// there (gate's A/A spread was the widest), so the time goes into more rounds instead.
@@ -41,6 +44,8 @@ pub(crate) struct PerShapeTable<'a> {
     pub(crate) variants: &'a [(String, Tuning)],
     /// Two-stream's `auto`s: (name, whether the CPU arm includes its copy up).
     pub(crate) two_stream_variants: &'a [(String, bool)],
+    /// Interleaved head-to-head rounds per row.
+    pub(crate) rounds: usize,
 }
 
 /// Every projection (v has k's shape and is skipped) under each of `joins`: the printed table,
@@ -63,6 +68,7 @@ pub(crate) fn per_shape(
         projections,
         variants,
         two_stream_variants,
+        rounds,
     } = *table;
     let mut shape_rows = Vec::new();
     let projs = &b.copies[0];
@@ -81,7 +87,7 @@ pub(crate) fn per_shape(
         "proj", "m", "k", "strategy", "auto share", "auto us", "best us", "auto/best", "h2h"
     );
     println!("  (last column: A/A control, a second executor at the fastest rival's share against that rival)");
-    println!("  (h2h: auto against the sweep's {HEAD_TO_HEAD_RIVALS} fastest shares in {HEAD_TO_HEAD_ROUNDS} interleaved rounds; the median ratio against the rival auto fares worst against, and that rival's share)");
+    println!("  (h2h: auto against the sweep's {HEAD_TO_HEAD_RIVALS} fastest shares in {rounds} interleaved rounds; the median ratio against the rival auto fares worst against, its 95 % interval, and that rival's share)");
     for (i, p) in projs.iter().enumerate() {
         // v has k's shape; one of them is enough.
         if p.name == "v" || !projections.contains(&p.name) {
@@ -160,10 +166,10 @@ pub(crate) fn per_shape(
             let n_autos = autos.len();
             let n = n_autos + rivals.len();
             // times[round][slot]: the autos' slots first, then the rivals'.
-            let mut times = Vec::with_capacity(HEAD_TO_HEAD_ROUNDS);
+            let mut times = Vec::with_capacity(rounds);
             let round_reps =
                 ((HEAD_TO_HEAD_TURN_US / (t_best * b.chain as f64)).ceil() as usize).max(5);
-            for round in 0..HEAD_TO_HEAD_ROUNDS {
+            for round in 0..rounds {
                 // The order rotates every round, so that none always follows another.
                 let mut t = vec![0f64; n];
                 for j in 0..n {
@@ -177,13 +183,9 @@ pub(crate) fn per_shape(
                 }
                 times.push(t);
             }
-            let median = |mut r: Vec<f64>| {
-                r.sort_by(f64::total_cmp);
-                (r.get(r.len() / 2).copied().unwrap_or(f64::NAN), r)
-            };
             let n_rivals = rivals.len() - 1;
             // The control: the twin's time over the fastest rival's.
-            let (aa, control) = median(times.iter().map(|t| t[n - 1] / t[n_autos]).collect());
+            let aa = MedianCi::of(times.iter().map(|t| t[n - 1] / t[n_autos]).collect());
             for (a, (variant, ex, t_auto)) in autos.iter().enumerate() {
                 let auto_share = ex
                     .controller()
@@ -194,32 +196,35 @@ pub(crate) fn per_shape(
                 // throughput over the rival's); the best pinned share is the rival auto
                 // fares worst against.
                 let mut h2h_rows = Vec::new();
-                let (mut h2h_share, mut ratio_h2h) = (f64::NAN, f64::INFINITY);
+                let mut worst: Option<(f64, MedianCi)> = None;
                 for (r, (share, _)) in rivals.iter().take(n_rivals).enumerate() {
-                    let (med, rounds) =
-                        median(times.iter().map(|t| t[n_autos + r] / t[a]).collect());
-                    if med < ratio_h2h {
-                        (h2h_share, ratio_h2h) = (*share, med);
+                    let h2h = MedianCi::of(times.iter().map(|t| t[n_autos + r] / t[a]).collect());
+                    h2h_rows.push(serde_json::json!({"share": share, "rounds": h2h.sorted,
+                        "median": h2h.median, "ci95": [h2h.lo, h2h.hi]}));
+                    if worst.as_ref().is_none_or(|(_, w)| h2h.median < w.median) {
+                        worst = Some((*share, h2h));
                     }
-                    h2h_rows
-                        .push(serde_json::json!({"share": share, "rounds": rounds, "median": med}));
                 }
+                let (h2h_share, h2h) = worst.unwrap_or((f64::NAN, MedianCi::of(Vec::new())));
                 let label = if n_autos > 1 {
                     format!("{}/{variant}", st.name())
                 } else {
                     st.name().to_string()
                 };
                 println!(
-                    "{:<6} {:>6} {:>6} {:<11} {:>14.3} {:>10.1} {:>10.1} {:>12.3} {:>8.3} ({h2h_share:.2}) {aa:>6.3}",
-                    p.name, p.m, p.k, label, auto_share, t_auto, t_best, ratio, ratio_h2h
+                    "{:<6} {:>6} {:>6} {:<11} {:>14.3} {:>10.1} {:>10.1} {:>12.3} {:>8.3} [{:.3}, {:.3}] ({h2h_share:.2}) {:>6.3} [{:.3}, {:.3}]",
+                    p.name, p.m, p.k, label, auto_share, t_auto, t_best, ratio, h2h.median, h2h.lo,
+                    h2h.hi, aa.median, aa.lo, aa.hi
                 );
                 shape_rows.push(serde_json::json!({"proj": p.name, "m": p.m, "k": p.k, "strategy": st.name(),
                     "flags_variant": if st == JoinStrategy::Flags { Some(*variant) } else { None },
                     "two_stream_variant": if st == JoinStrategy::TwoStream { Some(*variant) } else { None },
                     "auto_share": auto_share, "auto_us": t_auto, "best_share": best_share, "best_us": t_best,
                     "auto_over_best_throughput": ratio,
-                    "auto_over_best_interleaved": ratio_h2h, "interleaved_best_share": h2h_share,
-                    "interleaved": h2h_rows, "a_a_control": aa, "a_a_rounds": control,
+                    "auto_over_best_interleaved": h2h.median, "auto_over_best_interleaved_ci95": [h2h.lo, h2h.hi],
+                    "interleaved_best_share": h2h_share, "h2h_rounds": rounds,
+                    "interleaved": h2h_rows, "a_a_control": aa.median, "a_a_control_ci95": [aa.lo, aa.hi],
+                    "a_a_rounds": aa.sorted,
                     "pinned": pinned.iter().map(|(s, t)| serde_json::json!({"share": s, "us": t})).collect::<Vec<_>>()}));
             }
         }
