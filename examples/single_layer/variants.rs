@@ -71,8 +71,6 @@ pub(crate) fn parse_flags_variants(list: &str) -> Result<Vec<(String, Tuning)>> 
                     "seq-x" => t.tagged_x = false,
                     "gpu-arm-from-publish" => t.gpu_arm_from_publish = true,
                     "gpu-arm-after-publish" => t.gpu_arm_from_publish = false,
-                    "fold-beside-arm" => t.fold_beside_arm = true,
-                    "fold-after-arm" => t.fold_beside_arm = false,
                     k if k.starts_with("chunks-") => {
                         let n: NonZeroU8 =
                             knob_number(k, "chunks-", "chunks-N takes chunks per worker (1-255)")?;
@@ -94,8 +92,7 @@ pub(crate) fn parse_flags_variants(list: &str) -> Result<Vec<(String, Tuning)>> 
                          cached, streaming, flush-x, staggered-x, prefetch-KIB, device-x, \
                          leader-fence, shared-x, own-x, by-part-x, chunks-N, per-worker-rows, \
                          gpu-warm-KIB, tagged-x, seq-x, gpu-arm-from-publish, \
-                         gpu-arm-after-publish, fold-beside-arm, fold-after-arm, key-by-rows, \
-                         key-by-shape; join with +, \
+                         gpu-arm-after-publish, key-by-rows, key-by-shape; join with +, \
                          separate with ,)"
                     ),
                 }

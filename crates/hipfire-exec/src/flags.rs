@@ -169,19 +169,7 @@ pub struct FlagsTuning {
     /// publish figure reads ~0 then (the publish is inside the arm). On by default
     /// ([`DEFAULT_GPU_ARM_FROM_PUBLISH`]).
     pub gpu_arm_from_publish: bool,
-    /// The wait-fold runs on a stream of its own at the device's highest priority, started
-    /// by the publish, beside the GPU arm instead of after it: each CPU part's rows are folded
-    /// as its done word lands while the GPU arm still reads, and once both arms end only the
-    /// last part's rows are left to read. The step's stream waits for the fold before what
-    /// follows. Off by default ([`DEFAULT_FOLD_BESIDE_ARM`]).
-    pub fold_beside_arm: bool,
 }
-
-/// The fold runs after the GPU arm by default ([`FlagsTuning::fold_beside_arm`]): beside it is
-/// under measurement (session 8). After the arm, the fold took 16.9 µs a step, 9.3 of them
-/// waiting for the CPU, at one layer per timed rep (docs/perf-checkpoints/2026-11-30-session8-h200
-/// record 02): the other 7.6 are the reads and kernel boundaries it could overlap.
-pub const DEFAULT_FOLD_BESIDE_ARM: bool = false;
 
 /// The GPU arm is timed from before the publish by default
 /// ([`FlagsTuning::gpu_arm_from_publish`]). Timed from after it, the controller balanced the
@@ -252,7 +240,6 @@ impl Default for FlagsTuning {
             gpu_warm_bytes: 0,
             tagged_x: DEFAULT_TAGGED_X,
             gpu_arm_from_publish: DEFAULT_GPU_ARM_FROM_PUBLISH,
-            fold_beside_arm: DEFAULT_FOLD_BESIDE_ARM,
         }
     }
 }
@@ -2185,8 +2172,6 @@ mod tests {
                             tagged_x,
                             // Where the device's events go: no device here.
                             gpu_arm_from_publish: false,
-                            // Which stream folds: no device here.
-                            fold_beside_arm: false,
                         };
                         step = next_step(step);
                         let mb = host_mailbox(k, m);

@@ -327,25 +327,12 @@ struct FlagsState {
     /// The L2 warm of [`FlagsTuning::gpu_warm_bytes`], made on its first use (the knob is off
     /// by default, so an executor does not load its kernel or make its stream up front).
     warm: Option<L2Warm>,
-    /// The fold's own stream of [`FlagsTuning::fold_beside_arm`], made on its first use (off by
-    /// default).
-    beside: Option<FoldBeside>,
     mem: Arc<HostMappedBuffer>,
     mailbox: Mailbox,
     /// Last step number published (never 0: the mailbox starts zeroed).
     step: u32,
     /// The device's fold-wait total at the last account.
     fold_wait_taken: u64,
-}
-
-/// The wait-fold beside the GPU arm ([`FlagsTuning::fold_beside_arm`]): an urgent stream that
-/// waits for the publish, and the event the step's stream waits on for the fold. One pair of
-/// events serves every step: each wait is queued right after its record, and a wait takes the
-/// event as last recorded when it is queued.
-struct FoldBeside {
-    stream: Stream,
-    published: Event,
-    folded: Event,
 }
 
 /// Reads the next step's first GPU rows into L2 ([`FlagsTuning::gpu_warm_bytes`]) on its own
@@ -465,7 +452,6 @@ impl OffloadExecutor {
                 Some(FlagsState {
                     kernels,
                     warm: None,
-                    beside: None,
                     mem,
                     mailbox,
                     step: 0,
@@ -1105,23 +1091,6 @@ impl OffloadExecutor {
             tuning: self.flags_tuning,
         })?;
         let tuning = self.flags_tuning;
-        if tuning.fold_beside_arm && fl.beside.is_none() {
-            let made = (|| -> Result<FoldBeside, GpuError> {
-                Ok(FoldBeside {
-                    stream: self.ctx.new_urgent_stream()?,
-                    published: self.ctx.new_event()?,
-                    folded: self.ctx.new_event()?,
-                })
-            })();
-            match made {
-                Ok(b) => fl.beside = Some(b),
-                Err(e) => {
-                    ticket.cancel();
-                    return Err(gpu_err(e));
-                }
-            }
-        }
-        let beside = fl.beside.as_ref().filter(|_| tuning.fold_beside_arm);
         let (flags_kernels, mem) = (&fl.kernels, &fl.mem);
         let (gpu_start, gpu_end) = &self.arm_events[slot];
         let ctx = &self.ctx;
@@ -1152,48 +1121,32 @@ impl OffloadExecutor {
             if !tuning.gpu_arm_from_publish {
                 gpu_start.record(stream)?;
             }
-            // The fold of rows [g, m) of each output, on `on`: it writes none of the GPU
-            // arm's rows [0, g), so it may run beside the arm.
-            let fold = |on: &Stream, steps: &mut [SpilledStep<'_>]| {
-                let targets = steps
-                    .iter_mut()
-                    .zip(&split.cuts)
-                    .map(|(st, &(g, _))| {
-                        FoldTarget::new(ctx, &mut *st.y, RowRange::new(g, st.weight.m()))
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                let done = match ticket.done_signal() {
-                    DoneSignal::PerWorker => DoneWords::PerPart(ticket.cuts()),
-                    DoneSignal::Last => DoneWords::Whole,
-                };
-                flags_kernels.wait_fold_targets(
-                    on,
-                    mem,
-                    &offsets,
-                    seq,
-                    &targets,
-                    done,
-                    form,
-                    FLAGS_DEVICE_TIMEOUT,
-                )
-            };
-            // Beside the arm, the fold is queued first, so that its few blocks are resident
-            // before the arm's fill the SMs (its stream's priority does the rest).
-            if let Some(b) = beside {
-                b.published.record(stream)?;
-                b.stream.wait_event(&b.published)?;
-                fold(&b.stream, steps)?;
-                b.folded.record(&b.stream)?;
-            }
             for (st, &(g, _)) in steps.iter_mut().zip(&split.cuts) {
                 let w = st.weight;
                 kernels.gemv(stream, w, act, &mut *st.y, RowRange::new(0, g), st.form)?;
             }
             gpu_end.record(stream)?;
-            match beside {
-                Some(b) => stream.wait_event(&b.folded)?,
-                None => fold(stream, steps)?,
-            }
+            let targets = steps
+                .iter_mut()
+                .zip(&split.cuts)
+                .map(|(st, &(g, _))| {
+                    FoldTarget::new(ctx, &mut *st.y, RowRange::new(g, st.weight.m()))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let done = match ticket.done_signal() {
+                DoneSignal::PerWorker => DoneWords::PerPart(ticket.cuts()),
+                DoneSignal::Last => DoneWords::Whole,
+            };
+            flags_kernels.wait_fold_targets(
+                stream,
+                mem,
+                &offsets,
+                seq,
+                &targets,
+                done,
+                form,
+                FLAGS_DEVICE_TIMEOUT,
+            )?;
             if let Some((_, post_fold)) = timeline {
                 post_fold.record(stream)?;
             }

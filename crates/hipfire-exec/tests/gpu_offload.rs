@@ -442,21 +442,6 @@ fn flags_steps_queued_back_to_back_equal_steps_run_one_at_a_time() {
         ),
         (
             FlagsTuning {
-                fold_beside_arm: !FlagsTuning::default().fold_beside_arm,
-                ..FlagsTuning::default()
-            },
-            false,
-        ),
-        (
-            FlagsTuning {
-                fold_beside_arm: !FlagsTuning::default().fold_beside_arm,
-                done: DoneSignal::Last,
-                ..FlagsTuning::default()
-            },
-            true,
-        ),
-        (
-            FlagsTuning {
                 tagged_x: true,
                 x_prep: XPrep::SharedByPart,
                 claim: RowClaim::PerWorker,

@@ -62,12 +62,6 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn mem_info(&self) -> Result<(u64, u64), GpuError>;
     /// Creates a non-blocking stream.
     fn stream_create(&self) -> Result<RawStream, GpuError>;
-    /// Creates a non-blocking stream of the device's highest priority: its blocks are
-    /// dispatched before waiting blocks of other streams' kernels. Where the backend has no
-    /// priorities, an ordinary stream.
-    fn stream_create_urgent(&self) -> Result<RawStream, GpuError> {
-        self.stream_create()
-    }
     /// Destroys a stream (pending work still completes).
     fn stream_destroy(&self, s: RawStream) -> Result<(), GpuError>;
     /// Blocks until all work on `s` is done.

@@ -65,15 +65,6 @@ impl Context {
         })
     }
 
-    /// A new non-blocking stream of the device's highest priority (on HIP, an ordinary one):
-    /// for short kernels that must start while a long one on another stream holds the SMs.
-    pub fn new_urgent_stream(self: &Arc<Self>) -> Result<Stream, GpuError> {
-        Ok(Stream {
-            raw: self.backend.stream_create_urgent()?,
-            ctx: self.clone(),
-        })
-    }
-
     /// A new timing event.
     pub fn new_event(self: &Arc<Self>) -> Result<Event, GpuError> {
         Ok(Event {

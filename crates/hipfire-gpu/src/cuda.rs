@@ -269,18 +269,6 @@ impl Backend for CudaBackend {
         )?;
         Ok(RawStream(s as u64))
     }
-    fn stream_create_urgent(&self) -> Result<RawStream, GpuError> {
-        self.bind()?;
-        let (_least, greatest) = ck(
-            "cuCtxGetStreamPriorityRange",
-            cu::stream::get_priority_range(),
-        )?;
-        let s = ck(
-            "cuStreamCreateWithPriority",
-            cu::stream::create_with_priority(cu::stream::StreamKind::NonBlocking, greatest),
-        )?;
-        Ok(RawStream(s as u64))
-    }
     fn stream_destroy(&self, s: RawStream) -> Result<(), GpuError> {
         self.bind()?;
         // SAFETY: `s` is a stream of this context owned by the caller's `Stream`, destroyed once.
