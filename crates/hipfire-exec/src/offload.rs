@@ -51,9 +51,12 @@ pub const TRACE_TARGET: &str = "hipfire::cpu_exec";
 const PROBE_REPS: usize = 3;
 
 /// Under `two-stream`, whether the controller's CPU arm includes the tail that brings its rows to
-/// the device ([`OffloadExecutor::set_copy_up_in_cpu_arm`]). Off until measured on the H200: there
-/// two-stream's k row was the one `auto` of 18 more than 3 % below the best pinned share (0.957,
-/// auto at 0.229 against 0.30; docs/perf-checkpoints/2026-11-30-session7-h200 record 05).
+/// the device ([`OffloadExecutor::set_copy_up_in_cpu_arm`]). Off: it was built for two-stream's k
+/// row, the one `auto` of 18 more than 3 % below the best pinned share in session 7 (0.957;
+/// docs/perf-checkpoints/2026-11-30-session7-h200 record 05). Raced against the default in one
+/// per-shape run (15 rounds each, docs/perf-checkpoints/2026-11-30-session8-h200 record 01) it
+/// won three rows and lost three (k 0.970 against 0.962, up 0.955 against 0.983, down 1.040
+/// against 0.995); at 45 rounds the default's k read 0.973 (record 02).
 pub const DEFAULT_COPY_UP_IN_CPU_ARM: bool = false;
 
 /// Whether the controller keeps one estimate per step height too ([`ShapeKey::rows`],
@@ -61,7 +64,9 @@ pub const DEFAULT_COPY_UP_IN_CPU_ARM: bool = false;
 /// step (6144 rows at Llama-3-8B) and its fused gate/up step (28672) share one `(format, k,
 /// form)` estimate, while alone their best pinned shares differed (q 0.15–0.20, gate 0.25;
 /// docs/perf-checkpoints/2026-11-30-session7-h200 record 05), and unfused, q and k/v under one
-/// key re-opened its latch 32 times in 10 k steps (session 2).
+/// key re-opened its latch 32 times in 10 k steps (session 2). Off: on the H200 the layer ran at
+/// 0.990× of one key per shape with it (median of 15 interleaved rounds, 0.907–1.108;
+/// docs/perf-checkpoints/2026-11-30-session8-h200 record 01).
 pub const DEFAULT_KEY_BY_ROWS: bool = false;
 
 /// GPU arm event pairs in flight before the oldest must be waited for. Under `flags` a pair is
