@@ -113,7 +113,8 @@ extern "C" __global__ void __launch_bounds__(HF_FLAGS_THREADS)
 // upper half is that step's value (an aligned 8-byte store reaches host memory whole; NCCL's LL
 // protocol rests on the same). The workers poll element 0, then check every element's step as
 // they read it. No __threadfence_system, which waits for the link's acknowledgements before the
-// sequence word may go, and no second store behind it.
+// sequence word may go, and no second store behind it. Any number of blocks (grid-stride): the
+// readers check every element, so the order in which elements land does not matter.
 __device__ __forceinline__ void hf_store_volatile_u64(hf_u64* p, hf_u64 v) {
 #ifdef HF_CUDA
     asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
@@ -127,7 +128,7 @@ extern "C" __global__ void __launch_bounds__(HF_FLAGS_THREADS)
                          hf_u32 step) {
     hf_u64* dst = (hf_u64*)(mb + x_off);
     const hf_u64 tag = (hf_u64)step << 32;
-    for (int i = threadIdx.x; i < k; i += blockDim.x)
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < k; i += gridDim.x * blockDim.x)
         hf_store_volatile_u64(dst + i, tag | (hf_u64)__float_as_uint(x[i]));
 }
 

@@ -1,7 +1,7 @@
 //! `--flags-variants` and `--ab-rounds`: the flags join's knobs by name, and the A/B that races
 //! them against the first one in interleaved rounds.
 
-use std::num::NonZeroU8;
+use std::num::{NonZeroU32, NonZeroU8};
 use std::sync::Arc;
 
 use anyhow::{Context as _, Result};
@@ -77,6 +77,14 @@ pub(crate) fn parse_flags_variants(list: &str) -> Result<Vec<(String, Tuning)>> 
                         t.claim = RowClaim::Chunks(n.get());
                     }
                     "per-worker-rows" => t.claim = RowClaim::PerWorker,
+                    k if k.starts_with("publish-blocks-") => {
+                        let n: NonZeroU32 = knob_number(
+                            k,
+                            "publish-blocks-",
+                            "publish-blocks-N takes a block count (1 or more)",
+                        )?;
+                        t.publish_blocks = n.get();
+                    }
                     k if k.starts_with("gpu-warm-") => {
                         let kib: usize =
                             knob_number(k, "gpu-warm-", "gpu-warm-KIB takes a number of KiB")?;
@@ -91,6 +99,7 @@ pub(crate) fn parse_flags_variants(list: &str) -> Result<Vec<(String, Tuning)>> 
                         "--flags-variants: unknown knob {other:?} (default, per-worker, last, \
                          cached, streaming, flush-x, staggered-x, prefetch-KIB, device-x, \
                          leader-fence, shared-x, own-x, by-part-x, chunks-N, per-worker-rows, \
+                         publish-blocks-N, \
                          gpu-warm-KIB, tagged-x, seq-x, gpu-arm-from-publish, \
                          gpu-arm-after-publish, key-by-rows, key-by-shape; join with +, \
                          separate with ,)"
@@ -171,7 +180,8 @@ pub(crate) fn flags_ab(
     if let Some(p) = json_path {
         let out = serde_json::json!({"example": "single_layer", "mode": "flags_ab",
             "device": ctx.info().name, "cpu_workers": pool.threads(), "layer_bytes": bytes,
-            "layer_copies": b.copies.len(), "rounds": rounds, "round_reps": round_reps, "variants": rows});
+            "layer_copies": b.copies.len(), "chain": b.chain, "rounds": rounds, "round_reps": round_reps,
+            "variants": rows});
         std::fs::write(p, serde_json::to_string_pretty(&out)?)
             .with_context(|| format!("writing {p}"))?;
     }

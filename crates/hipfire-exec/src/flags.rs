@@ -169,7 +169,15 @@ pub struct FlagsTuning {
     /// publish figure reads ~0 then (the publish is inside the arm). On by default
     /// ([`DEFAULT_GPU_ARM_FROM_PUBLISH`]).
     pub gpu_arm_from_publish: bool,
+    /// Blocks of the tagged publish at most ([`DEFAULT_PUBLISH_BLOCKS`]); it uses one per 1024
+    /// elements of x up to this. One block writes x over the link at a few GB/s (the publish took
+    /// 6.1 µs a step for 16–56 KiB of x on the H200, session 6), and the GPU arm starts after it.
+    pub publish_blocks: u32,
 }
+
+/// The tagged publish runs as one block by default ([`FlagsTuning::publish_blocks`]): more is
+/// under measurement (session 8).
+pub const DEFAULT_PUBLISH_BLOCKS: u32 = 1;
 
 /// The GPU arm is timed from before the publish by default
 /// ([`FlagsTuning::gpu_arm_from_publish`]). Timed from after it, the controller balanced the
@@ -240,6 +248,7 @@ impl Default for FlagsTuning {
             gpu_warm_bytes: 0,
             tagged_x: DEFAULT_TAGGED_X,
             gpu_arm_from_publish: DEFAULT_GPU_ARM_FROM_PUBLISH,
+            publish_blocks: DEFAULT_PUBLISH_BLOCKS,
         }
     }
 }
@@ -2172,6 +2181,8 @@ mod tests {
                             tagged_x,
                             // Where the device's events go: no device here.
                             gpu_arm_from_publish: false,
+                            // The device's publish: no device here.
+                            publish_blocks: 1,
                         };
                         step = next_step(step);
                         let mb = host_mailbox(k, m);

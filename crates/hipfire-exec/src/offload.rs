@@ -1109,7 +1109,15 @@ impl OffloadExecutor {
                 gpu_start.record(stream)?;
             }
             if tuning.x_is_tagged(format) {
-                flags_kernels.publish_tagged(stream, x, k, mem, &offsets, seq)?;
+                flags_kernels.publish_tagged(
+                    stream,
+                    x,
+                    k,
+                    mem,
+                    &offsets,
+                    seq,
+                    tuning.publish_blocks,
+                )?;
             } else if tuning.x_is_q8k(format) {
                 flags_kernels.publish_q8k(
                     stream,

@@ -442,6 +442,13 @@ fn flags_steps_queued_back_to_back_equal_steps_run_one_at_a_time() {
         ),
         (
             FlagsTuning {
+                publish_blocks: 16,
+                ..FlagsTuning::default()
+            },
+            false,
+        ),
+        (
+            FlagsTuning {
                 tagged_x: true,
                 x_prep: XPrep::SharedByPart,
                 claim: RowClaim::PerWorker,

@@ -137,9 +137,23 @@ impl FlagsKernels {
         stream: &Stream,
         params: &mut [*mut c_void],
     ) -> Result<(), GpuError> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.launch_blocks(f, 1, FLAGS_THREADS, stream, params) }
+    }
+
+    /// # Safety
+    /// As [`Self::launch_one_block`], and `f` covers its work with any `grid` of `block`s.
+    unsafe fn launch_blocks(
+        &self,
+        f: &Function,
+        grid: u32,
+        block: u32,
+        stream: &Stream,
+        params: &mut [*mut c_void],
+    ) -> Result<(), GpuError> {
         let dims = LaunchDims {
-            grid: 1,
-            block: FLAGS_THREADS,
+            grid,
+            block,
             shared_bytes: 0,
         };
         // SAFETY: forwarded from this function's contract.
@@ -261,7 +275,10 @@ impl FlagsKernels {
 
     /// Queues: store each `x[i]` into the mailbox as one 8-byte word, its f32 bits in the low
     /// half and `step` in the high half, at `at.x + 8 i` (8-aligned), with no fence and no
-    /// sequence word: a reader takes an element once its high half says `step`.
+    /// sequence word: a reader takes an element once its high half says `step`. Up to
+    /// `max_blocks` blocks of [`FLAGS_THREADS`] share the stores (at least one; no more than one
+    /// element per thread needs).
+    #[allow(clippy::too_many_arguments)]
     pub fn publish_tagged<X: DeviceMemory + ?Sized>(
         &self,
         stream: &Stream,
@@ -270,6 +287,7 @@ impl FlagsKernels {
         mailbox: &HostMappedBuffer,
         at: &MailboxOffsets,
         step: u32,
+        max_blocks: u32,
     ) -> Result<(), GpuError> {
         let (mut px, mut pk) = self.publish_operands(stream, x, k, mailbox, at)?;
         if at.x % 8 != 0 {
@@ -289,11 +307,21 @@ impl FlagsKernels {
             (&mut xo as *mut u32).cast(),
             (&mut st as *mut u32).cast(),
         ];
+        let grid = (k.div_ceil(FLAGS_THREADS as usize) as u32).clamp(1, max_blocks.max(1));
         // SAFETY: kernel `flags_publish_tagged(const float* x, int k, u8* mb, u32 x_off, u32
         // step)`: five parameters of these types. It reads x[0..k] (k*4 bytes present, checked)
-        // and writes the 8-aligned mb[x_off..x_off + 8k] (in bounds, checked). Both buffers are
-        // owned by borrowed live objects whose Drop frees synchronously.
-        unsafe { self.launch_one_block(&self.publish_tagged, stream, &mut params) }
+        // and writes the 8-aligned mb[x_off..x_off + 8k] (in bounds, checked), grid-stride, so
+        // any grid covers it. Both buffers are owned by borrowed live objects whose Drop frees
+        // synchronously.
+        unsafe {
+            self.launch_blocks(
+                &self.publish_tagged,
+                grid,
+                FLAGS_THREADS,
+                stream,
+                &mut params,
+            )
+        }
     }
 
     /// Queues: quantise `x[0..k]` as the CPU's q8_K activation into the mailbox (int8 quants in
@@ -510,11 +538,6 @@ impl FlagsKernels {
             (&mut residual as *mut i32).cast(),
             (&mut tmo as *mut u64).cast(),
         ];
-        let dims = LaunchDims {
-            grid: grid as u32,
-            block: FOLD_THREADS,
-            shared_bytes: 0,
-        };
         // SAFETY: kernel `flags_wait_fold(u8* mb, u32 done_off, u32 done_stride,
         // hf_fold_parts parts, int blocks_per_part, u32 fault_off, u64* wait_scratch,
         // u32 wait_off, u32 y_off, u32 step, hf_fold_segs segs, int nsegs, int residual,
@@ -527,9 +550,13 @@ impl FlagsKernels {
         // borrowed by the target for this call and its Drop frees synchronously). The spin
         // ends by itself after `timeout`.
         unsafe {
-            self.ctx
-                .backend()
-                .launch(self.wait_fold.raw(), dims, stream.raw(), &mut params)
+            self.launch_blocks(
+                &self.wait_fold,
+                grid as u32,
+                FOLD_THREADS,
+                stream,
+                &mut params,
+            )
         }
     }
 }
