@@ -370,15 +370,11 @@ impl FlagsKernels {
             (&mut arrivals as *mut u64).cast(),
             (&mut lf as *mut i32).cast(),
         ];
-        let dims = LaunchDims {
-            grid: u32::try_from(k / Q8K_ELEMS).map_err(|_| GpuError::BufferTooSmall {
-                what: "q8_K blocks",
-                need: k / Q8K_ELEMS,
-                got: u32::MAX as usize,
-            })?,
-            block: Q8K_ELEMS as u32,
-            shared_bytes: 0,
-        };
+        let grid = u32::try_from(k / Q8K_ELEMS).map_err(|_| GpuError::BufferTooSmall {
+            what: "q8_K blocks",
+            need: k / Q8K_ELEMS,
+            got: u32::MAX as usize,
+        })?;
         // SAFETY: kernel `flags_publish_q8k(const float* x, int k, u8* mb, u32 x_off, u32 d_off,
         // u32 seq_off, u32 step, u32* arrivals, int leader_fence)`: nine parameters of these
         // types, one 256-thread
@@ -388,9 +384,13 @@ impl FlagsKernels {
         // own one-word counter. The buffers are owned by borrowed live objects (the counter by
         // `self`) whose Drop frees synchronously.
         unsafe {
-            self.ctx
-                .backend()
-                .launch(self.publish_q8k.raw(), dims, stream.raw(), &mut params)
+            self.launch_blocks(
+                &self.publish_q8k,
+                grid,
+                Q8K_ELEMS as u32,
+                stream,
+                &mut params,
+            )
         }
     }
 
