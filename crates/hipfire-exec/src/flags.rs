@@ -175,8 +175,11 @@ pub struct FlagsTuning {
     pub publish_blocks: u32,
 }
 
-/// The tagged publish runs as one block by default ([`FlagsTuning::publish_blocks`]): more is
-/// under measurement (session 8).
+/// The tagged publish runs as one block by default ([`FlagsTuning::publish_blocks`]). On the H200,
+/// 16 blocks ran the layer at 1.018× with a host sync around every layer (95 % interval
+/// 1.003–1.030, 15 interleaved rounds) but 0.998× at 8 layers per timed rep, where that call's
+/// rounds spread 0.78–1.45 (docs/perf-checkpoints/2026-11-30-session8-h200 record 08): one block
+/// until the chained case, decode's, confirms the gain.
 pub const DEFAULT_PUBLISH_BLOCKS: u32 = 1;
 
 /// The GPU arm is timed from before the publish by default
