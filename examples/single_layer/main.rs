@@ -24,6 +24,7 @@
 //! `by-part-x`: the workers prepare x together off a counter, each its own, or together in fixed
 //! blocks per worker; `chunks-N` (4 by default): about N chunks of rows per worker, the rest
 //! taken off a counter after each worker's first, `per-worker-rows`: one fixed part each;
+//! `publish-blocks-N` (1 by default): the tagged publish over up to N blocks;
 //! `gpu-warm-KIB`: the device reads that much of the next step's first GPU rows into L2 once an
 //! arm ends; `tagged-x` (the default) | `seq-x`: x published as 8-byte {value, step} words with
 //! no fence or sequence word, or plain behind a fenced sequence word; `gpu-arm-from-publish` (the
@@ -366,7 +367,7 @@ struct Args {
     /// Host-side tunings of the flags join to run, comma-separated: `default` or knobs joined
     /// with `+` (per-worker, last, cached, streaming, flush-x, staggered-x, prefetch-KIB,
     /// device-x, leader-fence, shared-x, own-x, by-part-x, chunks-N, per-worker-rows,
-    /// gpu-warm-KIB, tagged-x, seq-x, gpu-arm-from-publish, gpu-arm-after-publish, key-by-rows,
+    /// publish-blocks-N, gpu-warm-KIB, tagged-x, seq-x, gpu-arm-from-publish, gpu-arm-after-publish, key-by-rows,
     /// key-by-shape). The target rounds run with the first one; `--per-shape` races one flags
     /// `auto` per variant.
     #[arg(long, value_name = "LIST", default_value = "default")]
