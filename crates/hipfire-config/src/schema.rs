@@ -183,7 +183,7 @@ pub static KEYS: &[KeySpec] = &[
               the projections that read one activation (q/k/v, gate/up) run as one split step. On the \
               H200 box, synthetic Llama-3-8B Q4_K decode with 8 and 16 of 32 layers spilled ran at \
               60.6 and 40.2 tok/s under flags, 52.6 and 29.3 under ordering, and (16 spilled) 37.9 \
-              under two-stream (docs/perf-checkpoints/2026-11-29-session2-h200).",
+              under two-stream (docs/perf-checkpoints/2026-11-29-joins-vs-llamacpp-h200).",
     },
     KeySpec {
         name: "memory.flags_x_publish",
@@ -199,7 +199,7 @@ pub static KEYS: &[KeySpec] = &[
               word; the workers check every element's step as they read it. This rests on an \
               aligned 8-byte device store reaching host memory whole. On the H200 box the \
               publish took 6.1 instead of 7.4 µs a step and the single layer ran 1.010× as fast \
-              (docs/perf-checkpoints/2026-11-30-session6-h200). `fenced`: x, a system-wide \
+              (docs/perf-checkpoints/2026-11-30-cpu-idle-chunks-h200). `fenced`: x, a system-wide \
               fence, then the sequence word; the other weight formats always go this way. Set \
               `fenced` on a platform where that store is not known to arrive whole (the HIP \
               backend is untested on AMD hardware).",
