@@ -580,7 +580,8 @@ pub const FOLD_MAX_TARGETS: usize = 4;
 const FOLD_THREADS: u32 = 256;
 /// Rows per fold thread the grid is sized for: each row is a PCIe load, so the fold's time is
 /// about this many round trips once every load is in flight. Chosen, not tuned: with it the
-/// fold's own work was ~12 µs per step on the H200 (session-3 checkpoint).
+/// fold's own work was ~12 µs per step on the H200
+/// (docs/perf-checkpoints/2026-11-29-flags-step-cost-h200).
 const FOLD_ROWS_PER_THREAD: usize = 2;
 /// Blocks a fold launch may use (each one's first thread polls a done word): enough for two
 /// rows per thread up to 32 k CPU rows (gate + up of a 14336-wide FFN at share 0.3 is ~20 k),
