@@ -249,6 +249,17 @@ impl Model {
             None => token_embd,
         };
         let factors = ld.opt_vector("rope_freqs.weight", c.rope_dim / 2)?;
+        // Each factor divides a rotation frequency: zero, negative or non-finite ones would
+        // make RoPE produce NaN or garbage with no error.
+        if let Some(bad) = factors
+            .iter()
+            .flatten()
+            .find(|f| !(f.is_finite() && **f > 0.0))
+        {
+            return Err(ModelError::Unsupported(format!(
+                "tensor rope_freqs.weight holds {bad}: every factor must be finite and positive"
+            )));
+        }
         let rope = Rope::new(c.rope_dim, c.rope_theta, c.rope_neox, factors.as_deref());
         let weights = ld.weights;
 
