@@ -1,6 +1,6 @@
 //! Architecture hyper-parameters read from GGUF metadata.
 
-use crate::gguf::{GgufIndex, Quoted};
+use crate::gguf::{GgufIndex, MetaValue, Quoted};
 use crate::ModelError;
 
 /// Architectures this crate decodes (`general.architecture`).
@@ -112,6 +112,15 @@ pub struct ModelConfig {
     pub ctx_len: usize,
 }
 
+/// `plain` for ordinary magnitudes, `sci` for tiny or huge ones (a message stays readable).
+fn short(v: f64, plain: String, sci: String) -> String {
+    if v == 0.0 || !v.is_finite() || (1e-3..1e6).contains(&v.abs()) {
+        plain
+    } else {
+        sci
+    }
+}
+
 fn bad(key: &str, problem: String) -> ModelError {
     ModelError::BadMetadata {
         key: key.to_owned(),
@@ -166,7 +175,12 @@ impl Keys<'_> {
         }
         let v = self.idx.get_f64(&key)?;
         if !ok(v) {
-            return Err(bad(&key, format!("{v} is not {rule}")));
+            // An f32 value is shown as the f32 it is (`-1e-5`, not its widened digits).
+            let shown = match self.idx.get(&key) {
+                Some(MetaValue::F32(x)) => short(f64::from(*x), x.to_string(), format!("{x:e}")),
+                _ => short(v, v.to_string(), format!("{v:e}")),
+            };
+            return Err(bad(&key, format!("{shown} is not {rule}")));
         }
         Ok(v)
     }
@@ -301,19 +315,29 @@ impl ModelConfig {
                 "blk.0.attn_q.weight",
                 self.q_dim(),
                 "attention.head_count",
-                format!("{} heads × width {}", self.n_head, self.head_dim),
+                format!(
+                    "{} heads × width {} = {} rows",
+                    self.n_head,
+                    self.head_dim,
+                    self.q_dim()
+                ),
             ),
             (
                 "blk.0.attn_k.weight",
                 self.kv_dim(),
                 "attention.head_count_kv",
-                format!("{} kv heads × width {}", self.n_head_kv, self.head_dim),
+                format!(
+                    "{} kv heads × width {} = {} rows",
+                    self.n_head_kv,
+                    self.head_dim,
+                    self.kv_dim()
+                ),
             ),
             (
                 "blk.0.ffn_up.weight",
                 self.n_ff,
                 "feed_forward_length",
-                format!("{}", self.n_ff),
+                format!("is {}", self.n_ff),
             ),
         ];
         for (tensor, want, k, what) in checks {
@@ -321,7 +345,7 @@ impl ModelConfig {
                 if rows != want as u64 {
                     return Err(bad(
                         &key(k),
-                        format!("{what} = {want} rows, but {tensor} has {rows}"),
+                        format!("{what}, but {tensor} has {rows} rows"),
                     ));
                 }
             }

@@ -20,6 +20,8 @@ use std::time::{Duration, Instant};
 use hipfire_model::gguf::GgufFile;
 use hipfire_model::{Backend, LoadOptions, Model, ReferenceBackend, StreamDecoder};
 use hostile::{Expect, MAX_MESSAGE_BYTES};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 
 /// Set in the child to the corpus it runs (`crafted` or `mutations`).
 const CHILD_ENV: &str = "HIPFIRE_HOSTILE_CHILD";
@@ -119,7 +121,7 @@ fn child(which: &str) {
             let n = env_or("HIPFIRE_HOSTILE_MUTATIONS", DEFAULT_MUTATIONS);
             let seed = env_or("HIPFIRE_HOSTILE_SEED", DEFAULT_SEED);
             let mut loaded = 0usize;
-            for (i, bytes) in hostile::mutations(&base, n, seed).enumerate() {
+            for (i, bytes) in mutations(&base, n, seed).enumerate() {
                 let mut ok = false;
                 run_case(i, "mutation", &Expect::Either, || {
                     let r = load_and_decode(|| {
@@ -235,4 +237,55 @@ fn random_mutations_never_panic_abort_or_flood() {
         Ok(w) => child(&w),
         Err(_) => parent("random_mutations_never_panic_abort_or_flood", "mutations"),
     }
+}
+
+/// `n` seeded random mutations of `base`: 1–4 edits each (bit flips, random bytes, an
+/// interesting u64 written over a field, truncation), nine in ten inside the header, where a
+/// byte can change a count, a length or a type (tensor bytes only change weights).
+pub fn mutations(base: &[u8], n: usize, seed: u64) -> impl Iterator<Item = Vec<u8>> + '_ {
+    let header = header_len(base);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..n).map(move |_| {
+        let mut b = base.to_vec();
+        for _ in 0..rng.random_range(1..=4) {
+            let span = if rng.random_bool(0.9) {
+                header
+            } else {
+                b.len()
+            }
+            .min(b.len());
+            if span < 9 {
+                break;
+            }
+            let at = rng.random_range(0..span - 8);
+            match rng.random_range(0..10) {
+                0..=3 => b[at] ^= 1 << rng.random_range(0..8),
+                4..=5 => b[at] = rng.random(),
+                6..=8 => {
+                    const INTERESTING: [u64; 9] = [
+                        0,
+                        1,
+                        2,
+                        0xFF,
+                        1 << 31,
+                        u32::MAX as u64,
+                        1 << 40,
+                        u64::MAX,
+                        u64::MAX / 2,
+                    ];
+                    let v = INTERESTING[rng.random_range(0..INTERESTING.len())];
+                    hostile::put_u64(&mut b, at, v);
+                }
+                _ => b.truncate(at.max(1)),
+            }
+        }
+        b
+    })
+}
+
+/// Bytes before the tensor data (the part of a file that metadata and tensor infos live in).
+fn header_len(img: &[u8]) -> usize {
+    GgufFile::from_bytes(img.to_vec())
+        .map(|f| f.index().data_offset as usize)
+        .unwrap_or(img.len())
 }

@@ -141,10 +141,10 @@ impl<'a> Cursor<'a> {
     }
 
     /// A string whose length must not exceed `max` (names and keys); the length is checked
-    /// before any byte of it is read.
+    /// (against the bytes left, then against `max`) before any byte of it is read.
     fn name(&mut self, what: &'static str, max: u64) -> Result<String, GgufError> {
         let offset = self.pos;
-        let len = u64::from_le_bytes(self.array(what)?);
+        let len = self.count(what, 1)?;
         if len > max {
             return Err(GgufError::NameTooLong {
                 what,
@@ -153,8 +153,8 @@ impl<'a> Cursor<'a> {
                 max,
             });
         }
-        self.pos = offset;
-        self.string(what)
+        let bytes = self.take(len, what)?;
+        Ok(String::from_utf8_lossy(bytes).into_owned())
     }
 
     fn value(&mut self, ty: MetaValueType, key: &str, depth: u32) -> Result<MetaValue, GgufError> {

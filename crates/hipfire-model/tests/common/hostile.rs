@@ -1,8 +1,9 @@
 //! A corpus of hostile and careless GGUF files, generated from a small valid model: crafted
 //! metadata (sizes that are huge, zero or disagree with the tensors; hyper-parameters that are
-//! not finite; strings and arrays whose lengths run away; tensors outside the file) and seeded
-//! random byte mutations. Shared by hipfire-model's `hostile_gguf` test (in-process load, in a
-//! child process) and hipfire-cli's `hostile_models` test (through the `hipfire` binary).
+//! not finite; strings and arrays whose lengths run away; tensors outside the file). Shared by
+//! hipfire-model's `hostile_gguf` test (in-process load in a child process, plus random
+//! mutations) and hipfire-cli's `hostile_models` test (through the `hipfire` binary), so it
+//! uses nothing beyond both crates' dependencies.
 //!
 //! Uses only the crate's long-standing public API (synth, writer, reader), so the same corpus
 //! runs against a build without the checks it exercises.
@@ -13,8 +14,6 @@ use std::path::Path;
 use hipfire_model::gguf::{GgmlType, GgufFile, GgufWriter, MetaValue, TensorSpec};
 use hipfire_model::{write_synthetic, Arch, SynthSpec};
 use hipfire_quant::Format;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 
 /// Longest error message (bytes) any hostile file may produce: a few quoted names (each cut
 /// to 96 characters by the reader) and numbers fit many times over; the unfixed reader printed
@@ -165,7 +164,7 @@ fn string_len_at(img: &[u8], s: &str) -> usize {
         .unwrap_or_else(|| panic!("{s} not in the image"))
 }
 
-fn put_u64(img: &mut [u8], at: usize, v: u64) {
+pub fn put_u64(img: &mut [u8], at: usize, v: u64) {
     img[at..at + 8].copy_from_slice(&v.to_le_bytes());
 }
 
@@ -489,55 +488,4 @@ pub fn crafted(base: &[u8]) -> Vec<Case> {
         add("data-truncated", b, Refused(&["past the end"]));
     }
     cases
-}
-
-/// `n` seeded random mutations of `base`: 1–4 edits each (bit flips, random bytes, an
-/// interesting u64 written over a field, truncation), nine in ten inside the header, where a
-/// byte can change a count, a length or a type (tensor bytes only change weights).
-pub fn mutations(base: &[u8], n: usize, seed: u64) -> impl Iterator<Item = Vec<u8>> + '_ {
-    let header = header_len(base);
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    (0..n).map(move |_| {
-        let mut b = base.to_vec();
-        for _ in 0..rng.random_range(1..=4) {
-            let span = if rng.random_bool(0.9) {
-                header
-            } else {
-                b.len()
-            }
-            .min(b.len());
-            if span < 9 {
-                break;
-            }
-            let at = rng.random_range(0..span - 8);
-            match rng.random_range(0..10) {
-                0..=3 => b[at] ^= 1 << rng.random_range(0..8),
-                4..=5 => b[at] = rng.random(),
-                6..=8 => {
-                    const INTERESTING: [u64; 9] = [
-                        0,
-                        1,
-                        2,
-                        0xFF,
-                        1 << 31,
-                        u32::MAX as u64,
-                        1 << 40,
-                        u64::MAX,
-                        u64::MAX / 2,
-                    ];
-                    let v = INTERESTING[rng.random_range(0..INTERESTING.len())];
-                    put_u64(&mut b, at, v);
-                }
-                _ => b.truncate(at.max(1)),
-            }
-        }
-        b
-    })
-}
-
-/// Bytes before the tensor data (the part of a file that metadata and tensor infos live in).
-fn header_len(img: &[u8]) -> usize {
-    GgufFile::from_bytes(img.to_vec())
-        .map(|f| f.index().data_offset as usize)
-        .unwrap_or(img.len())
 }
