@@ -7,7 +7,7 @@
 
 use thiserror::Error;
 
-use crate::gguf::GgufError;
+use crate::gguf::{GgufError, Quoted};
 
 /// Everything that can go wrong loading or running a model.
 #[derive(Debug, Error)]
@@ -28,10 +28,10 @@ pub enum ModelError {
         problem: String,
     },
     /// A tensor has the wrong shape for the architecture.
-    #[error("tensor {name:?} has shape {got:?}, expected {want:?}")]
+    #[error("tensor {name} has shape {got:?}, expected {want:?}")]
     Shape {
-        /// Tensor.
-        name: String,
+        /// Tensor (cut like every string from a file).
+        name: Quoted,
         /// Expected dims (ggml order).
         want: Vec<u64>,
         /// Dims in the file.

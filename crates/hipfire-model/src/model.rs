@@ -13,7 +13,7 @@ use hipfire_quant::Format;
 
 use crate::backend::{Backend, CpuBackend, Weight};
 use crate::config::{Arch, ModelConfig};
-use crate::gguf::{GgufFile, TensorInfo};
+use crate::gguf::{GgufFile, Quoted, TensorInfo};
 use crate::ops::{self, Rope};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::tokenizer::Tokenizer;
@@ -106,7 +106,7 @@ impl std::fmt::Debug for Model {
 
 fn shape_err(t: &TensorInfo, want: &[u64]) -> ModelError {
     ModelError::Shape {
-        name: t.name.clone(),
+        name: Quoted::new(&t.name),
         want: want.to_vec(),
         got: t.dims.clone(),
     }

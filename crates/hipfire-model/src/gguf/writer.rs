@@ -200,8 +200,10 @@ impl<W: Write> GgufWriter<W> {
     pub fn finish(mut self) -> Result<W, GgufError> {
         if let Some(name) = self.names.get(self.current) {
             return Err(GgufError::Write(format!(
-                "tensor {name:?} got {} of {} bytes",
-                self.filled, self.sizes[self.current]
+                "tensor {} got {} of {} bytes",
+                super::Quoted::new(name),
+                self.filled,
+                self.sizes[self.current]
             )));
         }
         self.out.flush().map_err(wio)?;
