@@ -466,15 +466,14 @@ impl Tokenizer {
             ChatTemplate::ChatMl { .. } => {}
             ChatTemplate::Raw => {
                 return Err(ModelError::Unsupported(
-                    "chat: the model has no chat template (tokenizer.chat_template); \
-                     hipfire renders ChatML only"
+                    "no chat template (tokenizer.chat_template is absent); hipfire renders \
+                     ChatML only"
                         .into(),
                 ))
             }
             ChatTemplate::Unrecognised { head } => {
                 return Err(ModelError::Unsupported(format!(
-                    "chat: the model's chat template {head} is not ChatML, the only one \
-                     hipfire renders"
+                    "chat template {head} is not ChatML, the only one hipfire renders"
                 )))
             }
         }
