@@ -254,7 +254,12 @@ pub struct RunArgs {
         long_help = key_long("memory.offload_exec"))]
     pub offload_exec: Option<String>,
 
-    /// Use the model's chat template (default if any).
+    /// Use the model's chat template (default when it is ChatML).
+    ///
+    /// Only ChatML templates are rendered. With --chat, a model whose template is anything
+    /// else (or that has none) is an error, as llama.cpp refuses an unsupported
+    /// --chat-template; without --chat or --no-chat such a model gets a warning and the
+    /// prompt is fed as raw text.
     #[arg(long, overrides_with = "no_chat")]
     pub chat: bool,
 

@@ -225,9 +225,24 @@ pub fn run(ctx: &Ctx, a: &RunArgs) -> anyhow::Result<ExitCode> {
     };
     let l = load(ctx, engine, &a.model, &s, None, !a.json)?;
     let tok = l.model.tokenizer();
-    let chat = a.chat().unwrap_or(tok.chat != ChatTemplate::Raw);
+    // `--chat` with a template hipfire does not render is refused by `encode_chat` (as
+    // llama.cpp refuses an unsupported `--chat-template`); without a flag an unrecognised
+    // template gets a warning naming the fallback (the raw prompt).
+    let chat = match (a.chat(), &tok.chat) {
+        (Some(c), _) => c,
+        (None, ChatTemplate::ChatMl { .. }) => true,
+        (None, ChatTemplate::Raw) => false,
+        (None, ChatTemplate::Unrecognised { head }) => {
+            ctx.note(format!(
+                "warning: the model's chat template {head} is not ChatML, the only one hipfire \
+                 renders; feeding the prompt as raw text (--no-chat silences this, --chat refuses)"
+            ));
+            false
+        }
+    };
     let ids = if chat {
-        tok.encode_chat(&[ChatMessage::new("user", &prompt)])?
+        tok.encode_chat(&[ChatMessage::new("user", &prompt)])
+            .context("--chat (use --no-chat to feed the prompt as raw text)")?
     } else {
         tok.encode(&prompt, tok.add_bos)?
     };
