@@ -167,7 +167,7 @@ fn gpu_decoder<'m>(
     };
     // `auto` is 0 here so the offload pool leaves one core to the thread driving the GPU.
     let pool = hipfire_exec::offload::offload_pool(pool_threads(s.threads))?;
-    Ok(GpuDecoder::new(&l.model, pool, &opts)?)
+    GpuDecoder::new(&l.model, pool, &opts).context("placing the model on GPU 0")
 }
 
 /// `cpu.threads` as hipfire-exec's pool constructors take it: 0 = their own `auto`.

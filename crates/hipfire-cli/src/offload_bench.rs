@@ -273,7 +273,14 @@ fn synthetic(fmt: Format, k: usize, buffer_bytes: usize) -> anyhow::Result<Synth
 }
 
 /// `bytes` zeroed bytes, or an error naming the bytes (instead of the allocator's abort).
+/// Beyond `MemAvailable` it refuses up front, naming both: with overcommit the reservation
+/// would succeed and the zeroing would summon the OOM killer instead.
 fn try_zeroed(bytes: usize, what: &str) -> anyhow::Result<Vec<u8>> {
+    if let Some(avail) = hipfire_gpu::mem_available_bytes() {
+        if bytes as u64 > avail {
+            bail!("{what} needs {bytes} bytes, but only {avail} bytes of RAM are available");
+        }
+    }
     let mut v = Vec::new();
     v.try_reserve_exact(bytes)
         .with_context(|| format!("cannot allocate {bytes} bytes for {what}"))?;
@@ -514,6 +521,15 @@ mod tests {
         assert_eq!(gpu_rows(0.0001, 10), 1);
         assert_eq!(gpu_rows(0.9999, 10), 9);
         assert_eq!(gpu_rows(0.5, 1), 1);
+    }
+
+    #[test]
+    fn an_impossible_buffer_is_an_error_naming_the_bytes() {
+        let e = try_zeroed(usize::MAX / 2, "the test buffer").expect_err("refused");
+        let msg = format!("{e:#}");
+        assert!(msg.contains(&(usize::MAX / 2).to_string()), "{msg}");
+        let v = try_zeroed(4096, "a small buffer").expect("small");
+        assert!(v.len() == 4096 && v.iter().all(|&b| b == 0));
     }
 
     #[test]

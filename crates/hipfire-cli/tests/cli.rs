@@ -811,3 +811,59 @@ fn sigint_and_sigterm_stop_run_with_the_stats_line() {
         assert!(!o.stdout.is_empty());
     }
 }
+
+/// GPU tier: a device allocation that fails while placing the model (forced by hipfire-gpu's
+/// test hook, as if VRAM were exhausted) ends `run` and `bench` with exit 2 and a message
+/// naming the step, the bytes asked and the bytes free; no panic, no abort.
+#[test]
+fn a_failed_gpu_load_allocation_exits_cleanly_naming_the_bytes() {
+    if std::env::var_os(hipfire_gpu::GPU_TESTS_ENV).is_none() {
+        eprintln!("skipped: {} not set", hipfire_gpu::GPU_TESTS_ENV);
+        return;
+    }
+    let s = Scratch::new("gpu-alloc-fail");
+    let out = s.dir.join("tiny.gguf");
+    let out_s = out.display().to_string();
+    let o = s.run(&["synth", "--format", "q8_0", "--out", &out_s]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    // 4 KiB: below every weight matrix of the tiny model, above nothing it needs first.
+    for args in [
+        &[
+            "run",
+            &out_s,
+            "hi",
+            "-n",
+            "2",
+            "--device",
+            "gpu",
+            "--no-chat",
+        ][..],
+        &[
+            "bench",
+            &out_s,
+            "--prompt-tokens",
+            "4",
+            "--gen-tokens",
+            "2",
+            "--rounds",
+            "1",
+            "--device",
+            "gpu",
+        ],
+    ] {
+        let o = s
+            .command(args)
+            .env(hipfire_gpu::TEST_MAX_ALLOC_ENV, "4096")
+            .output()
+            .expect("spawn");
+        let err = stderr(&o);
+        assert_eq!(code(&o), 2, "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(
+            err.contains("cannot allocate") && err.contains("bytes free of"),
+            "{args:?}: {err}"
+        );
+        // Printed so the GPU box's log shows which step the message named.
+        eprintln!("{args:?}: {err}");
+    }
+}
