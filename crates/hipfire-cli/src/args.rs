@@ -51,7 +51,9 @@ Examples:
   hipfire config list --json
 
 Exit status: 0 success, 1 refused or nothing to do (e.g. a live daemon holds the device), \
-2 error (bad flag or value, I/O, model or device failure).";
+2 error (bad flag or value, I/O, model or device failure), 130 / 143 when Ctrl-C (SIGINT) / \
+SIGTERM stopped `run` or `bench` after the current token (what was produced and the stats \
+line are printed first; a second Ctrl-C kills at once).";
 
 /// The `hipfire` command line.
 #[derive(Debug, Parser)]

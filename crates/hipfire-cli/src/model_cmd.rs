@@ -402,8 +402,12 @@ pub fn bench(ctx: &Ctx, a: &BenchArgs) -> anyhow::Result<ExitCode> {
                 .iter()
                 .map(|s| s.offload_exec.name().to_string())
                 .collect();
-            let report = crate::bench_rounds::run(&names, a.rounds, &|m| ctx.note(m))?;
-            return print_bench_report(ctx, a, &report);
+            let stop = Stop::install()?;
+            let report = crate::bench_rounds::run(&names, a.rounds, &stop, &|m| ctx.note(m))?;
+            let code = print_bench_report(ctx, a, &report)?;
+            return Ok(stop
+                .requested()
+                .map_or(code, |sig| ExitCode::from(stop::exit_status(sig))));
         }
     }
     let l = load(ctx, engine, &a.model, &base, Some(ctx_len), !a.json)?;
