@@ -160,11 +160,17 @@ pub enum Format {
     Q6K,
     /// HFQ4G256: f32 scale, f32 zero, 128 B nibbles (136 B / 256), low nibble = even index.
     Hfq4G256,
+    /// GGML Q5_0: f16 d, 32 high bits, 16 B nibbles (22 B / 32), value = d·(q−16).
+    Q5_0,
+    /// GGML Q5_1: f16 d, f16 m, 32 high bits, 16 B nibbles (24 B / 32), value = d·q + m.
+    Q5_1,
+    /// GGML Q5_K super-block (176 B / 256): Q4_K plus one high bit per element.
+    Q5K,
 }
 
 impl Format {
     /// Every format, in a stable order (tests and benches iterate this).
-    pub const ALL: [Format; 9] = [
+    pub const ALL: [Format; 12] = [
         Format::F32,
         Format::F16,
         Format::BF16,
@@ -174,14 +180,17 @@ impl Format {
         Format::Q4K,
         Format::Q6K,
         Format::Hfq4G256,
+        Format::Q5_0,
+        Format::Q5_1,
+        Format::Q5K,
     ];
 
     /// Elements per block.
     pub const fn block_elems(self) -> usize {
         match self {
             Format::F32 | Format::F16 | Format::BF16 => 1,
-            Format::Q8_0 | Format::Q4_0 | Format::Q4_1 => 32,
-            Format::Q4K | Format::Q6K | Format::Hfq4G256 => 256,
+            Format::Q8_0 | Format::Q4_0 | Format::Q4_1 | Format::Q5_0 | Format::Q5_1 => 32,
+            Format::Q4K | Format::Q6K | Format::Hfq4G256 | Format::Q5K => 256,
         }
     }
 
@@ -196,6 +205,9 @@ impl Format {
             Format::Q4K => 144,
             Format::Q6K => 210,
             Format::Hfq4G256 => 136,
+            Format::Q5_0 => 22,
+            Format::Q5_1 => 24,
+            Format::Q5K => 176,
         }
     }
 
@@ -221,8 +233,11 @@ impl Format {
             Format::F16 => Some(1),
             Format::Q4_0 => Some(2),
             Format::Q4_1 => Some(3),
+            Format::Q5_0 => Some(6),
+            Format::Q5_1 => Some(7),
             Format::Q8_0 => Some(8),
             Format::Q4K => Some(12),
+            Format::Q5K => Some(13),
             Format::Q6K => Some(14),
             Format::BF16 => Some(30),
             Format::Hfq4G256 => None,
@@ -249,6 +264,9 @@ impl Format {
             Format::Q4K => "q4_k",
             Format::Q6K => "q6_k",
             Format::Hfq4G256 => "hfq4g256",
+            Format::Q5_0 => "q5_0",
+            Format::Q5_1 => "q5_1",
+            Format::Q5K => "q5_k",
         }
     }
 
@@ -262,15 +280,17 @@ impl Format {
 }
 
 impl Format {
-    /// True if and only if this format has a SIMD row dot on some x86-64 tier (all nine do).
+    /// True if and only if this format has a SIMD row dot on some x86-64 tier (all do).
     /// On other architectures every format runs the scalar reference.
     pub const fn has_cpu_simd(self) -> bool {
         cfg!(target_arch = "x86_64")
     }
 
-    /// True if and only if the GPU crate ships a GEMV kernel for this format (all nine).
+    /// True if and only if the GPU crate ships a GEMV kernel for this format: the nine
+    /// original formats. The formats GGUF K_M mixes fall back to (Q5_0, Q5_1, ...) have CPU row
+    /// dots only, so the planner keeps their weights on the CPU.
     pub const fn has_gpu_kernel(self) -> bool {
-        true
+        !matches!(self, Format::Q5_0 | Format::Q5_1 | Format::Q5K)
     }
 }
 
