@@ -29,12 +29,14 @@ QUANT_EXACT = {"f32": T.F32, "f16": T.F16, "bf16": T.BF16, "q8_0": T.Q8_0, "q4_0
                "q5_0": T.Q5_0, "q5_1": T.Q5_1}
 # Formats compared on dequantisation only: (type, elements per block, bytes per block, offsets of
 # the f16 scale fields (given finite random values), bound on the quantiser's relative RMS error on
-# `random_rows` data: 4-bit K-quants measured ~0.07, so 0.12; the 2- and 3-bit ones get the bound
-# their step allows).
+# `random_rows` data: the 4- to 6-bit K-quants measured 0.02-0.07, so 0.12; Q3_K 0.148 and Q2_K
+# 0.284, so 0.25 and 0.4).
 DEQUANT_ONLY = {
     "q4_k": (T.Q4_K, 256, 144, [0, 2], 0.12),
     "q6_k": (T.Q6_K, 256, 210, [208], 0.12),
     "q5_k": (T.Q5_K, 256, 176, [0, 2], 0.12),
+    "q3_k": (T.Q3_K, 256, 110, [108], 0.25),
+    "q2_k": (T.Q2_K, 256, 84, [80, 82], 0.4),
 }
 HFQ_BLOCK_BYTES = 136
 QK_K = 256

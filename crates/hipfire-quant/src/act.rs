@@ -53,7 +53,7 @@ pub(crate) enum ActKind {
     F32(Vec<f32>),
     /// Q8_0, Q4_0, Q4_1, HFQ4G256: 8-bit per 32.
     Q8x32(Q8x32),
-    /// Q4_K, Q5_K, Q6_K: 8-bit per 256.
+    /// K-quants: 8-bit per 256.
     Q8K(Q8K),
 }
 
@@ -91,7 +91,7 @@ pub(crate) struct Q8K {
     pub qs: Vec<i8>,
     /// Scale per 256.
     pub d: Vec<f32>,
-    /// Σq per 16 elements, natural order (Q6_K's −32 offset).
+    /// Σq per 16 elements, natural order (Q6_K's −32 and Q3_K's −4 offset, Q2_K's mins).
     pub bsums: Vec<i16>,
     /// Σq per 32 elements, natural order (Q4_K's and Q5_K's mins).
     pub sums32: Vec<i16>,
@@ -402,7 +402,9 @@ impl ActivationBuf {
             | Format::Hfq4G256
             | Format::Q5_0
             | Format::Q5_1 => ActKind::Q8x32(Self::q8x32(fmt, x)),
-            Format::Q4K | Format::Q6K | Format::Q5K => ActKind::Q8K(Self::q8k(fmt, x)),
+            Format::Q4K | Format::Q6K | Format::Q5K | Format::Q3K | Format::Q2K => {
+                ActKind::Q8K(Self::q8k(fmt, x))
+            }
         };
         Ok(ActivationBuf {
             format: fmt,
@@ -523,7 +525,10 @@ impl ActivationBuf {
     /// Whether `fmt`'s activation is q8_K (Q4_K, Q6_K): the form [`ActivationBuf::from_q8k`]
     /// takes.
     pub fn takes_q8k(fmt: Format) -> bool {
-        matches!(fmt, Format::Q4K | Format::Q6K | Format::Q5K)
+        matches!(
+            fmt,
+            Format::Q4K | Format::Q6K | Format::Q5K | Format::Q3K | Format::Q2K
+        )
     }
 
     /// The activation for `fmt` (Q4_K or Q6_K) from `x` already quantised to q8_K in element

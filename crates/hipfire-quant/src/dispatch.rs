@@ -115,6 +115,8 @@ const fn format_index(fmt: Format) -> usize {
         Format::Q5_0 => 9,
         Format::Q5_1 => 10,
         Format::Q5K => 11,
+        Format::Q3K => 12,
+        Format::Q2K => 13,
     }
 }
 
@@ -131,6 +133,8 @@ static SCALAR: Kernels = [
     RowDot::Q8x32(scalar::dot_q5_0_q8_0_scalar),
     RowDot::Q8x32(scalar::dot_q5_1_q8_1_scalar),
     RowDot::Q8K(scalar::dot_q5k_q8k_scalar),
+    RowDot::Q8K(scalar::dot_q3k_q8k_scalar),
+    RowDot::Q8K(scalar::dot_q2k_q8k_scalar),
 ];
 
 /// The table of `tier`, `None` where the tier is not compiled for this architecture.
@@ -509,6 +513,14 @@ macro_rules! with_format {
             }
             Format::Q5K => {
                 type $t = formats::kquant::Q5K;
+                $body
+            }
+            Format::Q3K => {
+                type $t = formats::kquant_low::Q3K;
+                $body
+            }
+            Format::Q2K => {
+                type $t = formats::kquant_low::Q2K;
                 $body
             }
         }

@@ -166,11 +166,15 @@ pub enum Format {
     Q5_1,
     /// GGML Q5_K super-block (176 B / 256): Q4_K plus one high bit per element.
     Q5K,
+    /// GGML Q3_K super-block (110 B / 256): 3-bit codes, sixteen 6-bit scales.
+    Q3K,
+    /// GGML Q2_K super-block (84 B / 256): 2-bit codes, sixteen 4-bit scales and mins.
+    Q2K,
 }
 
 impl Format {
     /// Every format, in a stable order (tests and benches iterate this).
-    pub const ALL: [Format; 12] = [
+    pub const ALL: [Format; 14] = [
         Format::F32,
         Format::F16,
         Format::BF16,
@@ -183,6 +187,8 @@ impl Format {
         Format::Q5_0,
         Format::Q5_1,
         Format::Q5K,
+        Format::Q3K,
+        Format::Q2K,
     ];
 
     /// Elements per block.
@@ -190,7 +196,12 @@ impl Format {
         match self {
             Format::F32 | Format::F16 | Format::BF16 => 1,
             Format::Q8_0 | Format::Q4_0 | Format::Q4_1 | Format::Q5_0 | Format::Q5_1 => 32,
-            Format::Q4K | Format::Q6K | Format::Hfq4G256 | Format::Q5K => 256,
+            Format::Q4K
+            | Format::Q6K
+            | Format::Hfq4G256
+            | Format::Q5K
+            | Format::Q3K
+            | Format::Q2K => 256,
         }
     }
 
@@ -208,6 +219,8 @@ impl Format {
             Format::Q5_0 => 22,
             Format::Q5_1 => 24,
             Format::Q5K => 176,
+            Format::Q3K => 110,
+            Format::Q2K => 84,
         }
     }
 
@@ -238,6 +251,8 @@ impl Format {
             Format::Q8_0 => Some(8),
             Format::Q4K => Some(12),
             Format::Q5K => Some(13),
+            Format::Q2K => Some(10),
+            Format::Q3K => Some(11),
             Format::Q6K => Some(14),
             Format::BF16 => Some(30),
             Format::Hfq4G256 => None,
@@ -267,6 +282,8 @@ impl Format {
             Format::Q5_0 => "q5_0",
             Format::Q5_1 => "q5_1",
             Format::Q5K => "q5_k",
+            Format::Q3K => "q3_k",
+            Format::Q2K => "q2_k",
         }
     }
 
@@ -290,7 +307,10 @@ impl Format {
     /// original formats. The formats GGUF K_M mixes fall back to (Q5_0, Q5_1, ...) have CPU row
     /// dots only, so the planner keeps their weights on the CPU.
     pub const fn has_gpu_kernel(self) -> bool {
-        !matches!(self, Format::Q5_0 | Format::Q5_1 | Format::Q5K)
+        !matches!(
+            self,
+            Format::Q5_0 | Format::Q5_1 | Format::Q5K | Format::Q3K | Format::Q2K
+        )
     }
 }
 

@@ -54,7 +54,7 @@ fn act_bound(fmt: Format, w: &[f64], x: &[f32]) -> f64 {
         Format::Q8_0 | Format::Q4_0 | Format::Q4_1 | Format::Q5_0 | Format::Q5_1 => 32,
         // HFQ4G256's activation blocks are permuted within 128 elements.
         Format::Hfq4G256 => 128,
-        Format::Q4K | Format::Q6K | Format::Q5K => 256,
+        Format::Q4K | Format::Q6K | Format::Q5K | Format::Q3K | Format::Q2K => 256,
     };
     let mut b = 0.0;
     for (wg, xg) in w.chunks(group).zip(x.chunks(group)) {
@@ -204,6 +204,10 @@ fn quantisers_round_trip_within_step() {
                 Format::Q4K => (hi - lo) / 15.0 * 0.75 + amax / 63.0 * 2.0,
                 Format::Q6K => amax / 31.0 * 0.75 + amax / 127.0 * 2.0,
                 Format::Q5K => (hi - lo) / 31.0 * 0.75 + amax / 63.0 * 2.0,
+                // 3 bits: signed codes −4..3 per 16 under 6-bit scales, one step at the clipped
+                // extreme; 2 bits: 4 levels per 16 under 4-bit scales and mins.
+                Format::Q3K => amax / 4.0 * 1.1 + amax / 31.0 * 2.0,
+                Format::Q2K => (hi - lo) / 3.0 * 0.75 + amax / 15.0 * 2.0,
             };
             for (a, b) in sb.iter().zip(bb) {
                 assert!(

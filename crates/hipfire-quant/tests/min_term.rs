@@ -65,6 +65,15 @@ fn min_terms(fmt: Format, row: &[u8]) -> (Vec<f64>, usize) {
             }
             256
         }
+        Format::Q2K => {
+            for blk in row.chunks_exact(fmt.block_bytes()) {
+                let dmin = f16(&blk[82..84]);
+                for &sc in &blk[..16] {
+                    out.extend(std::iter::repeat_n(-dmin * f64::from(sc >> 4), 16));
+                }
+            }
+            16
+        }
         other => panic!("{other} has no min term"),
     };
     (out, span)
@@ -158,11 +167,12 @@ fn rms(e: &[f64]) -> f64 {
 }
 
 /// Formats with a min / zero term that this test covers.
-const MIN_FORMATS: [Format; 5] = [
+const MIN_FORMATS: [Format; 6] = [
     Format::Q4_1,
     Format::Q5_1,
     Format::Q4K,
     Format::Q5K,
+    Format::Q2K,
     Format::Hfq4G256,
 ];
 

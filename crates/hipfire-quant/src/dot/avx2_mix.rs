@@ -7,8 +7,12 @@
 //! As in `avx2.rs`: the CPU supports AVX2, FMA and F16C, `row` is exactly `row_bytes(k)`
 //! bytes, and the activation was prepared for the same format and `k`.
 
-use crate::act::Q8x32;
-use crate::dot::avx2::{dp_u8i8_256, h2f, h2f_x4, hsum4, hsum8, nibbles32, prefetch_ahead, rd16};
+use crate::act::{Q8x32, Q8K};
+use crate::dot::avx2::{
+    dp_u8i8_256, h2f, h2f_x4, hsum4, hsum8, nibbles32, prefetch_ahead, q6k_bsum_dot, rd16,
+};
+use crate::formats::kquant::QK_K;
+use crate::formats::kquant_low::K_GROUPS;
 use crate::formats::legacy::QK;
 use std::arch::x86_64::*;
 
@@ -142,11 +146,159 @@ pub(crate) unsafe fn dot_q5_1_q8_1_avx2(row: &[u8], a: &Q8x32) -> f32 {
     hsum8(_mm256_add_ps(acc[0], acc[1])) + hsum4(macc) + tail
 }
 
+/// Bytes per Q3_K block: hmask[32], qs[64], scales[12], d.
+pub(crate) const Q3K_BYTES: usize = 110;
+/// Offsets inside a Q3_K block.
+pub(crate) const Q3K_QS: usize = 32;
+pub(crate) const Q3K_SCALES: usize = 96;
+pub(crate) const Q3K_D: usize = 108;
+/// Bytes per Q2_K block: scales[16], qs[64], d, dmin.
+pub(crate) const Q2K_BYTES: usize = 84;
+/// Offsets inside a Q2_K block.
+pub(crate) const Q2K_QS: usize = 16;
+pub(crate) const Q2K_D: usize = 80;
+/// Q3_K's scale codes are stored with this offset (scale = code − 32).
+const Q3K_SCALE_OFFSET: i8 = 32;
+/// log2 of Q3_K's code offset 4 (`−4·Σ sc·bsum` is a shift).
+const Q3K_OFFSET_SHIFT: i32 = 2;
+
+/// Q3_K's sixteen signed scales (code − 32), from its 12 packed bytes at `p` through three
+/// u32 (ggml's `aux` shuffle, equal to `q3k_scales` for every input; a unit test checks).
+#[inline(always)]
+pub(crate) unsafe fn q3k_scales_i8(p: *const u8) -> [i8; K_GROUPS] {
+    const LOW4: u32 = 0x0f0f_0f0f;
+    const LOW2: u32 = 0x0303_0303;
+    let (a0, a1, t) = (rd32(p), rd32(p.add(4)), rd32(p.add(8)));
+    let words = [
+        (a0 & LOW4) | ((t & LOW2) << 4),
+        (a1 & LOW4) | (((t >> 2) & LOW2) << 4),
+        ((a0 >> 4) & LOW4) | (((t >> 4) & LOW2) << 4),
+        ((a1 >> 4) & LOW4) | (((t >> 6) & LOW2) << 4),
+    ];
+    let mut out = [0i8; K_GROUPS];
+    for (o, b) in out
+        .iter_mut()
+        .zip(words.iter().flat_map(|w| w.to_le_bytes()))
+    {
+        *o = b as i8 - Q3K_SCALE_OFFSET;
+    }
+    out
+}
+
+/// Per 16-element group g of one 32-byte product: lanes 0..8 take scale g, 8..16 scale g+1.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pair_scales(lo: i8, hi: i8) -> __m256i {
+    _mm256_set_m128i(_mm_set1_epi16(i16::from(hi)), _mm_set1_epi16(i16::from(lo)))
+}
+
+/// Q3_K row · q8_K activation: codes 0..7 (two plane bits plus the hmask bit), per group of 16
+/// `(sc − 32)·(Σ c·xq − 4·Σxq)`, the offset through Q6_K's `bsum` dot.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q3k_q8k_avx2(row: &[u8], a: &Q8K) -> f32 {
+    let nsb = row.len() / Q3K_BYTES;
+    let p = row.as_ptr();
+    let (m3, m4) = (_mm256_set1_epi8(3), _mm256_set1_epi8(4));
+    let mut acc = _mm256_setzero_ps();
+    for s in 0..nsb {
+        let blk = p.add(Q3K_BYTES * s);
+        prefetch_ahead::<Q3K_BYTES>(blk);
+        let sc = q3k_scales_i8(blk.add(Q3K_SCALES));
+        let xq = a.qs.as_ptr().add(QK_K * s);
+        let corr = q6k_bsum_dot(sc.as_ptr() as *const u8, a.bsums.as_ptr().add(K_GROUPS * s));
+        let mut sumi = _mm256_sub_epi32(
+            _mm256_setzero_si256(),
+            _mm256_slli_epi32(corr, Q3K_OFFSET_SHIFT),
+        );
+        // Bit j of every hmask byte, moved to bit 0 one 32-element sub-block at a time (as
+        // Q5_K's qh in `avx2::dot_k45_q8k_avx2`).
+        let mut h = _mm256_loadu_si256(blk as *const __m256i);
+        for plane in 0..2 {
+            let mut q = _mm256_loadu_si256(blk.add(Q3K_QS + 32 * plane) as *const __m256i);
+            for sft in 0..4 {
+                let j = 4 * plane + sft;
+                let w = _mm256_or_si256(
+                    _mm256_and_si256(q, m3),
+                    _mm256_and_si256(_mm256_slli_epi16(h, 2), m4),
+                );
+                q = _mm256_srli_epi16(q, 2);
+                h = _mm256_srli_epi16(h, 1);
+                let x = _mm256_loadu_si256(xq.add(32 * j) as *const __m256i);
+                let p16 = _mm256_maddubs_epi16(w, x);
+                let sc16 = pair_scales(sc[2 * j], sc[2 * j + 1]);
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, sc16));
+            }
+        }
+        let d = _mm256_set1_ps(h2f(rd16(blk.add(Q3K_D))) * a.d[s]);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum8(acc)
+}
+
+/// Σ_g m_g·S_g of one Q2_K super-block (mins are the high nibbles of `scales`) as 8 i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q2k_mins_dot(scales: *const u8, bsums: *const i16) -> __m256i {
+    let sc = _mm_loadu_si128(scales as *const __m128i);
+    let mins = _mm_and_si128(_mm_srli_epi16(sc, 4), _mm_set1_epi8(0x0F));
+    _mm256_madd_epi16(
+        _mm256_cvtepu8_epi16(mins),
+        _mm256_loadu_si256(bsums as *const __m256i),
+    )
+}
+
+/// Q2_K row · q8_K activation: dx·(d·Σ sc·P − dmin·Σ m·S) per super-block.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q2k_q8k_avx2(row: &[u8], a: &Q8K) -> f32 {
+    let nsb = row.len() / Q2K_BYTES;
+    let p = row.as_ptr();
+    let m3 = _mm256_set1_epi8(3);
+    let (mut acc, mut macc) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    for s in 0..nsb {
+        let blk = p.add(Q2K_BYTES * s);
+        prefetch_ahead::<Q2K_BYTES>(blk);
+        let xq = a.qs.as_ptr().add(QK_K * s);
+        let mut sumi = _mm256_setzero_si256();
+        for plane in 0..2 {
+            let mut q = _mm256_loadu_si256(blk.add(Q2K_QS + 32 * plane) as *const __m256i);
+            for sft in 0..4 {
+                let j = 4 * plane + sft;
+                let w = _mm256_and_si256(q, m3);
+                q = _mm256_srli_epi16(q, 2);
+                let x = _mm256_loadu_si256(xq.add(32 * j) as *const __m256i);
+                let p16 = _mm256_maddubs_epi16(w, x);
+                let (s0, s1) = (*blk.add(2 * j) & 0x0F, *blk.add(2 * j + 1) & 0x0F);
+                let sc16 = pair_scales(s0 as i8, s1 as i8);
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, sc16));
+            }
+        }
+        let mn = q2k_mins_dot(blk, a.bsums.as_ptr().add(K_GROUPS * s));
+        let dx = a.d[s];
+        let d = _mm256_set1_ps(h2f(rd16(blk.add(Q2K_D))) * dx);
+        let dmin = _mm256_set1_ps(h2f(rd16(blk.add(Q2K_D + 2))) * dx);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+        macc = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(mn), macc);
+    }
+    hsum8(acc) - hsum8(macc)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
+
+    #[test]
+    fn q3k_scale_shuffle_matches_the_reference_unpacking() {
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        for _ in 0..1000 {
+            let b: [u8; 12] = std::array::from_fn(|_| rng.random());
+            // SAFETY: b is 12 readable bytes, all the function reads.
+            let got = unsafe { q3k_scales_i8(b.as_ptr()) };
+            let want = crate::formats::kquant_low::q3k_scales(&b).map(|c| c as i8 - 32);
+            assert_eq!(got, want, "{b:?}");
+        }
+    }
 
     #[test]
     fn bits_to_bytes_spreads_each_bit_to_its_byte() {

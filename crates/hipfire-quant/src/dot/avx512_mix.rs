@@ -11,20 +11,46 @@
 //! As in `avx512.rs`: the CPU supports the module's features, `row` is exactly
 //! `row_bytes(k)` bytes, and the activation was prepared for the same format and `k`.
 
-use crate::act::Q8x32;
-use crate::dot::avx2::{h2f, h2f_x4, hsum4, hsum8, nibbles32, prefetch_ahead, rd16};
+use crate::act::{Q8x32, Q8K};
+use crate::dot::avx2::{h2f, h2f_x4, hsum4, hsum8, nibbles32, prefetch_ahead, q6k_bsum_dot, rd16};
 use crate::dot::avx2_mix::{
-    q5_0_block, q5_1_block, rd32, Q5_0_BYTES, Q5_0_CORR_LANES, Q5_0_QH, Q5_0_QS, Q5_1_BYTES,
-    Q5_1_QH, Q5_1_QS, STEP4,
+    q2k_mins_dot, q3k_scales_i8, q5_0_block, q5_1_block, rd32, Q2K_BYTES, Q2K_D, Q2K_QS, Q3K_BYTES,
+    Q3K_D, Q3K_QS, Q3K_SCALES, Q5_0_BYTES, Q5_0_CORR_LANES, Q5_0_QH, Q5_0_QS, Q5_1_BYTES, Q5_1_QH,
+    Q5_1_QS, STEP4,
 };
 use crate::dot::avx512::{
-    dp_u8i8_plain, dp_u8i8_vnni, join, ld_idx, multi_rows, IDX_2BLK, IDX_2BLK_HI, MULTI_MAX,
+    dp_scaled_plain, dp_scaled_vnni, dp_u8i8_plain, dp_u8i8_vnni, join, ld_idx, ld_idx16,
+    multi_rows, IDX16_Q6K, IDX_2BLK, IDX_2BLK_HI, MULTI_MAX,
 };
+use crate::formats::kquant::QK_K;
+use crate::formats::kquant_low::K_GROUPS;
 use crate::formats::legacy::QK;
 use std::arch::x86_64::*;
 
 /// Bit 4 of a 5-bit code, as a byte.
 const HIGH_BIT: i8 = 0x10;
+/// Bit 2 of a 3-bit code, as a byte.
+const Q3_HIGH_BIT: i8 = 0x04;
+
+/// The 2-bit plane layout of Q3_K / Q2_K as 512-bit steps: product z (0..4) covers elements
+/// 64z..64z+64, i.e. plane z / 2 shifted by 2·(2·(z % 2)) in its low half and by 2 more in its
+/// high half. Returns the per-16-bit-lane shift counts of each z.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn plane_shifts() -> [__m512i; 4] {
+    std::array::from_fn(|z| {
+        let s0 = (4 * (z % 2)) as i16;
+        join(_mm256_set1_epi16(s0), _mm256_set1_epi16(s0 + 2))
+    })
+}
+
+/// Codes 0..=3 of product z from the 32 plane bytes at `plane` (broadcast to both halves).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn plane_codes(plane: *const u8, shift: __m512i) -> __m512i {
+    let q = _mm512_broadcast_i64x4(_mm256_loadu_si256(plane as *const __m256i));
+    _mm512_and_si512(_mm512_srlv_epi16(q, shift), _mm512_set1_epi8(3))
+}
 
 /// The 64 unsigned 5-bit codes of two Q5 blocks at `b0`, `b1` (block 0's in the low half),
 /// with nibbles at offset `qs` and high bits at offset `qh` of each block.
@@ -37,7 +63,7 @@ unsafe fn codes5_512(b0: *const u8, b1: *const u8, qs: usize, qh: usize) -> __m5
 }
 
 macro_rules! mix_kernels {
-    ($m:ident, $feat:literal, $dp:ident) => {
+    ($m:ident, $feat:literal, $dp:ident, $dps:ident) => {
         /// Row dots of this flavour.
         pub(crate) mod $m {
             use super::*;
@@ -153,6 +179,83 @@ macro_rules! mix_kernels {
                 out
             }
 
+            /// Q3_K row · q8_K activation, 64 elements per product (Q6_K's scale lanes):
+            /// plane bits by a per-half variable shift, bit 2 from `hmask` by a per-half bit
+            /// test, the −4 offset through the `bsum` dot.
+            #[target_feature(enable = $feat)]
+            pub(crate) unsafe fn dot_q3k_q8k_avx512(row: &[u8], a: &Q8K) -> f32 {
+                let nsb = row.len() / Q3K_BYTES;
+                let p = row.as_ptr();
+                let shifts = plane_shifts();
+                // Product z holds sub-blocks 2z (low half) and 2z + 1 (high half).
+                let bit_sel: [__m512i; 4] = std::array::from_fn(|z| {
+                    join(
+                        _mm256_set1_epi8((1u8 << (2 * z)) as i8),
+                        _mm256_set1_epi8((1u8 << (2 * z + 1)) as i8),
+                    )
+                });
+                let m4 = _mm512_set1_epi8(Q3_HIGH_BIT);
+                let mut acc = _mm512_setzero_ps();
+                for s in 0..nsb {
+                    let blk = p.add(Q3K_BYTES * s);
+                    prefetch_ahead::<Q3K_BYTES>(blk);
+                    let sc = q3k_scales_i8(blk.add(Q3K_SCALES));
+                    let sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128(
+                        sc.as_ptr() as *const __m128i,
+                    )));
+                    let xq = a.qs.as_ptr().add(QK_K * s);
+                    let corr =
+                        q6k_bsum_dot(sc.as_ptr() as *const u8, a.bsums.as_ptr().add(K_GROUPS * s));
+                    let corr = _mm512_zextsi256_si512(_mm256_slli_epi32::<2>(corr));
+                    let mut sumi = _mm512_sub_epi32(_mm512_setzero_si512(), corr);
+                    let hm = _mm512_broadcast_i64x4(_mm256_loadu_si256(blk as *const __m256i));
+                    for z in 0..4 {
+                        let w = plane_codes(blk.add(Q3K_QS + 32 * (z / 2)), shifts[z]);
+                        let k = _mm512_test_epi8_mask(hm, bit_sel[z]);
+                        let w = _mm512_mask_add_epi8(w, k, w, m4);
+                        let x = _mm512_loadu_si512(xq.add(64 * z) as *const _);
+                        let scz = _mm512_permutexvar_epi16(ld_idx16(&IDX16_Q6K[z]), sc16);
+                        sumi = $dps(sumi, w, x, scz);
+                    }
+                    let d = _mm512_set1_ps(h2f(rd16(blk.add(Q3K_D))) * a.d[s]);
+                    acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc);
+                }
+                _mm512_reduce_add_ps(acc)
+            }
+
+            /// Q2_K row · q8_K activation: Q3_K's 64-element products without the high bit,
+            /// unsigned 4-bit scales, mins through the `bsum` dot.
+            #[target_feature(enable = $feat)]
+            pub(crate) unsafe fn dot_q2k_q8k_avx512(row: &[u8], a: &Q8K) -> f32 {
+                let nsb = row.len() / Q2K_BYTES;
+                let p = row.as_ptr();
+                let shifts = plane_shifts();
+                let mut acc = _mm512_setzero_ps();
+                let mut macc = _mm256_setzero_ps();
+                for s in 0..nsb {
+                    let blk = p.add(Q2K_BYTES * s);
+                    prefetch_ahead::<Q2K_BYTES>(blk);
+                    let scb =
+                        _mm_and_si128(_mm_loadu_si128(blk as *const __m128i), _mm_set1_epi8(0x0F));
+                    let sc16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(scb));
+                    let xq = a.qs.as_ptr().add(QK_K * s);
+                    let mut sumi = _mm512_setzero_si512();
+                    for z in 0..4 {
+                        let w = plane_codes(blk.add(Q2K_QS + 32 * (z / 2)), shifts[z]);
+                        let x = _mm512_loadu_si512(xq.add(64 * z) as *const _);
+                        let scz = _mm512_permutexvar_epi16(ld_idx16(&IDX16_Q6K[z]), sc16);
+                        sumi = $dps(sumi, w, x, scz);
+                    }
+                    let mn = q2k_mins_dot(blk, a.bsums.as_ptr().add(K_GROUPS * s));
+                    let dx = a.d[s];
+                    let d = _mm512_set1_ps(h2f(rd16(blk.add(Q2K_D))) * dx);
+                    let dmin = _mm256_set1_ps(h2f(rd16(blk.add(Q2K_D + 2))) * dx);
+                    acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc);
+                    macc = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(mn), macc);
+                }
+                _mm512_reduce_add_ps(acc) - hsum8(macc)
+            }
+
             multi_rows!($feat, Q8x32, gemv_q5_0_multi, rows_q5_0, dot_q5_0_multi);
             multi_rows!($feat, Q8x32, gemv_q5_1_multi, rows_q5_1, dot_q5_1_multi);
         }
@@ -162,10 +265,12 @@ macro_rules! mix_kernels {
 mix_kernels!(
     plain,
     "avx512f,avx512bw,avx512vl,avx2,fma,f16c",
-    dp_u8i8_plain
+    dp_u8i8_plain,
+    dp_scaled_plain
 );
 mix_kernels!(
     vnni,
     "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
-    dp_u8i8_vnni
+    dp_u8i8_vnni,
+    dp_scaled_vnni
 );

@@ -7,6 +7,7 @@ use crate::formats::hfq::{BlockHfq4G256, HFQ_GROUP};
 use crate::formats::kquant::{
     q4k_scale_min, BlockQ4K, BlockQ5K, BlockQ6K, K_SCALE_SIZE, Q4K_SUB, Q6K_OFFSET, Q6K_SUB, QK_K,
 };
+use crate::formats::kquant_low::{q3k_scales, BlockQ2K, BlockQ3K, Q3K_OFFSET, Q3K_SCALE_OFFSET};
 use crate::formats::legacy::{
     nibble, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, Q4_0_OFFSET, Q5_0_OFFSET, QK,
 };
@@ -200,6 +201,46 @@ pub(crate) fn dot_q6k_q8k_scalar(row: &[u8], a: &Q8K) -> f32 {
             isum += i32::from(w.scales[g]) * (p - Q6K_OFFSET * bs);
         }
         acc += f64::from(f16_to_f32(w.d) * a.d[s]) * f64::from(isum);
+    }
+    acc as f32
+}
+
+/// Q3_K row · q8_K activation: Σ d·dx·Σ_g (sc_g − 32)·(P_g − 4·S_g) over groups of 16.
+pub(crate) fn dot_q3k_q8k_scalar(row: &[u8], a: &Q8K) -> f32 {
+    let mut acc = 0f64;
+    for (s, blk) in row.chunks_exact(110).enumerate() {
+        let w = BlockQ3K::read(blk);
+        let (c, sc) = (w.codes(), q3k_scales(&w.scales));
+        let xq = &a.qs[QK_K * s..QK_K * (s + 1)];
+        let mut isum = 0i32;
+        for (g, &scg) in sc.iter().enumerate() {
+            let r = Q6K_SUB * g..Q6K_SUB * (g + 1);
+            let p = isum32(c[r.clone()].iter().map(|&v| i32::from(v)), &xq[r]);
+            let bs = i32::from(a.bsums[16 * s + g]);
+            isum += (i32::from(scg) - Q3K_SCALE_OFFSET) * (p - Q3K_OFFSET * bs);
+        }
+        acc += f64::from(f16_to_f32(w.d) * a.d[s]) * f64::from(isum);
+    }
+    acc as f32
+}
+
+/// Q2_K row · q8_K activation: Σ dx·(d·Σ_g sc_g·P_g − dmin·Σ_g m_g·S_g) over groups of 16.
+pub(crate) fn dot_q2k_q8k_scalar(row: &[u8], a: &Q8K) -> f32 {
+    let mut acc = 0f64;
+    for (s, blk) in row.chunks_exact(84).enumerate() {
+        let w = BlockQ2K::read(blk);
+        let c = w.codes();
+        let xq = &a.qs[QK_K * s..QK_K * (s + 1)];
+        let (mut isc, mut imn) = (0i32, 0i32);
+        for g in 0..QK_K / Q6K_SUB {
+            let r = Q6K_SUB * g..Q6K_SUB * (g + 1);
+            let p = isum32(c[r.clone()].iter().map(|&v| i32::from(v)), &xq[r]);
+            isc += i32::from(w.scales[g] & 0x0F) * p;
+            imn += i32::from(w.scales[g] >> 4) * i32::from(a.bsums[16 * s + g]);
+        }
+        let dx = a.d[s];
+        acc += f64::from(f16_to_f32(w.d) * dx) * f64::from(isc);
+        acc -= f64::from(f16_to_f32(w.dmin) * dx) * f64::from(imn);
     }
     acc as f32
 }
