@@ -211,6 +211,8 @@ pub(crate) const fn corr_lanes(fmt: Format) -> (usize, i32) {
         Format::Q4_0 => (4, Q4_0_OFF),
         Format::Q8_0 => (LANES8, Q8_0_VNNI_BIAS),
         Format::Q5_0 => (LANES8, Q5_0_OFFSET),
+        // IQ4_NL's table values are signed, so VNNI biases them by +128 as Q8_0's.
+        Format::Iq4Nl => (LANES8, Q8_0_VNNI_BIAS),
         _ => (0, 0),
     }
 }
@@ -401,8 +403,9 @@ impl ActivationBuf {
             | Format::Q4_1
             | Format::Hfq4G256
             | Format::Q5_0
-            | Format::Q5_1 => ActKind::Q8x32(Self::q8x32(fmt, x)),
-            Format::Q4K | Format::Q6K | Format::Q5K | Format::Q3K | Format::Q2K => {
+            | Format::Q5_1
+            | Format::Iq4Nl => ActKind::Q8x32(Self::q8x32(fmt, x)),
+            Format::Q4K | Format::Q6K | Format::Q5K | Format::Q3K | Format::Q2K | Format::Iq4Xs => {
                 ActKind::Q8K(Self::q8k(fmt, x))
             }
         };
@@ -527,7 +530,7 @@ impl ActivationBuf {
     pub fn takes_q8k(fmt: Format) -> bool {
         matches!(
             fmt,
-            Format::Q4K | Format::Q6K | Format::Q5K | Format::Q3K | Format::Q2K
+            Format::Q4K | Format::Q6K | Format::Q5K | Format::Q3K | Format::Q2K | Format::Iq4Xs
         )
     }
 

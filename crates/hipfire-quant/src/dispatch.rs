@@ -117,6 +117,8 @@ const fn format_index(fmt: Format) -> usize {
         Format::Q5K => 11,
         Format::Q3K => 12,
         Format::Q2K => 13,
+        Format::Iq4Nl => 14,
+        Format::Iq4Xs => 15,
     }
 }
 
@@ -135,6 +137,8 @@ static SCALAR: Kernels = [
     RowDot::Q8K(scalar::dot_q5k_q8k_scalar),
     RowDot::Q8K(scalar::dot_q3k_q8k_scalar),
     RowDot::Q8K(scalar::dot_q2k_q8k_scalar),
+    RowDot::Q8x32(scalar::dot_iq4nl_q8_0_scalar),
+    RowDot::Q8K(scalar::dot_iq4xs_q8k_scalar),
 ];
 
 /// The table of `tier`, `None` where the tier is not compiled for this architecture.
@@ -297,6 +301,16 @@ fn multi_kernel(tier: SimdTier, fmt: Format) -> Option<MultiDot> {
             (SimdTier::Avx512, Format::Q5_1) => Some(MultiDot::Q8x32(mix::plain::gemv_q5_1_multi)),
             (SimdTier::Avx512, Format::Q5K) => Some(MultiDot::Q8K(plain::gemv_q5k_multi)),
             (SimdTier::Avx512Vnni, Format::Q5K) => Some(MultiDot::Q8K(vnni::gemv_q5k_multi)),
+            (SimdTier::Avx512, Format::Iq4Nl) => {
+                Some(MultiDot::Q8x32(mix::plain::gemv_iq4nl_multi))
+            }
+            (SimdTier::Avx512Vnni, Format::Iq4Nl) => {
+                Some(MultiDot::Q8x32(mix::vnni::gemv_iq4nl_multi))
+            }
+            (SimdTier::Avx512, Format::Iq4Xs) => Some(MultiDot::Q8K(mix::plain::gemv_iq4xs_multi)),
+            (SimdTier::Avx512Vnni, Format::Iq4Xs) => {
+                Some(MultiDot::Q8K(mix::vnni::gemv_iq4xs_multi))
+            }
             (SimdTier::Avx512Vnni, Format::Q5_0) => {
                 Some(MultiDot::Q8x32(mix::vnni::gemv_q5_0_multi))
             }
@@ -521,6 +535,14 @@ macro_rules! with_format {
             }
             Format::Q2K => {
                 type $t = formats::kquant_low::Q2K;
+                $body
+            }
+            Format::Iq4Nl => {
+                type $t = formats::iq4::Iq4Nl;
+                $body
+            }
+            Format::Iq4Xs => {
+                type $t = formats::iq4::Iq4Xs;
                 $body
             }
         }

@@ -51,10 +51,15 @@ fn random_vec(rng: &mut ChaCha8Rng, n: usize, block: usize) -> Vec<f32> {
 fn act_bound(fmt: Format, w: &[f64], x: &[f32]) -> f64 {
     let group = match fmt {
         Format::F32 | Format::F16 | Format::BF16 => return 0.0,
-        Format::Q8_0 | Format::Q4_0 | Format::Q4_1 | Format::Q5_0 | Format::Q5_1 => 32,
+        Format::Q8_0
+        | Format::Q4_0
+        | Format::Q4_1
+        | Format::Q5_0
+        | Format::Q5_1
+        | Format::Iq4Nl => 32,
         // HFQ4G256's activation blocks are permuted within 128 elements.
         Format::Hfq4G256 => 128,
-        Format::Q4K | Format::Q6K | Format::Q5K | Format::Q3K | Format::Q2K => 256,
+        Format::Q4K | Format::Q6K | Format::Q5K | Format::Q3K | Format::Q2K | Format::Iq4Xs => 256,
     };
     let mut b = 0.0;
     for (wg, xg) in w.chunks(group).zip(x.chunks(group)) {
@@ -208,6 +213,10 @@ fn quantisers_round_trip_within_step() {
                 // extreme; 2 bits: 4 levels per 16 under 4-bit scales and mins.
                 Format::Q3K => amax / 4.0 * 1.1 + amax / 31.0 * 2.0,
                 Format::Q2K => (hi - lo) / 3.0 * 0.75 + amax / 15.0 * 2.0,
+                // The table's widest gap is 23 of 127·d (d ≈ amax/127): half of it, plus the
+                // 6-bit sub-scale rounding for IQ4_XS.
+                Format::Iq4Nl => amax * 12.0 / 127.0 * 1.1,
+                Format::Iq4Xs => amax * 12.0 / 127.0 * 1.1 + amax / 32.0 * 2.0,
             };
             for (a, b) in sb.iter().zip(bb) {
                 assert!(

@@ -11,6 +11,7 @@ use crate::act::{Q8x32, Q8K};
 use crate::dot::avx2::{
     dp_u8i8_256, h2f, h2f_x4, hsum4, hsum8, nibbles32, prefetch_ahead, q6k_bsum_dot, rd16,
 };
+use crate::formats::iq4::{IQ4NL_VALUES, IQ4XS_SCALE_OFFSET, IQ4XS_SUBS};
 use crate::formats::kquant::QK_K;
 use crate::formats::kquant_low::K_GROUPS;
 use crate::formats::legacy::QK;
@@ -280,6 +281,101 @@ pub(crate) unsafe fn dot_q2k_q8k_avx2(row: &[u8], a: &Q8K) -> f32 {
         macc = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(mn), macc);
     }
     hsum8(acc) - hsum8(macc)
+}
+
+/// Bytes per IQ4_NL block: d, qs[16].
+pub(crate) const IQ4NL_BYTES: usize = 18;
+/// Bytes per IQ4_XS block: d, scales_h, scales_l[4], qs[128].
+pub(crate) const IQ4XS_BYTES: usize = 136;
+/// Offset of IQ4_XS's nibbles.
+pub(crate) const IQ4XS_QS: usize = 8;
+/// Lanes of `Q8x32::corr` per IQ4_NL block (its VNNI bias, one block per 256 bits).
+pub(crate) const IQ4NL_CORR_LANES: usize = 8;
+
+/// [`IQ4NL_VALUES`] in both 128-bit lanes, for `vpshufb`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn iq4_table256() -> __m256i {
+    _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4NL_VALUES.as_ptr() as *const __m128i))
+}
+
+/// 32 signed table values of the 16 nibble bytes at `qs` (Q4_0 order → element order).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn iq4_values32(table: __m256i, qs: *const u8) -> __m256i {
+    _mm256_shuffle_epi8(table, nibbles32(qs))
+}
+
+/// i8 × i8 → 8 i32 lanes, exact: |w|·(x with w's sign), so `vpmaddubsw` sees an unsigned
+/// operand (|w| ≤ 127, so pairs cannot saturate).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dp_i8i8_256(w: __m256i, x: __m256i) -> __m256i {
+    dp_u8i8_256(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
+}
+
+/// One IQ4_NL block's integer lanes Σ table[q]·xq.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn iq4nl_block(table: __m256i, blk: *const u8, a: &Q8x32, b: usize) -> __m256i {
+    let x = _mm256_loadu_si256(a.qs.as_ptr().add(QK * b) as *const __m256i);
+    dp_i8i8_256(iq4_values32(table, blk.add(2)), x)
+}
+
+/// IQ4_NL row · q8 activation, two blocks per step.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_iq4nl_q8_0_avx2(row: &[u8], a: &Q8x32) -> f32 {
+    let nb = row.len() / IQ4NL_BYTES;
+    let p = row.as_ptr();
+    let table = iq4_table256();
+    let mut acc = [_mm256_setzero_ps(); 2];
+    for b in 0..nb {
+        let blk = p.add(IQ4NL_BYTES * b);
+        if b % 2 == 0 {
+            prefetch_ahead::<{ 2 * IQ4NL_BYTES }>(blk);
+        }
+        let s = _mm256_set1_ps(h2f(rd16(blk)) * a.d[b]);
+        let pi = _mm256_cvtepi32_ps(iq4nl_block(table, blk, a, b));
+        acc[b % 2] = _mm256_fmadd_ps(s, pi, acc[b % 2]);
+    }
+    hsum8(_mm256_add_ps(acc[0], acc[1]))
+}
+
+/// IQ4_XS's eight signed sub-block scales (code − 32) of the block at `blk`.
+#[inline(always)]
+pub(crate) unsafe fn iq4xs_scales(blk: *const u8) -> [i16; IQ4XS_SUBS] {
+    let h = rd16(blk.add(2));
+    std::array::from_fn(|ib| {
+        let low = (*blk.add(4 + ib / 2) >> (4 * (ib % 2))) & 0x0F;
+        let high = ((h >> (2 * ib)) & 3) as u8;
+        i16::from(low | (high << 4)) - IQ4XS_SCALE_OFFSET as i16
+    })
+}
+
+/// IQ4_XS row · q8_K activation: per sub-block of 32 the table values by `vpshufb`, the
+/// signed products by the sign trick, the sub-scale by `vpmaddwd`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_iq4xs_q8k_avx2(row: &[u8], a: &Q8K) -> f32 {
+    let nsb = row.len() / IQ4XS_BYTES;
+    let p = row.as_ptr();
+    let table = iq4_table256();
+    let mut acc = _mm256_setzero_ps();
+    for s in 0..nsb {
+        let blk = p.add(IQ4XS_BYTES * s);
+        prefetch_ahead::<IQ4XS_BYTES>(blk);
+        let sc = iq4xs_scales(blk);
+        let xq = a.qs.as_ptr().add(QK_K * s);
+        let mut sumi = _mm256_setzero_si256();
+        for (ib, &scb) in sc.iter().enumerate() {
+            let w = iq4_values32(table, blk.add(IQ4XS_QS + 16 * ib));
+            let x = _mm256_loadu_si256(xq.add(QK * ib) as *const __m256i);
+            let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, _mm256_set1_epi16(scb)));
+        }
+        let d = _mm256_set1_ps(h2f(rd16(blk)) * a.d[s]);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum8(acc)
 }
 
 #[cfg(test)]

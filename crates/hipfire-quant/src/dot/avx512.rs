@@ -46,6 +46,8 @@ pub(crate) static KERNELS_512: Kernels = [
     RowDot::Q8K(plain::dot_q5k_q8k_avx512),
     RowDot::Q8K(mix::plain::dot_q3k_q8k_avx512),
     RowDot::Q8K(mix::plain::dot_q2k_q8k_avx512),
+    RowDot::Q8x32(mix::plain::dot_iq4nl_q8_0_avx512),
+    RowDot::Q8K(mix::plain::dot_iq4xs_q8k_avx512),
 ];
 
 /// The AVX-512 VNNI tier's table (float dots are shared: they have no integer part).
@@ -64,6 +66,8 @@ pub(crate) static KERNELS_VNNI: Kernels = [
     RowDot::Q8K(vnni::dot_q5k_q8k_avx512),
     RowDot::Q8K(mix::vnni::dot_q3k_q8k_avx512),
     RowDot::Q8K(mix::vnni::dot_q2k_q8k_avx512),
+    RowDot::Q8x32(mix::vnni::dot_iq4nl_q8_0_avx512),
+    RowDot::Q8K(mix::vnni::dot_iq4xs_q8k_avx512),
 ];
 
 /// Lane → block selector for two blocks per vector: lanes 0..8 block 0, 8..16 block 1.

@@ -14,13 +14,14 @@
 use crate::act::{Q8x32, Q8K};
 use crate::dot::avx2::{h2f, h2f_x4, hsum4, hsum8, nibbles32, prefetch_ahead, q6k_bsum_dot, rd16};
 use crate::dot::avx2_mix::{
-    q2k_mins_dot, q3k_scales_i8, q5_0_block, q5_1_block, rd32, Q2K_BYTES, Q2K_D, Q2K_QS, Q3K_BYTES,
-    Q3K_D, Q3K_QS, Q3K_SCALES, Q5_0_BYTES, Q5_0_CORR_LANES, Q5_0_QH, Q5_0_QS, Q5_1_BYTES, Q5_1_QH,
-    Q5_1_QS, STEP4,
+    iq4_table256, iq4nl_block, iq4xs_scales, q2k_mins_dot, q3k_scales_i8, q5_0_block, q5_1_block,
+    rd32, IQ4NL_BYTES, IQ4NL_CORR_LANES, IQ4XS_BYTES, IQ4XS_QS, Q2K_BYTES, Q2K_D, Q2K_QS,
+    Q3K_BYTES, Q3K_D, Q3K_QS, Q3K_SCALES, Q5_0_BYTES, Q5_0_CORR_LANES, Q5_0_QH, Q5_0_QS,
+    Q5_1_BYTES, Q5_1_QH, Q5_1_QS, STEP4,
 };
 use crate::dot::avx512::{
-    dp_scaled_plain, dp_scaled_vnni, dp_u8i8_plain, dp_u8i8_vnni, join, ld_idx, ld_idx16,
-    multi_rows, IDX16_Q6K, IDX_2BLK, IDX_2BLK_HI, MULTI_MAX,
+    dp_i8i8_plain, dp_i8i8_vnni, dp_scaled_plain, dp_scaled_vnni, dp_u8i8_plain, dp_u8i8_vnni,
+    idx16_pairs, join, ld_idx, ld_idx16, multi_rows, IDX16_Q6K, IDX_2BLK, IDX_2BLK_HI, MULTI_MAX,
 };
 use crate::formats::kquant::QK_K;
 use crate::formats::kquant_low::K_GROUPS;
@@ -29,6 +30,14 @@ use std::arch::x86_64::*;
 
 /// Bit 4 of a 5-bit code, as a byte.
 const HIGH_BIT: i8 = 0x10;
+/// IQ4_XS: 16-bit lane i of product t covers sub-block 2t + i / 16.
+const IDX16_IQ4XS: [[u16; 32]; 4] = [
+    idx16_pairs(0, 1),
+    idx16_pairs(2, 3),
+    idx16_pairs(4, 5),
+    idx16_pairs(6, 7),
+];
+
 /// Bit 2 of a 3-bit code, as a byte.
 const Q3_HIGH_BIT: i8 = 0x04;
 
@@ -63,7 +72,7 @@ unsafe fn codes5_512(b0: *const u8, b1: *const u8, qs: usize, qh: usize) -> __m5
 }
 
 macro_rules! mix_kernels {
-    ($m:ident, $feat:literal, $dp:ident, $dps:ident) => {
+    ($m:ident, $feat:literal, $dp:ident, $dpi8:ident, $dps:ident) => {
         /// Row dots of this flavour.
         pub(crate) mod $m {
             use super::*;
@@ -256,6 +265,122 @@ macro_rules! mix_kernels {
                 _mm512_reduce_add_ps(acc) - hsum8(macc)
             }
 
+            /// IQ4_NL row · q8 activation ([`dot_iq4nl_multi`] of one activation).
+            #[target_feature(enable = $feat)]
+            pub(crate) unsafe fn dot_iq4nl_q8_0_avx512(row: &[u8], a: &Q8x32) -> f32 {
+                dot_iq4nl_multi::<1>(row, &[a])[0]
+            }
+
+            /// IQ4_NL row against `N` activations: four blocks per step, two per vector, the
+            /// table values by `vpshufb`, signed products as Q8_0's (`corr` carries the VNNI
+            /// bias).
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn dot_iq4nl_multi<const N: usize>(row: &[u8], a: &[&Q8x32; N]) -> [f32; N] {
+                let nb = row.len() / IQ4NL_BYTES;
+                let p = row.as_ptr();
+                let table = iq4_table256();
+                let table512 = _mm512_broadcast_i64x4(table);
+                let (i01, i23) = (ld_idx(&IDX_2BLK), ld_idx(&IDX_2BLK_HI));
+                let mut acc0 = [_mm512_setzero_ps(); N];
+                let mut acc1 = [_mm512_setzero_ps(); N];
+                let mut b = 0;
+                while b + STEP4 <= nb {
+                    let g = p.add(IQ4NL_BYTES * b);
+                    prefetch_ahead::<{ STEP4 * IQ4NL_BYTES }>(g);
+                    let nib = |o: usize| nibbles32(g.add(IQ4NL_BYTES * o + 2));
+                    let w01 = _mm512_shuffle_epi8(table512, join(nib(0), nib(1)));
+                    let w23 = _mm512_shuffle_epi8(table512, join(nib(2), nib(3)));
+                    let wd = h2f_x4(g, IQ4NL_BYTES);
+                    for j in 0..N {
+                        let (xq, corr) = (a[j].qs.as_ptr(), a[j].corr.as_ptr());
+                        let x01 = _mm512_loadu_si512(xq.add(QK * b) as *const _);
+                        let x23 = _mm512_loadu_si512(xq.add(QK * (b + 2)) as *const _);
+                        let c01 = _mm512_loadu_si512(corr.add(IQ4NL_CORR_LANES * b) as *const _);
+                        let c23 =
+                            _mm512_loadu_si512(corr.add(IQ4NL_CORR_LANES * (b + 2)) as *const _);
+                        let p01 = $dpi8(c01, w01, x01);
+                        let p23 = $dpi8(c23, w23, x23);
+                        let s4 = _mm_mul_ps(wd, _mm_loadu_ps(a[j].d.as_ptr().add(b)));
+                        let s4 = _mm512_castps128_ps512(s4);
+                        let s01 = _mm512_permutexvar_ps(i01, s4);
+                        let s23 = _mm512_permutexvar_ps(i23, s4);
+                        acc0[j] = _mm512_fmadd_ps(s01, _mm512_cvtepi32_ps(p01), acc0[j]);
+                        acc1[j] = _mm512_fmadd_ps(s23, _mm512_cvtepi32_ps(p23), acc1[j]);
+                    }
+                    b += STEP4;
+                }
+                let mut out = [0f32; N];
+                for j in 0..N {
+                    let mut tail = _mm256_setzero_ps();
+                    for bb in b..nb {
+                        let b0 = p.add(IQ4NL_BYTES * bb);
+                        let s = _mm256_set1_ps(h2f(rd16(b0)) * a[j].d[bb]);
+                        let pi = _mm256_cvtepi32_ps(iq4nl_block(table, b0, a[j], bb));
+                        tail = _mm256_fmadd_ps(s, pi, tail);
+                    }
+                    out[j] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[j], acc1[j])) + hsum8(tail);
+                }
+                out
+            }
+
+            /// IQ4_XS row · q8_K activation ([`dot_iq4xs_multi`] of one activation).
+            #[target_feature(enable = $feat)]
+            pub(crate) unsafe fn dot_iq4xs_q8k_avx512(row: &[u8], a: &Q8K) -> f32 {
+                dot_iq4xs_multi::<1>(row, &[a])[0]
+            }
+
+            /// IQ4_XS row against `N` activations: two sub-blocks per vector, |value| and the
+            /// activation with the value's sign into `vpmaddubsw` (|value| ≤ 127, so no
+            /// saturation), the sub-scales on the 16-bit products.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn dot_iq4xs_multi<const N: usize>(row: &[u8], a: &[&Q8K; N]) -> [f32; N] {
+                let nsb = row.len() / IQ4XS_BYTES;
+                let p = row.as_ptr();
+                let table512 = _mm512_broadcast_i64x4(iq4_table256());
+                let mut acc = [_mm512_setzero_ps(); N];
+                for s in 0..nsb {
+                    let blk = p.add(IQ4XS_BYTES * s);
+                    prefetch_ahead::<IQ4XS_BYTES>(blk);
+                    let sc = iq4xs_scales(blk);
+                    let sc16 =
+                        _mm512_castsi128_si512(_mm_loadu_si128(sc.as_ptr() as *const __m128i));
+                    let qs = blk.add(IQ4XS_QS);
+                    let mut wabs = [_mm512_setzero_si512(); 4];
+                    let mut neg: [__mmask64; 4] = [0; 4];
+                    let mut sct = [_mm512_setzero_si512(); 4];
+                    for t in 0..4 {
+                        let w = _mm512_shuffle_epi8(
+                            table512,
+                            join(nibbles32(qs.add(32 * t)), nibbles32(qs.add(32 * t + 16))),
+                        );
+                        wabs[t] = _mm512_abs_epi8(w);
+                        neg[t] = _mm512_movepi8_mask(w);
+                        sct[t] = _mm512_permutexvar_epi16(ld_idx16(&IDX16_IQ4XS[t]), sc16);
+                    }
+                    let wd = h2f(rd16(blk));
+                    for j in 0..N {
+                        let xq = a[j].qs.as_ptr().add(QK_K * s);
+                        let mut sumi = _mm512_setzero_si512();
+                        for t in 0..4 {
+                            let x = _mm512_loadu_si512(xq.add(64 * t) as *const _);
+                            let sx = _mm512_mask_sub_epi8(x, neg[t], _mm512_setzero_si512(), x);
+                            sumi = $dps(sumi, wabs[t], sx, sct[t]);
+                        }
+                        let d = _mm512_set1_ps(wd * a[j].d[s]);
+                        acc[j] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc[j]);
+                    }
+                }
+                let mut out = [0f32; N];
+                for j in 0..N {
+                    out[j] = _mm512_reduce_add_ps(acc[j]);
+                }
+                out
+            }
+
+            multi_rows!($feat, Q8x32, gemv_iq4nl_multi, rows_iq4nl, dot_iq4nl_multi);
+            multi_rows!($feat, Q8K, gemv_iq4xs_multi, rows_iq4xs, dot_iq4xs_multi);
             multi_rows!($feat, Q8x32, gemv_q5_0_multi, rows_q5_0, dot_q5_0_multi);
             multi_rows!($feat, Q8x32, gemv_q5_1_multi, rows_q5_1, dot_q5_1_multi);
         }
@@ -266,11 +391,13 @@ mix_kernels!(
     plain,
     "avx512f,avx512bw,avx512vl,avx2,fma,f16c",
     dp_u8i8_plain,
+    dp_i8i8_plain,
     dp_scaled_plain
 );
 mix_kernels!(
     vnni,
     "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
     dp_u8i8_vnni,
+    dp_i8i8_vnni,
     dp_scaled_vnni
 );

@@ -4,6 +4,7 @@
 use crate::act::{Q8x32, Q4K_ACT_ORDER, Q8K};
 use crate::formats::float::bf16_to_f32;
 use crate::formats::hfq::{BlockHfq4G256, HFQ_GROUP};
+use crate::formats::iq4::{BlockIq4Nl, BlockIq4Xs, IQ4XS_SCALE_OFFSET};
 use crate::formats::kquant::{
     q4k_scale_min, BlockQ4K, BlockQ5K, BlockQ6K, K_SCALE_SIZE, Q4K_SUB, Q6K_OFFSET, Q6K_SUB, QK_K,
 };
@@ -241,6 +242,35 @@ pub(crate) fn dot_q2k_q8k_scalar(row: &[u8], a: &Q8K) -> f32 {
         let dx = a.d[s];
         acc += f64::from(f16_to_f32(w.d) * dx) * f64::from(isc);
         acc -= f64::from(f16_to_f32(w.dmin) * dx) * f64::from(imn);
+    }
+    acc as f32
+}
+
+/// IQ4_NL row · q8 activation: Σ d·dx·Σ table[q]·xq.
+pub(crate) fn dot_iq4nl_q8_0_scalar(row: &[u8], a: &Q8x32) -> f32 {
+    let mut acc = 0f64;
+    for (b, blk) in row.chunks_exact(18).enumerate() {
+        let w = BlockIq4Nl::read(blk);
+        let p = isum32(w.values().iter().map(|&v| i32::from(v)), &a.qs[QK * b..]);
+        acc += f64::from(f16_to_f32(w.d) * a.d[b]) * f64::from(p);
+    }
+    acc as f32
+}
+
+/// IQ4_XS row · q8_K activation: Σ d·dx·Σ_ib (sc_ib − 32)·Σ table[q]·xq over sub-blocks of 32.
+pub(crate) fn dot_iq4xs_q8k_scalar(row: &[u8], a: &Q8K) -> f32 {
+    let mut acc = 0f64;
+    for (s, blk) in row.chunks_exact(136).enumerate() {
+        let w = BlockIq4Xs::read(blk);
+        let (v, sc) = (w.values(), w.scale_codes());
+        let xq = &a.qs[QK_K * s..QK_K * (s + 1)];
+        let mut isum = 0i32;
+        for (ib, &c) in sc.iter().enumerate() {
+            let r = QK * ib..QK * (ib + 1);
+            let p = isum32(v[r.clone()].iter().map(|&q| i32::from(q)), &xq[r]);
+            isum += (i32::from(c) - IQ4XS_SCALE_OFFSET) * p;
+        }
+        acc += f64::from(f16_to_f32(w.d) * a.d[s]) * f64::from(isum);
     }
     acc as f32
 }

@@ -10,6 +10,7 @@ use crate::Format;
 
 pub mod float;
 pub mod hfq;
+pub mod iq4;
 pub mod kquant;
 pub mod kquant_low;
 pub mod legacy;
