@@ -175,7 +175,7 @@ pub enum Format {
     Q3K,
     /// GGML Q2_K super-block (84 B / 256): 2-bit codes, sixteen 4-bit scales and mins.
     Q2K,
-    /// GGML IQ4_NL: f16 d + 16 B nibbles (18 B / 32), value = d·table[q].
+    /// GGML IQ4_NL: f16 d + 16 B nibbles (18 B / 32), value = d·table(q).
     Iq4Nl,
     /// GGML IQ4_XS super-block (136 B / 256): IQ4_NL's table under eight 6-bit sub-scales.
     Iq4Xs,

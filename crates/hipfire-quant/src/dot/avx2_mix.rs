@@ -314,7 +314,7 @@ pub(crate) unsafe fn dp_i8i8_256(w: __m256i, x: __m256i) -> __m256i {
     dp_u8i8_256(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
 }
 
-/// One IQ4_NL block's integer lanes Σ table[q]·xq.
+/// One IQ4_NL block's integer lanes Σ table(q)·xq.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn iq4nl_block(table: __m256i, blk: *const u8, a: &Q8x32, b: usize) -> __m256i {

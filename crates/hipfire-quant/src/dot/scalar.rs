@@ -246,7 +246,7 @@ pub(crate) fn dot_q2k_q8k_scalar(row: &[u8], a: &Q8K) -> f32 {
     acc as f32
 }
 
-/// IQ4_NL row · q8 activation: Σ d·dx·Σ table[q]·xq.
+/// IQ4_NL row · q8 activation: Σ d·dx·Σ table(q)·xq.
 pub(crate) fn dot_iq4nl_q8_0_scalar(row: &[u8], a: &Q8x32) -> f32 {
     let mut acc = 0f64;
     for (b, blk) in row.chunks_exact(18).enumerate() {
@@ -257,7 +257,7 @@ pub(crate) fn dot_iq4nl_q8_0_scalar(row: &[u8], a: &Q8x32) -> f32 {
     acc as f32
 }
 
-/// IQ4_XS row · q8_K activation: Σ d·dx·Σ_ib (sc_ib − 32)·Σ table[q]·xq over sub-blocks of 32.
+/// IQ4_XS row · q8_K activation: Σ d·dx·Σ_ib (sc_ib − 32)·Σ table(q)·xq over sub-blocks of 32.
 pub(crate) fn dot_iq4xs_q8k_scalar(row: &[u8], a: &Q8K) -> f32 {
     let mut acc = 0f64;
     for (s, blk) in row.chunks_exact(136).enumerate() {
