@@ -158,32 +158,31 @@ pub(crate) const Q2K_BYTES: usize = 84;
 /// Offsets inside a Q2_K block.
 pub(crate) const Q2K_QS: usize = 16;
 pub(crate) const Q2K_D: usize = 80;
-/// Q3_K's scale codes are stored with this offset (scale = code − 32).
-const Q3K_SCALE_OFFSET: i8 = 32;
 /// log2 of Q3_K's code offset 4 (`−4·Σ sc·bsum` is a shift).
 const Q3K_OFFSET_SHIFT: i32 = 2;
 
-/// Q3_K's sixteen signed scales (code − 32), from its 12 packed bytes at `p` through three
+/// Q3_K's sixteen signed scales (code − 32), from its 12 packed bytes at `p` through four
 /// u32 (ggml's `aux` shuffle, equal to `q3k_scales` for every input; a unit test checks).
+/// The −32 is done on all four bytes of a word at once: each code is below 64, so
+/// `code + 0x60` stays inside its byte, and flipping bit 7 then adds the remaining 0x80
+/// (mod 256): `code + 0xE0 = code − 32` as an i8.
 #[inline(always)]
 pub(crate) unsafe fn q3k_scales_i8(p: *const u8) -> [i8; K_GROUPS] {
     const LOW4: u32 = 0x0f0f_0f0f;
     const LOW2: u32 = 0x0303_0303;
+    const ADD_LOW7: u32 = 0x6060_6060;
+    const FLIP_BIT7: u32 = 0x8080_8080;
     let (a0, a1, t) = (rd32(p), rd32(p.add(4)), rd32(p.add(8)));
     let words = [
         (a0 & LOW4) | ((t & LOW2) << 4),
         (a1 & LOW4) | (((t >> 2) & LOW2) << 4),
         ((a0 >> 4) & LOW4) | (((t >> 4) & LOW2) << 4),
         ((a1 >> 4) & LOW4) | (((t >> 6) & LOW2) << 4),
-    ];
-    let mut out = [0i8; K_GROUPS];
-    for (o, b) in out
-        .iter_mut()
-        .zip(words.iter().flat_map(|w| w.to_le_bytes()))
-    {
-        *o = b as i8 - Q3K_SCALE_OFFSET;
-    }
-    out
+    ]
+    .map(|w| ((w + ADD_LOW7) ^ FLIP_BIT7).to_le());
+    // SAFETY: [u32; 4] and [i8; 16] have the same size and every bit pattern is valid; the
+    // words are little-endian, so byte i of the result is scale i.
+    unsafe { std::mem::transmute::<[u32; 4], [i8; K_GROUPS]>(words) }
 }
 
 /// Per 16-element group g of one 32-byte product: lanes 0..8 take scale g, 8..16 scale g+1.
@@ -341,15 +340,30 @@ pub(crate) unsafe fn dot_iq4nl_q8_0_avx2(row: &[u8], a: &Q8x32) -> f32 {
     hsum8(_mm256_add_ps(acc[0], acc[1]))
 }
 
-/// IQ4_XS's eight signed sub-block scales (code − 32) of the block at `blk`.
+/// Spread the four bytes of `v` to the even bytes of a u64 (odd bytes zero).
 #[inline(always)]
-pub(crate) unsafe fn iq4xs_scales(blk: *const u8) -> [i16; IQ4XS_SUBS] {
-    let h = rd16(blk.add(2));
-    std::array::from_fn(|ib| {
-        let low = (*blk.add(4 + ib / 2) >> (4 * (ib % 2))) & 0x0F;
-        let high = ((h >> (2 * ib)) & 3) as u8;
-        i16::from(low | (high << 4)) - IQ4XS_SCALE_OFFSET as i16
-    })
+fn spread_bytes(v: u32) -> u64 {
+    let t = u64::from(v);
+    let t = (t | (t << 16)) & 0x0000_ffff_0000_ffff;
+    (t | (t << 8)) & 0x00ff_00ff_00ff_00ff
+}
+
+/// IQ4_XS's eight signed sub-block scales (code − 32) of the block at `blk`, as eight i16
+/// lanes: the codes assembled in a u64 (byte ib = code ib) by shifts and masks, widened and
+/// offset in one SSE step.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn iq4xs_scales(blk: *const u8) -> __m128i {
+    let low = rd32(blk.add(4));
+    // Byte ib: the low nibble of scales_l[ib / 2] for even ib, its high nibble for odd ib.
+    let lows = spread_bytes(low & 0x0f0f_0f0f) | (spread_bytes((low >> 4) & 0x0f0f_0f0f) << 8);
+    // Byte ib: bits 2·ib..2·ib+2 of scales_h, by halving the groups three times.
+    let h = u64::from(rd16(blk.add(2)));
+    let h = (h | (h << 24)) & 0x0000_00ff_0000_00ff;
+    let h = (h | (h << 12)) & 0x000f_000f_000f_000f;
+    let highs = (h | (h << 6)) & 0x0303_0303_0303_0303;
+    let codes = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((lows | (highs << 4)) as i64));
+    _mm_sub_epi16(codes, _mm_set1_epi16(IQ4XS_SCALE_OFFSET as i16))
 }
 
 /// IQ4_XS row · q8_K activation: per sub-block of 32 the table values by `vpshufb`, the
@@ -363,7 +377,8 @@ pub(crate) unsafe fn dot_iq4xs_q8k_avx2(row: &[u8], a: &Q8K) -> f32 {
     for s in 0..nsb {
         let blk = p.add(IQ4XS_BYTES * s);
         prefetch_ahead::<IQ4XS_BYTES>(blk);
-        let sc = iq4xs_scales(blk);
+        let mut sc = [0i16; IQ4XS_SUBS];
+        _mm_storeu_si128(sc.as_mut_ptr() as *mut __m128i, iq4xs_scales(blk));
         let xq = a.qs.as_ptr().add(QK_K * s);
         let mut sumi = _mm256_setzero_si256();
         for (ib, &scb) in sc.iter().enumerate() {
@@ -393,6 +408,24 @@ mod tests {
             let got = unsafe { q3k_scales_i8(b.as_ptr()) };
             let want = crate::formats::kquant_low::q3k_scales(&b).map(|c| c as i8 - 32);
             assert_eq!(got, want, "{b:?}");
+        }
+    }
+
+    #[test]
+    fn iq4xs_scale_assembly_matches_the_block_reader() {
+        if !crate::SimdTier::Avx2.is_supported() {
+            println!("SKIPPED: no AVX2");
+            return;
+        }
+        let mut rng = ChaCha8Rng::seed_from_u64(9);
+        for _ in 0..1000 {
+            let b: [u8; 136] = std::array::from_fn(|_| rng.random());
+            // SAFETY: AVX2 was detected; b is a whole block.
+            let got: [i16; 8] = unsafe { std::mem::transmute(iq4xs_scales(b.as_ptr())) };
+            let want = crate::formats::iq4::BlockIq4Xs::read(&b)
+                .scale_codes()
+                .map(|c| i16::from(c) - 32);
+            assert_eq!(got, want, "{:?}", &b[..8]);
         }
     }
 

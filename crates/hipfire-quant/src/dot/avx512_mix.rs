@@ -343,9 +343,7 @@ macro_rules! mix_kernels {
                 for s in 0..nsb {
                     let blk = p.add(IQ4XS_BYTES * s);
                     prefetch_ahead::<IQ4XS_BYTES>(blk);
-                    let sc = iq4xs_scales(blk);
-                    let sc16 =
-                        _mm512_castsi128_si512(_mm_loadu_si128(sc.as_ptr() as *const __m128i));
+                    let sc16 = _mm512_castsi128_si512(iq4xs_scales(blk));
                     let qs = blk.add(IQ4XS_QS);
                     let mut wabs = [_mm512_setzero_si512(); 4];
                     let mut neg: [__mmask64; 4] = [0; 4];
