@@ -400,7 +400,7 @@ impl GemvKernels {
         options.extend(extra.iter().cloned());
         let module = registry.module(&GEMV_SOURCE, &options)?;
         let mut gemv = HashMap::new();
-        for format in Format::ALL {
+        for format in Format::ALL.into_iter().filter(|f| f.has_gpu_kernel()) {
             for form in [GemvForm::Plain, GemvForm::Residual] {
                 for width in LOAD_WIDTHS {
                     let name = format!("gemv_{}_{}_v{width}", format.name(), form.name());

@@ -245,7 +245,13 @@ fn generate_is_greedy_by_default_and_seeded_sampling_repeats() {
         true
     });
     let stats = stats.unwrap();
-    assert_eq!(out, want[..8]);
+    // Equal to llama.cpp's greedy tokens up to its first near-tie (case 0 has one at step 5:
+    // margin 0.03), as in `greedy_tokens_and_logits_match_llama_cpp`.
+    let first_tie = (0..8)
+        .find(|&i| margin(case, i) < NEAR_TIE_MARGIN)
+        .unwrap_or(8);
+    assert_eq!(out.len(), 8);
+    assert_eq!(out[..first_tie], want[..first_tie]);
     assert_eq!(
         (stats.generated, stats.decode_steps, stats.prompt_tokens),
         (8, 7, prompt.len())
