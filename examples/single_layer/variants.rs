@@ -167,3 +167,58 @@ pub(crate) fn flags_label(v: &str) -> String {
         format!("flags/{v}")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn variants_parse_into_their_tunings() {
+        let v = parse_flags_variants("default,chunks-8+seq-x,prefetch-0").expect("parse");
+        let names: Vec<&str> = v.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["default", "chunks-8+seq-x", "prefetch-0"]);
+        assert_eq!(v[0].1.flags, FlagsTuning::default());
+        assert_eq!(
+            v[1].1.flags,
+            FlagsTuning {
+                chunks_per_worker: 8,
+                tagged_x: false,
+                ..FlagsTuning::default()
+            }
+        );
+        assert_eq!(
+            v[2].1.flags,
+            FlagsTuning {
+                prefetch_bytes: 0,
+                ..FlagsTuning::default()
+            }
+        );
+    }
+
+    #[test]
+    fn deleted_and_malformed_knobs_are_refused() {
+        // Knobs that lost their A/B are gone with their code.
+        for v in [
+            "last",
+            "per-worker-rows",
+            "leader-fence",
+            "device-x",
+            "key-by-rows",
+        ] {
+            let err = parse_flags_variants(v).expect_err(v).to_string();
+            assert!(err.contains("unknown knob"), "{v}: {err}");
+        }
+        assert!(parse_flags_variants("chunks-0").is_err(), "chunks-0");
+        assert!(parse_flags_variants("prefetch-x").is_err(), "prefetch-x");
+        #[cfg(not(feature = "experiments"))]
+        assert!(parse_flags_variants("publish-blocks-16").is_err());
+        #[cfg(feature = "experiments")]
+        assert_eq!(
+            parse_flags_variants("publish-blocks-16").expect("parse")[0]
+                .1
+                .flags
+                .publish_blocks,
+            16
+        );
+    }
+}
