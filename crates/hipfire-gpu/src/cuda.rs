@@ -522,7 +522,6 @@ mod tests {
             } else if src.name == "flags.cu" {
                 vec![
                     "flags_publish".into(),
-                    "flags_publish_q8k".into(),
                     "flags_publish_tagged".into(),
                     "flags_wait_fold".into(),
                 ]
