@@ -254,7 +254,13 @@ pub struct RunArgs {
         long_help = key_long("memory.offload_exec"))]
     pub offload_exec: Option<String>,
 
-    /// Use the model's chat template (default if any).
+    /// Use the model's chat template (default if the file has one).
+    ///
+    /// The prompt becomes one user message, rendered by the GGUF's own Jinja
+    /// `tokenizer.chat_template` as HF transformers renders it (assistant turn opened). A file
+    /// without a template gets ChatML, with a note; a template that does not compile or fails
+    /// to render (it raises, or calls something undefined) gets ChatML too, after a one-line
+    /// warning naming the template and the cause: generation continues.
     #[arg(long, overrides_with = "no_chat")]
     pub chat: bool,
 

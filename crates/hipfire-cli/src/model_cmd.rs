@@ -14,8 +14,8 @@ use hipfire_exec::share::ShareSetting;
 use hipfire_model::gpu::{GpuDecoder, GpuOptions};
 use hipfire_model::{write_synthetic, SynthSpec};
 use hipfire_model::{
-    ChatMessage, ChatTemplate, GenerationStats, LoadOptions, LoadProgress, Model, ProgressFn,
-    ReferenceBackend, SamplingParams, StreamDecoder,
+    ChatMessage, GenerationStats, LoadOptions, LoadProgress, Model, ProgressFn, ReferenceBackend,
+    SamplingParams, StreamDecoder,
 };
 
 use crate::args::{BenchArgs, RunArgs, SynthArgs};
@@ -225,9 +225,26 @@ pub fn run(ctx: &Ctx, a: &RunArgs) -> anyhow::Result<ExitCode> {
     };
     let l = load(ctx, engine, &a.model, &s, None, !a.json)?;
     let tok = l.model.tokenizer();
-    let chat = a.chat().unwrap_or(tok.chat != ChatTemplate::Raw);
+    let chat = a.chat().unwrap_or(tok.chat.file_has_template());
+    // Which template formatted the prompt: "file" (the GGUF's own) or "chatml" (fallback).
+    let mut chat_template = None;
     let ids = if chat {
-        tok.encode_chat(&[ChatMessage::new("user", &prompt)])?
+        let msgs = [ChatMessage::new("user", &prompt)];
+        let r = tok
+            .chat
+            .render_or_chatml(&msgs, true)
+            .context("rendering the prompt as ChatML")?;
+        match (&r.fallback, tok.chat.file_has_template()) {
+            (Some(why), _) => ctx.note(format!("warning: {why}; using ChatML instead")),
+            (None, false) => ctx.note("note: the model has no chat template; using ChatML"),
+            (None, true) => {}
+        }
+        chat_template = Some(if r.fallback.is_none() && tok.chat.file_has_template() {
+            "file"
+        } else {
+            "chatml"
+        });
+        tok.encode_rendered_chat(&r.text)?
     } else {
         tok.encode(&prompt, tok.add_bos)?
     };
@@ -287,6 +304,7 @@ pub fn run(ctx: &Ctx, a: &RunArgs) -> anyhow::Result<ExitCode> {
             "decode_tok_per_s": stats.decode_tok_per_s(),
             "seed": seed,
             "chat": chat,
+            "chat_template": chat_template,
             "engine": match l.engine { Engine::Cpu => "cpu", Engine::Gpu => "gpu" },
             "offload_exec": s.offload_exec.name(),
             "placement": placement,

@@ -26,6 +26,7 @@
 #![deny(missing_docs)]
 
 pub mod backend;
+pub mod chat_template;
 pub mod config;
 mod error;
 pub mod gguf;
@@ -37,6 +38,7 @@ pub mod synth;
 pub mod tokenizer;
 
 pub use backend::{Backend, CpuBackend, ReferenceBackend, Weight};
+pub use chat_template::{ChatTemplate, Rendered, TemplateError, TemplateOrigin};
 pub use config::{Arch, ModelConfig};
 pub use error::ModelError;
 pub use model::{
@@ -44,4 +46,4 @@ pub use model::{
 };
 pub use sampling::{Sampler, SamplingParams};
 pub use synth::{write_synthetic, SynthReport, SynthSpec, SYNTH_DESCRIPTION};
-pub use tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer};
+pub use tokenizer::{ChatMessage, StreamDecoder, Tokenizer};
