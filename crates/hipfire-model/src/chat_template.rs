@@ -21,6 +21,28 @@
 //! The rendered text may begin with the template's own `bos_token`;
 //! [`crate::Tokenizer::encode_rendered_chat`] drops it when the tokenizer adds BOS itself, as
 //! llama.cpp's `common_chat_templates_apply` does.
+//!
+//! A loaded model's tokenizer holds its template (`model.tokenizer().chat`); a server renders
+//! a request's messages with it and encodes the text:
+//!
+//! ```
+//! use hipfire_model::{ChatMessage, ChatTemplate, TemplateOrigin};
+//!
+//! let t = ChatTemplate::new(
+//!     Some("{{ bos_token }}{% for m in messages %}[{{ m.role }}] {{ m.content.strip() }}\n{% endfor %}\
+//!           {% if add_generation_prompt %}[assistant] {% endif %}"),
+//!     "<s>",
+//!     "</s>",
+//! );
+//! assert_eq!(t.origin(), &TemplateOrigin::File);
+//! let msgs = [ChatMessage::new("system", "Be brief."), ChatMessage::new("user", " hi ")];
+//! assert_eq!(t.render(&msgs, true)?, "<s>[system] Be brief.\n[user] hi\n[assistant] ");
+//! // Refuse a failing template with `render`, or fall back as `hipfire run` does:
+//! let r = t.render_or_chatml(&msgs, true)?;
+//! assert!(r.fallback.is_none());
+//! // then `tokenizer.encode_rendered_chat(&r.text)` gives the prompt ids.
+//! # Ok::<(), hipfire_model::TemplateError>(())
+//! ```
 
 use std::fmt::Write as _;
 
