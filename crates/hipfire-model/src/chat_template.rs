@@ -56,14 +56,16 @@ use crate::tokenizer::ChatMessage;
 /// unusable.
 pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
-/// Largest template source accepted, bytes. Real templates are 0.4–30 KiB (the ones under
-/// `tests/fixtures/chat_templates` are 0.4–4.6 KiB; tool-calling templates such as Qwen3-Coder's
-/// are about 6 KiB); anything near this bound is not a chat template.
+/// Largest template source accepted, bytes. The real templates under
+/// `tests/fixtures/chat_templates` are 0.4–4.6 KiB; a source 200× the largest of them is not a
+/// chat template, and refusing it bounds what compiling may allocate.
 pub const MAX_TEMPLATE_BYTES: usize = 1 << 20;
 
-/// Instructions one render may execute (minijinja fuel). The fixtures' multi-turn renders use
-/// under 2 000 each; this bound only stops a template that loops without end, in well under a
-/// second.
+/// Instructions one render may execute (minijinja fuel). The 89 rendering cases of
+/// `tests/fixtures/chat_templates.json` need at most 564 (measured 2026-12-01 by bisecting the
+/// fuel per case; the real templates' six-message conversations need less), so this is ~35 000×
+/// headroom for long conversations; it only stops a template that loops without end, which
+/// spends it in 1.5 s (the runaway unit test, test profile on the 2-core box).
 const RENDER_FUEL: u64 = 20_000_000;
 
 /// Characters of the template's start quoted in an error message, so the user can tell which
@@ -948,12 +950,6 @@ mod tests {
             match render_source(src, &[user("hi")], true, "", "") {
                 Err(TemplateError::Unknown { what, name, .. }) => {
                     assert_eq!((what, name.as_str()), (want_what, want_name), "{src}");
-                }
-                Err(TemplateError::Compile { message, .. }) => {
-                    // minijinja checks filters and tests when it compiles.
-                    assert!(message.contains(want_name), "{src}: {message}");
-                    assert_ne!(want_what, "function", "{src}");
-                    assert_ne!(want_what, "method", "{src}");
                 }
                 other => panic!("{src}: {other:?}"),
             }
