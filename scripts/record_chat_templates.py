@@ -71,6 +71,12 @@ CONVERSATIONS = {
     ],
 }
 
+# Conversations the real templates are rendered over.
+MODEL_CONVERSATIONS = ["single_user", "system_user", "multi_turn_system", "multi_turn_no_system"]
+# Python's str.strip() and jinja2's `trim` also strip the separators U+001C..U+001F, which
+# Unicode's White_Space (Rust's trim) leaves.
+CONVERSATIONS["control_whitespace"] = [m("user", "\x1f\x1c padded \u3000\x1e"), m("assistant", "\x85ok\xa0\n")]
+
 # Small templates for the Python behaviour HF templates lean on, beyond the real ones above.
 SYNTHETIC = {
     "tojson_default": "{{ messages | tojson }}",
@@ -85,6 +91,7 @@ SYNTHETIC = {
     "loop_controls_namespace": "{% set ns = namespace(n=0, last='') %}{% for msg in messages %}{% if msg.role == 'system' %}{% continue %}{% endif %}{% if loop.index0 > 3 %}{% break %}{% endif %}{% set ns.n = ns.n + 1 %}{% set ns.last = msg.content %}{{ loop.index }}/{{ loop.length }}{{ '!' if loop.last else ',' }}{% endfor %}{{ ns.n }} {{ ns.last }}",
     "slices_and_tests": "{{ messages[1:] | length }} {{ messages[-1].role }} {{ messages[0].content[:5] }} {{ messages[0].content[-4:] }} {{ messages[0].content is string }} {{ messages is iterable }} {{ messages[0] is mapping }} {{ messages[0].nothing is defined }} {{ 'Hello' in messages | map(attribute='content') | list }}",
     "whitespace_control": "  {% for msg in messages %}\n    {{- msg.role }}\n  {% if loop.last %}\nEND\n  {%- endif %}\n{% endfor %}\n{{ add_generation_prompt }}\n",
+    "python_whitespace": "{% for msg in messages %}[{{ msg.content.strip() }}|{{ msg.content.lstrip() }}|{{ msg.content.rstrip() }}|{{ msg.content | trim }}|{{ msg.content.strip(' \x1f') }}|{{ msg.content | trim('\x1e\x85') }}]{% endfor %}",
     "raise_in_macro": "{% macro check(m) %}{% if m.role not in ['user', 'assistant'] %}{{ raise_exception('bad role: ' + m.role) }}{% endif %}{% endmacro %}{% for msg in messages %}{{ check(msg) }}{{ msg.content }}{% endfor %}",
 }
 
@@ -177,7 +184,8 @@ def main():
         if name == "smollm2.jinja":
             bos, eos = smol_bos, smol_eos
         source = (TEMPLATE_DIR / name).read_text(encoding="utf-8")
-        for conv_name, msgs in CONVERSATIONS.items():
+        for conv_name in MODEL_CONVERSATIONS:
+            msgs = CONVERSATIONS[conv_name]
             for agp in (True, False):
                 case = {
                     "name": f"{name}/{conv_name}/agp={str(agp).lower()}",
@@ -190,7 +198,8 @@ def main():
                 case.update(render(env, source, msgs, agp, bos, eos))
                 cases.append(case)
     for name, source in SYNTHETIC.items():
-        for conv_name in ("multi_turn_system", "multi_turn_no_system"):
+        convs = ["control_whitespace"] if name == "python_whitespace" else ["multi_turn_system", "multi_turn_no_system"]
+        for conv_name in convs:
             msgs = CONVERSATIONS[conv_name]
             case = {
                 "name": f"synthetic/{name}/{conv_name}",

@@ -61,7 +61,7 @@ pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{'<|im_start|>'
 /// chat template, and refusing it bounds what compiling may allocate.
 pub const MAX_TEMPLATE_BYTES: usize = 1 << 20;
 
-/// Instructions one render may execute (minijinja fuel). The 89 rendering cases of
+/// Instructions one render may execute (minijinja fuel). The 90 rendering cases of
 /// `tests/fixtures/chat_templates.json` need at most 564 (measured 2026-12-01 by bisecting the
 /// fuel per case; the real templates' six-message conversations need less), so this is ~35 000×
 /// headroom for long conversations; it only stops a template that loops without end, which
@@ -351,7 +351,26 @@ fn environment() -> Environment<'static> {
     }
     // jinja2's default `Undefined`: prints as nothing, fails on attribute access.
     env.set_undefined_behavior(UndefinedBehavior::Lenient);
-    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.set_unknown_method_callback(|state, value, method, args| {
+        // Python's whitespace for str.strip/lstrip/rstrip; pycompat has the rest.
+        let sides = match method {
+            "strip" => Some((true, true)),
+            "lstrip" => Some((true, false)),
+            "rstrip" => Some((false, true)),
+            _ => None,
+        };
+        match (value.as_str(), sides) {
+            (Some(s), Some((left, right))) => {
+                let (chars,): (Option<&str>,) = minijinja::value::from_args(args)?;
+                Ok(Value::from(python_strip(s, chars, left, right)))
+            }
+            _ => minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args),
+        }
+    });
+    // jinja2's `trim` is `str.strip(chars)` too.
+    env.add_filter("trim", |s: &str, chars: Option<&str>| {
+        python_strip(s, chars, true, true).to_owned()
+    });
     env.set_fuel(Some(RENDER_FUEL));
     env.set_formatter(|out, _state, value| {
         let mut s = String::new();
@@ -367,6 +386,26 @@ fn environment() -> Environment<'static> {
         Ok(s)
     });
     env
+}
+
+/// Python's `str.isspace()`: Unicode White_Space (Rust's `char::is_whitespace`) plus the
+/// separators U+001C..U+001F, which Python counts and Unicode does not.
+fn python_is_space(c: char) -> bool {
+    c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
+}
+
+/// `s.strip(chars)` / `lstrip` / `rstrip`: `chars` is a set of characters, `None` whitespace.
+fn python_strip<'a>(s: &'a str, chars: Option<&str>, left: bool, right: bool) -> &'a str {
+    let strip = |c: char| match chars {
+        Some(set) => set.contains(c),
+        None => python_is_space(c),
+    };
+    let s = if left { s.trim_start_matches(strip) } else { s };
+    if right {
+        s.trim_end_matches(strip)
+    } else {
+        s
+    }
 }
 
 /// Marker carried as the source of the error `raise_exception` returns, so the message is
