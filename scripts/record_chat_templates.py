@@ -36,6 +36,7 @@ TEMPLATE_DIR = ROOT / "tests" / "fixtures" / "chat_templates"
 # (template file, bos_token, eos_token): the special-token texts of each model's vocabulary.
 MODELS = [
     ("llama3.jinja", "<|begin_of_text|>", "<|eot_id|>"),
+    ("llama3.2.jinja", "<|begin_of_text|>", "<|eot_id|>"),  # calls strftime_now
     ("llama3.3.jinja", "<|begin_of_text|>", "<|eot_id|>"),
     ("gemma2.jinja", "<bos>", "<eos>"),
     ("gemma3.jinja", "<bos>", "<eos>"),
@@ -95,13 +96,14 @@ SYNTHETIC = {
     "raise_in_macro": "{% macro check(m) %}{% if m.role not in ['user', 'assistant'] %}{{ raise_exception('bad role: ' + m.role) }}{% endif %}{% endmacro %}{% for msg in messages %}{{ check(msg) }}{{ msg.content }}{% endfor %}",
 }
 
-# Formats checked for strftime_now (Llama 3.2's "%d %b %Y" first), at a fixed local time.
+# The local time strftime_now reports while recording (hipfire's test sets the same with
+# ChatTemplate::set_now), and formats checked for it (Llama 3.2's "%d %b %Y" first).
 STRFTIME_AT = datetime.datetime(2024, 7, 6, 13, 5, 9)
 STRFTIME_FORMATS = ["%d %b %Y", "%Y-%m-%d", "%B %d, %Y", "%A %H:%M:%S", "%-d %b %Y", "%j %y %I %p", "%%"]
 
 
 def hf_environment():
-    """transformers' `_compile_jinja_template` environment (strftime_now unused here)."""
+    """transformers' `_compile_jinja_template` environment, the clock frozen at STRFTIME_AT."""
 
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)
@@ -110,7 +112,7 @@ def hf_environment():
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     def strftime_now(format):
-        return datetime.datetime.now().strftime(format)
+        return STRFTIME_AT.strftime(format)  # transformers: datetime.now().strftime(format)
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
@@ -215,6 +217,7 @@ def main():
     out = {
         "generator": "scripts/record_chat_templates.py",
         "jinja2": jinja2.__version__,
+        "now": STRFTIME_AT.isoformat(),
         "cases": cases,
         "strftime": {
             "at": STRFTIME_AT.isoformat(),

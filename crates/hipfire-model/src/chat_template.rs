@@ -61,11 +61,12 @@ pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{'<|im_start|>'
 /// chat template, and refusing it bounds what compiling may allocate.
 pub const MAX_TEMPLATE_BYTES: usize = 1 << 20;
 
-/// Instructions one render may execute (minijinja fuel). The 90 rendering cases of
-/// `tests/fixtures/chat_templates.json` need at most 564 (measured 2026-12-01 by bisecting the
-/// fuel per case; the real templates' six-message conversations need less), so this is ~35 000×
-/// headroom for long conversations; it only stops a template that loops without end, which
-/// spends it in 1.5 s (the runaway unit test, test profile on the 2-core box).
+/// Instructions one render may execute (minijinja fuel). The 89 rendering cases that
+/// `tests/fixtures/chat_templates.json` held on 2026-12-01 (Llama 3.2 and the whitespace case
+/// came later) needed at most 564, measured by bisecting the fuel per case; the real templates'
+/// six-message conversations need less. That leaves ~35 000× headroom for long conversations;
+/// the bound only stops a template that loops without end, which spends it in 1.5 s (the
+/// runaway unit test, test profile on the 2-core box).
 const RENDER_FUEL: u64 = 20_000_000;
 
 /// Characters of the template's start quoted in an error message, so the user can tell which
@@ -236,6 +237,17 @@ impl ChatTemplate {
             excerpt: excerpt_text,
             bos_token: bos_token.to_owned(),
             eos_token: eos_token.to_owned(),
+        }
+    }
+
+    /// Make `strftime_now` report `now` as the local time (`None`: the clock), for prompts
+    /// that must not change with the date (tests, reproducible runs).
+    pub fn set_now(&mut self, now: Option<chrono::NaiveDateTime>) {
+        match now {
+            Some(t) => self
+                .env
+                .add_function("strftime_now", move |format: String| strftime(&t, &format)),
+            None => self.env.add_function("strftime_now", strftime_now),
         }
     }
 
@@ -862,9 +874,9 @@ fn classify(e: Error, excerpt: String) -> TemplateError {
     }
 }
 
-/// For tests: render `source` once with these messages (no fallback).
-#[doc(hidden)]
-pub fn render_source(
+/// Render `source` once with these messages (no fallback).
+#[cfg(test)]
+fn render_source(
     source: &str,
     messages: &[ChatMessage],
     add_generation_prompt: bool,

@@ -1,6 +1,6 @@
 //! Chat templates rendered by hipfire (minijinja) against Python jinja2 in transformers'
 //! environment, recorded by `scripts/record_chat_templates.py` into
-//! `tests/fixtures/chat_templates.json`: real templates (Llama 3 and 3.3, Gemma 2 and 3,
+//! `tests/fixtures/chat_templates.json`: real templates (Llama 3, 3.2 and 3.3, Gemma 2 and 3,
 //! DeepSeek-R1, Mistral v0.2 and Nemo, Qwen2.5, SmolLM2's from its GGUF) over single- and
 //! multi-turn conversations with and without a system message, `add_generation_prompt` on and
 //! off, plus small templates for the Python behaviour templates rely on (`tojson`, printing
@@ -10,8 +10,7 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use hipfire_model::chat_template::render_source;
-use hipfire_model::{ChatMessage, TemplateError};
+use hipfire_model::{ChatMessage, ChatTemplate, TemplateError};
 use serde_json::Value;
 
 fn fixtures() -> PathBuf {
@@ -65,6 +64,10 @@ fn first_difference(a: &str, b: &str) -> String {
 #[test]
 fn templates_render_as_jinja2_does() {
     let f = fixture();
+    // The local time jinja2's strftime_now reported (Llama 3.2 prints the date).
+    let now =
+        chrono::NaiveDateTime::parse_from_str(f["now"].as_str().expect("now"), "%Y-%m-%dT%H:%M:%S")
+            .expect("now");
     let mut files_seen = BTreeSet::new();
     let (mut texts, mut raised) = (0, 0);
     for case in f["cases"].as_array().expect("cases") {
@@ -77,13 +80,18 @@ fn templates_render_as_jinja2_does() {
             }
             None => case["template"].as_str().expect("template").to_owned(),
         };
-        let got = render_source(
+        let got = ChatTemplate::compile(
             &source,
-            &messages(case),
-            case["add_generation_prompt"].as_bool().expect("agp"),
             case["bos_token"].as_str().expect("bos"),
             case["eos_token"].as_str().expect("eos"),
-        );
+        )
+        .and_then(|mut t| {
+            t.set_now(Some(now));
+            t.render(
+                &messages(case),
+                case["add_generation_prompt"].as_bool().expect("agp"),
+            )
+        });
         match (case.get("text").and_then(Value::as_str), got) {
             (Some(want), Ok(got)) => {
                 assert!(got == want, "{name}: {}", first_difference(&got, want));
@@ -96,10 +104,10 @@ fn templates_render_as_jinja2_does() {
             (want, got) => panic!("{name}: jinja2 gave {want:?}, hipfire {got:?}"),
         }
     }
-    // 9 real templates × 4 conversations × 2 add_generation_prompt, 13 small templates × 2
+    // 10 real templates × 4 conversations × 2 add_generation_prompt, 13 small templates × 2
     // conversations and one (Python whitespace) × 1; Gemma 2 and Mistral v0.2 refuse a system
     // message (4 cases each), one small template raises for one conversation.
-    assert_eq!((texts, raised), (90, 9));
+    assert_eq!((texts, raised), (98, 9));
     // Every committed template is exercised.
     let on_disk: BTreeSet<String> = std::fs::read_dir(fixtures().join("chat_templates"))
         .expect("template dir")
@@ -107,7 +115,7 @@ fn templates_render_as_jinja2_does() {
         .filter(|n| n.ends_with(".jinja"))
         .collect();
     assert_eq!(files_seen, on_disk);
-    assert_eq!(on_disk.len(), 9);
+    assert_eq!(on_disk.len(), 10);
 }
 
 #[test]
@@ -118,7 +126,10 @@ fn failures_name_the_template_and_the_cause() {
     ];
     let gemma2 = std::fs::read_to_string(fixtures().join("chat_templates/gemma2.jinja"))
         .expect("gemma2 template");
-    let e = render_source(&gemma2, &msgs, true, "<bos>", "<eos>").unwrap_err();
+    let render = |src: &str, bos: &str, eos: &str| {
+        ChatTemplate::compile(src, bos, eos).and_then(|t| t.render(&msgs, true))
+    };
+    let e = render(&gemma2, "<bos>", "<eos>").unwrap_err();
     let text = e.to_string();
     assert!(
         text.starts_with(r#"chat template "{{ bos_token }}{% if messages[0]['role']…" raised"#),
@@ -126,7 +137,7 @@ fn failures_name_the_template_and_the_cause() {
     );
     assert!(text.ends_with("System role not supported"), "{text}");
     // A function transformers does not define either (an older vLLM-only helper).
-    let e = render_source("{{ date_today() }}", &msgs, true, "", "").unwrap_err();
+    let e = render("{{ date_today() }}", "", "").unwrap_err();
     assert_eq!(
         e,
         TemplateError::Unknown {
