@@ -270,7 +270,8 @@ pub struct RunArgs {
 
     /// Print one JSON object instead of streaming.
     ///
-    /// The object holds the text, token counts, timings, seed and placement.
+    /// The object holds the text, token counts, timings, seed and placement, and which chat
+    /// template formatted the prompt (`"file"`, `"chatml"`, or null without chat).
     #[arg(long)]
     pub json: bool,
 }

@@ -895,6 +895,22 @@ mod tests {
     }
 
     #[test]
+    fn a_server_can_share_one_template_across_threads() {
+        fn shared<T: Send + Sync>(_: &T) {}
+        let t = ChatTemplate::new(Some(CHATML_TEMPLATE), "", "");
+        shared(&t);
+        let text = std::thread::scope(|s| {
+            let h = s.spawn(|| t.render(&[user("from a thread")], true));
+            h.join().expect("thread")
+        })
+        .unwrap();
+        assert_eq!(
+            text,
+            "<|im_start|>user\nfrom a thread<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    #[test]
     fn float_repr_matches_python() {
         // Values and strings from CPython 3.11 `repr(float)`.
         for (f, want) in [
