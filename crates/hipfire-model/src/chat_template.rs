@@ -49,6 +49,7 @@ use std::fmt::Write as _;
 use minijinja::value::{Kwargs, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, UndefinedBehavior, Value};
 
+use crate::gguf::{Quoted, MAX_QUOTED_CHARS};
 use crate::tokenizer::ChatMessage;
 
 /// ChatML as transformers' former `default_chat_template` wrote it (and as llama.cpp's
@@ -69,9 +70,10 @@ pub const MAX_TEMPLATE_BYTES: usize = 1 << 20;
 /// runaway unit test, test profile on the 2-core box).
 const RENDER_FUEL: u64 = 20_000_000;
 
-/// Characters of the template's start quoted in an error message, so the user can tell which
-/// template it was without a screenful of Jinja.
-const EXCERPT_CHARS: usize = 40;
+/// Characters of an engine or `raise_exception` message kept in a [`TemplateError`]: a template
+/// can raise a message as long as it likes; real ones are one sentence (Gemma's "Conversation
+/// roles must alternate user/assistant/user/assistant/..." is 67).
+pub const MAX_MESSAGE_CHARS: usize = 240;
 
 /// Name under which the template is compiled (shows in minijinja's error locations).
 const TEMPLATE_NAME: &str = "chat_template";
@@ -80,37 +82,37 @@ const TEMPLATE_NAME: &str = "chat_template";
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TemplateError {
     /// The source does not parse as Jinja.
-    #[error("chat template {excerpt:?} does not compile: {message}")]
+    #[error("chat template {template} does not compile: {message}")]
     Compile {
-        /// The template's first characters.
-        excerpt: String,
-        /// The engine's message (with the line).
+        /// The template's start (bounded).
+        template: Quoted,
+        /// The engine's message, with the line (cut to [`MAX_MESSAGE_CHARS`]).
         message: String,
     },
     /// The template called `raise_exception(message)` (e.g. Gemma's "System role not supported").
-    #[error("chat template {excerpt:?} raised an exception: {message}")]
+    #[error("chat template {template} raised an exception: {message}")]
     Raised {
-        /// The template's first characters.
-        excerpt: String,
-        /// The message the template gave.
+        /// The template's start (bounded).
+        template: Quoted,
+        /// The message the template gave (cut to [`MAX_MESSAGE_CHARS`]).
         message: String,
     },
     /// The template calls a function, filter, test or method that is not defined here.
-    #[error("chat template {excerpt:?} uses {what} `{name}`, which is not defined")]
+    #[error("chat template {template} uses {what} `{name}`, which is not defined")]
     Unknown {
-        /// The template's first characters.
-        excerpt: String,
+        /// The template's start (bounded).
+        template: Quoted,
         /// `function`, `filter`, `test` or `method`.
         what: &'static str,
-        /// Its name.
+        /// Its name (cut to [`MAX_QUOTED_CHARS`]).
         name: String,
     },
     /// Any other failure while rendering (a type error, an undefined value used, fuel spent).
-    #[error("chat template {excerpt:?} failed to render: {message}")]
+    #[error("chat template {template} failed to render: {message}")]
     Render {
-        /// The template's first characters.
-        excerpt: String,
-        /// The engine's message (with the line).
+        /// The template's start (bounded).
+        template: Quoted,
+        /// The engine's message, with the line (cut to [`MAX_MESSAGE_CHARS`]).
         message: String,
     },
     /// The source is longer than [`MAX_TEMPLATE_BYTES`].
@@ -149,7 +151,8 @@ pub struct ChatTemplate {
     /// Holds [`TEMPLATE_NAME`] (the file's template, when it compiled) and the ChatML one.
     env: Environment<'static>,
     origin: TemplateOrigin,
-    excerpt: String,
+    /// The file's template, quoted for messages.
+    quoted: Quoted,
     bos_token: String,
     eos_token: String,
 }
@@ -158,7 +161,7 @@ impl std::fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ChatTemplate")
             .field("origin", &self.origin)
-            .field("excerpt", &self.excerpt)
+            .field("quoted", &self.quoted)
             .field("bos_token", &self.bos_token)
             .field("eos_token", &self.eos_token)
             .finish()
@@ -177,7 +180,7 @@ impl ChatTemplate {
             None => Self::build(None, bos_token, eos_token),
             Some(s) => Self::compile(s, bos_token, eos_token).unwrap_or_else(|e| {
                 let mut t = Self::build(None, bos_token, eos_token);
-                t.excerpt = excerpt(s);
+                t.quoted = Quoted::new(s);
                 t.origin = TemplateOrigin::ChatMlFallback(e);
                 t
             }),
@@ -215,18 +218,18 @@ impl ChatTemplate {
         // ChatML is a constant that compiles; an error here would be a bug in this file,
         // and is still not a panic: rendering it would then report the missing template.
         let _ = env.add_template(CHATML_NAME, CHATML_TEMPLATE);
-        let (origin, excerpt_text) = match source {
-            None => (TemplateOrigin::ChatMlNoTemplate, String::new()),
+        let (origin, quoted) = match source {
+            None => (TemplateOrigin::ChatMlNoTemplate, Quoted::new("")),
             Some(s) => {
-                let ex = excerpt(s);
+                let q = Quoted::new(s);
                 match env.add_template_owned(TEMPLATE_NAME, s.to_owned()) {
-                    Ok(()) => (TemplateOrigin::File, ex),
+                    Ok(()) => (TemplateOrigin::File, q),
                     Err(e) => (
                         TemplateOrigin::ChatMlFallback(TemplateError::Compile {
-                            excerpt: ex.clone(),
-                            message: one_line(&e),
+                            template: q.clone(),
+                            message: message(&e),
                         }),
-                        ex,
+                        q,
                     ),
                 }
             }
@@ -234,7 +237,7 @@ impl ChatTemplate {
         ChatTemplate {
             env,
             origin,
-            excerpt: excerpt_text,
+            quoted,
             bos_token: bos_token.to_owned(),
             eos_token: eos_token.to_owned(),
         }
@@ -315,17 +318,17 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TemplateError> {
-        let excerpt = if name == CHATML_NAME {
-            excerpt(CHATML_TEMPLATE)
+        let quoted = if name == CHATML_NAME {
+            Quoted::new(CHATML_TEMPLATE)
         } else {
-            self.excerpt.clone()
+            self.quoted.clone()
         };
         let tmpl = self
             .env
             .get_template(name)
             .map_err(|e| TemplateError::Render {
-                excerpt: excerpt.clone(),
-                message: one_line(&e),
+                template: quoted.clone(),
+                message: message(&e),
             })?;
         let msgs: Vec<Value> = messages
             .iter()
@@ -344,7 +347,7 @@ impl ChatTemplate {
             ("bos_token", Value::from(self.bos_token.as_str())),
             ("eos_token", Value::from(self.eos_token.as_str())),
         ]);
-        tmpl.render(ctx).map_err(|e| classify(e, excerpt))
+        tmpl.render(ctx).map_err(|e| classify(e, quoted))
     }
 }
 
@@ -815,38 +818,37 @@ fn python_str_repr(out: &mut String, s: &str) {
     out.push(quote);
 }
 
-/// The template's first [`EXCERPT_CHARS`] characters, `…` marking a cut.
-fn excerpt(s: &str) -> String {
-    let mut e: String = s.chars().take(EXCERPT_CHARS).collect();
-    if s.chars().nth(EXCERPT_CHARS).is_some() {
-        e.push('…');
+/// `s` cut to `max` characters, `…` marking a cut.
+fn cut(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_owned(),
     }
-    e
 }
 
-/// minijinja's message on one line (its `Display` has no newlines except in a template
-/// excerpt it does not print without `{:#}`; this guards against details that do).
-fn one_line(e: &Error) -> String {
-    e.to_string().replace('\n', " ")
+/// minijinja's message on one line, bounded (its `Display` quotes no template source without
+/// `{:#}`, but a detail can hold a value the template built).
+fn message(e: &Error) -> String {
+    cut(&e.to_string().replace('\n', " "), MAX_MESSAGE_CHARS)
 }
 
 /// The typed error for a render failure.
-fn classify(e: Error, excerpt: String) -> TemplateError {
+fn classify(e: Error, template: Quoted) -> TemplateError {
     let mut src: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(&e);
     while let Some(s) = src {
         if let Some(r) = s.downcast_ref::<Raised>() {
             return TemplateError::Raised {
-                excerpt,
-                message: r.0.clone(),
+                template,
+                message: cut(&r.0, MAX_MESSAGE_CHARS),
             };
         }
         src = s.source();
     }
     let detail = e.detail().unwrap_or_default();
     let unknown = |what: &'static str, name: Option<&str>| TemplateError::Unknown {
-        excerpt: excerpt.clone(),
+        template: template.clone(),
         what,
-        name: name.unwrap_or(detail).trim().to_owned(),
+        name: cut(name.unwrap_or(detail).trim(), MAX_QUOTED_CHARS),
     };
     match e.kind() {
         // Details as minijinja 3 words them (vm/mod.rs, value/mod.rs).
@@ -868,8 +870,8 @@ fn classify(e: Error, excerpt: String) -> TemplateError {
             detail.rsplit_once(" has no method named ").map(|(_, n)| n),
         ),
         _ => TemplateError::Render {
-            excerpt,
-            message: one_line(&e),
+            template: template.clone(),
+            message: message(&e),
         },
     }
 }
@@ -966,13 +968,12 @@ mod tests {
         )
         .unwrap_err();
         match &e {
-            TemplateError::Raised { message, excerpt } => {
+            TemplateError::Raised { message, template } => {
                 assert_eq!(message, "only one message, please");
-                assert!(
-                    excerpt.starts_with("{% if messages|length > 1 %}"),
-                    "{excerpt}"
-                );
-                assert!(excerpt.ends_with('…'));
+                assert!(template.is_whole());
+                assert!(template
+                    .prefix()
+                    .starts_with("{% if messages|length > 1 %}"));
             }
             other => panic!("{other:?}"),
         }
@@ -1026,11 +1027,11 @@ mod tests {
     #[test]
     fn broken_template_falls_back_to_chatml_and_says_so() {
         let t = ChatTemplate::new(Some("{% for m in messages %}{{ m.content }"), "<s>", "</s>");
-        let TemplateOrigin::ChatMlFallback(TemplateError::Compile { excerpt, .. }) = t.origin()
+        let TemplateOrigin::ChatMlFallback(TemplateError::Compile { template, .. }) = t.origin()
         else {
             panic!("{:?}", t.origin());
         };
-        assert_eq!(excerpt, "{% for m in messages %}{{ m.content }");
+        assert_eq!(template, "{% for m in messages %}{{ m.content }");
         assert!(t.file_has_template());
         let r = t.render_or_chatml(&[user("hi")], true).unwrap();
         assert_eq!(
@@ -1059,6 +1060,20 @@ mod tests {
             ChatTemplate::compile(&long, "", ""),
             Err(TemplateError::TooLong { .. })
         ));
+        // A template's own message and a long template are quoted bounded.
+        let src = format!(
+            "{{{{ raise_exception('{}') }}}}{}",
+            "m".repeat(10_000),
+            "x".repeat(10_000)
+        );
+        let e = render_source(&src, &[user("hi")], true, "", "").unwrap_err();
+        let TemplateError::Raised { message, template } = &e else {
+            panic!("{e:?}");
+        };
+        assert_eq!(message.chars().count(), MAX_MESSAGE_CHARS + 1);
+        assert!(message.ends_with('…'));
+        assert_eq!(template.len(), src.len());
+        assert!(e.to_string().len() < 4 * (MAX_QUOTED_CHARS + MAX_MESSAGE_CHARS));
         // 10^8 iterations would run for minutes; fuel stops it.
         let e = render_source(
             "{% for i in range(10000) %}{% for j in range(10000) %}{% endfor %}{% endfor %}",

@@ -34,7 +34,7 @@ use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::{AddedToken, SplitDelimiterBehavior};
 
 pub use crate::chat_template::ChatTemplate;
-use crate::gguf::GgufIndex;
+use crate::gguf::{GgufIndex, Quoted};
 use crate::ModelError;
 
 /// GGUF `token_type` for a normal token (llama.cpp `LLAMA_TOKEN_TYPE_NORMAL`).
@@ -136,8 +136,12 @@ impl std::fmt::Debug for Tokenizer {
     }
 }
 
+/// A tokenizer error. The text may come from the `tokenizers` library quoting vocabulary
+/// entries (strings from the file), so it is cut like any file string ([`Quoted`]).
 fn tok_err(e: impl std::fmt::Display) -> ModelError {
-    ModelError::Tokenizer(e.to_string())
+    let text = e.to_string();
+    let q = Quoted::new(&text);
+    ModelError::Tokenizer(if q.is_whole() { text } else { q.to_string() })
 }
 
 /// GPT-2's byte ↔ printable-char table (`bytes_to_unicode` in openai/gpt-2 `encoder.py`).
@@ -175,7 +179,8 @@ impl Tokenizer {
             "llama" => VocabKind::Spm,
             other => {
                 return Err(ModelError::Unsupported(format!(
-                    "tokenizer model {other:?}"
+                    "tokenizer model {} (supported: gpt2, llama)",
+                    Quoted::new(other)
                 )))
             }
         };
