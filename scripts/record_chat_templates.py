@@ -93,6 +93,9 @@ SYNTHETIC = {
     "slices_and_tests": "{{ messages[1:] | length }} {{ messages[-1].role }} {{ messages[0].content[:5] }} {{ messages[0].content[-4:] }} {{ messages[0].content is string }} {{ messages is iterable }} {{ messages[0] is mapping }} {{ messages[0].nothing is defined }} {{ 'Hello' in messages | map(attribute='content') | list }}",
     "whitespace_control": "  {% for msg in messages %}\n    {{- msg.role }}\n  {% if loop.last %}\nEND\n  {%- endif %}\n{% endfor %}\n{{ add_generation_prompt }}\n",
     "python_whitespace": "{% for msg in messages %}[{{ msg.content.strip() }}|{{ msg.content.lstrip() }}|{{ msg.content.rstrip() }}|{{ msg.content | trim }}|{{ msg.content.strip(' \x1f') }}|{{ msg.content | trim('\x1e\x85') }}]{% endfor %}",
+    # A training template's `{% generation %}` marks (transformers' AssistantTracker) render
+    # their body; whitespace control on the tags as on any block tag.
+    "generation_blocks": "{% for msg in messages %}<|{{ msg.role }}|>\n{% if msg.role == 'assistant' %}\n  {%- generation -%}\n  {{ msg.content }}<|end|>\n  {% endgeneration %}\n{% else %}{{ msg.content }}<|end|>\n{% endif %}{% endfor %}",
     "raise_in_macro": "{% macro check(m) %}{% if m.role not in ['user', 'assistant'] %}{{ raise_exception('bad role: ' + m.role) }}{% endif %}{% endmacro %}{% for msg in messages %}{{ check(msg) }}{{ msg.content }}{% endfor %}",
 }
 
@@ -100,6 +103,22 @@ SYNTHETIC = {
 # ChatTemplate::set_now), and formats checked for it (Llama 3.2's "%d %b %Y" first).
 STRFTIME_AT = datetime.datetime(2024, 7, 6, 13, 5, 9)
 STRFTIME_FORMATS = ["%d %b %Y", "%Y-%m-%d", "%B %d, %Y", "%A %H:%M:%S", "%-d %b %Y", "%j %y %I %p", "%%"]
+
+
+class AssistantTracker(jinja2.ext.Extension):
+    """transformers' extension for `{% generation %}` blocks, its rendering half (transformers
+    also records where each block's output lands, for assistant-token masks)."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_generation_support"), [], [], body).set_lineno(lineno)
+
+    @jinja2.pass_eval_context
+    def _generation_support(self, context, caller):
+        return caller()
 
 
 def hf_environment():
@@ -114,7 +133,9 @@ def hf_environment():
     def strftime_now(format):
         return STRFTIME_AT.strftime(format)  # transformers: datetime.now().strftime(format)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[AssistantTracker, jinja2.ext.loopcontrols]
+    )
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now

@@ -8,7 +8,8 @@
 //! `trim_blocks` and `lstrip_blocks` on and the `loopcontrols` extension, overrides the `tojson`
 //! filter with `json.dumps(x, ensure_ascii=False, indent=None, separators=None,
 //! sort_keys=False)`, adds the globals `raise_exception(message)` and `strftime_now(format)`
-//! (local time), and renders with `messages`, `tools=None`, `documents=None`,
+//! (local time), parses `{% generation %}` blocks (its `AssistantTracker`, which renders
+//! their body), and renders with `messages`, `tools=None`, `documents=None`,
 //! `add_generation_prompt` and the tokenizer's special tokens (`bos_token`, `eos_token`). The
 //! same is set up here, plus what Python gives a template for free: string, dict and list
 //! methods (`.strip()`, `.startswith()`, `.split()`, `.items()`, … from `minijinja-contrib`'s
@@ -222,7 +223,7 @@ impl ChatTemplate {
             None => (TemplateOrigin::ChatMlNoTemplate, Quoted::new("")),
             Some(s) => {
                 let q = Quoted::new(s);
-                match env.add_template_owned(TEMPLATE_NAME, s.to_owned()) {
+                match env.add_template_owned(TEMPLATE_NAME, rewrite_generation_tags(s)) {
                     Ok(()) => (TemplateOrigin::File, q),
                     Err(e) => (
                         TemplateOrigin::ChatMlFallback(TemplateError::Compile {
@@ -349,6 +350,48 @@ impl ChatTemplate {
         ]);
         tmpl.render(ctx).map_err(|e| classify(e, quoted))
     }
+}
+
+/// transformers' `AssistantTracker` extension adds `{% generation %}…{% endgeneration %}`
+/// (marking the assistant's tokens for training masks); rendering, it outputs the body
+/// unchanged. minijinja has no such tag, so each becomes the block tag that renders the same,
+/// `{% if true %}…{% endif %}`, keeping its whitespace-control marks (`{%-`, `-%}`), which
+/// `trim_blocks` and `lstrip_blocks` treat alike for every block tag.
+fn rewrite_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(at) = rest.find("{%") {
+        out.push_str(&rest[..at]);
+        let tag = &rest[at + 2..];
+        let marks = |t: &str| t.strip_prefix(['-', '+']).unwrap_or(t).len();
+        let after_open = &tag[tag.len() - marks(tag)..];
+        let body = after_open.trim_start();
+        let word_end = body
+            .find(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+            .unwrap_or(body.len());
+        let replacement = match &body[..word_end] {
+            "generation" => Some("if true"),
+            "endgeneration" => Some("endif"),
+            _ => None,
+        };
+        let tail = body[word_end..].trim_start();
+        let tail_after_mark = tail.strip_prefix(['-', '+']).unwrap_or(tail);
+        match replacement {
+            Some(r) if tail_after_mark.starts_with("%}") => {
+                // `{%` + marks and spaces before the word, the new word, then the rest as is.
+                let lead = &rest[at..at + 2 + (tag.len() - body.len())];
+                out.push_str(lead);
+                out.push_str(r);
+                rest = &body[word_end..];
+            }
+            _ => {
+                out.push_str("{%");
+                rest = tag;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The environment transformers renders chat templates in (see the module docs).
@@ -910,6 +953,25 @@ mod tests {
             text,
             "<|im_start|>user\nfrom a thread<|im_end|>\n<|im_start|>assistant\n"
         );
+    }
+
+    #[test]
+    fn generation_tags_become_if_blocks() {
+        assert_eq!(
+            rewrite_generation_tags("a{% generation %}b{%- endgeneration -%}c{%+generation+%}"),
+            "a{% if true %}b{%- endif -%}c{%+if true+%}"
+        );
+        // Other tags, words that only start alike, and unterminated tags are left alone.
+        for s in [
+            "{% if x %}{% endif %}",
+            "{% generations %}",
+            "{% generation_x %}",
+            "{% generation",
+            "{%",
+            "{{ '%}' }}",
+        ] {
+            assert_eq!(rewrite_generation_tags(s), s);
+        }
     }
 
     #[test]
