@@ -12,14 +12,15 @@ use hipfire_config::{Device, JoinStrategy, OffloadExec, PassbackShare, Settings,
 use hipfire_exec::offload::{JoinStrategy as ExecJoin, OffloadMode};
 use hipfire_exec::share::ShareSetting;
 use hipfire_model::gpu::{GpuDecoder, GpuOptions};
-use hipfire_model::{write_synthetic, SynthSpec};
+use hipfire_model::{write_synthetic_to, Overwrite, SynthSpec};
 use hipfire_model::{
     ChatMessage, GenerationStats, LoadOptions, LoadProgress, Model, ProgressFn, ReferenceBackend,
     SamplingParams, StreamDecoder,
 };
 
 use crate::args::{BenchArgs, RunArgs, SynthArgs};
-use crate::{gpu_probe, Ctx, EXIT_OK};
+use crate::stop::{self, Stop};
+use crate::{daemon, gpu_probe, Ctx, EXIT_OK, EXIT_REFUSED};
 
 /// The executor's spelling of the configured offload mode.
 fn offload_mode(s: &Settings) -> anyhow::Result<OffloadMode> {
@@ -166,7 +167,7 @@ fn gpu_decoder<'m>(
     };
     // `auto` is 0 here so the offload pool leaves one core to the thread driving the GPU.
     let pool = hipfire_exec::offload::offload_pool(pool_threads(s.threads))?;
-    Ok(GpuDecoder::new(&l.model, pool, &opts)?)
+    GpuDecoder::new(&l.model, pool, &opts).context("placing the model on GPU 0")
 }
 
 /// `cpu.threads` as hipfire-exec's pool constructors take it: 0 = their own `auto`.
@@ -224,6 +225,8 @@ pub fn run(ctx: &Ctx, a: &RunArgs) -> anyhow::Result<ExitCode> {
         Engine::Cpu => None,
     };
     let l = load(ctx, engine, &a.model, &s, None, !a.json)?;
+    // From here a Ctrl-C stops after the current token and still reports.
+    let stop = Stop::install()?;
     let tok = l.model.tokenizer();
     let chat = a.chat().unwrap_or(tok.chat.file_has_template());
     // Which template formatted the prompt: "file" (the GGUF's own) or "chatml" (fallback).
@@ -266,7 +269,7 @@ pub fn run(ctx: &Ctx, a: &RunArgs) -> anyhow::Result<ExitCode> {
                         return false;
                     }
                 }
-                true
+                stop.requested().is_none()
             }
             Err(e) => {
                 write_err = Some(e.into());
@@ -294,6 +297,7 @@ pub fn run(ctx: &Ctx, a: &RunArgs) -> anyhow::Result<ExitCode> {
     }
     let tail = dec.finish();
     text.push_str(&tail);
+    let interrupted = stop.requested();
     if a.json {
         let v = serde_json::json!({
             "text": text,
@@ -308,19 +312,25 @@ pub fn run(ctx: &Ctx, a: &RunArgs) -> anyhow::Result<ExitCode> {
             "engine": match l.engine { Engine::Cpu => "cpu", Engine::Gpu => "gpu" },
             "offload_exec": s.offload_exec.name(),
             "placement": placement,
+            "interrupted_by": interrupted.map(stop::signal_name),
         });
         writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
     } else {
         writeln!(out, "{tail}")?;
         out.flush()?;
+        let why = interrupted
+            .map(|sig| format!("; stopped by {}", stop::signal_name(sig)))
+            .unwrap_or_default();
         ctx.note(format!(
-            "[{} prompt tokens, {} generated, {:.1} tok/s decode; {placement}]",
+            "[{} prompt tokens, {} generated, {:.1} tok/s decode; {placement}{why}]",
             stats.prompt_tokens,
             stats.generated,
             stats.decode_tok_per_s()
         ));
     }
-    Ok(ExitCode::from(EXIT_OK))
+    Ok(ExitCode::from(
+        interrupted.map_or(EXIT_OK, stop::exit_status),
+    ))
 }
 
 /// Filler text for bench prompts: ordinary English so the tokenizer produces ordinary tokens.
@@ -330,6 +340,8 @@ const BENCH_TEXT: &str =
 /// Slack context positions beyond prompt + generation (BOS and the closing step).
 const BENCH_CTX_SLACK: usize = 8;
 
+/// `n` tokens of filler. The text doubles until it is long enough, so the tokenizer runs
+/// O(log n) times over O(n) text in all, not n times.
 fn bench_prompt(model: &Model, n: usize) -> anyhow::Result<Vec<u32>> {
     let tok = model.tokenizer();
     let mut text = BENCH_TEXT.to_string();
@@ -338,12 +350,45 @@ fn bench_prompt(model: &Model, n: usize) -> anyhow::Result<Vec<u32>> {
         if ids.len() >= n {
             return Ok(ids[..n].to_vec());
         }
-        text.push_str(BENCH_TEXT);
+        if ids.is_empty() && text.len() > BENCH_TEXT.len() {
+            bail!("the model's tokenizer turns the bench filler text into no tokens");
+        }
+        text = text.repeat(2);
     }
+}
+
+/// Context positions a bench round needs: prompt + generated + slack, without wrapping.
+fn bench_ctx_len(prompt_tokens: u32, gen_tokens: u32) -> anyhow::Result<usize> {
+    usize::try_from(prompt_tokens)
+        .ok()
+        .and_then(|p| p.checked_add(usize::try_from(gen_tokens).ok()?))
+        .and_then(|n| n.checked_add(BENCH_CTX_SLACK))
+        .with_context(|| {
+            format!("--prompt-tokens {prompt_tokens} + --gen-tokens {gen_tokens} overflows")
+        })
+}
+
+/// Refuse a bench round that does not fit the model's trained context, before any session
+/// (and its KV cache, sized by the context) exists.
+fn check_bench_ctx(model: &Model, a: &BenchArgs, ctx_len: usize) -> anyhow::Result<()> {
+    let limit = model.config().ctx_len;
+    if ctx_len > limit {
+        bail!(
+            "--prompt-tokens {} + --gen-tokens {} (+{BENCH_CTX_SLACK} slack) = {ctx_len} \
+             positions, beyond the model's context of {limit}",
+            a.prompt_tokens,
+            a.gen_tokens
+        );
+    }
+    Ok(())
 }
 
 /// `hipfire bench`.
 pub fn bench(ctx: &Ctx, a: &BenchArgs) -> anyhow::Result<ExitCode> {
+    if let Some(msg) = daemon::refusal("bench") {
+        let _ = writeln!(std::io::stderr(), "{msg}");
+        return Ok(ExitCode::from(EXIT_REFUSED));
+    }
     let mut overrides = a.engine.overrides();
     let (_, base) = ctx.settings_with(&overrides)?;
     // Validate every requested mode by the config rule before loading anything.
@@ -364,7 +409,7 @@ pub fn bench(ctx: &Ctx, a: &BenchArgs) -> anyhow::Result<ExitCode> {
     if a.prompt_tokens == 0 || a.gen_tokens == 0 {
         bail!("--prompt-tokens and --gen-tokens must be at least 1");
     }
-    let ctx_len = (a.prompt_tokens + a.gen_tokens) as usize + BENCH_CTX_SLACK;
+    let ctx_len = bench_ctx_len(a.prompt_tokens, a.gen_tokens)?;
     let engine = choose_engine(ctx, &base)?;
     if matches!(engine, Engine::Gpu) {
         for s in &modes {
@@ -375,11 +420,17 @@ pub fn bench(ctx: &Ctx, a: &BenchArgs) -> anyhow::Result<ExitCode> {
                 .iter()
                 .map(|s| s.offload_exec.name().to_string())
                 .collect();
-            let report = crate::bench_rounds::run(&names, a.rounds, &|m| ctx.note(m))?;
-            return print_bench_report(ctx, a, &report);
+            let stop = Stop::install()?;
+            let report = crate::bench_rounds::run(&names, a.rounds, &stop, &|m| ctx.note(m))?;
+            let code = print_bench_report(ctx, a, &report)?;
+            return Ok(stop
+                .requested()
+                .map_or(code, |sig| ExitCode::from(stop::exit_status(sig))));
         }
     }
     let l = load(ctx, engine, &a.model, &base, Some(ctx_len), !a.json)?;
+    check_bench_ctx(&l.model, a, ctx_len)?;
+    let stop = Stop::install()?;
     let prompt = bench_prompt(&l.model, a.prompt_tokens as usize)?;
     // Greedy, no early stop: every round decodes exactly gen_tokens tokens.
     let params = SamplingParams {
@@ -396,11 +447,19 @@ pub fn bench(ctx: &Ctx, a: &BenchArgs) -> anyhow::Result<ExitCode> {
     // follow one warm-up round.
     for s in &modes {
         let mut samples = Vec::new();
+        // A round cut short by a signal is not a sample: its token count differs.
         let mut run_round =
             |gen: &mut dyn FnMut() -> anyhow::Result<GenerationStats>| -> anyhow::Result<()> {
                 gen()?; // warm-up
                 for _ in 0..a.rounds {
-                    samples.push(gen()?);
+                    if stop.requested().is_some() {
+                        break;
+                    }
+                    let st = gen()?;
+                    if stop.requested().is_some() {
+                        break;
+                    }
+                    samples.push(st);
                 }
                 Ok(())
             };
@@ -409,7 +468,7 @@ pub fn bench(ctx: &Ctx, a: &BenchArgs) -> anyhow::Result<ExitCode> {
                 let mut sess = l.model.session();
                 run_round(&mut || {
                     sess.reset();
-                    Ok(sess.generate(&prompt, &params, |_| true)?)
+                    Ok(sess.generate(&prompt, &params, |_| stop.requested().is_none())?)
                 })?;
                 (
                     "cpu-only".to_string(),
@@ -420,7 +479,7 @@ pub fn bench(ctx: &Ctx, a: &BenchArgs) -> anyhow::Result<ExitCode> {
                 let mut d = gpu_decoder(&l, s, offload_mode(s)?)?;
                 run_round(&mut || {
                     d.reset();
-                    Ok(d.generate(&prompt, &params, |_| true)?)
+                    Ok(d.generate(&prompt, &params, |_| stop.requested().is_none())?)
                 })?;
                 (
                     s.offload_exec.name().to_string(),
@@ -453,7 +512,11 @@ pub fn bench(ctx: &Ctx, a: &BenchArgs) -> anyhow::Result<ExitCode> {
             "prefill_tok_s": { "median": median(prefill.clone()), "samples": prefill },
             "decode_tok_s": { "median": median(decode.clone()), "samples": decode },
         }));
+        if stop.requested().is_some() {
+            break;
+        }
     }
+    let interrupted = stop.requested();
     let report = serde_json::json!({
         "model": a.model.display().to_string(),
         "version": env!("CARGO_PKG_VERSION"),
@@ -468,8 +531,13 @@ pub fn bench(ctx: &Ctx, a: &BenchArgs) -> anyhow::Result<ExitCode> {
         "gen_tokens": a.gen_tokens,
         "rounds": a.rounds,
         "modes": results,
+        "interrupted_by": interrupted.map(stop::signal_name),
     });
-    print_bench_report(ctx, a, &report)
+    let code = print_bench_report(ctx, a, &report)?;
+    Ok(match interrupted {
+        Some(sig) => ExitCode::from(stop::exit_status(sig)),
+        None => code,
+    })
 }
 
 /// `hipfire synth`.
@@ -489,6 +557,19 @@ pub fn synth(ctx: &Ctx, a: &SynthArgs) -> anyhow::Result<ExitCode> {
         }
         spec.n_layer = n as usize;
     }
+    // Checked before minutes of writing; the write itself refuses again, atomically.
+    if !a.force && std::fs::symlink_metadata(&a.out).is_ok() {
+        bail!(
+            "{} already exists; pass --force to replace it (by rename: readers of the old \
+             file keep their bytes)",
+            a.out.display()
+        );
+    }
+    let overwrite = if a.force {
+        Overwrite::Replace
+    } else {
+        Overwrite::Refuse
+    };
     let bar = (!ctx.quiet && std::io::stderr().is_terminal()).then(|| {
         let b = indicatif::ProgressBar::new(0);
         b.set_style(
@@ -503,7 +584,7 @@ pub fn synth(ctx: &Ctx, a: &SynthArgs) -> anyhow::Result<ExitCode> {
             b.set_position(done);
         }
     };
-    let r = write_synthetic(&a.out, &spec, fmt, a.seed, Some(&on_progress))
+    let r = write_synthetic_to(&a.out, &spec, fmt, a.seed, Some(&on_progress), overwrite)
         .with_context(|| format!("writing {}", a.out.display()))?;
     if let Some(b) = &bar {
         b.finish_and_clear();
@@ -559,6 +640,11 @@ fn print_bench_report(
                 r["den"].as_str().unwrap_or("?"),
                 r["median"].as_f64().unwrap_or(f64::NAN)
             )?;
+        }
+        if let Some(sig) = report["interrupted_by"].as_str() {
+            ctx.note(format!(
+                "stopped by {sig}: only the rounds that finished are reported"
+            ));
         }
         ctx.note(match report["method"].as_str() {
             Some(method) => format!(

@@ -385,7 +385,7 @@ impl Drop for OffloadExecutor {
 }
 
 fn gpu_err(e: GpuError) -> ExecError {
-    ExecError::Gpu(e.to_string())
+    ExecError::Device(e)
 }
 
 fn f32s(buf: &HostMappedBuffer, n: usize) -> &[f32] {

@@ -72,7 +72,7 @@ pub use context::{
     BackendKind, Context, DeviceBuffer, DeviceElem, DeviceMemory, Event, Function,
     HostMappedBuffer, Module, Stream,
 };
-pub use error::{mem_available_bytes, DriverCode, GpuError};
+pub use error::{mem_available_bytes, DriverCode, GpuError, TEST_MAX_ALLOC_ENV};
 pub use flags::{
     q8k_scales_offset, DoneWords, FlagsKernels, FoldTarget, MailboxOffsets, PublishFence,
     FOLD_MAX_PARTS, FOLD_MAX_TARGETS, Q8K_ELEMS,

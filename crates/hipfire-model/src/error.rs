@@ -65,6 +65,17 @@ pub enum ModelError {
     /// The CPU engine failed.
     #[error(transparent)]
     Exec(#[from] hipfire_exec::ExecError),
+    /// A GPU call failed; `step` says what the decoder was doing (placing which weight,
+    /// decoding which position), the source names the call and, for an allocation, the bytes
+    /// asked and free.
+    #[error("GPU failed while {step}")]
+    Gpu {
+        /// What was being done.
+        step: String,
+        /// The GPU's error (boxed: it is large, and every `Result` of the crate carries it).
+        #[source]
+        source: Box<hipfire_gpu::GpuError>,
+    },
     /// A backend (engine) failed; the string is the backend's own message.
     #[error("backend {backend}: {message}")]
     Backend {

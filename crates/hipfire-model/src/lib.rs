@@ -55,5 +55,7 @@ pub use model::{
     generate, Decoder, GenerationStats, LoadOptions, LoadProgress, Model, ProgressFn, Session,
 };
 pub use sampling::{Sampler, SamplingParams};
-pub use synth::{write_synthetic, SynthReport, SynthSpec, SYNTH_DESCRIPTION};
+pub use synth::{
+    write_synthetic, write_synthetic_to, Overwrite, SynthReport, SynthSpec, SYNTH_DESCRIPTION,
+};
 pub use tokenizer::{ChatMessage, StreamDecoder, Tokenizer};
