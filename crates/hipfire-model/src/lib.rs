@@ -7,7 +7,8 @@
 //!   SentencePiece BPE), ChatML rendering, streaming detokenisation.
 //! - [`config`] — architecture hyper-parameters (llama, qwen2, qwen3).
 //! - [`backend`] — the engine seam: [`Backend::gemv`]; [`CpuBackend`] over hipfire-exec's pool.
-//! - [`model`] — [`Model::load`], [`Session`] (`prefill`, `step`, `generate`).
+//! - [`model`] — [`Model::load`], [`Session`] (`prefill`, `step`, `generate`), and
+//!   [`forward_batch`]: one forward over tokens of several sessions (continuous batching).
 //! - [`sampling`] — greedy and seeded temperature / top-k / top-p.
 //! - [`synth`] — GGUFs with real architectures' shapes and random weights, for performance work.
 //! - [`gpu`] — the whole decode step on the device (device KV cache, decode kernels), with
@@ -40,7 +41,8 @@ pub use backend::{Backend, CpuBackend, ReferenceBackend, Weight};
 pub use config::{Arch, ModelConfig};
 pub use error::ModelError;
 pub use model::{
-    generate, Decoder, GenerationStats, LoadOptions, LoadProgress, Model, ProgressFn, Session,
+    forward_batch, generate, kv_bytes_per_position, BatchItem, Decoder, GenerationStats,
+    LoadOptions, LoadProgress, Model, ProgressFn, Session,
 };
 pub use sampling::{Sampler, SamplingParams};
 pub use synth::{write_synthetic, SynthReport, SynthSpec, SYNTH_DESCRIPTION};

@@ -19,6 +19,9 @@ use crate::sampling::{Sampler, SamplingParams};
 use crate::tokenizer::Tokenizer;
 use crate::ModelError;
 
+mod batch;
+pub use batch::{forward_batch, kv_bytes_per_position, BatchItem};
+
 /// Context cap when the caller does not choose one: enough for chat and benchmarks while
 /// keeping the f16 KV cache of an 8B model at 512 MiB (32 layers × 4096 × 1024 × 2 × 2 B).
 pub const DEFAULT_CTX: usize = 4096;
