@@ -7,6 +7,7 @@
 //! - `version` — `hipfire version`, including the GPU probe.
 //! - `offload_bench` — `hipfire offload-bench`.
 //! - `model_cmd` — `run`, `bench`, `synth` over hipfire-model.
+//! - `serve_cmd` — `serve` over hipfire-serve.
 //! - `daemon` — the live-daemon check that keeps measurements off a busy device.
 //! - `logging` — tracing setup.
 //!
@@ -23,6 +24,7 @@ mod gpu_probe;
 mod logging;
 mod model_cmd;
 mod offload_bench;
+mod serve_cmd;
 mod stats;
 mod version;
 
@@ -68,6 +70,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Run(a) => model_cmd::run(&ctx, &a),
         Command::Bench(a) => model_cmd::bench(&ctx, &a),
         Command::Synth(a) => model_cmd::synth(&ctx, &a),
+        Command::Serve(a) => serve_cmd::run(&ctx, &a),
     }
 }
 
