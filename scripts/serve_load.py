@@ -9,8 +9,10 @@ time-to-first-token and inter-token latency (client-side, so it includes HTTP an
     python3 scripts/serve_load.py --url http://127.0.0.1:8080 --concurrency 4 --seconds 30
 
 Uses only the standard library (http.client), so the client costs little CPU next to the server
-on a small box. Every request is greedy with the same prompt and `ignore_eos` where the server
-knows it (llama-server), so all servers generate exactly `--max-tokens` per request.
+on a small box. Every request is greedy with the same prompt, `ignore_eos` (hipfire,
+llama-server) and, with --ban-tokens, a -100 logit bias on the end-of-generation ids (for servers
+without ignore_eos, such as llama-cpp-python's), so every server generates exactly
+`--max-tokens` per request.
 """
 
 import argparse
@@ -46,6 +48,9 @@ def one_request(host, port, args, headers):
     }
     if args.model:
         body["model"] = args.model
+    if args.ban_tokens:
+        # Servers without ignore_eos (llama-cpp-python) honour a -100 bias on the EOG ids.
+        body["logit_bias"] = {t: -100 for t in args.ban_tokens.split(",")}
     t0 = time.monotonic()
     try:
         conn = http.client.HTTPConnection(host, port, timeout=300)
@@ -53,7 +58,7 @@ def one_request(host, port, args, headers):
         resp = conn.getresponse()
         if resp.status != 200:
             return 0, None, [], f"status {resp.status}: {resp.read()[:200]!r}"
-        ttft, gaps, last, chunks, usage = None, [], None, 0, None
+        ttft, gaps, last, chunks, usage, done = None, [], None, 0, None, False
         while True:
             line = resp.readline()
             if not line:
@@ -63,6 +68,7 @@ def one_request(host, port, args, headers):
                 continue
             data = line[6:]
             if data == b"[DONE]":
+                done = True
                 break
             ev = json.loads(data)
             if ev.get("usage"):
@@ -77,6 +83,9 @@ def one_request(host, port, args, headers):
             last = now
             chunks += 1
         conn.close()
+        if not done:
+            # A stream the server cut off (llama-cpp-python's under concurrency) is an error.
+            return chunks, ttft, gaps, f"stream ended without [DONE] after {chunks} chunks"
         return (usage if usage is not None else chunks), ttft, gaps, None
     except Exception as e:  # noqa: BLE001 - counted as an error
         return 0, None, [], f"{type(e).__name__}: {e}"
@@ -93,6 +102,8 @@ def main():
     ap.add_argument("--model", default="")
     ap.add_argument("--api-key", default="")
     ap.add_argument("--label", default="", help="copied into the output")
+    ap.add_argument("--ban-tokens", default="",
+                    help="comma-separated token ids sent with logit_bias -100 (SmolLM2's EOG: 0,2)")
     args = ap.parse_args()
     u = urllib.parse.urlparse(args.url)
     host, port = u.hostname, u.port or 80

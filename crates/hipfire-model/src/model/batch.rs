@@ -384,7 +384,6 @@ mod tests {
             forward_batch(&mut items),
             Err(ModelError::ContextFull { .. })
         ));
-        drop(items);
         assert_eq!(a.position(), 4);
         assert_eq!(b.position(), 1);
         assert_eq!(bits(a.logits()), before);
