@@ -23,8 +23,11 @@ load() { python3 scripts/serve_load.py --url "http://127.0.0.1:$1" --concurrency
 : > "$OUT/raw.jsonl"
 "$BIN" serve "$MODEL" --port 18090 --ctx 1024 --threads 2 --parallel 4 >/dev/null 2>>"$OUT/server.log" &
 HF=$!
+# --interrupt_requests False: by default a new request cuts off the one running (so under
+# concurrency its streams end after a token or two); off, it queues them and runs one at a time.
 python3 -m llama_cpp.server --model "$MODEL" --n_threads 2 --n_ctx 1024 --host 127.0.0.1 --port 18092 \
-  >/dev/null 2>>"$OUT/llama-cpp-python.log" &
+  --interrupt_requests False \
+  >/dev/null 2>"$OUT/llama-cpp-python.log" &
 LC=$!
 wait_up 18090; wait_up 18092
 for r in $(seq "$ROUNDS"); do
