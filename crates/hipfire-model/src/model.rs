@@ -849,10 +849,24 @@ mod tests {
         }
     }
 
-    fn synth_model(arch: Arch, fmt: Format, backend: Option<Arc<dyn Backend>>) -> Model {
+    /// Architecture × format cases of the multi-token bit-identity tests (here and in
+    /// `batch`): every architecture's extras (biases, q/k norms) and block formats with
+    /// different activation preparation.
+    pub(super) const ARCH_FORMATS: [(Arch, Format); 4] = [
+        (Arch::Llama, Format::Q4_1),
+        (Arch::Llama, Format::Q4K),
+        (Arch::Qwen2, Format::Q8_0),
+        (Arch::Qwen3, Format::F32),
+    ];
+
+    /// A tiny synthetic model of `arch` in `fmt` (also used by `batch`'s tests). Each call
+    /// writes its own file, so tests running in parallel never share one.
+    pub(super) fn synth_model(arch: Arch, fmt: Format, backend: Option<Arc<dyn Backend>>) -> Model {
+        static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("hipfire-prefill-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("tmp dir");
-        let path = dir.join(format!("{}-{}.gguf", arch.name(), fmt.name()));
+        let path = dir.join(format!("{}-{}-{call}.gguf", arch.name(), fmt.name()));
         write_synthetic(&path, &SynthSpec::tiny(arch), fmt, 7, None).expect("synth");
         let opts = LoadOptions {
             threads: 2,
@@ -869,12 +883,7 @@ mod tests {
 
     #[test]
     fn chunked_prefill_is_bit_identical_to_steps_on_the_cpu_pool() {
-        for (arch, fmt) in [
-            (Arch::Llama, Format::Q4_1),
-            (Arch::Llama, Format::Q4K),
-            (Arch::Qwen2, Format::Q8_0),
-            (Arch::Qwen3, Format::F32),
-        ] {
+        for (arch, fmt) in ARCH_FORMATS {
             let model = synth_model(arch, fmt, None);
             check_prefill_matches_steps(&model, &format!("cpu {} {fmt}", arch.name()));
         }

@@ -211,31 +211,12 @@ mod tests {
     use hipfire_quant::Format;
 
     use super::*;
-    use crate::backend::{Backend, ReferenceBackend};
+    use crate::backend::ReferenceBackend;
     use crate::config::Arch;
-    use crate::model::LoadOptions;
-    use crate::synth::{write_synthetic, SynthSpec};
+    use crate::model::tests::{synth_model, ARCH_FORMATS};
 
     fn bits(v: &[f32]) -> Vec<u32> {
         v.iter().map(|f| f.to_bits()).collect()
-    }
-
-    fn synth_model(arch: Arch, fmt: Format, backend: Option<Arc<dyn Backend>>) -> Model {
-        let dir = std::env::temp_dir().join(format!("hipfire-batch-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("tmp dir");
-        let path = dir.join(format!("{}-{}.gguf", arch.name(), fmt.name()));
-        write_synthetic(&path, &SynthSpec::tiny(arch), fmt, 11, None).expect("synth");
-        let opts = LoadOptions {
-            threads: 2,
-            ..LoadOptions::default()
-        };
-        let model = match backend {
-            Some(b) => Model::load_with_backend(&path, &opts, b),
-            None => Model::load(&path, &opts),
-        }
-        .expect("load");
-        let _ = std::fs::remove_file(&path);
-        model
     }
 
     /// A seeded prompt of `len` tokens (distinct per `seed`).
@@ -332,12 +313,7 @@ mod tests {
 
     #[test]
     fn batched_steps_are_bit_identical_to_each_sequence_alone() {
-        for (arch, fmt) in [
-            (Arch::Llama, Format::Q4_1),
-            (Arch::Llama, Format::Q4K),
-            (Arch::Qwen2, Format::Q8_0),
-            (Arch::Qwen3, Format::F32),
-        ] {
+        for (arch, fmt) in ARCH_FORMATS {
             let model = synth_model(arch, fmt, None);
             check_batch_matches_alone(&model, &format!("cpu {} {fmt}", arch.name()));
         }
