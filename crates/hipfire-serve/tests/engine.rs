@@ -46,10 +46,14 @@ impl StepModel for Recording<'_> {
     }
 }
 
+/// A tiny synthetic model; each call writes (and removes) its own file, as tests run in
+/// parallel.
 fn model() -> Arc<Model> {
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!("hipfire-serve-engine-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("tmp");
-    let path = dir.join("tiny.gguf");
+    let path = dir.join(format!("tiny-{call}.gguf"));
     let spec = hipfire_model::SynthSpec::tiny(Arch::Llama);
     hipfire_model::write_synthetic(&path, &spec, Format::Q8_0, 5, None).expect("synth");
     let opts = LoadOptions {
@@ -57,7 +61,7 @@ fn model() -> Arc<Model> {
         ..LoadOptions::default()
     };
     let m = Model::load(&path, &opts).expect("load");
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_file(&path);
     Arc::new(m)
 }
 
