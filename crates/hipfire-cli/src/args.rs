@@ -124,6 +124,20 @@ pub enum Command {
         hipfire synth --arch llama3-8b --format q4_k --layers 4 --out l8b-4l.gguf"
     )]
     Synth(SynthArgs),
+    /// Serve the OpenAI API (chat, completions) with continuous batching.
+    #[command(
+        long_about = "Serve a GGUF model over HTTP with OpenAI's API: POST /v1/chat/completions \
+            and /v1/completions (streaming or not), GET /v1/models, /health and /metrics \
+            (Prometheus). Up to --parallel requests decode together, one forward step for all \
+            of them; up to --queue more wait, and beyond that requests get 429 with \
+            Retry-After. SIGTERM or Ctrl-C stops accepting, lets in-flight requests finish \
+            for --shutdown-timeout seconds, then exits 0. Runs on the CPU.",
+        after_help = "Examples:\n  hipfire serve model.gguf\n  \
+            hipfire serve model.gguf --host 0.0.0.0 --port 8000 --api-key secret --parallel 8\n  \
+            curl -s localhost:8080/v1/chat/completions -H 'content-type: application/json' \\\n    \
+            -d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":32}'"
+    )]
+    Serve(ServeArgs),
     /// Read or change settings (get, set, reset, list, ...).
     #[command(after_help = "Examples:\n  hipfire config list\n  \
         hipfire config get memory.offload_exec\n  \
@@ -422,6 +436,75 @@ pub struct OffloadBenchArgs {
     /// Writes memory.offload_passback_share into the config file (atomically).
     #[arg(long)]
     pub write: bool,
+}
+
+/// Default port of `hipfire serve` (llama-server's, so existing client configs work).
+pub const DEFAULT_SERVE_PORT: u16 = 8080;
+/// Default sequence slots: four streams share each step; on the 2-core CI box that is where
+/// SmolLM2's aggregate decode rate levels off.
+pub const DEFAULT_SERVE_PARALLEL: &str = "4";
+/// Default queue beyond the slots before 429s: a burst of a few dozen clients waits instead
+/// of failing.
+pub const DEFAULT_SERVE_QUEUE: &str = "64";
+/// Default seconds in-flight requests get after SIGTERM.
+pub const DEFAULT_SERVE_SHUTDOWN_S: &str = "30";
+
+/// `hipfire serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Path of the GGUF model.
+    #[arg(value_name = "MODEL")]
+    pub model: PathBuf,
+
+    /// Address to listen on (127.0.0.1: this machine only).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1")]
+    pub host: std::net::IpAddr,
+
+    /// Port to listen on (0: any free port, printed at start).
+    #[arg(long, value_name = "PORT", default_value_t = DEFAULT_SERVE_PORT)]
+    pub port: u16,
+
+    /// Require `Authorization: Bearer KEY` on /v1/*.
+    ///
+    /// /health and /metrics stay open for load balancers and scrapers.
+    #[arg(long, value_name = "KEY")]
+    pub api_key: Option<String>,
+
+    /// Sequences decoded together (KV cache slots).
+    #[arg(long, value_name = "N", default_value = DEFAULT_SERVE_PARALLEL,
+        value_parser = clap::value_parser!(u64).range(1..=256).map(|v| v as usize))]
+    pub parallel: usize,
+
+    /// Requests that may wait for a slot before new ones get 429.
+    #[arg(long, value_name = "N", default_value = DEFAULT_SERVE_QUEUE,
+        value_parser = clap::value_parser!(u64).range(0..=65536).map(|v| v as usize))]
+    pub queue: usize,
+
+    /// Context length per sequence (default: the model's, capped at 4096).
+    #[arg(long, value_name = "N",
+        value_parser = clap::value_parser!(u64).range(1..=1_048_576).map(|v| v as usize))]
+    pub ctx: Option<usize>,
+
+    /// Seconds in-flight requests get after SIGTERM before they are cut off.
+    #[arg(long, value_name = "SECS", default_value = DEFAULT_SERVE_SHUTDOWN_S,
+        value_parser = clap::value_parser!(u64).range(0..=86_400))]
+    pub shutdown_timeout: u64,
+
+    /// Name reported as `model` (default: the file name without .gguf).
+    #[arg(long, value_name = "NAME")]
+    pub model_name: Option<String>,
+
+    #[arg(long, value_name = "N", help = key_help("cpu.threads"), long_help = key_long("cpu.threads"))]
+    pub threads: Option<String>,
+}
+
+impl ServeArgs {
+    /// Every config override from this command's flags.
+    pub fn overrides(&self) -> Vec<CliOverride> {
+        let mut v = Vec::new();
+        push(&mut v, "cpu.threads", "--threads", &self.threads);
+        v
+    }
 }
 
 /// Architectures `synth` can imitate.

@@ -36,7 +36,6 @@ impl std::fmt::Display for LiveDaemon {
 }
 
 /// Why [`DaemonLock::acquire`] failed.
-#[allow(dead_code)]
 #[derive(Debug)]
 pub enum LockError {
     /// Another process holds the lock.
@@ -81,8 +80,7 @@ impl std::error::Error for LockError {
 /// (the future `serve` command keeps it for its lifetime). Dropping it empties the file and
 /// releases the lock; the file is not deleted, so a process waiting on it never ends up
 /// locking an unlinked inode while a third locks a new file of the same name.
-// Held by the `serve` command once it exists; until then only the tests take it.
-#[allow(dead_code)]
+// Held by `hipfire serve` for its lifetime.
 #[derive(Debug)]
 pub struct DaemonLock {
     file: File,
@@ -95,7 +93,6 @@ const ACQUIRE_ATTEMPTS: u32 = 20;
 /// Pause between those attempts.
 const ACQUIRE_RETRY: std::time::Duration = std::time::Duration::from_millis(10);
 
-#[allow(dead_code)]
 impl DaemonLock {
     /// Take the lock on `path` (creating it and its directory) and write this process's pid
     /// into it; [`LockError::Held`] when another process holds it.

@@ -13,6 +13,7 @@
 //! - `stats` — the one median every measuring command reports.
 //! - `daemon` — the daemon lock (`flock` on the pid file) that keeps measurements off a busy device.
 //! - `stop` — SIGINT/SIGTERM as a stop-after-this-token request for `run` and `bench`.
+//! - `serve_cmd` — `serve` over hipfire-serve.
 //! - `logging` — tracing setup.
 //!
 //! # Exit status
@@ -29,6 +30,7 @@ mod gpu_probe;
 mod logging;
 mod model_cmd;
 mod offload_bench;
+mod serve_cmd;
 mod stats;
 mod stop;
 mod version;
@@ -75,6 +77,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Run(a) => model_cmd::run(&ctx, &a),
         Command::Bench(a) => model_cmd::bench(&ctx, &a),
         Command::Synth(a) => model_cmd::synth(&ctx, &a),
+        Command::Serve(a) => serve_cmd::run(&ctx, &a),
     }
 }
 

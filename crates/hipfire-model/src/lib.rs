@@ -13,7 +13,9 @@
 //!   `parallel_for` for attention heads); [`CpuBackend`] over hipfire-exec's pool;
 //!   [`ReferenceBackend`], the independent f64 path the tests compare against.
 //! - [`model`] — [`Model::load`], [`Session`] (`prefill` in chunks of [`model::PREFILL_CHUNK`]
-//!   tokens, `step`, `generate`): the CPU forward pass.
+//!   tokens, `step`, `generate`) and
+//!   [`forward_batch`]: one forward over tokens of several sessions (continuous batching;
+//!   chunked prefill is its one-session case): the CPU forward pass.
 //! - [`ops`] — the host's non-GEMV maths (norms, RoPE, softmax, SwiGLU, one head's attention
 //!   over the f16 K/V cache) and the embedding row's dequantisation.
 //! - [`sampling`] — greedy and seeded temperature / top-k / top-p.
@@ -52,7 +54,8 @@ pub use chat_template::{ChatTemplate, Rendered, TemplateError, TemplateOrigin};
 pub use config::{Arch, ModelConfig};
 pub use error::ModelError;
 pub use model::{
-    generate, Decoder, GenerationStats, LoadOptions, LoadProgress, Model, ProgressFn, Session,
+    forward_batch, generate, kv_bytes_per_position, BatchItem, Decoder, GenerationStats,
+    LoadOptions, LoadProgress, Model, ProgressFn, Session,
 };
 pub use sampling::{Sampler, SamplingParams};
 pub use synth::{

@@ -19,6 +19,9 @@ use crate::sampling::{Sampler, SamplingParams};
 use crate::tokenizer::Tokenizer;
 use crate::ModelError;
 
+mod batch;
+pub use batch::{forward_batch, kv_bytes_per_position, BatchItem};
+
 /// Context cap when the caller does not choose one: enough for chat and benchmarks while
 /// keeping the f16 KV cache of an 8B model at 512 MiB (32 layers × 4096 × 1024 × 2 × 2 B).
 pub const DEFAULT_CTX: usize = 4096;
@@ -635,105 +638,14 @@ impl<'m> Session<'m> {
 
     /// `tokens` (at least one) at positions `self.pos..self.pos + tokens.len()` layer by layer,
     /// every GEMV over all of them at once; the logits of the last one in `self.logits` when
-    /// `want_logits`. Per token, the arithmetic and its order are [`Session::forward`]'s.
+    /// `want_logits`. Per token, the arithmetic and its order are [`Session::forward`]'s. This is
+    /// [`forward_batch`] with one item: the chunk and the batched step share one multi-token path.
     fn forward_chunk(&mut self, tokens: &[u32], want_logits: bool) -> Result<(), ModelError> {
-        let m = self.model;
-        let c = &m.config;
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab) {
-            return Err(ModelError::BadToken {
-                id: bad,
-                vocab: c.vocab,
-            });
-        }
-        let n = tokens.len();
-        let pos0 = self.pos;
-        if pos0 + n > m.ctx_len {
-            return Err(ModelError::ContextFull {
-                need: pos0 + n,
-                ctx: m.ctx_len,
-            });
-        }
-        let (d, qd, hd, kvd, ff) = (c.d_model, c.q_dim(), c.head_dim, c.kv_dim(), c.n_ff);
-        let emb = &m.weights[m.token_embd];
-        let rb = emb.format.row_bytes(emb.k)?;
-        let emb_bytes = m.weight_bytes(emb);
-        let mut x = vec![0f32; n * d];
-        for (&t, xt) in tokens.iter().zip(x.chunks_exact_mut(d)) {
-            let row = &emb_bytes[t as usize * rb..(t as usize + 1) * rb];
-            ops::dequantize_row(emb.format, row, xt)?;
-        }
-        let mut xn = vec![0f32; n * d];
-        let mut q = vec![0f32; n * qd];
-        let mut k = vec![0f32; n * kvd];
-        let mut v = vec![0f32; n * kvd];
-        let mut att = vec![0f32; n * qd];
-        let mut gate = vec![0f32; n * ff];
-        let mut up = vec![0f32; n * ff];
-        for (li, l) in m.layers.iter().enumerate() {
-            for (xt, xnt) in x.chunks_exact(d).zip(xn.chunks_exact_mut(d)) {
-                ops::rms_norm(xt, &l.attn_norm, c.rms_eps, xnt);
-            }
-            m.gemv_tokens(
-                &[l.wq, l.wk, l.wv],
-                &xn,
-                &mut [&mut q, &mut k, &mut v],
-                false,
-            )?;
-            for (buf, b, dim) in [
-                (&mut q, &l.bq, qd),
-                (&mut k, &l.bk, kvd),
-                (&mut v, &l.bv, kvd),
-            ] {
-                if let Some(b) = b {
-                    for bt in buf.chunks_exact_mut(dim) {
-                        bt.iter_mut().zip(b).for_each(|(y, &bb)| *y += bb);
-                    }
-                }
-            }
-            // Heads are contiguous within and across tokens, so whole-buffer head chunks are
-            // each token's heads.
-            if let Some(w) = &l.q_norm {
-                q.chunks_exact_mut(hd)
-                    .for_each(|h| ops::rms_norm_inplace(h, w, c.rms_eps));
-            }
-            if let Some(w) = &l.k_norm {
-                k.chunks_exact_mut(hd)
-                    .for_each(|h| ops::rms_norm_inplace(h, w, c.rms_eps));
-            }
-            for (i, (qt, kt)) in q
-                .chunks_exact_mut(qd)
-                .zip(k.chunks_exact_mut(kvd))
-                .enumerate()
-            {
-                m.rope.apply(qt, hd, pos0 + i);
-                m.rope.apply(kt, hd, pos0 + i);
-            }
-            self.k_cache[li].extend(k.iter().map(|&x| f16::from_f32(x)));
-            self.v_cache[li].extend(v.iter().map(|&x| f16::from_f32(x)));
-            let (kc, vc) = (&self.k_cache[li], &self.v_cache[li]);
-            for (i, (qt, att_t)) in q.chunks_exact(qd).zip(att.chunks_exact_mut(qd)).enumerate() {
-                // Token i attends to positions 0..=pos0 + i, as forward at that position.
-                m.attention(qt, kc, vc, pos0 + i + 1, att_t)?;
-            }
-            // Residual folded into the GEMV: x += Wo·att.
-            m.gemv_tokens(&[l.wo], &att, &mut [&mut x], true)?;
-
-            for (xt, xnt) in x.chunks_exact(d).zip(xn.chunks_exact_mut(d)) {
-                ops::rms_norm(xt, &l.ffn_norm, c.rms_eps, xnt);
-            }
-            m.gemv_tokens(&[l.gate, l.up], &xn, &mut [&mut gate, &mut up], false)?;
-            // Element-wise, so over all tokens at once.
-            ops::swiglu(&mut gate, &up);
-            m.gemv_tokens(&[l.down], &gate, &mut [&mut x], true)?;
-        }
-        // Only the last position's hidden state and logits are kept.
-        self.x.copy_from_slice(&x[(n - 1) * d..]);
-        if want_logits {
-            ops::rms_norm(&self.x, &m.output_norm, c.rms_eps, &mut self.xn);
-            m.gemv(m.output, &self.xn, &mut self.logits, false)?;
-        }
-        self.pos += n;
-        Ok(())
+        forward_batch(&mut [BatchItem {
+            session: self,
+            tokens,
+            want_logits,
+        }])
     }
 
     /// One forward pass at position `self.pos`; leaves the logits in `self.logits`.
@@ -948,10 +860,24 @@ mod tests {
         }
     }
 
-    fn synth_model(arch: Arch, fmt: Format, backend: Option<Arc<dyn Backend>>) -> Model {
+    /// Architecture × format cases of the multi-token bit-identity tests (here and in
+    /// `batch`): every architecture's extras (biases, q/k norms) and block formats with
+    /// different activation preparation.
+    pub(super) const ARCH_FORMATS: [(Arch, Format); 4] = [
+        (Arch::Llama, Format::Q4_1),
+        (Arch::Llama, Format::Q4K),
+        (Arch::Qwen2, Format::Q8_0),
+        (Arch::Qwen3, Format::F32),
+    ];
+
+    /// A tiny synthetic model of `arch` in `fmt` (also used by `batch`'s tests). Each call
+    /// writes its own file, so tests running in parallel never share one.
+    pub(super) fn synth_model(arch: Arch, fmt: Format, backend: Option<Arc<dyn Backend>>) -> Model {
+        static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("hipfire-prefill-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("tmp dir");
-        let path = dir.join(format!("{}-{}.gguf", arch.name(), fmt.name()));
+        let path = dir.join(format!("{}-{}-{call}.gguf", arch.name(), fmt.name()));
         write_synthetic(&path, &SynthSpec::tiny(arch), fmt, 7, None).expect("synth");
         let opts = LoadOptions {
             threads: 2,
@@ -968,12 +894,7 @@ mod tests {
 
     #[test]
     fn chunked_prefill_is_bit_identical_to_steps_on_the_cpu_pool() {
-        for (arch, fmt) in [
-            (Arch::Llama, Format::Q4_1),
-            (Arch::Llama, Format::Q4K),
-            (Arch::Qwen2, Format::Q8_0),
-            (Arch::Qwen3, Format::F32),
-        ] {
+        for (arch, fmt) in ARCH_FORMATS {
             let model = synth_model(arch, fmt, None);
             check_prefill_matches_steps(&model, &format!("cpu {} {fmt}", arch.name()));
         }

@@ -1,0 +1,370 @@
+//! One forward pass over tokens of several sessions (continuous batching).
+//!
+//! [`forward_batch`] takes any number of [`BatchItem`]s — a decode token of one sequence, a
+//! prompt chunk of another — and pushes all their tokens through the layers together: every
+//! projection is one [`Backend::gemv_tokens`](crate::Backend::gemv_tokens) over all of them (each
+//! weight read once per step for the whole batch), while RoPE, the KV append and attention are
+//! per token against the token's own session at its own position.
+//!
+//! Per token the arithmetic and its order are [`Session::step`]'s (the backend's multi-token
+//! GEMV is bit-identical per token to its single GEMV), so a sequence decoded inside a batch
+//! produces exactly the logits it would produce alone: batching changes throughput, never text.
+
+use half::f16;
+
+use super::{Model, Session};
+use crate::{ops, ModelError};
+
+/// One session's share of a [`forward_batch`] step.
+#[derive(Debug)]
+pub struct BatchItem<'s, 'm> {
+    /// The sequence: its KV cache receives `tokens` at positions `pos..pos + tokens.len()`.
+    pub session: &'s mut Session<'m>,
+    /// Tokens to feed (at least one): a decode token, or a chunk of the prompt.
+    pub tokens: &'s [u32],
+    /// Compute the logits after the last token into [`Session::logits`] (a prompt chunk that
+    /// is not the prompt's last needs none, which saves its share of the head).
+    pub want_logits: bool,
+}
+
+/// Feed every item's tokens in one forward pass (see the module docs). Everything is checked
+/// before anything changes: a token outside the vocabulary, an empty item, an item whose
+/// tokens overflow its context, or sessions of two different models refuse the whole step. On a
+/// backend failure midway every session is put back where it was (position and cache).
+pub fn forward_batch(items: &mut [BatchItem<'_, '_>]) -> Result<(), ModelError> {
+    let Some(first) = items.first() else {
+        return Ok(());
+    };
+    let m: &Model = first.session.model;
+    let c = &m.config;
+    for it in items.iter() {
+        if !std::ptr::eq(it.session.model, m) {
+            return Err(ModelError::InvalidOption(
+                "a batch mixes sessions of different models".into(),
+            ));
+        }
+        if it.tokens.is_empty() {
+            return Err(ModelError::InvalidOption(
+                "a batch item without tokens".into(),
+            ));
+        }
+        if let Some(&bad) = it.tokens.iter().find(|&&t| t as usize >= c.vocab) {
+            return Err(ModelError::BadToken {
+                id: bad,
+                vocab: c.vocab,
+            });
+        }
+        let need = it.session.pos + it.tokens.len();
+        if need > m.ctx_len {
+            return Err(ModelError::ContextFull {
+                need,
+                ctx: m.ctx_len,
+            });
+        }
+    }
+    let pos0: Vec<usize> = items.iter().map(|it| it.session.pos).collect();
+    let done = forward_checked(m, items);
+    if done.is_err() {
+        let kvd = c.kv_dim();
+        for (it, &p) in items.iter_mut().zip(&pos0) {
+            let s = &mut *it.session;
+            s.k_cache
+                .iter_mut()
+                .chain(s.v_cache.iter_mut())
+                .for_each(|kv| kv.truncate(p * kvd));
+            s.pos = p;
+        }
+    }
+    done
+}
+
+/// [`forward_batch`] after its checks.
+fn forward_checked(m: &Model, items: &mut [BatchItem<'_, '_>]) -> Result<(), ModelError> {
+    let c = &m.config;
+    let (d, qd, hd, kvd, ff) = (c.d_model, c.q_dim(), c.head_dim, c.kv_dim(), c.n_ff);
+    // Row r of the step's activations: (item, position); an item's rows are contiguous.
+    let rows: Vec<(usize, usize)> = items
+        .iter()
+        .enumerate()
+        .flat_map(|(i, it)| (0..it.tokens.len()).map(move |j| (i, it.session.pos + j)))
+        .collect();
+    let n = rows.len();
+    let emb = &m.weights[m.token_embd];
+    let rb = emb.format.row_bytes(emb.k)?;
+    let emb_bytes = m.weight_bytes(emb);
+    let mut x = vec![0f32; n * d];
+    let tokens = items.iter().flat_map(|it| it.tokens.iter());
+    for (&t, xt) in tokens.zip(x.chunks_exact_mut(d)) {
+        let row = &emb_bytes[t as usize * rb..(t as usize + 1) * rb];
+        ops::dequantize_row(emb.format, row, xt)?;
+    }
+    let mut xn = vec![0f32; n * d];
+    let mut q = vec![0f32; n * qd];
+    let mut k = vec![0f32; n * kvd];
+    let mut v = vec![0f32; n * kvd];
+    let mut att = vec![0f32; n * qd];
+    let mut gate = vec![0f32; n * ff];
+    let mut up = vec![0f32; n * ff];
+    for (li, l) in m.layers.iter().enumerate() {
+        for (xt, xnt) in x.chunks_exact(d).zip(xn.chunks_exact_mut(d)) {
+            ops::rms_norm(xt, &l.attn_norm, c.rms_eps, xnt);
+        }
+        m.gemv_tokens(
+            &[l.wq, l.wk, l.wv],
+            &xn,
+            &mut [&mut q, &mut k, &mut v],
+            false,
+        )?;
+        for (buf, b, dim) in [
+            (&mut q, &l.bq, qd),
+            (&mut k, &l.bk, kvd),
+            (&mut v, &l.bv, kvd),
+        ] {
+            if let Some(b) = b {
+                for bt in buf.chunks_exact_mut(dim) {
+                    bt.iter_mut().zip(b).for_each(|(y, &bb)| *y += bb);
+                }
+            }
+        }
+        if let Some(w) = &l.q_norm {
+            q.chunks_exact_mut(hd)
+                .for_each(|h| ops::rms_norm_inplace(h, w, c.rms_eps));
+        }
+        if let Some(w) = &l.k_norm {
+            k.chunks_exact_mut(hd)
+                .for_each(|h| ops::rms_norm_inplace(h, w, c.rms_eps));
+        }
+        for (&(_, pos), (qt, kt)) in rows
+            .iter()
+            .zip(q.chunks_exact_mut(qd).zip(k.chunks_exact_mut(kvd)))
+        {
+            m.rope.apply(qt, hd, pos);
+            m.rope.apply(kt, hd, pos);
+        }
+        // Each item's new keys/values go into its own cache before any of its tokens attend,
+        // so token j of an item sees positions 0..=pos0 + j, as a step at that position would.
+        let mut r0 = 0;
+        for it in items.iter_mut() {
+            let r1 = r0 + it.tokens.len();
+            let s = &mut *it.session;
+            s.k_cache[li].extend(k[r0 * kvd..r1 * kvd].iter().map(|&x| f16::from_f32(x)));
+            s.v_cache[li].extend(v[r0 * kvd..r1 * kvd].iter().map(|&x| f16::from_f32(x)));
+            r0 = r1;
+        }
+        for (&(i, pos), (qt, att_t)) in rows
+            .iter()
+            .zip(q.chunks_exact(qd).zip(att.chunks_exact_mut(qd)))
+        {
+            let s = &*items[i].session;
+            m.attention(qt, &s.k_cache[li], &s.v_cache[li], pos + 1, att_t)?;
+        }
+        // Residual folded into the GEMV: x += Wo·att.
+        m.gemv_tokens(&[l.wo], &att, &mut [&mut x], true)?;
+
+        for (xt, xnt) in x.chunks_exact(d).zip(xn.chunks_exact_mut(d)) {
+            ops::rms_norm(xt, &l.ffn_norm, c.rms_eps, xnt);
+        }
+        m.gemv_tokens(&[l.gate, l.up], &xn, &mut [&mut gate, &mut up], false)?;
+        ops::swiglu(&mut gate, &up);
+        m.gemv_tokens(&[l.down], &gate, &mut [&mut x], true)?;
+    }
+
+    // The head over the last row of every item that wants logits, in one multi-token GEMV.
+    let mut last_rows = Vec::with_capacity(items.len());
+    let mut r = 0;
+    for it in items.iter() {
+        r += it.tokens.len();
+        last_rows.push(r - 1);
+    }
+    let wanted: Vec<usize> = (0..items.len()).filter(|&i| items[i].want_logits).collect();
+    if !wanted.is_empty() {
+        let mut hn = vec![0f32; wanted.len() * d];
+        for (&i, hnt) in wanted.iter().zip(hn.chunks_exact_mut(d)) {
+            let xt = &x[last_rows[i] * d..(last_rows[i] + 1) * d];
+            ops::rms_norm(xt, &m.output_norm, c.rms_eps, hnt);
+        }
+        let mut logits = vec![0f32; wanted.len() * c.vocab];
+        m.gemv_tokens(&[m.output], &hn, &mut [&mut logits], false)?;
+        for (&i, lt) in wanted.iter().zip(logits.chunks_exact(c.vocab)) {
+            items[i].session.logits.copy_from_slice(lt);
+        }
+    }
+    for (it, &lr) in items.iter_mut().zip(&last_rows) {
+        let s = &mut *it.session;
+        s.x.copy_from_slice(&x[lr * d..(lr + 1) * d]);
+        s.pos += it.tokens.len();
+    }
+    Ok(())
+}
+
+/// Bytes of K/V cache one position of a session holds (f16 keys and values, every layer):
+/// what a serving scheduler counts per sequence against its memory budget.
+pub fn kv_bytes_per_position(model: &Model) -> usize {
+    let c = &model.config;
+    2 * c.n_layer * c.kv_dim() * std::mem::size_of::<f16>()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use hipfire_quant::Format;
+
+    use super::*;
+    use crate::backend::ReferenceBackend;
+    use crate::config::Arch;
+    use crate::model::tests::{synth_model, ARCH_FORMATS};
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|f| f.to_bits()).collect()
+    }
+
+    /// A seeded prompt of `len` tokens (distinct per `seed`).
+    fn prompt(model: &Model, seed: u32, len: usize) -> Vec<u32> {
+        let vocab = model.config().vocab as u32;
+        (0..len as u32)
+            .map(|i| (i * 31 + seed * 97 + 5) % vocab)
+            .collect()
+    }
+
+    /// Sequences of different prompt lengths join at different steps; each prompt is fed in
+    /// chunks of [`CHUNK`] tokens (logits only after the last) beside the others' decode
+    /// tokens: every logit vector equals the same sequence run alone with `prefill` + `step`,
+    /// bit for bit.
+    fn check_batch_matches_alone(model: &Model, what: &str) {
+        const SEQS: usize = 5;
+        const STEPS: usize = 6;
+        const CHUNK: usize = 8;
+        let prompts: Vec<Vec<u32>> = (0..SEQS)
+            .map(|s| prompt(model, s as u32, 3 + 9 * s))
+            .collect();
+        // Alone: greedy tokens and the logits after the prompt and after every decode step.
+        let mut alone_logits: Vec<Vec<Vec<f32>>> = Vec::new();
+        let mut alone_tokens: Vec<Vec<u32>> = Vec::new();
+        for p in &prompts {
+            let mut s = model.session();
+            let mut l = s.prefill(p).expect("prefill").to_vec();
+            let (mut ls, mut ts) = (vec![l.clone()], Vec::new());
+            for _ in 0..STEPS {
+                let t = crate::sampling::argmax(&l);
+                l = s.step(t).expect("step").to_vec();
+                ts.push(t);
+                ls.push(l.clone());
+            }
+            alone_logits.push(ls);
+            alone_tokens.push(ts);
+        }
+        // Batched: sequence s starts at step s; `fed[s]` prompt tokens are in, `checked[s]`
+        // logit vectors compared.
+        let mut sessions: Vec<Session<'_>> = (0..SEQS).map(|_| model.session()).collect();
+        let (mut fed, mut checked) = (vec![0usize; SEQS], vec![0usize; SEQS]);
+        let mut step = 0;
+        while checked.iter().any(|&n| n <= STEPS) {
+            let feeds: Vec<Option<(Vec<u32>, bool)>> = (0..SEQS)
+                .map(|s| {
+                    let p = &prompts[s];
+                    if step < s || checked[s] > STEPS {
+                        None
+                    } else if fed[s] < p.len() {
+                        let end = (fed[s] + CHUNK).min(p.len());
+                        Some((p[fed[s]..end].to_vec(), end == p.len()))
+                    } else {
+                        Some((vec![alone_tokens[s][checked[s] - 1]], true))
+                    }
+                })
+                .collect();
+            let mut items: Vec<BatchItem<'_, '_>> = sessions
+                .iter_mut()
+                .zip(&feeds)
+                .filter_map(|(session, f)| {
+                    f.as_ref().map(|(tokens, want_logits)| BatchItem {
+                        session,
+                        tokens,
+                        want_logits: *want_logits,
+                    })
+                })
+                .collect();
+            forward_batch(&mut items).expect("batched step");
+            drop(items);
+            for (s, f) in feeds.iter().enumerate() {
+                let Some((tokens, want_logits)) = f else {
+                    continue;
+                };
+                if fed[s] < prompts[s].len() {
+                    fed[s] += tokens.len();
+                }
+                if *want_logits {
+                    let want = &alone_logits[s][checked[s]];
+                    assert_eq!(
+                        bits(sessions[s].logits()),
+                        bits(want),
+                        "{what}: seq {s} output {} at step {step}",
+                        checked[s]
+                    );
+                    checked[s] += 1;
+                }
+            }
+            step += 1;
+        }
+        for (s, sess) in sessions.iter().enumerate() {
+            assert_eq!(sess.position(), prompts[s].len() + STEPS, "{what}: seq {s}");
+        }
+    }
+
+    #[test]
+    fn batched_steps_are_bit_identical_to_each_sequence_alone() {
+        for (arch, fmt) in ARCH_FORMATS {
+            let model = synth_model(arch, fmt, None);
+            check_batch_matches_alone(&model, &format!("cpu {} {fmt}", arch.name()));
+        }
+        let model = synth_model(Arch::Llama, Format::Q8_0, Some(Arc::new(ReferenceBackend)));
+        check_batch_matches_alone(&model, "reference llama q8_0");
+    }
+
+    #[test]
+    fn a_refused_batch_changes_nothing() {
+        let model = synth_model(Arch::Llama, Format::Q8_0, None);
+        let vocab = model.config().vocab as u32;
+        let mut a = model.session();
+        let mut b = model.session();
+        a.prefill(&prompt(&model, 1, 4)).expect("prefill");
+        let before = bits(a.logits());
+        let ok = [3u32];
+        let bad = [1u32, vocab];
+        let mut items = [
+            BatchItem {
+                session: &mut a,
+                tokens: &ok,
+                want_logits: true,
+            },
+            BatchItem {
+                session: &mut b,
+                tokens: &bad,
+                want_logits: true,
+            },
+        ];
+        assert!(matches!(
+            forward_batch(&mut items),
+            Err(ModelError::BadToken { id, .. }) if id == vocab
+        ));
+        let empty: [u32; 0] = [];
+        items[1].tokens = &empty;
+        assert!(matches!(
+            forward_batch(&mut items),
+            Err(ModelError::InvalidOption(_))
+        ));
+        let long = vec![1u32; model.ctx_len()];
+        items[1].tokens = &long;
+        items[1].session.step(2).expect("one held position");
+        assert!(matches!(
+            forward_batch(&mut items),
+            Err(ModelError::ContextFull { .. })
+        ));
+        assert_eq!(a.position(), 4);
+        assert_eq!(b.position(), 1);
+        assert_eq!(bits(a.logits()), before);
+        let per_pos = kv_bytes_per_position(&model);
+        let c = model.config();
+        assert_eq!(per_pos, 2 * c.n_layer * c.kv_dim() * 2);
+    }
+}
