@@ -7,8 +7,10 @@
 // computed in f32 (projection, bias, k-norm, RoPE) and rounded once, to nearest with ties to even,
 // when stored, which is half::f16::from_f32's rule, so on finite values both engines cache the same bits.
 //
-// Everything here is bandwidth-trivial next to the projections (a 4096-wide vector per call), so the
-// kernels favour simplicity: one block per vector or per head, shared-memory reductions.
+// Everything but attention is bandwidth-trivial next to the projections (a 4096-wide vector per
+// call), so those kernels favour simplicity: one block per vector or per head, shared-memory
+// reductions. Attention reads the whole KV cache every step (512 MiB a token for Llama-3-8B at
+// depth 4096), so it is split over the KV range to use the whole chip (see below).
 
 #if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC_RTC__)
 #define HF_HIP 1
@@ -106,47 +108,257 @@ extern "C" __global__ void kv_store_f16(const float* __restrict__ k, const float
     }
 }
 
-// Decode attention for one query token over the f16 cache. q: [n_head][head_dim] (f32); caches:
-// [n_pos_max][n_kv_head][head_dim] f16 (row `p` written at position p); out: [n_head][head_dim] (f32).
-// One block per query head; scores for all n_pos positions live in dynamic shared memory (n_pos
-// floats); products and sums are f32.
-extern "C" __global__ void attention_f16kv(const float* __restrict__ q, const hf_u16* __restrict__ kc,
-                                           const hf_u16* __restrict__ vc, float* __restrict__ out,
-                                           int n_head, int n_kv_head, int head_dim, int n_pos,
-                                           float scale) {
-    extern __shared__ float scores[];
-    __shared__ float scratch[32];
-    const int h = blockIdx.x;
-    const int kvh = h / (n_head / n_kv_head);
-    const size_t stride = (size_t)n_kv_head * head_dim;
-    const float* qh = q + (size_t)h * head_dim;
+// ---- Decode attention, split over the KV range ("flash-decoding") ----
+//
+// One query token over the f16 cache. q: [n_head][head_dim] (f32); caches: [n_pos_max][n_kv_head]
+// [head_dim] f16 (row `p` written at position p); out: [n_head][head_dim] (f32).
+//
+// attention_split_f16kv: one block per (group of up to HF_ATTN_MAX_G query heads of one kv head,
+// chunk of positions); blockIdx.x = (head_group * n_kv_head + kv_head) * n_chunks + chunk. Every
+// K and V row of the chunk is read once, by one 16-byte load per lane, for all the block's query
+// heads (the GQA group), and the chunk is walked in tiles of HF_ATTN_TILE positions with a
+// running max and sum (online softmax). With one chunk the block writes the normalised output;
+// otherwise it writes the chunk's partial (m, l, acc[head_dim], acc unnormalised) to
+// part[head][chunk][2 + head_dim] and attention_combine_f32 merges the chunks.
+//
+// Lanes: a row of head_dim f16 is `lanes_per_row` lanes of 8 values (the host passes the power of
+// two >= head_dim / 8, <= HF_WARP; lanes past head_dim load nothing), so a warp scores
+// HF_WARP / lanes_per_row rows at once and reduces each dot with log2(lanes_per_row) shuffles.
+// Products and sums are f32. head_dim must be a multiple of 8 (the 16-byte loads stay aligned).
+
+// Query heads per block: their accumulators live in registers (8 floats per head per lane).
+// Llama-3 (4 per kv head) and Qwen (up to 8) fit one block; larger groups take several blocks.
+#ifndef HF_ATTN_MAX_G
+#define HF_ATTN_MAX_G 8
+#endif
+// Positions per tile: the scores of one tile for every head of the block sit in shared memory.
+#ifndef HF_ATTN_TILE
+#define HF_ATTN_TILE 64
+#endif
+// Rows each lane loads before using any of them, so several 16-byte loads are in flight.
+#ifndef HF_ATTN_UNROLL
+#define HF_ATTN_UNROLL 4
+#endif
+// Threads of the split kernel (4 warps on CUDA); the host launches exactly this many.
+#define HF_ATTN_THREADS 128
+// Most chunks attention_combine_f32 merges (its weights sit in a static shared array).
+#define HF_ATTN_MAX_CHUNKS 256
+
+// The 8 f16 in a 16-byte load, as f32.
+__device__ __forceinline__ void hf_unpack8(uint4 r, float* f) {
+    f[0] = hf_h2f((hf_u16)(r.x & 0xffffu));
+    f[1] = hf_h2f((hf_u16)(r.x >> 16));
+    f[2] = hf_h2f((hf_u16)(r.y & 0xffffu));
+    f[3] = hf_h2f((hf_u16)(r.y >> 16));
+    f[4] = hf_h2f((hf_u16)(r.z & 0xffffu));
+    f[5] = hf_h2f((hf_u16)(r.z >> 16));
+    f[6] = hf_h2f((hf_u16)(r.w & 0xffffu));
+    f[7] = hf_h2f((hf_u16)(r.w >> 16));
+}
+
+extern "C" __global__ void __launch_bounds__(HF_ATTN_THREADS)
+attention_split_f16kv(const float* __restrict__ q, const hf_u16* __restrict__ kc,
+                      const hf_u16* __restrict__ vc, float* __restrict__ out,
+                      float* __restrict__ part, int n_head, int n_kv_head, int head_dim, int n_pos,
+                      int chunk_len, int n_chunks, int lanes_per_row, float scale) {
+    // [ng][head_dim] scaled q, then (after the last tile) the cross-warp sums; [ng][TILE] scores.
+    extern __shared__ __align__(16) float hf_attn_smem[];
+    __shared__ float m_run[HF_ATTN_MAX_G], l_run[HF_ATTN_MAX_G], corr[HF_ATTN_MAX_G];
+    const int D = head_dim;
+    const int chunk = blockIdx.x % n_chunks;
+    const int rest = blockIdx.x / n_chunks;
+    const int kvh = rest % n_kv_head, hgroup = rest / n_kv_head;
+    const int group = n_head / n_kv_head;
+    const int g0 = hgroup * HF_ATTN_MAX_G;
+    const int ng = min(HF_ATTN_MAX_G, group - g0);
+    const int h0 = kvh * group + g0;
+    float* qs = hf_attn_smem;
+    float* sc = hf_attn_smem + ng * D;
+    for (int i = threadIdx.x; i < ng * D; i += blockDim.x) qs[i] = q[(size_t)h0 * D + i] * scale;
+    if (threadIdx.x < HF_ATTN_MAX_G) {
+        m_run[threadIdx.x] = HF_NEG_INF;
+        l_run[threadIdx.x] = 0.0f;
+    }
     const int lane = threadIdx.x % HF_WARP, warp = threadIdx.x / HF_WARP;
     const int n_warps = blockDim.x / HF_WARP;
-    // One warp per position: lanes split the head dimension.
-    for (int p = warp; p < n_pos; p += n_warps) {
-        const hf_u16* kp = kc + p * stride + (size_t)kvh * head_dim;
-        float s = 0.0f;
-        for (int i = lane; i < head_dim; i += HF_WARP) s += qh[i] * hf_h2f(kp[i]);
-        for (int o = HF_WARP / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (lane == 0) scores[p] = s * scale;
-    }
+    const int lpr = lanes_per_row;
+    const int lr = lane % lpr;
+    const int rg = threadIdx.x / lpr, n_rg = blockDim.x / lpr;
+    const bool dim_on = lr * 8 < D;
+    const size_t stride = (size_t)n_kv_head * D;
+    const hf_u16* kbase = kc + (size_t)kvh * D + lr * 8;
+    const hf_u16* vbase = vc + (size_t)kvh * D + lr * 8;
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    float acc[HF_ATTN_MAX_G][8];
+#pragma unroll
+    for (int g = 0; g < HF_ATTN_MAX_G; ++g)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[g][i] = 0.0f;
+    const int p_begin = chunk * chunk_len;
+    const int p_end = min(n_pos, p_begin + chunk_len);
     __syncthreads();
-    float m = HF_NEG_INF;
-    for (int p = threadIdx.x; p < n_pos; p += blockDim.x) m = fmaxf(m, scores[p]);
-    m = hf_block_max(m, scratch);
-    float sum = 0.0f;
-    for (int p = threadIdx.x; p < n_pos; p += blockDim.x) {
-        const float e = __expf(scores[p] - m);
-        scores[p] = e;
-        sum += e;
+    for (int t0 = p_begin; t0 < p_end; t0 += HF_ATTN_TILE) {
+        const int tn = min(HF_ATTN_TILE, p_end - t0);
+        // Scores of the tile: one 16-byte K load per lane per row, reused by every head.
+        for (int r0 = 0; r0 < tn; r0 += n_rg * HF_ATTN_UNROLL) {
+            uint4 kr[HF_ATTN_UNROLL];
+#pragma unroll
+            for (int u = 0; u < HF_ATTN_UNROLL; ++u) {
+                const int r = r0 + u * n_rg + rg;
+                kr[u] = (dim_on && r < tn) ? *(const uint4*)(kbase + (size_t)(t0 + r) * stride)
+                                           : zero;
+            }
+#pragma unroll
+            for (int u = 0; u < HF_ATTN_UNROLL; ++u) {
+                const int r = r0 + u * n_rg + rg;
+                float k[8];
+                hf_unpack8(kr[u], k);
+#pragma unroll
+                for (int g = 0; g < HF_ATTN_MAX_G; ++g) {
+                    if (g < ng) {
+                        float s = 0.0f;
+                        if (dim_on) {
+                            const float4 a = *(const float4*)(qs + g * D + lr * 8);
+                            const float4 b = *(const float4*)(qs + g * D + lr * 8 + 4);
+                            s = a.x * k[0] + a.y * k[1] + a.z * k[2] + a.w * k[3] + b.x * k[4] +
+                                b.y * k[5] + b.z * k[6] + b.w * k[7];
+                        }
+                        for (int o = lpr / 2; o > 0; o >>= 1)
+                            s += __shfl_xor_sync(0xffffffffu, s, o);
+                        if (lr == 0 && r < tn) sc[g * HF_ATTN_TILE + r] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+        // Softmax of the tile against the running max: warp w takes heads w, w + n_warps, ...
+        for (int g = warp; g < ng; g += n_warps) {
+            float mx = HF_NEG_INF;
+            for (int r = lane; r < tn; r += HF_WARP) mx = fmaxf(mx, sc[g * HF_ATTN_TILE + r]);
+            for (int o = HF_WARP / 2; o > 0; o >>= 1)
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            const float m_old = m_run[g];
+            const float m_new = fmaxf(m_old, mx);
+            float sum = 0.0f;
+            for (int r = lane; r < tn; r += HF_WARP) {
+                const float e = __expf(sc[g * HF_ATTN_TILE + r] - m_new);
+                sc[g * HF_ATTN_TILE + r] = e;
+                sum += e;
+            }
+            for (int o = HF_WARP / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            if (lane == 0) {
+                const float cf = __expf(m_old - m_new);
+                corr[g] = cf;
+                l_run[g] = l_run[g] * cf + sum;
+                m_run[g] = m_new;
+            }
+        }
+        __syncthreads();
+        // V: rescale by the max's correction, then add this tile's weighted rows.
+#pragma unroll
+        for (int g = 0; g < HF_ATTN_MAX_G; ++g) {
+            if (g < ng) {
+                const float cf = corr[g];
+#pragma unroll
+                for (int i = 0; i < 8; ++i) acc[g][i] *= cf;
+            }
+        }
+        for (int r0 = 0; r0 < tn; r0 += n_rg * HF_ATTN_UNROLL) {
+            uint4 vr[HF_ATTN_UNROLL];
+#pragma unroll
+            for (int u = 0; u < HF_ATTN_UNROLL; ++u) {
+                const int r = r0 + u * n_rg + rg;
+                vr[u] = (dim_on && r < tn) ? *(const uint4*)(vbase + (size_t)(t0 + r) * stride)
+                                           : zero;
+            }
+#pragma unroll
+            for (int u = 0; u < HF_ATTN_UNROLL; ++u) {
+                const int r = r0 + u * n_rg + rg;
+                if (r < tn) {
+                    float v[8];
+                    hf_unpack8(vr[u], v);
+#pragma unroll
+                    for (int g = 0; g < HF_ATTN_MAX_G; ++g) {
+                        if (g < ng) {
+                            const float e = sc[g * HF_ATTN_TILE + r];
+#pragma unroll
+                            for (int i = 0; i < 8; ++i) acc[g][i] += e * v[i];
+                        }
+                    }
+                }
+            }
+        }
+        __syncthreads();
     }
-    sum = hf_block_sum(sum, scratch);
-    const float inv = 1.0f / sum;
-    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
-        float acc = 0.0f;
-        const hf_u16* vp = vc + (size_t)kvh * head_dim + i;
-        for (int p = 0; p < n_pos; ++p) acc += scores[p] * hf_h2f(vp[p * stride]);
-        out[(size_t)h * head_dim + i] = acc * inv;
+    // Sum the row groups of each warp (lanes lr, lr + lpr, ... hold the same dims), then the warps
+    // in turn into shared memory (a fixed order, so the result does not depend on scheduling).
+#pragma unroll
+    for (int g = 0; g < HF_ATTN_MAX_G; ++g) {
+        if (g < ng) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+                for (int o = lpr; o < HF_WARP; o <<= 1)
+                    acc[g][i] += __shfl_xor_sync(0xffffffffu, acc[g][i], o);
+        }
+    }
+    float* red = hf_attn_smem;
+    for (int w = 0; w < n_warps; ++w) {
+        if (warp == w && lane < lpr && dim_on) {
+#pragma unroll
+            for (int g = 0; g < HF_ATTN_MAX_G; ++g) {
+                if (g < ng) {
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) {
+                        float* d = red + g * D + lr * 8 + i;
+                        *d = (w == 0 ? 0.0f : *d) + acc[g][i];
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    if (n_chunks == 1) {
+        for (int i = threadIdx.x; i < ng * D; i += blockDim.x)
+            out[(size_t)h0 * D + i] = red[i] / l_run[i / D];
+    } else {
+        const size_t row = (size_t)D + 2;
+        for (int i = threadIdx.x; i < ng * D; i += blockDim.x) {
+            const int g = i / D;
+            part[((size_t)(h0 + g) * n_chunks + chunk) * row + 2 + (i - g * D)] = red[i];
+        }
+        if (threadIdx.x < ng) {
+            float* pp = part + ((size_t)(h0 + threadIdx.x) * n_chunks + chunk) * row;
+            pp[0] = m_run[threadIdx.x];
+            pp[1] = l_run[threadIdx.x];
+        }
+    }
+}
+
+// Merges the n_chunks partials of each head (one block per head): weights exp(m_c - M) / L with
+// M = max m_c and L = sum l_c exp(m_c - M), then out = sum_c weight_c * acc_c.
+extern "C" __global__ void attention_combine_f32(const float* __restrict__ part,
+                                                 float* __restrict__ out, int head_dim,
+                                                 int n_chunks) {
+    __shared__ float scratch[32];
+    __shared__ float wts[HF_ATTN_MAX_CHUNKS];
+    const int h = blockIdx.x;
+    const size_t row = (size_t)head_dim + 2;
+    const float* ph = part + (size_t)h * n_chunks * row;
+    float m = HF_NEG_INF;
+    for (int c = threadIdx.x; c < n_chunks; c += blockDim.x) m = fmaxf(m, ph[c * row]);
+    m = hf_block_max(m, scratch);
+    float l = 0.0f;
+    for (int c = threadIdx.x; c < n_chunks; c += blockDim.x) {
+        const float w = __expf(ph[c * row] - m);
+        wts[c] = w;
+        l += ph[c * row + 1] * w;
+    }
+    l = hf_block_sum(l, scratch);
+    const float inv = 1.0f / l;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float a = 0.0f;
+        for (int c = 0; c < n_chunks; ++c) a += wts[c] * ph[c * row + 2 + d];
+        out[(size_t)h * head_dim + d] = a * inv;
     }
 }
 

@@ -25,6 +25,7 @@ use hipfire_gpu::{
 };
 use hipfire_quant::Format;
 
+use crate::gpu_attention::{AttnShape, SplitKvAttention};
 use crate::model::Decoder;
 use crate::model::GenerationStats;
 use crate::sampling::SamplingParams;
@@ -37,12 +38,12 @@ pub const DECODE_SOURCE: KernelSource = KernelSource {
     headers: &[("f16.cuh", hipfire_gpu::F16_CUH)],
 };
 
-/// The kernels [`GpuDecoder`] launches from [`DECODE_SOURCE`], in [`DecodeKernels`] field order.
-const DECODE_KERNEL_NAMES: [&str; 6] = [
+/// The kernels [`GpuDecoder`] launches from [`DECODE_SOURCE`], in [`DecodeKernels`] field order
+/// (attention's two are in [`ATTENTION_KERNEL_NAMES`]).
+const DECODE_KERNEL_NAMES: [&str; 5] = [
     "rms_norm_f32",
     "rope_f32",
     "kv_store_f16",
-    "attention_f16kv",
     "swiglu_f32",
     "add_f32",
 ];
@@ -50,9 +51,6 @@ const DECODE_KERNEL_NAMES: [&str; 6] = [
 /// Threads per block of the small decode kernels: one block covers a 4096-wide row in 4 strides,
 /// and 256 threads = 8 warps keeps the two-level reductions in `decode.cu` to one shuffle round.
 const DECODE_THREADS: u32 = 256;
-/// Largest context the attention kernel's shared-memory score row can hold: 48 KiB of f32
-/// scores (the default dynamic shared-memory limit without an opt-in attribute).
-pub const MAX_GPU_CTX: usize = 48 * 1024 / 4;
 /// Device memory `auto` leaves free after placing layers: room for allocations made later (the
 /// CUDA context's own growth, module loads, scratch) and for other users of the card. A chosen
 /// margin, not yet measured against what hipfire itself allocates after placement.
@@ -154,7 +152,6 @@ struct DecodeKernels {
     rms_norm: Function,
     rope: Function,
     kv_store: Function,
-    attention: Function,
     swiglu: Function,
     add: Function,
 }
@@ -188,6 +185,7 @@ pub struct GpuDecoder<'m> {
     stream: Stream,
     gemv: GemvKernels,
     k: DecodeKernels,
+    attention: SplitKvAttention,
     weights: Vec<Option<GpuWeight>>,
     layers: Vec<GpuLayer>,
     head: usize,
@@ -265,17 +263,25 @@ impl<'m> GpuDecoder<'m> {
         let registry = KernelRegistry::new(&ctx);
         let gemv = GemvKernels::new(&registry)?;
         let module = registry.module(&DECODE_SOURCE, &[])?;
-        let [rms_norm, rope, kv_store, attention, swiglu, add] =
+        let [rms_norm, rope, kv_store, swiglu, add] =
             DECODE_KERNEL_NAMES.map(|n| module.function(n));
         let k = DecodeKernels {
             rms_norm: rms_norm?,
             rope: rope?,
             kv_store: kv_store?,
-            attention: attention?,
             swiglu: swiglu?,
             add: add?,
         };
-        let ctx_len = model.ctx_len().min(MAX_GPU_CTX);
+        let attention = SplitKvAttention::new(
+            &module,
+            AttnShape {
+                n_head: c.n_head,
+                n_kv_head: c.n_head_kv,
+                head_dim: c.head_dim,
+            },
+            1,
+        )?;
+        let ctx_len = model.ctx_len();
 
         // Budget: bytes of one layer's projections, and of what stays resident regardless.
         let layer_names = |i: usize| {
@@ -476,6 +482,7 @@ impl<'m> GpuDecoder<'m> {
             stream,
             gemv,
             k,
+            attention,
             weights,
             layers,
             head,
@@ -845,32 +852,14 @@ impl<'m> GpuDecoder<'m> {
             self.rope(q, c.n_head)?;
             self.rope(kcur, c.n_head_kv)?;
             self.kv_store(kcur, vcur, kslot, vslot, kvd)?;
-            {
-                let n_pos = self.pos + 1;
-                let (mut pq, mut pk, mut pv, mut po) =
-                    (q, l.k_cache.device_ptr(), l.v_cache.device_ptr(), att);
-                let (mut nh, mut nkv, mut phd, mut np) =
-                    (c.n_head as i32, c.n_head_kv as i32, hd as i32, n_pos as i32);
-                let mut scale = 1.0f32 / (hd as f32).sqrt();
-                let mut p: [*mut c_void; 9] = [
-                    (&mut pq as *mut u64).cast(),
-                    (&mut pk as *mut u64).cast(),
-                    (&mut pv as *mut u64).cast(),
-                    (&mut po as *mut u64).cast(),
-                    (&mut nh as *mut i32).cast(),
-                    (&mut nkv as *mut i32).cast(),
-                    (&mut phd as *mut i32).cast(),
-                    (&mut np as *mut i32).cast(),
-                    (&mut scale as *mut f32).cast(),
-                ];
-                self.launch(
-                    &self.k.attention,
-                    c.n_head as u32,
-                    DECODE_THREADS,
-                    (n_pos * 4) as u32,
-                    &mut p,
-                )?;
-            }
+            self.attention.launch(
+                &self.stream,
+                &self.s.q,
+                &l.k_cache,
+                &l.v_cache,
+                &mut self.s.att,
+                self.pos + 1,
+            )?;
             self.prepare(ActSlot::Q, att, qd)?;
             self.project(wo, att, ActSlot::Q, x, c.d_model, GemvForm::Residual)?;
 
@@ -952,6 +941,7 @@ impl Decoder for GpuDecoder<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gpu_attention::ATTENTION_KERNEL_NAMES;
 
     /// Compiles `decode.cu` for sm_90 with NVRTC (no GPU needed) and checks that every kernel
     /// [`GpuDecoder::new`] looks up is in the image. Skips, saying so, without libnvrtc, unless
@@ -973,7 +963,10 @@ mod tests {
                 }
                 Err(e) => panic!("{e}"),
             };
-        for n in DECODE_KERNEL_NAMES {
+        for n in DECODE_KERNEL_NAMES
+            .into_iter()
+            .chain(ATTENTION_KERNEL_NAMES)
+        {
             let needle = format!("{n}\0");
             assert!(
                 image.windows(needle.len()).any(|w| w == needle.as_bytes()),

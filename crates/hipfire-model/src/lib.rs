@@ -13,6 +13,7 @@
 //! - [`gpu`] — the whole decode step on the device (device KV cache, decode kernels), with
 //!   spilled projections through hipfire-exec's offload executor; built on [`Model`]'s weight
 //!   table ([`Model::weights`], [`Model::weight_bytes`]).
+//! - [`gpu_attention`] — decode attention split over the KV range (flash-decoding).
 //!
 //! # The one design decision
 //! Decode is written against a one-method engine trait (`gemv` over a [`Weight`] that knows
@@ -30,6 +31,7 @@ pub mod config;
 mod error;
 pub mod gguf;
 pub mod gpu;
+pub mod gpu_attention;
 pub mod model;
 pub mod ops;
 pub mod sampling;

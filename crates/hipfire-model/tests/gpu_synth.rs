@@ -89,6 +89,19 @@ fn modes() -> Vec<(&'static str, Option<usize>, OffloadMode, FlagsTuning)> {
 }
 
 fn check(spec: &SynthSpec, fmt: Format, failures: &mut Vec<String>) {
+    compare(spec, fmt, 12, 0, modes(), failures);
+}
+
+/// Feeds `n_tokens` tokens to the CPU session and to a GPU decoder per mode and compares the
+/// logits of every position from `from` on.
+fn compare(
+    spec: &SynthSpec,
+    fmt: Format,
+    n_tokens: usize,
+    from: usize,
+    modes: Vec<(&'static str, Option<usize>, OffloadMode, FlagsTuning)>,
+    failures: &mut Vec<String>,
+) {
     let path = tmp(&format!("{}-{}.gguf", spec.name, fmt.name()));
     write_synthetic(&path, spec, fmt, 7, None).expect("synth");
     let pool = hipfire_exec::offload::offload_pool(0).expect("pool");
@@ -98,7 +111,7 @@ fn check(spec: &SynthSpec, fmt: Format, failures: &mut Vec<String>) {
         Arc::new(CpuBackend::with_pool(pool.clone())),
     )
     .expect("load");
-    let tokens: Vec<u32> = (0..12u32)
+    let tokens: Vec<u32> = (0..n_tokens as u32)
         .map(|i| (i * 37 + 5) % spec.vocab as u32)
         .collect();
     let mut want = Vec::new();
@@ -108,7 +121,7 @@ fn check(spec: &SynthSpec, fmt: Format, failures: &mut Vec<String>) {
             want.push(s.step(t).expect("cpu step").to_vec());
         }
     }
-    for (name, budget, mode, flags) in modes() {
+    for (name, budget, mode, flags) in modes {
         let mut dec = GpuDecoder::new(
             &model,
             pool.clone(),
@@ -124,6 +137,9 @@ fn check(spec: &SynthSpec, fmt: Format, failures: &mut Vec<String>) {
         let mut worst = 0f64;
         for (i, &t) in tokens.iter().enumerate() {
             let got = dec.step(t).expect("gpu step");
+            if i < from {
+                continue;
+            }
             let scale = want[i].iter().fold(0f64, |a, v| a.max(f64::from(v.abs())));
             let err = got.iter().zip(&want[i]).fold(0f64, |a, (g, w)| {
                 let d = (f64::from(*g) - f64::from(*w)).abs();
@@ -136,7 +152,7 @@ fn check(spec: &SynthSpec, fmt: Format, failures: &mut Vec<String>) {
             worst = worst.max(err);
         }
         eprintln!(
-            "{} {} {name}: max |gpu-cpu| / max|logit| = {worst:.2e} ({})",
+            "{} {} {name}, positions {from}..{n_tokens}: max |gpu-cpu| / max|logit| = {worst:.2e} ({})",
             spec.name,
             fmt.name(),
             dec.placement_summary()
@@ -183,6 +199,31 @@ fn gpu_decoder_matches_cpu_when_passback_splits() {
     let mut failures = Vec::new();
     for fmt in [Format::Q4K, Format::Q8_0] {
         check(&spec, fmt, &mut failures);
+    }
+    assert!(failures.is_empty(), "over the bound: {failures:?}");
+}
+
+#[test]
+fn gpu_decoder_matches_cpu_at_depth() {
+    if !gated() {
+        return;
+    }
+    // Deep enough that split-KV attention runs with many chunks (1500 positions: 46 chunks of
+    // 33 on an H200 with 2 kv heads) and across tiles; GQA 4 and head_dim 128 as Llama-3-8B.
+    let spec = SynthSpec {
+        name: "deep-llama".into(),
+        d_model: 512,
+        n_head: 8,
+        n_head_kv: 2,
+        head_dim: 128,
+        ctx_len: 2048,
+        ..SynthSpec::tiny(Arch::Llama)
+    };
+    let mut failures = Vec::new();
+    for fmt in [Format::F32, Format::Q8_0] {
+        let resident = modes().into_iter().filter(|m| m.0 == "resident").collect();
+        // Positions 1400..1500 compared, under the bound of the 12-token test.
+        compare(&spec, fmt, 1500, 1400, resident, &mut failures);
     }
     assert!(failures.is_empty(), "over the bound: {failures:?}");
 }
