@@ -113,29 +113,24 @@ extern "C" __global__ void kv_store_f16(const float* __restrict__ k, const float
 // One query token over the f16 cache. q: [n_head][head_dim] (f32); caches: [n_pos_max][n_kv_head]
 // [head_dim] f16 (row `p` written at position p); out: [n_head][head_dim] (f32).
 //
-// attention_split_f16kv: one block per (group of up to HF_ATTN_MAX_G query heads of one kv head,
-// chunk of positions); blockIdx.x = (head_group * n_kv_head + kv_head) * n_chunks + chunk. Every
-// K and V row of the chunk is read once, by one 16-byte load per lane, for all the block's query
-// heads (the GQA group), and the chunk is walked in tiles of HF_ATTN_TILE positions with a
-// running max and sum (online softmax). With one chunk the block writes the normalised output;
-// otherwise it writes the chunk's partial (m, l, acc[head_dim], acc unnormalised) to
-// part[head][chunk][2 + head_dim] and attention_combine_f32 merges the chunks.
+// attention_split_f16kv_g{1,2,4,8}: one block per (group of up to `heads_per_block` query heads
+// of one kv head, chunk of positions); blockIdx.x = (head_group * n_kv_head + kv_head) * n_chunks
+// + chunk. Every K and V row of the chunk is read once for all the block's query heads (the GQA
+// group), one 16-byte load per lane, and the chunk is walked in tiles with a running max and sum
+// (online softmax). With one chunk the block writes the normalised output; otherwise it writes
+// the chunk's partial (m, l, acc[head_dim], acc unnormalised) to part[head][chunk][2 + head_dim]
+// and attention_combine_f32 merges the chunks. The suffix is the most heads a block serves
+// (their accumulators are registers, so a smaller group uses fewer); the host launches the
+// smallest instance >= heads_per_block.
 //
 // Lanes: a row of head_dim f16 is `lanes_per_row` lanes of 8 values (the host passes the power of
-// two >= head_dim / 8, <= HF_WARP; lanes past head_dim load nothing), so a warp scores
-// HF_WARP / lanes_per_row rows at once and reduces each dot with log2(lanes_per_row) shuffles.
-// Products and sums are f32. head_dim must be a multiple of 8 (the 16-byte loads stay aligned).
+// two >= head_dim / 8, <= HF_WARP; lanes past head_dim load nothing), so the block holds
+// n_rg = blockDim / lanes_per_row rows at once and a tile is n_rg * HF_ATTN_UNROLL rows. Each lane
+// loads its tile's K and V rows together, and the next tile's K while this tile's softmax runs and
+// its V after this tile's V is used, so loads stay in flight through the compute. Products and
+// sums are f32. head_dim must be a multiple of 8 (the 16-byte loads stay aligned).
 
-// Query heads per block: their accumulators live in registers (8 floats per head per lane).
-// Llama-3 (4 per kv head) and Qwen (up to 8) fit one block; larger groups take several blocks.
-#ifndef HF_ATTN_MAX_G
-#define HF_ATTN_MAX_G 8
-#endif
-// Positions per tile: the scores of one tile for every head of the block sit in shared memory.
-#ifndef HF_ATTN_TILE
-#define HF_ATTN_TILE 64
-#endif
-// Rows each lane loads before using any of them, so several 16-byte loads are in flight.
+// Rows each lane holds per tile (K and V, 16 bytes each).
 #ifndef HF_ATTN_UNROLL
 #define HF_ATTN_UNROLL 4
 #endif
@@ -143,6 +138,8 @@ extern "C" __global__ void kv_store_f16(const float* __restrict__ k, const float
 #define HF_ATTN_THREADS 128
 // Most chunks attention_combine_f32 merges (its weights sit in a static shared array).
 #define HF_ATTN_MAX_CHUNKS 256
+// Most query heads a block serves (the largest instance below).
+#define HF_ATTN_MAX_G 8
 
 // The 8 f16 in a 16-byte load, as f32.
 __device__ __forceinline__ void hf_unpack8(uint4 r, float* f) {
@@ -156,93 +153,109 @@ __device__ __forceinline__ void hf_unpack8(uint4 r, float* f) {
     f[7] = hf_h2f((hf_u16)(r.w >> 16));
 }
 
-extern "C" __global__ void __launch_bounds__(HF_ATTN_THREADS)
-attention_split_f16kv(const float* __restrict__ q, const hf_u16* __restrict__ kc,
-                      const hf_u16* __restrict__ vc, float* __restrict__ out,
-                      float* __restrict__ part, int n_head, int n_kv_head, int head_dim, int n_pos,
-                      int chunk_len, int n_chunks, int lanes_per_row, float scale) {
-    // [ng][head_dim] scaled q, then (after the last tile) the cross-warp sums; [ng][TILE] scores.
-    extern __shared__ __align__(16) float hf_attn_smem[];
-    __shared__ float m_run[HF_ATTN_MAX_G], l_run[HF_ATTN_MAX_G], corr[HF_ATTN_MAX_G];
+// [ng][head_dim] scaled q, then (after the last tile) the cross-warp sums; two [ng][tile] score
+// buffers (alternate tiles, so one barrier orders a tile's V reads before the next tile's writes).
+extern __shared__ __align__(16) float hf_attn_smem[];
+
+template <int GM>
+__device__ __forceinline__ void hf_attn_split(const float* __restrict__ q,
+                                              const hf_u16* __restrict__ kc,
+                                              const hf_u16* __restrict__ vc,
+                                              float* __restrict__ out, float* __restrict__ part,
+                                              int n_head, int n_kv_head, int head_dim, int n_pos,
+                                              int chunk_len, int n_chunks, int lanes_per_row,
+                                              int heads_per_block, float scale) {
+    __shared__ float m_run[GM], l_run[GM], corr[GM];
     const int D = head_dim;
     const int chunk = blockIdx.x % n_chunks;
     const int rest = blockIdx.x / n_chunks;
     const int kvh = rest % n_kv_head, hgroup = rest / n_kv_head;
     const int group = n_head / n_kv_head;
-    const int g0 = hgroup * HF_ATTN_MAX_G;
-    const int ng = min(HF_ATTN_MAX_G, group - g0);
+    const int g0 = hgroup * heads_per_block;
+    const int ng = min(heads_per_block, group - g0);
     const int h0 = kvh * group + g0;
+    const int lpr = lanes_per_row;
+    const int n_rg = blockDim.x / lpr;
+    const int tile = n_rg * HF_ATTN_UNROLL;
     float* qs = hf_attn_smem;
-    float* sc = hf_attn_smem + ng * D;
+    float* sc_buf = hf_attn_smem + ng * D;
     for (int i = threadIdx.x; i < ng * D; i += blockDim.x) qs[i] = q[(size_t)h0 * D + i] * scale;
-    if (threadIdx.x < HF_ATTN_MAX_G) {
+    if (threadIdx.x < GM) {
         m_run[threadIdx.x] = HF_NEG_INF;
         l_run[threadIdx.x] = 0.0f;
     }
     const int lane = threadIdx.x % HF_WARP, warp = threadIdx.x / HF_WARP;
     const int n_warps = blockDim.x / HF_WARP;
-    const int lpr = lanes_per_row;
     const int lr = lane % lpr;
-    const int rg = threadIdx.x / lpr, n_rg = blockDim.x / lpr;
+    const int rg = threadIdx.x / lpr;
     const bool dim_on = lr * 8 < D;
     const size_t stride = (size_t)n_kv_head * D;
     const hf_u16* kbase = kc + (size_t)kvh * D + lr * 8;
     const hf_u16* vbase = vc + (size_t)kvh * D + lr * 8;
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-    float acc[HF_ATTN_MAX_G][8];
+    float acc[GM][8];
 #pragma unroll
-    for (int g = 0; g < HF_ATTN_MAX_G; ++g)
+    for (int g = 0; g < GM; ++g)
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[g][i] = 0.0f;
     const int p_begin = chunk * chunk_len;
     const int p_end = min(n_pos, p_begin + chunk_len);
+    uint4 kr[HF_ATTN_UNROLL], vr[HF_ATTN_UNROLL];
+#pragma unroll
+    for (int u = 0; u < HF_ATTN_UNROLL; ++u) {
+        const int r = u * n_rg + rg;
+        const bool ok = dim_on && p_begin + r < p_end;
+        const size_t off = (size_t)(p_begin + r) * stride;
+        kr[u] = ok ? *(const uint4*)(kbase + off) : zero;
+        vr[u] = ok ? *(const uint4*)(vbase + off) : zero;
+    }
     __syncthreads();
-    for (int t0 = p_begin; t0 < p_end; t0 += HF_ATTN_TILE) {
-        const int tn = min(HF_ATTN_TILE, p_end - t0);
-        // Scores of the tile: one 16-byte K load per lane per row, reused by every head.
-        for (int r0 = 0; r0 < tn; r0 += n_rg * HF_ATTN_UNROLL) {
-            uint4 kr[HF_ATTN_UNROLL];
+    int buf = 0;
+    for (int t0 = p_begin; t0 < p_end; t0 += tile) {
+        const int tn = min(tile, p_end - t0);
+        const int t1 = t0 + tile;
+        float* sc = sc_buf + buf * ng * tile;
+        // Scores of the tile from the K rows in registers, every head of the block.
 #pragma unroll
-            for (int u = 0; u < HF_ATTN_UNROLL; ++u) {
-                const int r = r0 + u * n_rg + rg;
-                kr[u] = (dim_on && r < tn) ? *(const uint4*)(kbase + (size_t)(t0 + r) * stride)
-                                           : zero;
-            }
+        for (int u = 0; u < HF_ATTN_UNROLL; ++u) {
+            const int r = u * n_rg + rg;
+            float k[8];
+            hf_unpack8(kr[u], k);
 #pragma unroll
-            for (int u = 0; u < HF_ATTN_UNROLL; ++u) {
-                const int r = r0 + u * n_rg + rg;
-                float k[8];
-                hf_unpack8(kr[u], k);
-#pragma unroll
-                for (int g = 0; g < HF_ATTN_MAX_G; ++g) {
-                    if (g < ng) {
-                        float s = 0.0f;
-                        if (dim_on) {
-                            const float4 a = *(const float4*)(qs + g * D + lr * 8);
-                            const float4 b = *(const float4*)(qs + g * D + lr * 8 + 4);
-                            s = a.x * k[0] + a.y * k[1] + a.z * k[2] + a.w * k[3] + b.x * k[4] +
-                                b.y * k[5] + b.z * k[6] + b.w * k[7];
-                        }
-                        for (int o = lpr / 2; o > 0; o >>= 1)
-                            s += __shfl_xor_sync(0xffffffffu, s, o);
-                        if (lr == 0 && r < tn) sc[g * HF_ATTN_TILE + r] = s;
+            for (int g = 0; g < GM; ++g) {
+                if (g < ng) {
+                    float s = 0.0f;
+                    if (dim_on) {
+                        const float4 a = *(const float4*)(qs + g * D + lr * 8);
+                        const float4 b = *(const float4*)(qs + g * D + lr * 8 + 4);
+                        s = a.x * k[0] + a.y * k[1] + a.z * k[2] + a.w * k[3] + b.x * k[4] +
+                            b.y * k[5] + b.z * k[6] + b.w * k[7];
                     }
+                    for (int o = lpr / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+                    if (lr == 0 && r < tn) sc[g * tile + r] = s;
                 }
             }
+        }
+        // The next tile's K, in flight through this tile's softmax and V.
+#pragma unroll
+        for (int u = 0; u < HF_ATTN_UNROLL; ++u) {
+            const int r = u * n_rg + rg;
+            const bool ok = dim_on && t1 + r < p_end;
+            kr[u] = ok ? *(const uint4*)(kbase + (size_t)(t1 + r) * stride) : zero;
         }
         __syncthreads();
         // Softmax of the tile against the running max: warp w takes heads w, w + n_warps, ...
         for (int g = warp; g < ng; g += n_warps) {
             float mx = HF_NEG_INF;
-            for (int r = lane; r < tn; r += HF_WARP) mx = fmaxf(mx, sc[g * HF_ATTN_TILE + r]);
+            for (int r = lane; r < tn; r += HF_WARP) mx = fmaxf(mx, sc[g * tile + r]);
             for (int o = HF_WARP / 2; o > 0; o >>= 1)
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
             const float m_old = m_run[g];
             const float m_new = fmaxf(m_old, mx);
             float sum = 0.0f;
             for (int r = lane; r < tn; r += HF_WARP) {
-                const float e = __expf(sc[g * HF_ATTN_TILE + r] - m_new);
-                sc[g * HF_ATTN_TILE + r] = e;
+                const float e = __expf(sc[g * tile + r] - m_new);
+                sc[g * tile + r] = e;
                 sum += e;
             }
             for (int o = HF_WARP / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
@@ -256,44 +269,42 @@ attention_split_f16kv(const float* __restrict__ q, const hf_u16* __restrict__ kc
         __syncthreads();
         // V: rescale by the max's correction, then add this tile's weighted rows.
 #pragma unroll
-        for (int g = 0; g < HF_ATTN_MAX_G; ++g) {
+        for (int g = 0; g < GM; ++g) {
             if (g < ng) {
                 const float cf = corr[g];
 #pragma unroll
                 for (int i = 0; i < 8; ++i) acc[g][i] *= cf;
             }
         }
-        for (int r0 = 0; r0 < tn; r0 += n_rg * HF_ATTN_UNROLL) {
-            uint4 vr[HF_ATTN_UNROLL];
 #pragma unroll
-            for (int u = 0; u < HF_ATTN_UNROLL; ++u) {
-                const int r = r0 + u * n_rg + rg;
-                vr[u] = (dim_on && r < tn) ? *(const uint4*)(vbase + (size_t)(t0 + r) * stride)
-                                           : zero;
-            }
+        for (int u = 0; u < HF_ATTN_UNROLL; ++u) {
+            const int r = u * n_rg + rg;
+            if (r < tn) {
+                float v[8];
+                hf_unpack8(vr[u], v);
 #pragma unroll
-            for (int u = 0; u < HF_ATTN_UNROLL; ++u) {
-                const int r = r0 + u * n_rg + rg;
-                if (r < tn) {
-                    float v[8];
-                    hf_unpack8(vr[u], v);
+                for (int g = 0; g < GM; ++g) {
+                    if (g < ng) {
+                        const float e = sc[g * tile + r];
 #pragma unroll
-                    for (int g = 0; g < HF_ATTN_MAX_G; ++g) {
-                        if (g < ng) {
-                            const float e = sc[g * HF_ATTN_TILE + r];
-#pragma unroll
-                            for (int i = 0; i < 8; ++i) acc[g][i] += e * v[i];
-                        }
+                        for (int i = 0; i < 8; ++i) acc[g][i] += e * v[i];
                     }
                 }
             }
         }
-        __syncthreads();
+        // The next tile's V.
+#pragma unroll
+        for (int u = 0; u < HF_ATTN_UNROLL; ++u) {
+            const int r = u * n_rg + rg;
+            const bool ok = dim_on && t1 + r < p_end;
+            vr[u] = ok ? *(const uint4*)(vbase + (size_t)(t1 + r) * stride) : zero;
+        }
+        buf ^= 1;
     }
     // Sum the row groups of each warp (lanes lr, lr + lpr, ... hold the same dims), then the warps
     // in turn into shared memory (a fixed order, so the result does not depend on scheduling).
 #pragma unroll
-    for (int g = 0; g < HF_ATTN_MAX_G; ++g) {
+    for (int g = 0; g < GM; ++g) {
         if (g < ng) {
 #pragma unroll
             for (int i = 0; i < 8; ++i)
@@ -301,11 +312,12 @@ attention_split_f16kv(const float* __restrict__ q, const hf_u16* __restrict__ kc
                     acc[g][i] += __shfl_xor_sync(0xffffffffu, acc[g][i], o);
         }
     }
+    __syncthreads();  // every warp is done with qs before it becomes the sum
     float* red = hf_attn_smem;
     for (int w = 0; w < n_warps; ++w) {
         if (warp == w && lane < lpr && dim_on) {
 #pragma unroll
-            for (int g = 0; g < HF_ATTN_MAX_G; ++g) {
+            for (int g = 0; g < GM; ++g) {
                 if (g < ng) {
 #pragma unroll
                     for (int i = 0; i < 8; ++i) {
@@ -333,6 +345,20 @@ attention_split_f16kv(const float* __restrict__ q, const hf_u16* __restrict__ kc
         }
     }
 }
+
+#define HF_ATTN_SPLIT_ENTRY(NAME, GM)                                                              \
+    extern "C" __global__ void __launch_bounds__(HF_ATTN_THREADS)                                  \
+        NAME(const float* __restrict__ q, const hf_u16* __restrict__ kc,                           \
+             const hf_u16* __restrict__ vc, float* __restrict__ out, float* __restrict__ part,     \
+             int n_head, int n_kv_head, int head_dim, int n_pos, int chunk_len, int n_chunks,      \
+             int lanes_per_row, int heads_per_block, float scale) {                                \
+        hf_attn_split<GM>(q, kc, vc, out, part, n_head, n_kv_head, head_dim, n_pos, chunk_len,    \
+                          n_chunks, lanes_per_row, heads_per_block, scale);                        \
+    }
+HF_ATTN_SPLIT_ENTRY(attention_split_f16kv_g1, 1)
+HF_ATTN_SPLIT_ENTRY(attention_split_f16kv_g2, 2)
+HF_ATTN_SPLIT_ENTRY(attention_split_f16kv_g4, 4)
+HF_ATTN_SPLIT_ENTRY(attention_split_f16kv_g8, 8)
 
 // Merges the n_chunks partials of each head (one block per head): weights exp(m_c - M) / L with
 // M = max m_c and L = sum l_c exp(m_c - M), then out = sum_c weight_c * acc_c.

@@ -108,9 +108,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let planned = attn.plan(n_pos);
         let mut variants: Vec<(String, SplitPlan)> = vec![("split planned".into(), planned)];
         for want in [1usize, 16, 33, 66, 132, 256] {
-            let p = SplitPlan::with_chunks(n_pos, want);
-            if p != planned && !variants.iter().any(|v| v.1 == p) {
-                variants.push((format!("split {want}"), p));
+            for heads in [1usize, 2, 4] {
+                let p =
+                    SplitPlan::with_chunks(&shape, n_pos, want).with_heads_per_block(&shape, heads);
+                if !variants.iter().any(|v| v.1 == p) {
+                    variants.push((format!("split {want} x{heads}"), p));
+                }
             }
         }
         for (name, plan) in variants {
@@ -118,7 +121,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 time(&mut |(k, v), o| Ok(attn.launch_with(&stream, &qb, k, v, o, n_pos, plan)?))?;
             lines.push(serde_json::json!({
                 "depth": n_pos, "variant": name, "n_chunks": plan.n_chunks,
-                "chunk_len": plan.chunk_len, "us": us, "gb_per_s": bytes / us / 1e3,
+                "chunk_len": plan.chunk_len, "heads_per_block": plan.heads_per_block, "us": us, "gb_per_s": bytes / us / 1e3,
             }));
             println!("{}", lines.last().ok_or("no line")?);
         }

@@ -16,14 +16,21 @@ use hipfire_gpu::{Context, DeviceBuffer, DeviceMemory, Function, Module, Stream}
 
 use crate::ModelError;
 
-/// Names of the two kernels in `kernels/decode.cu`.
-pub const ATTENTION_KERNEL_NAMES: [&str; 2] = ["attention_split_f16kv", "attention_combine_f32"];
-
-/// Query heads one block of the split kernel serves (`HF_ATTN_MAX_G` in decode.cu): their
+/// Names of the kernels in `kernels/decode.cu`: the split kernel's instances for at most 1, 2,
+/// 4 and 8 query heads a block, then the combine.
+pub const ATTENTION_KERNEL_NAMES: [&str; 5] = [
+    "attention_split_f16kv_g1",
+    "attention_split_f16kv_g2",
+    "attention_split_f16kv_g4",
+    "attention_split_f16kv_g8",
+    "attention_combine_f32",
+];
+/// Most query heads a block of the split kernel serves (`HF_ATTN_MAX_G` in decode.cu): their
 /// accumulators are registers, 8 floats per head per lane. A larger group takes several blocks.
 pub const ATTN_MAX_GROUP: usize = 8;
-/// Positions per tile of the split kernel (`HF_ATTN_TILE`): sizes its shared score rows.
-const ATTN_TILE: usize = 64;
+/// Rows each lane of the split kernel holds per tile (`HF_ATTN_UNROLL`): a tile is
+/// `threads / lanes_per_row × ATTN_UNROLL` positions (32 at head_dim 128).
+const ATTN_UNROLL: usize = 4;
 /// Threads per block of the split kernel (`HF_ATTN_THREADS`).
 const ATTN_THREADS: u32 = 128;
 /// Threads per block of the combine kernel: one pass over a 128-wide head.
@@ -62,9 +69,9 @@ impl AttnShape {
         self.n_head / self.n_kv_head
     }
 
-    /// Blocks per chunk: kv heads × head groups of at most [`ATTN_MAX_GROUP`].
-    fn blocks_per_chunk(&self) -> usize {
-        self.n_kv_head * self.group().div_ceil(ATTN_MAX_GROUP)
+    /// Blocks per chunk: kv heads × head groups of `heads_per_block`.
+    fn blocks_per_chunk(&self, heads_per_block: usize) -> usize {
+        self.n_kv_head * self.group().div_ceil(heads_per_block.max(1))
     }
 
     /// Refuses shapes the kernel cannot run, with the reason.
@@ -89,41 +96,63 @@ impl AttnShape {
         (self.head_dim / VEC).next_power_of_two()
     }
 
-    /// Dynamic shared memory of the split kernel: scaled q and the tile's scores per head.
-    fn split_shared_bytes(&self) -> usize {
-        let ng = self.group().min(ATTN_MAX_GROUP);
-        (ng * self.head_dim + ng * ATTN_TILE) * std::mem::size_of::<f32>()
+    /// Dynamic shared memory of the split kernel: scaled q and two tiles of scores per head.
+    fn split_shared_bytes(&self, heads_per_block: usize) -> usize {
+        let tile = ATTN_THREADS as usize / self.lanes_per_row() * ATTN_UNROLL;
+        (heads_per_block * self.head_dim + 2 * heads_per_block * tile) * std::mem::size_of::<f32>()
     }
 }
 
 /// How one attention call is cut: `n_chunks` chunks of `chunk_len` positions (the last may be
-/// shorter, none is empty).
+/// shorter, none is empty), each block serving `heads_per_block` query heads of one kv head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SplitPlan {
     /// Positions per chunk.
     pub chunk_len: usize,
     /// Chunks (1 = one launch, no combine).
     pub n_chunks: usize,
+    /// Query heads per block, in `[1, min(group, ATTN_MAX_GROUP)]`: fewer than the group re-read
+    /// the group's K/V rows (from L2) in exchange for more blocks at a shallow depth.
+    pub heads_per_block: usize,
 }
 
 impl SplitPlan {
     /// The plan for `n_pos` positions (≥ 1) on a device of `multiprocessors`: as many chunks as
     /// fill [`ATTN_BLOCKS_PER_SM`] blocks per SM, none shorter than [`ATTN_MIN_CHUNK_POS`], at
-    /// most [`ATTN_MAX_CHUNKS`].
+    /// most [`ATTN_MAX_CHUNKS`]; the whole GQA group (up to [`ATTN_MAX_GROUP`]) in each block,
+    /// unless that leaves fewer blocks than multiprocessors, when the group is halved until it
+    /// does not (a shallow depth's rows are few, so reading them twice costs less than idle SMs).
     pub fn for_depth(shape: &AttnShape, n_pos: usize, multiprocessors: usize) -> SplitPlan {
         let target = max_chunks(shape, multiprocessors);
-        SplitPlan::with_chunks(n_pos, (n_pos / ATTN_MIN_CHUNK_POS).min(target))
+        let mut plan =
+            SplitPlan::with_chunks(shape, n_pos, (n_pos / ATTN_MIN_CHUNK_POS).min(target));
+        while plan.heads_per_block > 1
+            && plan.n_chunks * shape.blocks_per_chunk(plan.heads_per_block) < multiprocessors
+        {
+            plan.heads_per_block = plan.heads_per_block.div_ceil(2);
+        }
+        plan
     }
 
     /// `n_pos` positions (≥ 1) in about `want` chunks (clamped to `[1, ATTN_MAX_CHUNKS]`),
-    /// rounded so that no chunk is empty.
-    pub fn with_chunks(n_pos: usize, want: usize) -> SplitPlan {
+    /// rounded so that no chunk is empty, with the whole GQA group (up to [`ATTN_MAX_GROUP`]) in
+    /// each block.
+    pub fn with_chunks(shape: &AttnShape, n_pos: usize, want: usize) -> SplitPlan {
         let n_pos = n_pos.max(1);
         let want = want.clamp(1, ATTN_MAX_CHUNKS.min(n_pos));
         let chunk_len = n_pos.div_ceil(want);
         SplitPlan {
             chunk_len,
             n_chunks: n_pos.div_ceil(chunk_len),
+            heads_per_block: shape.group().clamp(1, ATTN_MAX_GROUP),
+        }
+    }
+
+    /// This plan with `heads_per_block` query heads a block (clamped to the valid range).
+    pub fn with_heads_per_block(self, shape: &AttnShape, heads_per_block: usize) -> SplitPlan {
+        SplitPlan {
+            heads_per_block: heads_per_block.clamp(1, shape.group().clamp(1, ATTN_MAX_GROUP)),
+            ..self
         }
     }
 }
@@ -131,15 +160,26 @@ impl SplitPlan {
 /// Most chunks [`SplitPlan::for_depth`] gives this shape on this device (sizes the scratch).
 fn max_chunks(shape: &AttnShape, multiprocessors: usize) -> usize {
     (multiprocessors.max(1) * ATTN_BLOCKS_PER_SM)
-        .div_ceil(shape.blocks_per_chunk())
+        .div_ceil(shape.blocks_per_chunk(shape.group().min(ATTN_MAX_GROUP)))
         .clamp(1, ATTN_MAX_CHUNKS)
+}
+
+/// Index into [`ATTENTION_KERNEL_NAMES`] of the smallest split instance for `heads_per_block`.
+fn instance(heads_per_block: usize) -> usize {
+    match heads_per_block {
+        0 | 1 => 0,
+        2 => 1,
+        3 | 4 => 2,
+        _ => 3,
+    }
 }
 
 /// The two kernels and the chunk partials' scratch for one attention shape.
 #[derive(Debug)]
 pub struct SplitKvAttention {
     ctx: Arc<Context>,
-    split: Function,
+    /// The split kernel's instances for at most 1, 2, 4 and 8 heads a block.
+    split: [Function; 4],
     combine: Function,
     shape: AttnShape,
     /// `[n_head][max_chunks][2 + head_dim]` f32: m, l, acc.
@@ -161,9 +201,10 @@ impl SplitKvAttention {
         let sms = ctx.info().multiprocessors as usize;
         let max_chunks = max_chunks(&shape, sms).max(min_chunks.min(ATTN_MAX_CHUNKS));
         let part = ctx.alloc::<f32>(shape.n_head * max_chunks * (shape.head_dim + 2))?;
+        let f = |i: usize| module.function(ATTENTION_KERNEL_NAMES[i]);
         Ok(SplitKvAttention {
-            split: module.function(ATTENTION_KERNEL_NAMES[0])?,
-            combine: module.function(ATTENTION_KERNEL_NAMES[1])?,
+            split: [f(0)?, f(1)?, f(2)?, f(3)?],
+            combine: f(4)?,
             ctx,
             shape,
             part,
@@ -217,6 +258,8 @@ impl SplitKvAttention {
         let qd = s.n_head * s.head_dim;
         let kv_rows = n_pos * s.n_kv_head * s.head_dim;
         let covers = plan.n_chunks >= 1
+            && plan.heads_per_block >= 1
+            && plan.heads_per_block <= s.group().min(ATTN_MAX_GROUP)
             && plan.n_chunks <= self.max_chunks
             && plan.chunk_len * plan.n_chunks >= n_pos
             && plan.chunk_len * (plan.n_chunks - 1) < n_pos;
@@ -240,7 +283,7 @@ impl SplitKvAttention {
             ),
             });
         }
-        let grid = plan.n_chunks * s.blocks_per_chunk();
+        let grid = plan.n_chunks * s.blocks_per_chunk(plan.heads_per_block);
         let (mut pq, mut pk, mut pv, mut po, mut pp) = (
             q.device_ptr(),
             k_cache.device_ptr(),
@@ -255,13 +298,14 @@ impl SplitKvAttention {
             s.head_dim as i32,
             n_pos as i32,
         );
-        let (mut cl, mut nc, mut lpr) = (
+        let (mut cl, mut nc, mut lpr, mut hpb) = (
             plan.chunk_len as i32,
             plan.n_chunks as i32,
             s.lanes_per_row() as i32,
+            plan.heads_per_block as i32,
         );
         let mut scale = 1.0f32 / (s.head_dim as f32).sqrt();
-        let mut params: [*mut c_void; 13] = [
+        let mut params: [*mut c_void; 14] = [
             (&mut pq as *mut u64).cast(),
             (&mut pk as *mut u64).cast(),
             (&mut pv as *mut u64).cast(),
@@ -274,21 +318,25 @@ impl SplitKvAttention {
             (&mut cl as *mut i32).cast(),
             (&mut nc as *mut i32).cast(),
             (&mut lpr as *mut i32).cast(),
+            (&mut hpb as *mut i32).cast(),
             (&mut scale as *mut f32).cast(),
         ];
         let dims = LaunchDims {
             grid: grid as u32,
             block: ATTN_THREADS,
-            shared_bytes: s.split_shared_bytes() as u32,
+            shared_bytes: s.split_shared_bytes(plan.heads_per_block) as u32,
         };
-        // SAFETY: the parameters match `attention_split_f16kv`'s signature; every pointer is a
+        // SAFETY: the parameters match the `attention_split_f16kv_g*` signature; every pointer is a
         // live device buffer of `self` or of the caller, borrowed for the call, whose lengths
         // were checked above against what the kernel reads (n_pos cache rows, n_head q rows) and
         // writes (n_head out rows, n_chunks ≤ max_chunks partials per head).
         unsafe {
-            self.ctx
-                .backend()
-                .launch(self.split.raw(), dims, stream.raw(), &mut params)?;
+            self.ctx.backend().launch(
+                self.split[instance(plan.heads_per_block)].raw(),
+                dims,
+                stream.raw(),
+                &mut params,
+            )?;
         }
         if plan.n_chunks == 1 {
             return Ok(());
@@ -357,6 +405,8 @@ mod tests {
                     if p.n_chunks > 1 {
                         assert!(p.chunk_len >= ATTN_MIN_CHUNK_POS, "{n_pos}: {p:?}");
                     }
+                    assert!(p.heads_per_block >= 1);
+                    assert!(p.heads_per_block <= shape.group().min(ATTN_MAX_GROUP));
                 }
             }
         }
@@ -372,35 +422,59 @@ mod tests {
         }
         for n_pos in [1024, 4096, 16384] {
             let p = SplitPlan::for_depth(&LLAMA3_8B, n_pos, H200_SMS);
+            // The whole GQA group in each block: every K/V row read once.
+            assert_eq!(p.heads_per_block, 4, "{n_pos}: {p:?}");
             assert!(
-                p.n_chunks * LLAMA3_8B.blocks_per_chunk() >= H200_SMS,
+                p.n_chunks * LLAMA3_8B.blocks_per_chunk(p.heads_per_block) >= H200_SMS,
                 "{n_pos}: {p:?}"
             );
         }
+        // Depth 16: one chunk, one query head a block (32 blocks rather than 8).
+        assert_eq!(
+            SplitPlan::for_depth(&LLAMA3_8B, 16, H200_SMS),
+            SplitPlan {
+                chunk_len: 16,
+                n_chunks: 1,
+                heads_per_block: 1
+            }
+        );
     }
 
     #[test]
     fn with_chunks_clamps() {
+        let s = LLAMA3_8B;
         assert_eq!(
-            SplitPlan::with_chunks(5, 100),
+            SplitPlan::with_chunks(&s, 5, 100),
             SplitPlan {
                 chunk_len: 1,
-                n_chunks: 5
+                n_chunks: 5,
+                heads_per_block: 4
             }
         );
-        assert_eq!(SplitPlan::with_chunks(1000, 0).n_chunks, 1);
+        assert_eq!(SplitPlan::with_chunks(&s, 1000, 0).n_chunks, 1);
         assert_eq!(
-            SplitPlan::with_chunks(100_000, 10_000).n_chunks,
+            SplitPlan::with_chunks(&s, 100_000, 10_000).n_chunks,
             ATTN_MAX_CHUNKS
         );
         // 10 positions in 4 chunks of 3: the last holds one.
         assert_eq!(
-            SplitPlan::with_chunks(10, 4),
+            SplitPlan::with_chunks(&s, 10, 4),
             SplitPlan {
                 chunk_len: 3,
-                n_chunks: 4
+                n_chunks: 4,
+                heads_per_block: 4
             }
         );
+        let p = SplitPlan::with_chunks(&s, 10, 4);
+        assert_eq!(p.with_heads_per_block(&s, 0).heads_per_block, 1);
+        assert_eq!(p.with_heads_per_block(&s, 9).heads_per_block, 4);
+        let mqa = AttnShape {
+            n_head: 16,
+            n_kv_head: 1,
+            head_dim: 64,
+        };
+        assert_eq!(SplitPlan::with_chunks(&mqa, 10, 1).heads_per_block, 8);
+        assert_eq!([1, 2, 3, 4, 5, 8].map(instance), [0, 1, 2, 2, 3, 3]);
     }
 
     #[test]

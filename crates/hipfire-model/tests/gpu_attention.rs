@@ -75,8 +75,8 @@ fn reference(q: &[f32], k: &[u16], v: &[u16], s: AttnShape, n_pos: usize) -> Vec
 struct Case {
     shape: AttnShape,
     n_pos: usize,
-    /// `None`: the planner's chunks; `Some(n)`: about `n` chunks.
-    chunks: Option<usize>,
+    /// `None`: the planner's plan; `Some((n, h))`: about `n` chunks of `h` heads a block.
+    forced: Option<(usize, usize)>,
 }
 
 /// Runs one case; returns (max |gpu − ref|, max |ref|, the plan used).
@@ -111,9 +111,9 @@ fn run(
     };
     let (k, v) = (kv(), kv());
     let attn = SplitKvAttention::new(module, s, ATTN_MAX_CHUNKS).map_err(|e| e.to_string())?;
-    let plan = match c.chunks {
+    let plan = match c.forced {
         None => attn.plan(c.n_pos),
-        Some(n) => SplitPlan::with_chunks(c.n_pos, n),
+        Some((n, h)) => SplitPlan::with_chunks(&s, c.n_pos, n).with_heads_per_block(&s, h),
     };
     let up = |x: &[u16]| {
         let mut b = ctx.alloc::<u16>(x.len()).expect("alloc");
@@ -163,7 +163,7 @@ fn split_kv_attention_matches_f64_reference() {
             cases.push(Case {
                 shape: s,
                 n_pos,
-                chunks: None,
+                forced: None,
             });
         }
     };
@@ -174,12 +174,21 @@ fn split_kv_attention_matches_f64_reference() {
     at(shape(16, 1, 64), &[1, 777]); // GQA 16: two head groups per kv head
     at(shape(4, 2, 96), &[1, 777]); // 12 of 16 lanes a row
     at(shape(8, 2, 256), &[777]); // a row is a whole warp
-                                  // Forced plans on Llama-3-8B's shape at an odd depth.
+                                  // Forced plans at an odd depth: chunk counts × heads a block (each split instance).
     for chunks in [1, 7, 200, ATTN_MAX_CHUNKS] {
+        for heads in [1, 2, 3, 4] {
+            cases.push(Case {
+                shape: shape(32, 8, 128),
+                n_pos: 777,
+                forced: Some((chunks, heads)),
+            });
+        }
+    }
+    for heads in [5, 8] {
         cases.push(Case {
-            shape: shape(32, 8, 128),
+            shape: shape(16, 1, 64),
             n_pos: 777,
-            chunks: Some(chunks),
+            forced: Some((7, heads)),
         });
     }
     let mut failures = Vec::new();
@@ -188,8 +197,8 @@ fn split_kv_attention_matches_f64_reference() {
         match run(&module, &stream, c, 0xa77e + i as u64) {
             Ok((err, scale, plan)) => {
                 eprintln!(
-                    "heads {}/{} dim {} depth {} ({} chunks of {}): max |gpu - f64| = {err:.2e} (max |out| {scale:.3})",
-                    s.n_head, s.n_kv_head, s.head_dim, c.n_pos, plan.n_chunks, plan.chunk_len
+                    "heads {}/{} dim {} depth {} ({} chunks of {}, {} heads a block): max |gpu - f64| = {err:.2e} (max |out| {scale:.3})",
+                    s.n_head, s.n_kv_head, s.head_dim, c.n_pos, plan.n_chunks, plan.chunk_len, plan.heads_per_block
                 );
                 // An output this small would let a wrong kernel pass under the bound.
                 assert!(scale > 100.0 * ABS_BOUND, "reference output too small");
@@ -225,13 +234,22 @@ fn split_kv_attention_refuses_short_buffers_and_bad_plans() {
     let short = SplitPlan {
         chunk_len: 10,
         n_chunks: 2,
+        heads_per_block: 4,
     };
     assert!(attn
         .launch_with(&stream, &q, &cache, &cache, &mut out, 100, short)
         .is_err());
-    let wide = SplitPlan::with_chunks(1000, ATTN_MAX_CHUNKS);
+    let wide = SplitPlan::with_chunks(&s, 1000, ATTN_MAX_CHUNKS);
     assert!(attn
         .launch_with(&stream, &q, &cache, &cache, &mut out, 1000, wide)
+        .is_err());
+    // More heads a block than the group has.
+    let fat = SplitPlan {
+        heads_per_block: 5,
+        ..SplitPlan::with_chunks(&s, 1000, 1)
+    };
+    assert!(attn
+        .launch_with(&stream, &q, &cache, &cache, &mut out, 1000, fat)
         .is_err());
     stream.synchronize().expect("sync");
 }
