@@ -153,8 +153,9 @@ __device__ __forceinline__ void hf_unpack8(uint4 r, float* f) {
     f[7] = hf_h2f((hf_u16)(r.w >> 16));
 }
 
-// [ng][head_dim] scaled q, then (after the last tile) the cross-warp sums; two [ng][tile] score
-// buffers (alternate tiles, so one barrier orders a tile's V reads before the next tile's writes).
+// [ng][head_dim] scaled q and two [ng][tile] score buffers (alternate tiles, so one barrier orders
+// a tile's V reads before the next tile's writes); after the last tile, [n_warps][ng][head_dim]
+// per-warp sums over the same bytes.
 extern __shared__ __align__(16) float hf_attn_smem[];
 
 template <int GM>
@@ -231,7 +232,11 @@ __device__ __forceinline__ void hf_attn_split(const float* __restrict__ q,
                         s = a.x * k[0] + a.y * k[1] + a.z * k[2] + a.w * k[3] + b.x * k[4] +
                             b.y * k[5] + b.z * k[6] + b.w * k[7];
                     }
-                    for (int o = lpr / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+                    // Unrolled to the widest row with a uniform guard, so the heads' and rows'
+                    // shuffle chains interleave instead of running one after another.
+#pragma unroll
+                    for (int o = HF_WARP / 2; o > 0; o >>= 1)
+                        if (o < lpr) s += __shfl_xor_sync(0xffffffffu, s, o);
                     if (lr == 0 && r < tn) sc[g * tile + r] = s;
                 }
             }
@@ -301,48 +306,46 @@ __device__ __forceinline__ void hf_attn_split(const float* __restrict__ q,
         }
         buf ^= 1;
     }
-    // Sum the row groups of each warp (lanes lr, lr + lpr, ... hold the same dims), then the warps
-    // in turn into shared memory (a fixed order, so the result does not depend on scheduling).
+    // Sum the row groups of each warp (lanes lr, lr + lpr, ... hold the same dims), then the
+    // warps' sums through shared memory in a fixed order (the result does not depend on
+    // scheduling), with one barrier.
 #pragma unroll
     for (int g = 0; g < GM; ++g) {
         if (g < ng) {
 #pragma unroll
             for (int i = 0; i < 8; ++i)
-                for (int o = lpr; o < HF_WARP; o <<= 1)
-                    acc[g][i] += __shfl_xor_sync(0xffffffffu, acc[g][i], o);
+#pragma unroll
+                for (int o = 1; o < HF_WARP; o <<= 1)
+                    if (o >= lpr) acc[g][i] += __shfl_xor_sync(0xffffffffu, acc[g][i], o);
         }
     }
-    __syncthreads();  // every warp is done with qs before it becomes the sum
-    float* red = hf_attn_smem;
-    for (int w = 0; w < n_warps; ++w) {
-        if (warp == w && lane < lpr && dim_on) {
+    __syncthreads();  // every warp is done with qs and the scores before they become the sums
+    float* red = hf_attn_smem;  // [n_warps][ng][head_dim]
+    if (lane < lpr && dim_on) {
 #pragma unroll
-            for (int g = 0; g < GM; ++g) {
-                if (g < ng) {
+        for (int g = 0; g < GM; ++g) {
+            if (g < ng) {
+                float* d = red + ((size_t)warp * ng + g) * D + lr * 8;
 #pragma unroll
-                    for (int i = 0; i < 8; ++i) {
-                        float* d = red + g * D + lr * 8 + i;
-                        *d = (w == 0 ? 0.0f : *d) + acc[g][i];
-                    }
-                }
+                for (int i = 0; i < 8; ++i) d[i] = acc[g][i];
             }
         }
-        __syncthreads();
     }
-    if (n_chunks == 1) {
-        for (int i = threadIdx.x; i < ng * D; i += blockDim.x)
-            out[(size_t)h0 * D + i] = red[i] / l_run[i / D];
-    } else {
-        const size_t row = (size_t)D + 2;
-        for (int i = threadIdx.x; i < ng * D; i += blockDim.x) {
-            const int g = i / D;
-            part[((size_t)(h0 + g) * n_chunks + chunk) * row + 2 + (i - g * D)] = red[i];
-        }
-        if (threadIdx.x < ng) {
-            float* pp = part + ((size_t)(h0 + threadIdx.x) * n_chunks + chunk) * row;
-            pp[0] = m_run[threadIdx.x];
-            pp[1] = l_run[threadIdx.x];
-        }
+    __syncthreads();
+    const size_t row = (size_t)D + 2;
+    for (int i = threadIdx.x; i < ng * D; i += blockDim.x) {
+        float a = 0.0f;
+        for (int w = 0; w < n_warps; ++w) a += red[(size_t)w * ng * D + i];
+        const int g = i / D;
+        if (n_chunks == 1)
+            out[(size_t)h0 * D + i] = a / l_run[g];
+        else
+            part[((size_t)(h0 + g) * n_chunks + chunk) * row + 2 + (i - g * D)] = a;
+    }
+    if (n_chunks > 1 && threadIdx.x < ng) {
+        float* pp = part + ((size_t)(h0 + threadIdx.x) * n_chunks + chunk) * row;
+        pp[0] = m_run[threadIdx.x];
+        pp[1] = l_run[threadIdx.x];
     }
 }
 

@@ -39,6 +39,9 @@ const COMBINE_THREADS: u32 = 128;
 pub const ATTN_MAX_CHUNKS: usize = 256;
 /// Largest head width: 8 values a lane and at most 32 lanes a row (the narrowest warp).
 pub const ATTN_MAX_HEAD_DIM: usize = 256;
+/// The narrowest warp (CUDA's 32; HIP's wave64 has half as many warps a block): bounds the
+/// per-warp sums the split kernel keeps in shared memory.
+const MIN_WARP: usize = 32;
 /// f16 values per 16-byte load: head_dim must be a multiple of it.
 const VEC: usize = 8;
 
@@ -96,10 +99,13 @@ impl AttnShape {
         (self.head_dim / VEC).next_power_of_two()
     }
 
-    /// Dynamic shared memory of the split kernel: scaled q and two tiles of scores per head.
+    /// Dynamic shared memory of the split kernel: scaled q and two tiles of scores per head,
+    /// reused after the last tile for one partial sum per warp per head.
     fn split_shared_bytes(&self, heads_per_block: usize) -> usize {
         let tile = ATTN_THREADS as usize / self.lanes_per_row() * ATTN_UNROLL;
-        (heads_per_block * self.head_dim + 2 * heads_per_block * tile) * std::mem::size_of::<f32>()
+        let tiles = heads_per_block * self.head_dim + 2 * heads_per_block * tile;
+        let sums = ATTN_THREADS as usize / MIN_WARP * heads_per_block * self.head_dim;
+        tiles.max(sums) * std::mem::size_of::<f32>()
     }
 }
 
