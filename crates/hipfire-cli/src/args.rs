@@ -153,6 +153,9 @@ pub struct EngineArgs {
 
     #[arg(long, value_name = "N", help = key_help("cpu.threads"), long_help = key_long("cpu.threads"))]
     pub threads: Option<String>,
+
+    #[arg(long, value_name = "N", help = key_help("model.ctx_size"), long_help = key_long("model.ctx_size"))]
+    pub ctx_size: Option<String>,
 }
 
 impl EngineArgs {
@@ -179,6 +182,7 @@ impl EngineArgs {
             &self.join_strategy,
         );
         push(&mut v, "cpu.threads", "--threads", &self.threads);
+        push(&mut v, "model.ctx_size", "--ctx-size", &self.ctx_size);
         v
     }
 }

@@ -139,6 +139,15 @@ fn load(
         Engine::Gpu => Model::load_with_backend(path, &opts, Arc::new(ReferenceBackend)),
     }
     .with_context(|| format!("loading {}", path.display()))?;
+    // The CPU session's cache grows as positions fill; refuse up front a context whose full
+    // cache would not fit in RAM. (On the GPU the cache is in VRAM: GpuDecoder counts it.)
+    if matches!(engine, Engine::Cpu) {
+        if let Some(avail) = hipfire_gpu::mem_available_bytes() {
+            model
+                .check_kv_fits_ram(avail, s.ram_margin_mib << 20)
+                .with_context(|| format!("loading {}", path.display()))?;
+        }
+    }
     Ok(Loaded {
         model,
         engine,
@@ -223,7 +232,7 @@ pub fn run(ctx: &Ctx, a: &RunArgs) -> anyhow::Result<ExitCode> {
         Engine::Gpu => Some(offload_mode(&s)?),
         Engine::Cpu => None,
     };
-    let l = load(ctx, engine, &a.model, &s, None, !a.json)?;
+    let l = load(ctx, engine, &a.model, &s, s.ctx_size.tokens(), !a.json)?;
     let tok = l.model.tokenizer();
     let chat = a.chat().unwrap_or(tok.chat != ChatTemplate::Raw);
     let ids = if chat {
@@ -346,7 +355,16 @@ pub fn bench(ctx: &Ctx, a: &BenchArgs) -> anyhow::Result<ExitCode> {
     if a.prompt_tokens == 0 || a.gen_tokens == 0 {
         bail!("--prompt-tokens and --gen-tokens must be at least 1");
     }
-    let ctx_len = (a.prompt_tokens + a.gen_tokens) as usize + BENCH_CTX_SLACK;
+    let needed = (a.prompt_tokens + a.gen_tokens) as usize + BENCH_CTX_SLACK;
+    // The context is sized to the run unless `model.ctx_size` asks for more (to measure a
+    // placement with a long context's cache in VRAM).
+    let ctx_len = match base.ctx_size.tokens() {
+        Some(n) if n < needed => bail!(
+            "--ctx-size {n} is below the {needed} positions this bench fills (prompt + generated + {BENCH_CTX_SLACK})"
+        ),
+        Some(n) => n,
+        None => needed,
+    };
     let engine = choose_engine(ctx, &base)?;
     if matches!(engine, Engine::Gpu) {
         for s in &modes {

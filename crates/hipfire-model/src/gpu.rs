@@ -26,8 +26,8 @@ use hipfire_gpu::{
 use hipfire_quant::Format;
 
 use crate::gpu_attention::{AttnShape, SplitKvAttention};
-use crate::model::Decoder;
 use crate::model::GenerationStats;
+use crate::model::{Decoder, KV_ELEM_BYTES};
 use crate::sampling::SamplingParams;
 use crate::{Model, ModelError, Weight};
 
@@ -55,9 +55,6 @@ const DECODE_THREADS: u32 = 256;
 /// CUDA context's own growth, module loads, scratch) and for other users of the card. A chosen
 /// margin, not yet measured against what hipfire itself allocates after placement.
 const VRAM_MARGIN_BYTES: u64 = 2 << 30;
-/// Bytes of one KV cache element: f16, the CPU decoder's cache type and llama.cpp's default
-/// (`kv_store_f16` rounds each f32 k/v value once, as `half::f16::from_f32` does).
-const KV_ELEM_BYTES: usize = std::mem::size_of::<u16>();
 
 /// How to place and run the model on the GPU.
 #[derive(Debug, Clone)]
@@ -302,19 +299,63 @@ impl<'m> GpuDecoder<'m> {
                 *lb += model.weights()[weight_id(model, &n)?].n_bytes as u64;
             }
         }
+        // The kernels index a cache with 32-bit ints (row × kv_dim).
+        if i32::try_from(ctx_len * c.kv_dim()).is_err() {
+            return Err(ModelError::ContextSize {
+                requested: ctx_len,
+                trained: c.ctx_len,
+                arch: c.arch.name(),
+                cap: i32::MAX as usize / c.kv_dim(),
+            });
+        }
+        let kv = model.kv_cache_bytes();
+        let fixed: u64 = model
+            .weights()
+            .iter()
+            .filter(|w| !w.name.starts_with("blk."))
+            .map(|w| w.n_bytes as u64)
+            .sum();
+        // Free memory now, not the card's total: another process may hold some of it.
+        let (free_now, _) = ctx.mem_info()?;
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         let budget = match opts.gpu_layer_budget {
-            Some(b) => b.min(c.n_layer),
+            Some(b) => {
+                let b = b.min(c.n_layer);
+                let resident: u64 = layer_bytes[c.n_layer - b..].iter().sum();
+                let need = resident + kv + fixed;
+                if need > free_now {
+                    return Err(ModelError::OutOfMemory {
+                        memory: "VRAM",
+                        what: format!(
+                            "{b} resident layers ({:.2} GiB), the KV cache for {ctx_len} positions ({:.2} GiB) and the embeddings and head ({:.2} GiB)",
+                            gib(resident),
+                            gib(kv),
+                            gib(fixed)
+                        ),
+                        need,
+                        free: free_now,
+                        hint: "lower memory.gpu_layer_budget or --ctx-size (model.ctx_size)",
+                    });
+                }
+                b
+            }
             None => {
-                let fixed: u64 = model
-                    .weights()
-                    .iter()
-                    .filter(|w| !w.name.starts_with("blk."))
-                    .map(|w| w.n_bytes as u64)
-                    .sum();
-                let kv = (2 * ctx_len * c.kv_dim() * KV_ELEM_BYTES * c.n_layer) as u64;
-                // Free memory now, not the card's total: another process may hold some of it.
-                let (free_now, _) = ctx.mem_info()?;
-                let free = free_now.saturating_sub(VRAM_MARGIN_BYTES + fixed + kv);
+                let base = VRAM_MARGIN_BYTES + fixed + kv;
+                if base > free_now {
+                    return Err(ModelError::OutOfMemory {
+                        memory: "VRAM",
+                        what: format!(
+                            "with every layer spilled, the KV cache for {ctx_len} positions ({:.2} GiB), the embeddings and head ({:.2} GiB) and the {:.0} GiB margin `auto` keeps",
+                            gib(kv),
+                            gib(fixed),
+                            gib(VRAM_MARGIN_BYTES)
+                        ),
+                        need: base,
+                        free: free_now,
+                        hint: "lower --ctx-size (model.ctx_size)",
+                    });
+                }
+                let free = free_now - base;
                 let mut n = 0;
                 let mut used = 0u64;
                 for lb in layer_bytes.iter().rev() {
@@ -332,12 +373,17 @@ impl<'m> GpuDecoder<'m> {
         if let Some(avail) = hipfire_gpu::mem_available_bytes() {
             let margin = opts.ram_margin_bytes;
             if spilled_bytes + margin > avail {
-                return Err(ModelError::Unsupported(format!(
-                    "spilling {n_spilled} layers needs {:.2} GiB of pinned RAM plus a {:.1} GiB margin (memory.ram_margin_mib), but only {:.2} GiB is available; raise memory.gpu_layer_budget or lower the margin",
-                    spilled_bytes as f64 / (1u64 << 30) as f64,
-                    margin as f64 / (1u64 << 30) as f64,
-                    avail as f64 / (1u64 << 30) as f64
-                )));
+                return Err(ModelError::OutOfMemory {
+                    memory: "RAM",
+                    what: format!(
+                        "pinning {n_spilled} spilled layers ({:.2} GiB) plus the {:.1} GiB margin (memory.ram_margin_mib)",
+                        gib(spilled_bytes),
+                        gib(margin)
+                    ),
+                    need: spilled_bytes + margin,
+                    free: avail,
+                    hint: "raise memory.gpu_layer_budget or lower the margin",
+                });
             }
         }
 
@@ -463,7 +509,7 @@ impl<'m> GpuDecoder<'m> {
         let resident_gib =
             layer_bytes[n_spilled..].iter().sum::<u64>() as f64 / (1u64 << 30) as f64;
         let summary = format!(
-            "{} on {} ({}): {} of {} layers resident ({:.2} GiB VRAM), {} spilled to pinned host memory ({:.2} GiB, offload_exec={}); embeddings, head, KV cache and attention on the GPU",
+            "{} on {} ({}): {} of {} layers resident ({:.2} GiB VRAM), {} spilled to pinned host memory ({:.2} GiB, offload_exec={}); embeddings, head, KV cache (ctx {ctx_len}, {:.2} GiB) and attention on the GPU",
             c.arch.name(),
             ctx.info().name,
             ctx.info().arch,
@@ -471,8 +517,9 @@ impl<'m> GpuDecoder<'m> {
             c.n_layer,
             resident_gib,
             n_spilled,
-            spilled_bytes as f64 / (1u64 << 30) as f64,
+            gib(spilled_bytes),
             offload.describe(),
+            gib(kv),
         );
         tracing::info!(target: "hipfire::model", summary = %summary, "model placed");
         let vocab = c.vocab;

@@ -42,7 +42,8 @@ pub use backend::{Backend, CpuBackend, ReferenceBackend, Weight};
 pub use config::{Arch, ModelConfig};
 pub use error::ModelError;
 pub use model::{
-    generate, Decoder, GenerationStats, LoadOptions, LoadProgress, Model, ProgressFn, Session,
+    generate, resolve_ctx_len, Decoder, GenerationStats, LoadOptions, LoadProgress, Model,
+    ProgressFn, Session,
 };
 pub use sampling::{Sampler, SamplingParams};
 pub use synth::{write_synthetic, SynthReport, SynthSpec, SYNTH_DESCRIPTION};

@@ -227,3 +227,68 @@ fn gpu_decoder_matches_cpu_at_depth() {
     }
     assert!(failures.is_empty(), "over the bound: {failures:?}");
 }
+
+#[test]
+fn gpu_decoder_refuses_a_kv_cache_beyond_vram_with_the_numbers() {
+    if !gated() {
+        return;
+    }
+    // Trained context 2^20 with 40 layers × 8 kv heads × 128: an f16 cache of 160 GiB, more
+    // than any single GPU hipfire runs on holds; the weights themselves are a few MiB.
+    let spec = SynthSpec {
+        name: "long-ctx".into(),
+        n_layer: 40,
+        n_head: 8,
+        n_head_kv: 8,
+        head_dim: 128,
+        ctx_len: 1 << 20,
+        ..SynthSpec::tiny(Arch::Llama)
+    };
+    let path = tmp("long-ctx.gguf");
+    write_synthetic(&path, &spec, Format::Q8_0, 7, None).expect("synth");
+    let pool = hipfire_exec::offload::offload_pool(0).expect("pool");
+    let load = |ctx_len| {
+        Model::load_with_backend(
+            &path,
+            &LoadOptions {
+                ctx_len,
+                ..LoadOptions::default()
+            },
+            Arc::new(CpuBackend::with_pool(pool.clone())),
+        )
+        .expect("load")
+    };
+    let opts = |gpu_layer_budget| GpuOptions {
+        ordinal: 0,
+        gpu_layer_budget,
+        mode: OffloadMode::Pcie,
+        ram_margin_bytes: hipfire_model::gpu::DEFAULT_RAM_MARGIN_BYTES,
+        flags: FlagsTuning::default(),
+    };
+    let model = load(None);
+    let kv = model.kv_cache_bytes();
+    assert_eq!(kv, 160 << 30);
+    for budget in [None, Some(40)] {
+        match GpuDecoder::new(&model, pool.clone(), &opts(budget)) {
+            Err(e @ hipfire_model::ModelError::OutOfMemory { need, free, .. }) => {
+                let msg = e.to_string();
+                eprintln!("budget {budget:?}: {msg}");
+                assert!(need > kv && need > free, "{msg}");
+                assert!(
+                    msg.contains(&format!("needs {need} bytes"))
+                        && msg.contains(&format!("{free} bytes"))
+                        && msg.contains("--ctx-size"),
+                    "{msg}"
+                );
+            }
+            Err(e) => panic!("budget {budget:?}: refused for another reason: {e}"),
+            Ok(_) => panic!("budget {budget:?}: a 160 GiB cache was placed"),
+        }
+    }
+    // The same model with a context that fits places and runs.
+    let model = load(Some(4096));
+    let mut dec = GpuDecoder::new(&model, pool.clone(), &opts(None)).expect("fits");
+    assert!(dec.placement_summary().contains("ctx 4096"));
+    dec.step(1).expect("step");
+    let _ = std::fs::remove_file(&path);
+}
