@@ -1,32 +1,30 @@
 //! Times decode attention alone on Llama-3-8B's shape (32 query heads, 8 kv heads of 128, f16
-//! cache) at several depths: the split-KV kernels (the planner's chunks and a sweep of others)
-//! against the one-block-per-head kernel they replace (`baseline_decode.cu`, decode.cu as of
-//! commit fe26b1a). Launches rotate over 32 layers' caches, as a decode step does, so at depth the
-//! bytes come from HBM and not from the 50 MB L2. Prints one JSON object per line (and writes
-//! them to `--json PATH`): depth, variant, µs per call, K/V bytes read ÷ time.
+//! cache) at several depths: the split-KV kernels with the planner's plan and a sweep of chunk
+//! counts × query heads a block. Launches rotate over 32 layers' caches, as a decode step does,
+//! so at depth the bytes come from HBM and not from the 50 MB L2. Prints one JSON object per
+//! line (and writes them to `--json PATH`): depth, variant, µs per call, K/V bytes read ÷ time.
+//! (The records in docs/perf-checkpoints/2026-12-01-decode-attention-h200 also timed the
+//! one-block-per-head kernel this replaced, from commit b3e597f of this program.)
 //!
 //!     attention_timing [--json PATH] [--depths 16,1024,4096,16384] [--iters N]
 
-use std::ffi::c_void;
 use std::io::Write;
 
 use half::f16;
-use hipfire_gpu::backend::LaunchDims;
-use hipfire_gpu::{Context, DeviceBuffer, DeviceMemory, KernelRegistry, KernelSource, Stream};
+use hipfire_gpu::{Context, DeviceBuffer, KernelRegistry};
 use hipfire_model::gpu::DECODE_SOURCE;
 use hipfire_model::gpu_attention::{AttnShape, SplitKvAttention, SplitPlan, ATTN_MAX_CHUNKS};
 use rand::{Rng, SeedableRng};
 
-/// The kernel replaced by split-KV attention, for the comparison only.
-const BASELINE: KernelSource = KernelSource {
-    name: "baseline_decode.cu",
-    source: include_str!("baseline_decode.cu"),
-    headers: &[("f16.cuh", hipfire_gpu::F16_CUH)],
-};
+/// One timed launch over a layer's (K, V) caches into `out`.
+type LaunchFn<'a> = dyn FnMut(
+        &(DeviceBuffer<u16>, DeviceBuffer<u16>),
+        &mut DeviceBuffer<f32>,
+    ) -> Result<(), Box<dyn std::error::Error>>
+    + 'a;
+
 /// Layers whose caches the launches rotate over (Llama-3-8B's).
 const LAYERS: usize = 32;
-/// The baseline's score row is n_pos f32 in 48 KiB of shared memory.
-const BASELINE_MAX_POS: usize = 48 * 1024 / 4;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut json_path = None;
@@ -59,7 +57,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let reg = KernelRegistry::new(&ctx);
     let module = reg.module(&DECODE_SOURCE, &[])?;
     let attn = SplitKvAttention::new(&module, shape, ATTN_MAX_CHUNKS)?;
-    let baseline = reg.module(&BASELINE, &[])?.function("attention_f16kv")?;
     let kvd = shape.n_kv_head * shape.head_dim;
     let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(1);
     let host: Vec<u16> = (0..max_depth * kvd)
@@ -89,11 +86,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     for &n_pos in &depths {
         let bytes = (2 * n_pos * kvd * std::mem::size_of::<u16>()) as f64;
-        let mut time = |f: &mut dyn FnMut(
-            &(DeviceBuffer<u16>, DeviceBuffer<u16>),
-            &mut DeviceBuffer<f32>,
-        ) -> Result<(), Box<dyn std::error::Error>>|
-         -> Result<f64, Box<dyn std::error::Error>> {
+        let mut time = |f: &mut LaunchFn<'_>| -> Result<f64, Box<dyn std::error::Error>> {
             for c in caches.iter().take(LAYERS) {
                 f(c, &mut out)?; // warm-up: one pass over every layer
             }
@@ -125,16 +118,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }));
             println!("{}", lines.last().ok_or("no line")?);
         }
-        if n_pos <= BASELINE_MAX_POS {
-            let us = time(&mut |(k, v), o| {
-                launch_baseline(&ctx, &stream, &baseline, &qb, k, v, o, shape, n_pos)
-            })?;
-            lines.push(serde_json::json!({
-                "depth": n_pos, "variant": "baseline attention_f16kv", "us": us,
-                "gb_per_s": bytes / us / 1e3,
-            }));
-            println!("{}", lines.last().ok_or("no line")?);
-        }
     }
     if let Some(p) = json_path {
         let mut f = std::fs::File::create(p)?;
@@ -142,52 +125,5 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             writeln!(f, "{l}")?;
         }
     }
-    Ok(())
-}
-
-#[allow(clippy::too_many_arguments)] // the kernel's operands
-fn launch_baseline(
-    ctx: &std::sync::Arc<Context>,
-    stream: &Stream,
-    f: &hipfire_gpu::Function,
-    q: &DeviceBuffer<f32>,
-    k: &DeviceBuffer<u16>,
-    v: &DeviceBuffer<u16>,
-    out: &mut DeviceBuffer<f32>,
-    s: AttnShape,
-    n_pos: usize,
-) -> Result<(), Box<dyn std::error::Error>> {
-    let (mut pq, mut pk, mut pv, mut po) = (
-        q.device_ptr(),
-        k.device_ptr(),
-        v.device_ptr(),
-        out.device_ptr(),
-    );
-    let (mut nh, mut nkv, mut hd, mut np) = (
-        s.n_head as i32,
-        s.n_kv_head as i32,
-        s.head_dim as i32,
-        n_pos as i32,
-    );
-    let mut scale = 1.0f32 / (s.head_dim as f32).sqrt();
-    let mut p: [*mut c_void; 9] = [
-        (&mut pq as *mut u64).cast(),
-        (&mut pk as *mut u64).cast(),
-        (&mut pv as *mut u64).cast(),
-        (&mut po as *mut u64).cast(),
-        (&mut nh as *mut i32).cast(),
-        (&mut nkv as *mut i32).cast(),
-        (&mut hd as *mut i32).cast(),
-        (&mut np as *mut i32).cast(),
-        (&mut scale as *mut f32).cast(),
-    ];
-    let dims = LaunchDims {
-        grid: s.n_head as u32,
-        block: 256,
-        shared_bytes: (n_pos * 4) as u32,
-    };
-    // SAFETY: parameters match baseline_decode.cu's attention_f16kv; the caches hold ≥ n_pos
-    // rows (allocated for the deepest depth), q and out n_head × head_dim floats.
-    unsafe { ctx.backend().launch(f.raw(), dims, stream.raw(), &mut p)? };
     Ok(())
 }

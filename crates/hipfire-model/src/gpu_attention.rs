@@ -46,13 +46,15 @@ const MIN_WARP: usize = 32;
 const VEC: usize = 8;
 
 /// Fewest positions a chunk is cut to. Below it a block's fixed cost (loading q, the final
-/// cross-warp sum, the partial's write and the combine) outweighs the rows it reads. Depth below
-/// twice this stays one chunk, hence one launch.
+/// cross-warp sum, the partial's write and the combine) outweighs the rows it reads: on the H200
+/// at depth 1024 chunks of 32 took 16.5 µs, of 8 34 µs, of 4 61 µs
+/// (docs/perf-checkpoints/2026-12-01-decode-attention-h200, run2). Depth below twice this stays
+/// one chunk, hence one launch.
 pub const ATTN_MIN_CHUNK_POS: usize = 32;
-/// Blocks per multiprocessor the split aims for once the depth allows: enough resident blocks to
-/// keep several 16-byte loads in flight per SM. On the H200 (132 SMs) and Llama-3-8B (8 kv
-/// heads) that is 66 chunks: depth 1024 gives 32 chunks of 32 (256 blocks), depth ≥ 2112 gives
-/// 66 chunks (528 blocks).
+/// Blocks per multiprocessor the split aims for once the depth allows: the 4-head instance's 127
+/// registers a thread fit 4 blocks of 128 threads an SM, and more chunks than that only add
+/// partials. On the H200 (132 SMs) and Llama-3-8B (8 kv heads) that is 66 chunks; at depth 16384
+/// they took 63 µs, 132 chunks 76–97 µs, 256 chunks 105–117 µs (same record, run2 and run3).
 pub const ATTN_BLOCKS_PER_SM: usize = 4;
 
 /// Shape of one layer's attention.

@@ -20,8 +20,9 @@ use rand_chacha::ChaCha8Rng;
 /// Largest |gpu − f64| over the outputs. The f64 reference reads the same f16 cache values, so
 /// only f32 arithmetic separates them: dot products of ≤ 256 terms, `__expf` (a few ulp), sums
 /// of up to 16384 weighted rows in chunk and combine order. Outputs are averages of values in
-/// [-1, 1]; 1e-4 is ~100× what f32 rounding of such sums accounts for.
-const ABS_BOUND: f64 = 1e-4;
+/// [-1, 1]. The H200 box measured at most 4.0e-7 over the 38 cases below
+/// (docs/perf-checkpoints/2026-12-01-decode-attention-h200/run3/tests.log); 1e-5 leaves 25×.
+const ABS_BOUND: f64 = 1e-5;
 /// Cache rows past the depth, filled with f16 NaN: reading any of them poisons the output.
 const POISON_ROWS: usize = 3;
 /// f16 quiet NaN.
@@ -201,7 +202,7 @@ fn split_kv_attention_matches_f64_reference() {
                     s.n_head, s.n_kv_head, s.head_dim, c.n_pos, plan.n_chunks, plan.chunk_len, plan.heads_per_block
                 );
                 // An output this small would let a wrong kernel pass under the bound.
-                assert!(scale > 100.0 * ABS_BOUND, "reference output too small");
+                assert!(scale > 1000.0 * ABS_BOUND, "reference output too small");
                 if err > ABS_BOUND {
                     failures.push(format!("{s:?} depth {}: {err:.3e}", c.n_pos));
                 }
