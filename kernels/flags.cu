@@ -29,7 +29,7 @@ typedef unsigned long long hf_u64;
 // A poll of a word the host writes: a plain system-scope load, no ordering; the loop ends with one
 // hf_fence_acquire_sys. An acquire load per poll (the earlier form) orders every poll against all
 // later accesses, which is more than the loop needs. On the H200 box the two forms measured the
-// same (docs/perf-checkpoints/2026-11-29-session3-h200, record 09).
+// same (docs/perf-checkpoints/2026-11-29-flags-step-cost-h200, record 09).
 __device__ __forceinline__ hf_u32 hf_load_relaxed_sys(const hf_u32* p) {
 #ifdef HF_CUDA
     hf_u32 v;
@@ -83,7 +83,7 @@ __device__ __forceinline__ float hf_load_fresh(const float* p) {
 // thread 0's fence, and a sys-scope fence is cumulative over what its thread has observed (the
 // PTX memory model's causality order; cooperative groups' grid sync relies on the same at gpu
 // scope), so one fence covers the block. On the H200 the leader form ran the layer at 0.963x
-// (9 interleaved rounds, docs/perf-checkpoints/2026-11-29-session5-h200): every thread fences by
+// (9 interleaved rounds, docs/perf-checkpoints/2026-11-29-layer-targets-rounds-h200): every thread fences by
 // default.
 __device__ __forceinline__ void hf_publish_fence(int leader_fence, int leader) {
     if (!leader_fence) __threadfence_system();

@@ -131,7 +131,7 @@ handshake)
     ;;
 ab)
     # `last` is the positive control: per-worker done words beat it by 3-5 % in same-run pairs.
-    # The default list: session 7's default against the arm timed after the publish (the
+    # The default list: the 2026-11-30 auto-per-shape record's default against the arm timed after the publish (the
     # default before it), and seq-x, the fenced publish, as a second control.
     "$B/bin/single_layer" --reps "${REPS:-200}" --ab-rounds "${ROUNDS:-9}" \
         --flags-variants "${VARIANTS:-default,gpu-arm-after-publish,seq-x,last}" --json "$OUT/ab.json" 2>&1 |

@@ -80,7 +80,7 @@ const DISTINCT_ROWS: usize = 64;
 /// that the weights come from DRAM, not the last-level cache: the H200 box's Xeon has a 300 MiB
 /// L3 (lscpu), and with 4 Q4_K copies (0.5 GB) passback read 143-151 GB/s against a 127-137
 /// GB/s both-at-once ceiling, 113.6-118.5 with 16 copies (2 GB) in the same session
-/// (docs/perf-checkpoints/2026-11-29-session4-h200). About 7× the L3.
+/// (docs/perf-checkpoints/2026-11-29-done-words-dram-layers-h200). About 7× the L3.
 const LAYER_SET_BYTES: usize = 2 << 30;
 /// Bytes of each buffer the read ceilings are measured over: far beyond any cache.
 const CEILING_BYTES: usize = 1 << 30;
@@ -557,7 +557,7 @@ fn main() -> Result<()> {
         gpu: &cold[1],
     };
     // The median (by total) of a few: on the H200 box the single measurement of two of seven
-    // runs read the CPU at 13.5–14.3 GB/s, against 72.6–78.0 in the others (session 5).
+    // runs read the CPU at 13.5–14.3 GB/s, against 72.6–78.0 in the others (the 2026-11-29 layer-targets record).
     let mut boths = (0..CEILING_SAMPLES)
         .map(|_| targets::both_at_once(&ctx, &stream, &reader, &pool, &bufs))
         .collect::<Result<Vec<_>>>()?;

@@ -19,20 +19,20 @@ use crate::{Bench, Mode, AUTO_WARM_REPS, FF, PINNED_WARM_REPS, SWEEP_SHARES};
 /// measures shares one after another, so slow drift of the box (its CPU read ceiling moved
 /// 65.6–84.2 GB/s between runs of one day) and picking the minimum of nine noisy points both
 /// favour the pinned side; alternating the two executors and taking the median of the per-round
-/// ratios removes both (docs/perf-checkpoints/2026-11-29-session2-h200: adjacent shares' medians
-/// of 200 reps differed by up to 20 % non-monotonically). 15, not session 6's 7: one round's
+/// ratios removes both (docs/perf-checkpoints/2026-11-29-joins-vs-llamacpp-h200: adjacent shares' medians
+/// of 200 reps differed by up to 20 % non-monotonically). 15, not the 2026-11-30 cpu-idle record's 7: one round's
 /// ratio spread ±4–9 % around its median even between two identical executors (the A/A
-/// control, docs/perf-checkpoints/2026-11-30-session7-h200 record 01), so the median of 7 could
+/// control, docs/perf-checkpoints/2026-11-30-auto-per-shape-h200 record 01), so the median of 7 could
 /// not resolve the 3 % target. `--h2h-rounds` raises it where a row's interval (see
 /// [`MedianCi`]) is still wider than the target: two-stream k's rounds spread 0.84–1.12 in
-/// session 8's record 01, an interval of ±3 % around the median of 15.
+/// record 01 of the 2026-11-30 share-intervals record, an interval of ±3 % around the median of 15.
 pub(crate) const HEAD_TO_HEAD_ROUNDS: usize = 15;
 /// Each executor's turn in a round lasts about this long (µs of layers), whatever the shape: 50
 /// reps were 15 ms of k but 110 ms of gate. Longer turns did not narrow the rounds' spread
 /// there (gate's A/A spread was the widest), so the time goes into more rounds instead.
 const HEAD_TO_HEAD_TURN_US: f64 = 60_000.0;
 /// The sweep's fastest shares raced against `auto` in those rounds: the sweep's single fastest
-/// is the luckiest of nine noisy points (session 3's worst per-shape rows, 0.853 and 0.915,
+/// is the luckiest of nine noisy points (the 2026-11-29 flags-step-cost record's worst per-shape rows, 0.853 and 0.915,
 /// came from such minima).
 const HEAD_TO_HEAD_RIVALS: usize = 3;
 

@@ -1,6 +1,6 @@
 //! The median of interleaved rounds' ratios and a distribution-free confidence interval for it,
 //! so that a table says how far its medians can be trusted (one round of a short shape's race
-//! spread ±10 % on the H200 box, docs/perf-checkpoints/2026-11-30-session8-h200).
+//! spread ±10 % on the H200 box, docs/perf-checkpoints/2026-11-30-share-intervals-h200).
 
 /// Smallest coverage the interval is widened to (two-sided).
 const MEDIAN_CI_COVERAGE: f64 = 0.95;

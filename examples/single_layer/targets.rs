@@ -2,8 +2,8 @@
 //! ≥ 2 × pcie, per-step sync ≤ 5 %) as ratios measured inside each of R interleaved rounds.
 //!
 //! Measured once each, minutes apart, the ceiling and the layer drift independently: on the H200
-//! box the one-shot both-at-once ceiling read 112.6–145.7 GB/s across session 4's runs and the
-//! CPU read alone 60.1–120.5 (docs/perf-checkpoints/2026-11-29-session4-h200), so a ratio of two
+//! box the one-shot both-at-once ceiling read 112.6–145.7 GB/s across the 2026-11-29 done-words record's runs and the
+//! CPU read alone 60.1–120.5 (docs/perf-checkpoints/2026-11-29-done-words-dram-layers-h200), so a ratio of two
 //! such figures moved by more than the 10 % it was meant to judge. Here every round measures the
 //! ceiling and runs `cpu`, `pcie` and `flags` (passback auto, warmed once) back to back, in an
 //! order rotated each round; the ratios are taken within the round and reported as the median

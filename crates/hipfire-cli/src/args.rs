@@ -51,7 +51,9 @@ Examples:
   hipfire config list --json
 
 Exit status: 0 success, 1 refused or nothing to do (e.g. a live daemon holds the device), \
-2 error (bad flag or value, I/O, model or device failure).";
+2 error (bad flag or value, I/O, model or device failure), 130 / 143 when Ctrl-C (SIGINT) / \
+SIGTERM stopped `run` or `bench` after the current token (what was produced and the stats \
+line are printed first; a second Ctrl-C kills at once).";
 
 /// The `hipfire` command line.
 #[derive(Debug, Parser)]
@@ -78,6 +80,7 @@ pub struct Cli {
     /// Config file (else $HIPFIRE_CONFIG, else default).
     ///
     /// The default is <config dir>/hipfire/config.toml (~/.config/hipfire/config.toml on Linux).
+    /// A file named here must exist, except for `config set` and `config reset`, which create it.
     #[arg(long, global = true, value_name = "PATH")]
     pub config: Option<PathBuf>,
 
@@ -258,7 +261,12 @@ pub struct RunArgs {
         long_help = key_long("memory.offload_exec"))]
     pub offload_exec: Option<String>,
 
-    /// Use the model's chat template (default if any).
+    /// Use the model's chat template (default when it is ChatML).
+    ///
+    /// Only ChatML templates are rendered. With --chat, a model whose template is anything
+    /// else (or that has none) is an error, as llama.cpp refuses an unsupported
+    /// --chat-template; without --chat or --no-chat such a model gets a warning and the
+    /// prompt is fed as raw text.
     #[arg(long, overrides_with = "no_chat")]
     pub chat: bool,
 
@@ -305,6 +313,13 @@ const DEFAULT_BENCH_GEN_TOKENS: &str = "64";
 /// Default interleaved rounds per mode.
 const DEFAULT_BENCH_ROUNDS: &str = "3";
 
+/// Most prompt or generated tokens one bench round may ask for: 2^20, above the context of
+/// every model hipfire loads today (SmolLM2 8192, Llama 3.1 131072), so only typos and
+/// wrapped negatives are refused here; the model's own context is checked after loading.
+pub const MAX_BENCH_TOKENS: u32 = 1 << 20;
+/// Most timed rounds per mode: a median of 1000 rounds is as stable as medians get.
+pub const MAX_BENCH_ROUNDS: u32 = 1000;
+
 /// `hipfire bench`.
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -312,24 +327,27 @@ pub struct BenchArgs {
     #[arg(value_name = "MODEL")]
     pub model: PathBuf,
 
-    /// Prompt length in tokens.
+    /// Prompt length in tokens, 1 to 1048576.
     ///
-    /// The prompt is fixed English filler text cut to this many tokens.
-    #[arg(long, value_name = "N", default_value = DEFAULT_BENCH_PROMPT_TOKENS)]
+    /// The prompt is fixed English filler text cut to this many tokens. Prompt plus generated
+    /// tokens must fit the model's context; that is checked before any round runs.
+    #[arg(long, value_name = "N", default_value = DEFAULT_BENCH_PROMPT_TOKENS,
+        value_parser = clap::value_parser!(u32).range(1..=MAX_BENCH_TOKENS as i64))]
     pub prompt_tokens: u32,
 
-    /// Tokens generated per round (greedy).
-    #[arg(long, value_name = "N", default_value = DEFAULT_BENCH_GEN_TOKENS)]
+    /// Tokens generated per round (greedy), 1 to 1048576.
+    #[arg(long, value_name = "N", default_value = DEFAULT_BENCH_GEN_TOKENS,
+        value_parser = clap::value_parser!(u32).range(1..=MAX_BENCH_TOKENS as i64))]
     pub gen_tokens: u32,
 
-    /// Timed rounds per mode.
+    /// Timed rounds per mode, 1 to 1000.
     ///
     /// One untimed warm-up round precedes them; the median of the rounds is reported. With
     /// several `--offload-exec` modes on a GPU, every round of every mode is a fresh process,
     /// the order of modes is rotated each round, and the paired per-round ratios between modes
     /// are reported too.
     #[arg(long, value_name = "N", default_value = DEFAULT_BENCH_ROUNDS,
-        value_parser = clap::value_parser!(u32).range(1..))]
+        value_parser = clap::value_parser!(u32).range(1..=MAX_BENCH_ROUNDS as i64))]
     pub rounds: u32,
 
     /// Offload modes to compare, comma-separated.
@@ -355,6 +373,14 @@ pub const DEFAULT_BENCH_K: usize = 5120;
 pub const DEFAULT_BENCH_BUFFER_MIB: usize = 192;
 /// Default timed repetitions per format and engine (the median is reported).
 pub const DEFAULT_BENCH_REPS: usize = 5;
+/// Most columns of the synthetic matrix: 2^20, 200× the widest matrix of a real model
+/// (Llama 3 8B's ffn_down, k 14336) and only 4 MiB of f32 activation.
+pub const MAX_BENCH_K: u64 = 1 << 20;
+/// Most weight MiB per format: 64 GiB, far above any last-level cache (the point of the
+/// buffer) and below the RAM of the machines this runs on; a larger figure is a typo.
+pub const MAX_BENCH_BUFFER_MIB: u64 = 64 << 10;
+/// Most timed repetitions per engine: beyond 1000 the median moves by less than the noise.
+pub const MAX_BENCH_REPS: u64 = 1000;
 
 /// `hipfire offload-bench`.
 #[derive(Debug, Args)]
@@ -365,24 +391,25 @@ pub struct OffloadBenchArgs {
     #[arg(long, value_name = "FMTS", value_delimiter = ',')]
     pub format: Vec<String>,
 
-    /// Columns of the synthetic matrix.
+    /// Columns of the synthetic matrix, 1 to 1048576.
     ///
     /// Must be a multiple of each measured format's block (256 for K-quants).
-    #[arg(long, value_name = "K", default_value_t = DEFAULT_BENCH_K)]
+    #[arg(long, value_name = "K", default_value_t = DEFAULT_BENCH_K,
+        value_parser = clap::value_parser!(u64).range(1..=MAX_BENCH_K).map(|v| v as usize))]
     pub k: usize,
 
-    /// Weight MiB per format.
+    /// Weight MiB per format, 1 to 65536.
     ///
     /// Rows = ceil(bytes / row bytes). Keep it far above the last-level cache.
     #[arg(long, value_name = "MIB", default_value_t = DEFAULT_BENCH_BUFFER_MIB,
-        value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
+        value_parser = clap::value_parser!(u64).range(1..=MAX_BENCH_BUFFER_MIB).map(|v| v as usize))]
     pub buffer_mb: usize,
 
-    /// Timed repetitions per engine (median).
+    /// Timed repetitions per engine (median), 1 to 1000.
     ///
     /// One untimed warm-up precedes them.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_BENCH_REPS,
-        value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
+        value_parser = clap::value_parser!(u64).range(1..=MAX_BENCH_REPS).map(|v| v as usize))]
     pub reps: usize,
 
     #[arg(long, value_name = "N", help = key_help("cpu.threads"), long_help = key_long("cpu.threads"))]
@@ -432,6 +459,10 @@ impl SynthArch {
     }
 }
 
+/// Most repeating layers `synth` writes: 8× the ~126 of the largest dense models today;
+/// more is a typo that would plan billions of tensors.
+pub const MAX_SYNTH_LAYERS: u32 = 1024;
+
 /// `hipfire synth`.
 #[derive(Debug, Args)]
 pub struct SynthArgs {
@@ -443,12 +474,22 @@ pub struct SynthArgs {
     #[arg(long, value_name = "FMT", default_value = "q4_k")]
     pub format: String,
 
-    /// Output GGUF path.
+    /// Output GGUF path; must not exist unless --force.
+    ///
+    /// The file is written to a temporary name beside it and renamed into place when
+    /// complete, so the path never holds a partial file.
     #[arg(long, value_name = "PATH")]
     pub out: PathBuf,
 
-    /// Repeating layers (default: the architecture's).
-    #[arg(long, value_name = "N")]
+    /// Replace an existing --out file.
+    ///
+    /// By rename: a process reading or mapping the old file keeps its bytes.
+    #[arg(long)]
+    pub force: bool,
+
+    /// Repeating layers, 1 to 1024 (default: the architecture's).
+    #[arg(long, value_name = "N",
+        value_parser = clap::value_parser!(u32).range(1..=MAX_SYNTH_LAYERS as i64))]
     pub layers: Option<u32>,
 
     /// Seed of the random weights.
@@ -477,7 +518,10 @@ pub enum ConfigAction {
         #[arg(long)]
         json: bool,
     },
-    /// Validate a value and store it in the config file (atomically; other keys kept).
+    /// Validate a value and store it in the config file.
+    ///
+    /// The edit holds a lock beside the file (parallel sets all survive), keeps other keys,
+    /// comments, permissions and a symlink, and replaces the file atomically.
     Set {
         /// Dotted key.
         key: String,

@@ -13,6 +13,8 @@ use std::process::{Command, Stdio};
 use anyhow::{bail, Context as _};
 use serde_json::{json, Value};
 
+use crate::stop::{self, Stop};
+
 /// Set in the children so they measure instead of orchestrating again.
 pub const CHILD_ENV: &str = "HIPFIRE_BENCH_CHILD";
 
@@ -57,8 +59,15 @@ fn child(mode: &str, base: &[String]) -> anyhow::Result<Value> {
 }
 
 /// Runs `rounds` rounds of every mode, each a fresh process, order rotated per round; returns
-/// the report (medians per mode, paired ratios, every sample).
-pub fn run(modes: &[String], rounds: u32, progress: &dyn Fn(String)) -> anyhow::Result<Value> {
+/// the report (medians per mode, paired ratios, every sample). A SIGINT/SIGTERM (which the
+/// children in the same process group receive too) ends the rounds: the round it cut short is
+/// dropped, the finished ones are reported, and the report names the signal.
+pub fn run(
+    modes: &[String],
+    rounds: u32,
+    stop: &Stop,
+    progress: &dyn Fn(String),
+) -> anyhow::Result<Value> {
     if rounds == 0 {
         bail!("--rounds must be at least 1");
     }
@@ -71,10 +80,13 @@ pub fn run(modes: &[String], rounds: u32, progress: &dyn Fn(String)) -> anyhow::
     let mut join = vec![Value::Null; modes.len()];
     let mut share = vec![Value::Null; modes.len()];
     let mut first: Option<Value> = None;
-    for r in 0..rounds as usize {
+    'rounds: for r in 0..rounds as usize {
         for j in 0..modes.len() {
             let i = (j + r) % modes.len();
-            let rep = child(&modes[i], &base)?;
+            let rep = match child(&modes[i], &base) {
+                _ if stop.requested().is_some() => break 'rounds,
+                r => r?,
+            };
             let m = &rep["modes"][0];
             decode[i][r] = m["decode_tok_s"]["median"].as_f64().unwrap_or(f64::NAN);
             prefill[i][r] = m["prefill_tok_s"]["median"].as_f64().unwrap_or(f64::NAN);
@@ -127,6 +139,7 @@ pub fn run(modes: &[String], rounds: u32, progress: &dyn Fn(String)) -> anyhow::
         "method": "interleaved fresh-process rounds, mode order rotated each round; each child: one warm-up round, one timed round",
         "modes": per_mode,
         "paired_decode_ratios": ratios,
+        "interrupted_by": stop.requested().map(stop::signal_name),
     }))
 }
 

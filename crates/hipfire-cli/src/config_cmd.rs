@@ -12,6 +12,13 @@ use crate::{Ctx, EXIT_OK};
 /// Run one config action.
 pub fn run(ctx: &Ctx, action: &ConfigAction) -> anyhow::Result<ExitCode> {
     let path = hipfire_config::config_path(ctx.config_file.as_deref(), &ProcessEnv)?;
+    // A file named by --config must exist for the actions that read it (set and reset may
+    // create it); $HIPFIRE_CONFIG and the default path may name one not written yet.
+    if ctx.config_file.is_some()
+        && matches!(action, ConfigAction::Get { .. } | ConfigAction::List { .. })
+    {
+        hipfire_config::require_existing(&path)?;
+    }
     let mut out = std::io::stdout().lock();
     match action {
         ConfigAction::Get { key, json } => {
@@ -25,7 +32,7 @@ pub fn run(ctx: &Ctx, action: &ConfigAction) -> anyhow::Result<ExitCode> {
             }
         }
         ConfigAction::Set { key, value } => {
-            let mut file = ConfigFile::open(&path)?;
+            let mut file = ConfigFile::open_for_edit(&path)?;
             let v = file.set(key, value)?;
             file.save()?;
             writeln!(out, "{key} = {v}  (written to {})", path.display())?;
@@ -40,7 +47,7 @@ pub fn run(ctx: &Ctx, action: &ConfigAction) -> anyhow::Result<ExitCode> {
             }
         }
         ConfigAction::Reset { key } => {
-            let mut file = ConfigFile::open(&path)?;
+            let mut file = ConfigFile::open_for_edit(&path)?;
             if hipfire_config::key(key).is_err() {
                 // Not a schema key: still let reset clean it out of the file (a typo there
                 // makes every other command refuse to start), else report the unknown key.

@@ -6,13 +6,19 @@
 //! - `config_cmd` — `hipfire config ...` over hipfire-config.
 //! - `version` — `hipfire version`, including the GPU probe.
 //! - `offload_bench` — `hipfire offload-bench`.
+//! - `gpu_probe` — the GPU as the CLI sees it: a probe that never crashes.
 //! - `model_cmd` — `run`, `bench`, `synth` over hipfire-model.
-//! - `daemon` — the live-daemon check that keeps measurements off a busy device.
+//! - `bench_rounds` — `bench --offload-exec A,B,C --rounds N` on a GPU: interleaved
+//!   fresh-process rounds.
+//! - `stats` — the one median every measuring command reports.
+//! - `daemon` — the daemon lock (`flock` on the pid file) that keeps measurements off a busy device.
+//! - `stop` — SIGINT/SIGTERM as a stop-after-this-token request for `run` and `bench`.
 //! - `logging` — tracing setup.
 //!
 //! # Exit status
 //! 0 success; 1 refused or nothing to do (a live daemon, nothing to write); 2 error (bad
-//! flag or value, I/O, model or device failure). A closed stdout (`hipfire ... | head`) is a
+//! flag or value, I/O, model or device failure); 130 / 143 when `run` or `bench` stopped
+//! early on SIGINT / SIGTERM (after printing what it produced). A closed stdout (`hipfire ... | head`) is a
 //! quiet success, as in ripgrep.
 
 mod args;
@@ -24,6 +30,7 @@ mod logging;
 mod model_cmd;
 mod offload_bench;
 mod stats;
+mod stop;
 mod version;
 
 use std::io::Write;

@@ -12,14 +12,15 @@ use hipfire_config::{Device, JoinStrategy, OffloadExec, PassbackShare, Settings,
 use hipfire_exec::offload::{JoinStrategy as ExecJoin, OffloadMode};
 use hipfire_exec::share::ShareSetting;
 use hipfire_model::gpu::{GpuDecoder, GpuOptions};
-use hipfire_model::{write_synthetic, SynthSpec};
+use hipfire_model::{write_synthetic_to, Overwrite, SynthSpec};
 use hipfire_model::{
-    ChatMessage, ChatTemplate, GenerationStats, LoadOptions, LoadProgress, Model, ProgressFn,
-    ReferenceBackend, SamplingParams, StreamDecoder,
+    ChatMessage, ChatTemplate, GenerationStats, LoadOptions, LoadProgress, Model, ModelError,
+    ProgressFn, ReferenceBackend, SamplingParams, StreamDecoder,
 };
 
 use crate::args::{BenchArgs, RunArgs, SynthArgs};
-use crate::{gpu_probe, Ctx, EXIT_OK};
+use crate::stop::{self, Stop};
+use crate::{daemon, gpu_probe, Ctx, EXIT_OK, EXIT_REFUSED};
 
 /// The executor's spelling of the configured offload mode.
 fn offload_mode(s: &Settings) -> anyhow::Result<OffloadMode> {
@@ -175,7 +176,7 @@ fn gpu_decoder<'m>(
     };
     // `auto` is 0 here so the offload pool leaves one core to the thread driving the GPU.
     let pool = hipfire_exec::offload::offload_pool(pool_threads(s.threads))?;
-    Ok(GpuDecoder::new(&l.model, pool, &opts)?)
+    GpuDecoder::new(&l.model, pool, &opts).context("placing the model on GPU 0")
 }
 
 /// `cpu.threads` as hipfire-exec's pool constructors take it: 0 = their own `auto`.
@@ -233,10 +234,27 @@ pub fn run(ctx: &Ctx, a: &RunArgs) -> anyhow::Result<ExitCode> {
         Engine::Cpu => None,
     };
     let l = load(ctx, engine, &a.model, &s, s.ctx_size.tokens(), !a.json)?;
+    // From here a Ctrl-C stops after the current token and still reports.
+    let stop = Stop::install()?;
     let tok = l.model.tokenizer();
-    let chat = a.chat().unwrap_or(tok.chat != ChatTemplate::Raw);
+    // `--chat` with a template hipfire does not render is refused by `encode_chat` (as
+    // llama.cpp refuses an unsupported `--chat-template`); without a flag an unrecognised
+    // template gets a warning naming the fallback (the raw prompt).
+    let chat = match (a.chat(), &tok.chat) {
+        (Some(c), _) => c,
+        (None, ChatTemplate::ChatMl { .. }) => true,
+        (None, ChatTemplate::Raw) => false,
+        (None, ChatTemplate::Unrecognised { head }) => {
+            ctx.note(format!(
+                "warning: the model's chat template {head} is not ChatML, the only one hipfire \
+                 renders; feeding the prompt as raw text (--no-chat silences this, --chat refuses)"
+            ));
+            false
+        }
+    };
     let ids = if chat {
-        tok.encode_chat(&[ChatMessage::new("user", &prompt)])?
+        tok.encode_chat(&[ChatMessage::new("user", &prompt)])
+            .context("--chat (use --no-chat to feed the prompt as raw text)")?
     } else {
         tok.encode(&prompt, tok.add_bos)?
     };
@@ -258,7 +276,7 @@ pub fn run(ctx: &Ctx, a: &RunArgs) -> anyhow::Result<ExitCode> {
                         return false;
                     }
                 }
-                true
+                stop.requested().is_none()
             }
             Err(e) => {
                 write_err = Some(e.into());
@@ -286,6 +304,7 @@ pub fn run(ctx: &Ctx, a: &RunArgs) -> anyhow::Result<ExitCode> {
     }
     let tail = dec.finish();
     text.push_str(&tail);
+    let interrupted = stop.requested();
     if a.json {
         let v = serde_json::json!({
             "text": text,
@@ -299,19 +318,25 @@ pub fn run(ctx: &Ctx, a: &RunArgs) -> anyhow::Result<ExitCode> {
             "engine": match l.engine { Engine::Cpu => "cpu", Engine::Gpu => "gpu" },
             "offload_exec": s.offload_exec.name(),
             "placement": placement,
+            "interrupted_by": interrupted.map(stop::signal_name),
         });
         writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
     } else {
         writeln!(out, "{tail}")?;
         out.flush()?;
+        let why = interrupted
+            .map(|sig| format!("; stopped by {}", stop::signal_name(sig)))
+            .unwrap_or_default();
         ctx.note(format!(
-            "[{} prompt tokens, {} generated, {:.1} tok/s decode; {placement}]",
+            "[{} prompt tokens, {} generated, {:.1} tok/s decode; {placement}{why}]",
             stats.prompt_tokens,
             stats.generated,
             stats.decode_tok_per_s()
         ));
     }
-    Ok(ExitCode::from(EXIT_OK))
+    Ok(ExitCode::from(
+        interrupted.map_or(EXIT_OK, stop::exit_status),
+    ))
 }
 
 /// Filler text for bench prompts: ordinary English so the tokenizer produces ordinary tokens.
@@ -321,6 +346,8 @@ const BENCH_TEXT: &str =
 /// Slack context positions beyond prompt + generation (BOS and the closing step).
 const BENCH_CTX_SLACK: usize = 8;
 
+/// `n` tokens of filler. The text doubles until it is long enough, so the tokenizer runs
+/// O(log n) times over O(n) text in all, not n times.
 fn bench_prompt(model: &Model, n: usize) -> anyhow::Result<Vec<u32>> {
     let tok = model.tokenizer();
     let mut text = BENCH_TEXT.to_string();
@@ -329,12 +356,41 @@ fn bench_prompt(model: &Model, n: usize) -> anyhow::Result<Vec<u32>> {
         if ids.len() >= n {
             return Ok(ids[..n].to_vec());
         }
-        text.push_str(BENCH_TEXT);
+        if ids.is_empty() && text.len() > BENCH_TEXT.len() {
+            bail!("the model's tokenizer turns the bench filler text into no tokens");
+        }
+        text = text.repeat(2);
     }
+}
+
+/// Context positions a bench round needs: prompt + generated + slack, without wrapping.
+fn bench_ctx_len(prompt_tokens: u32, gen_tokens: u32) -> anyhow::Result<usize> {
+    usize::try_from(prompt_tokens)
+        .ok()
+        .and_then(|p| p.checked_add(usize::try_from(gen_tokens).ok()?))
+        .and_then(|n| n.checked_add(BENCH_CTX_SLACK))
+        .with_context(|| {
+            format!("--prompt-tokens {prompt_tokens} + --gen-tokens {gen_tokens} overflows")
+        })
+}
+
+/// The refusal of a bench round that does not fit the model's trained context (the load
+/// refuses it before any session, and its KV cache, exists).
+fn bench_ctx_refusal(trained: usize, a: &BenchArgs, ctx_len: usize) -> anyhow::Error {
+    anyhow::anyhow!(
+        "--prompt-tokens {} + --gen-tokens {} (+{BENCH_CTX_SLACK} slack) = {ctx_len} \
+         positions, beyond the model's context of {trained}",
+        a.prompt_tokens,
+        a.gen_tokens
+    )
 }
 
 /// `hipfire bench`.
 pub fn bench(ctx: &Ctx, a: &BenchArgs) -> anyhow::Result<ExitCode> {
+    if let Some(msg) = daemon::refusal("bench") {
+        let _ = writeln!(std::io::stderr(), "{msg}");
+        return Ok(ExitCode::from(EXIT_REFUSED));
+    }
     let mut overrides = a.engine.overrides();
     let (_, base) = ctx.settings_with(&overrides)?;
     // Validate every requested mode by the config rule before loading anything.
@@ -355,7 +411,7 @@ pub fn bench(ctx: &Ctx, a: &BenchArgs) -> anyhow::Result<ExitCode> {
     if a.prompt_tokens == 0 || a.gen_tokens == 0 {
         bail!("--prompt-tokens and --gen-tokens must be at least 1");
     }
-    let needed = (a.prompt_tokens + a.gen_tokens) as usize + BENCH_CTX_SLACK;
+    let needed = bench_ctx_len(a.prompt_tokens, a.gen_tokens)?;
     // The context is sized to the run unless `model.ctx_size` asks for more (to measure a
     // placement with a long context's cache in VRAM).
     let ctx_len = match base.ctx_size.tokens() {
@@ -375,11 +431,25 @@ pub fn bench(ctx: &Ctx, a: &BenchArgs) -> anyhow::Result<ExitCode> {
                 .iter()
                 .map(|s| s.offload_exec.name().to_string())
                 .collect();
-            let report = crate::bench_rounds::run(&names, a.rounds, &|m| ctx.note(m))?;
-            return print_bench_report(ctx, a, &report);
+            let stop = Stop::install()?;
+            let report = crate::bench_rounds::run(&names, a.rounds, &stop, &|m| ctx.note(m))?;
+            let code = print_bench_report(ctx, a, &report)?;
+            return Ok(stop
+                .requested()
+                .map_or(code, |sig| ExitCode::from(stop::exit_status(sig))));
         }
     }
-    let l = load(ctx, engine, &a.model, &base, Some(ctx_len), !a.json)?;
+    let l = match load(ctx, engine, &a.model, &base, Some(ctx_len), !a.json) {
+        Ok(l) => l,
+        // Sized by the bench itself (no --ctx-size): say which flags made it too long.
+        Err(e) => match e.downcast_ref::<ModelError>() {
+            Some(&ModelError::ContextSize { trained, .. }) if base.ctx_size.tokens().is_none() => {
+                return Err(bench_ctx_refusal(trained, a, ctx_len))
+            }
+            _ => return Err(e),
+        },
+    };
+    let stop = Stop::install()?;
     let prompt = bench_prompt(&l.model, a.prompt_tokens as usize)?;
     // Greedy, no early stop: every round decodes exactly gen_tokens tokens.
     let params = SamplingParams {
@@ -396,11 +466,19 @@ pub fn bench(ctx: &Ctx, a: &BenchArgs) -> anyhow::Result<ExitCode> {
     // follow one warm-up round.
     for s in &modes {
         let mut samples = Vec::new();
+        // A round cut short by a signal is not a sample: its token count differs.
         let mut run_round =
             |gen: &mut dyn FnMut() -> anyhow::Result<GenerationStats>| -> anyhow::Result<()> {
                 gen()?; // warm-up
                 for _ in 0..a.rounds {
-                    samples.push(gen()?);
+                    if stop.requested().is_some() {
+                        break;
+                    }
+                    let st = gen()?;
+                    if stop.requested().is_some() {
+                        break;
+                    }
+                    samples.push(st);
                 }
                 Ok(())
             };
@@ -409,7 +487,7 @@ pub fn bench(ctx: &Ctx, a: &BenchArgs) -> anyhow::Result<ExitCode> {
                 let mut sess = l.model.session();
                 run_round(&mut || {
                     sess.reset();
-                    Ok(sess.generate(&prompt, &params, |_| true)?)
+                    Ok(sess.generate(&prompt, &params, |_| stop.requested().is_none())?)
                 })?;
                 (
                     "cpu-only".to_string(),
@@ -420,7 +498,7 @@ pub fn bench(ctx: &Ctx, a: &BenchArgs) -> anyhow::Result<ExitCode> {
                 let mut d = gpu_decoder(&l, s, offload_mode(s)?)?;
                 run_round(&mut || {
                     d.reset();
-                    Ok(d.generate(&prompt, &params, |_| true)?)
+                    Ok(d.generate(&prompt, &params, |_| stop.requested().is_none())?)
                 })?;
                 (
                     s.offload_exec.name().to_string(),
@@ -453,7 +531,11 @@ pub fn bench(ctx: &Ctx, a: &BenchArgs) -> anyhow::Result<ExitCode> {
             "prefill_tok_s": { "median": median(prefill.clone()), "samples": prefill },
             "decode_tok_s": { "median": median(decode.clone()), "samples": decode },
         }));
+        if stop.requested().is_some() {
+            break;
+        }
     }
+    let interrupted = stop.requested();
     let report = serde_json::json!({
         "model": a.model.display().to_string(),
         "version": env!("CARGO_PKG_VERSION"),
@@ -468,8 +550,13 @@ pub fn bench(ctx: &Ctx, a: &BenchArgs) -> anyhow::Result<ExitCode> {
         "gen_tokens": a.gen_tokens,
         "rounds": a.rounds,
         "modes": results,
+        "interrupted_by": interrupted.map(stop::signal_name),
     });
-    print_bench_report(ctx, a, &report)
+    let code = print_bench_report(ctx, a, &report)?;
+    Ok(match interrupted {
+        Some(sig) => ExitCode::from(stop::exit_status(sig)),
+        None => code,
+    })
 }
 
 /// `hipfire synth`.
@@ -489,6 +576,19 @@ pub fn synth(ctx: &Ctx, a: &SynthArgs) -> anyhow::Result<ExitCode> {
         }
         spec.n_layer = n as usize;
     }
+    // Checked before minutes of writing; the write itself refuses again, atomically.
+    if !a.force && std::fs::symlink_metadata(&a.out).is_ok() {
+        bail!(
+            "{} already exists; pass --force to replace it (by rename: readers of the old \
+             file keep their bytes)",
+            a.out.display()
+        );
+    }
+    let overwrite = if a.force {
+        Overwrite::Replace
+    } else {
+        Overwrite::Refuse
+    };
     let bar = (!ctx.quiet && std::io::stderr().is_terminal()).then(|| {
         let b = indicatif::ProgressBar::new(0);
         b.set_style(
@@ -503,7 +603,7 @@ pub fn synth(ctx: &Ctx, a: &SynthArgs) -> anyhow::Result<ExitCode> {
             b.set_position(done);
         }
     };
-    let r = write_synthetic(&a.out, &spec, fmt, a.seed, Some(&on_progress))
+    let r = write_synthetic_to(&a.out, &spec, fmt, a.seed, Some(&on_progress), overwrite)
         .with_context(|| format!("writing {}", a.out.display()))?;
     if let Some(b) = &bar {
         b.finish_and_clear();
@@ -559,6 +659,11 @@ fn print_bench_report(
                 r["den"].as_str().unwrap_or("?"),
                 r["median"].as_f64().unwrap_or(f64::NAN)
             )?;
+        }
+        if let Some(sig) = report["interrupted_by"].as_str() {
+            ctx.note(format!(
+                "stopped by {sig}: only the rounds that finished are reported"
+            ));
         }
         ctx.note(match report["method"].as_str() {
             Some(method) => format!(

@@ -99,17 +99,10 @@ const RECOMMENDATION_RULE: &str =
 
 /// Run the benchmark.
 pub fn run(ctx: &Ctx, a: &OffloadBenchArgs) -> anyhow::Result<ExitCode> {
-    if let Some(pf) = daemon::pid_file() {
-        if let Some(pid) = daemon::live_daemon(&pf) {
-            // stdout stays empty so a script capturing JSON sees nothing rather than a half report.
-            let _ = writeln!(
-                std::io::stderr(),
-                "a hipfire daemon is live (pid {pid}, {}); stop it first — offload-bench measures \
-                 the device directly and would measure the daemon's load too",
-                pf.display()
-            );
-            return Ok(ExitCode::from(EXIT_REFUSED));
-        }
+    if let Some(msg) = daemon::refusal("offload-bench") {
+        // stdout stays empty so a script capturing JSON sees nothing rather than a half report.
+        let _ = writeln!(std::io::stderr(), "{msg}");
+        return Ok(ExitCode::from(EXIT_REFUSED));
     }
     let formats = parse_formats(&a.format)?;
     let mut overrides = Vec::new();
@@ -180,7 +173,7 @@ pub fn run(ctx: &Ctx, a: &OffloadBenchArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(EXIT_REFUSED));
         };
         let path = hipfire_config::config_path(ctx.config_file.as_deref(), &ProcessEnv)?;
-        let mut file = ConfigFile::open(&path)?;
+        let mut file = ConfigFile::open_for_edit(&path)?;
         let v = file.set("memory.offload_passback_share", &format!("{share:.3}"))?;
         file.save()?;
         ctx.note(format!(
@@ -267,13 +260,32 @@ fn synthetic(fmt: Format, k: usize, buffer_bytes: usize) -> anyhow::Result<Synth
     let mut rng = Filler(DATA_SEED);
     let row_f: Vec<f32> = (0..k).map(|_| rng.next_f32()).collect();
     let row = hipfire_quant::quantize_row(fmt, &row_f)?;
-    let mut w = vec![0u8; m * rb];
+    let bytes = m
+        .checked_mul(rb)
+        .with_context(|| format!("{m} rows of {rb} bytes overflow"))?;
+    let mut w = try_zeroed(bytes, "the synthetic weight matrix")?;
     for dst in w.chunks_exact_mut(rb) {
         dst.copy_from_slice(&row);
     }
     let x: Vec<f32> = (0..k).map(|_| rng.next_f32()).collect();
     let act = ActivationBuf::prepare(fmt, &x)?;
     Ok(Synthetic { w, m, x, act })
+}
+
+/// `bytes` zeroed bytes, or an error naming the bytes (instead of the allocator's abort).
+/// Beyond `MemAvailable` it refuses up front, naming both: with overcommit the reservation
+/// would succeed and the zeroing would summon the OOM killer instead.
+fn try_zeroed(bytes: usize, what: &str) -> anyhow::Result<Vec<u8>> {
+    if let Some(avail) = hipfire_gpu::mem_available_bytes() {
+        if bytes as u64 > avail {
+            bail!("{what} needs {bytes} bytes, but only {avail} bytes of RAM are available");
+        }
+    }
+    let mut v = Vec::new();
+    v.try_reserve_exact(bytes)
+        .with_context(|| format!("cannot allocate {bytes} bytes for {what}"))?;
+    v.resize(bytes, 0);
+    Ok(v)
 }
 
 /// Seconds for the pool to compute rows `[row0, row0 + y.len())` of `w`.
@@ -305,7 +317,11 @@ fn measure(
     pool: &CpuPool,
     gpu: Option<&BenchGpu>,
 ) -> anyhow::Result<FormatResult> {
-    let syn = synthetic(fmt, a.k, a.buffer_mb * MIB)?;
+    let buffer = a
+        .buffer_mb
+        .checked_mul(MIB)
+        .with_context(|| format!("--buffer-mb {} overflows", a.buffer_mb))?;
+    let syn = synthetic(fmt, a.k, buffer)?;
     let (m, k) = (syn.m, a.k);
     // With a GPU the CPU reads the same pinned host-mapped pages the GPU does, as in a real
     // spilled step; without one, plain heap memory.
@@ -505,6 +521,15 @@ mod tests {
         assert_eq!(gpu_rows(0.0001, 10), 1);
         assert_eq!(gpu_rows(0.9999, 10), 9);
         assert_eq!(gpu_rows(0.5, 1), 1);
+    }
+
+    #[test]
+    fn an_impossible_buffer_is_an_error_naming_the_bytes() {
+        let e = try_zeroed(usize::MAX / 2, "the test buffer").expect_err("refused");
+        let msg = format!("{e:#}");
+        assert!(msg.contains(&(usize::MAX / 2).to_string()), "{msg}");
+        let v = try_zeroed(4096, "a small buffer").expect("small");
+        assert!(v.len() == 4096 && v.iter().all(|&b| b == 0));
     }
 
     #[test]

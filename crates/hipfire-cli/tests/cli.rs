@@ -25,13 +25,9 @@ impl Scratch {
         self.dir.join("home")
     }
 
-    /// `hipfire args...` with this scratch's config and home and no inherited HIPFIRE_* keys.
-    fn run(&self, args: &[&str]) -> Output {
-        self.run_env(args, &[])
-    }
-
-    /// As [`Scratch::run`], with `env` set on top.
-    fn run_env(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
+    /// `hipfire args...` with this scratch's config and home and no inherited HIPFIRE_* keys,
+    /// not started yet.
+    fn command(&self, args: &[&str]) -> Command {
         let mut c = Command::new(env!("CARGO_BIN_EXE_hipfire"));
         for (k, _) in std::env::vars() {
             if k.starts_with("HIPFIRE_") || k == "RUST_LOG" {
@@ -40,8 +36,20 @@ impl Scratch {
         }
         c.env("HIPFIRE_CONFIG", self.config())
             .env("HIPFIRE_HOME", self.home());
+        c.args(args);
+        c
+    }
+
+    /// `hipfire args...` run to completion (see [`Scratch::command`]).
+    fn run(&self, args: &[&str]) -> Output {
+        self.command(args).output().expect("spawn hipfire")
+    }
+
+    /// As [`Scratch::run`], with `env` set on top.
+    fn run_env(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
+        let mut c = self.command(args);
         c.envs(env.iter().copied());
-        c.args(args).output().expect("spawn hipfire")
+        c.output().expect("spawn hipfire")
     }
 }
 
@@ -183,13 +191,19 @@ fn config_set_get_reset_list() {
     let other = s.dir.join("other.toml");
     let o = s.run(&["--config", &other.display().to_string(), "config", "path"]);
     assert_eq!(stdout(&o).trim(), other.display().to_string());
-    let o = s.run(&[
+    let get_other = [
         "--config",
         &other.display().to_string(),
         "config",
         "get",
         "memory.offload_exec",
-    ]);
+    ];
+    // A file named by --config must exist for a command that reads it.
+    let o = s.run(&get_other);
+    assert_eq!(code(&o), 2, "{}", stdout(&o));
+    assert!(stderr(&o).contains("does not exist"), "{}", stderr(&o));
+    std::fs::write(&other, "").expect("empty file");
+    let o = s.run(&get_other);
     assert_eq!(stdout(&o).trim(), "passback", "other file is empty");
 
     let o = s.run(&["config", "reset", "memory.offload_exec"]);
@@ -255,32 +269,48 @@ fn bad_value_exits_2_naming_the_rule() {
     assert_eq!(code(&o), 2, "clap usage error");
 }
 
+/// Holds an exclusive `flock` on `path` in a child process (util-linux `flock -o FILE cat`,
+/// released when the child's stdin closes), as a running daemon would; `None` with the reason
+/// printed when `flock(1)` is not installed.
+fn hold_lock(path: &Path) -> Option<std::process::Child> {
+    let mut child = match Command::new("flock")
+        .arg("-o")
+        .arg(path)
+        .arg("cat")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("skipped: flock(1) not runnable ({e})");
+            return None;
+        }
+    };
+    // Wait until the lock is held: a non-blocking shared lock then fails.
+    for _ in 0..500 {
+        let free = Command::new("flock")
+            .args(["-n", "-s"])
+            .arg(path)
+            .arg("true")
+            .status()
+            .expect("flock -n");
+        if !free.success() {
+            return Some(child);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    panic!("flock child never took the lock");
+}
+
 #[test]
-fn offload_bench_refuses_with_live_daemon() {
+fn measuring_commands_obey_the_lock_not_the_pid() {
     let s = Scratch::new("daemon");
     let pid_file = s.home().join("daemon.pid");
-    std::fs::write(&pid_file, format!("{}\n", std::process::id())).expect("pid file");
-    let o = s.run(&[
+    let quick_bench = [
         "offload-bench",
         "--json",
-        "--buffer-mb",
-        "1",
-        "--k",
-        "256",
-        "--reps",
-        "1",
-    ]);
-    assert_eq!(code(&o), 1, "{}", stderr(&o));
-    assert!(o.stdout.is_empty(), "stdout must be empty: {}", stdout(&o));
-    assert!(
-        stderr(&o).contains(&format!("pid {}", std::process::id())),
-        "{}",
-        stderr(&o)
-    );
-    // A stale pid file (no such process) does not block.
-    std::fs::write(&pid_file, "4194304999\n").expect("pid file");
-    let o = s.run(&[
-        "offload-bench",
         "--format",
         "q8_0",
         "--buffer-mb",
@@ -289,7 +319,32 @@ fn offload_bench_refuses_with_live_daemon() {
         "256",
         "--reps",
         "1",
-    ]);
+    ];
+    // Live pids with nobody holding the lock (pid 1, this test's own pid) are not obeyed.
+    for pid in [1, std::process::id()] {
+        std::fs::write(&pid_file, format!("{pid}\n")).expect("pid file");
+        let o = s.run(&quick_bench);
+        assert_eq!(code(&o), 0, "pid {pid} without the lock: {}", stderr(&o));
+    }
+    let Some(mut holder) = hold_lock(&pid_file) else {
+        return;
+    };
+    let o = s.run(&quick_bench);
+    let o_bench = s.run(&["bench", "no-such-model.gguf", "--json"]);
+    drop(holder.stdin.take());
+    let _ = holder.wait();
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    assert!(o.stdout.is_empty(), "stdout must be empty: {}", stdout(&o));
+    assert!(
+        stderr(&o).contains(&format!("pid {}", std::process::id())),
+        "{}",
+        stderr(&o)
+    );
+    // bench refuses too, before it looks at the model.
+    assert_eq!(code(&o_bench), 1, "{}", stderr(&o_bench));
+    assert!(stderr(&o_bench).contains("bench"), "{}", stderr(&o_bench));
+    // Released: measuring again works.
+    let o = s.run(&quick_bench);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
 }
 
@@ -577,4 +632,336 @@ fn ctx_size_is_validated_with_the_rule() {
         help.contains("--ctx-size") && help.contains(&format!("Rule: {rule}")),
         "{help}"
     );
+}
+
+#[test]
+fn synth_refuses_an_existing_out_unless_force() {
+    let s = Scratch::new("synth-force");
+    let out = s.dir.join("model.gguf");
+    let out_s = out.display().to_string();
+    let precious: Vec<u8> = (0..65536u32)
+        .map(|i| i.wrapping_mul(0x9E37_79B9) as u8)
+        .collect();
+    std::fs::write(&out, &precious).expect("write");
+    let synth = |force: bool| {
+        let mut args = vec!["synth", "--format", "q8_0", "--out", &out_s];
+        if force {
+            args.push("--force");
+        }
+        s.run(&args)
+    };
+    let o = synth(false);
+    assert_eq!(code(&o), 2, "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains("already exists") && stderr(&o).contains("--force"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(std::fs::read(&out).expect("read"), precious, "untouched");
+    // --force replaces by rename: a reader holding the old file keeps all its bytes.
+    let held = std::fs::File::open(&out).expect("open");
+    let o = synth(true);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(held.metadata().expect("meta").len(), precious.len() as u64);
+    let new = std::fs::read(&out).expect("read");
+    assert_eq!(&new[..4], b"GGUF");
+    // No temporary file is left beside it.
+    let names: Vec<String> = std::fs::read_dir(&s.dir)
+        .expect("ls")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().all(|n| !n.contains(".tmp.")), "{names:?}");
+}
+
+#[test]
+fn parallel_config_sets_all_survive() {
+    let s = Scratch::new("parallel-set");
+    let sets = [
+        ("device", "cpu"),
+        ("cpu.threads", "3"),
+        ("memory.gpu_layer_budget", "7"),
+        ("memory.offload_exec", "pcie"),
+        ("memory.join_strategy", "flags"),
+        ("sampling.temperature", "0.5"),
+        ("sampling.top_k", "11"),
+        ("sampling.max_tokens", "99"),
+    ];
+    // Several trials: without the lock each trial loses some of the eight (1-4 survive).
+    for trial in 0..3 {
+        let _ = std::fs::remove_file(s.config());
+        let children: Vec<_> = sets
+            .iter()
+            .map(|(k, v)| {
+                s.command(&["config", "set", k, v])
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .expect("spawn")
+            })
+            .collect();
+        for c in children {
+            let o = c.wait_with_output().expect("wait");
+            assert_eq!(code(&o), 0, "{}", stderr(&o));
+        }
+        let t: toml::Table = std::fs::read_to_string(s.config())
+            .expect("config")
+            .parse()
+            .expect("toml");
+        for (k, v) in sets {
+            let (section, leaf) = k.rsplit_once('.').unwrap_or(("", k));
+            let table = if section.is_empty() {
+                Some(&t)
+            } else {
+                t.get(section).and_then(|x| x.as_table())
+            };
+            let got = table.and_then(|t| t.get(leaf)).map(|x| match x {
+                toml::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            });
+            assert_eq!(got.as_deref(), Some(v), "trial {trial}: {k} lost:\n{t}");
+        }
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn config_set_keeps_a_symlink_its_comments_and_mode() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = Scratch::new("set-symlink");
+    let real = s.dir.join("dotfiles.toml");
+    std::fs::write(
+        &real,
+        "# tuned for the H200 box\n[memory]\noffload_exec = \"pcie\" # PCIe 5\n",
+    )
+    .expect("write");
+    std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o640)).expect("chmod");
+    std::os::unix::fs::symlink(&real, s.config()).expect("symlink");
+    let o = s.run(&["config", "set", "memory.offload_exec", "cpu"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let meta = std::fs::symlink_metadata(s.config()).expect("meta");
+    assert!(meta.file_type().is_symlink(), "replaced the symlink");
+    let text = std::fs::read_to_string(&real).expect("read");
+    assert_eq!(
+        text,
+        "# tuned for the H200 box\n[memory]\noffload_exec = \"cpu\" # PCIe 5\n"
+    );
+    let mode = std::fs::metadata(&real).expect("meta").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o640);
+}
+
+#[test]
+fn a_missing_named_config_is_an_error_for_readers() {
+    let s = Scratch::new("missing-config");
+    let missing = s.dir.join("typo.toml");
+    let m = missing.display().to_string();
+    for args in [
+        &["--config", &m, "run", "model.gguf", "hi"][..],
+        &["--config", &m, "config", "list"],
+        &["--config", &m, "bench", "model.gguf"],
+    ] {
+        let o = s.run(args);
+        assert_eq!(code(&o), 2, "{args:?}");
+        assert!(
+            stderr(&o).contains("does not exist") && stderr(&o).contains("typo.toml"),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+    }
+    // `config set` creates it.
+    let o = s.run(&["--config", &m, "config", "set", "device", "cpu"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(missing.is_file());
+}
+
+#[test]
+fn counts_are_bounded_where_they_are_parsed() {
+    let s = Scratch::new("bounds");
+    for (args, rule) in [
+        (
+            &["bench", "m.gguf", "--gen-tokens", "4294967295"][..],
+            "1..=1048576",
+        ),
+        (
+            &["bench", "m.gguf", "--prompt-tokens", "4294967295"],
+            "1..=1048576",
+        ),
+        (&["bench", "m.gguf", "--rounds", "100000"], "1..=1000"),
+        (
+            &["offload-bench", "--reps", "18446744073709551615"],
+            "1..=1000",
+        ),
+        (&["offload-bench", "--buffer-mb", "99999999"], "1..=65536"),
+        (&["offload-bench", "--k", "0"], "1..=1048576"),
+        (
+            &["synth", "--out", "x.gguf", "--layers", "4294967295"],
+            "1..=1024",
+        ),
+    ] {
+        let o = s.run(args);
+        assert_eq!(code(&o), 2, "{args:?}: {}", stdout(&o));
+        assert!(stderr(&o).contains(rule), "{args:?}: {}", stderr(&o));
+    }
+    // The rule is in --help too.
+    let o = s.run(&["bench", "--help"]);
+    assert!(stdout(&o).contains("1 to 1048576"), "{}", stdout(&o));
+    // A subnormal top_p is refused when set, naming the rule, not accepted to fail every run.
+    let o = s.run(&["config", "set", "sampling.top_p", "1e-320"]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("[0.000001, 1]"), "{}", stderr(&o));
+    assert!(!s.config().exists(), "nothing written");
+}
+
+#[test]
+fn bench_checks_the_context_before_running() {
+    let s = Scratch::new("bench-ctx");
+    let out = s.dir.join("tiny.gguf");
+    let out_s = out.display().to_string();
+    let o = s.run(&["synth", "--format", "q8_0", "--out", &out_s]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    // The tiny model's context is 256: 8 + 1000 does not fit, and says so at once.
+    let t0 = std::time::Instant::now();
+    let o = s.run(&[
+        "bench",
+        &out_s,
+        "--prompt-tokens",
+        "8",
+        "--gen-tokens",
+        "1000",
+        "--device",
+        "cpu",
+        "--json",
+    ]);
+    assert_eq!(code(&o), 2, "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains("1016 positions") && stderr(&o).contains("context of 256"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(o.stdout.is_empty(), "{}", stdout(&o));
+    assert!(t0.elapsed() < std::time::Duration::from_secs(60));
+}
+
+/// Spawns `hipfire run` on SmolLM2 with a long generation, sends `sig` after the first
+/// generated bytes, and returns the output.
+#[cfg(unix)]
+fn interrupt_run(model: &str, sig: i32) -> Output {
+    use std::io::Read;
+    let s = Scratch::new(&format!("signal-{sig}"));
+    let mut child = s
+        .command(&[
+            "run",
+            model,
+            "Once upon a time, in a land far away,",
+            "-n",
+            "4000",
+            "-t",
+            "0",
+            "--no-chat",
+            "--device",
+            "cpu",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let mut first = [0u8; 1];
+    stdout.read_exact(&mut first).expect("first output byte");
+    let pid = libc::pid_t::try_from(child.id()).expect("pid");
+    // SAFETY: kill(2) on the pid of our own child, which has not been reaped yet.
+    assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
+    let mut rest = Vec::new();
+    stdout.read_to_end(&mut rest).expect("rest");
+    let mut o = child.wait_with_output().expect("wait");
+    o.stdout = [&first[..], &rest].concat();
+    o
+}
+
+#[cfg(unix)]
+#[test]
+fn sigint_and_sigterm_stop_run_with_the_stats_line() {
+    let Some(model) = smollm2() else { return };
+    for (sig, name, want) in [
+        (libc::SIGINT, "SIGINT", 130),
+        (libc::SIGTERM, "SIGTERM", 143),
+    ] {
+        let o = interrupt_run(&model, sig);
+        assert_eq!(
+            o.status.code(),
+            Some(want),
+            "{name}: {:?} {}",
+            o.status,
+            stderr(&o)
+        );
+        let err = stderr(&o);
+        assert!(
+            err.contains("generated") && err.contains(&format!("stopped by {name}")),
+            "{name}: {err}"
+        );
+        // It stopped early (after the current token), not at the 4000-token limit.
+        let generated: usize = err
+            .split(" prompt tokens, ")
+            .nth(1)
+            .and_then(|t| t.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .expect("generated count");
+        assert!((1..4000).contains(&generated), "{err}");
+        assert!(!o.stdout.is_empty());
+    }
+}
+
+/// GPU tier: a device allocation that fails while placing the model (forced by hipfire-gpu's
+/// test hook, as if VRAM were exhausted) ends `run` and `bench` with exit 2 and a message
+/// naming the step, the bytes asked and the bytes free; no panic, no abort.
+#[test]
+fn a_failed_gpu_load_allocation_exits_cleanly_naming_the_bytes() {
+    if std::env::var_os(hipfire_gpu::GPU_TESTS_ENV).is_none() {
+        eprintln!("skipped: {} not set", hipfire_gpu::GPU_TESTS_ENV);
+        return;
+    }
+    let s = Scratch::new("gpu-alloc-fail");
+    let out = s.dir.join("tiny.gguf");
+    let out_s = out.display().to_string();
+    let o = s.run(&["synth", "--format", "q8_0", "--out", &out_s]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    // 4 KiB: below every weight matrix of the tiny model, above nothing it needs first.
+    for args in [
+        &[
+            "run",
+            &out_s,
+            "hi",
+            "-n",
+            "2",
+            "--device",
+            "gpu",
+            "--no-chat",
+        ][..],
+        &[
+            "bench",
+            &out_s,
+            "--prompt-tokens",
+            "4",
+            "--gen-tokens",
+            "2",
+            "--rounds",
+            "1",
+            "--device",
+            "gpu",
+        ],
+    ] {
+        let o = s
+            .command(args)
+            .env(hipfire_gpu::TEST_MAX_ALLOC_ENV, "4096")
+            .output()
+            .expect("spawn");
+        let err = stderr(&o);
+        assert_eq!(code(&o), 2, "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(
+            err.contains("cannot allocate") && err.contains("bytes free of"),
+            "{args:?}: {err}"
+        );
+        // Printed so the GPU box's log shows which step the message named.
+        eprintln!("{args:?}: {err}");
+    }
 }

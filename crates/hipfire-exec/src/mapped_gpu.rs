@@ -26,7 +26,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 fn gpu_err(e: GpuError) -> ExecError {
-    ExecError::Gpu(e.to_string())
+    ExecError::Device(e)
 }
 
 /// Bytes of one f32.

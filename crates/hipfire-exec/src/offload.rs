@@ -52,9 +52,9 @@ const PROBE_REPS: usize = 3;
 
 /// Under `two-stream`, whether the controller's CPU arm includes the tail that brings its rows to
 /// the device ([`OffloadExecutor::set_copy_up_in_cpu_arm`]). Off: it was built for two-stream's k
-/// row, the one `auto` of 18 more than 3 % below the best pinned share in session 7 (0.957;
-/// docs/perf-checkpoints/2026-11-30-session7-h200 record 05). Raced against the default in one
-/// per-shape run (15 rounds each, docs/perf-checkpoints/2026-11-30-session8-h200 record 01) it
+/// row, the one `auto` of 18 more than 3 % below the best pinned share in the 2026-11-30 auto-per-shape record (0.957;
+/// docs/perf-checkpoints/2026-11-30-auto-per-shape-h200 record 05). Raced against the default in one
+/// per-shape run (15 rounds each, docs/perf-checkpoints/2026-11-30-share-intervals-h200 record 01) it
 /// won three rows and lost three (k 0.970 against 0.962, up 0.955 against 0.983, down 1.040
 /// against 0.995); at 45 rounds the default's k read 0.973 (record 02).
 pub const DEFAULT_COPY_UP_IN_CPU_ARM: bool = false;
@@ -63,10 +63,10 @@ pub const DEFAULT_COPY_UP_IN_CPU_ARM: bool = false;
 /// [`OffloadExecutor::set_key_by_rows`]). Off until measured: under `flags` a layer's fused q/k/v
 /// step (6144 rows at Llama-3-8B) and its fused gate/up step (28672) share one `(format, k,
 /// form)` estimate, while alone their best pinned shares differed (q 0.15–0.20, gate 0.25;
-/// docs/perf-checkpoints/2026-11-30-session7-h200 record 05), and unfused, q and k/v under one
-/// key re-opened its latch 32 times in 10 k steps (session 2). Off: on the H200 the layer ran at
+/// docs/perf-checkpoints/2026-11-30-auto-per-shape-h200 record 05), and unfused, q and k/v under one
+/// key re-opened its latch 32 times in 10 k steps (the 2026-11-29 joins record). Off: on the H200 the layer ran at
 /// 0.990× of one key per shape with it (median of 15 interleaved rounds, 0.907–1.108;
-/// docs/perf-checkpoints/2026-11-30-session8-h200 record 01).
+/// docs/perf-checkpoints/2026-11-30-share-intervals-h200 record 01).
 pub const DEFAULT_KEY_BY_ROWS: bool = false;
 
 /// GPU arm event pairs in flight before the oldest must be waited for. Under `flags` a pair is
@@ -385,7 +385,7 @@ impl Drop for OffloadExecutor {
 }
 
 fn gpu_err(e: GpuError) -> ExecError {
-    ExecError::Gpu(e.to_string())
+    ExecError::Device(e)
 }
 
 fn f32s(buf: &HostMappedBuffer, n: usize) -> &[f32] {
@@ -552,7 +552,7 @@ impl OffloadExecutor {
     /// and the copy itself on an idle link (measured once per shape at the probe). The copy's
     /// own time in the step is not used: it queues behind the GPU arm's reads on the link, so
     /// a late GPU would read as a slow CPU and pull the share further towards the GPU (measured:
-    /// auto at 0.33-0.50, docs/perf-checkpoints/2026-11-30-session7-h200 record 06).
+    /// auto at 0.33-0.50, docs/perf-checkpoints/2026-11-30-auto-per-shape-h200 record 06).
     pub fn set_copy_up_in_cpu_arm(&mut self, on: bool) {
         self.copy_up_in_cpu_arm = on;
     }

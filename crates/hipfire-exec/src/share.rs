@@ -113,7 +113,7 @@ pub const REOPEN_CONFIRM: u32 = 4;
 /// While latched, the share is re-centred on the median of this many windows' own targets
 /// (128 steps): the latch itself may sit anywhere within [`LATCH_BAND`] of the target it saw,
 /// and on the H200 a GPU share 0.01 above the balance point costs a split step 1.5–3 % (the
-/// flags sweeps of docs/perf-checkpoints/2026-11-30-session7-h200, record 02: 0.05 past the
+/// flags sweeps of docs/perf-checkpoints/2026-11-30-auto-per-shape-h200, record 02: 0.05 past the
 /// best pinned share cost 7.7 % on gate, 14.5 % on up), so the 3 % target needs the share closer
 /// than the band. A median, so that a burst a few windows long does not move it.
 pub const REFINE_WINDOWS: usize = 32;

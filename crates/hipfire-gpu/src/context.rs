@@ -73,7 +73,8 @@ impl Context {
         })
     }
 
-    /// Allocates `len` elements of device memory (contents unspecified until written).
+    /// Allocates `len` elements of device memory (contents unspecified until written). Failure
+    /// is [`GpuError::DeviceAlloc`] with the bytes requested and the device's free bytes.
     pub fn alloc<T: DeviceElem>(self: &Arc<Self>, len: usize) -> Result<DeviceBuffer<T>, GpuError> {
         let bytes = len
             .checked_mul(std::mem::size_of::<T>())
@@ -82,6 +83,10 @@ impl Context {
                 need: usize::MAX,
                 got: len,
             })?;
+        if crate::error::test_max_alloc().is_some_and(|max| bytes as u64 > max) {
+            let (free, total) = self.backend.mem_info().ok().unzip();
+            return Err(crate::error::test_alloc_refusal(bytes, free, total));
+        }
         Ok(DeviceBuffer {
             ptr: self.backend.mem_alloc(bytes)?,
             len,

@@ -344,7 +344,15 @@ impl Backend for CudaBackend {
     fn mem_alloc(&self, bytes: usize) -> Result<u64, GpuError> {
         self.bind()?;
         // SAFETY: plain allocation; the memory is uninitialised and only ever used as bytes.
-        ck("cuMemAlloc", unsafe { cu::malloc_sync(bytes.max(1)) })
+        unsafe { cu::malloc_sync(bytes.max(1)) }.map_err(|e| {
+            let info = cu::mem_get_info().ok();
+            GpuError::DeviceAlloc {
+                requested: bytes,
+                free: info.map(|(f, _)| f as u64),
+                total: info.map(|(_, t)| t as u64),
+                driver: code(e),
+            }
+        })
     }
     unsafe fn mem_free(&self, ptr: u64) -> Result<(), GpuError> {
         self.bind()?;

@@ -56,6 +56,21 @@ pub enum GpuError {
         /// Compiler log.
         log: String,
     },
+    /// Device memory (VRAM) could not be allocated.
+    #[error(
+        "cannot allocate {requested} bytes of device memory ({}): {driver}",
+        free_text(*.free, *.total)
+    )]
+    DeviceAlloc {
+        /// Bytes requested.
+        requested: usize,
+        /// Free device bytes at the time of the failure (`cuMemGetInfo`), if the query worked.
+        free: Option<u64>,
+        /// Total device bytes, if the query worked.
+        total: Option<u64>,
+        /// The driver's answer (in the message, so not repeated as a source).
+        driver: DriverCode,
+    },
     /// Pinned (page-locked) host memory could not be allocated.
     #[error(
         "cannot pin {requested} bytes of host memory (MemAvailable: {}): {source}",
@@ -140,6 +155,46 @@ pub enum GpuError {
     },
 }
 
+/// "N bytes free of T", or "free memory unknown" when the query failed too.
+fn free_text(free: Option<u64>, total: Option<u64>) -> String {
+    match (free, total) {
+        (Some(f), Some(t)) => format!("{f} bytes free of {t}"),
+        (Some(f), None) => format!("{f} bytes free"),
+        _ => "free memory unknown".into(),
+    }
+}
+
+/// Environment variable of a test hook: when set to a byte count, every device allocation
+/// larger than it fails with [`GpuError::DeviceAlloc`] as if VRAM were exhausted, so the GPU
+/// tier can check that a failed load allocation is a clean, named error (the real failure
+/// needs more VRAM than a test can cheaply fill). Unset in normal use.
+pub const TEST_MAX_ALLOC_ENV: &str = "HIPFIRE_GPU_TEST_MAX_ALLOC_BYTES";
+
+/// The [`TEST_MAX_ALLOC_ENV`] limit, read once per process.
+pub(crate) fn test_max_alloc() -> Option<u64> {
+    static LIMIT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| std::env::var(TEST_MAX_ALLOC_ENV).ok()?.trim().parse().ok())
+}
+
+/// The error the [`TEST_MAX_ALLOC_ENV`] hook reports, shaped like the driver's own.
+pub(crate) fn test_alloc_refusal(
+    requested: usize,
+    free: Option<u64>,
+    total: Option<u64>,
+) -> GpuError {
+    GpuError::DeviceAlloc {
+        requested,
+        free,
+        total,
+        driver: DriverCode {
+            backend: "test hook",
+            code: 2,
+            name: "CUDA_ERROR_OUT_OF_MEMORY".into(),
+            message: format!("{TEST_MAX_ALLOC_ENV} refuses allocations this large"),
+        },
+    }
+}
+
 /// Bytes of `MemAvailable` in /proc/meminfo, if it can be read (Linux only).
 pub fn mem_available_bytes() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -153,4 +208,24 @@ pub(crate) fn parse_mem_available(text: &str) -> Option<u64> {
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * KIB)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_alloc_names_bytes_asked_and_free() {
+        let e = test_alloc_refusal(3 << 30, Some(1 << 30), Some(80 << 30)).to_string();
+        assert!(
+            e.contains(&(3u64 << 30).to_string())
+                && e.contains(&format!("{} bytes free of {}", 1u64 << 30, 80u64 << 30)),
+            "{e}"
+        );
+        let e = test_alloc_refusal(5, None, None).to_string();
+        assert!(
+            e.contains("5 bytes") && e.contains("free memory unknown"),
+            "{e}"
+        );
+    }
 }

@@ -1,11 +1,14 @@
 //! Launchers of the device half of the `flags` join (`kernels/flags.cu`).
 //!
 //! The mailbox is pinned host-mapped memory whose layout the executor owns
-//! (`hipfire_exec::flags`); it reaches these launchers as a [`MailboxOffsets`]. Both kernels run
-//! on the caller's stream: [`FlagsKernels::publish`] (one block) before the GPU arm (x down,
-//! then the sequence word), [`FlagsKernels::wait_fold`] / [`FlagsKernels::wait_fold_targets`]
-//! after it (a grid whose blocks each wait for the done word of the CPU rows they fold — one
-//! per worker, or one for the whole arm — then fold those rows of one or more outputs).
+//! (`hipfire_exec::flags`); it reaches these launchers as a [`MailboxOffsets`]. The kernels run
+//! on the caller's stream: before the GPU arm a publish of x — [`FlagsKernels::publish_tagged`]
+//! (the default for Q4_K/Q6_K: each element stored with the step beside it, no fence, no
+//! sequence word), [`FlagsKernels::publish`] (one block: x down, a fence, then the sequence
+//! word) or [`FlagsKernels::publish_q8k`] (x quantised on the device); after it
+//! [`FlagsKernels::wait_fold`] / [`FlagsKernels::wait_fold_targets`] (a grid whose blocks each
+//! wait for the done word of the CPU rows they fold — one per chunk or worker, or one for the
+//! whole arm — then fold those rows of one or more outputs).
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -276,8 +279,8 @@ impl FlagsKernels {
     /// Queues: store each `x[i]` into the mailbox as one 8-byte word, its f32 bits in the low
     /// half and `step` in the high half, at `at.x + 8 i` (8-aligned), with no fence and no
     /// sequence word: a reader takes an element once its high half says `step`. Up to
-    /// `max_blocks` blocks of [`FLAGS_THREADS`] share the stores (at least one; no more than one
-    /// element per thread needs).
+    /// `max_blocks` blocks of `FLAGS_THREADS` (1024) threads share the stores (at least one; no
+    /// more than one element per thread needs).
     #[allow(clippy::too_many_arguments)]
     pub fn publish_tagged<X: DeviceMemory + ?Sized>(
         &self,
@@ -580,7 +583,8 @@ pub const FOLD_MAX_TARGETS: usize = 4;
 const FOLD_THREADS: u32 = 256;
 /// Rows per fold thread the grid is sized for: each row is a PCIe load, so the fold's time is
 /// about this many round trips once every load is in flight. Chosen, not tuned: with it the
-/// fold's own work was ~12 µs per step on the H200 (session-3 checkpoint).
+/// fold's own work was ~12 µs per step on the H200
+/// (docs/perf-checkpoints/2026-11-29-flags-step-cost-h200).
 const FOLD_ROWS_PER_THREAD: usize = 2;
 /// Blocks a fold launch may use (each one's first thread polls a done word): enough for two
 /// rows per thread up to 32 k CPU rows (gate + up of a 14336-wide FFN at share 0.3 is ~20 k),

@@ -267,7 +267,7 @@ pub struct DeviceGemv {
 /// Below this many rows the device-resident K-quant kernel loses to the general one: at m = 1024
 /// (k = 4096) the general kernel read at 0.97 × HBM for Q4_K and Q6_K, `dev4x2s` at 0.85 / 0.76,
 /// while from m = 4096 up `dev4x2s` won on every 8B shape (0.74–0.83 against 0.67–0.79;
-/// docs/perf-checkpoints/2026-11-29-session2-h200, kq_bench).
+/// docs/perf-checkpoints/2026-11-29-joins-vs-llamacpp-h200, kq_bench).
 pub const DEV_MIN_ROWS: u32 = 2048;
 
 impl DeviceGemv {
@@ -280,7 +280,7 @@ impl DeviceGemv {
 
 impl Default for DeviceGemv {
     /// 4 warps × 2 rows, x staged in shared memory, from [`DEV_MIN_ROWS`] rows: the best of five
-    /// shapes compared on the H200 (docs/perf-checkpoints/2026-11-29-session2-h200, kq_bench).
+    /// shapes compared on the H200 (docs/perf-checkpoints/2026-11-29-joins-vs-llamacpp-h200, kq_bench).
     fn default() -> Self {
         DeviceGemv {
             warps: 4,

@@ -419,10 +419,20 @@ impl Backend for HipBackend {
         self.bind()?;
         let mut d: Ptr = std::ptr::null_mut();
         // SAFETY: valid out-pointer.
-        self.api.ck("hipMalloc", unsafe {
-            (self.api.malloc)(&mut d, bytes.max(1))
-        })?;
-        Ok(d as usize as u64)
+        let rc = unsafe { (self.api.malloc)(&mut d, bytes.max(1)) };
+        match self.api.ck("hipMalloc", rc) {
+            Ok(()) => Ok(d as usize as u64),
+            Err(GpuError::Driver { source, .. }) => {
+                let (free, total) = self.mem_info().ok().unzip();
+                Err(GpuError::DeviceAlloc {
+                    requested: bytes,
+                    free,
+                    total,
+                    driver: source,
+                })
+            }
+            Err(e) => Err(e),
+        }
     }
     unsafe fn mem_free(&self, ptr: u64) -> Result<(), GpuError> {
         self.bind()?;

@@ -11,7 +11,13 @@
 //! - [`registry`] — [`KernelRegistry`]: NVRTC/hiprtc compile for the device's own architecture,
 //!   disk cache keyed by a hash of source, architecture and options, compile-once under concurrency.
 //! - [`gemv`] — [`WeightRef`], [`RowRange`], [`GemvForm`], [`Activation`], [`GemvKernels`] and the
-//!   [`ReadKernel`] used as the bandwidth ceiling in benchmarks.
+//!   [`ReadKernel`] used as the bandwidth ceiling in benchmarks; Q4_K/Q6_K weights resident in
+//!   device memory take a variant that stages the activation in shared memory
+//!   (`GemvConfig::device`, for row ranges of `gemv::DEV_MIN_ROWS` rows or more).
+//! - [`flags`] — [`FlagsKernels`]: the device half of the `flags` join (`kernels/flags.cu`):
+//!   the publish of x into the host-mapped mailbox (fenced, or tagged with the step) and the
+//!   wait-fold that polls the CPU's done words and folds its rows into one or more outputs.
+//!   The mailbox layout is `hipfire_exec::flags`'s.
 //!
 //! # The one design decision
 //! A row range is a pointer offset: every kernel reads row `i` at `W + i·row_bytes` and writes
@@ -66,7 +72,7 @@ pub use context::{
     BackendKind, Context, DeviceBuffer, DeviceElem, DeviceMemory, Event, Function,
     HostMappedBuffer, Module, Stream,
 };
-pub use error::{mem_available_bytes, DriverCode, GpuError};
+pub use error::{mem_available_bytes, DriverCode, GpuError, TEST_MAX_ALLOC_ENV};
 pub use flags::{
     q8k_scales_offset, DoneWords, FlagsKernels, FoldTarget, MailboxOffsets, PublishFence,
     FOLD_MAX_PARTS, FOLD_MAX_TARGETS, Q8K_ELEMS,

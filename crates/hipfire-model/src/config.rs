@@ -1,6 +1,6 @@
 //! Architecture hyper-parameters read from GGUF metadata.
 
-use crate::gguf::GgufIndex;
+use crate::gguf::{GgufIndex, MetaValue, Quoted};
 use crate::ModelError;
 
 /// Architectures this crate decodes (`general.architecture`).
@@ -22,7 +22,8 @@ impl Arch {
             "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
             other => Err(ModelError::Unsupported(format!(
-                "architecture {other:?} (supported: llama, qwen2, qwen3)"
+                "architecture {} (supported: llama, qwen2, qwen3)",
+                Quoted::new(other)
             ))),
         }
     }
@@ -48,6 +49,37 @@ impl Arch {
 const DEFAULT_ROPE_THETA: f64 = 10_000.0;
 /// Default RMSNorm epsilon when absent (HF `LlamaConfig.rms_norm_eps` default).
 const DEFAULT_RMS_EPS: f64 = 1e-6;
+
+// Limits on the hyper-parameters a file may declare. Each is far above every published model
+// of the supported families (largest: Llama-3.1-405B with 126 blocks, width 16384, FFN 53248,
+// 128 heads of 128; Llama 4 Scout's 10 M-token context; Gemma 3's 262144-token vocabulary), and
+// low enough that every buffer sized by one (or by a product of two: q width = heads × head
+// width ≤ 2^20) is a few MiB, so a hostile value is refused before it sizes an allocation.
+
+/// Most transformer blocks (`{arch}.block_count`).
+pub const MAX_BLOCK_COUNT: u64 = 1024;
+/// Widest residual stream (`{arch}.embedding_length`).
+pub const MAX_EMBEDDING_LENGTH: u64 = 1 << 16;
+/// Widest FFN (`{arch}.feed_forward_length`).
+pub const MAX_FEED_FORWARD_LENGTH: u64 = 1 << 20;
+/// Most attention heads, query or key/value (`{arch}.attention.head_count[_kv]`).
+pub const MAX_HEAD_COUNT: u64 = 1024;
+/// Widest head (`{arch}.attention.key_length`, `value_length`, `rope.dimension_count`).
+pub const MAX_HEAD_DIM: u64 = 1024;
+/// Longest training context (`{arch}.context_length`).
+pub const MAX_CONTEXT_LENGTH: u64 = 1 << 24;
+/// Largest vocabulary (`tokenizer.ggml.tokens` length, `{arch}.vocab_size`).
+pub const MAX_VOCAB: u64 = 1 << 24;
+/// Smallest RoPE base accepted: below 1 the rotation frequencies `base^(-2i/d)` grow with
+/// the pair index instead of falling, which no RoPE model is trained with.
+pub const MIN_ROPE_FREQ_BASE: f64 = 1.0;
+/// Largest RMSNorm epsilon accepted: trained models use 1e-6 … 1e-5, and an epsilon near the
+/// mean square of unit-scale activations (≥ 1) would swamp it and flatten every norm.
+pub const MAX_RMS_EPS: f64 = 1.0;
+/// The key holding the vocabulary (its length is the vocabulary size).
+const TOKENS_KEY: &str = "tokenizer.ggml.tokens";
+/// Prefix of per-block tensor names (`blk.N.attn_q.weight`).
+const BLOCK_PREFIX: &str = "blk.";
 
 /// Hyper-parameters of one model.
 #[derive(Debug, Clone, PartialEq)]
@@ -80,66 +112,245 @@ pub struct ModelConfig {
     pub ctx_len: usize,
 }
 
+/// `plain` for ordinary magnitudes, `sci` for tiny or huge ones (a message stays readable).
+fn short(v: f64, plain: String, sci: String) -> String {
+    if v == 0.0 || !v.is_finite() || (1e-3..1e6).contains(&v.abs()) {
+        plain
+    } else {
+        sci
+    }
+}
+
+fn bad(key: &str, problem: String) -> ModelError {
+    ModelError::BadMetadata {
+        key: key.to_owned(),
+        problem,
+    }
+}
+
+/// `v` as a size in `1..=max`, or an error naming `key`.
+fn bounded(key: &str, v: u64, max: u64) -> Result<usize, ModelError> {
+    if v == 0 || v > max {
+        return Err(bad(key, format!("{v} is outside 1..={max}")));
+    }
+    usize::try_from(v).map_err(|_| bad(key, format!("{v} does not fit in memory sizes")))
+}
+
+/// Metadata reads for one architecture's `{arch}.*` keys, each checked as it is read.
+struct Keys<'a> {
+    idx: &'a GgufIndex,
+    arch: &'static str,
+}
+
+impl Keys<'_> {
+    fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch)
+    }
+
+    /// A required size in `1..=max`.
+    fn size(&self, k: &str, max: u64) -> Result<usize, ModelError> {
+        let key = self.key(k);
+        bounded(&key, self.idx.get_u64(&key)?, max)
+    }
+
+    /// An optional size in `1..=max` (present with another type is an error, not a default).
+    fn opt_size(&self, k: &str, max: u64) -> Result<Option<usize>, ModelError> {
+        match self.idx.get(&self.key(k)) {
+            Some(_) => self.size(k, max).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// An optional number that must satisfy `ok` (described by `rule`), else `default`.
+    fn number(
+        &self,
+        k: &str,
+        default: f64,
+        rule: &str,
+        ok: impl Fn(f64) -> bool,
+    ) -> Result<f64, ModelError> {
+        let key = self.key(k);
+        if self.idx.get(&key).is_none() {
+            return Ok(default);
+        }
+        let v = self.idx.get_f64(&key)?;
+        if !ok(v) {
+            // An f32 value is shown as the f32 it is (`-1e-5`, not its widened digits).
+            let shown = match self.idx.get(&key) {
+                Some(MetaValue::F32(x)) => short(f64::from(*x), x.to_string(), format!("{x:e}")),
+                _ => short(v, v.to_string(), format!("{v:e}")),
+            };
+            return Err(bad(&key, format!("{shown} is not {rule}")));
+        }
+        Ok(v)
+    }
+}
+
 impl ModelConfig {
-    /// Read from metadata (`{arch}.*` keys; vocabulary size from the token list).
+    /// Read from metadata (`{arch}.*` keys; vocabulary size from the token list) and check
+    /// every value against its limit (`MAX_*` above) and against the tensors in the file:
+    /// `block_count` must equal the number of `blk.N` blocks present, and the widths must
+    /// match `token_embd.weight` and block 0's projections. Hyper-parameters that are not
+    /// finite or not positive are refused. Every failure names the key.
     pub fn from_gguf(idx: &GgufIndex) -> Result<ModelConfig, ModelError> {
         let arch = Arch::from_name(idx.get_str("general.architecture")?)?;
-        let a = arch.name();
-        let u = |k: &str| -> Result<usize, ModelError> {
-            Ok(idx.get_u64(&format!("{a}.{k}"))? as usize)
+        let keys = Keys {
+            idx,
+            arch: arch.name(),
         };
-        let d_model = u("embedding_length")?;
-        let n_head = u("attention.head_count")?;
-        if n_head == 0 || d_model == 0 {
-            return Err(ModelError::Unsupported("zero heads or width".into()));
+        let key = |k: &str| keys.key(k);
+        let n_layer = keys.size("block_count", MAX_BLOCK_COUNT)?;
+        check_block_count(idx, &key("block_count"), n_layer)?;
+        let d_model = keys.size("embedding_length", MAX_EMBEDDING_LENGTH)?;
+        let n_ff = keys.size("feed_forward_length", MAX_FEED_FORWARD_LENGTH)?;
+        let n_head = keys.size("attention.head_count", MAX_HEAD_COUNT)?;
+        let n_head_kv = keys
+            .opt_size("attention.head_count_kv", MAX_HEAD_COUNT)?
+            .unwrap_or(n_head);
+        if n_head % n_head_kv != 0 {
+            return Err(bad(
+                &key("attention.head_count_kv"),
+                format!("{n_head_kv} does not divide attention.head_count {n_head}"),
+            ));
         }
-        let n_head_kv = if idx.get(&format!("{a}.attention.head_count_kv")).is_some() {
-            u("attention.head_count_kv")?
-        } else {
-            n_head
+        let head_dim = match keys.opt_size("attention.key_length", MAX_HEAD_DIM)? {
+            Some(h) => h,
+            None if d_model % n_head == 0 => d_model / n_head,
+            None => {
+                return Err(bad(
+                    &key("attention.head_count"),
+                    format!(
+                        "embedding_length {d_model} is not a multiple of {n_head} heads \
+                         (and attention.key_length is absent)"
+                    ),
+                ))
+            }
         };
-        if n_head_kv == 0 || n_head % n_head_kv != 0 {
-            return Err(ModelError::Unsupported(format!(
-                "{n_head} heads not a multiple of {n_head_kv} kv heads"
-            )));
+        if let Some(v) = keys.opt_size("attention.value_length", MAX_HEAD_DIM)? {
+            if v != head_dim {
+                return Err(bad(
+                    &key("attention.value_length"),
+                    format!(
+                        "{v} differs from the key length {head_dim} (hipfire needs equal widths)"
+                    ),
+                ));
+            }
         }
-        let head_dim = match idx.get(&format!("{a}.attention.key_length")) {
-            Some(_) => u("attention.key_length")?,
-            None => d_model / n_head,
-        };
-        let rope_dim = match idx.get(&format!("{a}.rope.dimension_count")) {
-            Some(_) => u("rope.dimension_count")?,
-            None => head_dim,
-        };
-        if head_dim == 0 || rope_dim > head_dim || rope_dim % 2 != 0 {
-            return Err(ModelError::Unsupported(format!(
-                "head_dim {head_dim}, rope_dim {rope_dim}"
-            )));
+        let rope_dim = keys
+            .opt_size("rope.dimension_count", MAX_HEAD_DIM)?
+            .unwrap_or(head_dim);
+        if rope_dim > head_dim || rope_dim % 2 != 0 {
+            return Err(bad(
+                &key("rope.dimension_count"),
+                format!("{rope_dim} is not an even number of at most the head width {head_dim}"),
+            ));
         }
-        let vocab = idx
-            .get_array("tokenizer.ggml.tokens")
-            .map(<[_]>::len)
-            .or_else(|_| u("vocab_size"))?;
-        let f = |k: &str, d: f64| {
-            idx.get(&format!("{a}.{k}"))
-                .and_then(|v| v.as_f64())
-                .unwrap_or(d)
+        let ctx_len = keys.size("context_length", MAX_CONTEXT_LENGTH)?;
+        let vocab = match idx.get_array(TOKENS_KEY) {
+            Ok(t) => bounded(TOKENS_KEY, t.len() as u64, MAX_VOCAB)?,
+            Err(e) => match keys.opt_size("vocab_size", MAX_VOCAB)? {
+                Some(v) => v,
+                None => return Err(e.into()),
+            },
         };
-        Ok(ModelConfig {
+        let rope_theta = keys.number(
+            "rope.freq_base",
+            DEFAULT_ROPE_THETA,
+            &format!("a finite number of at least {MIN_ROPE_FREQ_BASE}"),
+            |v| v.is_finite() && v >= MIN_ROPE_FREQ_BASE,
+        )?;
+        let rms_eps = keys.number(
+            "attention.layer_norm_rms_epsilon",
+            DEFAULT_RMS_EPS,
+            &format!("a finite number in (0, {MAX_RMS_EPS}] (as f32)"),
+            // The f32 test also refuses values that underflow to zero in f32.
+            |v| v.is_finite() && v <= MAX_RMS_EPS && (v as f32) > 0.0,
+        )? as f32;
+        let config = ModelConfig {
             arch,
-            n_layer: u("block_count")?,
+            n_layer,
             d_model,
-            n_ff: u("feed_forward_length")?,
+            n_ff,
             n_head,
             n_head_kv,
             head_dim,
             rope_dim,
-            rope_theta: f("rope.freq_base", DEFAULT_ROPE_THETA),
+            rope_theta,
             rope_neox: arch.rope_neox(),
-            rms_eps: f("attention.layer_norm_rms_epsilon", DEFAULT_RMS_EPS) as f32,
+            rms_eps,
             vocab,
-            ctx_len: u("context_length")?,
-        })
+            ctx_len,
+        };
+        config.check_widths(idx, &key)?;
+        Ok(config)
+    }
+
+    /// The widths against `token_embd.weight` and block 0's projections, naming the key that
+    /// disagrees (a missing tensor is left to the loader, which names it).
+    fn check_widths(
+        &self,
+        idx: &GgufIndex,
+        key: &dyn Fn(&str) -> String,
+    ) -> Result<(), ModelError> {
+        let dims = |name: &str| idx.tensor(name).map(|t| t.dims.as_slice());
+        if let Some(&[k, rows]) = dims("token_embd.weight") {
+            if k != self.d_model as u64 {
+                return Err(bad(
+                    &key("embedding_length"),
+                    format!("is {}, but token_embd.weight has rows of {k}", self.d_model),
+                ));
+            }
+            if rows != self.vocab as u64 {
+                return Err(bad(
+                    TOKENS_KEY,
+                    format!(
+                        "has {} tokens, but token_embd.weight has {rows} rows",
+                        self.vocab
+                    ),
+                ));
+            }
+        }
+        let checks = [
+            (
+                "blk.0.attn_q.weight",
+                self.q_dim(),
+                "attention.head_count",
+                format!(
+                    "{} heads × width {} = {} rows",
+                    self.n_head,
+                    self.head_dim,
+                    self.q_dim()
+                ),
+            ),
+            (
+                "blk.0.attn_k.weight",
+                self.kv_dim(),
+                "attention.head_count_kv",
+                format!(
+                    "{} kv heads × width {} = {} rows",
+                    self.n_head_kv,
+                    self.head_dim,
+                    self.kv_dim()
+                ),
+            ),
+            (
+                "blk.0.ffn_up.weight",
+                self.n_ff,
+                "feed_forward_length",
+                format!("is {}", self.n_ff),
+            ),
+        ];
+        for (tensor, want, k, what) in checks {
+            if let Some(&[_, rows]) = dims(tensor) {
+                if rows != want as u64 {
+                    return Err(bad(
+                        &key(k),
+                        format!("{what}, but {tensor} has {rows} rows"),
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Width of the concatenated query heads.
@@ -150,5 +361,39 @@ impl ModelConfig {
     /// Width of the concatenated key (or value) heads.
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
+    }
+}
+
+/// `block_count` against the `blk.N.*` tensors: the blocks present must be exactly
+/// `blk.0 … blk.{n_layer - 1}` (fewer would silently drop layers, more would leave tensors
+/// unused; llama.cpp refuses both through its tensor count check).
+fn check_block_count(idx: &GgufIndex, key: &str, n_layer: usize) -> Result<(), ModelError> {
+    let mut blocks = std::collections::BTreeSet::new();
+    for t in &idx.tensors {
+        let Some(rest) = t.name.strip_prefix(BLOCK_PREFIX) else {
+            continue;
+        };
+        let number = rest.split('.').next().unwrap_or("");
+        let i: usize = number.parse().map_err(|_| {
+            ModelError::Unsupported(format!(
+                "tensor {} has no block number after {BLOCK_PREFIX}",
+                Quoted::new(&t.name)
+            ))
+        })?;
+        blocks.insert(i);
+    }
+    match blocks.last() {
+        Some(&last) if blocks.len() == n_layer && last + 1 == n_layer => Ok(()),
+        Some(&last) => Err(bad(
+            key,
+            format!(
+                "is {n_layer}, but the file has tensors of {} blocks, numbered blk.0 to blk.{last}",
+                blocks.len()
+            ),
+        )),
+        None => Err(bad(
+            key,
+            format!("is {n_layer}, but the file has no blk.N tensors"),
+        )),
     }
 }

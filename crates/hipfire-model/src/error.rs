@@ -7,7 +7,7 @@
 
 use thiserror::Error;
 
-use crate::gguf::GgufError;
+use crate::gguf::{GgufError, Quoted};
 
 /// Everything that can go wrong loading or running a model.
 #[derive(Debug, Error)]
@@ -18,11 +18,20 @@ pub enum ModelError {
     /// The file is valid GGUF but not a model this crate can run.
     #[error("unsupported model: {0}")]
     Unsupported(String),
+    /// A hyper-parameter in the metadata is out of its limits, not finite, or disagrees with
+    /// the tensors in the file; refused before anything is sized by it.
+    #[error("metadata {key}: {problem}")]
+    BadMetadata {
+        /// The key (`llama.block_count`); for a count derived from an array, the array's key.
+        key: String,
+        /// What is wrong, with the value and what it was checked against.
+        problem: String,
+    },
     /// A tensor has the wrong shape for the architecture.
-    #[error("tensor {name:?} has shape {got:?}, expected {want:?}")]
+    #[error("tensor {name} has shape {got:?}, expected {want:?}")]
     Shape {
-        /// Tensor.
-        name: String,
+        /// Tensor (cut like every string from a file).
+        name: Quoted,
         /// Expected dims (ggml order).
         want: Vec<u64>,
         /// Dims in the file.
@@ -86,6 +95,17 @@ pub enum ModelError {
     /// The CPU engine failed.
     #[error(transparent)]
     Exec(#[from] hipfire_exec::ExecError),
+    /// A GPU call failed; `step` says what the decoder was doing (placing which weight,
+    /// decoding which position), the source names the call and, for an allocation, the bytes
+    /// asked and free.
+    #[error("GPU failed while {step}")]
+    Gpu {
+        /// What was being done.
+        step: String,
+        /// The GPU's error (boxed: it is large, and every `Result` of the crate carries it).
+        #[source]
+        source: Box<hipfire_gpu::GpuError>,
+    },
     /// A backend (engine) failed; the string is the backend's own message.
     #[error("backend {backend}: {message}")]
     Backend {

@@ -78,13 +78,33 @@ pub struct GpuOptions {
 /// whose pinned bytes + 4 GiB exceeded MemAvailable after 2.5 GB of pinning stalled a 28 GB host.
 pub const DEFAULT_RAM_MARGIN_BYTES: u64 = 4 << 30;
 
-/// Errors of the GPU path are GPU errors with the call named, or model errors.
+/// The step of a GPU error raised where no step is named yet; [`at_step`] replaces it.
+const UNNAMED_GPU_STEP: &str = "running on the GPU";
+
+/// Errors of the GPU path are GPU errors with the call named (and, through [`at_step`], the
+/// step), or model errors.
 impl From<GpuError> for ModelError {
     fn from(e: GpuError) -> ModelError {
-        ModelError::Backend {
-            backend: "gpu",
-            message: e.to_string(),
+        ModelError::Gpu {
+            step: UNNAMED_GPU_STEP.into(),
+            source: Box::new(e),
         }
+    }
+}
+
+/// Names the step of a GPU failure (a [`ModelError::Gpu`] without one, or a GPU error from the
+/// executor), so the message says what was being done: which weight, which position.
+fn at_step(e: ModelError, step: impl FnOnce() -> String) -> ModelError {
+    match e {
+        ModelError::Gpu { step: s, source } if s == UNNAMED_GPU_STEP => ModelError::Gpu {
+            step: step(),
+            source,
+        },
+        ModelError::Exec(hipfire_exec::ExecError::Device(source)) => ModelError::Gpu {
+            step: step(),
+            source: Box::new(source),
+        },
+        other => other,
     }
 }
 
@@ -395,15 +415,28 @@ impl<'m> GpuDecoder<'m> {
             }
             let w = &model.weights()[id];
             let bytes = model.weight_bytes(w);
-            weights[id] = Some(if host {
-                let mut b = ctx.alloc_host_mapped(bytes.len())?;
-                b.as_mut_slice().copy_from_slice(bytes);
-                GpuWeight::Host(Arc::new(b))
-            } else {
-                let mut b = ctx.alloc::<u8>(bytes.len())?;
-                b.upload(&stream, bytes)?;
-                GpuWeight::Device(b)
-            });
+            let placed = (|| -> Result<GpuWeight, GpuError> {
+                Ok(if host {
+                    let mut b = ctx.alloc_host_mapped(bytes.len())?;
+                    b.as_mut_slice().copy_from_slice(bytes);
+                    GpuWeight::Host(Arc::new(b))
+                } else {
+                    let mut b = ctx.alloc::<u8>(bytes.len())?;
+                    b.upload(&stream, bytes)?;
+                    GpuWeight::Device(b)
+                })
+            })()
+            .map_err(|e| {
+                at_step(e.into(), || {
+                    format!(
+                        "placing weight {} ({} bytes, {})",
+                        w.name,
+                        bytes.len(),
+                        if host { "pinned host memory" } else { "VRAM" }
+                    )
+                })
+            })?;
+            weights[id] = Some(placed);
             Ok(())
         };
         let mut layers = Vec::with_capacity(c.n_layer);
@@ -426,10 +459,19 @@ impl<'m> GpuDecoder<'m> {
             // Rounded up to whole 32-bit words so the zero fill covers every element.
             let cache_len =
                 (ctx_len * kvd).next_multiple_of(std::mem::size_of::<u32>() / KV_ELEM_BYTES);
-            let mut k_cache = ctx.alloc::<u16>(cache_len)?;
-            let mut v_cache = ctx.alloc::<u16>(cache_len)?;
-            stream.fill_u32_async(&mut k_cache, 0)?;
-            stream.fill_u32_async(&mut v_cache, 0)?;
+            let kv_step = || format!("allocating layer {i}'s KV cache ({ctx_len} positions)");
+            let mut k_cache = ctx
+                .alloc::<u16>(cache_len)
+                .map_err(|e| at_step(e.into(), kv_step))?;
+            let mut v_cache = ctx
+                .alloc::<u16>(cache_len)
+                .map_err(|e| at_step(e.into(), kv_step))?;
+            stream
+                .fill_u32_async(&mut k_cache, 0)
+                .map_err(|e| at_step(e.into(), kv_step))?;
+            stream
+                .fill_u32_async(&mut v_cache, 0)
+                .map_err(|e| at_step(e.into(), kv_step))?;
             layers.push(GpuLayer {
                 attn_norm: upload_f32(
                     &ctx,
@@ -578,15 +620,22 @@ impl<'m> GpuDecoder<'m> {
             });
         }
         for &t in tokens {
-            self.forward(t)?;
+            self.forward_at_step(t, "prefilling")?;
         }
         Ok(&self.logits)
     }
 
     /// Feed one token; returns the next-token logits.
     pub fn step(&mut self, token: u32) -> Result<&[f32], ModelError> {
-        self.forward(token)?;
+        self.forward_at_step(token, "decoding")?;
         Ok(&self.logits)
+    }
+
+    /// [`GpuDecoder::forward`] with a GPU failure naming the phase, position and token.
+    fn forward_at_step(&mut self, token: u32, phase: &str) -> Result<(), ModelError> {
+        let pos = self.pos;
+        self.forward(token)
+            .map_err(|e| at_step(e, || format!("{phase} position {pos} (token {token})")))
     }
 
     /// As [`crate::Session::generate`], on the GPU.
@@ -989,6 +1038,57 @@ impl Decoder for GpuDecoder<'_> {
 mod tests {
     use super::*;
     use crate::gpu_attention::ATTENTION_KERNEL_NAMES;
+
+    #[test]
+    fn gpu_failures_name_the_step_and_keep_the_gpu_error() {
+        let call = || GpuError::Driver {
+            call: "cuLaunchKernel",
+            source: hipfire_gpu::DriverCode {
+                backend: "cuda",
+                code: 719,
+                name: "CUDA_ERROR_LAUNCH_FAILED".into(),
+                message: "unspecified launch failure".into(),
+            },
+        };
+        let e = at_step(call().into(), || "decoding position 3 (token 7)".into());
+        // An outer step does not overwrite the inner, more precise one.
+        let e = at_step(e, || "loading".into());
+        match &e {
+            ModelError::Gpu { step, source } => {
+                assert_eq!(step, "decoding position 3 (token 7)");
+                assert!(
+                    matches!(
+                        **source,
+                        GpuError::Driver {
+                            call: "cuLaunchKernel",
+                            ..
+                        }
+                    ),
+                    "{source:?}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let chain = format!(
+            "{e}: {}",
+            std::error::Error::source(&e).expect("the GPU error is the source")
+        );
+        assert!(
+            chain.contains("decoding position 3")
+                && chain.contains("cuLaunchKernel")
+                && chain.contains("CUDA_ERROR_LAUNCH_FAILED"),
+            "{chain}"
+        );
+        // A GPU error from the executor gets the step too, still typed.
+        let e = at_step(
+            ModelError::Exec(hipfire_exec::ExecError::Device(call())),
+            || "decoding position 9 (token 1)".into(),
+        );
+        assert!(matches!(&e, ModelError::Gpu { step, .. } if step.contains("position 9")));
+        // Other errors pass through untouched.
+        let e = at_step(ModelError::BadToken { id: 5, vocab: 4 }, || "x".into());
+        assert!(matches!(e, ModelError::BadToken { id: 5, vocab: 4 }));
+    }
 
     /// Compiles `decode.cu` for sm_90 with NVRTC (no GPU needed) and checks that every kernel
     /// [`GpuDecoder::new`] looks up is in the image. Skips, saying so, without libnvrtc, unless

@@ -6,20 +6,28 @@
 //! - [`tokenizer`] — the GGUF's own vocabulary as an HF `tokenizers` pipeline (gpt2 BPE or
 //!   SentencePiece BPE), ChatML rendering, streaming detokenisation.
 //! - [`config`] — architecture hyper-parameters (llama, qwen2, qwen3).
-//! - [`backend`] — the engine seam: [`Backend::gemv`]; [`CpuBackend`] over hipfire-exec's pool.
-//! - [`model`] — [`Model::load`], [`Session`] (`prefill`, `step`, `generate`).
+//! - [`backend`] — the engine seam of the CPU forward pass: [`Backend`] (`gemv`, `gemv_batch`
+//!   for the projections that share an activation, `gemv_tokens` for a prefill chunk,
+//!   `parallel_for` for attention heads); [`CpuBackend`] over hipfire-exec's pool;
+//!   [`ReferenceBackend`], the independent f64 path the tests compare against.
+//! - [`model`] — [`Model::load`], [`Session`] (`prefill` in chunks of [`model::PREFILL_CHUNK`]
+//!   tokens, `step`, `generate`): the CPU forward pass.
+//! - [`ops`] — the host's non-GEMV maths (norms, RoPE, softmax, SwiGLU, one head's attention
+//!   over the f16 K/V cache) and the embedding row's dequantisation.
 //! - [`sampling`] — greedy and seeded temperature / top-k / top-p.
 //! - [`synth`] — GGUFs with real architectures' shapes and random weights, for performance work.
-//! - [`gpu`] — the whole decode step on the device (device KV cache, decode kernels), with
-//!   spilled projections through hipfire-exec's offload executor; built on [`Model`]'s weight
-//!   table ([`Model::weights`], [`Model::weight_bytes`]).
+//! - [`gpu`] — [`gpu::GpuDecoder`]: the whole decode step on the device (device KV cache, decode
+//!   kernels), with spilled projections through hipfire-exec's offload executor; built on
+//!   [`Model`]'s weight table ([`Model::weights`], [`Model::weight_bytes`]).
 //! - [`gpu_attention`] — decode attention split over the KV range (flash-decoding).
 //!
 //! # The one design decision
-//! Decode is written against a one-method engine trait (`gemv` over a [`Weight`] that knows
-//! its format, shape and file offset), not against the CPU pool: the host runs norms, RoPE,
-//! attention and sampling, and hands every matrix product to the backend, so a GPU or a split
-//! GPU+CPU backend slots in without touching the decode loop.
+//! The CPU forward pass is written against an engine trait (matrix products over a [`Weight`]
+//! that knows its format, shape and file offset), not against the CPU pool: the host runs
+//! norms, RoPE, attention and sampling, and hands every matrix product to the backend. The GPU
+//! decoder is a second forward pass over the same weight table, because its activations never
+//! leave the device and the trait's operands are host slices; one forward pass over a backend
+//! trait that both engines implement is issue 16.
 //!
 //! # Errors
 //! [`ModelError`] for everything; GGUF parsing keeps its own [`gguf::GgufError`] (wrapped) so
@@ -46,5 +54,7 @@ pub use model::{
     ProgressFn, Session,
 };
 pub use sampling::{Sampler, SamplingParams};
-pub use synth::{write_synthetic, SynthReport, SynthSpec, SYNTH_DESCRIPTION};
+pub use synth::{
+    write_synthetic, write_synthetic_to, Overwrite, SynthReport, SynthSpec, SYNTH_DESCRIPTION,
+};
 pub use tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer};

@@ -13,7 +13,7 @@ use hipfire_quant::Format;
 
 use crate::backend::{Backend, CpuBackend, Weight};
 use crate::config::{Arch, ModelConfig};
-use crate::gguf::{GgufFile, TensorInfo};
+use crate::gguf::{GgufFile, Quoted, TensorInfo};
 use crate::ops::{self, Rope};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::tokenizer::Tokenizer;
@@ -131,7 +131,7 @@ impl std::fmt::Debug for Model {
 
 fn shape_err(t: &TensorInfo, want: &[u64]) -> ModelError {
     ModelError::Shape {
-        name: t.name.clone(),
+        name: Quoted::new(&t.name),
         want: want.to_vec(),
         got: t.dims.clone(),
     }
@@ -274,6 +274,17 @@ impl Model {
             None => token_embd,
         };
         let factors = ld.opt_vector("rope_freqs.weight", c.rope_dim / 2)?;
+        // Each factor divides a rotation frequency: zero, negative or non-finite ones would
+        // make RoPE produce NaN or garbage with no error.
+        if let Some(bad) = factors
+            .iter()
+            .flatten()
+            .find(|f| !(f.is_finite() && **f > 0.0))
+        {
+            return Err(ModelError::Unsupported(format!(
+                "tensor rope_freqs.weight holds {bad}: every factor must be finite and positive"
+            )));
+        }
         let rope = Rope::new(c.rope_dim, c.rope_theta, c.rope_neox, factors.as_deref());
         let weights = ld.weights;
 

@@ -46,10 +46,17 @@ impl SamplingParams {
 
     /// Reject NaN or out-of-range values.
     pub fn validate(&self) -> Result<(), ModelError> {
-        if !(self.temperature.is_finite() && self.top_p > 0.0 && self.top_p <= 1.0) {
+        // One message per parameter, naming only the one at fault.
+        if !self.temperature.is_finite() {
             return Err(ModelError::InvalidOption(format!(
-                "temperature {} must be finite and top_p {} in (0, 1]",
-                self.temperature, self.top_p
+                "temperature {} must be finite",
+                self.temperature
+            )));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(ModelError::InvalidOption(format!(
+                "top_p {:e} (as the sampler's f32) must be in (0, 1]",
+                self.top_p
             )));
         }
         Ok(())
@@ -136,6 +143,23 @@ impl Sampler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bad_top_p_is_blamed_on_top_p_not_temperature() {
+        let p = SamplingParams {
+            temperature: 0.8,
+            top_p: 1e-320_f64 as f32,
+            ..SamplingParams::greedy(0)
+        };
+        let e = p.validate().expect_err("top_p 0 refused").to_string();
+        assert!(e.contains("top_p") && !e.contains("temperature"), "{e}");
+        let p = SamplingParams {
+            temperature: f32::NAN,
+            ..SamplingParams::greedy(0)
+        };
+        let e = p.validate().expect_err("NaN refused").to_string();
+        assert!(e.contains("temperature") && !e.contains("top_p"), "{e}");
+    }
 
     fn logits(seed: u64, n: usize) -> Vec<f32> {
         let mut r = ChaCha8Rng::seed_from_u64(seed);

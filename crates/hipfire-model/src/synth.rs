@@ -16,7 +16,7 @@
 //! assembled in parallel with rayon (write-time work, not the decode path); each row's draws
 //! come from its own seeded RNG, so the bytes do not depend on the thread count.
 
-use std::io::{BufWriter, Write};
+use std::io::BufWriter;
 use std::path::Path;
 
 use hipfire_quant::Format;
@@ -314,9 +314,101 @@ fn row_seed(seed: u64, tensor: usize, row: usize) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Write a synthetic GGUF for `spec` with matrices in `format` to `path`. `progress` gets
-/// (bytes written, total bytes) after each tensor.
+/// What [`write_synthetic_to`] does when the output path already exists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overwrite {
+    /// Fail with an [`std::io::ErrorKind::AlreadyExists`] error, before writing anything and
+    /// again (atomically, by a hard link) when publishing, so a file that appears meanwhile is
+    /// not replaced either.
+    Refuse,
+    /// Replace it by rename: a process that has the old file open or mapped keeps the old
+    /// bytes (no truncation under its feet, so no SIGBUS).
+    Replace,
+}
+
+/// Write a synthetic GGUF for `spec` with matrices in `format` to `path`, replacing any file
+/// there (atomically; see [`write_synthetic_to`]). `progress` gets (bytes written, total
+/// bytes) after each tensor.
 pub fn write_synthetic(
+    path: &Path,
+    spec: &SynthSpec,
+    format: Format,
+    seed: u64,
+    progress: Option<&dyn Fn(u64, u64)>,
+) -> Result<SynthReport, ModelError> {
+    write_synthetic_to(path, spec, format, seed, progress, Overwrite::Replace)
+}
+
+/// The error for an output path that exists under [`Overwrite::Refuse`].
+fn exists_error(path: &Path) -> ModelError {
+    ModelError::Io(std::io::Error::new(
+        std::io::ErrorKind::AlreadyExists,
+        format!("{} already exists", path.display()),
+    ))
+}
+
+/// As [`write_synthetic`], choosing what happens to an existing `path`. The bytes go to a
+/// temporary file in the same directory (`.<name>.tmp.<pid>`), are fsynced, and only then
+/// appear at `path` (rename, or hard link for [`Overwrite::Refuse`]), so `path` never holds a
+/// partial file: a failed write removes the temporary file, and a killed writer leaves at most
+/// that temporary file behind, never a torn `path`.
+pub fn write_synthetic_to(
+    path: &Path,
+    spec: &SynthSpec,
+    format: Format,
+    seed: u64,
+    progress: Option<&dyn Fn(u64, u64)>,
+    overwrite: Overwrite,
+) -> Result<SynthReport, ModelError> {
+    if overwrite == Overwrite::Refuse && std::fs::symlink_metadata(path).is_ok() {
+        return Err(exists_error(path));
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    let written = write_file(&tmp, spec, format, seed, progress).and_then(|r| {
+        publish(&tmp, path, overwrite)?;
+        // The directory entry too, so a crash after we report success cannot lose the file.
+        std::fs::File::open(&dir)?.sync_all()?;
+        Ok(r)
+    });
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    let mut r = written?;
+    r.bytes = std::fs::metadata(path)?.len();
+    Ok(r)
+}
+
+/// Make the finished temporary file `tmp` appear at `path`.
+fn publish(tmp: &Path, path: &Path, overwrite: Overwrite) -> Result<(), ModelError> {
+    match overwrite {
+        Overwrite::Replace => std::fs::rename(tmp, path)?,
+        Overwrite::Refuse => {
+            // link(2) fails if `path` exists: the no-clobber publish, without a check-then-act
+            // race. The temporary name is removed after.
+            match std::fs::hard_link(tmp, path) {
+                Ok(()) => std::fs::remove_file(tmp)?,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    return Err(exists_error(path))
+                }
+                // A filesystem without hard links: check, then rename (a narrow race only).
+                Err(_) if std::fs::symlink_metadata(path).is_err() => std::fs::rename(tmp, path)?,
+                Err(_) => return Err(exists_error(path)),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The writing itself, into a new file at `path` (which must not exist).
+fn write_file(
     path: &Path,
     spec: &SynthSpec,
     format: Format,
@@ -339,7 +431,8 @@ pub fn write_synthetic(
     for s in &specs {
         total += s.n_bytes()?;
     }
-    let file = std::fs::File::create(path)?;
+    // create_new: a stale temporary file of a dead writer with our pid is an error, not reused.
+    let file = std::fs::File::create_new(path)?;
     let mut w = GgufWriter::new(BufWriter::new(file), &spec.metadata(), &specs)?;
     let uniform_half_width = WEIGHT_STD * 3f32.sqrt();
     // The block pool: POOL_BLOCKS blocks quantised from uniform values of WEIGHT_STD.
@@ -392,12 +485,83 @@ pub fn write_synthetic(
             p(done, total);
         }
     }
-    let mut out = w.finish()?;
-    out.flush()?;
-    let bytes = std::fs::metadata(path)?.len();
+    let out = w.finish()?;
+    let file = out
+        .into_inner()
+        .map_err(|e| ModelError::Io(e.into_error()))?;
+    file.sync_all()?;
+    let bytes = file.metadata()?.len();
     Ok(SynthReport {
         bytes,
         n_params: spec.n_params(),
         n_tensors: tensors.len(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(tag: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("hipfire-synth-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("dir");
+        d
+    }
+
+    fn names(d: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .expect("ls")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn refuse_keeps_an_existing_file_byte_for_byte() {
+        let d = scratch("refuse");
+        let out = d.join("model.gguf");
+        let precious: Vec<u8> = (0..4096u32)
+            .map(|i| i.wrapping_mul(2_654_435_761) as u8)
+            .collect();
+        std::fs::write(&out, &precious).expect("write");
+        let spec = SynthSpec::tiny(Arch::Llama);
+        let e = write_synthetic_to(&out, &spec, Format::Q8_0, 1, None, Overwrite::Refuse)
+            .expect_err("refused");
+        assert!(
+            matches!(&e, ModelError::Io(io) if io.kind() == std::io::ErrorKind::AlreadyExists),
+            "{e}"
+        );
+        assert_eq!(std::fs::read(&out).expect("read"), precious);
+        assert_eq!(names(&d), ["model.gguf"], "no temporary left");
+        // A new path is written, and no temporary name is left beside it.
+        let fresh = d.join("fresh.gguf");
+        let r = write_synthetic_to(&fresh, &spec, Format::Q8_0, 1, None, Overwrite::Refuse)
+            .expect("written");
+        assert_eq!(r.bytes, std::fs::metadata(&fresh).expect("meta").len());
+        assert_eq!(names(&d), ["fresh.gguf", "model.gguf"]);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn replace_renames_so_a_reader_of_the_old_file_keeps_its_bytes() {
+        use std::os::unix::fs::MetadataExt;
+        let d = scratch("replace");
+        let out = d.join("model.gguf");
+        let old: Vec<u8> = (0..8192u32).map(|i| (i ^ (i >> 3)) as u8).collect();
+        std::fs::write(&out, &old).expect("write");
+        // An open descriptor stands for a process that mapped the old file: an in-place
+        // truncation would shrink what it reads (SIGBUS for a mapping); a rename does not.
+        let held = std::fs::File::open(&out).expect("open");
+        let ino = std::fs::metadata(&out).expect("meta").ino();
+        let spec = SynthSpec::tiny(Arch::Llama);
+        write_synthetic_to(&out, &spec, Format::Q8_0, 2, None, Overwrite::Replace)
+            .expect("replaced");
+        assert_ne!(std::fs::metadata(&out).expect("meta").ino(), ino);
+        assert_eq!(held.metadata().expect("meta").len(), old.len() as u64);
+        assert_eq!(names(&d), ["model.gguf"]);
+        let _ = std::fs::remove_dir_all(&d);
+    }
 }

@@ -33,7 +33,7 @@ use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::{AddedToken, SplitDelimiterBehavior};
 
-use crate::gguf::GgufIndex;
+use crate::gguf::{GgufIndex, Quoted};
 use crate::ModelError;
 
 /// GGUF `token_type` for a normal token (llama.cpp `LLAMA_TOKEN_TYPE_NORMAL`).
@@ -112,8 +112,14 @@ pub enum ChatTemplate {
         /// System prompt the template inserts when the conversation has none.
         default_system: Option<String>,
     },
-    /// No template (or one we do not render): the prompt is the messages' text joined.
+    /// No template: the prompt is the messages' text joined.
     Raw,
+    /// A template hipfire does not render (not ChatML); rendered like [`ChatTemplate::Raw`],
+    /// but [`Tokenizer::encode_chat`] refuses it rather than silently feeding raw text.
+    Unrecognised {
+        /// The template's first characters and length, for messages.
+        head: Quoted,
+    },
 }
 
 impl ChatTemplate {
@@ -125,7 +131,9 @@ impl ChatTemplate {
             return ChatTemplate::Raw;
         };
         if !t.contains("<|im_start|>") {
-            return ChatTemplate::Raw;
+            return ChatTemplate::Unrecognised {
+                head: Quoted::new(t),
+            };
         }
         const OPEN: &str = "<|im_start|>system\n";
         let default_system = t.find(OPEN).and_then(|i| {
@@ -141,7 +149,7 @@ impl ChatTemplate {
     /// Render the conversation, ending with the assistant turn opener.
     pub fn render(&self, messages: &[ChatMessage]) -> String {
         match self {
-            ChatTemplate::Raw => messages
+            ChatTemplate::Raw | ChatTemplate::Unrecognised { .. } => messages
                 .iter()
                 .map(|m| m.content.as_str())
                 .collect::<Vec<_>>()
@@ -197,8 +205,12 @@ impl std::fmt::Debug for Tokenizer {
     }
 }
 
+/// A tokenizer error. The text may come from the `tokenizers` library quoting vocabulary
+/// entries (strings from the file), so it is cut like any file string ([`Quoted`]).
 fn tok_err(e: impl std::fmt::Display) -> ModelError {
-    ModelError::Tokenizer(e.to_string())
+    let text = e.to_string();
+    let q = Quoted::new(&text);
+    ModelError::Tokenizer(if q.is_whole() { text } else { q.to_string() })
 }
 
 /// GPT-2's byte ↔ printable-char table (`bytes_to_unicode` in openai/gpt-2 `encoder.py`).
@@ -236,7 +248,8 @@ impl Tokenizer {
             "llama" => VocabKind::Spm,
             other => {
                 return Err(ModelError::Unsupported(format!(
-                    "tokenizer model {other:?}"
+                    "tokenizer model {} (supported: gpt2, llama)",
+                    Quoted::new(other)
                 )))
             }
         };
@@ -444,7 +457,26 @@ impl Tokenizer {
     }
 
     /// Render `messages` with the chat template and encode (BOS per the model's default).
+    ///
+    /// Only ChatML is rendered; a model with no template or another one is refused
+    /// ([`ModelError::Unsupported`], quoting the template's start), as llama.cpp refuses an
+    /// unsupported `--chat-template`, instead of silently encoding the raw text.
     pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, ModelError> {
+        match &self.chat {
+            ChatTemplate::ChatMl { .. } => {}
+            ChatTemplate::Raw => {
+                return Err(ModelError::Unsupported(
+                    "no chat template (tokenizer.chat_template is absent); hipfire renders \
+                     ChatML only"
+                        .into(),
+                ))
+            }
+            ChatTemplate::Unrecognised { head } => {
+                return Err(ModelError::Unsupported(format!(
+                    "chat template {head} is not ChatML, the only one hipfire renders"
+                )))
+            }
+        }
         self.encode(&self.chat.render(messages), self.add_bos)
     }
 
@@ -634,7 +666,9 @@ mod tests {
         );
         assert_eq!(
             ChatTemplate::detect(Some("[INST] {{ m }}")),
-            ChatTemplate::Raw
+            ChatTemplate::Unrecognised {
+                head: Quoted::new("[INST] {{ m }}")
+            }
         );
         assert_eq!(ChatTemplate::detect(None), ChatTemplate::Raw);
         let t = ChatTemplate::ChatMl {

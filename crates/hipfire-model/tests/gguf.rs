@@ -453,3 +453,58 @@ fn fuzz_seed_corpus_parses_as_labelled() {
         MetaValue::I32(-1)
     );
 }
+
+/// Names and keys have length limits checked before their bytes are read (ggml's 63-byte
+/// tensor names, the spec's 65535-byte keys), and every error quotes a file string cut short.
+#[test]
+fn name_and_key_lengths_are_bounded_and_quoted_short() {
+    use hipfire_model::gguf::{MAX_KEY_BYTES, MAX_QUOTED_CHARS, MAX_TENSOR_NAME_BYTES};
+    let named = |name: &str| Raw::new(3, 1, 0).tensor(name, &[4], 0, 0).data(32);
+    let at_limit = "n".repeat(MAX_TENSOR_NAME_BYTES as usize);
+    assert!(GgufIndex::parse(&named(&at_limit)).is_ok());
+    let over = "n".repeat(MAX_TENSOR_NAME_BYTES as usize + 1);
+    assert!(matches!(
+        err(&named(&over)),
+        GgufError::NameTooLong {
+            what: "tensor name",
+            len: 64,
+            max: 63,
+            ..
+        }
+    ));
+    // A length that swallows the rest of the file is refused before it is read.
+    let b = Raw::new(3, 1, 0).u64(1 << 20).data(2 << 20);
+    assert!(matches!(
+        err(&b),
+        GgufError::NameTooLong { len: 1_048_576, .. }
+    ));
+
+    let key = |k: &str| Raw::new(3, 0, 1).str(k).u32(0).bytes(&[7]).0;
+    assert!(GgufIndex::parse(&key(&"k".repeat(MAX_KEY_BYTES as usize))).is_ok());
+    assert!(matches!(
+        err(&key(&"k".repeat(MAX_KEY_BYTES as usize + 1))),
+        GgufError::NameTooLong {
+            what: "metadata key",
+            ..
+        }
+    ));
+    // A long key (within the limit) in an error message is cut, with its length.
+    let long = "k".repeat(60_000);
+    let dup = Raw::new(3, 0, 2)
+        .str(&long)
+        .u32(0)
+        .bytes(&[1])
+        .str(&long)
+        .u32(0)
+        .bytes(&[2])
+        .0;
+    let e = err(&dup);
+    assert!(matches!(&e, GgufError::DuplicateKey(k) if k.len() == 60_000 && !k.is_whole()));
+    let msg = e.to_string();
+    assert!(
+        msg.len() < MAX_QUOTED_CHARS + 64,
+        "{} bytes: {msg}",
+        msg.len()
+    );
+    assert!(msg.ends_with("… (60000 bytes)"), "{msg}");
+}

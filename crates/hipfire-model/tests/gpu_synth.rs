@@ -24,7 +24,7 @@ use hipfire_quant::Format;
 /// Both engines keep the KV cache in f16, rounded to nearest with ties to even. Where their k/v
 /// already differ in the last f32 bits, that rounding can land one f16 step apart (4.9e-4
 /// relative), so the cache widens the gap rather than closing it. On the 3-layer, 2048-wide
-/// Q8_0 model the H200 box measured (session 4, docs/perf-checkpoints/2026-11-29-session4-h200):
+/// Q8_0 model the H200 box measured (the 2026-11-29 done-words record, docs/perf-checkpoints/2026-11-29-done-words-dram-layers-h200):
 /// - only the CPU cache f16: 2.5e-2 to 3.0e-2 over the six modes;
 /// - both caches f16: 2.44e-2 resident and pcie, 1.9e-2 to 2.0e-2 in the modes that split.
 ///

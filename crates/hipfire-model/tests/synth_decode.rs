@@ -324,12 +324,26 @@ fn load_rejects_wrong_models_with_typed_errors() {
     let err = rewrite("shape.gguf", &|_, s| {
         let t = s
             .iter_mut()
-            .find(|t| t.name == "blk.0.attn_k.weight")
+            .find(|t| t.name == "blk.1.attn_k.weight")
             .unwrap();
         t.dims[1] *= 2;
     })
     .unwrap_err();
     assert!(matches!(err, ModelError::Shape { .. }), "{err}");
+    // In block 0 the same change disagrees with the metadata, which is checked first and
+    // named: the kv head count no longer matches the tensor.
+    let err = rewrite("shape0.gguf", &|_, s| {
+        let t = s
+            .iter_mut()
+            .find(|t| t.name == "blk.0.attn_k.weight")
+            .unwrap();
+        t.dims[1] *= 2;
+    })
+    .unwrap_err();
+    assert!(
+        matches!(&err, ModelError::BadMetadata { key, .. } if key == "llama.attention.head_count_kv"),
+        "{err}"
+    );
     let err = rewrite("arch.gguf", &|m, _| {
         m.iter_mut()
             .find(|(k, _)| k == "general.architecture")

@@ -7,6 +7,9 @@
 //!   (`float.rs`, `legacy.rs`, `kquant.rs`, `hfq.rs`), each block a `#[repr(C)]` struct with a
 //!   compile-time size assertion, described by the [`formats::BlockFormat`] trait.
 //! - `act.rs` — [`ActivationBuf`], the activation in the form the row dots want.
+//! - `shared_act.rs` — [`SharedActivation`]: one q8_K activation that several threads prepare
+//!   together and all read (the `flags` join's CPU workers).
+//! - `read.rs` — [`read_sum`], the plain read that GEMV bandwidth is measured against.
 //! - `dot/` — scalar reference + AVX2 + AVX-512 row dots; `dispatch.rs` picks the tier once.
 //!
 //! Public functions every other crate uses:

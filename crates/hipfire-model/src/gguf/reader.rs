@@ -5,8 +5,8 @@ use std::path::Path;
 
 use super::types::{GgmlType, MetaValue, MetaValueType};
 use super::{
-    GgufError, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_ALIGNMENT, MAX_ARRAY_DEPTH,
-    MAX_DIMS,
+    GgufError, Quoted, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_ALIGNMENT,
+    MAX_ARRAY_DEPTH, MAX_DIMS, MAX_KEY_BYTES, MAX_TENSOR_NAME_BYTES,
 };
 
 /// Smallest encoded tensor info: empty name (8) + n_dims (4) + one dim (8) + type (4) + offset (8).
@@ -140,6 +140,23 @@ impl<'a> Cursor<'a> {
         Ok(String::from_utf8_lossy(bytes).into_owned())
     }
 
+    /// A string whose length must not exceed `max` (names and keys); the length is checked
+    /// (against the bytes left, then against `max`) before any byte of it is read.
+    fn name(&mut self, what: &'static str, max: u64) -> Result<String, GgufError> {
+        let offset = self.pos;
+        let len = self.count(what, 1)?;
+        if len > max {
+            return Err(GgufError::NameTooLong {
+                what,
+                len,
+                offset,
+                max,
+            });
+        }
+        let bytes = self.take(len, what)?;
+        Ok(String::from_utf8_lossy(bytes).into_owned())
+    }
+
     fn value(&mut self, ty: MetaValueType, key: &str, depth: u32) -> Result<MetaValue, GgufError> {
         const W: &str = "metadata value";
         Ok(match ty {
@@ -161,12 +178,12 @@ impl<'a> Cursor<'a> {
             MetaValueType::String => MetaValue::String(self.string("metadata string")?),
             MetaValueType::Array => {
                 if depth >= MAX_ARRAY_DEPTH {
-                    return Err(GgufError::TooDeep(key.to_owned()));
+                    return Err(GgufError::TooDeep(key.into()));
                 }
                 let ty_id = self.u32("array element type")?;
                 let elem =
                     MetaValueType::from_id(ty_id).ok_or_else(|| GgufError::UnknownValueType {
-                        key: key.to_owned(),
+                        key: key.into(),
                         ty: ty_id,
                     })?;
                 let n = self.count("array length", elem.min_encoded_size())?;
@@ -189,7 +206,8 @@ fn align_up(x: u64, a: u64) -> Option<u64> {
 impl GgufIndex {
     /// Parse and validate a whole GGUF image. Never panics; every defect is a [`GgufError`].
     ///
-    /// Checks: magic, version ∈ {2, 3}, counts against the bytes left, value types, bool
+    /// Checks: magic, version ∈ {2, 3}, counts against the bytes left, key and tensor-name
+    /// lengths ([`super::MAX_KEY_BYTES`], [`super::MAX_TENSOR_NAME_BYTES`]), value types, bool
     /// bytes, array nesting, duplicate keys and tensor names, `general.alignment` (a power
     /// of two ≤ [`MAX_ALIGNMENT`]), tensor rank, non-zero dims without overflow, known GGML
     /// type and a row length that is a block multiple, aligned offsets, every tensor inside
@@ -224,15 +242,15 @@ impl GgufIndex {
         let mut metadata = Vec::with_capacity(n_kv as usize);
         let mut key_index = HashMap::with_capacity(n_kv as usize);
         for _ in 0..n_kv {
-            let key = c.string("metadata key")?;
+            let key = c.name("metadata key", MAX_KEY_BYTES)?;
             let ty_id = c.u32("metadata value type")?;
             let ty = MetaValueType::from_id(ty_id).ok_or_else(|| GgufError::UnknownValueType {
-                key: key.clone(),
+                key: Quoted::new(&key),
                 ty: ty_id,
             })?;
             let value = c.value(ty, &key, 0)?;
             if key_index.insert(key.clone(), metadata.len()).is_some() {
-                return Err(GgufError::DuplicateKey(key));
+                return Err(GgufError::DuplicateKey(Quoted::new(&key)));
             }
             metadata.push((key, value));
         }
@@ -246,7 +264,7 @@ impl GgufIndex {
                     MetaValue::U32(a) => u64::from(*a),
                     other => {
                         return Err(GgufError::WrongType {
-                            key: ALIGNMENT_KEY.into(),
+                            key: Quoted::new(ALIGNMENT_KEY),
                             expected: "u32",
                             found: other.type_name(),
                         })
@@ -262,10 +280,13 @@ impl GgufIndex {
         let mut tensors = Vec::with_capacity(n_tensors as usize);
         let mut tensor_index = HashMap::with_capacity(n_tensors as usize);
         for _ in 0..n_tensors {
-            let name = c.string("tensor name")?;
+            let name = c.name("tensor name", MAX_TENSOR_NAME_BYTES)?;
             let n_dims = c.u32("tensor n_dims")?;
             if n_dims == 0 || n_dims > MAX_DIMS {
-                return Err(GgufError::BadDims { name, n_dims });
+                return Err(GgufError::BadDims {
+                    name: Quoted::new(&name),
+                    n_dims,
+                });
             }
             let mut dims = Vec::with_capacity(n_dims as usize);
             for _ in 0..n_dims {
@@ -276,13 +297,13 @@ impl GgufIndex {
             let n_bytes = tensor_bytes(&name, &dims, ty)?;
             if offset % alignment != 0 {
                 return Err(GgufError::MisalignedTensor {
-                    name,
+                    name: Quoted::new(&name),
                     offset,
                     alignment,
                 });
             }
             if tensor_index.insert(name.clone(), tensors.len()).is_some() {
-                return Err(GgufError::DuplicateTensor(name));
+                return Err(GgufError::DuplicateTensor(Quoted::new(&name)));
             }
             tensors.push(TensorInfo {
                 name,
@@ -313,7 +334,7 @@ impl GgufIndex {
                 (Some(s), Some(e)) if e <= file_len => t.start = s,
                 _ => {
                     return Err(GgufError::TensorOutOfBounds {
-                        name: t.name.clone(),
+                        name: Quoted::new(&t.name),
                         start: start.unwrap_or(u64::MAX),
                         end: end.unwrap_or(u64::MAX),
                         file_len,
@@ -328,8 +349,8 @@ impl GgufIndex {
             // Empty tensors cannot exist (dims are non-zero), so equal starts overlap too.
             if a.start + a.n_bytes > b.start {
                 return Err(GgufError::OverlappingTensors {
-                    a: a.name.clone(),
-                    b: b.name.clone(),
+                    a: Quoted::new(&a.name),
+                    b: Quoted::new(&b.name),
                 });
             }
         }
@@ -358,12 +379,12 @@ impl GgufIndex {
 
     fn require(&self, key: &str) -> Result<&MetaValue, GgufError> {
         self.get(key)
-            .ok_or_else(|| GgufError::MissingKey(key.to_owned()))
+            .ok_or_else(|| GgufError::MissingKey(Quoted::new(key)))
     }
 
     fn wrong(key: &str, expected: &'static str, v: &MetaValue) -> GgufError {
         GgufError::WrongType {
-            key: key.to_owned(),
+            key: Quoted::new(key),
             expected,
             found: v.type_name(),
         }
@@ -398,7 +419,7 @@ impl GgufIndex {
 /// Byte size of a tensor, validating rank, dims, type and block alignment of `dims[0]`.
 fn tensor_bytes(name: &str, dims: &[u64], ty: GgmlType) -> Result<u64, GgufError> {
     let bad = |why| GgufError::BadShape {
-        name: name.to_owned(),
+        name: Quoted::new(name),
         dims: dims.to_vec(),
         why,
     };
@@ -410,7 +431,7 @@ fn tensor_bytes(name: &str, dims: &[u64], ty: GgmlType) -> Result<u64, GgufError
         .try_fold(1u64, |acc, &d| acc.checked_mul(d))
         .ok_or_else(|| bad("element count overflows u64"))?;
     let (block_elems, block_bytes) = ty.block().ok_or_else(|| GgufError::UnknownTensorType {
-        name: name.to_owned(),
+        name: Quoted::new(name),
         ty: ty.0,
     })?;
     if dims[0] % block_elems != 0 {
@@ -503,7 +524,7 @@ impl GgufFile {
         let t = self
             .index
             .tensor(name)
-            .ok_or_else(|| GgufError::MissingTensor(name.to_owned()))?;
+            .ok_or_else(|| GgufError::MissingTensor(Quoted::new(name)))?;
         Ok((t, self.tensor_data(t)))
     }
 

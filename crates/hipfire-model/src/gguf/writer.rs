@@ -27,11 +27,11 @@ impl TensorSpec {
             .ggml_type
             .block()
             .ok_or_else(|| GgufError::UnknownTensorType {
-                name: self.name.clone(),
+                name: (&self.name).into(),
                 ty: self.ggml_type.0,
             })?;
         let bad = |why| GgufError::BadShape {
-            name: self.name.clone(),
+            name: (&self.name).into(),
             dims: self.dims.clone(),
             why,
         };
@@ -117,13 +117,21 @@ impl<W: Write> GgufWriter<W> {
     ) -> Result<Self, GgufError> {
         let alignment = match metadata.iter().find(|(k, _)| k == ALIGNMENT_KEY) {
             Some((_, MetaValue::U32(a))) if a.is_power_of_two() => u64::from(*a),
-            Some((_, v)) => return Err(GgufError::Write(format!("bad {ALIGNMENT_KEY} {v:?}"))),
+            Some((_, v)) => {
+                return Err(GgufError::Write(format!(
+                    "bad {ALIGNMENT_KEY}: a {} (a power-of-two u32 is needed)",
+                    v.type_name()
+                )))
+            }
             None => DEFAULT_ALIGNMENT,
         };
         for (k, v) in metadata {
             if let MetaValue::Array(ty, items) = v {
                 if items.iter().any(|i| i.value_type() != *ty) {
-                    return Err(GgufError::Write(format!("array {k:?} is not homogeneous")));
+                    return Err(GgufError::Write(format!(
+                        "array {} is not homogeneous",
+                        super::Quoted::new(k)
+                    )));
                 }
             }
         }
@@ -192,8 +200,10 @@ impl<W: Write> GgufWriter<W> {
     pub fn finish(mut self) -> Result<W, GgufError> {
         if let Some(name) = self.names.get(self.current) {
             return Err(GgufError::Write(format!(
-                "tensor {name:?} got {} of {} bytes",
-                self.filled, self.sizes[self.current]
+                "tensor {} got {} of {} bytes",
+                super::Quoted::new(name),
+                self.filled,
+                self.sizes[self.current]
             )));
         }
         self.out.flush().map_err(wio)?;

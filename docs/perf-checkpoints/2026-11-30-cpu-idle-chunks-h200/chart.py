@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Tables and charts of this checkpoint, from the raw files in this folder only.
 
-    python3 docs/perf-checkpoints/2026-11-30-session7-h200/chart.py            # tables + SVGs
-    python3 docs/perf-checkpoints/2026-11-30-session7-h200/chart.py --tables   # tables only
+    python3 docs/perf-checkpoints/2026-11-30-cpu-idle-chunks-h200/chart.py            # tables + SVGs
+    python3 docs/perf-checkpoints/2026-11-30-cpu-idle-chunks-h200/chart.py --tables   # tables only
 
 Each NN-<commit>/ folder is one or more device calls (NN in time order) with the bundle's commit
 in its name. The charts are drawn by the repository's `chart_targets` and `chart_per_shape`
@@ -32,6 +32,8 @@ def median(v):
 
 def targets_table():
     print("## The layer targets in interleaved rounds (single_layer --target-rounds 9)\n")
+    print("(`targets-tagged-*`: run with `--flags-variants tagged-x`, the tuning that became the"
+          " default at 81958b5.)\n")
     print("| record | layers per timed rep | flags / both-at-once | flags / cpu | flags / pcie"
           " | sync | ceiling GB/s | flags GB/s |")
     print("|---|---|---|---|---|---|---|---|")
@@ -81,19 +83,13 @@ def per_shape_table():
         d = load(path)
         rec = os.path.basename(os.path.dirname(path))
         print(f"## Per shape, auto against the sweep's 3 fastest shares ({rec}, chain {d['chain']})\n")
-        rounds = len(d["per_shape"][0]["a_a_rounds"])
-        print(f"({rounds} interleaved rounds)\n")
         print("| proj | strategy | auto share | h2h ratio (rival share) | A/A control |")
         print("|---|---|---|---|---|")
         ok = {}
         for r in d["per_shape"]:
             h = r["auto_over_best_interleaved"]
-            name = r["strategy"]
-            variant = r.get("flags_variant") or r.get("two_stream_variant")
-            if variant not in (None, "default"):
-                name += "/" + variant
-            ok.setdefault(name, []).append(h >= 0.97)
-            print(f"| {r['proj']} | {name} | {r['auto_share']:.3f} |"
+            ok.setdefault(r["strategy"], []).append(h >= 0.97)
+            print(f"| {r['proj']} | {r['strategy']} | {r['auto_share']:.3f} |"
                   f" {h:.3f} ({r['interleaved_best_share']:.2f}) | {r['a_a_control']:.3f} |")
         aa = [r["a_a_control"] for r in d["per_shape"]]
         print("\nwithin 3 %: " + ", ".join(f"{k} {sum(v)} of {len(v)}" for k, v in ok.items()) +
@@ -136,14 +132,12 @@ def decode_table():
 
 def charts():
     env = dict(os.environ)
-    inputs = [os.path.join(HERE, "06-4541588", "targets-chain1.json"),
-              os.path.join(HERE, "05-724b07a", "targets-chain8.json"),
-              os.path.join(HERE, "05-724b07a", "targets-chain32.json")]
+    inputs = sorted(glob.glob(os.path.join(HERE, "05-538e801", "targets-tagged-chain*.json")))
     out = os.path.join(HERE, "targets_rounds.svg")
     subprocess.run(["cargo", "run", "--quiet", "--release", "--example", "chart_targets", "--",
                     out, *inputs], cwd=ROOT, env=env, check=True)
     subprocess.run(["cargo", "run", "--quiet", "--release", "--example", "chart_per_shape", "--",
-                    os.path.join(HERE, "05-724b07a", "per_shape.json"),
+                    os.path.join(HERE, "06-81958b5", "per_shape.json"),
                     os.path.join(HERE, "per_shape_share.svg")], cwd=ROOT, env=env, check=True)
 
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Tables and charts of this checkpoint, from the raw files in this folder only.
 
-    python3 docs/perf-checkpoints/2026-11-30-session8-h200/chart.py            # tables + SVGs
-    python3 docs/perf-checkpoints/2026-11-30-session8-h200/chart.py --tables   # tables only
+    python3 docs/perf-checkpoints/2026-11-30-share-intervals-h200/chart.py            # tables + SVGs
+    python3 docs/perf-checkpoints/2026-11-30-share-intervals-h200/chart.py --tables   # tables only
 
 Each NN-<commit>/ folder is one or more device calls (NN in time order) with the bundle's commit
 in its name. The charts are drawn by the repository's `chart_targets` and `chart_per_shape`
@@ -84,7 +84,7 @@ def ab_table():
     for path in sorted(glob.glob(os.path.join(HERE, "*", "ab*.json"))):
         d = load(path)
         rec = os.path.basename(os.path.dirname(path))
-        # The A/B JSON names its chain from session 8's last commit on; before, the file name
+        # The A/B JSON names its chain from the 2026-11-30 share-intervals record's last commit on; before, the file name
         # did (ab.json ran device-bench's `ab`, which passes no --chain: 1).
         chain = d.get("chain") or (8 if "chain8" in path else 1)
         rec = f"{rec} | {os.path.basename(path)} | {chain}"

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Tables and charts of this checkpoint, from the raw files in this folder only.
 
-    python3 docs/perf-checkpoints/2026-11-29-session4-h200/chart.py            # tables + SVGs
-    python3 docs/perf-checkpoints/2026-11-29-session4-h200/chart.py --tables   # tables only
+    python3 docs/perf-checkpoints/2026-11-29-done-words-dram-layers-h200/chart.py            # tables + SVGs
+    python3 docs/perf-checkpoints/2026-11-29-done-words-dram-layers-h200/chart.py --tables   # tables only
 
 Each NN-<commit>/ folder is one or more device calls (NN in time order) with the bundle's commit
 in its name. Charts are drawn by the repository's examples (`chart_decode`, `chart_single_layer`);

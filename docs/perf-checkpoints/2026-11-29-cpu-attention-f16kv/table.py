@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Table of this record from its raw `hipfire bench --json` files (rN-BUILD-pPROMPT.json).
 
-    python3 docs/perf-checkpoints/2026-11-29-cpu-attention-s3/table.py
+    python3 docs/perf-checkpoints/2026-11-29-cpu-attention-f16kv/table.py
 """
 import glob
 import json

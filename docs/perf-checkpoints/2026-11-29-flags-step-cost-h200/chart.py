@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Tables and charts of this checkpoint, from the raw files in this folder only.
 
-    python3 docs/perf-checkpoints/2026-11-29-session3-h200/chart.py            # tables + SVGs
-    python3 docs/perf-checkpoints/2026-11-29-session3-h200/chart.py --tables   # tables only
+    python3 docs/perf-checkpoints/2026-11-29-flags-step-cost-h200/chart.py            # tables + SVGs
+    python3 docs/perf-checkpoints/2026-11-29-flags-step-cost-h200/chart.py --tables   # tables only
 
 Each NN-<commit>/ folder is one device call (NN in time order) with the bundle's commit in its
 name; 13-/14- are A/B calls of two bundles. Charts are drawn by the repository's examples

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Tables and charts of this checkpoint, from the raw files in this folder only.
 
-    python3 docs/perf-checkpoints/2026-11-29-session5-h200/chart.py            # tables + SVGs
-    python3 docs/perf-checkpoints/2026-11-29-session5-h200/chart.py --tables   # tables only
+    python3 docs/perf-checkpoints/2026-11-29-layer-targets-rounds-h200/chart.py            # tables + SVGs
+    python3 docs/perf-checkpoints/2026-11-29-layer-targets-rounds-h200/chart.py --tables   # tables only
 
 Each NN-<commit>/ folder is one or more device calls (NN in time order) with the bundle's commit
 in its name. The chart is drawn by the repository's `chart_targets` example; set

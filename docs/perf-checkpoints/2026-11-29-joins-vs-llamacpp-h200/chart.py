@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Tables and charts of this checkpoint, from the raw files in this folder only.
 
-    python3 docs/perf-checkpoints/2026-11-29-session2-h200/chart.py            # tables + SVGs
-    python3 docs/perf-checkpoints/2026-11-29-session2-h200/chart.py --tables   # tables only
+    python3 docs/perf-checkpoints/2026-11-29-joins-vs-llamacpp-h200/chart.py            # tables + SVGs
+    python3 docs/perf-checkpoints/2026-11-29-joins-vs-llamacpp-h200/chart.py --tables   # tables only
 
 Charts are drawn by the repository's examples (`cargo run --release --example chart_decode` and
 `chart_single_layer`); set CARGO_TARGET_DIR to keep their build apart. Every ratio printed here is
