@@ -39,7 +39,7 @@ pub const DECODE_SOURCE: KernelSource = KernelSource {
 };
 
 /// The kernels [`GpuDecoder`] launches from [`DECODE_SOURCE`], in [`DecodeKernels`] field order
-/// (attention's two are in [`ATTENTION_KERNEL_NAMES`]).
+/// (attention's are [`crate::gpu_attention::ATTENTION_KERNEL_NAMES`]).
 const DECODE_KERNEL_NAMES: [&str; 5] = [
     "rms_norm_f32",
     "rope_f32",
