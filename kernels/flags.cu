@@ -4,11 +4,10 @@
 // words (layout and the host half: crates/hipfire-exec/src/flags.rs; the offsets arrive as
 // parameters so the layout is stated once, in Rust). On the step's stream:
 //   flags_publish   copies x into the mailbox, fences system-wide, then writes seq = step
-//                   (flags_publish_q8k: x quantised as the CPU's q8_K activation instead;
-//                   flags_publish_tagged: each element stored with the step beside it, no fence);
+//                   (flags_publish_tagged: each element stored with the step beside it, no fence);
 //   (GPU arm)       the row-range GEMV over rows [0, g), as in every other strategy;
 //   flags_wait_fold one thread per block spins on the done word of the CPU rows it folds (one
-//                   word per worker, or one for the whole arm; a %globaltimer timeout turns a
+//                   word per chunk of rows, or one for the whole arm; a %globaltimer timeout turns a
 //                   silent host into a fault word, never a hung GPU), then its block copies
 //                   (plain) or adds (residual) those rows into y[g, m) of each output.
 // A one-thread kernel spinning on a host-mapped word completes a host -> GPU -> host handshake in
@@ -77,23 +76,9 @@ __device__ __forceinline__ float hf_load_fresh(const float* p) {
 #endif
 }
 
-// How a publish orders x's stores before the sequence word. Every thread fencing is the plain
-// reading of the CUDA guide (__threadfence_system orders the calling thread's writes). The leader
-// form fences once, in thread 0 after the barrier: bar.sync orders the block's stores before
-// thread 0's fence, and a sys-scope fence is cumulative over what its thread has observed (the
-// PTX memory model's causality order; cooperative groups' grid sync relies on the same at gpu
-// scope), so one fence covers the block. On the H200 the leader form ran the layer at 0.963x
-// (9 interleaved rounds, docs/perf-checkpoints/2026-11-29-layer-targets-rounds-h200): every thread fences by
-// default.
-__device__ __forceinline__ void hf_publish_fence(int leader_fence, int leader) {
-    if (!leader_fence) __threadfence_system();
-    __syncthreads();
-    if (leader_fence && leader) __threadfence_system();
-}
-
 extern "C" __global__ void __launch_bounds__(HF_FLAGS_THREADS)
     flags_publish(const float* __restrict__ x, int k, int vec4, unsigned char* mb, hf_u32 x_off,
-                  hf_u32 seq_off, hf_u32 step, int leader_fence) {
+                  hf_u32 seq_off, hf_u32 step) {
     float* dst = (float*)(mb + x_off);
     if (vec4) {
         const float4* s4 = (const float4*)x;
@@ -103,8 +88,10 @@ extern "C" __global__ void __launch_bounds__(HF_FLAGS_THREADS)
         for (int i = threadIdx.x; i < k; i += blockDim.x) dst[i] = x[i];
     }
     // Every thread's x stores reach the host before thread 0's release store of the sequence
-    // word.
-    hf_publish_fence(leader_fence, threadIdx.x == 0);
+    // word: each thread fences its own stores (the plain reading of the CUDA guide:
+    // __threadfence_system orders the calling thread's writes), then the block meets.
+    __threadfence_system();
+    __syncthreads();
     if (threadIdx.x == 0) hf_store_release_sys((hf_u32*)(mb + seq_off), step);
 }
 
@@ -130,63 +117,6 @@ extern "C" __global__ void __launch_bounds__(HF_FLAGS_THREADS)
     const hf_u64 tag = (hf_u64)step << 32;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < k; i += gridDim.x * blockDim.x)
         hf_store_volatile_u64(dst + i, tag | (hf_u64)__float_as_uint(x[i]));
-}
-
-// flags_publish for a CPU arm over Q4_K / Q6_K weights: x goes down already quantised the way the
-// CPU's q8_K activation is (hipfire_quant::quantise_q8k, bit for bit): per 256 elements
-// d = max|x| / 127 and q = rn(x * (1/d)), each one IEEE f32 operation; the int8 quants in element
-// order at x_off, the f32 scales at d_off. A block holding a non-finite x gets a NaN scale, which
-// the CPU refuses. One block per super-block (the one-block form, four super-blocks a round,
-// made the publish the longer part of a step on the H200); the last block to finish, counted in
-// `arrivals` (zero between launches; the stream orders them), writes seq after every block's
-// stores are fenced.
-#define HF_Q8K 256
-extern "C" __global__ void __launch_bounds__(HF_Q8K)
-    flags_publish_q8k(const float* __restrict__ x, int k, unsigned char* mb, hf_u32 x_off,
-                      hf_u32 d_off, hf_u32 seq_off, hf_u32 step, hf_u32* arrivals,
-                      int leader_fence) {
-    __shared__ float amax_w[HF_Q8K / 32];
-    __shared__ int bad_w[HF_Q8K / 32];
-    __shared__ int last;
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int sb = blockIdx.x, t = threadIdx.x;
-    const float v = x[sb * HF_Q8K + t];
-    float a = fabsf(v);
-    int bad = !isfinite(v);
-    for (int o = 16; o > 0; o >>= 1) {
-#ifdef HF_CUDA
-        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-        bad |= __shfl_xor_sync(0xffffffffu, bad, o);
-#else
-        a = fmaxf(a, __shfl_xor(a, o, 32));
-        bad |= __shfl_xor(bad, o, 32);
-#endif
-    }
-    if (lane == 0) {
-        amax_w[warp] = a;
-        bad_w[warp] = bad;
-    }
-    __syncthreads();
-    float amax = 0.0f;
-    int any_bad = 0;
-    for (int w = 0; w < HF_Q8K / 32; ++w) {
-        amax = fmaxf(amax, amax_w[w]);
-        any_bad |= bad_w[w];
-    }
-    const float d = __fdiv_rn(amax, 127.0f);
-    const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
-    int q = __float2int_rn(__fmul_rn(v, id));
-    q = q > 127 ? 127 : (q < -127 ? -127 : q);
-    ((signed char*)(mb + x_off))[sb * HF_Q8K + t] = (signed char)q;
-    if (t == 0) ((float*)(mb + d_off))[sb] = any_bad ? __int_as_float(0x7fc00000) : d;
-    // Every thread's stores reach the host before its block counts itself.
-    hf_publish_fence(leader_fence, t == 0);
-    if (t == 0) last = atomicAdd(arrivals, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (last && t == 0) {
-        *arrivals = 0;
-        hf_store_release_sys((hf_u32*)(mb + seq_off), step);
-    }
 }
 
 // The fold's segments: the CPU rows of up to HF_FOLD_SEGS outputs that shared one x (q/k/v,

@@ -11,8 +11,8 @@
 #   scripts/device-bench.sh per-shape         # single_layer --per-shape: auto vs pinned shares per shape
 #                                             # (CHAIN, REPS; JOINS, PROJS: the joins and
 #                                             # projections tabled; H2H_ROUNDS: rounds per row
-#                                             # (15); VARIANTS / TS_VARIANTS: one
-#                                             # flags / two-stream auto per tuning, raced together)
+#                                             # (15); VARIANTS: one flags auto per
+#                                             # tuning, raced together)
 #   scripts/device-bench.sh handshake         # each join's per-step cost (single_layer --handshake),
 #                                             # then one layer with the flags timeline on
 #   scripts/device-bench.sh ab                # flags knobs raced against the default in interleaved
@@ -115,12 +115,11 @@ verify)
 per-shape)
     # Each shape's step is 50-300 us: enough reps that one point is tens of milliseconds.
     # CHAIN queues that many layers' steps back to back per timed rep, as decode does.
-    # VARIANTS (e.g. default,gpu-arm-after-publish): one flags auto per tuning, raced against the
-    # same rivals (which run the first); TS_VARIANTS (default,copy-up-in-arm) the same for
-    # two-stream; JOINS (e.g. flags) and PROJS (e.g. q,k) limit the table.
+    # VARIANTS (e.g. default,chunks-8): one flags auto per tuning, raced against the same rivals
+    # (which run the first); JOINS (e.g. flags) and PROJS (e.g. q,k) limit the table.
     "$B/bin/single_layer" --reps "${REPS:-200}" --chain "${CHAIN:-1}" --target-rounds 0 --per-shape \
         ${VARIANTS:+--flags-variants "$VARIANTS"} ${JOINS:+--per-shape-joins "$JOINS"} \
-        ${PROJS:+--per-shape-projs "$PROJS"} ${H2H_ROUNDS:+--h2h-rounds "$H2H_ROUNDS"} ${TS_VARIANTS:+--two-stream-variants "$TS_VARIANTS"} --json "$OUT/per_shape.json" 2>&1 | tee "$OUT/per-shape.log"
+        ${PROJS:+--per-shape-projs "$PROJS"} ${H2H_ROUNDS:+--h2h-rounds "$H2H_ROUNDS"} --json "$OUT/per_shape.json" 2>&1 | tee "$OUT/per-shape.log"
     ;;
 handshake)
     for t in ${THREADS:-0}; do
@@ -130,11 +129,12 @@ handshake)
         tee "$OUT/single_layer_timeline.log" | tail -12
     ;;
 ab)
-    # `last` is the positive control: per-worker done words beat it by 3-5 % in same-run pairs.
-    # The default list: the 2026-11-30 auto-per-shape record's default against the arm timed after the publish (the
-    # default before it), and seq-x, the fenced publish, as a second control.
+    # The default list races the default against seq-x, the fenced publish of
+    # `memory.flags_x_publish = fenced` (tagged x ran the layer 1.010x as fast, the 2026-11-30
+    # cpu-idle record 05). A knob still under measurement (publish-blocks-N) needs a
+    # single_layer built with `--features experiments`.
     "$B/bin/single_layer" --reps "${REPS:-200}" --ab-rounds "${ROUNDS:-9}" \
-        --flags-variants "${VARIANTS:-default,gpu-arm-after-publish,seq-x,last}" --json "$OUT/ab.json" 2>&1 |
+        --flags-variants "${VARIANTS:-default,seq-x}" --json "$OUT/ab.json" 2>&1 |
         tee "$OUT/ab.log" | grep -A8 "flags A/B"
     ;;
 targets)

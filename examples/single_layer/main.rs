@@ -7,7 +7,7 @@
 //! ```text
 //! cargo run --release --example single_layer -- [--format q4_k|q8_0] [--reps N] [--threads N]
 //!     [--sweep] [--per-shape] [--per-shape-joins LIST] [--per-shape-projs LIST] [--h2h-rounds R]
-//!     [--two-stream-variants LIST] [--json PATH]
+//!     [--json PATH]
 //!     [--handshake STEPS] [--timeline] [--flags-variants LIST] [--copies N] [--ab-rounds R]
 //!     [--chain N] [--target-rounds R]
 //! ```
@@ -17,24 +17,17 @@
 //! per-step cost) and exits. `--timeline` makes the layer runs record the flags timeline too
 //! (publish, fold, fold wait, device gap: events and a count that cost each step a little).
 //! `--flags-variants` runs the flags join once per listed host-side tuning, for A/B in one run:
-//! a comma-separated list of `default` or `+`-joined knobs (`per-worker`|`last` done words,
-//! `cached`|`streaming` row stores, `flush-x`, `staggered-x`, `prefetch-KIB` of weight rows
-//! while waiting, `device-x`: x published already quantised for Q4_K/Q6_K, `leader-fence`: one
-//! system fence in the publish instead of one per thread, `shared-x` (the default) | `own-x` |
-//! `by-part-x`: the workers prepare x together off a counter, each its own, or together in fixed
-//! blocks per worker; `chunks-N` (4 by default): about N chunks of rows per worker, the rest
-//! taken off a counter after each worker's first, `per-worker-rows`: one fixed part each;
-//! `publish-blocks-N` (1 by default): the tagged publish over up to N blocks;
-//! `gpu-warm-KIB`: the device reads that much of the next step's first GPU rows into L2 once an
-//! arm ends; `tagged-x` (the default) | `seq-x`: x published as 8-byte {value, step} words with
-//! no fence or sequence word, or plain behind a fenced sequence word; `gpu-arm-from-publish` (the
-//! default) | `gpu-arm-after-publish`: the controller's GPU arm time includes the publish, or
-//! starts after it; `key-by-rows` | `key-by-shape` (the default): one share estimate per step
-//! height, or per `(format, k, form)`), e.g. `default,last,own-x`. Under `flags`, `--per-shape` races one `auto` per
-//! variant against the same pinned rivals (which run the first variant's tuning);
-//! `--per-shape-joins` and `--per-shape-projs` pick the joins and projections it tables,
-//! `--h2h-rounds` its interleaved rounds per row (15), and
-//! `--two-stream-variants default,copy-up-in-arm` races two two-stream `auto`s the same way.
+//! a comma-separated list of `default` or `+`-joined knobs (`chunks-N` (4 by default): about N
+//! chunks of rows per worker, the rest taken off a counter after each worker's first;
+//! `prefetch-KIB` (64 by default) of weight rows while waiting; `tagged-x` (the default) |
+//! `seq-x`: x published as 8-byte {value, step} words with no fence or sequence word, or plain
+//! behind a fenced sequence word, the `memory.flags_x_publish = fenced` fallback; built with
+//! `--features experiments`, also `publish-blocks-N` (1 by default): the tagged publish over up
+//! to N blocks), e.g. `default,chunks-8,seq-x`. The alternatives that lost their A/B are gone;
+//! their figures are in docs/perf-checkpoints. Under `flags`, `--per-shape` races one `auto`
+//! per variant against the same pinned rivals (which run the first variant's tuning);
+//! `--per-shape-joins` and `--per-shape-projs` pick the joins and projections it tables, and
+//! `--h2h-rounds` its interleaved rounds per row (15).
 //! `--ab-rounds R` instead races the flags variants against the first one in R interleaved
 //! rounds (one warmed executor each) and exits: the A/B that drift between runs cannot bias.
 //! `--chain N` queues N layers per timed rep with no host synchronisation between them, as the
@@ -71,8 +64,6 @@ use variants::{flags_ab, flags_label, parse_flags_variants, Tuning};
 const D: usize = 4096;
 const KV: usize = 1024;
 const FF: usize = 14336;
-/// The fused q/k/v step's rows: the layer tables print the share of its key.
-const QKV_ROWS: usize = D + 2 * KV;
 /// Distinct random rows per matrix (tiled to m rows): enough that no two neighbouring rows of a
 /// worker's slice share cache lines, few enough that quantising a layer takes well under a second.
 const DISTINCT_ROWS: usize = 64;
@@ -324,11 +315,6 @@ struct Args {
     /// The join strategies `--per-shape` tables, comma-separated (ordering, two-stream, flags).
     #[arg(long, value_name = "LIST", default_value = "ordering,two-stream,flags")]
     per_shape_joins: String,
-    /// Two-stream `auto`s `--per-shape` races, comma-separated: `default` and/or
-    /// `copy-up-in-arm` (the controller's CPU arm includes the host's queueing of the rows' copy
-    /// up and that copy on an idle link, measured at the probe).
-    #[arg(long, value_name = "LIST", default_value = "default")]
-    two_stream_variants: String,
     /// The projections `--per-shape` tables, comma-separated (q, k, o, gate, up, down; v has
     /// k's shape and is never tabled).
     #[arg(long, value_name = "LIST", default_value = "q,k,o,gate,up,down")]
@@ -365,11 +351,9 @@ struct Args {
     #[arg(long, value_name = "N")]
     copies: Option<usize>,
     /// Host-side tunings of the flags join to run, comma-separated: `default` or knobs joined
-    /// with `+` (per-worker, last, cached, streaming, flush-x, staggered-x, prefetch-KIB,
-    /// device-x, leader-fence, shared-x, own-x, by-part-x, chunks-N, per-worker-rows,
-    /// publish-blocks-N, gpu-warm-KIB, tagged-x, seq-x, gpu-arm-from-publish, gpu-arm-after-publish, key-by-rows,
-    /// key-by-shape). The target rounds run with the first one; `--per-shape` races one flags
-    /// `auto` per variant.
+    /// with `+` (chunks-N, prefetch-KIB, tagged-x, seq-x; with the `experiments` feature also
+    /// publish-blocks-N). The target rounds run with the first one; `--per-shape` races one
+    /// flags `auto` per variant.
     #[arg(long, value_name = "LIST", default_value = "default")]
     flags_variants: String,
 }
@@ -441,21 +425,6 @@ fn main() -> Result<()> {
         ("up", FF, D, GemvForm::Plain),
         ("down", D, FF, GemvForm::Residual),
     ];
-    let two_stream_variants = args
-        .two_stream_variants
-        .split(',')
-        .map(|v| match v {
-            "default" => Ok((
-                v.to_string(),
-                hipfire::exec::offload::DEFAULT_COPY_UP_IN_CPU_ARM,
-            )),
-            "copy-up-in-arm" => Ok((v.to_string(), true)),
-            "copy-up-not-in-arm" => Ok((v.to_string(), false)),
-            _ => Err(anyhow::anyhow!(
-                "--two-stream-variants: unknown {v:?} (default, copy-up-in-arm, copy-up-not-in-arm)"
-            )),
-        })
-        .collect::<Result<Vec<_>>>()?;
     let per_shape_projs: Vec<&str> = args.per_shape_projs.split(',').collect();
     if let Some(unknown) = per_shape_projs
         .iter()
@@ -648,7 +617,7 @@ fn main() -> Result<()> {
                 ..
             } => format!("{s:.2}"),
             OffloadMode::Passback { .. } => {
-                let key = ex.shape_key(format, D, hipfire::exec::share::Form::Plain, QKV_ROWS);
+                let key = ex.shape_key(format, D, hipfire::exec::share::Form::Plain);
                 format!("auto({:.3})", ex.controller().gpu_share(&key))
             }
             _ => "-".into(),
@@ -723,7 +692,6 @@ fn main() -> Result<()> {
                 joins: &per_shape_joins,
                 projections: &per_shape_projs,
                 variants: &flags_variants,
-                two_stream_variants: &two_stream_variants,
                 rounds: args.h2h_rounds as usize,
             },
         )?

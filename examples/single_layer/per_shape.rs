@@ -42,8 +42,6 @@ pub(crate) struct PerShapeTable<'a> {
     pub(crate) joins: &'a [JoinStrategy],
     pub(crate) projections: &'a [&'a str],
     pub(crate) variants: &'a [(String, Tuning)],
-    /// Two-stream's `auto`s: (name, whether the CPU arm includes its copy up).
-    pub(crate) two_stream_variants: &'a [(String, bool)],
     /// Interleaved head-to-head rounds per row.
     pub(crate) rounds: usize,
 }
@@ -51,10 +49,9 @@ pub(crate) struct PerShapeTable<'a> {
 /// Every projection (v has k's shape and is skipped) under each of `joins`: the printed table,
 /// and one JSON row per projection, join and `auto` variant.
 ///
-/// Under `flags`, every one of `variants` gets its own `auto` executor, and under `two-stream`
-/// every one of `two_stream_variants`: raced in the same interleaved rounds against the same
-/// rivals (so that two controllers' tunings are compared by one measurement); the sweep and the
-/// rivals run the first variants.
+/// Under `flags`, every one of `variants` gets its own `auto` executor, raced in the same
+/// interleaved rounds against the same rivals (so that two controllers' tunings are compared by
+/// one measurement); the sweep and the rivals run the first variant.
 pub(crate) fn per_shape(
     ctx: &Arc<Context>,
     pool: &CpuPool,
@@ -67,19 +64,14 @@ pub(crate) fn per_shape(
         joins,
         projections,
         variants,
-        two_stream_variants,
         rounds,
     } = *table;
     let mut shape_rows = Vec::new();
     let projs = &b.copies[0];
     let first = variants.first().map(|v| v.1).unwrap_or_default();
-    let first_copy_up = two_stream_variants
-        .first()
-        .map_or(hipfire::exec::offload::DEFAULT_COPY_UP_IN_CPU_ARM, |v| v.1);
-    let executor = |mode, tuning: Tuning, copy_up: bool| -> Result<OffloadExecutor> {
+    let executor = |mode, tuning: Tuning| -> Result<OffloadExecutor> {
         let mut ex = OffloadExecutor::new(ctx, pool.clone(), mode, FF, FF)?;
         tuning.apply(&mut ex);
-        ex.set_copy_up_in_cpu_arm(copy_up);
         Ok(ex)
     };
     println!(
@@ -98,26 +90,18 @@ pub(crate) fn per_shape(
             _ => hipfire::exec::share::Form::Plain,
         };
         for &st in joins {
-            // One auto per variant of the join's own tuning: the flags tunings under flags,
-            // the copy-up choice under two-stream (each join ignores the other's).
-            let autos_of: Vec<(&str, Tuning, bool)> = match st {
-                JoinStrategy::Flags => variants
-                    .iter()
-                    .map(|(n, t)| (n.as_str(), *t, first_copy_up))
-                    .collect(),
-                JoinStrategy::TwoStream => two_stream_variants
-                    .iter()
-                    .map(|(n, c)| (n.as_str(), first, *c))
-                    .collect(),
-                JoinStrategy::Ordering => vec![("default", first, first_copy_up)],
+            // One auto per flags tuning under flags; the other joins have no tuning.
+            let autos_of: Vec<(&str, Tuning)> = match st {
+                JoinStrategy::Flags => variants.iter().map(|(n, t)| (n.as_str(), *t)).collect(),
+                JoinStrategy::TwoStream | JoinStrategy::Ordering => vec![("default", first)],
             };
             let auto = OffloadMode::Passback {
                 share: ShareSetting::Auto,
                 strategy: st,
             };
             let mut autos = Vec::new();
-            for &(name, tuning, copy_up) in &autos_of {
-                let mut ex = executor(auto.clone(), tuning, copy_up)?;
+            for &(name, tuning) in &autos_of {
+                let mut ex = executor(auto.clone(), tuning)?;
                 b.run(Mode::Offload, Some(&mut ex), AUTO_WARM_REPS, Some(i))?;
                 let (t, _) = b.run(Mode::Offload, Some(&mut ex), reps, Some(i))?;
                 autos.push((name, ex, t));
@@ -128,7 +112,7 @@ pub(crate) fn per_shape(
                     share: ShareSetting::Pinned(s),
                     strategy: st,
                 };
-                let mut ex = executor(mode, first, first_copy_up)?;
+                let mut ex = executor(mode, first)?;
                 b.run(Mode::Offload, Some(&mut ex), PINNED_WARM_REPS, Some(i))?;
                 pinned.push((s, b.run(Mode::Offload, Some(&mut ex), reps, Some(i))?.0));
             }
@@ -158,7 +142,6 @@ pub(crate) fn per_shape(
                         strategy: st,
                     },
                     first,
-                    first_copy_up,
                 )?;
                 b.run(Mode::Offload, Some(&mut ex), PINNED_WARM_REPS, Some(i))?;
                 rivals.push((share, ex));
@@ -187,9 +170,7 @@ pub(crate) fn per_shape(
             // The control: the twin's time over the fastest rival's.
             let aa = MedianCi::of(times.iter().map(|t| t[n - 1] / t[n_autos]).collect());
             for (a, (variant, ex, t_auto)) in autos.iter().enumerate() {
-                let auto_share = ex
-                    .controller()
-                    .gpu_share(&ex.shape_key(format, p.k, form, p.m));
+                let auto_share = ex.controller().gpu_share(&ex.shape_key(format, p.k, form));
                 // Throughput ratio: auto over the best pinned share of the sweep.
                 let ratio = t_best / t_auto;
                 // Per rival, the median over rounds of its time over this auto's (auto's
@@ -218,7 +199,6 @@ pub(crate) fn per_shape(
                 );
                 shape_rows.push(serde_json::json!({"proj": p.name, "m": p.m, "k": p.k, "strategy": st.name(),
                     "flags_variant": if st == JoinStrategy::Flags { Some(*variant) } else { None },
-                    "two_stream_variant": if st == JoinStrategy::TwoStream { Some(*variant) } else { None },
                     "auto_share": auto_share, "auto_us": t_auto, "best_share": best_share, "best_us": t_best,
                     "auto_over_best_throughput": ratio,
                     "auto_over_best_interleaved": h2h.median, "auto_over_best_interleaved_ci95": [h2h.lo, h2h.hi],

@@ -1,16 +1,18 @@
 //! `--flags-variants` and `--ab-rounds`: the flags join's knobs by name, and the A/B that races
 //! them against the first one in interleaved rounds.
 
-use std::num::{NonZeroU32, NonZeroU8};
+#[cfg(feature = "experiments")]
+use std::num::NonZeroU32;
+use std::num::NonZeroU8;
 use std::sync::Arc;
 
 use anyhow::{Context as _, Result};
-use hipfire::exec::flags::{DoneSignal, FlagsTuning, PublishFence, RowClaim, RowStores, XPrep};
+use hipfire::exec::flags::FlagsTuning;
 use hipfire::exec::offload::{JoinStrategy, OffloadExecutor, OffloadMode};
 use hipfire::exec::share::ShareSetting;
 use hipfire::gpu::Context;
 
-use crate::{Bench, Mode, AUTO_WARM_REPS, D, FF, QKV_ROWS};
+use crate::{Bench, Mode, AUTO_WARM_REPS, D, FF};
 
 /// The number after `prefix` in `knob` (`prefetch-64` → 64), or an error saying what the knob
 /// `takes`.
@@ -20,31 +22,25 @@ fn knob_number<T: std::str::FromStr>(knob: &str, prefix: &str, takes: &str) -> R
         .with_context(|| format!("--flags-variants: {knob}: {takes}"))
 }
 
-/// One variant of an A/B: the flags join's host-side tuning, and how the executor keys its
-/// share estimates.
-#[derive(Debug, Clone, Copy)]
+/// One variant of an A/B: the flags join's host-side tuning.
+#[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Tuning {
     pub(crate) flags: FlagsTuning,
-    /// [`OffloadExecutor::set_key_by_rows`].
-    pub(crate) key_by_rows: bool,
-}
-
-impl Default for Tuning {
-    fn default() -> Tuning {
-        Tuning {
-            flags: FlagsTuning::default(),
-            key_by_rows: hipfire::exec::offload::DEFAULT_KEY_BY_ROWS,
-        }
-    }
 }
 
 impl Tuning {
     /// Set `ex` up with this variant.
     pub(crate) fn apply(&self, ex: &mut OffloadExecutor) {
         ex.set_flags_tuning(self.flags);
-        ex.set_key_by_rows(self.key_by_rows);
     }
 }
+
+/// The knobs `--flags-variants` takes, for its error message.
+#[cfg(not(feature = "experiments"))]
+const KNOBS: &str = "default, chunks-N, prefetch-KIB, tagged-x, seq-x";
+/// The knobs `--flags-variants` takes, for its error message (with the `experiments` feature's).
+#[cfg(feature = "experiments")]
+const KNOBS: &str = "default, chunks-N, prefetch-KIB, tagged-x, seq-x, publish-blocks-N";
 
 /// `--flags-variants`: each entry's label and tuning.
 pub(crate) fn parse_flags_variants(list: &str) -> Result<Vec<(String, Tuning)>> {
@@ -54,29 +50,14 @@ pub(crate) fn parse_flags_variants(list: &str) -> Result<Vec<(String, Tuning)>> 
             let t = &mut tuning.flags;
             for knob in v.split('+').filter(|k| *k != "default") {
                 match knob {
-                    "key-by-rows" => tuning.key_by_rows = true,
-                    "key-by-shape" => tuning.key_by_rows = false,
-                    "per-worker" => t.done = DoneSignal::PerWorker,
-                    "last" => t.done = DoneSignal::Last,
-                    "cached" => t.rows = RowStores::Cached,
-                    "streaming" => t.rows = RowStores::Streaming,
-                    "flush-x" => t.flush_x = true,
-                    "staggered-x" => t.staggered_x = true,
-                    "device-x" => t.device_quantised_x = true,
-                    "leader-fence" => t.publish_fence = PublishFence::Leader,
-                    "shared-x" => t.x_prep = XPrep::Shared,
-                    "own-x" => t.x_prep = XPrep::EachWorker,
-                    "by-part-x" => t.x_prep = XPrep::SharedByPart,
                     "tagged-x" => t.tagged_x = true,
                     "seq-x" => t.tagged_x = false,
-                    "gpu-arm-from-publish" => t.gpu_arm_from_publish = true,
-                    "gpu-arm-after-publish" => t.gpu_arm_from_publish = false,
                     k if k.starts_with("chunks-") => {
                         let n: NonZeroU8 =
                             knob_number(k, "chunks-", "chunks-N takes chunks per worker (1-255)")?;
-                        t.claim = RowClaim::Chunks(n.get());
+                        t.chunks_per_worker = n.get();
                     }
-                    "per-worker-rows" => t.claim = RowClaim::PerWorker,
+                    #[cfg(feature = "experiments")]
                     k if k.starts_with("publish-blocks-") => {
                         let n: NonZeroU32 = knob_number(
                             k,
@@ -85,23 +66,13 @@ pub(crate) fn parse_flags_variants(list: &str) -> Result<Vec<(String, Tuning)>> 
                         )?;
                         t.publish_blocks = n.get();
                     }
-                    k if k.starts_with("gpu-warm-") => {
-                        let kib: usize =
-                            knob_number(k, "gpu-warm-", "gpu-warm-KIB takes a number of KiB")?;
-                        t.gpu_warm_bytes = kib << 10;
-                    }
                     k if k.starts_with("prefetch-") => {
                         let kib: usize =
                             knob_number(k, "prefetch-", "prefetch-KIB takes a number of KiB")?;
                         t.prefetch_bytes = kib << 10;
                     }
                     other => anyhow::bail!(
-                        "--flags-variants: unknown knob {other:?} (default, per-worker, last, \
-                         cached, streaming, flush-x, staggered-x, prefetch-KIB, device-x, \
-                         leader-fence, shared-x, own-x, by-part-x, chunks-N, per-worker-rows, \
-                         publish-blocks-N, \
-                         gpu-warm-KIB, tagged-x, seq-x, gpu-arm-from-publish, \
-                         gpu-arm-after-publish, key-by-rows, key-by-shape; join with +, \
+                        "--flags-variants: unknown knob {other:?} ({KNOBS}; join with +, \
                          separate with ,)"
                     ),
                 }
@@ -175,7 +146,7 @@ pub(crate) fn flags_ab(
         rows.push(serde_json::json!({"variant": name, "us_per_layer_rounds": times[v],
             "median_us": med_us, "ratio_to_first_rounds": by_round, "median_ratio_to_first": med_ratio,
             "share": exs[v].controller().gpu_share(&exs[v].shape_key(
-                b.copies[0][0].format, D, hipfire::exec::share::Form::Plain, QKV_ROWS))}));
+                b.copies[0][0].format, D, hipfire::exec::share::Form::Plain))}));
     }
     if let Some(p) = json_path {
         let out = serde_json::json!({"example": "single_layer", "mode": "flags_ab",
@@ -194,5 +165,60 @@ pub(crate) fn flags_label(v: &str) -> String {
         "flags".into()
     } else {
         format!("flags/{v}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn variants_parse_into_their_tunings() {
+        let v = parse_flags_variants("default,chunks-8+seq-x,prefetch-0").expect("parse");
+        let names: Vec<&str> = v.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["default", "chunks-8+seq-x", "prefetch-0"]);
+        assert_eq!(v[0].1.flags, FlagsTuning::default());
+        assert_eq!(
+            v[1].1.flags,
+            FlagsTuning {
+                chunks_per_worker: 8,
+                tagged_x: false,
+                ..FlagsTuning::default()
+            }
+        );
+        assert_eq!(
+            v[2].1.flags,
+            FlagsTuning {
+                prefetch_bytes: 0,
+                ..FlagsTuning::default()
+            }
+        );
+    }
+
+    #[test]
+    fn deleted_and_malformed_knobs_are_refused() {
+        // Knobs that lost their A/B are gone with their code.
+        for v in [
+            "last",
+            "per-worker-rows",
+            "leader-fence",
+            "device-x",
+            "key-by-rows",
+        ] {
+            let err = parse_flags_variants(v).expect_err(v).to_string();
+            assert!(err.contains("unknown knob"), "{v}: {err}");
+        }
+        assert!(parse_flags_variants("chunks-0").is_err(), "chunks-0");
+        assert!(parse_flags_variants("prefetch-x").is_err(), "prefetch-x");
+        #[cfg(not(feature = "experiments"))]
+        assert!(parse_flags_variants("publish-blocks-16").is_err());
+        #[cfg(feature = "experiments")]
+        assert_eq!(
+            parse_flags_variants("publish-blocks-16").expect("parse")[0]
+                .1
+                .flags
+                .publish_blocks,
+            16
+        );
     }
 }

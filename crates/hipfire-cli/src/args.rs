@@ -261,12 +261,13 @@ pub struct RunArgs {
         long_help = key_long("memory.offload_exec"))]
     pub offload_exec: Option<String>,
 
-    /// Use the model's chat template (default when it is ChatML).
+    /// Use the model's chat template (default if the file has one).
     ///
-    /// Only ChatML templates are rendered. With --chat, a model whose template is anything
-    /// else (or that has none) is an error, as llama.cpp refuses an unsupported
-    /// --chat-template; without --chat or --no-chat such a model gets a warning and the
-    /// prompt is fed as raw text.
+    /// The prompt becomes one user message, rendered by the GGUF's own Jinja
+    /// `tokenizer.chat_template` as HF transformers renders it (assistant turn opened). A file
+    /// without a template gets ChatML, with a note; a template that does not compile or fails
+    /// to render (it raises, or calls something undefined) gets ChatML too, after a one-line
+    /// warning naming the template and the cause: generation continues.
     #[arg(long, overrides_with = "no_chat")]
     pub chat: bool,
 
@@ -276,7 +277,8 @@ pub struct RunArgs {
 
     /// Print one JSON object instead of streaming.
     ///
-    /// The object holds the text, token counts, timings, seed and placement.
+    /// The object holds the text, token counts, timings, seed and placement, and which chat
+    /// template formatted the prompt (`"file"`, `"chatml"`, or null without chat).
     #[arg(long)]
     pub json: bool,
 }

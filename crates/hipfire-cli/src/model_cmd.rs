@@ -14,8 +14,8 @@ use hipfire_exec::share::ShareSetting;
 use hipfire_model::gpu::{GpuDecoder, GpuOptions};
 use hipfire_model::{write_synthetic_to, Overwrite, SynthSpec};
 use hipfire_model::{
-    ChatMessage, ChatTemplate, GenerationStats, LoadOptions, LoadProgress, Model, ModelError,
-    ProgressFn, ReferenceBackend, SamplingParams, StreamDecoder,
+    ChatMessage, GenerationStats, LoadOptions, LoadProgress, Model, ModelError, ProgressFn,
+    ReferenceBackend, SamplingParams, StreamDecoder,
 };
 
 use crate::args::{BenchArgs, RunArgs, SynthArgs};
@@ -237,24 +237,26 @@ pub fn run(ctx: &Ctx, a: &RunArgs) -> anyhow::Result<ExitCode> {
     // From here a Ctrl-C stops after the current token and still reports.
     let stop = Stop::install()?;
     let tok = l.model.tokenizer();
-    // `--chat` with a template hipfire does not render is refused by `encode_chat` (as
-    // llama.cpp refuses an unsupported `--chat-template`); without a flag an unrecognised
-    // template gets a warning naming the fallback (the raw prompt).
-    let chat = match (a.chat(), &tok.chat) {
-        (Some(c), _) => c,
-        (None, ChatTemplate::ChatMl { .. }) => true,
-        (None, ChatTemplate::Raw) => false,
-        (None, ChatTemplate::Unrecognised { head }) => {
-            ctx.note(format!(
-                "warning: the model's chat template {head} is not ChatML, the only one hipfire \
-                 renders; feeding the prompt as raw text (--no-chat silences this, --chat refuses)"
-            ));
-            false
-        }
-    };
+    let chat = a.chat().unwrap_or(tok.chat.file_has_template());
+    // Which template formatted the prompt: "file" (the GGUF's own) or "chatml" (fallback).
+    let mut chat_template = None;
     let ids = if chat {
-        tok.encode_chat(&[ChatMessage::new("user", &prompt)])
-            .context("--chat (use --no-chat to feed the prompt as raw text)")?
+        let msgs = [ChatMessage::new("user", &prompt)];
+        let r = tok
+            .chat
+            .render_or_chatml(&msgs, true)
+            .context("rendering the prompt as ChatML")?;
+        match (&r.fallback, tok.chat.file_has_template()) {
+            (Some(why), _) => ctx.note(format!("warning: {why}; using ChatML instead")),
+            (None, false) => ctx.note("note: the model has no chat template; using ChatML"),
+            (None, true) => {}
+        }
+        chat_template = Some(if r.fallback.is_none() && tok.chat.file_has_template() {
+            "file"
+        } else {
+            "chatml"
+        });
+        tok.encode_rendered_chat(&r.text)?
     } else {
         tok.encode(&prompt, tok.add_bos)?
     };
@@ -315,6 +317,7 @@ pub fn run(ctx: &Ctx, a: &RunArgs) -> anyhow::Result<ExitCode> {
             "decode_tok_per_s": stats.decode_tok_per_s(),
             "seed": seed,
             "chat": chat,
+            "chat_template": chat_template,
             "engine": match l.engine { Engine::Cpu => "cpu", Engine::Gpu => "gpu" },
             "offload_exec": s.offload_exec.name(),
             "placement": placement,

@@ -184,12 +184,12 @@ pub fn run(ctx: &Ctx, a: &OffloadBenchArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(EXIT_OK))
 }
 
-/// `--format` names, or every format with a CPU row dot.
+/// `--format` names, or every format with a CPU row dot and a GPU kernel.
 fn parse_formats(names: &[String]) -> anyhow::Result<Vec<Format>> {
     if names.is_empty() {
         return Ok(Format::ALL
             .into_iter()
-            .filter(|f| f.has_cpu_simd())
+            .filter(|f| f.has_cpu_simd() && f.has_gpu_kernel())
             .collect());
     }
     names

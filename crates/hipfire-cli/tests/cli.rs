@@ -427,23 +427,7 @@ fn smollm2() -> Option<String> {
 fn run_greedy_on_cpu_json() {
     let Some(model) = smollm2() else { return };
     let s = Scratch::new("run");
-    let o = s.run(&[
-        "run",
-        &model,
-        "The capital of France is",
-        "-n",
-        "4",
-        "-t",
-        "0",
-        "--no-chat",
-        "--json",
-        "--device",
-        "cpu",
-        "--threads",
-        "2",
-    ]);
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let (v, _) = run_json(&s, &model, "The capital of France is", "--no-chat");
     assert_eq!(v["engine"], "cpu");
     assert_eq!(v["chat"], false);
     let generated = v["generated"].as_u64().expect("generated");
@@ -451,6 +435,111 @@ fn run_greedy_on_cpu_json() {
     // llama.cpp (llama-cpp-python 0.3.36, temperature 0) continues this prompt with
     // " Paris.\n\n" in 4 tokens on this GGUF; a broken decode path does not.
     assert_eq!(v["text"], " Paris.\n\n", "{v}");
+}
+
+/// `run … --json` on the CPU, greedy, 4 tokens; returns the JSON object and stderr.
+fn run_json(
+    s: &Scratch,
+    model: &str,
+    prompt: &str,
+    chat_flag: &str,
+) -> (serde_json::Value, String) {
+    let o = s.run(&[
+        "run",
+        model,
+        prompt,
+        "-n",
+        "4",
+        "-t",
+        "0",
+        chat_flag,
+        "--json",
+        "--device",
+        "cpu",
+        "--threads",
+        "2",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v = serde_json::from_slice(&o.stdout).expect("json");
+    (v, stderr(&o))
+}
+
+/// The SmolLM2 chat prompt as transformers' jinja2 renders it
+/// (`tests/fixtures/chat_templates.json`, recorded by scripts/record_chat_templates.py).
+fn smollm2_jinja2_prompt() -> String {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/chat_templates.json");
+    let f: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(p).expect("fixture")).expect("json");
+    let case = f["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .find(|c| c["name"] == "smollm2.jinja/single_user/agp=true")
+        .expect("smollm2 case");
+    assert_eq!(case["messages"][0]["content"], "What is 2+2?");
+    case["text"].as_str().expect("text").to_owned()
+}
+
+#[test]
+fn run_chat_renders_the_files_template() {
+    let Some(model) = smollm2() else { return };
+    let s = Scratch::new("chat");
+    // Chat is the default for a file with a template; the prompt is rendered by its Jinja.
+    let (chat, err) = run_json(&s, &model, "What is 2+2?", "--chat");
+    assert_eq!(chat["chat"], true);
+    assert_eq!(chat["chat_template"], "file");
+    assert!(!err.contains("warning"), "{err}");
+    // Same tokens as feeding jinja2's rendering raw: same prompt length, same greedy text.
+    let (raw, _) = run_json(&s, &model, &smollm2_jinja2_prompt(), "--no-chat");
+    assert_eq!(raw["chat_template"], serde_json::Value::Null);
+    assert_eq!(chat["prompt_tokens"], raw["prompt_tokens"], "{chat} {raw}");
+    assert_eq!(chat["text"], raw["text"], "{chat} {raw}");
+    // llama.cpp's prompt for this conversation is 37 tokens
+    // (tests/fixtures/smollm2_llamacpp.json, chat case "What is 2+2?").
+    assert_eq!(chat["prompt_tokens"], 37);
+}
+
+#[test]
+fn run_chat_warns_and_falls_back_when_the_template_raises() {
+    let Some(model) = smollm2() else { return };
+    let s = Scratch::new("chat-raise");
+    // A copy of the file whose template (same length, so the GGUF stays valid) raises.
+    let mut bytes = std::fs::read(&model).expect("read model");
+    let needle = b"{% for message in messages %}{% if loop.first";
+    let at = bytes
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .expect("SmolLM2's template");
+    // The GGUF string length precedes the text (u64 little-endian).
+    let len = u64::from_le_bytes(bytes[at - 8..at].try_into().expect("8 bytes")) as usize;
+    let raising = b"{{ raise_exception('no chat here') }}";
+    let mut patched = raising.to_vec();
+    patched.resize(len, b' ');
+    bytes[at..at + len].copy_from_slice(&patched);
+    let path = s.dir.join("raises.gguf");
+    std::fs::write(&path, &bytes).expect("write copy");
+    let (v, err) = run_json(&s, &path.display().to_string(), "What is 2+2?", "--chat");
+    assert_eq!(v["chat_template"], "chatml", "{v}");
+    let warning: Vec<&str> = err.lines().filter(|l| l.starts_with("warning:")).collect();
+    // The template is quoted bounded (its first 96 characters and its length).
+    let quoted: String = String::from_utf8_lossy(&patched).chars().take(96).collect();
+    assert_eq!(
+        warning,
+        [format!(
+            "warning: chat template {quoted:?}… ({len} bytes) raised an exception: no chat \
+             here; using ChatML instead"
+        )],
+        "{err}"
+    );
+    // The prompt is ChatML's rendering of the message.
+    let (raw, _) = run_json(
+        &s,
+        &model,
+        "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+        "--no-chat",
+    );
+    assert_eq!(v["prompt_tokens"], raw["prompt_tokens"], "{v} {raw}");
+    assert_eq!(v["text"], raw["text"], "{v} {raw}");
 }
 
 #[test]

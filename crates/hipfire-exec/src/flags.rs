@@ -6,8 +6,8 @@
 //! and publish their done words; on the device each block of the fold spins on the done word
 //! of the rows it folds and copies (or adds) them into the output. This module is the host side
 //! and the layout; the device kernels are `kernels/flags.cu` (launched by `hipfire_gpu::FlagsKernels`,
-//! driven from [`crate::offload`]). [`Mailbox::device_publish`] / [`Mailbox::device_wait_done`]
-//! play the device in CPU-only tests.
+//! driven from [`crate::offload`]). In CPU-only tests, test-only stand-ins of the mailbox play
+//! the device.
 //!
 //! # Layout (offsets in bytes; mirror them in the kernels)
 //! | offset | what |
@@ -30,7 +30,6 @@ use crate::error::ExecError;
 use crate::kernel::{gemv_rows, ActivationBuf};
 use crate::pool::{partition, CpuPool, PoolJob, WORKER_ROW_ALIGN};
 use crossbeam_utils::CachePadded;
-pub use hipfire_gpu::PublishFence;
 use hipfire_quant::{Format, SharedActivation};
 use std::cell::Cell;
 use std::ops::Range;
@@ -73,127 +72,47 @@ pub fn next_step(step: u32) -> u32 {
     }
 }
 
-/// How a flags arm signals the device that its rows are there.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum DoneSignal {
-    /// Each worker publishes its own done word after its rows; the device folds each worker's
-    /// rows as soon as they are there, so only the last worker's remain when the arm ends.
-    #[default]
-    PerWorker,
-    /// The last worker to finish publishes one done word for all the rows; the device folds
-    /// them all after it.
-    Last,
-}
-
-/// Who prepares the CPU's activation from x (for weights whose activation is q8_K: Q4_K, Q6_K;
-/// the others always take [`XPrep::EachWorker`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum XPrep {
-    /// The workers together: each takes 256-element blocks off a counter, and all read the one
-    /// result. On the H200 box this cut the workers' preparation from 3.5 to 1.7 % of the
-    /// layer's wall, and the layer ran 1.011× as fast (median of 9 interleaved rounds, twice:
-    /// docs/perf-checkpoints/2026-11-29-layer-targets-rounds-h200).
-    #[default]
-    Shared,
-    /// Each worker reads and quantises all of x itself.
-    EachWorker,
-    /// The workers together, each taking a fixed set of blocks (part `p` of `n`: blocks
-    /// `p, p + n, …`) and saying so on its own cache line, which the others then read: no
-    /// counter that every worker updates. Under [`XPrep::Shared`] ~2 read-modify-writes per
-    /// worker queue on the `next` and `done` lines while all fifteen spin on `done`. On the
-    /// H200 box it ran 1.006× and, with tagged x, 1.002× of the counter (within the noise;
-    /// the 2026-11-30 cpu-idle record, records 01 and 05): not the default.
-    SharedByPart,
-}
-
-/// How the workers write their rows into the mailbox.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum RowStores {
-    /// Plain stores: the rows sit modified in the workers' caches, and the device's reads of
-    /// them are answered from there.
-    #[default]
-    Cached,
-    /// Non-temporal stores (x86-64; plain elsewhere): the rows go to memory past the caches,
-    /// so the device's reads need no snoop of a core.
-    Streaming,
-}
-
-/// A/B knobs of the flags arm (`single_layer --flags-variants`); the default is what measured
-/// best on the H200 box (docs/perf-checkpoints/2026-11-29-done-words-dram-layers-h200, -layer-targets-rounds-h200 and
-/// 2026-11-30-cpu-idle-chunks-h200).
+/// The flags arm's host-side tuning (`single_layer --flags-variants`); the default is what
+/// measured best on the H200 box (docs/perf-checkpoints/2026-11-29-done-words-dram-layers-h200,
+/// -layer-targets-rounds-h200 and 2026-11-30-cpu-idle-chunks-h200). The alternatives that lost
+/// their A/B were deleted with their code; their figures stay in those records and in
+/// docs/design.md's table of alternatives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FlagsTuning {
-    /// How done is signalled.
-    pub done: DoneSignal,
-    /// How the rows are written.
-    pub rows: RowStores,
-    /// After the arm, the last worker flushes the activation's lines from the CPU caches, so
-    /// that the device's next publish does not have to invalidate them in every worker's
-    /// cache (x86-64 only).
-    pub flush_x: bool,
-    /// Each worker copies x out of the mailbox starting at its own line (worker `p` of `n` at
-    /// `k·p/n`) before preparing it, instead of every worker reading the same line first.
-    pub staggered_x: bool,
     /// While a worker waits for x (and for the shared activation), it prefetches up to this
     /// many bytes of the start of its weight rows into its L2 (x86-64; 0: off), so that the
     /// time between steps, when the memory system is idle, does part of the arm's reading
     /// ([`DEFAULT_WAIT_PREFETCH_BYTES`]).
     pub prefetch_bytes: usize,
-    /// For weights whose CPU activation is q8_K (Q4_K, Q6_K), the device publishes x already
-    /// quantised that way (`FlagsKernels::publish_q8k`), so the workers read a quarter of the
-    /// bytes and do not quantise it themselves.
-    pub device_quantised_x: bool,
-    /// How the device's publish orders x before the sequence word: every thread fences, or
-    /// thread 0 alone after the block's barrier (one system-wide fence instead of one per warp).
-    pub publish_fence: PublishFence,
-    /// Who prepares the activation (not used under `device_quantised_x`, where the device
-    /// has quantised it).
-    pub x_prep: XPrep,
-    /// How the CPU rows are dealt to the workers.
-    pub claim: RowClaim,
-    /// Once a step's GPU arm has finished, the device reads up to this many bytes of the next
-    /// step's first GPU rows into its L2 on a side stream (0: off), so that the link, idle
-    /// while the fold waits for the CPU and the next x is published, does part of the next
-    /// arm's reading: the device's twin of `prefetch_bytes`. On the H200 box it made the layer
-    /// slower (0.962× at 256 KiB, 0.901× at 1 MiB; the 2026-11-30 cpu-idle record, record 03): off.
-    pub gpu_warm_bytes: usize,
-    /// Where the workers prepare x together ([`FlagsTuning::x_is_shared`]), the device stores
-    /// each element as one 8-byte word with the step beside it (`FlagsKernels::publish_tagged`):
-    /// no system fence and no sequence word behind x; the workers poll element 0 and check
-    /// every element's step as they read it.
+    /// The CPU rows are cut into about this many chunks per worker (at most
+    /// [`MAX_DONE_PARTS`] in all), each with its own done word: every worker starts on its own
+    /// chunk (the one it prefetches while waiting), then takes the rest off a counter, so that
+    /// a worker slowed by its core (a VM's vCPUs are not equal) hands its share to the others
+    /// instead of holding the step ([`DEFAULT_CHUNKS_PER_WORKER`]; 0 counts as 1).
+    pub chunks_per_worker: u8,
+    /// For formats whose workers prepare x together ([`FlagsTuning::x_is_shared`]), the device
+    /// stores each element as one 8-byte word with the step beside it
+    /// (`FlagsKernels::publish_tagged`): no system fence and no sequence word behind x; the
+    /// workers poll element 0 and check every element's step as they read it. Off
+    /// (`memory.flags_x_publish = fenced`) for a platform where an aligned 8-byte device store
+    /// is not known to reach host memory whole: x then goes down plain, behind a fence and the
+    /// sequence word.
     pub tagged_x: bool,
-    /// The GPU arm's time, which the share controller balances against the CPU arm's, starts
-    /// before the publish instead of after it. With tagged x the workers start while the
-    /// publish still runs, so the GPU's publish is part of what the CPU's arm overlaps; on
-    /// small steps (k, o: 30–70 µs) the ~6 µs publish then moves the balance. The timeline's
-    /// publish figure reads ~0 then (the publish is inside the arm). On by default
-    /// ([`DEFAULT_GPU_ARM_FROM_PUBLISH`]).
-    pub gpu_arm_from_publish: bool,
     /// Blocks of the tagged publish at most ([`DEFAULT_PUBLISH_BLOCKS`]); it uses one per 1024
-    /// elements of x up to this. One block writes x over the link at a few GB/s (the publish took
-    /// 6.1 µs a step for 16–56 KiB of x on the H200, the 2026-11-30 cpu-idle record), and the GPU arm starts after it.
+    /// elements of x up to this. One block writes x over the link at a few GB/s (the publish
+    /// took 6.1 µs a step for 16–56 KiB of x on the H200, the 2026-11-30 cpu-idle record), and
+    /// the GPU arm starts after it. Still under measurement, so only in builds with the
+    /// `experiments` feature; the product publishes with [`DEFAULT_PUBLISH_BLOCKS`].
+    #[cfg(feature = "experiments")]
     pub publish_blocks: u32,
 }
 
-/// The tagged publish runs as one block by default ([`FlagsTuning::publish_blocks`]). On the H200,
-/// 16 blocks ran the layer at 1.018× with a host sync around every layer (95 % interval
-/// 1.003–1.030, 15 interleaved rounds) but 0.998× at 8 layers per timed rep, where that call's
-/// rounds spread 0.78–1.45 (docs/perf-checkpoints/2026-11-30-share-intervals-h200 record 08): one block
-/// until the chained case, decode's, confirms the gain.
+/// The tagged publish runs as one block by default ([`FlagsTuning::tagged_publish_blocks`]). On
+/// the H200, 16 blocks ran the layer at 1.018× with a host sync around every layer (95 %
+/// interval 1.003–1.030, 15 interleaved rounds) but 0.998× at 8 layers per timed rep, where that
+/// call's rounds spread 0.78–1.45 (docs/perf-checkpoints/2026-11-30-share-intervals-h200 record
+/// 08): one block until the chained case, decode's, confirms the gain.
 pub const DEFAULT_PUBLISH_BLOCKS: u32 = 1;
-
-/// The GPU arm is timed from before the publish by default
-/// ([`FlagsTuning::gpu_arm_from_publish`]). Timed from after it, the controller balanced the
-/// arms' durations from different origins (the CPU's starts when the first element of x lands,
-/// a few µs into the publish), so the CPU finished that much before the GPU and the fold waited
-/// on the GPU: every flags `auto` of the per-shape table sat above the best pinned share (k at
-/// 0.24 against 0.15–0.20). Timed from before it, auto against the sweep's best pinned shares
-/// rose on all six projections in one run (q 0.970 → 0.987, k 0.957 → 0.961, o 0.977 → 0.992,
-/// gate 1.001 → 1.004, up 0.992 → 1.009, down 0.996 → 1.005; 15 interleaved rounds each,
-/// docs/perf-checkpoints/2026-11-30-auto-per-shape-h200 record 03). On the whole layer, whose q/k/v
-/// and gate/up steps share one shape key, it read 0.994× in 03's A/B (15 rounds, 0.988–1.007);
-/// once it was the default, the old timing ran the layer at 0.984× of it in 05's.
-pub const DEFAULT_GPU_ARM_FROM_PUBLISH: bool = true;
 
 /// x travels tagged by default ([`FlagsTuning::tagged_x`]): on the H200 box the device's
 /// publish went from 7.4 to 6.1 µs a step, the layer ran 1.010× as fast (median of 15
@@ -201,31 +120,12 @@ pub const DEFAULT_GPU_ARM_FROM_PUBLISH: bool = true;
 /// (docs/perf-checkpoints/2026-11-30-cpu-idle-chunks-h200, record 05).
 pub const DEFAULT_TAGGED_X: bool = true;
 
-/// How a flags arm's CPU rows are dealt to its workers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RowClaim {
-    /// One part per worker, cut evenly: each worker's rows are fixed at submit, and the
-    /// device's fold waits on one done word per worker.
-    PerWorker,
-    /// About this many chunks per worker (at most [`MAX_DONE_PARTS`] in all), each with its own
-    /// done word: every worker starts on its own chunk (the one it prefetches while waiting),
-    /// then takes the rest off a counter, so that a worker slowed by its core (a VM's vCPUs
-    /// are not equal) hands its share to the others instead of holding the step.
-    Chunks(u8),
-}
-
-/// Chunks per worker under [`RowClaim::Chunks`] by default: 4 (60 chunks for 15 workers, within
-/// the fold's 64 done words). On the H200 box, one part per worker ran at 0.955× of it and
-/// 8 chunks at 1.005× (record 04); in an earlier A/B 4 chunks ran 1.008× and 2 chunks 0.994× of
-/// one part per worker (record 02); medians of 15 interleaved rounds,
+/// Chunks per worker by default ([`FlagsTuning::chunks_per_worker`]): 4 (60 chunks for 15
+/// workers, within the fold's 64 done words). On the H200 box, one part per worker ran at
+/// 0.955× of it and 8 chunks at 1.005× (record 04); in an earlier A/B 4 chunks ran 1.008× and 2
+/// chunks 0.994× of one part per worker (record 02); medians of 15 interleaved rounds,
 /// docs/perf-checkpoints/2026-11-30-cpu-idle-chunks-h200.
 pub const DEFAULT_CHUNKS_PER_WORKER: u8 = 4;
-
-impl Default for RowClaim {
-    fn default() -> Self {
-        RowClaim::Chunks(DEFAULT_CHUNKS_PER_WORKER)
-    }
-}
 
 /// Bytes of its weight rows a worker prefetches while it waits for x and for the shared
 /// activation ([`FlagsTuning::prefetch_bytes`]): 64 KiB, about what fifteen workers can read in
@@ -239,39 +139,42 @@ pub const DEFAULT_WAIT_PREFETCH_BYTES: usize = 64 << 10;
 impl Default for FlagsTuning {
     fn default() -> Self {
         FlagsTuning {
-            done: DoneSignal::default(),
-            rows: RowStores::default(),
-            flush_x: false,
-            staggered_x: false,
             prefetch_bytes: DEFAULT_WAIT_PREFETCH_BYTES,
-            device_quantised_x: false,
-            publish_fence: PublishFence::default(),
-            x_prep: XPrep::default(),
-            claim: RowClaim::default(),
-            gpu_warm_bytes: 0,
+            chunks_per_worker: DEFAULT_CHUNKS_PER_WORKER,
             tagged_x: DEFAULT_TAGGED_X,
-            gpu_arm_from_publish: DEFAULT_GPU_ARM_FROM_PUBLISH,
+            #[cfg(feature = "experiments")]
             publish_blocks: DEFAULT_PUBLISH_BLOCKS,
         }
     }
 }
 
 impl FlagsTuning {
-    /// Whether x travels quantised (q8_K) for `format` under these knobs.
-    pub fn x_is_q8k(&self, format: Format) -> bool {
-        self.device_quantised_x && ActivationBuf::takes_q8k(format)
-    }
-
     /// Whether x travels tagged ([`FlagsTuning::tagged_x`]) for `format` under these knobs.
     pub fn x_is_tagged(&self, format: Format) -> bool {
         self.tagged_x && self.x_is_shared(format)
     }
 
-    /// Whether the workers prepare x together for `format` under these knobs.
+    /// Whether the workers prepare x together for `format` (its CPU activation is q8_K:
+    /// Q4_K, Q6_K): each takes 256-element blocks off a counter, and all read the one result.
+    /// On the H200 box this cut the workers' preparation from 3.5 to 1.7 % of the layer's wall,
+    /// and the layer ran 1.011× as fast as each worker preparing all of x itself (median of 9
+    /// interleaved rounds, twice: docs/perf-checkpoints/2026-11-29-layer-targets-rounds-h200).
+    /// Other formats: each worker prepares x itself.
     pub fn x_is_shared(&self, format: Format) -> bool {
-        matches!(self.x_prep, XPrep::Shared | XPrep::SharedByPart)
-            && !self.x_is_q8k(format)
-            && SharedActivation::supports(format)
+        SharedActivation::supports(format)
+    }
+
+    /// Blocks of the tagged publish at most: [`DEFAULT_PUBLISH_BLOCKS`], or under the
+    /// `experiments` feature the tuning's `publish_blocks`.
+    pub fn tagged_publish_blocks(&self) -> u32 {
+        #[cfg(feature = "experiments")]
+        {
+            self.publish_blocks
+        }
+        #[cfg(not(feature = "experiments"))]
+        {
+            DEFAULT_PUBLISH_BLOCKS
+        }
     }
 }
 
@@ -464,8 +367,9 @@ impl Mailbox {
         }
     }
 
-    /// Stand-in for the device: write `x`, then publish `step` (release).
-    pub fn device_publish(&self, x: &[f32], step: u32) -> Result<(), ExecError> {
+    /// Stand-in for the device in CPU-only tests: write `x`, then publish `step` (release).
+    #[cfg(test)]
+    pub(crate) fn device_publish(&self, x: &[f32], step: u32) -> Result<(), ExecError> {
         if x.len() > self.k {
             return Err(ExecError::Shape {
                 what: "x",
@@ -483,32 +387,6 @@ impl Mailbox {
         Ok(())
     }
 
-    /// Stand-in for the device's q8_K publish (`FlagsKernels::publish_q8k`): write `x`
-    /// quantised as the CPU's q8_K activation, then publish `step` (release).
-    pub fn device_publish_q8k(&self, x: &[f32], step: u32) -> Result<(), ExecError> {
-        if x.len() > self.k {
-            return Err(ExecError::Shape {
-                what: "x",
-                need: self.k,
-                got: x.len(),
-            });
-        }
-        let (qs, d) = hipfire_quant::quantise_q8k(x)?;
-        // SAFETY: in bounds (`new`: the q8_K form is smaller than the f32 x area); as in
-        // `device_publish`, the device has sole access until `seq` says `step`.
-        unsafe {
-            let base = self.mem.base().add(X_OFFSET);
-            std::ptr::copy_nonoverlapping(qs.as_ptr() as *const u8, base, qs.len());
-            std::ptr::copy_nonoverlapping(
-                d.as_ptr(),
-                base.add(hipfire_gpu::q8k_scales_offset(x.len())) as *mut f32,
-                d.len(),
-            );
-        }
-        self.seq().store(step, Ordering::Release);
-        Ok(())
-    }
-
     /// The x area as tagged words ([`FlagsTuning::tagged_x`]).
     fn x_tagged(&self) -> &[AtomicU64] {
         // SAFETY: in bounds (`new`: the x area holds k 8-byte words), 8-aligned (base 64-aligned,
@@ -518,11 +396,12 @@ impl Mailbox {
         }
     }
 
-    /// Stand-in for the device's tagged publish (`FlagsKernels::publish_tagged`): store each
-    /// element with `step` in its upper half (release), no sequence word; element 0 first,
-    /// then the rest after a 2 ms pause (`TAGGED_STAND_IN_PAUSE`), so that readers meet
-    /// elements not yet written.
-    pub fn device_publish_tagged(&self, x: &[f32], step: u32) -> Result<(), ExecError> {
+    /// Stand-in for the device's tagged publish (`FlagsKernels::publish_tagged`) in CPU-only
+    /// tests: store each element with `step` in its upper half (release), no sequence word;
+    /// element 0 first, then the rest after a 2 ms pause (`TAGGED_STAND_IN_PAUSE`), so that
+    /// readers meet elements not yet written.
+    #[cfg(test)]
+    pub(crate) fn device_publish_tagged(&self, x: &[f32], step: u32) -> Result<(), ExecError> {
         if x.len() > self.k {
             return Err(ExecError::Shape {
                 what: "x",
@@ -541,8 +420,14 @@ impl Mailbox {
         Ok(())
     }
 
-    /// Stand-in for the device: wait until done says `step`, then return the CPU rows.
-    pub fn device_wait_done(&self, step: u32, timeout: Duration) -> Result<Vec<f32>, ExecError> {
+    /// Stand-in for the device in CPU-only tests: wait until done says `step`, then return the
+    /// CPU rows.
+    #[cfg(test)]
+    pub(crate) fn device_wait_done(
+        &self,
+        step: u32,
+        timeout: Duration,
+    ) -> Result<Vec<f32>, ExecError> {
         let seen = wait_word(
             || self.done().load(Ordering::Acquire),
             |v| v & !DONE_FAILED == step,
@@ -565,11 +450,13 @@ impl Mailbox {
     }
 }
 
-/// How long [`Mailbox::device_publish_tagged`] leaves x with only element 0 written: long
+/// How long `Mailbox::device_publish_tagged` leaves x with only element 0 written: long
 /// against a worker's wake-up, short for a test.
+#[cfg(test)]
 const TAGGED_STAND_IN_PAUSE: Duration = Duration::from_millis(2);
 
 /// One element of a tagged x: its f32 bits, `step` in the upper half.
+#[cfg(test)]
 fn tagged(v: f32, step: u32) -> u64 {
     (u64::from(step) << 32) | u64::from(v.to_bits())
 }
@@ -715,7 +602,7 @@ pub fn flags_clock_ns() -> u64 {
     EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
-/// x prepared by the workers together ([`XPrep::Shared`]).
+/// x prepared by the workers together ([`FlagsTuning::x_is_shared`]).
 struct SharedX {
     act: SharedActivation,
     /// The next block to take (its own cache line, as is `done`: every worker updates both).
@@ -724,16 +611,7 @@ struct SharedX {
     done: CachePadded<AtomicU32>,
     /// A block could not be prepared (a non-finite x).
     failed: AtomicBool,
-    /// Under [`XPrep::SharedByPart`], one line per part of the arm: [`PART_X_READY`] once that
-    /// part's blocks are prepared, [`PART_X_FAILED`] when they could not be (or the part was
-    /// never taken), 0 until then. Empty under [`XPrep::Shared`].
-    by_part: Vec<CachePadded<AtomicU32>>,
 }
-
-/// A part's blocks of x are prepared ([`XPrep::SharedByPart`]).
-const PART_X_READY: u32 = 1;
-/// A part's blocks of x could not be prepared ([`XPrep::SharedByPart`]).
-const PART_X_FAILED: u32 = 2;
 
 impl SharedX {
     fn new(format: Format, k: usize) -> Result<SharedX, ExecError> {
@@ -750,7 +628,6 @@ impl SharedX {
             next: CachePadded::new(AtomicU32::new(0)),
             done: CachePadded::new(AtomicU32::new(0)),
             failed: AtomicBool::new(false),
-            by_part: Vec::new(),
         })
     }
 
@@ -769,60 +646,6 @@ impl SharedX {
         let v = x.block(b, &mut vals, job)?;
         // SAFETY: the caller's contract.
         Ok(unsafe { self.act.prepare_block(b, v) }?)
-    }
-
-    /// Under [`XPrep::SharedByPart`]: part `part` of the cut prepares blocks `part, part + n,
-    /// …`, says so on its line, then waits for every other part's line. A worker outside the
-    /// parts (`None`) only waits.
-    fn prepare_by_part(
-        &self,
-        x: &XSource<'_>,
-        job: &FlagsJob,
-        part: Option<usize>,
-        prefetch: &mut WeightPrefetch<'_>,
-    ) -> Result<&ActivationBuf, ExecError> {
-        let n = self.by_part.len();
-        let mut err = None;
-        if let Some(p) = part.filter(|&p| p < n) {
-            for b in (p..self.act.blocks()).step_by(n) {
-                // SAFETY: block b belongs to part p alone (b ≡ p mod n) and each part runs
-                // once; no worker reads the activation before every part's line says READY
-                // (release below, acquire in `wait_word`).
-                if let Err(e) = unsafe { self.prepare_block(x, b, job) } {
-                    err = Some(e);
-                    break;
-                }
-            }
-            let v = if err.is_some() {
-                PART_X_FAILED
-            } else {
-                PART_X_READY
-            };
-            self.by_part[p].store(v, Ordering::Release);
-        }
-        if let Some(e) = err {
-            return Err(e);
-        }
-        for line in &self.by_part {
-            let v = wait_word(
-                || line.load(Ordering::Acquire),
-                |v| v != 0,
-                job.timeout,
-                "flags shared activation",
-                Some(&job.cancelled),
-                || prefetch.advance(),
-            )?;
-            if v != PART_X_READY {
-                return Err(ExecError::Invalid {
-                    what: "activation",
-                    value: "a non-finite value, or a part never run".into(),
-                    rule: "every value finite (another worker could not prepare its blocks)",
-                });
-            }
-        }
-        // SAFETY: every block is prepared (each part's blocks before its READY, released;
-        // acquired above), and no block is written again during the arm.
-        Ok(unsafe { self.act.activation() })
     }
 
     /// Take blocks of x off the counter until none is left, then wait until every block is
@@ -876,7 +699,7 @@ impl SharedX {
 }
 
 /// Elements per block of x prepared together (q8_K's super-block).
-const Q8K_BLOCK: usize = hipfire_gpu::Q8K_ELEMS;
+const Q8K_BLOCK: usize = hipfire_quant::Q8K_BLOCK;
 
 /// Where the workers read x from when they prepare it together.
 enum XSource<'a> {
@@ -945,10 +768,10 @@ struct FlagsJob {
     /// x prepared together, when the tuning says so.
     shared_x: Option<SharedX>,
     /// The parts of `[0, rows_n)` as cut points (part `p` is `cuts[p]..cuts[p + 1]`), each with
-    /// its own done word: one per worker, or the chunks of [`RowClaim::Chunks`] (worker `w`
-    /// starts on chunk `w`).
+    /// its own done word: the chunks of [`FlagsTuning::chunks_per_worker`] (worker `w` starts
+    /// on chunk `w`).
     cuts: Vec<usize>,
-    /// Under [`RowClaim::Chunks`], the next chunk to take (starts at the number of workers).
+    /// The next chunk to take (starts at the number of workers).
     next_chunk: CachePadded<AtomicUsize>,
     /// Workers still to finish; the last one publishes done.
     /// (On its own cache line, like `failed` and each worker's stats: the fields above are
@@ -996,7 +819,7 @@ impl Default for WorkerStats {
 
 impl FlagsJob {
     /// This worker's arm: `rows` of the concatenated row space, which is part `part` of the cut,
-    /// then (under [`RowClaim::Chunks`]) chunks off the counter until none is left, publishing
+    /// then chunks off the counter until none is left, publishing
     /// each one's done word as it finishes. `holding` names the part whose done word is still
     /// this worker's to publish (its first part until published, then the chunk it is on):
     /// the caller publishes it, failed or not, whatever way this returns.
@@ -1058,43 +881,7 @@ impl FlagsJob {
             } else {
                 XSource::Plain(plain_x())
             };
-            if self.tuning.x_prep == XPrep::SharedByPart {
-                shared.prepare_by_part(&src, self, part, &mut prefetch)?
-            } else {
-                shared.prepare(&src, self, &mut prefetch)?
-            }
-        } else if self.tuning.x_is_q8k(self.format) {
-            // SAFETY: in bounds (the q8_K form is smaller than the f32 x area, `Mailbox::new`:
-            // k bytes of quants, then k/256 scales from the next line); i8 and f32 accept every
-            // bit pattern; 4-aligned (base 64-aligned, offsets multiples of 64).
-            let (qs, d) = unsafe {
-                let base = mb.mem.base().add(X_OFFSET);
-                (
-                    std::slice::from_raw_parts(base as *const i8, self.k),
-                    std::slice::from_raw_parts(
-                        base.add(hipfire_gpu::q8k_scales_offset(self.k)) as *const f32,
-                        self.k / hipfire_gpu::Q8K_ELEMS,
-                    ),
-                )
-            };
-            owned = ActivationBuf::from_q8k(self.format, qs, d)?;
-            &owned
-        } else if self.tuning.staggered_x {
-            // Each worker reads x from its own starting line, so that the workers do not all
-            // miss on the same freshly written line at once; the copy is in element order.
-            owned = STAGGERED_X.with(|buf| {
-                let mut buf = buf.borrow_mut();
-                buf.clear();
-                buf.resize(self.k, 0.0);
-                let parts = self.cuts.len().saturating_sub(1).max(1);
-                let part = part.unwrap_or(0);
-                let start = (self.k * part / parts) / STAGGER_ALIGN * STAGGER_ALIGN;
-                let x = plain_x();
-                buf[start..].copy_from_slice(&x[start..]);
-                buf[..start].copy_from_slice(&x[..start]);
-                ActivationBuf::prepare(self.format, &buf)
-            })?;
-            &owned
+            shared.prepare(&src, self, &mut prefetch)?
         } else {
             owned = ActivationBuf::prepare(self.format, plain_x())?;
             &owned
@@ -1106,21 +893,19 @@ impl FlagsJob {
             .prefetched
             .fetch_add(prefetch.issued() as u64, Ordering::Relaxed);
         self.write_rows(&rows, act)?;
-        if matches!(self.tuning.claim, RowClaim::Chunks(_)) {
-            if let Some(p) = part {
-                self.part_done(p, false);
-            }
+        if let Some(p) = part {
+            self.part_done(p, false);
+        }
+        holding.set(None);
+        loop {
+            let c = self.next_chunk.fetch_add(1, Ordering::Relaxed);
+            let Some(chunk) = self.cuts.get(c..c + 2).map(|w| w[0]..w[1]) else {
+                break;
+            };
+            holding.set(Some(c));
+            self.write_rows(&chunk, act)?;
+            self.part_done(c, false);
             holding.set(None);
-            loop {
-                let c = self.next_chunk.fetch_add(1, Ordering::Relaxed);
-                let Some(chunk) = self.cuts.get(c..c + 2).map(|w| w[0]..w[1]) else {
-                    break;
-                };
-                holding.set(Some(c));
-                self.write_rows(&chunk, act)?;
-                self.part_done(c, false);
-                holding.set(None);
-            }
         }
         stats
             .cpu_ns
@@ -1144,26 +929,12 @@ impl FlagsJob {
                 rows.len(),
             )
         };
-        match self.tuning.rows {
-            RowStores::Cached => self.multiply(rows, act, y),
-            RowStores::Streaming => STREAM_ROWS.with(|scratch| -> Result<(), ExecError> {
-                let mut scratch = scratch.borrow_mut();
-                scratch.clear();
-                scratch.resize(rows.len(), 0.0);
-                self.multiply(rows, act, &mut scratch)?;
-                stream_store(y, &scratch);
-                Ok(())
-            }),
-        }
+        self.multiply(rows, act, y)
     }
 
-    /// Under [`RowClaim::Chunks`], once a worker failed: the chunks nobody took yet are
-    /// published as failed, so that the device's fold does not wait for them until its
-    /// timeout.
+    /// Once a worker failed: the chunks nobody took yet are published as failed, so that the
+    /// device's fold does not wait for them until its timeout.
     fn fail_untaken_chunks(&self) {
-        if !matches!(self.tuning.claim, RowClaim::Chunks(_)) {
-            return;
-        }
         loop {
             let c = self.next_chunk.fetch_add(1, Ordering::Relaxed);
             if c + 1 >= self.cuts.len() {
@@ -1172,13 +943,6 @@ impl FlagsJob {
             self.part_done(c, true);
         }
     }
-}
-
-thread_local! {
-    /// A worker's rows before they are streamed into the mailbox ([`RowStores::Streaming`]).
-    static STREAM_ROWS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-    /// A worker's copy of x ([`FlagsTuning::staggered_x`]).
-    static STAGGERED_X: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Cache lines a waiting worker prefetches between batches of polls
@@ -1256,52 +1020,6 @@ impl<'a> WeightPrefetch<'a> {
     }
 }
 
-/// Elements between the workers' starting points in x under [`FlagsTuning::staggered_x`]: one
-/// cache line of f32.
-const STAGGER_ALIGN: usize = MAILBOX_ALIGN / 4;
-
-/// `dst = src` with non-temporal stores where the target has them, then a store fence, so
-/// that the rows are in memory before a later release store (the done word) is seen.
-fn stream_store(dst: &mut [f32], src: &[f32]) {
-    debug_assert_eq!(dst.len(), src.len());
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_loadu_ps, _mm_sfence, _mm_stream_ps};
-        let n = dst.len().min(src.len());
-        // Scalar up to the first 16-byte boundary of the destination, then four at a time.
-        let head = dst.as_ptr().align_offset(16).min(n);
-        dst[..head].copy_from_slice(&src[..head]);
-        let mut i = head;
-        while i + 4 <= n {
-            // SAFETY: i + 4 <= n, both slices hold n floats; dst + i is 16-aligned (head
-            // brought it there and it advances by 16 bytes); SSE is part of x86-64.
-            unsafe { _mm_stream_ps(dst.as_mut_ptr().add(i), _mm_loadu_ps(src.as_ptr().add(i))) };
-            i += 4;
-        }
-        dst[i..n].copy_from_slice(&src[i..n]);
-        // SAFETY: SSE is part of x86-64; orders the streaming stores before later stores.
-        unsafe { _mm_sfence() };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    dst.copy_from_slice(src);
-}
-
-/// Write back and evict `bytes` from every CPU cache (x86-64; nothing elsewhere).
-fn flush_lines(bytes: &[u8]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_clflush, _mm_mfence};
-        for line in bytes.chunks(MAILBOX_ALIGN) {
-            // SAFETY: the pointer is inside `bytes`; SSE2 is part of x86-64.
-            unsafe { _mm_clflush(line.as_ptr()) };
-        }
-        // SAFETY: SSE2 is part of x86-64.
-        unsafe { _mm_mfence() };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = bytes;
-}
-
 impl FlagsJob {
     /// This worker's rows of every part that overlaps them (`y` is their slot in the
     /// concatenated rows).
@@ -1357,7 +1075,7 @@ impl FlagsJob {
         if failed {
             self.failed.store(true, Ordering::Release);
         }
-        if self.tuning.done == DoneSignal::PerWorker && part < MAX_DONE_PARTS {
+        if part < MAX_DONE_PARTS {
             self.mailbox.part_done(part).store(v, Ordering::Release);
         }
     }
@@ -1401,15 +1119,9 @@ pub struct FlagsTicket {
 
 impl FlagsTicket {
     /// The workers' parts of the arm's concatenated rows, as cut points from 0 to their
-    /// total: the device's fold waits on part `p`'s done word for rows `cuts[p]..cuts[p + 1]`
-    /// under [`DoneSignal::PerWorker`].
+    /// total: the device's fold waits on part `p`'s done word for rows `cuts[p]..cuts[p + 1]`.
     pub fn cuts(&self) -> &[usize] {
         &self.job.cuts
-    }
-
-    /// How this arm signals done.
-    pub fn done_signal(&self) -> DoneSignal {
-        self.job.tuning.done
     }
 
     /// Whether every part has finished (done is published); [`FlagsTicket::wait`] then
@@ -1459,8 +1171,7 @@ impl FlagsTicket {
 }
 
 impl FlagsJob {
-    /// One part finished (or was never taken): the last one publishes done (and, when asked,
-    /// then flushes x from the caches: every worker has read it).
+    /// One part finished (or was never taken): the last one publishes done.
     fn count_down(&self) {
         if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
             let v = if self.failed.load(Ordering::Acquire) {
@@ -1469,13 +1180,6 @@ impl FlagsJob {
                 self.step
             };
             self.mailbox.done().store(v, Ordering::Release);
-            if self.tuning.flush_x {
-                // SAFETY: the x area is in bounds (`Mailbox::new`); it is only read here.
-                let x = unsafe {
-                    std::slice::from_raw_parts(self.mailbox.mem.base().add(X_OFFSET), self.k * 4)
-                };
-                flush_lines(x);
-            }
         }
     }
 }
@@ -1509,14 +1213,11 @@ impl CpuPool {
             }
         }
         let workers = self.threads().min(MAX_DONE_PARTS);
-        let cut = match job.tuning.claim {
-            RowClaim::PerWorker => partition(0..job.rows_n, workers, WORKER_ROW_ALIGN),
-            RowClaim::Chunks(per_worker) => partition(
-                0..job.rows_n,
-                (workers * usize::from(per_worker.max(1))).min(MAX_DONE_PARTS),
-                WORKER_ROW_ALIGN,
-            ),
-        };
+        let cut = partition(
+            0..job.rows_n,
+            (workers * usize::from(job.tuning.chunks_per_worker.max(1))).min(MAX_DONE_PARTS),
+            WORKER_ROW_ALIGN,
+        );
         let mut job = job;
         job.cuts = std::iter::once(0)
             .chain(cut.iter().map(|r| r.end))
@@ -1526,11 +1227,6 @@ impl CpuPool {
         job.next_chunk.store(parts.len(), Ordering::Relaxed);
         job.remaining.store(parts.len(), Ordering::Release);
         job.stats = (0..=parts.len()).map(|_| CachePadded::default()).collect();
-        if job.tuning.x_prep == XPrep::SharedByPart {
-            if let Some(sx) = &mut job.shared_x {
-                sx.by_part = (0..parts.len()).map(|_| CachePadded::default()).collect();
-            }
-        }
         let job = Arc::new(job);
         if parts.is_empty() {
             job.mailbox.done().store(job.step, Ordering::Release);
@@ -1538,11 +1234,6 @@ impl CpuPool {
         let pending = self.submit_owned(job.clone(), parts)?;
         // Parts no worker took: count them down as failed, so done is still published.
         for &p in &pending.unsent {
-            // Its blocks of a by-part x will never be prepared: the workers waiting for them
-            // stop now instead of at the timeout.
-            if let Some(line) = job.shared_x.as_ref().and_then(|sx| sx.by_part.get(p)) {
-                line.store(PART_X_FAILED, Ordering::Release);
-            }
             job.part_done(p, true);
             job.count_down();
         }
@@ -1835,25 +1526,17 @@ mod tests {
     /// pool's, which prepares x once for all workers.
     #[test]
     fn long_and_ragged_activations_match_the_pool() {
-        // The last two: more workers than blocks of x, so that some by-part workers prepare
-        // none and only wait.
+        // The last two: more workers than blocks of x, so that some workers of the shared
+        // preparation take no block and only wait.
         // Tagged x where it applies (the shared q8_K preparations); Q4_0/Q8_0 fall back to the
         // sequence word.
-        for (fmt, k, m, workers, x_prep, tagged_x) in [
-            (
-                Format::Q4K,
-                14336usize,
-                64usize,
-                5usize,
-                XPrep::Shared,
-                false,
-            ),
-            (Format::Q4K, 14336, 64, 5, XPrep::Shared, true),
-            (Format::Q4K, 14336, 64, 5, XPrep::SharedByPart, true),
-            (Format::Q4_0, 4096 + 96, 48, 4, XPrep::Shared, true),
-            (Format::Q8_0, 2048, 40, 15, XPrep::Shared, false),
-            (Format::Q4K, 512, 40, 6, XPrep::SharedByPart, false),
-            (Format::Q6K, 768, 40, 6, XPrep::SharedByPart, true),
+        for (fmt, k, m, workers, tagged_x) in [
+            (Format::Q4K, 14336usize, 64usize, 5usize, false),
+            (Format::Q4K, 14336, 64, 5, true),
+            (Format::Q4_0, 4096 + 96, 48, 4, true),
+            (Format::Q8_0, 2048, 40, 15, false),
+            (Format::Q4K, 512, 40, 6, false),
+            (Format::Q6K, 768, 40, 6, true),
         ] {
             let (w, x) = setup(fmt, k, m, k as u64);
             let pool = CpuPool::new(workers).expect("pool");
@@ -1861,7 +1544,6 @@ mod tests {
             let ticket = pool
                 .submit_flags(FlagsArm {
                     tuning: FlagsTuning {
-                        x_prep,
                         tagged_x,
                         ..FlagsTuning::default()
                     },
@@ -1880,7 +1562,7 @@ mod tests {
             assert_eq!(
                 got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                 want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                "{fmt} k={k} workers={workers} {x_prep:?} tagged {tagged_x}"
+                "{fmt} k={k} workers={workers} tagged {tagged_x}"
             );
         }
     }
@@ -1890,17 +1572,9 @@ mod tests {
     /// failure bit.
     #[test]
     fn a_bad_piece_fails_the_step_without_hanging() {
-        for (fmt, x_prep) in [
-            (Format::Q8_0, XPrep::Shared),
-            (Format::Q4K, XPrep::Shared),
-            (Format::Q4K, XPrep::SharedByPart),
-            (Format::Q4K, XPrep::EachWorker),
-        ] {
-            for (claim, tagged_x) in [
-                (RowClaim::PerWorker, false),
-                (RowClaim::Chunks(4), false),
-                (RowClaim::Chunks(4), true),
-            ] {
+        // Q8_0: each worker prepares x itself; Q4_K: the workers prepare it together.
+        for fmt in [Format::Q8_0, Format::Q4K] {
+            for (chunks_per_worker, tagged_x) in [(1, false), (4, false), (4, true)] {
                 let (k, m) = (2048usize, 400usize);
                 let (w, mut x) = setup(fmt, k, m, 8);
                 x[1000] = f32::NAN;
@@ -1910,8 +1584,7 @@ mod tests {
                     .submit_flags(FlagsArm {
                         timeout: Duration::from_secs(30),
                         tuning: FlagsTuning {
-                            x_prep,
-                            claim,
+                            chunks_per_worker,
                             tagged_x,
                             ..FlagsTuning::default()
                         },
@@ -1922,7 +1595,6 @@ mod tests {
                 assert!(parts > 1, "the arm is cut among workers");
                 let t = Instant::now();
                 let tuning = FlagsTuning {
-                    x_prep,
                     tagged_x,
                     ..FlagsTuning::default()
                 };
@@ -1936,8 +1608,7 @@ mod tests {
                 // Shared: the worker that met the NaN says so, the others that another did.
                 assert!(
                     matches!(err, ExecError::Quant(_))
-                        || (x_prep != XPrep::EachWorker
-                            && matches!(err, ExecError::Invalid { .. })),
+                        || (tuning.x_is_shared(fmt) && matches!(err, ExecError::Invalid { .. })),
                     "{fmt}: {err}"
                 );
                 assert_eq!(mb.done().load(Ordering::Acquire), 4 | DONE_FAILED);
@@ -2132,60 +1803,28 @@ mod tests {
         assert!(matches!(err, ExecError::Shape { .. }), "{err}");
     }
 
-    /// Every tuning gives the pool's rows bit for bit; per-worker done words say the step
-    /// for exactly the arm's parts (cut points from 0 to the rows, one per worker at most);
-    /// under `Last` they are left alone.
+    /// Every tuning gives the pool's rows bit for bit; the chunks' done words say the step for
+    /// exactly the arm's parts (cut points from 0 to the rows) and no other.
     #[test]
     fn every_tuning_matches_the_pool_and_publishes_its_done_words() {
-        let (fmt, k, m) = (Format::Q4K, 1024usize, 203usize);
-        let (w, x) = setup(fmt, k, m, 11);
+        let (k, m) = (1024usize, 203usize);
         let pool = CpuPool::new(4).expect("pool");
-        let mut want = vec![f32::NAN; m];
-        pool.gemv(fmt, &w, k, &x, &mut want, false).expect("pool");
         let mut step = 0;
-        for (done, claim) in [
-            (DoneSignal::PerWorker, RowClaim::PerWorker),
-            (DoneSignal::Last, RowClaim::PerWorker),
-            (DoneSignal::PerWorker, RowClaim::Chunks(4)),
-            (DoneSignal::Last, RowClaim::Chunks(3)),
-        ] {
-            for rows in [RowStores::Cached, RowStores::Streaming] {
-                let (own, shared, by_part) =
-                    (XPrep::EachWorker, XPrep::Shared, XPrep::SharedByPart);
-                for (flush_x, staggered_x, prefetch_bytes, device_quantised_x, x_prep) in [
-                    (false, false, 0, false, own),
-                    (true, false, 0, false, own),
-                    (false, true, 0, false, own),
-                    (false, false, 4096, false, own),
-                    (false, false, 0, true, own),
-                    (false, false, 0, false, shared),
-                    (true, false, 0, false, shared),
-                    (false, false, 4096, false, shared),
-                    (false, false, 0, false, by_part),
-                    (false, false, 65536, false, by_part),
-                ] {
+        // Q4_K: x prepared together (tagged or behind the sequence word); Q8_0: by each worker.
+        for fmt in [Format::Q4K, Format::Q8_0] {
+            let (w, x) = setup(fmt, k, m, 11);
+            let mut want = vec![f32::NAN; m];
+            pool.gemv(fmt, &w, k, &x, &mut want, false).expect("pool");
+            for chunks_per_worker in [1u8, 3, 4] {
+                for prefetch_bytes in [0usize, 4096, 65536] {
                     for tagged_x in [false, true] {
-                        if tagged_x && (x_prep == own || device_quantised_x) {
-                            continue;
-                        }
+                        // Every field but the `experiments` feature's, which needs the update.
+                        #[allow(clippy::needless_update)]
                         let tuning = FlagsTuning {
-                            done,
-                            rows,
-                            flush_x,
-                            staggered_x,
                             prefetch_bytes,
-                            device_quantised_x,
-                            // The device's fence: no device here (tests/gpu_offload.rs runs both).
-                            publish_fence: PublishFence::default(),
-                            x_prep,
-                            claim,
-                            // The device's: no device here (tests/gpu_offload.rs runs it).
-                            gpu_warm_bytes: 0,
+                            chunks_per_worker,
                             tagged_x,
-                            // Where the device's events go: no device here.
-                            gpu_arm_from_publish: false,
-                            // The device's publish: no device here.
-                            publish_blocks: 1,
+                            ..FlagsTuning::default()
                         };
                         step = next_step(step);
                         let mb = host_mailbox(k, m);
@@ -2207,18 +1846,15 @@ mod tests {
                         let cuts = ticket.cuts().to_vec();
                         assert_eq!((cuts[0], *cuts.last().expect("cuts")), (0, m), "{tuning:?}");
                         assert!(cuts.windows(2).all(|c| c[0] < c[1]), "{cuts:?}");
-                        match claim {
-                            RowClaim::PerWorker => assert_eq!(cuts.len() - 1, 4, "one per worker"),
-                            // 203 rows are 12 whole lines of output: fewer chunks than asked.
-                            RowClaim::Chunks(n) => assert!(
-                                (5..=4 * usize::from(n)).contains(&(cuts.len() - 1)),
-                                "{n} per worker: {cuts:?}"
-                            ),
-                        }
+                        // 203 rows are 12 whole lines of output: fewer chunks than asked, but
+                        // at least one per worker.
+                        let n = usize::from(chunks_per_worker);
+                        assert!(
+                            (4..=4 * n).contains(&(cuts.len() - 1)),
+                            "{n} per worker: {cuts:?}"
+                        );
                         if tuning.x_is_tagged(fmt) {
                             mb.device_publish_tagged(&x, step).expect("publish");
-                        } else if tuning.x_is_q8k(fmt) {
-                            mb.device_publish_q8k(&x, step).expect("publish");
                         } else {
                             mb.device_publish(&x, step).expect("publish");
                         }
@@ -2229,34 +1865,15 @@ mod tests {
                         assert_eq!(
                             got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                             want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                            "{tuning:?}"
+                            "{fmt} {tuning:?}"
                         );
                         for p in 0..MAX_DONE_PARTS {
                             let v = mb.part_done(p).load(Ordering::Acquire);
-                            let expect = if done == DoneSignal::PerWorker && p + 1 < cuts.len() {
-                                step
-                            } else {
-                                0
-                            };
-                            assert_eq!(v, expect, "{tuning:?} part {p}");
+                            let expect = if p + 1 < cuts.len() { step } else { 0 };
+                            assert_eq!(v, expect, "{fmt} {tuning:?} part {p}");
                         }
                     }
                 }
-            }
-        }
-    }
-
-    /// The streaming copy equals a plain copy at every alignment and length.
-    #[test]
-    fn stream_store_copies_at_any_alignment() {
-        let src: Vec<f32> = (0..67).map(|i| i as f32 * 1.5 - 7.0).collect();
-        for off in 0..4 {
-            for n in [0usize, 1, 3, 4, 5, 17, 63] {
-                let mut dst = vec![f32::NAN; 70];
-                stream_store(&mut dst[off..off + n], &src[..n]);
-                assert_eq!(&dst[off..off + n], &src[..n], "off {off} n {n}");
-                assert!(dst[..off].iter().all(|v| v.is_nan()), "before");
-                assert!(dst[off + n..].iter().all(|v| v.is_nan()), "after");
             }
         }
     }

@@ -5,7 +5,7 @@
 //! [`GpuActor`] owns one engine on its own thread (a GPU context is bound to the thread that
 //! drives it); [`GpuHandle`] is the cloneable sender. Keeping the engine behind a trait object
 //! is what lets the `cpu` mode and the planner's tests run in CI without a GPU, and lets the
-//! passback split be exercised against [`SimulatedGpu`] (a second CPU engine that follows the
+//! passback split be exercised against `SimulatedGpu` (a second CPU engine that follows the
 //! same contract).
 
 use crate::error::ExecError;
@@ -17,6 +17,7 @@ use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+#[cfg(any(test, feature = "testing"))]
 use std::time::{Duration, Instant};
 
 /// A GPU engine as the planner sees it. Implementations own their device state.
@@ -295,7 +296,9 @@ impl GpuHandle {
 /// optionally slowed to a given rate, timed with a clock (it has no events). It follows the
 /// [`GpuEngine`] contract exactly, so the planner's split, joins and scheduler feedback run
 /// end to end in CI; its numerics are the scalar path's, so like a real GPU it may differ from
-/// the CPU pool by rounding.
+/// the CPU pool by rounding. A test stand-in: only in builds with the `testing` feature (or
+/// this crate's own unit tests).
+#[cfg(any(test, feature = "testing"))]
 #[derive(Debug, Clone)]
 pub struct SimulatedGpu {
     /// Pretend link rate in bytes per ns (GB/s); `None` = as fast as the scalar dot goes.
@@ -304,6 +307,7 @@ pub struct SimulatedGpu {
     pub residual_kernels: Vec<Format>,
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl SimulatedGpu {
     /// Every format, both forms, no rate limit.
     pub fn new() -> SimulatedGpu {
@@ -314,12 +318,14 @@ impl SimulatedGpu {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl Default for SimulatedGpu {
     fn default() -> Self {
         SimulatedGpu::new()
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl GpuEngine for SimulatedGpu {
     fn label(&self) -> String {
         "simulated gpu (scalar cpu reference)".into()

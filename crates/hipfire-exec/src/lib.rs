@@ -23,8 +23,8 @@
 //! the decode path; it refuses `two-stream` and `flags` (issue 16 makes one executor of the two):
 //! - [`step`] — its steps: `Step::Gemv` / `Step::GemvResidual`, the `OffloadExec` mode, weight
 //!   residency.
-//! - [`gpu`] — the `GpuEngine` trait, its actor (`GpuActor` / `GpuHandle`) and a CPU-backed
-//!   `SimulatedGpu` stand-in.
+//! - [`gpu`] — the `GpuEngine` trait, its actor (`GpuActor` / `GpuHandle`) and, for tests
+//!   only (the `testing` feature), a CPU-backed `SimulatedGpu` stand-in.
 //! - [`join`] — join strategies behind a trait, selected by `JoinKind`.
 //! - [`planner`] — the planner actor (`Planner` / `PlannerHandle`): route, refuse, schedule,
 //!   cut, run, feed back, trace.
@@ -39,6 +39,11 @@
 //! simulated host, and an engine can be swapped (or a second GPU added) without touching the
 //! policy. On the decode path the thread that owns the CUDA stream enqueues the GPU arm itself
 //! (an actor hop per step would cost a thread wake-up); see docs/design.md.
+//!
+//! # Features
+//! - `experiments`: knobs still under measurement (`FlagsTuning::publish_blocks`), off in the
+//!   product, whose path then runs the measured default with no runtime branch.
+//! - `testing`: stand-ins for tests (`SimulatedGpu`), enabled only by dev-dependencies.
 //!
 //! # Errors
 //! One crate error, [`ExecError`]: callers treat every executor failure alike (stop the step,
@@ -63,7 +68,9 @@ pub mod topology;
 pub mod trace;
 
 pub use error::ExecError;
-pub use gpu::{GpuEngine, GpuHandle, SimulatedGpu};
+#[cfg(any(test, feature = "testing"))]
+pub use gpu::SimulatedGpu;
+pub use gpu::{GpuEngine, GpuHandle};
 pub use join::{JoinKind, JoinStrategy};
 pub use kernel::ActivationBuf;
 pub use planner::{PlannerConfig, PlannerHandle, Route, StepReport};

@@ -28,14 +28,14 @@ use std::time::Instant;
 
 use hipfire_gpu::{
     Activation, Context, DeviceMemory, DoneWords, Event, FlagsKernels, FoldTarget, GemvForm,
-    GemvKernels, GpuError, HostMappedBuffer, KernelRegistry, ReadKernel, RowRange, Stream,
-    WeightRef, FOLD_MAX_TARGETS,
+    GemvKernels, GpuError, HostMappedBuffer, KernelRegistry, RowRange, Stream, WeightRef,
+    FOLD_MAX_TARGETS,
 };
 use hipfire_quant::{ActivationBuf, Format};
 
 use crate::flags::{
-    next_step, ArmRows, DoneSignal, FlagsArm, FlagsTicket, FlagsTuning, Mailbox, MailboxMemory,
-    WeightBytes, DEFAULT_FLAGS_TIMEOUT,
+    next_step, ArmRows, FlagsArm, FlagsTicket, FlagsTuning, Mailbox, MailboxMemory, WeightBytes,
+    DEFAULT_FLAGS_TIMEOUT,
 };
 use crate::refusal::{OutDtype, Refusal, SplitCheck};
 use crate::share::{
@@ -50,25 +50,6 @@ pub const TRACE_TARGET: &str = "hipfire::cpu_exec";
 /// reference system's choice (its probe medians were stable to ±3 % at 3 reps).
 const PROBE_REPS: usize = 3;
 
-/// Under `two-stream`, whether the controller's CPU arm includes the tail that brings its rows to
-/// the device ([`OffloadExecutor::set_copy_up_in_cpu_arm`]). Off: it was built for two-stream's k
-/// row, the one `auto` of 18 more than 3 % below the best pinned share in the 2026-11-30 auto-per-shape record (0.957;
-/// docs/perf-checkpoints/2026-11-30-auto-per-shape-h200 record 05). Raced against the default in one
-/// per-shape run (15 rounds each, docs/perf-checkpoints/2026-11-30-share-intervals-h200 record 01) it
-/// won three rows and lost three (k 0.970 against 0.962, up 0.955 against 0.983, down 1.040
-/// against 0.995); at 45 rounds the default's k read 0.973 (record 02).
-pub const DEFAULT_COPY_UP_IN_CPU_ARM: bool = false;
-
-/// Whether the controller keeps one estimate per step height too ([`ShapeKey::rows`],
-/// [`OffloadExecutor::set_key_by_rows`]). Off until measured: under `flags` a layer's fused q/k/v
-/// step (6144 rows at Llama-3-8B) and its fused gate/up step (28672) share one `(format, k,
-/// form)` estimate, while alone their best pinned shares differed (q 0.15–0.20, gate 0.25;
-/// docs/perf-checkpoints/2026-11-30-auto-per-shape-h200 record 05), and unfused, q and k/v under one
-/// key re-opened its latch 32 times in 10 k steps (the 2026-11-29 joins record). Off: on the H200 the layer ran at
-/// 0.990× of one key per shape with it (median of 15 interleaved rounds, 0.907–1.108;
-/// docs/perf-checkpoints/2026-11-30-share-intervals-h200 record 01).
-pub const DEFAULT_KEY_BY_ROWS: bool = false;
-
 /// GPU arm event pairs in flight before the oldest must be waited for. Under `flags` a pair is
 /// read when a later step finds it complete; eight covers a whole layer's seven projections.
 const ARM_EVENT_RING: usize = 8;
@@ -77,11 +58,6 @@ const ARM_EVENT_RING: usize = 8;
 /// instead of hanging the stream: twice the workers' own wait for the device, so a slow device
 /// is reported by the workers first.
 const FLAGS_DEVICE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// Blocks of the read that warms the next step's rows into L2 ([`FlagsTuning::gpu_warm_bytes`]):
-/// 16 × 256 threads × four 16-byte loads keep 256 KiB in flight, ~5 µs of the link at 51 GB/s,
-/// while leaving the other multiprocessors to the fold and the publish.
-const GPU_WARM_BLOCKS: u32 = 16;
 
 /// Spin window of the CPU workers on the offload path. Spilled projections arrive every
 /// ~100–600 µs during decode (one Llama-3-8B layer = 7 steps in 1.6–1.9 ms on the H200 box,
@@ -269,9 +245,6 @@ struct PendingSplit {
     gpu_bytes: u64,
     cpu: ArmSample,
     cpu_ticket: Option<FlagsTicket>,
-    /// Added to the CPU arm's time for the controller only (the account keeps the multiply's):
-    /// [`OffloadExecutor::set_copy_up_in_cpu_arm`].
-    cpu_tail_ns: f64,
     /// Whether the step recorded its timeline events ([`OffloadExecutor::set_timeline`]).
     timeline: bool,
 }
@@ -292,17 +265,8 @@ pub struct OffloadExecutor {
     step_events: Vec<(Event, Event)>,
     /// The previous flags step's after-fold event slot, while its successor is unresolved.
     last_fold_slot: Option<usize>,
-    /// The last flags step's event slot: the next step's L2 warm waits for its GPU arm's end.
-    last_gpu_arm_slot: Option<usize>,
     /// The flags arm's host-side knobs.
     flags_tuning: FlagsTuning,
-    /// [`OffloadExecutor::set_copy_up_in_cpu_arm`].
-    copy_up_in_cpu_arm: bool,
-    /// [`OffloadExecutor::set_key_by_rows`].
-    key_by_rows: bool,
-    /// Per shape, the copy up of the step's rows on an idle link (event-timed at the probe,
-    /// median of [`PROBE_REPS`]), ns.
-    copy_up_ns: HashMap<ShapeKey, f64>,
     /// Record the flags timeline (events around each step, the device's fold-wait count):
     /// off by default, since it costs each step a little (8B decode on the H200, 16 layers
     /// spilled, three alternating runs: 42.1-42.2 tok/s at the commit before it, 39.2-42.8
@@ -329,22 +293,12 @@ pub struct OffloadExecutor {
 /// The `flags` join's device kernels and mailbox.
 struct FlagsState {
     kernels: FlagsKernels,
-    /// The L2 warm of [`FlagsTuning::gpu_warm_bytes`], made on its first use (the knob is off
-    /// by default, so an executor does not load its kernel or make its stream up front).
-    warm: Option<L2Warm>,
     mem: Arc<HostMappedBuffer>,
     mailbox: Mailbox,
     /// Last step number published (never 0: the mailbox starts zeroed).
     step: u32,
     /// The device's fold-wait total at the last account.
     fold_wait_taken: u64,
-}
-
-/// Reads the next step's first GPU rows into L2 ([`FlagsTuning::gpu_warm_bytes`]) on its own
-/// stream, which waits for the previous step's GPU arm.
-struct L2Warm {
-    kernel: ReadKernel,
-    stream: Stream,
 }
 
 // SAFETY: a pinned, page-aligned allocation owned by the Arc'd buffer, valid until it drops.
@@ -456,7 +410,6 @@ impl OffloadExecutor {
                 let mailbox = Mailbox::new(Arc::new(mem.clone()), max_k, max_m)?;
                 Some(FlagsState {
                     kernels,
-                    warm: None,
                     mem,
                     mailbox,
                     step: 0,
@@ -491,12 +444,8 @@ impl OffloadExecutor {
             arm_events,
             step_events,
             last_fold_slot: None,
-            last_gpu_arm_slot: None,
             timeline: false,
             flags_tuning: FlagsTuning::default(),
-            copy_up_in_cpu_arm: DEFAULT_COPY_UP_IN_CPU_ARM,
-            key_by_rows: DEFAULT_KEY_BY_ROWS,
-            copy_up_ns: HashMap::new(),
             next_slot: 0,
             probe_start: ctx.new_event().map_err(gpu_err)?,
             probe_end: ctx.new_event().map_err(gpu_err)?,
@@ -547,32 +496,10 @@ impl OffloadExecutor {
         self.flags_tuning = tuning;
     }
 
-    /// Under `two-stream`, count in the CPU arm that the controller balances the tail that
-    /// brings its rows to the device: the host's time to queue the copy up (measured each step)
-    /// and the copy itself on an idle link (measured once per shape at the probe). The copy's
-    /// own time in the step is not used: it queues behind the GPU arm's reads on the link, so
-    /// a late GPU would read as a slow CPU and pull the share further towards the GPU (measured:
-    /// auto at 0.33-0.50, docs/perf-checkpoints/2026-11-30-auto-per-shape-h200 record 06).
-    pub fn set_copy_up_in_cpu_arm(&mut self, on: bool) {
-        self.copy_up_in_cpu_arm = on;
-    }
-
-    /// Keep one share estimate per step height as well as per `(format, k, form)`
-    /// ([`DEFAULT_KEY_BY_ROWS`]). A fused `flags` step then starts from the estimate of its
-    /// first output's own key ([`ShareController::seed_from`]) rather than from a probe.
-    pub fn set_key_by_rows(&mut self, on: bool) {
-        self.key_by_rows = on;
-    }
-
-    /// The controller's key for a step of `rows` rows (all outputs of a fused step together)
-    /// under this executor's keying.
-    pub fn shape_key(&self, format: Format, k: usize, form: Form, rows: usize) -> ShapeKey {
-        ShapeKey {
-            format,
-            k,
-            form,
-            rows: self.key_by_rows.then_some(rows),
-        }
+    /// The controller's key for a step of weight `format`, row length `k` and `form`: every
+    /// height of one `(format, k, form)` shares an estimate, a fused step's too.
+    pub fn shape_key(&self, format: Format, k: usize, form: Form) -> ShapeKey {
+        ShapeKey { format, k, form }
     }
 
     /// The controller (GPU share per shape) for reports.
@@ -727,30 +654,11 @@ impl OffloadExecutor {
         kernels: &GemvKernels,
         act: &Activation,
         step: &SpilledStep<'_>,
-        key: ShapeKey,
     ) -> Result<Vec<ArmSample>, ExecError> {
         let w = step.weight;
         let (m, k) = (w.m(), w.k());
         let mut scratch = self.ctx.alloc::<f32>(m).map_err(gpu_err)?;
-        // The copy up of all m rows on the idle copy stream, as two-stream's join issues it
-        // (for `set_copy_up_in_cpu_arm`, and only when it is on; a small copy is mostly
-        // latency, so m rows stand for the CPU's share of them).
         let (start, end) = (&self.probe_start, &self.probe_end);
-        let copy_up_reps = if self.copy_up_in_cpu_arm {
-            PROBE_REPS
-        } else {
-            0
-        };
-        let mut copy_up = Vec::with_capacity(copy_up_reps);
-        for _ in 0..copy_up_reps {
-            let (copy, y_host) = (&self.copy_stream, &self.y_host);
-            copy_up.push(event_timed_ns(copy, start, end, || {
-                copy.memcpy_htod_async(&mut scratch, 0, y_host, 0, m * 4)
-            })?);
-        }
-        if !copy_up.is_empty() {
-            self.copy_up_ns.insert(key, median(&mut copy_up));
-        }
         let mut gpu = Vec::with_capacity(PROBE_REPS);
         for _ in 0..PROBE_REPS {
             gpu.push(event_timed_ns(stream, start, end, || {
@@ -866,18 +774,7 @@ impl OffloadExecutor {
         };
         self.arm_account.steps += 1;
         self.arm_account.arm_ns += cpu_ns.max(ns);
-        let cpu = ArmSample {
-            time: match p.cpu.time {
-                ArmTime::Exact { ns } => ArmTime::Exact {
-                    ns: ns + p.cpu_tail_ns,
-                },
-                ArmTime::FinishedBy { ns } => ArmTime::FinishedBy {
-                    ns: ns + p.cpu_tail_ns,
-                },
-            },
-            ..p.cpu
-        };
-        self.controller.observe(p.key, &[cpu, gpu]);
+        self.controller.observe(p.key, &[p.cpu, gpu]);
         self.stats.entry(p.stat_key).or_default().gpu_ns += ns;
         Ok(true)
     }
@@ -911,7 +808,7 @@ impl OffloadExecutor {
         let residual = matches!(step.form, GemvForm::Residual);
         let stat_key = (w.format(), m, k, residual);
         let form = share_form(residual);
-        let key = self.shape_key(w.format(), k, form, m);
+        let key = self.shape_key(w.format(), k, form);
         let row_bytes = match self.split_check(&step) {
             Ok(rb) => rb,
             Err(rule) => {
@@ -932,7 +829,7 @@ impl OffloadExecutor {
         if self.controller.needs_probe(&key) {
             self.resolve_pending(true)?;
             // A failed probe degrades to the controller's default share, never fails the step.
-            let probe = self.probe(stream, kernels, act, &step, key);
+            let probe = self.probe(stream, kernels, act, &step);
             if let Err(e) = &probe {
                 tracing::warn!(target: TRACE_TARGET, cause = %e, "probe failed; default share");
             }
@@ -1021,11 +918,6 @@ impl OffloadExecutor {
                 time: ArmTime::Exact { ns: cpu },
             },
             cpu_ticket: None,
-            cpu_tail_ns: if strategy == JoinStrategy::TwoStream && self.copy_up_in_cpu_arm {
-                join + self.copy_up_ns.get(&key).copied().unwrap_or(0.0)
-            } else {
-                0.0
-            },
             timeline: false,
         });
         if strategy == JoinStrategy::Ordering {
@@ -1105,9 +997,16 @@ impl OffloadExecutor {
             if let Some((pre_publish, _)) = timeline {
                 pre_publish.record(stream)?;
             }
-            if tuning.gpu_arm_from_publish {
-                gpu_start.record(stream)?;
-            }
+            // The GPU arm's time, which the controller balances against the CPU arm's, starts
+            // before the publish: with tagged x the workers start while the publish still
+            // runs, so the publish is part of what the CPU's arm overlaps (the timeline's
+            // publish figure reads ~0 then). Timed from after it, the controller balanced the
+            // arms' durations from different origins and every flags `auto` of the per-shape
+            // table sat above the best pinned share; from before it, auto against the sweep's
+            // best pinned shares rose on all six projections (15 interleaved rounds each,
+            // docs/perf-checkpoints/2026-11-30-auto-per-shape-h200 record 03), and the old
+            // timing then ran the layer at 0.984× (record 05).
+            gpu_start.record(stream)?;
             if tuning.x_is_tagged(format) {
                 flags_kernels.publish_tagged(
                     stream,
@@ -1116,23 +1015,10 @@ impl OffloadExecutor {
                     mem,
                     &offsets,
                     seq,
-                    tuning.publish_blocks,
-                )?;
-            } else if tuning.x_is_q8k(format) {
-                flags_kernels.publish_q8k(
-                    stream,
-                    x,
-                    k,
-                    mem,
-                    &offsets,
-                    seq,
-                    tuning.publish_fence,
+                    tuning.tagged_publish_blocks(),
                 )?;
             } else {
-                flags_kernels.publish(stream, x, k, mem, &offsets, seq, tuning.publish_fence)?;
-            }
-            if !tuning.gpu_arm_from_publish {
-                gpu_start.record(stream)?;
+                flags_kernels.publish(stream, x, k, mem, &offsets, seq)?;
             }
             for (st, &(g, _)) in steps.iter_mut().zip(&split.cuts) {
                 let w = st.weight;
@@ -1146,17 +1032,13 @@ impl OffloadExecutor {
                     FoldTarget::new(ctx, &mut *st.y, RowRange::new(g, st.weight.m()))
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            let done = match ticket.done_signal() {
-                DoneSignal::PerWorker => DoneWords::PerPart(ticket.cuts()),
-                DoneSignal::Last => DoneWords::Whole,
-            };
             flags_kernels.wait_fold_targets(
                 stream,
                 mem,
                 &offsets,
                 seq,
                 &targets,
-                done,
+                DoneWords::PerPart(ticket.cuts()),
                 form,
                 FLAGS_DEVICE_TIMEOUT,
             )?;
@@ -1169,36 +1051,6 @@ impl OffloadExecutor {
             // Workers waiting for a publish that may never come stop now.
             ticket.cancel();
             return Err(gpu_err(e));
-        }
-        let prev_arm = self.last_gpu_arm_slot.replace(slot).filter(|&p| p != slot);
-        if tuning.gpu_warm_bytes > 0 {
-            if let (Some(st), Some(&(g, rb))) = (steps.first(), split.cuts.first()) {
-                let rows = (tuning.gpu_warm_bytes / rb.max(1)).min(g);
-                // The first GPU rows the step's arm reads, once the previous arm is done with
-                // the link (the fold and the publish between them barely use it).
-                let warmed = (|| -> Result<(), GpuError> {
-                    let warm = match &mut fl.warm {
-                        Some(w) => w,
-                        slot => slot.insert(L2Warm {
-                            kernel: ReadKernel::new(&KernelRegistry::new(ctx))?,
-                            stream: ctx.new_stream()?,
-                        }),
-                    };
-                    if let Some(p) = prev_arm {
-                        warm.stream.wait_event(&self.arm_events[p].1)?;
-                    }
-                    warm.kernel.warm_rows(
-                        &warm.stream,
-                        st.weight,
-                        RowRange::new(0, rows),
-                        GPU_WARM_BLOCKS,
-                    )
-                })();
-                // A hint: the step is queued and correct without it.
-                if let Err(e) = warmed {
-                    tracing::warn!(target: TRACE_TARGET, cause = %e, "flags: L2 warm of the next rows not queued");
-                }
-            }
         }
         let (mut gpu_bytes, mut cpu_bytes) = (0u64, 0u64);
         for (st, &(g, rb)) in steps.iter().zip(&split.cuts) {
@@ -1217,7 +1069,6 @@ impl OffloadExecutor {
                 time: ArmTime::Exact { ns: 0.0 },
             },
             cpu_ticket: Some(ticket),
-            cpu_tail_ns: 0.0,
             timeline: self.timeline,
         });
         self.window_split_steps += 1;
@@ -1288,13 +1139,7 @@ impl OffloadExecutor {
         let residual = matches!(form, GemvForm::Residual);
         let form = share_form(residual);
         let m_total = steps.iter().map(|st| st.weight.m()).sum();
-        let key = self.shape_key(format, k, form, m_total);
-        if self.key_by_rows {
-            // A fused key starts from its first output's own key, once that has been seeded
-            // (until then the steps run one at a time, probing it).
-            let own = self.shape_key(format, k, form, first.weight.m());
-            self.controller.seed_from(key, &own);
-        }
+        let key = self.shape_key(format, k, form);
         if self.controller.needs_probe(&key) {
             return None;
         }
@@ -1353,7 +1198,6 @@ impl OffloadExecutor {
                 format,
                 k,
                 form: share_form(residual),
-                rows: self.key_by_rows.then_some(m),
             };
             let snap = self.controller.snapshot(&fkey);
             let share = self.controller.gpu_share(&fkey);

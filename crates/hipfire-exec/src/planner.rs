@@ -222,7 +222,6 @@ impl Planner {
             format: w.format,
             k: w.k,
             form,
-            rows: None,
         };
         if self.ctl.needs_probe(&key) {
             let probe = self.probe(step, row_bytes);

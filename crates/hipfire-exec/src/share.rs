@@ -159,9 +159,6 @@ pub struct ShapeKey {
     pub k: usize,
     /// Plain or residual.
     pub form: Form,
-    /// The step's rows (every output of a fused step together) when the caller keys by them;
-    /// `None`, the default: every height of one `(format, k, form)` shares an estimate.
-    pub rows: Option<usize>,
 }
 
 /// `memory.offload_passback_share`.
@@ -364,8 +361,6 @@ pub enum Seed {
     Default,
     /// Pinned or off: no seeding.
     Setting,
-    /// Another key's estimate ([`ShareController::seed_from`]).
-    Neighbour,
 }
 
 /// A shape's schedule, for the trace and tests.
@@ -524,24 +519,6 @@ impl ShareController {
             )
         };
         self.shapes.insert(key, state);
-    }
-
-    /// Seed `key` from `from`'s current estimate (its rates and share), when `key` needs a
-    /// probe and `from` has been seeded: a fused step whose key counts its rows starts where
-    /// the key of one of its outputs stands, instead of probing a weight it has no one copy of.
-    /// Whether it did.
-    pub fn seed_from(&mut self, key: ShapeKey, from: &ShapeKey) -> bool {
-        if !self.needs_probe(&key) {
-            return false;
-        }
-        let Some(src) = self.shapes.get(from) else {
-            return false;
-        };
-        let mut st = ShapeState::new(src.shares, Phase::Tracking, Seed::Neighbour);
-        st.tau = src.tau;
-        st.target = src.target;
-        self.shapes.insert(key, st);
-        true
     }
 
     /// The shares to run `key` with now. `Off` (or no GPU): all CPU. `Pinned(x)`: `x` over the
@@ -787,7 +764,6 @@ mod tests {
         format: Format::Q4_0,
         k: 4096,
         form: Form::Plain,
-        rows: None,
     };
     /// 9B FFN up shape: m = 12288 rows of q4_0 at k = 4096 (2304 B/row, 28.3 MB).
     const M: usize = 12288;
@@ -1045,55 +1021,6 @@ mod tests {
     }
 
     #[test]
-    fn seed_from_starts_a_key_where_its_neighbour_stands() {
-        // The fused step's key (rows counted) starts from one output's converged estimate,
-        // then refines on its own; nothing is seeded from an unseeded key or over a seeded one.
-        let host = Host {
-            noise: 0.05,
-            ..H200ISH
-        };
-        let mut run = simulate(host, 600, 40, true, true, |_| 1.0);
-        let fused = ShapeKey {
-            rows: Some(3 * M),
-            ..KEY
-        };
-        let absent = ShapeKey {
-            rows: Some(7),
-            ..KEY
-        };
-        assert!(
-            !run.ctl.seed_from(fused, &absent),
-            "seeded from an unseeded key"
-        );
-        assert!(run.ctl.needs_probe(&fused));
-        assert!(run.ctl.seed_from(fused, &KEY));
-        let (src, dst) = (
-            run.ctl.snapshot(&KEY).expect("source"),
-            run.ctl.snapshot(&fused).expect("seeded"),
-        );
-        assert_eq!(dst.seed, Seed::Neighbour);
-        assert_eq!(dst.phase, Phase::Tracking);
-        assert_eq!(dst.shares, src.shares);
-        assert_eq!(dst.rate_gbps[..2], src.rate_gbps[..2]);
-        assert!(!run.ctl.seed_from(fused, &KEY), "re-seeded a seeded key");
-        // It then runs on its own estimate: a slower CPU on this key alone moves its share up
-        // and leaves the neighbour's where it was.
-        let before = run.ctl.gpu_share(&KEY);
-        for _ in 0..400 {
-            let g = plan_rows(M, ROW_BYTES, run.ctl.gpu_share(&fused)).expect("shape splits");
-            let (tg, tc) = host.times(g as f64 / M as f64, 2.0);
-            run.ctl
-                .observe(fused, &split_arms(g, tc, ArmTime::Exact { ns: tg }));
-        }
-        assert!((run.ctl.gpu_share(&fused) - host.balance(2.0)).abs() < TOL);
-        assert!(
-            host.balance(2.0) - before > 0.05,
-            "fixture: the balances differ"
-        );
-        assert_eq!(run.ctl.gpu_share(&KEY), before);
-    }
-
-    #[test]
     fn contended_balance_not_the_solo_probe() {
         // Heavy contention: the CPU arm halves its speed when the GPU takes half the rows, so
         // the solo probe's balance is far from the contended one; online τ must win.
@@ -1344,7 +1271,6 @@ mod tests {
             format: Format::Q8_0,
             k: 4096,
             form: Form::Residual,
-            rows: None,
         };
         ctl.seed(key, None);
         let rates = [60.0, 40.0, 20.0];

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use hipfire_exec::flags::{DoneSignal, FlagsTuning, PublishFence, RowClaim, RowStores, XPrep};
+use hipfire_exec::flags::FlagsTuning;
 use hipfire_exec::offload::{JoinStrategy, OffloadExecutor, OffloadMode, SpilledStep};
 use hipfire_exec::share::{plan_rows, Form, ShapeKey, ShareSetting, SHARE_MAX, SHARE_MIN};
 use hipfire_exec::CpuPool;
@@ -226,7 +226,6 @@ fn auto_share_converges_inside_the_clamp() {
         format: fmt,
         k: K,
         form: Form::Plain,
-        rows: None,
     };
     let s = ex.controller().gpu_share(&key);
     eprintln!(
@@ -245,8 +244,9 @@ fn auto_share_converges_inside_the_clamp() {
 /// output (a fold reading rows of the wrong step would show) and plain steps into fresh,
 /// NaN-poisoned outputs, over two weights of different formats. The chain run without any wait
 /// must equal, bit for bit, the same chain with the stream and the executor drained after
-/// every step — under each done signal and row store, with and without the device timeline
-/// (whose fold counts waits across the fold's blocks).
+/// every step — under each kept tuning (prefetch budgets, chunks per worker, the fenced publish
+/// of `memory.flags_x_publish = fenced`), with and without the device timeline (whose fold
+/// counts waits across the fold's blocks).
 #[test]
 fn flags_steps_queued_back_to_back_equal_steps_run_one_at_a_time() {
     let Some(f) = fixture() else { return };
@@ -343,64 +343,13 @@ fn flags_steps_queued_back_to_back_equal_steps_run_one_at_a_time() {
         bits(&base),
         "the residual steps added something"
     );
-    let tunings = [
+    #[allow(unused_mut)] // pushed to under the `experiments` feature
+    let mut tunings = vec![
         (FlagsTuning::default(), false),
         (FlagsTuning::default(), true),
         (
             FlagsTuning {
-                done: DoneSignal::Last,
-                ..FlagsTuning::default()
-            },
-            true,
-        ),
-        (
-            FlagsTuning {
-                rows: RowStores::Streaming,
-                flush_x: true,
-                ..FlagsTuning::default()
-            },
-            false,
-        ),
-        (
-            FlagsTuning {
-                staggered_x: true,
                 prefetch_bytes: 256 << 10,
-                ..FlagsTuning::default()
-            },
-            false,
-        ),
-        (
-            FlagsTuning {
-                device_quantised_x: true,
-                ..FlagsTuning::default()
-            },
-            true,
-        ),
-        (
-            FlagsTuning {
-                publish_fence: PublishFence::Leader,
-                ..FlagsTuning::default()
-            },
-            false,
-        ),
-        (
-            FlagsTuning {
-                device_quantised_x: true,
-                publish_fence: PublishFence::Leader,
-                ..FlagsTuning::default()
-            },
-            false,
-        ),
-        (
-            FlagsTuning {
-                x_prep: XPrep::EachWorker,
-                ..FlagsTuning::default()
-            },
-            true,
-        ),
-        (
-            FlagsTuning {
-                x_prep: XPrep::SharedByPart,
                 ..FlagsTuning::default()
             },
             false,
@@ -414,18 +363,12 @@ fn flags_steps_queued_back_to_back_equal_steps_run_one_at_a_time() {
         ),
         (
             FlagsTuning {
-                claim: RowClaim::PerWorker,
+                chunks_per_worker: 1,
                 ..FlagsTuning::default()
             },
             true,
         ),
-        (
-            FlagsTuning {
-                gpu_warm_bytes: 512 << 10,
-                ..FlagsTuning::default()
-            },
-            false,
-        ),
+        // `memory.flags_x_publish = fenced`: x behind a fence and the sequence word.
         (
             FlagsTuning {
                 tagged_x: false,
@@ -435,28 +378,21 @@ fn flags_steps_queued_back_to_back_equal_steps_run_one_at_a_time() {
         ),
         (
             FlagsTuning {
-                gpu_arm_from_publish: !FlagsTuning::default().gpu_arm_from_publish,
-                ..FlagsTuning::default()
-            },
-            true,
-        ),
-        (
-            FlagsTuning {
-                publish_blocks: 16,
-                ..FlagsTuning::default()
-            },
-            false,
-        ),
-        (
-            FlagsTuning {
-                tagged_x: true,
-                x_prep: XPrep::SharedByPart,
-                claim: RowClaim::PerWorker,
+                tagged_x: false,
+                chunks_per_worker: 1,
                 ..FlagsTuning::default()
             },
             false,
         ),
     ];
+    #[cfg(feature = "experiments")]
+    tunings.push((
+        FlagsTuning {
+            publish_blocks: 16,
+            ..FlagsTuning::default()
+        },
+        false,
+    ));
     for (tuning, timeline) in tunings {
         let (acc_ahead, plain_ahead) = chain(false, tuning, timeline);
         assert_eq!(
@@ -488,17 +424,13 @@ fn shared_step_equals_its_outputs_run_one_by_one() {
         .iter()
         .map(|w| WeightRef::new(w.as_ref(), 0, fmt, M, K).expect("weight"))
         .collect();
-    let run_all = |shared: bool, done: DoneSignal| -> (Vec<Vec<f32>>, u64) {
+    let run_all = |shared: bool| -> (Vec<Vec<f32>>, u64) {
         let mode = OffloadMode::Passback {
             share: ShareSetting::Pinned(0.3),
             strategy: JoinStrategy::Flags,
         };
         let mut ex =
             OffloadExecutor::new(&f.ctx, f.pool.clone(), mode, K, 3 * M).expect("executor");
-        ex.set_flags_tuning(FlagsTuning {
-            done,
-            ..FlagsTuning::default()
-        });
         let mut ys: Vec<DeviceBuffer<f32>> = (0..3)
             .map(|_| {
                 let mut y = f.ctx.alloc::<f32>(M).expect("y");
@@ -530,20 +462,15 @@ fn shared_step_equals_its_outputs_run_one_by_one() {
         let steps = ex.take_arm_account().expect("account").steps;
         (ys.iter().map(|y| download(&f, y)).collect(), steps)
     };
-    let (one_by_one, n_separate) = run_all(false, DoneSignal::PerWorker);
+    let (one_by_one, n_separate) = run_all(false);
     assert_eq!(n_separate, 3, "three split steps");
-    for done in [DoneSignal::PerWorker, DoneSignal::Last] {
-        let (shared, n_shared) = run_all(true, done);
-        assert_eq!(
-            n_shared, 1,
-            "{done:?}: one split step for the three outputs"
+    let (shared, n_shared) = run_all(true);
+    assert_eq!(n_shared, 1, "one split step for the three outputs");
+    for (i, (a, b)) in shared.iter().zip(&one_by_one).enumerate() {
+        assert!(
+            a.iter().all(|v| v.is_finite()),
+            "output {i}: unwritten rows"
         );
-        for (i, (a, b)) in shared.iter().zip(&one_by_one).enumerate() {
-            assert!(
-                a.iter().all(|v| v.is_finite()),
-                "{done:?} output {i}: unwritten rows"
-            );
-            assert_eq!(bits(a), bits(b), "{done:?} output {i}");
-        }
+        assert_eq!(bits(a), bits(b), "output {i}");
     }
 }

@@ -270,7 +270,6 @@ fn passback_split_is_bit_exact_per_arm() {
             format: fmt,
             k: K,
             form: Form::Plain,
-            rows: None,
         })
         .expect("snapshot")
         .expect("seeded");

@@ -183,7 +183,6 @@ fn passback_on_device_per_arm_parity() -> Result<(), Box<dyn std::error::Error>>
                 format: fmt,
                 k,
                 form: Form::Residual,
-                rows: None,
             })?
             .ok_or("no scheduler state")?;
         eprintln!("{fmt}: {snap:?}");

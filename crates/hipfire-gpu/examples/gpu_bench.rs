@@ -52,7 +52,10 @@ fn parse_args() -> Result<Args, String> {
         shapes: SHAPES.to_vec(),
         reps: DEFAULT_REPS,
         configs: vec![],
-        formats: Format::ALL.to_vec(),
+        formats: Format::ALL
+            .into_iter()
+            .filter(|f| f.has_gpu_kernel())
+            .collect(),
         pool_mib: DEFAULT_POOL_MIB,
         host_configs: usize::MAX,
     };

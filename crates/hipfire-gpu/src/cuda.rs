@@ -522,13 +522,15 @@ mod tests {
             } else if src.name == "flags.cu" {
                 vec![
                     "flags_publish".into(),
-                    "flags_publish_q8k".into(),
                     "flags_publish_tagged".into(),
                     "flags_wait_fold".into(),
                 ]
             } else {
                 let mut v = vec!["quantize_x_q8".to_string()];
-                for f in hipfire_quant::Format::ALL {
+                for f in hipfire_quant::Format::ALL
+                    .into_iter()
+                    .filter(|f| f.has_gpu_kernel())
+                {
                     for form in ["plain", "residual"] {
                         for w in [16, 4, 2] {
                             v.push(format!("gemv_{}_{form}_v{w}", f.name()));

@@ -4,8 +4,8 @@
 //! (`hipfire_exec::flags`); it reaches these launchers as a [`MailboxOffsets`]. The kernels run
 //! on the caller's stream: before the GPU arm a publish of x — [`FlagsKernels::publish_tagged`]
 //! (the default for Q4_K/Q6_K: each element stored with the step beside it, no fence, no
-//! sequence word), [`FlagsKernels::publish`] (one block: x down, a fence, then the sequence
-//! word) or [`FlagsKernels::publish_q8k`] (x quantised on the device); after it
+//! sequence word) or [`FlagsKernels::publish`] (one block: x down, a fence, then the sequence
+//! word); after it
 //! [`FlagsKernels::wait_fold`] / [`FlagsKernels::wait_fold_targets`] (a grid whose blocks each
 //! wait for the done word of the CPU rows they fold — one per chunk or worker, or one for the
 //! whole arm — then fold those rows of one or more outputs).
@@ -48,24 +48,6 @@ pub struct MailboxOffsets {
     pub y: usize,
 }
 
-/// How a publish orders x's stores before the sequence word (`hf_publish_fence` in
-/// kernels/flags.cu).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum PublishFence {
-    /// Every thread fences its own stores system-wide, then the block meets at a barrier.
-    #[default]
-    EveryThread,
-    /// The block meets at a barrier, then thread 0 alone fences (cumulative over the stores the
-    /// barrier ordered before it) and writes the word.
-    Leader,
-}
-
-impl PublishFence {
-    fn as_kernel_arg(self) -> i32 {
-        i32::from(self == PublishFence::Leader)
-    }
-}
-
 /// Which done word covers which of a fold's CPU rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DoneWords<'a> {
@@ -84,14 +66,11 @@ pub enum DoneWords<'a> {
 pub struct FlagsKernels {
     ctx: Arc<Context>,
     publish: Function,
-    publish_q8k: Function,
     publish_tagged: Function,
     wait_fold: Function,
     /// The fold's fold-wait count between its parts: {longest wait, arrivals}, zero between
     /// folds. One stream's folds at a time (they run in order).
     wait_scratch: DeviceBuffer<u64>,
-    /// The q8_K publish's count of finished blocks, zero between launches.
-    publish_arrivals: DeviceBuffer<u32>,
 }
 
 fn offset_u32(what: &'static str, v: usize) -> Result<u32, GpuError> {
@@ -115,18 +94,14 @@ impl FlagsKernels {
         let module = registry.module(&FLAGS_SOURCE, &[])?;
         let ctx = registry.context().clone();
         let mut wait_scratch = ctx.alloc::<u64>(2)?;
-        let mut publish_arrivals = ctx.alloc::<u32>(1)?;
         let stream = ctx.new_stream()?;
         wait_scratch.upload(&stream, &[0, 0])?;
-        publish_arrivals.upload(&stream, &[0])?;
         stream.synchronize()?;
         Ok(FlagsKernels {
             publish: module.function("flags_publish")?,
-            publish_q8k: module.function("flags_publish_q8k")?,
             publish_tagged: module.function("flags_publish_tagged")?,
             wait_fold: module.function("flags_wait_fold")?,
             wait_scratch,
-            publish_arrivals,
             ctx,
         })
     }
@@ -237,8 +212,8 @@ impl FlagsKernels {
         Ok((px, pk))
     }
 
-    /// Queues: copy `x[0..k]` into the mailbox, fence (as `fence` says), then `seq = step`.
-    #[allow(clippy::too_many_arguments)]
+    /// Queues: copy `x[0..k]` into the mailbox, fence (every thread its own stores,
+    /// system-wide), then `seq = step`.
     pub fn publish<X: DeviceMemory + ?Sized>(
         &self,
         stream: &Stream,
@@ -247,7 +222,6 @@ impl FlagsKernels {
         mailbox: &HostMappedBuffer,
         at: &MailboxOffsets,
         step: u32,
-        fence: PublishFence,
     ) -> Result<(), GpuError> {
         let (mut px, mut pk) = self.publish_operands(stream, x, k, mailbox, at)?;
         check_fits("mailbox x area", at.x + k * 4, mailbox.byte_len())?;
@@ -256,8 +230,7 @@ impl FlagsKernels {
         let mut xo = offset_u32("mailbox x offset", at.x)?;
         let mut so = offset_u32("mailbox seq offset", at.seq)?;
         let mut st = step;
-        let mut lf = fence.as_kernel_arg();
-        let mut params: [*mut c_void; 8] = [
+        let mut params: [*mut c_void; 7] = [
             (&mut px as *mut u64).cast(),
             (&mut pk as *mut i32).cast(),
             (&mut vec4 as *mut i32).cast(),
@@ -265,10 +238,9 @@ impl FlagsKernels {
             (&mut xo as *mut u32).cast(),
             (&mut so as *mut u32).cast(),
             (&mut st as *mut u32).cast(),
-            (&mut lf as *mut i32).cast(),
         ];
         // SAFETY: kernel `flags_publish(const float* x, int k, int vec4, u8* mb, u32 x_off,
-        // u32 seq_off, u32 step, int leader_fence)`: eight parameters of these types. It reads
+        // u32 seq_off, u32 step)`: seven parameters of these types. It reads
         // x[0..k] (k*4 bytes present, checked; 16-byte loads only when vec4 says x is 16-aligned
         // and k % 4 == 0) and writes mb[x_off..x_off + 4k] and the seq word (in bounds and
         // aligned, checked). Both buffers are owned by borrowed live objects whose Drop frees
@@ -321,76 +293,6 @@ impl FlagsKernels {
                 &self.publish_tagged,
                 grid,
                 FLAGS_THREADS,
-                stream,
-                &mut params,
-            )
-        }
-    }
-
-    /// Queues: quantise `x[0..k]` as the CPU's q8_K activation into the mailbox (int8 quants in
-    /// element order at `at.x`, one f32 scale per [`Q8K_ELEMS`] at `at.x +
-    /// q8k_scales_offset(k)`; `hipfire_quant::quantise_q8k`'s rule, bit for bit), fence, then
-    /// `seq = step`. `k` must be a multiple of [`Q8K_ELEMS`].
-    #[allow(clippy::too_many_arguments)]
-    pub fn publish_q8k<X: DeviceMemory + ?Sized>(
-        &self,
-        stream: &Stream,
-        x: &X,
-        k: usize,
-        mailbox: &HostMappedBuffer,
-        at: &MailboxOffsets,
-        step: u32,
-        fence: PublishFence,
-    ) -> Result<(), GpuError> {
-        if k == 0 || k % Q8K_ELEMS != 0 {
-            return Err(GpuError::Invalid {
-                what: "k of a q8_K publish",
-                rule: "a positive multiple of 256",
-            });
-        }
-        let (mut px, mut pk) = self.publish_operands(stream, x, k, mailbox, at)?;
-        let d_off = at.x + q8k_scales_offset(k);
-        check_fits(
-            "mailbox x area (q8_K)",
-            d_off + k / Q8K_ELEMS * 4,
-            mailbox.byte_len(),
-        )?;
-        let mut pmb = mailbox.device_ptr();
-        let mut xo = offset_u32("mailbox x offset", at.x)?;
-        let mut dof = offset_u32("mailbox q8_K scales offset", d_off)?;
-        let mut so = offset_u32("mailbox seq offset", at.seq)?;
-        let mut st = step;
-        let mut arrivals = self.publish_arrivals.device_ptr();
-        let mut lf = fence.as_kernel_arg();
-        let mut params: [*mut c_void; 9] = [
-            (&mut px as *mut u64).cast(),
-            (&mut pk as *mut i32).cast(),
-            (&mut pmb as *mut u64).cast(),
-            (&mut xo as *mut u32).cast(),
-            (&mut dof as *mut u32).cast(),
-            (&mut so as *mut u32).cast(),
-            (&mut st as *mut u32).cast(),
-            (&mut arrivals as *mut u64).cast(),
-            (&mut lf as *mut i32).cast(),
-        ];
-        let grid = u32::try_from(k / Q8K_ELEMS).map_err(|_| GpuError::BufferTooSmall {
-            what: "q8_K blocks",
-            need: k / Q8K_ELEMS,
-            got: u32::MAX as usize,
-        })?;
-        // SAFETY: kernel `flags_publish_q8k(const float* x, int k, u8* mb, u32 x_off, u32 d_off,
-        // u32 seq_off, u32 step, u32* arrivals, int leader_fence)`: nine parameters of these
-        // types, one 256-thread
-        // block per 256 elements. It reads x[0..k] (k*4 bytes present, checked) and writes
-        // mb[x_off..x_off + k], k/256 f32 at d_off (4-aligned: at.x is 16-aligned and the
-        // scales offset a multiple of 64; in bounds, checked), the seq word (checked) and its
-        // own one-word counter. The buffers are owned by borrowed live objects (the counter by
-        // `self`) whose Drop frees synchronously.
-        unsafe {
-            self.launch_blocks(
-                &self.publish_q8k,
-                grid,
-                Q8K_ELEMS as u32,
                 stream,
                 &mut params,
             )
@@ -562,17 +464,6 @@ impl FlagsKernels {
             )
         }
     }
-}
-
-/// Elements per scale of [`FlagsKernels::publish_q8k`]'s activation (`HF_Q8K` in
-/// kernels/flags.cu; `hipfire_quant::Q8K_BLOCK`).
-pub const Q8K_ELEMS: usize = 256;
-const _: () = assert!(Q8K_ELEMS == hipfire_quant::Q8K_BLOCK);
-
-/// Byte offset, from the start of the mailbox's x area, of the scales a q8_K publish writes
-/// after its `k` int8 quants (the next cache line).
-pub fn q8k_scales_offset(k: usize) -> usize {
-    k.next_multiple_of(64)
 }
 
 /// Outputs one fold launch can write ([`FlagsKernels::wait_fold_targets`]; `HF_FOLD_SEGS` in

@@ -400,7 +400,7 @@ impl GemvKernels {
         options.extend(extra.iter().cloned());
         let module = registry.module(&GEMV_SOURCE, &options)?;
         let mut gemv = HashMap::new();
-        for format in Format::ALL {
+        for format in Format::ALL.into_iter().filter(|f| f.has_gpu_kernel()) {
             for form in [GemvForm::Plain, GemvForm::Residual] {
                 for width in LOAD_WIDTHS {
                     let name = format!("gemv_{}_{}_v{width}", format.name(), form.name());
@@ -701,31 +701,6 @@ impl ReadKernel {
         // SAFETY: 16-aligned (checked) and `bytes` (rounded down to 16) lie inside `mem`
         // (checked), which the caller's borrow keeps allocated while the launch is queued.
         unsafe { self.launch(stream, base, (bytes / 16) as u64, grid) }
-    }
-
-    /// Queues a read of rows `rows` of `w` by `blocks` blocks (a few blocks keep ~250 KiB in
-    /// flight, enough for the link's latency), so that their lines sit in the device's L2 when a
-    /// GEMV reads them next: for host-mapped weights, the link's idle time between two steps
-    /// reads the start of the next step's rows. A hint: bytes before the first 16-byte
-    /// boundary and after the last are skipped.
-    pub fn warm_rows(
-        &self,
-        stream: &Stream,
-        w: &WeightRef<'_>,
-        rows: RowRange,
-        blocks: u32,
-    ) -> Result<(), GpuError> {
-        self.ctx.check_same(&w.ctx, "weight")?;
-        self.ctx.check_same(stream.context(), "stream")?;
-        let (start, end) = (rows.start.min(w.m()), rows.end.min(w.m()));
-        let lo = (w.ptr + (start * w.row_bytes) as u64).next_multiple_of(16);
-        let hi = w.ptr + (end * w.row_bytes) as u64;
-        if hi <= lo + 16 {
-            return Ok(());
-        }
-        // SAFETY: [lo, hi) lies inside the view (rows clamped to m; lo rounded up, the count
-        // rounded down), which the caller's borrow keeps allocated while the launch is queued.
-        unsafe { self.launch(stream, lo, (hi - lo) / 16, blocks.max(1)) }
     }
 
     /// # Safety

@@ -74,8 +74,7 @@ pub use context::{
 };
 pub use error::{mem_available_bytes, DriverCode, GpuError, TEST_MAX_ALLOC_ENV};
 pub use flags::{
-    q8k_scales_offset, DoneWords, FlagsKernels, FoldTarget, MailboxOffsets, PublishFence,
-    FOLD_MAX_PARTS, FOLD_MAX_TARGETS, Q8K_ELEMS,
+    DoneWords, FlagsKernels, FoldTarget, MailboxOffsets, FOLD_MAX_PARTS, FOLD_MAX_TARGETS,
 };
 pub use gemv::{
     Activation, GemvConfig, GemvForm, GemvKernels, ReadKernel, RowRange, WeightLocation, WeightRef,

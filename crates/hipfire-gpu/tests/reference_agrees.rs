@@ -10,7 +10,7 @@ use hipfire_quant::Format;
 #[test]
 fn test_reference_matches_hipfire_quant_f64_dequant() {
     let mut r = rng(0x5EED_00AA);
-    for format in Format::ALL {
+    for format in Format::ALL.into_iter().filter(|f| f.has_gpu_kernel()) {
         let (m, k) = (9, 512);
         let bytes = random_weights(format, m, k, &mut r);
         let rb = format.row_bytes(k).expect("row bytes");

@@ -37,6 +37,9 @@ pub enum ModelError {
         /// Dims in the file.
         got: Vec<u64>,
     },
+    /// The chat template could not render the conversation.
+    #[error(transparent)]
+    Template(#[from] crate::chat_template::TemplateError),
     /// Building the tokenizer from the file's vocabulary failed.
     #[error("tokenizer: {0}")]
     Tokenizer(String),

@@ -4,7 +4,9 @@
 //! - [`gguf`] — bounds-checked GGUF v2/v3 reader (memory-mapped, tensors in place) and a
 //!   streaming writer.
 //! - [`tokenizer`] — the GGUF's own vocabulary as an HF `tokenizers` pipeline (gpt2 BPE or
-//!   SentencePiece BPE), ChatML rendering, streaming detokenisation.
+//!   SentencePiece BPE), streaming detokenisation.
+//! - [`chat_template`] — the GGUF's own Jinja chat template rendered as HF transformers
+//!   renders it (minijinja), ChatML when the file has none or it fails.
 //! - [`config`] — architecture hyper-parameters (llama, qwen2, qwen3).
 //! - [`backend`] — the engine seam of the CPU forward pass: [`Backend`] (`gemv`, `gemv_batch`
 //!   for the projections that share an activation, `gemv_tokens` for a prefill chunk,
@@ -35,6 +37,7 @@
 #![deny(missing_docs)]
 
 pub mod backend;
+pub mod chat_template;
 pub mod config;
 mod error;
 pub mod gguf;
@@ -47,6 +50,7 @@ pub mod synth;
 pub mod tokenizer;
 
 pub use backend::{Backend, CpuBackend, ReferenceBackend, Weight};
+pub use chat_template::{ChatTemplate, Rendered, TemplateError, TemplateOrigin};
 pub use config::{Arch, ModelConfig};
 pub use error::ModelError;
 pub use model::{
@@ -57,4 +61,4 @@ pub use sampling::{Sampler, SamplingParams};
 pub use synth::{
     write_synthetic, write_synthetic_to, Overwrite, SynthReport, SynthSpec, SYNTH_DESCRIPTION,
 };
-pub use tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer};
+pub use tokenizer::{ChatMessage, StreamDecoder, Tokenizer};

@@ -33,6 +33,7 @@ use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::{AddedToken, SplitDelimiterBehavior};
 
+pub use crate::chat_template::ChatTemplate;
 use crate::gguf::{GgufIndex, Quoted};
 use crate::ModelError;
 
@@ -100,76 +101,6 @@ impl ChatMessage {
         ChatMessage {
             role: role.to_owned(),
             content: content.to_owned(),
-        }
-    }
-}
-
-/// The chat format found in `tokenizer.chat_template`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ChatTemplate {
-    /// `<|im_start|>role\ncontent<|im_end|>\n` … `<|im_start|>assistant\n` (SmolLM2, Qwen).
-    ChatMl {
-        /// System prompt the template inserts when the conversation has none.
-        default_system: Option<String>,
-    },
-    /// No template: the prompt is the messages' text joined.
-    Raw,
-    /// A template hipfire does not render (not ChatML); rendered like [`ChatTemplate::Raw`],
-    /// but [`Tokenizer::encode_chat`] refuses it rather than silently feeding raw text.
-    Unrecognised {
-        /// The template's first characters and length, for messages.
-        head: Quoted,
-    },
-}
-
-impl ChatTemplate {
-    /// Recognise the template. Only ChatML is rendered; the Jinja source is not executed.
-    /// A default system prompt is taken from the literal `<|im_start|>system\n…<|im_end|>`
-    /// block of the template when that block contains no expression.
-    pub fn detect(template: Option<&str>) -> ChatTemplate {
-        let Some(t) = template else {
-            return ChatTemplate::Raw;
-        };
-        if !t.contains("<|im_start|>") {
-            return ChatTemplate::Unrecognised {
-                head: Quoted::new(t),
-            };
-        }
-        const OPEN: &str = "<|im_start|>system\n";
-        let default_system = t.find(OPEN).and_then(|i| {
-            let rest = &t[i + OPEN.len()..];
-            let end = rest.find("<|im_end|>")?;
-            let body = &rest[..end];
-            (!body.contains("{{") && !body.contains("{%") && !body.contains('\''))
-                .then(|| body.to_owned())
-        });
-        ChatTemplate::ChatMl { default_system }
-    }
-
-    /// Render the conversation, ending with the assistant turn opener.
-    pub fn render(&self, messages: &[ChatMessage]) -> String {
-        match self {
-            ChatTemplate::Raw | ChatTemplate::Unrecognised { .. } => messages
-                .iter()
-                .map(|m| m.content.as_str())
-                .collect::<Vec<_>>()
-                .join("\n"),
-            ChatTemplate::ChatMl { default_system } => {
-                let mut s = String::new();
-                if let (Some(sys), Some(first)) = (default_system, messages.first()) {
-                    if first.role != "system" {
-                        s.push_str(&format!("<|im_start|>system\n{sys}<|im_end|>\n"));
-                    }
-                }
-                for m in messages {
-                    s.push_str(&format!(
-                        "<|im_start|>{}\n{}<|im_end|>\n",
-                        m.role, m.content
-                    ));
-                }
-                s.push_str("<|im_start|>assistant\n");
-                s
-            }
         }
     }
 }
@@ -419,8 +350,12 @@ impl Tokenizer {
                 eog.push(i as u32);
             }
         }
-        let chat =
-            ChatTemplate::detect(idx.get("tokenizer.chat_template").and_then(|v| v.as_str()));
+        let token_text = |id: Option<u32>| id.map_or("", |i| tokens[i as usize].as_str());
+        let chat = ChatTemplate::new(
+            idx.get("tokenizer.chat_template").and_then(|v| v.as_str()),
+            token_text(bos),
+            token_text(eos),
+        );
         Ok(Tokenizer {
             inner,
             kind,
@@ -456,28 +391,23 @@ impl Tokenizer {
         Ok(ids)
     }
 
-    /// Render `messages` with the chat template and encode (BOS per the model's default).
-    ///
-    /// Only ChatML is rendered; a model with no template or another one is refused
-    /// ([`ModelError::Unsupported`], quoting the template's start), as llama.cpp refuses an
-    /// unsupported `--chat-template`, instead of silently encoding the raw text.
+    /// Render `messages` with the chat template (assistant turn opened) and encode them. A
+    /// template that fails is an error here; [`ChatTemplate::render_or_chatml`] +
+    /// [`Tokenizer::encode_rendered_chat`] fall back to ChatML instead.
     pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, ModelError> {
-        match &self.chat {
-            ChatTemplate::ChatMl { .. } => {}
-            ChatTemplate::Raw => {
-                return Err(ModelError::Unsupported(
-                    "no chat template (tokenizer.chat_template is absent); hipfire renders \
-                     ChatML only"
-                        .into(),
-                ))
-            }
-            ChatTemplate::Unrecognised { head } => {
-                return Err(ModelError::Unsupported(format!(
-                    "chat template {head} is not ChatML, the only one hipfire renders"
-                )))
-            }
-        }
-        self.encode(&self.chat.render(messages), self.add_bos)
+        self.encode_rendered_chat(&self.chat.render(messages, true)?)
+    }
+
+    /// Encode a rendered conversation. A template that writes `bos_token` itself (Llama 3,
+    /// Gemma, Mistral) would get a second BOS from a tokenizer that adds one, so the leading
+    /// BOS text is dropped then, as llama.cpp's `common_chat_templates_apply` does.
+    pub fn encode_rendered_chat(&self, text: &str) -> Result<Vec<u32>, ModelError> {
+        let bos = self.chat.bos_token();
+        let text = match text.strip_prefix(bos) {
+            Some(rest) if self.add_bos && !bos.is_empty() => rest,
+            _ => text,
+        };
+        self.encode(text, self.add_bos)
     }
 
     /// Text of `ids` (HF decoder; control tokens skipped when `skip_special`).
@@ -645,38 +575,6 @@ mod tests {
         assert_eq!(
             split("default", text),
             ["I", "'m", "Ġ12345", "Ġok", "Ċ", "Ċ", "yes"]
-        );
-    }
-
-    #[test]
-    fn chat_template_detection() {
-        let smol = "{{ '<|im_start|>system\nYou are SmolLM<|im_end|>\n' }}{{'<|im_start|>' + message['role']}}";
-        assert_eq!(
-            ChatTemplate::detect(Some(smol)),
-            ChatTemplate::ChatMl {
-                default_system: Some("You are SmolLM".into())
-            }
-        );
-        let qwen = "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] }}";
-        assert_eq!(
-            ChatTemplate::detect(Some(qwen)),
-            ChatTemplate::ChatMl {
-                default_system: None
-            }
-        );
-        assert_eq!(
-            ChatTemplate::detect(Some("[INST] {{ m }}")),
-            ChatTemplate::Unrecognised {
-                head: Quoted::new("[INST] {{ m }}")
-            }
-        );
-        assert_eq!(ChatTemplate::detect(None), ChatTemplate::Raw);
-        let t = ChatTemplate::ChatMl {
-            default_system: None,
-        };
-        assert_eq!(
-            t.render(&[ChatMessage::new("user", "hi")]),
-            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
         );
     }
 }

@@ -49,3 +49,24 @@ fn spm_ids_match_llama_cpp() {
     }
     assert_eq!(n, 7);
 }
+
+/// A template that writes `bos_token` itself (Llama 3, Gemma, Mistral) must not give a
+/// tokenizer that adds BOS a second one (llama.cpp strips the rendered BOS the same way).
+#[test]
+fn rendered_bos_is_not_doubled() {
+    let f = GgufFile::open(fixtures().join("spm_vocab.gguf")).unwrap();
+    let tok = Tokenizer::from_gguf(f.index()).unwrap();
+    let bos_id = tok.bos.expect("the fixture vocabulary has BOS");
+    let bos = tok.chat.bos_token().to_owned();
+    assert!(!bos.is_empty());
+    let with = tok
+        .encode_rendered_chat(&format!("{bos}hello world"))
+        .unwrap();
+    let without = tok.encode_rendered_chat("hello world").unwrap();
+    assert_eq!(with, without);
+    assert_eq!(with, tok.encode("hello world", true).unwrap());
+    assert_eq!(with.iter().filter(|&&id| id == bos_id).count(), 1);
+    // Only a leading BOS is dropped; one later in the text stays a token.
+    let mid = tok.encode_rendered_chat(&format!("hello{bos}")).unwrap();
+    assert_eq!(mid.iter().filter(|&&id| id == bos_id).count(), 2);
+}

@@ -225,6 +225,22 @@ fn llama_q4k_matches_f64_reference() {
 fn qwen3_q8_0_matches_f64_reference() {
     check(Arch::Qwen3, Format::Q8_0, 5e-2);
 }
+// The formats llama.cpp's K_M / IQ4 files fall back to load and decode end to end (every
+// weight of the file in that format), with the same activation-quantisation bound.
+#[test]
+fn k_m_fallback_formats_match_f64_reference() {
+    for fmt in [
+        Format::Q5_0,
+        Format::Q5_1,
+        Format::Q5K,
+        Format::Q3K,
+        Format::Q2K,
+        Format::Iq4Nl,
+        Format::Iq4Xs,
+    ] {
+        check(Arch::Llama, fmt, 5e-2);
+    }
+}
 
 #[test]
 fn synthetic_vocab_tokenizes_bytes() {
@@ -352,11 +368,12 @@ fn load_rejects_wrong_models_with_typed_errors() {
     })
     .unwrap_err();
     assert!(matches!(err, ModelError::Unsupported(_)), "{err}");
-    let err = rewrite("q5k.gguf", &|_, s| {
+    // A type ggml defines but hipfire does not multiply (IQ2_XXS).
+    let err = rewrite("iq2xxs.gguf", &|_, s| {
         s.iter_mut()
             .find(|t| t.name == "blk.0.ffn_gate.weight")
             .unwrap()
-            .ggml_type = hipfire_model::gguf::GgmlType(13);
+            .ggml_type = hipfire_model::gguf::GgmlType(16);
     })
     .unwrap_err();
     assert!(matches!(err, ModelError::Unsupported(_)), "{err}");

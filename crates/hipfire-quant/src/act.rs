@@ -53,7 +53,7 @@ pub(crate) enum ActKind {
     F32(Vec<f32>),
     /// Q8_0, Q4_0, Q4_1, HFQ4G256: 8-bit per 32.
     Q8x32(Q8x32),
-    /// Q4_K, Q6_K: 8-bit per 256.
+    /// K-quants: 8-bit per 256.
     Q8K(Q8K),
 }
 
@@ -72,22 +72,28 @@ pub(crate) struct Q8x32 {
     pub corr: Vec<i32>,
     /// Per block Σq, for the scalar reference.
     pub isum: Vec<i32>,
-    /// Per block Σx of the unquantised x (summed in f64): Q4_1's `m·Σx` term is exact.
+    /// Per block `d·Σq`, the sum of the *quantised* x (ggml's q8_1 `s`), for the `m·Σx` term
+    /// of Q4_1 and Q5_1. Not the exact Σx on purpose: with the quantised sum the row dot is
+    /// exactly `Σ w_i·x̂_i` (dequantised weights times the quantised activation), so its error
+    /// is `Σ w_i·(x̂_i − x_i)` with the weights centred on zero; with the exact Σx the min term
+    /// drops out of that cancellation and the error grows to `Σ (w_i − m)·(x̂_i − x_i)`
+    /// (`tests/min_term.rs`, k = 4096, 2048 rows: 2.07× the rms error on Q4_1).
     pub s: Vec<f32>,
-    /// Per 256 Σx of the unquantised x (HFQ4G256's `zero·Σx` term); empty for other formats.
+    /// Per 256 `Σ_b d_b·Σq_b` (summed in f64), the sum of the quantised x for HFQ4G256's
+    /// `zero·Σx` term (why quantised: see `s`); empty for other formats.
     pub gsum: Vec<f32>,
 }
 
 /// `x` quantised per 256 elements (ggml's q8_K).
 #[derive(Debug, Clone)]
 pub(crate) struct Q8K {
-    /// Quants; Q4_K's are in [`Q4K_ACT_ORDER`] sub-block order.
+    /// Quants; Q4_K's and Q5_K's are in [`Q4K_ACT_ORDER`] sub-block order.
     pub qs: Vec<i8>,
     /// Scale per 256.
     pub d: Vec<f32>,
-    /// Σq per 16 elements, natural order (Q6_K's −32 offset).
+    /// Σq per 16 elements, natural order (Q6_K's −32 and Q3_K's −4 offset, Q2_K's mins).
     pub bsums: Vec<i16>,
-    /// Σq per 32 elements, natural order (Q4_K's mins).
+    /// Σq per 32 elements, natural order (Q4_K's and Q5_K's mins).
     pub sums32: Vec<i16>,
 }
 
@@ -146,7 +152,7 @@ pub(crate) fn q8k_block(
 
 /// One block's quants from element order into `dst`, in `fmt`'s activation order.
 fn place_q8k_block(fmt: Format, natural: &[i8], dst: &mut [i8]) {
-    if fmt == Format::Q4K {
+    if matches!(fmt, Format::Q4K | Format::Q5K) {
         for (t, &j) in Q4K_ACT_ORDER.iter().enumerate() {
             dst[Q4K_SUB * t..Q4K_SUB * (t + 1)]
                 .copy_from_slice(&natural[Q4K_SUB * j..Q4K_SUB * (j + 1)]);
@@ -192,15 +198,21 @@ pub fn quantise_q8k(x: &[f32]) -> Result<(Vec<i8>, Vec<f32>), QuantError> {
 
 /// Q4_0 code offset (value = d·(q − 8)).
 const Q4_0_OFF: i32 = 8;
+/// Q5_0 code offset (value = d·(q − 16)).
+const Q5_0_OFFSET: i32 = 16;
 /// Q8_0 VNNI sign bias: `vpdpbusd` needs unsigned weights, so the dot uses w + 128.
 const Q8_0_VNNI_BIAS: i32 = 128;
 
 /// Lanes per block of [`Q8x32::corr`] and the offset it is scaled by: Q4_0's dots put one
-/// block in each 128-bit lane (4 × i32), Q8_0's one block in each 256-bit half (8 × i32).
+/// block in each 128-bit lane (4 × i32), Q8_0's and Q5_0's one block in each 256-bit half
+/// (8 × i32).
 pub(crate) const fn corr_lanes(fmt: Format) -> (usize, i32) {
     match fmt {
         Format::Q4_0 => (4, Q4_0_OFF),
         Format::Q8_0 => (LANES8, Q8_0_VNNI_BIAS),
+        Format::Q5_0 => (LANES8, Q5_0_OFFSET),
+        // IQ4_NL's table values are signed, so VNNI biases them by +128 as Q8_0's.
+        Format::Iq4Nl => (LANES8, Q8_0_VNNI_BIAS),
         _ => (0, 0),
     }
 }
@@ -313,7 +325,6 @@ mod simd {
     }
 }
 
-/// Exact-ish sum: f64 accumulation, one rounding.
 /// Σ of 16 quants (|Σ| ≤ 16·127), in a form LLVM vectorises.
 #[inline(always)]
 fn sum16(g: &[i8]) -> i16 {
@@ -336,10 +347,6 @@ fn all_finite(x: &[f32]) -> bool {
     })
 }
 
-fn sum_f64(v: &[f32]) -> f32 {
-    v.iter().map(|&a| f64::from(a)).sum::<f64>() as f32
-}
-
 /// Index in `x` (of length `k`) of the element stored at activation position `p` for `fmt`.
 pub(crate) fn act_source(fmt: Format, p: usize, k: usize) -> usize {
     match fmt {
@@ -348,7 +355,7 @@ pub(crate) fn act_source(fmt: Format, p: usize, k: usize) -> usize {
             let half = HFQ_PERM_SPAN / 2;
             base + if r < half { 2 * r } else { 2 * (r - half) + 1 }
         }
-        Format::Q4K => {
+        Format::Q4K | Format::Q5K => {
             let (base, r) = (p - p % QK_K, p % QK_K);
             base + Q4K_ACT_ORDER[r / Q4K_SUB] * Q4K_SUB + r % Q4K_SUB
         }
@@ -391,10 +398,16 @@ impl ActivationBuf {
         }
         let kind = match fmt {
             Format::F32 | Format::F16 | Format::BF16 => ActKind::F32(x.to_vec()),
-            Format::Q8_0 | Format::Q4_0 | Format::Q4_1 | Format::Hfq4G256 => {
-                ActKind::Q8x32(Self::q8x32(fmt, x))
+            Format::Q8_0
+            | Format::Q4_0
+            | Format::Q4_1
+            | Format::Hfq4G256
+            | Format::Q5_0
+            | Format::Q5_1
+            | Format::Iq4Nl => ActKind::Q8x32(Self::q8x32(fmt, x)),
+            Format::Q4K | Format::Q6K | Format::Q5K | Format::Q3K | Format::Q2K | Format::Iq4Xs => {
+                ActKind::Q8K(Self::q8k(fmt, x))
             }
-            Format::Q4K | Format::Q6K => ActKind::Q8K(Self::q8k(fmt, x)),
         };
         Ok(ActivationBuf {
             format: fmt,
@@ -417,7 +430,7 @@ impl ActivationBuf {
             gsum: Vec::new(),
         };
         let mut qs = vec![0i8; k];
-        let push = |a: &mut Q8x32, src: &[f32], d: f32, sum: i32| {
+        let push = |a: &mut Q8x32, d: f32, sum: i32| {
             a.d.push(d);
             a.isum.push(sum);
             if lanes > 0 {
@@ -425,7 +438,8 @@ impl ActivationBuf {
                 a.corr.extend(std::iter::repeat_n(0, lanes - 1));
             }
             match fmt {
-                Format::Q4_1 => a.s.push(sum_f64(src)),
+                // i32 → f32 is exact (|Σq| ≤ 32·127), so this is one rounding of d·Σq.
+                Format::Q4_1 | Format::Q5_1 => a.s.push(d * sum as f32),
                 Format::Hfq4G256 => a.d8.extend_from_slice(&[d; LANES8]),
                 _ => {}
             }
@@ -445,10 +459,21 @@ impl ActivationBuf {
                     }
                     for (src, q) in perm.chunks_exact(QK).zip(dst.chunks_exact_mut(QK)) {
                         let (d, sum) = quantise_block(src, q);
-                        push(&mut a, src, d, sum);
+                        push(&mut a, d, sum);
                     }
                 }
-                a.gsum = x.chunks_exact(HFQ_GROUP).map(sum_f64).collect();
+                // Σ of the quantised x per group, for the reason `Q8x32::s` gives.
+                let per_group = HFQ_GROUP / QK;
+                a.gsum =
+                    a.d.chunks_exact(per_group)
+                        .zip(a.isum.chunks_exact(per_group))
+                        .map(|(d, s)| {
+                            d.iter()
+                                .zip(s)
+                                .map(|(&d, &s)| f64::from(d) * f64::from(s))
+                                .sum::<f64>() as f32
+                        })
+                        .collect();
             }
             Format::Q4_0 | Format::Q4_1 => {
                 // Quantise per natural block, then store each full 4-block group as
@@ -458,7 +483,7 @@ impl ActivationBuf {
                 for (grp, dst) in x.chunks(Q4_0_ACT_GROUP).zip(qs.chunks_mut(Q4_0_ACT_GROUP)) {
                     for (src, q) in grp.chunks_exact(QK).zip(natural.chunks_exact_mut(QK)) {
                         let (d, sum) = quantise_block(src, q);
-                        push(&mut a, src, d, sum);
+                        push(&mut a, d, sum);
                     }
                     if grp.len() < Q4_0_ACT_GROUP {
                         dst.copy_from_slice(&natural[..grp.len()]);
@@ -474,7 +499,7 @@ impl ActivationBuf {
             _ => {
                 for (src, q) in x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK)) {
                     let (d, sum) = quantise_block(src, q);
-                    push(&mut a, src, d, sum);
+                    push(&mut a, d, sum);
                 }
             }
         }
@@ -503,7 +528,10 @@ impl ActivationBuf {
     /// Whether `fmt`'s activation is q8_K (Q4_K, Q6_K): the form [`ActivationBuf::from_q8k`]
     /// takes.
     pub fn takes_q8k(fmt: Format) -> bool {
-        matches!(fmt, Format::Q4K | Format::Q6K)
+        matches!(
+            fmt,
+            Format::Q4K | Format::Q6K | Format::Q5K | Format::Q3K | Format::Q2K | Format::Iq4Xs
+        )
     }
 
     /// The activation for `fmt` (Q4_K or Q6_K) from `x` already quantised to q8_K in element
@@ -604,7 +632,13 @@ mod tests {
             .map(|i| rng.random_range(-3.0f32..3.0) * (1 + i % 5) as f32)
             .collect();
         let k = x.len();
-        for fmt in [Format::Q8_0, Format::Q4_0, Format::Q4_1] {
+        for fmt in [
+            Format::Q8_0,
+            Format::Q4_0,
+            Format::Q4_1,
+            Format::Q5_0,
+            Format::Q5_1,
+        ] {
             let a = ActivationBuf::prepare(fmt, &x).unwrap();
             let ActKind::Q8x32(q) = &a.kind else {
                 panic!("{fmt} should be q8x32")
@@ -622,9 +656,9 @@ mod tests {
                     .map(|i| i32::from(q.qs[pos_of(fmt, QK * b + i, k)]))
                     .sum();
                 assert_eq!(s, q.isum[b], "{fmt} block {b}");
-                if fmt == Format::Q4_1 {
-                    let exact: f64 = x[QK * b..QK * (b + 1)].iter().map(|&v| f64::from(v)).sum();
-                    assert_eq!(q.s[b], exact as f32);
+                if matches!(fmt, Format::Q4_1 | Format::Q5_1) {
+                    // The sum of the quantised block, not of x (see `Q8x32::s`).
+                    assert_eq!(q.s[b], q.d[b] * s as f32);
                 }
                 if lanes > 0 {
                     assert_eq!(q.corr[lanes * b], -off * q.isum[b]);

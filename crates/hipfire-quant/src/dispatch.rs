@@ -98,7 +98,7 @@ pub(crate) enum RowDot {
 }
 
 /// One tier's kernels, indexed by [`format_index`].
-pub(crate) type Kernels = [RowDot; 9];
+pub(crate) type Kernels = [RowDot; Format::ALL.len()];
 
 /// Position of `fmt` in [`Format::ALL`] (and in every [`Kernels`] table).
 const fn format_index(fmt: Format) -> usize {
@@ -112,6 +112,13 @@ const fn format_index(fmt: Format) -> usize {
         Format::Q4K => 6,
         Format::Q6K => 7,
         Format::Hfq4G256 => 8,
+        Format::Q5_0 => 9,
+        Format::Q5_1 => 10,
+        Format::Q5K => 11,
+        Format::Q3K => 12,
+        Format::Q2K => 13,
+        Format::Iq4Nl => 14,
+        Format::Iq4Xs => 15,
     }
 }
 
@@ -125,6 +132,13 @@ static SCALAR: Kernels = [
     RowDot::Q8K(scalar::dot_q4k_q8k_scalar),
     RowDot::Q8K(scalar::dot_q6k_q8k_scalar),
     RowDot::Q8x32(scalar::dot_hfq4_q8_0_scalar),
+    RowDot::Q8x32(scalar::dot_q5_0_q8_0_scalar),
+    RowDot::Q8x32(scalar::dot_q5_1_q8_1_scalar),
+    RowDot::Q8K(scalar::dot_q5k_q8k_scalar),
+    RowDot::Q8K(scalar::dot_q3k_q8k_scalar),
+    RowDot::Q8K(scalar::dot_q2k_q8k_scalar),
+    RowDot::Q8x32(scalar::dot_iq4nl_q8_0_scalar),
+    RowDot::Q8K(scalar::dot_iq4xs_q8k_scalar),
 ];
 
 /// The table of `tier`, `None` where the tier is not compiled for this architecture.
@@ -269,9 +283,9 @@ type MultiFn<A> = unsafe fn(&[u8], usize, &[&A], &mut [&mut [f32]], bool);
 /// A multi-activation driver of one activation shape.
 #[derive(Clone, Copy)]
 enum MultiDot {
-    /// Q8_0, Q4_1.
+    /// Q8_0, Q4_1, Q5_0, Q5_1.
     Q8x32(MultiFn<Q8x32>),
-    /// Q4_K.
+    /// Q4_K, Q5_K.
     Q8K(MultiFn<Q8K>),
 }
 
@@ -281,7 +295,28 @@ fn multi_kernel(tier: SimdTier, fmt: Format) -> Option<MultiDot> {
     #[cfg(target_arch = "x86_64")]
     {
         use crate::dot::avx512::{plain, vnni};
+        use crate::dot::avx512_mix as mix;
         match (tier, fmt) {
+            (SimdTier::Avx512, Format::Q5_0) => Some(MultiDot::Q8x32(mix::plain::gemv_q5_0_multi)),
+            (SimdTier::Avx512, Format::Q5_1) => Some(MultiDot::Q8x32(mix::plain::gemv_q5_1_multi)),
+            (SimdTier::Avx512, Format::Q5K) => Some(MultiDot::Q8K(plain::gemv_q5k_multi)),
+            (SimdTier::Avx512Vnni, Format::Q5K) => Some(MultiDot::Q8K(vnni::gemv_q5k_multi)),
+            (SimdTier::Avx512, Format::Iq4Nl) => {
+                Some(MultiDot::Q8x32(mix::plain::gemv_iq4nl_multi))
+            }
+            (SimdTier::Avx512Vnni, Format::Iq4Nl) => {
+                Some(MultiDot::Q8x32(mix::vnni::gemv_iq4nl_multi))
+            }
+            (SimdTier::Avx512, Format::Iq4Xs) => Some(MultiDot::Q8K(mix::plain::gemv_iq4xs_multi)),
+            (SimdTier::Avx512Vnni, Format::Iq4Xs) => {
+                Some(MultiDot::Q8K(mix::vnni::gemv_iq4xs_multi))
+            }
+            (SimdTier::Avx512Vnni, Format::Q5_0) => {
+                Some(MultiDot::Q8x32(mix::vnni::gemv_q5_0_multi))
+            }
+            (SimdTier::Avx512Vnni, Format::Q5_1) => {
+                Some(MultiDot::Q8x32(mix::vnni::gemv_q5_1_multi))
+            }
             (SimdTier::Avx512, Format::Q8_0) => Some(MultiDot::Q8x32(plain::gemv_q8_0_multi)),
             (SimdTier::Avx512, Format::Q4_1) => Some(MultiDot::Q8x32(plain::gemv_q4_1_multi)),
             (SimdTier::Avx512, Format::Q4K) => Some(MultiDot::Q8K(plain::gemv_q4k_multi)),
@@ -480,6 +515,34 @@ macro_rules! with_format {
             }
             Format::Hfq4G256 => {
                 type $t = formats::hfq::Hfq4G256;
+                $body
+            }
+            Format::Q5_0 => {
+                type $t = formats::legacy::Q5_0;
+                $body
+            }
+            Format::Q5_1 => {
+                type $t = formats::legacy::Q5_1;
+                $body
+            }
+            Format::Q5K => {
+                type $t = formats::kquant::Q5K;
+                $body
+            }
+            Format::Q3K => {
+                type $t = formats::kquant_low::Q3K;
+                $body
+            }
+            Format::Q2K => {
+                type $t = formats::kquant_low::Q2K;
+                $body
+            }
+            Format::Iq4Nl => {
+                type $t = formats::iq4::Iq4Nl;
+                $body
+            }
+            Format::Iq4Xs => {
+                type $t = formats::iq4::Iq4Xs;
                 $body
             }
         }

@@ -4,13 +4,16 @@
 //! - `Format` — type-erased format enum (GGUF id ↔ variant, block geometry, row bytes,
 //!   `has_cpu_simd()`, `has_gpu_kernel()`).
 //! - `formats/` — one file per family with the exact GGUF byte layouts
-//!   (`float.rs`, `legacy.rs`, `kquant.rs`, `hfq.rs`), each block a `#[repr(C)]` struct with a
+//!   (`float.rs`, `legacy.rs`, `kquant.rs`, `kquant_low.rs`, `iq4.rs`, `hfq.rs`), each block a
+//!   `#[repr(C)]` struct with a
 //!   compile-time size assertion, described by the [`formats::BlockFormat`] trait.
 //! - `act.rs` — [`ActivationBuf`], the activation in the form the row dots want.
 //! - `shared_act.rs` — [`SharedActivation`]: one q8_K activation that several threads prepare
 //!   together and all read (the `flags` join's CPU workers).
 //! - `read.rs` — [`read_sum`], the plain read that GEMV bandwidth is measured against.
-//! - `dot/` — scalar reference + AVX2 + AVX-512 row dots; `dispatch.rs` picks the tier once.
+//! - `dot/` — scalar reference + AVX2 + AVX-512 row dots (`avx2_mix.rs` / `avx512_mix.rs`
+//!   hold those of the formats K_M / IQ4 files fall back to: Q5_0, Q5_1, Q3_K, Q2_K, IQ4_NL,
+//!   IQ4_XS); `dispatch.rs` picks the tier once.
 //!
 //! Public functions every other crate uses:
 //! - `Format::row_bytes(k) -> Result<usize, QuantError>`
@@ -23,8 +26,9 @@
 //!   (w_rows.len() must be >= y.len() * row_bytes(k)).
 //! - `gemv_rows_multi(fmt, w_rows, k, acts: &[&ActivationBuf], ys: &mut [&mut [f32]], accumulate)`
 //!   — `gemv_rows` of several activations (prompt tokens) over the same rows, each `ys[j]`
-//!   bit-identical to `gemv_rows` of `acts[j]`; on AVX-512 Q4_1 / Q8_0 / Q4_K each weight block
-//!   is unpacked once per eight activations (`gemv_rows_multi_with(tier, ..)` for tests).
+//!   bit-identical to `gemv_rows` of `acts[j]`; on AVX-512 Q4_1 / Q8_0 / Q4_K / Q5_0 / Q5_1 /
+//!   Q5_K / IQ4_NL / IQ4_XS each weight block is unpacked once per eight activations
+//!   (`gemv_rows_multi_with(tier, ..)` for tests).
 //! - `simd_tier() -> SimdTier` — the detected path (printed by `hipfire version`).
 //!
 //! Also public: `gemv_rows_scalar` (same signature, scalar reference path) and
@@ -36,8 +40,9 @@
 //! # The one design decision: integer dots on a quantised activation
 //! CPU decode is memory-bound only if the row dot keeps up with DRAM (~6 GB/s of weight bytes
 //! per core). Like ggml, [`ActivationBuf::prepare`] therefore quantises `x` to 8 bits for the
-//! block formats (per 32 elements for Q8_0/Q4_0/Q4_1/HFQ4G256 — ggml's q8_0/q8_1 —, per 256
-//! with per-16 sums for Q4_K/Q6_K — ggml's q8_K), and the row dots multiply integers
+//! block formats (per 32 elements for Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/IQ4_NL/HFQ4G256 — ggml's
+//! q8_0/q8_1 —, per 256 with per-16 sums for the K-quants and IQ4_XS — ggml's q8_K), and the
+//! row dots multiply integers
 //! (`vpmaddubsw` on AVX2, `vpdpbusd` on AVX-512 VNNI). Each element of `x` is then off by at
 //! most half a step, `amax(group)/254`, so a row's result moves by at most
 //! `Σ |w_i| · amax(group(i)) / 254`. `tests/formats.rs` asserts that bound for every format
@@ -163,11 +168,25 @@ pub enum Format {
     Q6K,
     /// HFQ4G256: f32 scale, f32 zero, 128 B nibbles (136 B / 256), low nibble = even index.
     Hfq4G256,
+    /// GGML Q5_0: f16 d, 32 high bits, 16 B nibbles (22 B / 32), value = d·(q−16).
+    Q5_0,
+    /// GGML Q5_1: f16 d, f16 m, 32 high bits, 16 B nibbles (24 B / 32), value = d·q + m.
+    Q5_1,
+    /// GGML Q5_K super-block (176 B / 256): Q4_K plus one high bit per element.
+    Q5K,
+    /// GGML Q3_K super-block (110 B / 256): 3-bit codes, sixteen 6-bit scales.
+    Q3K,
+    /// GGML Q2_K super-block (84 B / 256): 2-bit codes, sixteen 4-bit scales and mins.
+    Q2K,
+    /// GGML IQ4_NL: f16 d + 16 B nibbles (18 B / 32), value = d·table(q).
+    Iq4Nl,
+    /// GGML IQ4_XS super-block (136 B / 256): IQ4_NL's table under eight 6-bit sub-scales.
+    Iq4Xs,
 }
 
 impl Format {
     /// Every format, in a stable order (tests and benches iterate this).
-    pub const ALL: [Format; 9] = [
+    pub const ALL: [Format; 16] = [
         Format::F32,
         Format::F16,
         Format::BF16,
@@ -177,14 +196,32 @@ impl Format {
         Format::Q4K,
         Format::Q6K,
         Format::Hfq4G256,
+        Format::Q5_0,
+        Format::Q5_1,
+        Format::Q5K,
+        Format::Q3K,
+        Format::Q2K,
+        Format::Iq4Nl,
+        Format::Iq4Xs,
     ];
 
     /// Elements per block.
     pub const fn block_elems(self) -> usize {
         match self {
             Format::F32 | Format::F16 | Format::BF16 => 1,
-            Format::Q8_0 | Format::Q4_0 | Format::Q4_1 => 32,
-            Format::Q4K | Format::Q6K | Format::Hfq4G256 => 256,
+            Format::Q8_0
+            | Format::Q4_0
+            | Format::Q4_1
+            | Format::Q5_0
+            | Format::Q5_1
+            | Format::Iq4Nl => 32,
+            Format::Q4K
+            | Format::Q6K
+            | Format::Hfq4G256
+            | Format::Q5K
+            | Format::Q3K
+            | Format::Q2K
+            | Format::Iq4Xs => 256,
         }
     }
 
@@ -199,6 +236,13 @@ impl Format {
             Format::Q4K => 144,
             Format::Q6K => 210,
             Format::Hfq4G256 => 136,
+            Format::Q5_0 => 22,
+            Format::Q5_1 => 24,
+            Format::Q5K => 176,
+            Format::Q3K => 110,
+            Format::Q2K => 84,
+            Format::Iq4Nl => 18,
+            Format::Iq4Xs => 136,
         }
     }
 
@@ -224,8 +268,15 @@ impl Format {
             Format::F16 => Some(1),
             Format::Q4_0 => Some(2),
             Format::Q4_1 => Some(3),
+            Format::Q5_0 => Some(6),
+            Format::Q5_1 => Some(7),
             Format::Q8_0 => Some(8),
             Format::Q4K => Some(12),
+            Format::Q5K => Some(13),
+            Format::Q2K => Some(10),
+            Format::Q3K => Some(11),
+            Format::Iq4Nl => Some(20),
+            Format::Iq4Xs => Some(23),
             Format::Q6K => Some(14),
             Format::BF16 => Some(30),
             Format::Hfq4G256 => None,
@@ -252,6 +303,13 @@ impl Format {
             Format::Q4K => "q4_k",
             Format::Q6K => "q6_k",
             Format::Hfq4G256 => "hfq4g256",
+            Format::Q5_0 => "q5_0",
+            Format::Q5_1 => "q5_1",
+            Format::Q5K => "q5_k",
+            Format::Q3K => "q3_k",
+            Format::Q2K => "q2_k",
+            Format::Iq4Nl => "iq4_nl",
+            Format::Iq4Xs => "iq4_xs",
         }
     }
 
@@ -265,15 +323,26 @@ impl Format {
 }
 
 impl Format {
-    /// True if and only if this format has a SIMD row dot on some x86-64 tier (all nine do).
+    /// True if and only if this format has a SIMD row dot on some x86-64 tier (all do).
     /// On other architectures every format runs the scalar reference.
     pub const fn has_cpu_simd(self) -> bool {
         cfg!(target_arch = "x86_64")
     }
 
-    /// True if and only if the GPU crate ships a GEMV kernel for this format (all nine).
+    /// True if and only if the GPU crate ships a GEMV kernel for this format: the nine
+    /// original formats. The formats GGUF K_M mixes fall back to (Q5_0, Q5_1, ...) have CPU row
+    /// dots only, so the planner keeps their weights on the CPU.
     pub const fn has_gpu_kernel(self) -> bool {
-        true
+        !matches!(
+            self,
+            Format::Q5_0
+                | Format::Q5_1
+                | Format::Q5K
+                | Format::Q3K
+                | Format::Q2K
+                | Format::Iq4Nl
+                | Format::Iq4Xs
+        )
     }
 }
 

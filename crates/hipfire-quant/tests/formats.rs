@@ -51,10 +51,15 @@ fn random_vec(rng: &mut ChaCha8Rng, n: usize, block: usize) -> Vec<f32> {
 fn act_bound(fmt: Format, w: &[f64], x: &[f32]) -> f64 {
     let group = match fmt {
         Format::F32 | Format::F16 | Format::BF16 => return 0.0,
-        Format::Q8_0 | Format::Q4_0 | Format::Q4_1 => 32,
+        Format::Q8_0
+        | Format::Q4_0
+        | Format::Q4_1
+        | Format::Q5_0
+        | Format::Q5_1
+        | Format::Iq4Nl => 32,
         // HFQ4G256's activation blocks are permuted within 128 elements.
         Format::Hfq4G256 => 128,
-        Format::Q4K | Format::Q6K => 256,
+        Format::Q4K | Format::Q6K | Format::Q5K | Format::Q3K | Format::Q2K | Format::Iq4Xs => 256,
     };
     let mut b = 0.0;
     for (wg, xg) in w.chunks(group).zip(x.chunks(group)) {
@@ -196,10 +201,22 @@ fn quantisers_round_trip_within_step() {
                 // Q4_0 maps the signed extreme to −8·d, so the opposite extreme clips to 7·d: one step.
                 Format::Q4_0 => amax / 8.0 * 1.01 + amax * 1e-2,
                 Format::Q4_1 | Format::Hfq4G256 => (hi - lo) / 15.0 * 0.51 + amax * 1e-2,
+                // Q5_0 as Q4_0 with 16 steps per sign; Q5_1 as Q4_1 with 31 steps.
+                Format::Q5_0 => amax / 16.0 * 1.01 + amax * 1e-2,
+                Format::Q5_1 => (hi - lo) / 31.0 * 0.51 + amax * 1e-2,
                 // K-quants: 6-bit sub-scales; half a step of the coarsest sub-block plus the
                 // scale/min code rounding (≤ 1/63 of the block max each).
                 Format::Q4K => (hi - lo) / 15.0 * 0.75 + amax / 63.0 * 2.0,
                 Format::Q6K => amax / 31.0 * 0.75 + amax / 127.0 * 2.0,
+                Format::Q5K => (hi - lo) / 31.0 * 0.75 + amax / 63.0 * 2.0,
+                // 3 bits: signed codes −4..3 per 16 under 6-bit scales, one step at the clipped
+                // extreme; 2 bits: 4 levels per 16 under 4-bit scales and mins.
+                Format::Q3K => amax / 4.0 * 1.1 + amax / 31.0 * 2.0,
+                Format::Q2K => (hi - lo) / 3.0 * 0.75 + amax / 15.0 * 2.0,
+                // The table's widest gap is 23 of 127·d (d ≈ amax/127): half of it, plus the
+                // 6-bit sub-scale rounding for IQ4_XS.
+                Format::Iq4Nl => amax * 12.0 / 127.0 * 1.1,
+                Format::Iq4Xs => amax * 12.0 / 127.0 * 1.1 + amax / 32.0 * 2.0,
             };
             for (a, b) in sb.iter().zip(bb) {
                 assert!(
@@ -330,7 +347,12 @@ fn format_ids_and_names_round_trip() {
         if let Some(id) = fmt.ggml_type() {
             assert_eq!(Format::from_ggml_type(id), Ok(fmt));
         }
-        assert!(fmt.has_gpu_kernel());
+        // The nine original formats have GPU kernels; the K_M fallback formats are CPU-only.
+        assert_eq!(
+            fmt.has_gpu_kernel(),
+            Format::ALL[..9].contains(&fmt),
+            "{fmt}"
+        );
         assert_eq!(
             fmt.row_bytes(256).unwrap(),
             256 / fmt.block_elems() * fmt.block_bytes()

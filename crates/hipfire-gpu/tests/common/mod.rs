@@ -179,6 +179,7 @@ pub fn dequant_f64(format: Format, row: &[u8], k: usize) -> Vec<f64> {
                 }
             }
         }
+        other => panic!("{other} has no GPU kernel, so no GPU-test reference"),
     }
     assert_eq!(y.len(), k);
     y

@@ -400,7 +400,19 @@ pub fn crafted(base: &[u8]) -> Vec<Case> {
         "chat-template-unknown",
         p().set(
             "tokenizer.chat_template",
-            MetaValue::String(format!("[INST] {{{{ messages }}}} [/INST]{long}")),
+            // Long (a comment holds the bulk) but renders short: the tiny model's context is 64.
+            MetaValue::String(format!(
+                "[INST] {{{{ messages[0].content }}}} [/INST]{{# {long} #}}"
+            )),
+        )
+        .write(),
+        Loads,
+    );
+    add(
+        "chat-template-broken",
+        p().set(
+            "tokenizer.chat_template",
+            MetaValue::String(format!("{{% for m in messages %}}{{{{ m.content }}{long}")),
         )
         .write(),
         Loads,

@@ -12,6 +12,7 @@
 
 use crate::act::{Q8x32, Q4K_ACT_ORDER, Q8K};
 use crate::dispatch::{Kernels, RowDot};
+use crate::dot::avx2_mix as mix;
 use crate::formats::hfq::HFQ_GROUP;
 use crate::formats::kquant::{Q4K_SUB, QK_K};
 use crate::formats::legacy::QK;
@@ -28,6 +29,13 @@ pub(crate) static KERNELS: Kernels = [
     RowDot::Q8K(dot_q4k_q8k_avx2),
     RowDot::Q8K(dot_q6k_q8k_avx2),
     RowDot::Q8x32(dot_hfq4_q8_0_avx2),
+    RowDot::Q8x32(mix::dot_q5_0_q8_0_avx2),
+    RowDot::Q8x32(mix::dot_q5_1_q8_1_avx2),
+    RowDot::Q8K(dot_q5k_q8k_avx2),
+    RowDot::Q8K(mix::dot_q3k_q8k_avx2),
+    RowDot::Q8K(mix::dot_q2k_q8k_avx2),
+    RowDot::Q8x32(mix::dot_iq4nl_q8_0_avx2),
+    RowDot::Q8K(mix::dot_iq4xs_q8k_avx2),
 ];
 
 /// Bytes per block, as laid out in `formats::legacy` / `kquant` / `hfq`.
@@ -375,7 +383,7 @@ pub(crate) unsafe fn dot_q4_0_q8_0_avx2(row: &[u8], a: &Q8x32) -> f32 {
     hsum8(_mm256_add_ps(acc0, acc1))
 }
 
-/// One Q4_1 block outside the full 4-block groups: d·dx·Σ q·xq + m·Σx.
+/// One Q4_1 block outside the full 4-block groups: d·dx·Σ q·xq + m·s.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn q4_1_block(blk: *const u8, a: &Q8x32, b: usize) -> f32 {
@@ -385,7 +393,8 @@ pub(crate) unsafe fn q4_1_block(blk: *const u8, a: &Q8x32, b: usize) -> f32 {
     hsum8(_mm256_mul_ps(s, _mm256_cvtepi32_ps(pi))) + h2f(rd16(blk.add(2))) * a.s[b]
 }
 
-/// Q4_1 row · q8 activation (the `m·Σx` term uses the exact Σx). Same 4-block activation
+/// Q4_1 row · q8 activation (the `m·Σx` term uses the activation's `s`, the sum of the
+/// quantised block, as ggml's q8_1). Same 4-block activation
 /// layout and pairing as [`dot_q4_0_q8_0_avx2`].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_q4_1_q8_1_avx2(row: &[u8], a: &Q8x32) -> f32 {
@@ -473,21 +482,64 @@ pub(crate) unsafe fn dot_hfq4_q8_0_avx2(row: &[u8], a: &Q8x32) -> f32 {
 /// Q4_K row · q8_K activation.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_q4k_q8k_avx2(row: &[u8], a: &Q8K) -> f32 {
-    let nsb = row.len() / Q4K_BYTES;
+    dot_k45_q8k_avx2::<false>(row, a)
+}
+
+/// Q5_K row · q8_K activation.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q5k_q8k_avx2(row: &[u8], a: &Q8K) -> f32 {
+    dot_k45_q8k_avx2::<true>(row, a)
+}
+
+/// Bytes per Q5_K block: d, dmin, scales[12], qh[32], qs[128].
+pub(crate) const Q5K_BYTES: usize = 176;
+/// Offsets of qh and qs inside a Q5_K block.
+pub(crate) const Q5K_QH: usize = 16;
+pub(crate) const Q5K_QS: usize = 48;
+/// Bit 4 of a 5-bit code, as a byte.
+pub(crate) const HIGH_BIT: i8 = 0x10;
+
+/// Q4_K (`Q5 = false`) or Q5_K (`Q5 = true`) row · q8_K activation: Q5_K is Q4_K's layout
+/// plus a 32-byte `qh` whose bit j of byte l is bit 4 of sub-block j's element l.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_k45_q8k_avx2<const Q5: bool>(row: &[u8], a: &Q8K) -> f32 {
+    let (bytes, qs_at) = if Q5 {
+        (Q5K_BYTES, Q5K_QS)
+    } else {
+        (Q4K_BYTES, Q4K_QS)
+    };
+    let nsb = row.len() / bytes;
     let p = row.as_ptr();
     let m4 = _mm256_set1_epi8(0x0F);
+    let m16 = _mm256_set1_epi8(HIGH_BIT);
     let mut acc = _mm256_setzero_ps();
     let mut macc = _mm_setzero_ps();
     for s in 0..nsb {
-        let blk = p.add(Q4K_BYTES * s);
-        prefetch_ahead::<Q4K_BYTES>(blk);
+        let blk = p.add(bytes * s);
+        // 144 and 176 bytes both span three lines.
+        prefetch_ahead::<Q5K_BYTES>(blk);
         let (sc, mins) = q4k_unpack_scales(blk.add(Q4K_SCALES));
         let xq = a.qs.as_ptr().add(QK_K * s);
         let mut sumi = _mm256_setzero_si256();
+        // Q5_K: bit j of every qh byte, moved to bit 0 one sub-block at a time (a 16-bit
+        // shift brings the high byte's bits into the low byte only from the top, 8 shifts
+        // away from bit 0, and j < 8).
+        let mut h = if Q5 {
+            _mm256_loadu_si256(blk.add(Q5K_QH) as *const __m256i)
+        } else {
+            _mm256_setzero_si256()
+        };
         for c in 0..4 {
-            let q = _mm256_loadu_si256(blk.add(Q4K_QS + 32 * c) as *const __m256i);
-            let lo = _mm256_and_si256(q, m4);
-            let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            let q = _mm256_loadu_si256(blk.add(qs_at + 32 * c) as *const __m256i);
+            let mut lo = _mm256_and_si256(q, m4);
+            let mut hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            if Q5 {
+                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(h, 4), m16));
+                h = _mm256_srli_epi16(h, 1);
+                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(h, 4), m16));
+                h = _mm256_srli_epi16(h, 1);
+            }
             for (w, j) in [(lo, 2 * c), (hi, 2 * c + 1)] {
                 let x = _mm256_loadu_si256(xq.add(Q4K_SUB * Q4K_ACT_ORDER[j]) as *const __m256i);
                 let p16 = _mm256_maddubs_epi16(w, x);

@@ -20,10 +20,11 @@ use crate::act::{Q8x32, Q8K};
 use crate::dispatch::{Kernels, RowDot};
 use crate::dot::avx2::{
     h2f, h2f_pair, h2f_x4, hsum4, hsum8, prefetch_ahead, q4_0_block, q4_1_block, q4k_mins_dot,
-    q4k_unpack_scales, q6k_bsum_dot, q8_0_block, rd16, HFQ_BYTES, Q4K_BYTES, Q4K_QS, Q4K_SCALES,
-    Q4_0_BYTES, Q4_0_CORR_LANES, Q4_0_GROUP_BLOCKS, Q4_1_BYTES, Q6K_BYTES, Q6K_D, Q6K_QH,
-    Q6K_SCALES, Q8_0_BYTES,
+    q4k_unpack_scales, q6k_bsum_dot, q8_0_block, rd16, HFQ_BYTES, HIGH_BIT, Q4K_BYTES, Q4K_QS,
+    Q4K_SCALES, Q4_0_BYTES, Q4_0_CORR_LANES, Q4_0_GROUP_BLOCKS, Q4_1_BYTES, Q5K_BYTES, Q5K_QH,
+    Q5K_QS, Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_SCALES, Q8_0_BYTES,
 };
+use crate::dot::avx512_mix as mix;
 use crate::formats::hfq::HFQ_GROUP;
 use crate::formats::kquant::QK_K;
 use crate::formats::legacy::QK;
@@ -40,6 +41,13 @@ pub(crate) static KERNELS_512: Kernels = [
     RowDot::Q8K(plain::dot_q4k_q8k_avx512),
     RowDot::Q8K(plain::dot_q6k_q8k_avx512),
     RowDot::Q8x32(plain::dot_hfq4_q8_0_avx512),
+    RowDot::Q8x32(mix::plain::dot_q5_0_q8_0_avx512),
+    RowDot::Q8x32(mix::plain::dot_q5_1_q8_1_avx512),
+    RowDot::Q8K(plain::dot_q5k_q8k_avx512),
+    RowDot::Q8K(mix::plain::dot_q3k_q8k_avx512),
+    RowDot::Q8K(mix::plain::dot_q2k_q8k_avx512),
+    RowDot::Q8x32(mix::plain::dot_iq4nl_q8_0_avx512),
+    RowDot::Q8K(mix::plain::dot_iq4xs_q8k_avx512),
 ];
 
 /// The AVX-512 VNNI tier's table (float dots are shared: they have no integer part).
@@ -53,31 +61,41 @@ pub(crate) static KERNELS_VNNI: Kernels = [
     RowDot::Q8K(vnni::dot_q4k_q8k_avx512),
     RowDot::Q8K(vnni::dot_q6k_q8k_avx512),
     RowDot::Q8x32(vnni::dot_hfq4_q8_0_avx512),
+    RowDot::Q8x32(mix::vnni::dot_q5_0_q8_0_avx512),
+    RowDot::Q8x32(mix::vnni::dot_q5_1_q8_1_avx512),
+    RowDot::Q8K(vnni::dot_q5k_q8k_avx512),
+    RowDot::Q8K(mix::vnni::dot_q3k_q8k_avx512),
+    RowDot::Q8K(mix::vnni::dot_q2k_q8k_avx512),
+    RowDot::Q8x32(mix::vnni::dot_iq4nl_q8_0_avx512),
+    RowDot::Q8K(mix::vnni::dot_iq4xs_q8k_avx512),
 ];
 
 /// Lane → block selector for two blocks per vector: lanes 0..8 block 0, 8..16 block 1.
-const IDX_2BLK: [i32; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1];
+pub(crate) const IDX_2BLK: [i32; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1];
 /// Same for the second pair of a four-scale vector: lanes 0..8 scale 2, 8..16 scale 3.
-const IDX_2BLK_HI: [i32; 16] = [2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3];
+pub(crate) const IDX_2BLK_HI: [i32; 16] = [2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3];
 /// Q4_0, one block per 128-bit lane: lanes 4i..4i+4 take scale i.
-const IDX_4BLK: [i32; 16] = [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3];
+pub(crate) const IDX_4BLK: [i32; 16] = [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3];
 /// Q4_K: 16-bit lanes of product t cover sub-blocks ((0, 2), (1, 3), (4, 6), (5, 7))[t],
 /// 16 lanes each (one i16 per two bytes after `vpmaddubsw`).
-const IDX16_Q4K: [[u16; 32]; 4] = [
+pub(crate) const IDX16_Q4K: [[u16; 32]; 4] = [
     idx16_pairs(0, 2),
     idx16_pairs(1, 3),
     idx16_pairs(4, 6),
     idx16_pairs(5, 7),
 ];
+/// Q5_K: the sub-blocks in the low and high half of the t-th 512-bit vector of codes (the
+/// order of [`IDX16_Q4K`]).
+const Q5K_PAIRS: [(u8, u8); 4] = [(0, 2), (1, 3), (4, 6), (5, 7)];
 /// Q6_K: 16-bit lane i of product z covers elements 64z + 2i → scale group 4z + i/8.
-const IDX16_Q6K: [[u16; 32]; 4] = [
+pub(crate) const IDX16_Q6K: [[u16; 32]; 4] = [
     idx16_quads(0),
     idx16_quads(4),
     idx16_quads(8),
     idx16_quads(12),
 ];
 
-const fn idx16_pairs(a: u16, b: u16) -> [u16; 32] {
+pub(crate) const fn idx16_pairs(a: u16, b: u16) -> [u16; 32] {
     let mut v = [a; 32];
     let mut i = 16;
     while i < 32 {
@@ -87,7 +105,7 @@ const fn idx16_pairs(a: u16, b: u16) -> [u16; 32] {
     v
 }
 
-const fn idx16_quads(first: u16) -> [u16; 32] {
+pub(crate) const fn idx16_quads(first: u16) -> [u16; 32] {
     let mut v = [0u16; 32];
     let mut i = 0;
     while i < 32 {
@@ -99,7 +117,7 @@ const fn idx16_quads(first: u16) -> [u16; 32] {
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn ld_idx16(a: &[u16; 32]) -> __m512i {
+pub(crate) unsafe fn ld_idx16(a: &[u16; 32]) -> __m512i {
     _mm512_loadu_si512(a.as_ptr() as *const _)
 }
 
@@ -110,14 +128,14 @@ const F_LANES: usize = 16;
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn ld_idx(a: &[i32; 16]) -> __m512i {
+pub(crate) unsafe fn ld_idx(a: &[i32; 16]) -> __m512i {
     _mm512_loadu_si512(a.as_ptr() as *const _)
 }
 
 /// Two 256-bit halves → one 512-bit vector.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
+pub(crate) unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
     _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
 }
 
@@ -193,7 +211,7 @@ pub(crate) unsafe fn dot_bf16_f32_avx512(row: &[u8], x: &[f32]) -> f32 {
 /// u8 × i8 → i32 lanes without VNNI.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn dp_u8i8_plain(acc: __m512i, w: __m512i, x: __m512i) -> __m512i {
+pub(crate) unsafe fn dp_u8i8_plain(acc: __m512i, w: __m512i, x: __m512i) -> __m512i {
     let p = _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), _mm512_set1_epi16(1));
     _mm512_add_epi32(acc, p)
 }
@@ -201,7 +219,7 @@ unsafe fn dp_u8i8_plain(acc: __m512i, w: __m512i, x: __m512i) -> __m512i {
 /// i8 × i8 → i32 lanes without VNNI: |w| · (x negated where w < 0). `corr` is unused.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn dp_i8i8_plain(_corr: __m512i, w: __m512i, x: __m512i) -> __m512i {
+pub(crate) unsafe fn dp_i8i8_plain(_corr: __m512i, w: __m512i, x: __m512i) -> __m512i {
     let neg = _mm512_movepi8_mask(w);
     let sx = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
     dp_u8i8_plain(_mm512_setzero_si512(), _mm512_abs_epi8(w), sx)
@@ -210,7 +228,7 @@ unsafe fn dp_i8i8_plain(_corr: __m512i, w: __m512i, x: __m512i) -> __m512i {
 /// u8 × i8 → i32 lanes with VNNI.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn dp_u8i8_vnni(acc: __m512i, w: __m512i, x: __m512i) -> __m512i {
+pub(crate) unsafe fn dp_u8i8_vnni(acc: __m512i, w: __m512i, x: __m512i) -> __m512i {
     _mm512_dpbusd_epi32(acc, w, x)
 }
 
@@ -218,7 +236,7 @@ unsafe fn dp_u8i8_vnni(acc: __m512i, w: __m512i, x: __m512i) -> __m512i {
 /// through `corr` = [−128·Σx, 0, …] per block.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn dp_i8i8_vnni(corr: __m512i, w: __m512i, x: __m512i) -> __m512i {
+pub(crate) unsafe fn dp_i8i8_vnni(corr: __m512i, w: __m512i, x: __m512i) -> __m512i {
     let wu = _mm512_xor_si512(w, _mm512_set1_epi8(i8::MIN));
     _mm512_dpbusd_epi32(corr, wu, x)
 }
@@ -226,7 +244,7 @@ unsafe fn dp_i8i8_vnni(corr: __m512i, w: __m512i, x: __m512i) -> __m512i {
 /// acc + Σ pairs of (u8 w · i8 x) · i16 scale, without VNNI (`vpmaddwd` + add).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn dp_scaled_plain(acc: __m512i, w: __m512i, x: __m512i, sc: __m512i) -> __m512i {
+pub(crate) unsafe fn dp_scaled_plain(acc: __m512i, w: __m512i, x: __m512i, sc: __m512i) -> __m512i {
     _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), sc))
 }
 
@@ -238,7 +256,7 @@ unsafe fn dp_scaled_plain(acc: __m512i, w: __m512i, x: __m512i, sc: __m512i) -> 
 /// Q4_K / Q6_K row dot from 53.3 / 66.8 to 56.1 / 70.0 GB/s on the AMD EPYC dev VM.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn dp_scaled_vnni(acc: __m512i, w: __m512i, x: __m512i, sc: __m512i) -> __m512i {
+pub(crate) unsafe fn dp_scaled_vnni(acc: __m512i, w: __m512i, x: __m512i, sc: __m512i) -> __m512i {
     let p = _mm512_maddubs_epi16(w, x);
     let mut acc = acc;
     // SAFETY: register-only instruction (no memory, stack or flags); AVX-512 VNNI is enabled
@@ -317,6 +335,8 @@ macro_rules! multi_rows {
     };
 }
 
+pub(crate) use multi_rows;
+
 macro_rules! int_kernels {
     ($m:ident, $feat:literal, $dp:ident, $dpi8:ident, $dps:ident) => {
         /// Integer row dots of this flavour.
@@ -369,7 +389,7 @@ macro_rules! int_kernels {
                 _mm512_reduce_add_ps(acc) + hsum8(tail)
             }
 
-            /// Q4_1 row · q8 activation: Q4_0's 4-block layout, plus the exact `m·Σx` term
+            /// Q4_1 row · q8 activation: Q4_0's 4-block layout, plus the `m·s` term
             /// ([`dot_q4_1_multi`] of one activation).
             #[target_feature(enable = $feat)]
             pub(crate) unsafe fn dot_q4_1_q8_1_avx512(row: &[u8], a: &Q8x32) -> f32 {
@@ -429,8 +449,8 @@ macro_rules! int_kernels {
                 out
             }
 
-            /// Q4_1 row against `N` activations at once (Q4_0's 4-block layout plus the exact
-            /// `m·Σx` term; the nibbles and both scale vectors are unpacked once per step);
+            /// Q4_1 row against `N` activations at once (Q4_0's 4-block layout plus the
+            /// `m·s` term; the nibbles and both scale vectors are unpacked once per step);
             /// `N = 1` is [`dot_q4_1_q8_1_avx512`], as for [`dot_q8_0_multi`].
             #[inline]
             #[target_feature(enable = $feat)]
@@ -484,25 +504,75 @@ macro_rules! int_kernels {
             #[inline]
             #[target_feature(enable = $feat)]
             unsafe fn dot_q4k_multi<const N: usize>(row: &[u8], a: &[&Q8K; N]) -> [f32; N] {
-                let nsb = row.len() / Q4K_BYTES;
+                dot_k45_multi::<N, false>(row, a)
+            }
+
+            /// Q5_K row against `N` activations at once ([`dot_q4k_multi`] plus the high
+            /// bits); `N = 1` is [`dot_q5k_q8k_avx512`].
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn dot_q5k_multi<const N: usize>(row: &[u8], a: &[&Q8K; N]) -> [f32; N] {
+                dot_k45_multi::<N, true>(row, a)
+            }
+
+            /// Q5_K row · q8_K activation ([`dot_q5k_multi`] of one activation).
+            #[target_feature(enable = $feat)]
+            pub(crate) unsafe fn dot_q5k_q8k_avx512(row: &[u8], a: &Q8K) -> f32 {
+                dot_q5k_multi::<1>(row, &[a])[0]
+            }
+
+            /// Q4_K (`Q5 = false`) or Q5_K (`Q5 = true`) row against `N` activations. Q5_K's
+            /// 32 `qh` bytes are broadcast to both halves; vector t holds sub-blocks
+            /// ((0, 2), (1, 3), (4, 6), (5, 7))[t], so its bit-4 mask tests bit a in the low
+            /// half and bit b in the high one.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn dot_k45_multi<const N: usize, const Q5: bool>(
+                row: &[u8],
+                a: &[&Q8K; N],
+            ) -> [f32; N] {
+                let (bytes, qs_at) = if Q5 {
+                    (Q5K_BYTES, Q5K_QS)
+                } else {
+                    (Q4K_BYTES, Q4K_QS)
+                };
+                let nsb = row.len() / bytes;
                 let p = row.as_ptr();
                 let m4 = _mm512_set1_epi8(0x0F);
+                let m16 = _mm512_set1_epi8(HIGH_BIT);
+                let bit_sel: [__m512i; 4] = std::array::from_fn(|t| {
+                    let (lo, hi) = Q5K_PAIRS[t];
+                    join(
+                        _mm256_set1_epi8((1u8 << lo) as i8),
+                        _mm256_set1_epi8((1u8 << hi) as i8),
+                    )
+                });
                 let mut acc = [_mm512_setzero_ps(); N];
                 let mut macc = [_mm_setzero_ps(); N];
                 for s in 0..nsb {
-                    let blk = p.add(Q4K_BYTES * s);
-                    prefetch_ahead::<Q4K_BYTES>(blk);
+                    let blk = p.add(bytes * s);
+                    // 144 and 176 bytes both span three lines.
+                    prefetch_ahead::<Q5K_BYTES>(blk);
                     let (sc, mins) = q4k_unpack_scales(blk.add(Q4K_SCALES));
                     let sc16 =
                         _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
-                    let q0 = _mm512_loadu_si512(blk.add(Q4K_QS) as *const _);
-                    let q1 = _mm512_loadu_si512(blk.add(Q4K_QS + 64) as *const _);
-                    let w = [
+                    let q0 = _mm512_loadu_si512(blk.add(qs_at) as *const _);
+                    let q1 = _mm512_loadu_si512(blk.add(qs_at + 64) as *const _);
+                    let mut w = [
                         _mm512_and_si512(q0, m4),
                         _mm512_and_si512(_mm512_srli_epi16::<4>(q0), m4),
                         _mm512_and_si512(q1, m4),
                         _mm512_and_si512(_mm512_srli_epi16::<4>(q1), m4),
                     ];
+                    if Q5 {
+                        let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                            blk.add(Q5K_QH) as *const __m256i
+                        ));
+                        for (wt, sel) in w.iter_mut().zip(&bit_sel) {
+                            let k = _mm512_test_epi8_mask(qh, *sel);
+                            *wt = _mm512_mask_add_epi8(*wt, k, *wt, m16);
+                        }
+                    }
                     let sct: [__m512i; 4] = std::array::from_fn(|t| {
                         _mm512_permutexvar_epi16(ld_idx16(&IDX16_Q4K[t]), sc16)
                     });
@@ -534,6 +604,7 @@ macro_rules! int_kernels {
             multi_rows!($feat, Q8x32, gemv_q8_0_multi, rows_q8_0, dot_q8_0_multi);
             multi_rows!($feat, Q8x32, gemv_q4_1_multi, rows_q4_1, dot_q4_1_multi);
             multi_rows!($feat, Q8K, gemv_q4k_multi, rows_q4k, dot_q4k_multi);
+            multi_rows!($feat, Q8K, gemv_q5k_multi, rows_q5k, dot_q5k_multi);
 
             /// HFQ4G256 row · q8 activation (activation permuted per 128: evens, odds).
             #[target_feature(enable = $feat)]

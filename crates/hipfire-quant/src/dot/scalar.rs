@@ -4,10 +4,14 @@
 use crate::act::{Q8x32, Q4K_ACT_ORDER, Q8K};
 use crate::formats::float::bf16_to_f32;
 use crate::formats::hfq::{BlockHfq4G256, HFQ_GROUP};
+use crate::formats::iq4::{BlockIq4Nl, BlockIq4Xs, IQ4XS_SCALE_OFFSET};
 use crate::formats::kquant::{
-    q4k_scale_min, BlockQ4K, BlockQ6K, Q4K_SUB, Q6K_OFFSET, Q6K_SUB, QK_K,
+    q4k_scale_min, BlockQ4K, BlockQ5K, BlockQ6K, K_SCALE_SIZE, Q4K_SUB, Q6K_OFFSET, Q6K_SUB, QK_K,
 };
-use crate::formats::legacy::{nibble, BlockQ4_0, BlockQ4_1, BlockQ8_0, Q4_0_OFFSET, QK};
+use crate::formats::kquant_low::{q3k_scales, BlockQ2K, BlockQ3K, Q3K_OFFSET, Q3K_SCALE_OFFSET};
+use crate::formats::legacy::{
+    nibble, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, Q4_0_OFFSET, Q5_0_OFFSET, QK,
+};
 use crate::formats::{arr, f16_to_f32};
 
 /// F32 row · x.
@@ -68,7 +72,8 @@ pub(crate) fn dot_q4_0_q8_0_scalar(row: &[u8], a: &Q8x32) -> f32 {
     acc as f32
 }
 
-/// Q4_1 row · q8 activation: Σ d·dx·Σ q·xq + m·Σx (activation permuted per 4 blocks).
+/// Q4_1 row · q8 activation: Σ d·dx·Σ q·xq + m·s with s = dx·Σxq, the sum of the quantised
+/// block (ggml's q8_1 `s`; see `act::Q8x32::s`), activation permuted per 4 blocks.
 pub(crate) fn dot_q4_1_q8_1_scalar(row: &[u8], a: &Q8x32) -> f32 {
     let k = a.qs.len();
     let mut acc = 0f64;
@@ -86,7 +91,32 @@ pub(crate) fn dot_q4_1_q8_1_scalar(row: &[u8], a: &Q8x32) -> f32 {
     acc as f32
 }
 
-/// HFQ4G256 row · q8 activation (permuted per 128: evens then odds).
+/// Q5_0 row · q8 activation: Σ d·dx·(Σ q·xq − 16·Σxq).
+pub(crate) fn dot_q5_0_q8_0_scalar(row: &[u8], a: &Q8x32) -> f32 {
+    let mut acc = 0f64;
+    for (b, blk) in row.chunks_exact(22).enumerate() {
+        let w = BlockQ5_0::read(blk);
+        let p = isum32(w.codes().iter().map(|&c| i32::from(c)), &a.qs[QK * b..]);
+        let p = p - Q5_0_OFFSET * a.isum[b];
+        acc += f64::from(f16_to_f32(w.d) * a.d[b]) * f64::from(p);
+    }
+    acc as f32
+}
+
+/// Q5_1 row · q8 activation: Σ d·dx·Σ q·xq + m·s (s = dx·Σxq, as ggml's q8_1).
+pub(crate) fn dot_q5_1_q8_1_scalar(row: &[u8], a: &Q8x32) -> f32 {
+    let mut acc = 0f64;
+    for (b, blk) in row.chunks_exact(24).enumerate() {
+        let w = BlockQ5_1::read(blk);
+        let p = isum32(w.codes().iter().map(|&c| i32::from(c)), &a.qs[QK * b..]);
+        acc += f64::from(f16_to_f32(w.d) * a.d[b]) * f64::from(p);
+        acc += f64::from(f16_to_f32(w.m)) * f64::from(a.s[b]);
+    }
+    acc as f32
+}
+
+/// HFQ4G256 row · q8 activation (permuted per 128: evens then odds); the zero term uses the
+/// group's sum of the quantised activation (`act::Q8x32::gsum`).
 pub(crate) fn dot_hfq4_q8_0_scalar(row: &[u8], a: &Q8x32) -> f32 {
     let mut acc = 0f64;
     for (g, blk) in row.chunks_exact(136).enumerate() {
@@ -112,14 +142,34 @@ pub(crate) fn dot_hfq4_q8_0_scalar(row: &[u8], a: &Q8x32) -> f32 {
 
 /// Q4_K row · q8_K activation: Σ dx·(d·Σ sc_j·P_j − dmin·Σ m_j·S_j).
 pub(crate) fn dot_q4k_q8k_scalar(row: &[u8], a: &Q8K) -> f32 {
-    let mut acc = 0f64;
-    for (s, blk) in row.chunks_exact(144).enumerate() {
+    let blocks = row.chunks_exact(144).map(|blk| {
         let w = BlockQ4K::read(blk);
-        let q = w.quants();
+        (w.d, w.dmin, w.scales, w.quants())
+    });
+    dot_k_asym_scalar(blocks, a)
+}
+
+/// Q5_K row · q8_K activation: Q4_K's sum with 5-bit quants.
+pub(crate) fn dot_q5k_q8k_scalar(row: &[u8], a: &Q8K) -> f32 {
+    let blocks = row.chunks_exact(176).map(|blk| {
+        let w = BlockQ5K::read(blk);
+        (w.d, w.dmin, w.scales, w.quants())
+    });
+    dot_k_asym_scalar(blocks, a)
+}
+
+/// Σ over super-blocks given as (d, dmin, packed scales, quants in element order) of
+/// dx·(d·Σ sc_j·P_j − dmin·Σ m_j·S_j), the activation in [`Q4K_ACT_ORDER`].
+fn dot_k_asym_scalar(
+    blocks: impl Iterator<Item = ([u8; 2], [u8; 2], [u8; K_SCALE_SIZE], [u8; QK_K])>,
+    a: &Q8K,
+) -> f32 {
+    let mut acc = 0f64;
+    for (s, (d, dmin, scales, q)) in blocks.enumerate() {
         let xq = &a.qs[QK_K * s..QK_K * (s + 1)];
         let (mut isc, mut imn) = (0i32, 0i32);
         for (t, &j) in Q4K_ACT_ORDER.iter().enumerate() {
-            let (sc, m) = q4k_scale_min(j, &w.scales);
+            let (sc, m) = q4k_scale_min(j, &scales);
             let p = isum32(
                 q[Q4K_SUB * j..Q4K_SUB * (j + 1)]
                     .iter()
@@ -130,8 +180,8 @@ pub(crate) fn dot_q4k_q8k_scalar(row: &[u8], a: &Q8K) -> f32 {
             imn += i32::from(m) * i32::from(a.sums32[8 * s + j]);
         }
         let dx = a.d[s];
-        acc += f64::from(f16_to_f32(w.d) * dx) * f64::from(isc);
-        acc -= f64::from(f16_to_f32(w.dmin) * dx) * f64::from(imn);
+        acc += f64::from(f16_to_f32(d) * dx) * f64::from(isc);
+        acc -= f64::from(f16_to_f32(dmin) * dx) * f64::from(imn);
     }
     acc as f32
 }
@@ -150,6 +200,75 @@ pub(crate) fn dot_q6k_q8k_scalar(row: &[u8], a: &Q8K) -> f32 {
                 .sum();
             let bs = i32::from(a.bsums[16 * s + g]);
             isum += i32::from(w.scales[g]) * (p - Q6K_OFFSET * bs);
+        }
+        acc += f64::from(f16_to_f32(w.d) * a.d[s]) * f64::from(isum);
+    }
+    acc as f32
+}
+
+/// Q3_K row · q8_K activation: Σ d·dx·Σ_g (sc_g − 32)·(P_g − 4·S_g) over groups of 16.
+pub(crate) fn dot_q3k_q8k_scalar(row: &[u8], a: &Q8K) -> f32 {
+    let mut acc = 0f64;
+    for (s, blk) in row.chunks_exact(110).enumerate() {
+        let w = BlockQ3K::read(blk);
+        let (c, sc) = (w.codes(), q3k_scales(&w.scales));
+        let xq = &a.qs[QK_K * s..QK_K * (s + 1)];
+        let mut isum = 0i32;
+        for (g, &scg) in sc.iter().enumerate() {
+            let r = Q6K_SUB * g..Q6K_SUB * (g + 1);
+            let p = isum32(c[r.clone()].iter().map(|&v| i32::from(v)), &xq[r]);
+            let bs = i32::from(a.bsums[16 * s + g]);
+            isum += (i32::from(scg) - Q3K_SCALE_OFFSET) * (p - Q3K_OFFSET * bs);
+        }
+        acc += f64::from(f16_to_f32(w.d) * a.d[s]) * f64::from(isum);
+    }
+    acc as f32
+}
+
+/// Q2_K row · q8_K activation: Σ dx·(d·Σ_g sc_g·P_g − dmin·Σ_g m_g·S_g) over groups of 16.
+pub(crate) fn dot_q2k_q8k_scalar(row: &[u8], a: &Q8K) -> f32 {
+    let mut acc = 0f64;
+    for (s, blk) in row.chunks_exact(84).enumerate() {
+        let w = BlockQ2K::read(blk);
+        let c = w.codes();
+        let xq = &a.qs[QK_K * s..QK_K * (s + 1)];
+        let (mut isc, mut imn) = (0i32, 0i32);
+        for g in 0..QK_K / Q6K_SUB {
+            let r = Q6K_SUB * g..Q6K_SUB * (g + 1);
+            let p = isum32(c[r.clone()].iter().map(|&v| i32::from(v)), &xq[r]);
+            isc += i32::from(w.scales[g] & 0x0F) * p;
+            imn += i32::from(w.scales[g] >> 4) * i32::from(a.bsums[16 * s + g]);
+        }
+        let dx = a.d[s];
+        acc += f64::from(f16_to_f32(w.d) * dx) * f64::from(isc);
+        acc -= f64::from(f16_to_f32(w.dmin) * dx) * f64::from(imn);
+    }
+    acc as f32
+}
+
+/// IQ4_NL row · q8 activation: Σ d·dx·Σ table(q)·xq.
+pub(crate) fn dot_iq4nl_q8_0_scalar(row: &[u8], a: &Q8x32) -> f32 {
+    let mut acc = 0f64;
+    for (b, blk) in row.chunks_exact(18).enumerate() {
+        let w = BlockIq4Nl::read(blk);
+        let p = isum32(w.values().iter().map(|&v| i32::from(v)), &a.qs[QK * b..]);
+        acc += f64::from(f16_to_f32(w.d) * a.d[b]) * f64::from(p);
+    }
+    acc as f32
+}
+
+/// IQ4_XS row · q8_K activation: Σ d·dx·Σ_ib (sc_ib − 32)·Σ table(q)·xq over sub-blocks of 32.
+pub(crate) fn dot_iq4xs_q8k_scalar(row: &[u8], a: &Q8K) -> f32 {
+    let mut acc = 0f64;
+    for (s, blk) in row.chunks_exact(136).enumerate() {
+        let w = BlockIq4Xs::read(blk);
+        let (v, sc) = (w.values(), w.scale_codes());
+        let xq = &a.qs[QK_K * s..QK_K * (s + 1)];
+        let mut isum = 0i32;
+        for (ib, &c) in sc.iter().enumerate() {
+            let r = QK * ib..QK * (ib + 1);
+            let p = isum32(v[r.clone()].iter().map(|&q| i32::from(q)), &xq[r]);
+            isum += (i32::from(c) - IQ4XS_SCALE_OFFSET) * p;
         }
         acc += f64::from(f16_to_f32(w.d) * a.d[s]) * f64::from(isum);
     }

@@ -1,8 +1,8 @@
-//! ggml's K-quant super-blocks of 256: Q4_K and Q6_K.
+//! ggml's K-quant super-blocks of 256: Q4_K, Q5_K and Q6_K.
 //!
 //! Layouts follow `ggml/src/ggml-common.h`; the quantisers are ggml's simple reference ones,
-//! `quantize_row_q4_K_ref` (with `make_qkx2_quants`) and `quantize_row_q6_K_ref` (with
-//! `make_qx_quants`) from
+//! `quantize_row_q4_K_ref` / `quantize_row_q5_K_ref` (with `make_qkx2_quants`) and
+//! `quantize_row_q6_K_ref` (with `make_qx_quants`) from
 //! <https://github.com/ggml-org/llama.cpp/blob/b6000/ggml/src/ggml-quants.c>.
 
 use super::{arr, f16_to_f32, f32_to_f16, nearest_int, BlockFormat};
@@ -36,6 +36,24 @@ pub struct BlockQ4K {
     pub qs: [u8; QK_K / 2],
 }
 const _: () = assert!(size_of::<BlockQ4K>() == 144 && std::mem::align_of::<BlockQ4K>() == 1);
+
+/// Q5_K super-block: 5.5 bits per weight. Q4_K's scales and nibbles plus one high bit per
+/// element.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockQ5K {
+    /// Super-block scale for the sub-block scales, f16.
+    pub d: [u8; 2],
+    /// Super-block scale for the sub-block mins, f16.
+    pub dmin: [u8; 2],
+    /// Q4_K's packed 6-bit scales and mins.
+    pub scales: [u8; K_SCALE_SIZE],
+    /// Bit j of byte l: bit 4 of element 32·j + l.
+    pub qh: [u8; QK_K / 8],
+    /// Low 4 bits, in Q4_K's order.
+    pub qs: [u8; QK_K / 2],
+}
+const _: () = assert!(size_of::<BlockQ5K>() == 176 && std::mem::align_of::<BlockQ5K>() == 1);
 
 /// Q6_K super-block: 6.5625 bits per weight.
 #[repr(C)]
@@ -71,6 +89,30 @@ impl BlockQ4K {
                 q[64 * c + l] = b & 0x0F;
                 q[64 * c + 32 + l] = b >> 4;
             }
+        }
+        q
+    }
+}
+
+impl BlockQ5K {
+    /// Read a block from its 176 bytes.
+    pub fn read(b: &[u8]) -> Self {
+        BlockQ5K {
+            d: arr(b),
+            dmin: arr(&b[2..]),
+            scales: arr(&b[4..]),
+            qh: arr(&b[16..]),
+            qs: arr(&b[48..]),
+        }
+    }
+    /// The 256 unsigned 5-bit quants (0..=31) in element order.
+    pub fn quants(&self) -> [u8; QK_K] {
+        let mut q = [0u8; QK_K];
+        for (e, v) in q.iter_mut().enumerate() {
+            let (c, t, l) = (e / 64, (e % 64) / 32, e % 32);
+            let low = (self.qs[32 * c + l] >> (4 * t)) & 0x0F;
+            let high = (self.qh[l] >> (e / Q4K_SUB)) & 1;
+            *v = low | (high << 4);
         }
         q
     }
@@ -119,6 +161,8 @@ pub fn q4k_scale_min(j: usize, q: &[u8; K_SCALE_SIZE]) -> (u8, u8) {
 
 /// Q4_K marker type.
 pub struct Q4K;
+/// Q5_K marker type.
+pub struct Q5K;
 /// Q6_K marker type.
 pub struct Q6K;
 
@@ -128,31 +172,31 @@ impl BlockFormat for Q4K {
     const BLOCK_BYTES: usize = size_of::<BlockQ4K>();
     fn dequantize_block(block: &[u8], out: &mut [f32]) {
         let b = BlockQ4K::read(block);
-        let (d, dmin) = (f16_to_f32(b.d), f16_to_f32(b.dmin));
-        let q = b.quants();
-        for j in 0..QK_K / Q4K_SUB {
-            let (sc, m) = q4k_scale_min(j, &b.scales);
-            // Same operation order as ggml and gguf-py: (d·sc)·q − (dmin·m).
-            let (ds, dm) = (d * f32::from(sc), dmin * f32::from(m));
-            for l in 0..Q4K_SUB {
-                out[Q4K_SUB * j + l] = ds * f32::from(q[Q4K_SUB * j + l]) - dm;
-            }
-        }
+        dequant_k_asym(b.d, b.dmin, &b.scales, &b.quants(), out);
     }
     fn dequantize_block_f64(block: &[u8], out: &mut [f64]) {
         let b = BlockQ4K::read(block);
-        let (d, dmin) = (f64::from(f16_to_f32(b.d)), f64::from(f16_to_f32(b.dmin)));
-        let q = b.quants();
-        for j in 0..QK_K / Q4K_SUB {
-            let (sc, m) = q4k_scale_min(j, &b.scales);
-            for l in 0..Q4K_SUB {
-                let qv = f64::from(q[Q4K_SUB * j + l]);
-                out[Q4K_SUB * j + l] = d * f64::from(sc) * qv - dmin * f64::from(m);
-            }
-        }
+        dequant_k_asym_f64(b.d, b.dmin, &b.scales, &b.quants(), out);
     }
     fn quantize_block(x: &[f32], out: &mut [u8]) {
         quantize_q4k(x, out);
+    }
+}
+
+impl BlockFormat for Q5K {
+    const FORMAT: Format = Format::Q5K;
+    const BLOCK_ELEMS: usize = QK_K;
+    const BLOCK_BYTES: usize = size_of::<BlockQ5K>();
+    fn dequantize_block(block: &[u8], out: &mut [f32]) {
+        let b = BlockQ5K::read(block);
+        dequant_k_asym(b.d, b.dmin, &b.scales, &b.quants(), out);
+    }
+    fn dequantize_block_f64(block: &[u8], out: &mut [f64]) {
+        let b = BlockQ5K::read(block);
+        dequant_k_asym_f64(b.d, b.dmin, &b.scales, &b.quants(), out);
+    }
+    fn quantize_block(x: &[f32], out: &mut [u8]) {
+        quantize_q5k(x, out);
     }
 }
 
@@ -182,18 +226,60 @@ impl BlockFormat for Q6K {
     }
 }
 
-/// ggml's `make_qkx2_quants` (asymmetric, weighted least squares over `nstep` scale trials).
-/// Returns (scale, −min) and fills `l` with quants in 0..=nmax.
-#[allow(clippy::too_many_arguments)]
-fn make_qkx2_quants(
+/// Q4_K / Q5_K super-block from its parts to f32, in ggml's and gguf-py's operation order:
+/// (d·sc)·q − (dmin·m).
+fn dequant_k_asym(
+    d: [u8; 2],
+    dmin: [u8; 2],
+    scales: &[u8; K_SCALE_SIZE],
+    q: &[u8; QK_K],
+    out: &mut [f32],
+) {
+    let (d, dmin) = (f16_to_f32(d), f16_to_f32(dmin));
+    for j in 0..QK_K / Q4K_SUB {
+        let (sc, m) = q4k_scale_min(j, scales);
+        let (ds, dm) = (d * f32::from(sc), dmin * f32::from(m));
+        for l in 0..Q4K_SUB {
+            out[Q4K_SUB * j + l] = ds * f32::from(q[Q4K_SUB * j + l]) - dm;
+        }
+    }
+}
+
+/// [`dequant_k_asym`] in f64.
+fn dequant_k_asym_f64(
+    d: [u8; 2],
+    dmin: [u8; 2],
+    scales: &[u8; K_SCALE_SIZE],
+    q: &[u8; QK_K],
+    out: &mut [f64],
+) {
+    let (d, dmin) = (f64::from(f16_to_f32(d)), f64::from(f16_to_f32(dmin)));
+    for j in 0..QK_K / Q4K_SUB {
+        let (sc, m) = q4k_scale_min(j, scales);
+        for l in 0..Q4K_SUB {
+            let qv = f64::from(q[Q4K_SUB * j + l]);
+            out[Q4K_SUB * j + l] = d * f64::from(sc) * qv - dmin * f64::from(m);
+        }
+    }
+}
+
+/// ggml's `make_qkx2_quants` (asymmetric, weighted least squares — or least absolute
+/// deviations with `use_mad` — over `nstep` scale trials). Returns (scale, −min) and fills `l`
+/// with quants in 0..=nmax; `x.len() <= 32`.
+pub(crate) fn make_qkx2_quants(
     x: &[f32],
     weights: &[f32],
     nmax: i32,
     l: &mut [u8],
-    rmin: f32,
-    rdelta: f32,
-    nstep: i32,
+    search: KSearch,
 ) -> (f32, f32) {
+    let KSearch {
+        rmin,
+        rdelta,
+        nstep,
+        use_mad,
+    } = search;
+    let err = |diff: f32| if use_mad { diff.abs() } else { diff * diff };
     let n = x.len();
     let mut laux = [0u8; Q4K_SUB];
     let (mut min, mut max) = (x[0], x[0]);
@@ -218,8 +304,7 @@ fn make_qkx2_quants(
     for i in 0..n {
         let q = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
         l[i] = q as u8;
-        let diff = scale * q as f32 + min - x[i];
-        best_error += weights[i] * diff * diff;
+        best_error += weights[i] * err(scale * q as f32 + min - x[i]);
     }
     for is in 0..=nstep {
         iscale = (rmin + rdelta * is as f32 + nmax as f32) / (max - min);
@@ -242,8 +327,7 @@ fn make_qkx2_quants(
             }
             let mut cur_error = 0.0f32;
             for i in 0..n {
-                let diff = this_scale * f32::from(laux[i]) + this_min - x[i];
-                cur_error += weights[i] * diff * diff;
+                cur_error += weights[i] * err(this_scale * f32::from(laux[i]) + this_min - x[i]);
             }
             if cur_error < best_error {
                 l[..n].copy_from_slice(&laux[..n]);
@@ -256,15 +340,77 @@ fn make_qkx2_quants(
     (scale, -min)
 }
 
-/// Largest 6-bit scale / min code of Q4_K.
+/// The scale search of `make_qkx2_quants`: trial inverse scales `(nmax + rmin + rdelta·i) /
+/// (max − min)` for i in 0..=nstep, scored by weighted squared (or, `use_mad`, absolute) error.
+#[derive(Clone, Copy)]
+pub(crate) struct KSearch {
+    pub(crate) rmin: f32,
+    pub(crate) rdelta: f32,
+    pub(crate) nstep: i32,
+    pub(crate) use_mad: bool,
+}
+
+/// Largest 6-bit scale / min code of Q4_K and Q5_K.
 const Q4K_SCALE_MAX: f32 = 63.0;
 /// Largest 4-bit quant of Q4_K.
 const Q4K_QMAX: i32 = 15;
-/// make_qkx2_quants search parameters ggml passes for Q4_K: rmin, rdelta, nstep.
-const Q4K_SEARCH: (f32, f32, i32) = (-1.0, 0.1, 20);
+/// Largest 5-bit quant of Q5_K.
+const Q5K_QMAX: i32 = 31;
+/// make_qkx2_quants search ggml's `quantize_row_q4_K_ref` passes.
+const Q4K_SEARCH: KSearch = KSearch {
+    rmin: -1.0,
+    rdelta: 0.1,
+    nstep: 20,
+    use_mad: false,
+};
+/// make_qkx2_quants search ggml's `quantize_row_q5_K_ref` passes.
+const Q5K_SEARCH: KSearch = KSearch {
+    rmin: -0.5,
+    rdelta: 0.1,
+    nstep: 15,
+    use_mad: false,
+};
 
 /// ggml's `quantize_row_q4_K_ref` for one super-block.
 fn quantize_q4k(x: &[f32], out: &mut [u8]) {
+    let (d16, dmin16, sc, l) = quantize_k_asym(x, Q4K_QMAX, Q4K_SEARCH);
+    out[0..2].copy_from_slice(&d16);
+    out[2..4].copy_from_slice(&dmin16);
+    out[4..16].copy_from_slice(&sc);
+    let qs = &mut out[16..16 + QK_K / 2];
+    for c in 0..4 {
+        for i in 0..32 {
+            qs[32 * c + i] = l[64 * c + i] | (l[64 * c + 32 + i] << 4);
+        }
+    }
+}
+
+/// ggml's `quantize_row_q5_K_ref` for one super-block.
+fn quantize_q5k(x: &[f32], out: &mut [u8]) {
+    let (d16, dmin16, sc, l) = quantize_k_asym(x, Q5K_QMAX, Q5K_SEARCH);
+    out[0..2].copy_from_slice(&d16);
+    out[2..4].copy_from_slice(&dmin16);
+    out[4..16].copy_from_slice(&sc);
+    let (qh, qs) = out[16..16 + QK_K / 8 + QK_K / 2].split_at_mut(QK_K / 8);
+    qh.fill(0);
+    for c in 0..4 {
+        for i in 0..32 {
+            let (l1, l2) = (l[64 * c + i], l[64 * c + 32 + i]);
+            qh[i] |= ((l1 >> 4) << (2 * c)) | ((l2 >> 4) << (2 * c + 1));
+            qs[32 * c + i] = (l1 & 0x0F) | ((l2 & 0x0F) << 4);
+        }
+    }
+}
+
+/// The shared part of ggml's Q4_K / Q5_K reference quantisers: per 32 a weighted
+/// `make_qkx2_quants`, the scales and mins to 6 bits (packed as `get_scale_min_k4` reads them)
+/// under f16 super-scales, then every quant recomputed against the coded scales. Returns
+/// (d, dmin, packed scales, quants 0..=nmax in element order).
+fn quantize_k_asym(
+    x: &[f32],
+    nmax: i32,
+    search: KSearch,
+) -> ([u8; 2], [u8; 2], [u8; K_SCALE_SIZE], [u8; QK_K]) {
     let mut l = [0u8; QK_K];
     let mut weights = [0f32; Q4K_SUB];
     let mut mins = [0f32; QK_K / Q4K_SUB];
@@ -277,16 +423,7 @@ fn quantize_q4k(x: &[f32], out: &mut [u8]) {
         for (w, v) in weights.iter_mut().zip(xs) {
             *w = av_x + v.abs();
         }
-        let (rmin, rdelta, nstep) = Q4K_SEARCH;
-        let (s, m) = make_qkx2_quants(
-            xs,
-            &weights,
-            Q4K_QMAX,
-            &mut l[Q4K_SUB * j..],
-            rmin,
-            rdelta,
-            nstep,
-        );
+        let (s, m) = make_qkx2_quants(xs, &weights, nmax, &mut l[Q4K_SUB * j..], search);
         scales[j] = s;
         mins[j] = m;
         max_scale = max_scale.max(s);
@@ -325,19 +462,11 @@ fn quantize_q4k(x: &[f32], out: &mut [u8]) {
         }
         let dm = f16_to_f32(dmin16) * f32::from(m);
         for ii in 0..Q4K_SUB {
-            let q = nearest_int((x[Q4K_SUB * j + ii] + dm) / d).clamp(0, Q4K_QMAX);
+            let q = nearest_int((x[Q4K_SUB * j + ii] + dm) / d).clamp(0, nmax);
             l[Q4K_SUB * j + ii] = q as u8;
         }
     }
-    out[0..2].copy_from_slice(&d16);
-    out[2..4].copy_from_slice(&dmin16);
-    out[4..16].copy_from_slice(&sc);
-    let qs = &mut out[16..16 + QK_K / 2];
-    for c in 0..4 {
-        for i in 0..32 {
-            qs[32 * c + i] = l[64 * c + i] | (l[64 * c + 32 + i] << 4);
-        }
-    }
+    (d16, dmin16, sc, l)
 }
 
 /// ggml's `make_qx_quants` with `rmse_type = 1` and no importance weights: symmetric

@@ -10,7 +10,9 @@ use crate::Format;
 
 pub mod float;
 pub mod hfq;
+pub mod iq4;
 pub mod kquant;
+pub mod kquant_low;
 pub mod legacy;
 
 /// One block format: geometry plus reference per-block conversions.
