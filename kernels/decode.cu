@@ -7,8 +7,10 @@
 // computed in f32 (projection, bias, k-norm, RoPE) and rounded once, to nearest with ties to even,
 // when stored, which is half::f16::from_f32's rule, so on finite values both engines cache the same bits.
 //
-// Everything here is bandwidth-trivial next to the projections (a 4096-wide vector per call), so the
-// kernels favour simplicity: one block per vector or per head, shared-memory reductions.
+// Everything but attention is bandwidth-trivial next to the projections (a 4096-wide vector per
+// call), so those kernels favour simplicity: one block per vector or per head, shared-memory
+// reductions. Attention reads the whole KV cache every step (512 MiB a token for Llama-3-8B at
+// depth 4096), so it is split over the KV range to use the whole chip (see below).
 
 #if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC_RTC__)
 #define HF_HIP 1
@@ -106,47 +108,286 @@ extern "C" __global__ void kv_store_f16(const float* __restrict__ k, const float
     }
 }
 
-// Decode attention for one query token over the f16 cache. q: [n_head][head_dim] (f32); caches:
-// [n_pos_max][n_kv_head][head_dim] f16 (row `p` written at position p); out: [n_head][head_dim] (f32).
-// One block per query head; scores for all n_pos positions live in dynamic shared memory (n_pos
-// floats); products and sums are f32.
-extern "C" __global__ void attention_f16kv(const float* __restrict__ q, const hf_u16* __restrict__ kc,
-                                           const hf_u16* __restrict__ vc, float* __restrict__ out,
-                                           int n_head, int n_kv_head, int head_dim, int n_pos,
-                                           float scale) {
-    extern __shared__ float scores[];
-    __shared__ float scratch[32];
-    const int h = blockIdx.x;
-    const int kvh = h / (n_head / n_kv_head);
-    const size_t stride = (size_t)n_kv_head * head_dim;
-    const float* qh = q + (size_t)h * head_dim;
+// ---- Decode attention, split over the KV range ("flash-decoding") ----
+//
+// One query token over the f16 cache. q: [n_head][head_dim] (f32); caches: [n_pos_max][n_kv_head]
+// [head_dim] f16 (row `p` written at position p); out: [n_head][head_dim] (f32).
+//
+// attention_split_f16kv_g{1,2,4,8}: one block per (group of up to `heads_per_block` query heads
+// of one kv head, chunk of positions); blockIdx.x = (head_group * n_kv_head + kv_head) * n_chunks
+// + chunk. Every K and V row of the chunk is read once for all the block's query heads (the GQA
+// group), one 16-byte load per lane, and the chunk is walked in tiles with a running max and sum
+// (online softmax). With one chunk the block writes the normalised output; otherwise it writes
+// the chunk's partial (m, l, acc[head_dim], acc unnormalised) to part[head][chunk][2 + head_dim]
+// and attention_combine_f32 merges the chunks. The suffix is the most heads a block serves
+// (their accumulators are registers, so a smaller group uses fewer); the host launches the
+// smallest instance >= heads_per_block.
+//
+// Lanes: a row of head_dim f16 is `lanes_per_row` lanes of 8 values (the host passes the power of
+// two >= head_dim / 8, <= HF_WARP; lanes past head_dim load nothing), so the block holds
+// n_rg = blockDim / lanes_per_row rows at once and a tile is n_rg * HF_ATTN_UNROLL rows. Each lane
+// loads its tile's K and V rows together, and the next tile's K while this tile's softmax runs and
+// its V after this tile's V is used, so loads stay in flight through the compute. Products and
+// sums are f32. head_dim must be a multiple of 8 (the 16-byte loads stay aligned).
+
+// Rows each lane holds per tile (K and V, 16 bytes each).
+#ifndef HF_ATTN_UNROLL
+#define HF_ATTN_UNROLL 4
+#endif
+// Threads of the split kernel (4 warps on CUDA); the host launches exactly this many.
+#define HF_ATTN_THREADS 128
+// Most chunks attention_combine_f32 merges (its weights sit in a static shared array).
+#define HF_ATTN_MAX_CHUNKS 256
+// Most query heads a block serves (the largest instance below).
+#define HF_ATTN_MAX_G 8
+
+// The 8 f16 in a 16-byte load, as f32.
+__device__ __forceinline__ void hf_unpack8(uint4 r, float* f) {
+    f[0] = hf_h2f((hf_u16)(r.x & 0xffffu));
+    f[1] = hf_h2f((hf_u16)(r.x >> 16));
+    f[2] = hf_h2f((hf_u16)(r.y & 0xffffu));
+    f[3] = hf_h2f((hf_u16)(r.y >> 16));
+    f[4] = hf_h2f((hf_u16)(r.z & 0xffffu));
+    f[5] = hf_h2f((hf_u16)(r.z >> 16));
+    f[6] = hf_h2f((hf_u16)(r.w & 0xffffu));
+    f[7] = hf_h2f((hf_u16)(r.w >> 16));
+}
+
+// [ng][head_dim] scaled q and two [ng][tile] score buffers (alternate tiles, so one barrier orders
+// a tile's V reads before the next tile's writes); after the last tile, [n_warps][ng][head_dim]
+// per-warp sums over the same bytes.
+extern __shared__ __align__(16) float hf_attn_smem[];
+
+template <int GM>
+__device__ __forceinline__ void hf_attn_split(const float* __restrict__ q,
+                                              const hf_u16* __restrict__ kc,
+                                              const hf_u16* __restrict__ vc,
+                                              float* __restrict__ out, float* __restrict__ part,
+                                              int n_head, int n_kv_head, int head_dim, int n_pos,
+                                              int chunk_len, int n_chunks, int lanes_per_row,
+                                              int heads_per_block, float scale) {
+    __shared__ float m_run[GM], l_run[GM], corr[GM];
+    const int D = head_dim;
+    const int chunk = blockIdx.x % n_chunks;
+    const int rest = blockIdx.x / n_chunks;
+    const int kvh = rest % n_kv_head, hgroup = rest / n_kv_head;
+    const int group = n_head / n_kv_head;
+    const int g0 = hgroup * heads_per_block;
+    const int ng = min(heads_per_block, group - g0);
+    const int h0 = kvh * group + g0;
+    const int lpr = lanes_per_row;
+    const int n_rg = blockDim.x / lpr;
+    const int tile = n_rg * HF_ATTN_UNROLL;
+    float* qs = hf_attn_smem;
+    float* sc_buf = hf_attn_smem + ng * D;
+    for (int i = threadIdx.x; i < ng * D; i += blockDim.x) qs[i] = q[(size_t)h0 * D + i] * scale;
+    if (threadIdx.x < GM) {
+        m_run[threadIdx.x] = HF_NEG_INF;
+        l_run[threadIdx.x] = 0.0f;
+    }
     const int lane = threadIdx.x % HF_WARP, warp = threadIdx.x / HF_WARP;
     const int n_warps = blockDim.x / HF_WARP;
-    // One warp per position: lanes split the head dimension.
-    for (int p = warp; p < n_pos; p += n_warps) {
-        const hf_u16* kp = kc + p * stride + (size_t)kvh * head_dim;
-        float s = 0.0f;
-        for (int i = lane; i < head_dim; i += HF_WARP) s += qh[i] * hf_h2f(kp[i]);
-        for (int o = HF_WARP / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (lane == 0) scores[p] = s * scale;
+    const int lr = lane % lpr;
+    const int rg = threadIdx.x / lpr;
+    const bool dim_on = lr * 8 < D;
+    const size_t stride = (size_t)n_kv_head * D;
+    const hf_u16* kbase = kc + (size_t)kvh * D + lr * 8;
+    const hf_u16* vbase = vc + (size_t)kvh * D + lr * 8;
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    float acc[GM][8];
+#pragma unroll
+    for (int g = 0; g < GM; ++g)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[g][i] = 0.0f;
+    const int p_begin = chunk * chunk_len;
+    const int p_end = min(n_pos, p_begin + chunk_len);
+    uint4 kr[HF_ATTN_UNROLL], vr[HF_ATTN_UNROLL];
+#pragma unroll
+    for (int u = 0; u < HF_ATTN_UNROLL; ++u) {
+        const int r = u * n_rg + rg;
+        const bool ok = dim_on && p_begin + r < p_end;
+        const size_t off = (size_t)(p_begin + r) * stride;
+        kr[u] = ok ? *(const uint4*)(kbase + off) : zero;
+        vr[u] = ok ? *(const uint4*)(vbase + off) : zero;
     }
     __syncthreads();
-    float m = HF_NEG_INF;
-    for (int p = threadIdx.x; p < n_pos; p += blockDim.x) m = fmaxf(m, scores[p]);
-    m = hf_block_max(m, scratch);
-    float sum = 0.0f;
-    for (int p = threadIdx.x; p < n_pos; p += blockDim.x) {
-        const float e = __expf(scores[p] - m);
-        scores[p] = e;
-        sum += e;
+    int buf = 0;
+    for (int t0 = p_begin; t0 < p_end; t0 += tile) {
+        const int tn = min(tile, p_end - t0);
+        const int t1 = t0 + tile;
+        float* sc = sc_buf + buf * ng * tile;
+        // Scores of the tile from the K rows in registers, every head of the block.
+#pragma unroll
+        for (int u = 0; u < HF_ATTN_UNROLL; ++u) {
+            const int r = u * n_rg + rg;
+            float k[8];
+            hf_unpack8(kr[u], k);
+#pragma unroll
+            for (int g = 0; g < GM; ++g) {
+                if (g < ng) {
+                    float s = 0.0f;
+                    if (dim_on) {
+                        const float4 a = *(const float4*)(qs + g * D + lr * 8);
+                        const float4 b = *(const float4*)(qs + g * D + lr * 8 + 4);
+                        s = a.x * k[0] + a.y * k[1] + a.z * k[2] + a.w * k[3] + b.x * k[4] +
+                            b.y * k[5] + b.z * k[6] + b.w * k[7];
+                    }
+                    // Unrolled to the widest row with a uniform guard, so the heads' and rows'
+                    // shuffle chains interleave instead of running one after another.
+#pragma unroll
+                    for (int o = HF_WARP / 2; o > 0; o >>= 1)
+                        if (o < lpr) s += __shfl_xor_sync(0xffffffffu, s, o);
+                    if (lr == 0 && r < tn) sc[g * tile + r] = s;
+                }
+            }
+        }
+        // The next tile's K, in flight through this tile's softmax and V.
+#pragma unroll
+        for (int u = 0; u < HF_ATTN_UNROLL; ++u) {
+            const int r = u * n_rg + rg;
+            const bool ok = dim_on && t1 + r < p_end;
+            kr[u] = ok ? *(const uint4*)(kbase + (size_t)(t1 + r) * stride) : zero;
+        }
+        __syncthreads();
+        // Softmax of the tile against the running max: warp w takes heads w, w + n_warps, ...
+        for (int g = warp; g < ng; g += n_warps) {
+            float mx = HF_NEG_INF;
+            for (int r = lane; r < tn; r += HF_WARP) mx = fmaxf(mx, sc[g * tile + r]);
+            for (int o = HF_WARP / 2; o > 0; o >>= 1)
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            const float m_old = m_run[g];
+            const float m_new = fmaxf(m_old, mx);
+            float sum = 0.0f;
+            for (int r = lane; r < tn; r += HF_WARP) {
+                const float e = __expf(sc[g * tile + r] - m_new);
+                sc[g * tile + r] = e;
+                sum += e;
+            }
+            for (int o = HF_WARP / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            if (lane == 0) {
+                const float cf = __expf(m_old - m_new);
+                corr[g] = cf;
+                l_run[g] = l_run[g] * cf + sum;
+                m_run[g] = m_new;
+            }
+        }
+        __syncthreads();
+        // V: rescale by the max's correction, then add this tile's weighted rows.
+#pragma unroll
+        for (int g = 0; g < GM; ++g) {
+            if (g < ng) {
+                const float cf = corr[g];
+#pragma unroll
+                for (int i = 0; i < 8; ++i) acc[g][i] *= cf;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < HF_ATTN_UNROLL; ++u) {
+            const int r = u * n_rg + rg;
+            if (r < tn) {
+                float v[8];
+                hf_unpack8(vr[u], v);
+#pragma unroll
+                for (int g = 0; g < GM; ++g) {
+                    if (g < ng) {
+                        const float e = sc[g * tile + r];
+#pragma unroll
+                        for (int i = 0; i < 8; ++i) acc[g][i] += e * v[i];
+                    }
+                }
+            }
+        }
+        // The next tile's V.
+#pragma unroll
+        for (int u = 0; u < HF_ATTN_UNROLL; ++u) {
+            const int r = u * n_rg + rg;
+            const bool ok = dim_on && t1 + r < p_end;
+            vr[u] = ok ? *(const uint4*)(vbase + (size_t)(t1 + r) * stride) : zero;
+        }
+        buf ^= 1;
     }
-    sum = hf_block_sum(sum, scratch);
-    const float inv = 1.0f / sum;
-    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
-        float acc = 0.0f;
-        const hf_u16* vp = vc + (size_t)kvh * head_dim + i;
-        for (int p = 0; p < n_pos; ++p) acc += scores[p] * hf_h2f(vp[p * stride]);
-        out[(size_t)h * head_dim + i] = acc * inv;
+    // Sum the row groups of each warp (lanes lr, lr + lpr, ... hold the same dims), then the
+    // warps' sums through shared memory in a fixed order (the result does not depend on
+    // scheduling), with one barrier.
+#pragma unroll
+    for (int g = 0; g < GM; ++g) {
+        if (g < ng) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+#pragma unroll
+                for (int o = 1; o < HF_WARP; o <<= 1)
+                    if (o >= lpr) acc[g][i] += __shfl_xor_sync(0xffffffffu, acc[g][i], o);
+        }
+    }
+    __syncthreads();  // every warp is done with qs and the scores before they become the sums
+    float* red = hf_attn_smem;  // [n_warps][ng][head_dim]
+    if (lane < lpr && dim_on) {
+#pragma unroll
+        for (int g = 0; g < GM; ++g) {
+            if (g < ng) {
+                float* d = red + ((size_t)warp * ng + g) * D + lr * 8;
+#pragma unroll
+                for (int i = 0; i < 8; ++i) d[i] = acc[g][i];
+            }
+        }
+    }
+    __syncthreads();
+    const size_t row = (size_t)D + 2;
+    for (int i = threadIdx.x; i < ng * D; i += blockDim.x) {
+        float a = 0.0f;
+        for (int w = 0; w < n_warps; ++w) a += red[(size_t)w * ng * D + i];
+        const int g = i / D;
+        if (n_chunks == 1)
+            out[(size_t)h0 * D + i] = a / l_run[g];
+        else
+            part[((size_t)(h0 + g) * n_chunks + chunk) * row + 2 + (i - g * D)] = a;
+    }
+    if (n_chunks > 1 && threadIdx.x < ng) {
+        float* pp = part + ((size_t)(h0 + threadIdx.x) * n_chunks + chunk) * row;
+        pp[0] = m_run[threadIdx.x];
+        pp[1] = l_run[threadIdx.x];
+    }
+}
+
+#define HF_ATTN_SPLIT_ENTRY(NAME, GM)                                                              \
+    extern "C" __global__ void __launch_bounds__(HF_ATTN_THREADS)                                  \
+        NAME(const float* __restrict__ q, const hf_u16* __restrict__ kc,                           \
+             const hf_u16* __restrict__ vc, float* __restrict__ out, float* __restrict__ part,     \
+             int n_head, int n_kv_head, int head_dim, int n_pos, int chunk_len, int n_chunks,      \
+             int lanes_per_row, int heads_per_block, float scale) {                                \
+        hf_attn_split<GM>(q, kc, vc, out, part, n_head, n_kv_head, head_dim, n_pos, chunk_len,    \
+                          n_chunks, lanes_per_row, heads_per_block, scale);                        \
+    }
+HF_ATTN_SPLIT_ENTRY(attention_split_f16kv_g1, 1)
+HF_ATTN_SPLIT_ENTRY(attention_split_f16kv_g2, 2)
+HF_ATTN_SPLIT_ENTRY(attention_split_f16kv_g4, 4)
+HF_ATTN_SPLIT_ENTRY(attention_split_f16kv_g8, 8)
+
+// Merges the n_chunks partials of each head (one block per head): weights exp(m_c - M) / L with
+// M = max m_c and L = sum l_c exp(m_c - M), then out = sum_c weight_c * acc_c.
+extern "C" __global__ void attention_combine_f32(const float* __restrict__ part,
+                                                 float* __restrict__ out, int head_dim,
+                                                 int n_chunks) {
+    __shared__ float scratch[32];
+    __shared__ float wts[HF_ATTN_MAX_CHUNKS];
+    const int h = blockIdx.x;
+    const size_t row = (size_t)head_dim + 2;
+    const float* ph = part + (size_t)h * n_chunks * row;
+    float m = HF_NEG_INF;
+    for (int c = threadIdx.x; c < n_chunks; c += blockDim.x) m = fmaxf(m, ph[c * row]);
+    m = hf_block_max(m, scratch);
+    float l = 0.0f;
+    for (int c = threadIdx.x; c < n_chunks; c += blockDim.x) {
+        const float w = __expf(ph[c * row] - m);
+        wts[c] = w;
+        l += ph[c * row + 1] * w;
+    }
+    l = hf_block_sum(l, scratch);
+    const float inv = 1.0f / l;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float a = 0.0f;
+        for (int c = 0; c < n_chunks; ++c) a += wts[c] * ph[c * row + 2 + d];
+        out[(size_t)h * head_dim + d] = a * inv;
     }
 }
 

@@ -87,7 +87,7 @@ class Server:
         env = {k: v for k, v in os.environ.items() if not k.startswith("HIPFIRE_")}
         env["HIPFIRE_CONFIG"] = os.path.join(self.scratch, "config.toml")
         env["HIPFIRE_HOME"] = os.path.join(self.scratch, "home")
-        args = [hipfire, "serve", model, "--port", "0", "--ctx", str(CTX), "--threads", "2"]
+        args = [hipfire, "serve", model, "--port", "0", "--ctx-size", str(CTX), "--threads", "2"]
         self.proc = subprocess.Popen(
             args + list(extra),
             stdout=subprocess.PIPE,

@@ -170,6 +170,9 @@ pub struct EngineArgs {
 
     #[arg(long, value_name = "N", help = key_help("cpu.threads"), long_help = key_long("cpu.threads"))]
     pub threads: Option<String>,
+
+    #[arg(long, value_name = "N", help = key_help("model.ctx_size"), long_help = key_long("model.ctx_size"))]
+    pub ctx_size: Option<String>,
 }
 
 impl EngineArgs {
@@ -196,6 +199,7 @@ impl EngineArgs {
             &self.join_strategy,
         );
         push(&mut v, "cpu.threads", "--threads", &self.threads);
+        push(&mut v, "model.ctx_size", "--ctx-size", &self.ctx_size);
         v
     }
 }
@@ -480,10 +484,10 @@ pub struct ServeArgs {
         value_parser = clap::value_parser!(u64).range(0..=65536).map(|v| v as usize))]
     pub queue: usize,
 
-    /// Context length per sequence (default: the model's, capped at 4096).
-    #[arg(long, value_name = "N",
-        value_parser = clap::value_parser!(u64).range(1..=1_048_576).map(|v| v as usize))]
-    pub ctx: Option<usize>,
+    /// Context length per sequence slot (`model.ctx_size`; every slot's KV cache is counted
+    /// against available RAM at start-up).
+    #[arg(long, value_name = "N", help = key_help("model.ctx_size"), long_help = key_long("model.ctx_size"))]
+    pub ctx_size: Option<String>,
 
     /// Seconds in-flight requests get after SIGTERM before they are cut off.
     #[arg(long, value_name = "SECS", default_value = DEFAULT_SERVE_SHUTDOWN_S,
@@ -503,6 +507,7 @@ impl ServeArgs {
     pub fn overrides(&self) -> Vec<CliOverride> {
         let mut v = Vec::new();
         push(&mut v, "cpu.threads", "--threads", &self.threads);
+        push(&mut v, "model.ctx_size", "--ctx-size", &self.ctx_size);
         v
     }
 }

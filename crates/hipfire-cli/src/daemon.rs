@@ -77,10 +77,9 @@ impl std::error::Error for LockError {
 }
 
 /// The daemon's hold on the pid file: an exclusive `flock` for as long as this value lives
-/// (the future `serve` command keeps it for its lifetime). Dropping it empties the file and
+/// (`hipfire serve` keeps it for its lifetime). Dropping it empties the file and
 /// releases the lock; the file is not deleted, so a process waiting on it never ends up
 /// locking an unlinked inode while a third locks a new file of the same name.
-// Held by `hipfire serve` for its lifetime.
 #[derive(Debug)]
 pub struct DaemonLock {
     file: File,

@@ -14,8 +14,8 @@ use hipfire_exec::share::ShareSetting;
 use hipfire_model::gpu::{GpuDecoder, GpuOptions};
 use hipfire_model::{write_synthetic_to, Overwrite, SynthSpec};
 use hipfire_model::{
-    ChatMessage, GenerationStats, LoadOptions, LoadProgress, Model, ProgressFn, ReferenceBackend,
-    SamplingParams, StreamDecoder,
+    ChatMessage, GenerationStats, LoadOptions, LoadProgress, Model, ModelError, ProgressFn,
+    ReferenceBackend, SamplingParams, StreamDecoder,
 };
 
 use crate::args::{BenchArgs, RunArgs, SynthArgs};
@@ -140,6 +140,15 @@ fn load(
         Engine::Gpu => Model::load_with_backend(path, &opts, Arc::new(ReferenceBackend)),
     }
     .with_context(|| format!("loading {}", path.display()))?;
+    // The CPU session's cache grows as positions fill; refuse up front a context whose full
+    // cache would not fit in RAM. (On the GPU the cache is in VRAM: GpuDecoder counts it.)
+    if matches!(engine, Engine::Cpu) {
+        if let Some(avail) = hipfire_gpu::mem_available_bytes() {
+            model
+                .check_kv_fits_ram(avail, s.ram_margin_mib << 20)
+                .with_context(|| format!("loading {}", path.display()))?;
+        }
+    }
     Ok(Loaded {
         model,
         engine,
@@ -224,7 +233,7 @@ pub fn run(ctx: &Ctx, a: &RunArgs) -> anyhow::Result<ExitCode> {
         Engine::Gpu => Some(offload_mode(&s)?),
         Engine::Cpu => None,
     };
-    let l = load(ctx, engine, &a.model, &s, None, !a.json)?;
+    let l = load(ctx, engine, &a.model, &s, s.ctx_size.tokens(), !a.json)?;
     // From here a Ctrl-C stops after the current token and still reports.
     let stop = Stop::install()?;
     let tok = l.model.tokenizer();
@@ -368,19 +377,15 @@ fn bench_ctx_len(prompt_tokens: u32, gen_tokens: u32) -> anyhow::Result<usize> {
         })
 }
 
-/// Refuse a bench round that does not fit the model's trained context, before any session
-/// (and its KV cache, sized by the context) exists.
-fn check_bench_ctx(model: &Model, a: &BenchArgs, ctx_len: usize) -> anyhow::Result<()> {
-    let limit = model.config().ctx_len;
-    if ctx_len > limit {
-        bail!(
-            "--prompt-tokens {} + --gen-tokens {} (+{BENCH_CTX_SLACK} slack) = {ctx_len} \
-             positions, beyond the model's context of {limit}",
-            a.prompt_tokens,
-            a.gen_tokens
-        );
-    }
-    Ok(())
+/// The refusal of a bench round that does not fit the model's trained context (the load
+/// refuses it before any session, and its KV cache, exists).
+fn bench_ctx_refusal(trained: usize, a: &BenchArgs, ctx_len: usize) -> anyhow::Error {
+    anyhow::anyhow!(
+        "--prompt-tokens {} + --gen-tokens {} (+{BENCH_CTX_SLACK} slack) = {ctx_len} \
+         positions, beyond the model's context of {trained}",
+        a.prompt_tokens,
+        a.gen_tokens
+    )
 }
 
 /// `hipfire bench`.
@@ -409,7 +414,16 @@ pub fn bench(ctx: &Ctx, a: &BenchArgs) -> anyhow::Result<ExitCode> {
     if a.prompt_tokens == 0 || a.gen_tokens == 0 {
         bail!("--prompt-tokens and --gen-tokens must be at least 1");
     }
-    let ctx_len = bench_ctx_len(a.prompt_tokens, a.gen_tokens)?;
+    let needed = bench_ctx_len(a.prompt_tokens, a.gen_tokens)?;
+    // The context is sized to the run unless `model.ctx_size` asks for more (to measure a
+    // placement with a long context's cache in VRAM).
+    let ctx_len = match base.ctx_size.tokens() {
+        Some(n) if n < needed => bail!(
+            "--ctx-size {n} is below the {needed} positions this bench fills (prompt + generated + {BENCH_CTX_SLACK})"
+        ),
+        Some(n) => n,
+        None => needed,
+    };
     let engine = choose_engine(ctx, &base)?;
     if matches!(engine, Engine::Gpu) {
         for s in &modes {
@@ -428,8 +442,16 @@ pub fn bench(ctx: &Ctx, a: &BenchArgs) -> anyhow::Result<ExitCode> {
                 .map_or(code, |sig| ExitCode::from(stop::exit_status(sig))));
         }
     }
-    let l = load(ctx, engine, &a.model, &base, Some(ctx_len), !a.json)?;
-    check_bench_ctx(&l.model, a, ctx_len)?;
+    let l = match load(ctx, engine, &a.model, &base, Some(ctx_len), !a.json) {
+        Ok(l) => l,
+        // Sized by the bench itself (no --ctx-size): say which flags made it too long.
+        Err(e) => match e.downcast_ref::<ModelError>() {
+            Some(&ModelError::ContextSize { trained, .. }) if base.ctx_size.tokens().is_none() => {
+                return Err(bench_ctx_refusal(trained, a, ctx_len))
+            }
+            _ => return Err(e),
+        },
+    };
     let stop = Stop::install()?;
     let prompt = bench_prompt(&l.model, a.prompt_tokens as usize)?;
     // Greedy, no early stop: every round decodes exactly gen_tokens tokens.

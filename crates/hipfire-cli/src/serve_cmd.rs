@@ -20,9 +20,16 @@ pub fn run(ctx: &Ctx, a: &ServeArgs) -> anyhow::Result<ExitCode> {
     // before the load until it returns, so measuring commands refuse while it runs and a
     // second server is refused here.
     let _daemon_lock = match crate::daemon::pid_file() {
-        Some(path) => Some(crate::daemon::DaemonLock::acquire(&path).with_context(|| {
-            "another hipfire server (or daemon) holds the lock; one per machine".to_string()
-        })?),
+        Some(path) => {
+            let lock = crate::daemon::DaemonLock::acquire(&path).with_context(|| {
+                "another hipfire server (or daemon) holds the lock; one per machine".to_string()
+            })?;
+            ctx.note(format!(
+                "serve: holding the daemon lock {}",
+                lock.path().display()
+            ));
+            Some(lock)
+        }
         None => {
             tracing::warn!("no data directory for the daemon pid file; serving without the lock");
             None
@@ -31,7 +38,7 @@ pub fn run(ctx: &Ctx, a: &ServeArgs) -> anyhow::Result<ExitCode> {
 
     let opts = LoadOptions {
         threads: s.threads.get().get(),
-        ctx_len: a.ctx,
+        ctx_len: s.ctx_size.tokens(),
         progress: None,
     };
     let model =

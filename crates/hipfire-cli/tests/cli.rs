@@ -44,6 +44,13 @@ impl Scratch {
     fn run(&self, args: &[&str]) -> Output {
         self.command(args).output().expect("spawn hipfire")
     }
+
+    /// As [`Scratch::run`], with `env` set on top.
+    fn run_env(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
+        let mut c = self.command(args);
+        c.envs(env.iter().copied());
+        c.output().expect("spawn hipfire")
+    }
 }
 
 impl Drop for Scratch {
@@ -623,6 +630,97 @@ fn synth_then_run_on_cpu() {
     let o = s.run(&["synth", "--format", "q9_z", "--out", &out_s]);
     assert_eq!(code(&o), 2);
     assert!(stderr(&o).contains("q9_z"));
+}
+
+#[test]
+fn ctx_size_is_validated_with_the_rule() {
+    let s = Scratch::new("ctx");
+    let model = s.dir.join("tiny.gguf");
+    let m = model.display().to_string();
+    // The tiny preset's trained context is 256.
+    let o = s.run(&["synth", "--arch", "tiny", "--format", "q8_0", "--out", &m]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let run = |extra: &[&str], env: &[(&str, &str)]| {
+        let mut a = vec![
+            "run",
+            &m,
+            "hello",
+            "-n",
+            "2",
+            "-t",
+            "0",
+            "--no-chat",
+            "--json",
+            "--device",
+            "cpu",
+        ];
+        a.extend_from_slice(extra);
+        s.run_env(&a, env)
+    };
+    let rule = "`auto` or an integer in [1, 1048576], and at most the model's trained context";
+    for bad in ["0", "-3", "1048577", "4k"] {
+        let flag = format!("--ctx-size={bad}");
+        let o = run(&[&flag], &[]);
+        assert_eq!(code(&o), 2, "--ctx-size {bad}: {}", stderr(&o));
+        let e = stderr(&o);
+        assert!(e.contains(rule) && e.contains("flag --ctx-size"), "{e}");
+    }
+    let o = run(&[], &[("HIPFIRE_CTX_SIZE", "zero")]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("env HIPFIRE_CTX_SIZE"),
+        "{}",
+        stderr(&o)
+    );
+    // Valid by the schema, but beyond this model's trained context: refused at load.
+    let o = run(&["--ctx-size", "257"], &[]);
+    assert_ne!(code(&o), 0);
+    let e = stderr(&o);
+    assert!(
+        e.contains("context size 257 refused")
+            && e.contains("at most the model's trained context (256, from `llama.context_length`)"),
+        "{e}"
+    );
+    // Within it: the session gets exactly that context; the default is the trained one.
+    for (extra, want) in [(&["--ctx-size", "64"][..], "ctx 64"), (&[][..], "ctx 256")] {
+        let o = run(extra, &[]);
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+        let placement = v["placement"].as_str().expect("placement");
+        assert!(placement.ends_with(want), "{placement}");
+    }
+    // A prompt longer than the context is refused, not truncated.
+    let o = run(&["--ctx-size", "2"], &[]);
+    assert_ne!(code(&o), 0);
+    assert!(stderr(&o).contains("context full"), "{}", stderr(&o));
+    // bench: the context must hold what the bench fills.
+    let o = s.run(&[
+        "bench",
+        &m,
+        "--device",
+        "cpu",
+        "--prompt-tokens",
+        "16",
+        "--gen-tokens",
+        "4",
+        "--rounds",
+        "1",
+        "--ctx-size",
+        "20",
+    ]);
+    assert_ne!(code(&o), 0);
+    assert!(
+        stderr(&o).contains("--ctx-size 20 is below the 28 positions"),
+        "{}",
+        stderr(&o)
+    );
+    // --help states the rule (clap wraps it; compare without line breaks).
+    let o = s.run(&["run", "--help"]);
+    let help = stdout(&o).split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        help.contains("--ctx-size") && help.contains(&format!("Rule: {rule}")),
+        "{help}"
+    );
 }
 
 #[test]

@@ -448,6 +448,7 @@ mod tests {
         let samples = [
             ("device", "gpu"),
             ("cpu.threads", "5"),
+            ("model.ctx_size", "32768"),
             ("memory.gpu_layer_budget", "0"),
             ("memory.offload_exec", "cpu"),
             ("memory.offload_passback_share", "0.377"),

@@ -33,10 +33,10 @@ use std::path::PathBuf;
 
 pub use file::{config_path, hipfire_home, require_existing, ConfigFile, CONFIG_ENV, HOME_ENV};
 pub use resolve::{CliOverride, Config, EnvSource, ProcessEnv, Resolved, Source};
-pub use schema::{key, KeySpec, Kind, KEYS};
+pub use schema::{key, KeySpec, Kind, KEYS, MAX_CTX_SIZE};
 pub use value::{
-    Device, FlagsXPublish, JoinStrategy, KernelCache, LayerBudget, OffloadExec, PassbackShare,
-    Sampling, Settings, Threads, Value,
+    CtxSize, Device, FlagsXPublish, JoinStrategy, KernelCache, LayerBudget, OffloadExec,
+    PassbackShare, Sampling, Settings, Threads, Value,
 };
 
 /// Everything that can go wrong reading, validating or writing configuration.

@@ -20,6 +20,12 @@ pub const MAX_GPU_LAYERS: u64 = 4096;
 /// 0.5 would make the GPU arm the straggler by construction.
 pub const MAX_PASSBACK_SHARE: f64 = 0.5;
 
+/// Absolute upper bound on `model.ctx_size`: 2^20 tokens, above the longest trained context of
+/// any llama-family model hipfire runs (Llama-3.1's 131072, Qwen's 131072 with YaRN) and low
+/// enough that a typo cannot size a KV cache in the terabytes. The model's own
+/// `{arch}.context_length` is the tighter bound, applied when the model is loaded.
+pub const MAX_CTX_SIZE: u64 = 1 << 20;
+
 /// Upper bound on `sampling.temperature`; beyond ~10 the distribution is uniform noise, so
 /// a larger number is almost surely a typo (e.g. 70 for 0.70).
 pub const MAX_TEMPERATURE: f64 = 10.0;
@@ -121,6 +127,24 @@ pub static KEYS: &[KeySpec] = &[
               cores, leaving that core to the thread that launches the GPU's work. `auto` is one \
               per physical core: the row dot is memory-bound, and a second hyper-thread on a core \
               adds wake-up latency without adding bandwidth.",
+    },
+    KeySpec {
+        name: "model.ctx_size",
+        kind: Kind::Int { word: Some("auto"), min: 1, max: MAX_CTX_SIZE },
+        default: "auto",
+        rule: "`auto` or an integer in [1, 1048576], and at most the model's trained context",
+        env: "HIPFIRE_CTX_SIZE",
+        flag: Some("--ctx-size"),
+        summary: "Context length in tokens (auto = trained)",
+        doc: "Positions one conversation can hold; the KV cache is sized for this many tokens. `auto` \
+              is the model's trained context (`{arch}.context_length`, e.g. 8192 for Llama-3-8B). A \
+              number above the trained context is refused when the model loads (RoPE scaling, which \
+              would stretch it, is not applied past it); 1048576 is the absolute cap. The cache is \
+              f16 K and V: `2 × layers × kv_heads × head_dim × 2` bytes a token, 128 KiB for \
+              Llama-3-8B (1 GiB at 8192). On the GPU it is counted in free VRAM before \
+              `memory.gpu_layer_budget = auto` places layers, and a load whose cache cannot fit is \
+              refused with the bytes needed and free; on the CPU it is counted against available \
+              RAM. `hipfire bench` sizes the context to its prompt and generation unless this is set.",
     },
     KeySpec {
         name: "memory.gpu_layer_budget",
@@ -570,6 +594,23 @@ mod tests {
             Value::Int(u64::MAX)
         );
         assert!(s.parse("18446744073709551616", "t").is_err());
+    }
+
+    #[test]
+    fn ctx_size_rule_edges() {
+        let k = key("model.ctx_size").expect("key");
+        assert_eq!(k.parse("auto", "t").expect("auto"), Value::Word("auto"));
+        assert_eq!(k.parse("1", "t").expect("1"), Value::Int(1));
+        assert_eq!(
+            k.parse("1048576", "t").expect("cap"),
+            Value::Int(MAX_CTX_SIZE)
+        );
+        for bad in ["0", "-1", "1048577", "4k", "8192.5", ""] {
+            match k.parse(bad, "flag --ctx-size") {
+                Err(ConfigError::Invalid { rule, .. }) => assert_eq!(rule, k.rule),
+                other => panic!("{bad:?} accepted: {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -127,6 +127,26 @@ pub enum LayerBudget {
     Layers(u32),
 }
 
+/// `model.ctx_size`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CtxSize {
+    /// The model's trained context (`{arch}.context_length`).
+    Auto,
+    /// This many positions (in `[1, MAX_CTX_SIZE]`; the model's trained context bounds it again
+    /// at load).
+    Tokens(u32),
+}
+
+impl CtxSize {
+    /// `None` for `auto`, else the positions asked for.
+    pub fn tokens(self) -> Option<usize> {
+        match self {
+            CtxSize::Auto => None,
+            CtxSize::Tokens(n) => Some(n as usize),
+        }
+    }
+}
+
 /// `memory.offload_passback_share`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum PassbackShare {
@@ -201,6 +221,8 @@ pub struct Settings {
     pub device: Device,
     /// `cpu.threads`.
     pub threads: Threads,
+    /// `model.ctx_size`.
+    pub ctx_size: CtxSize,
     /// `memory.gpu_layer_budget`.
     pub gpu_layer_budget: LayerBudget,
     /// `memory.offload_exec`.
@@ -236,6 +258,10 @@ impl Settings {
                         .and_then(NonZeroUsize::new)
                         .ok_or_else(|| mismatch(s, x))?,
                 ),
+            },
+            ctx_size: match v("model.ctx_size")? {
+                (_, Value::Word("auto")) => CtxSize::Auto,
+                (s, x) => CtxSize::Tokens(u32::try_from(int(s, x)?).map_err(|_| mismatch(s, x))?),
             },
             gpu_layer_budget: match v("memory.gpu_layer_budget")? {
                 (_, Value::Word("auto")) => LayerBudget::Auto,

@@ -59,6 +59,39 @@ pub enum ModelError {
         /// Context length.
         ctx: usize,
     },
+    /// A context length the model cannot take.
+    #[error(
+        "context size {requested} refused: it must be at least 1, at most the model's trained \
+         context ({trained}, from `{arch}.context_length`) and at most {cap}"
+    )]
+    ContextSize {
+        /// Positions asked for (0 when the file itself declares a zero context).
+        requested: usize,
+        /// The model's trained context.
+        trained: usize,
+        /// The architecture's metadata prefix.
+        arch: &'static str,
+        /// hipfire's absolute cap (`hipfire_config::MAX_CTX_SIZE`).
+        cap: usize,
+    },
+    /// Device or host memory too small for what a load needs, with the numbers.
+    #[error(
+        "{what} needs {need} bytes ({:.2} GiB) of {memory}, but {free} bytes ({:.2} GiB) are free; {hint}",
+        *need as f64 / (1u64 << 30) as f64,
+        *free as f64 / (1u64 << 30) as f64
+    )]
+    OutOfMemory {
+        /// `VRAM` or `RAM`.
+        memory: &'static str,
+        /// What the bytes are for.
+        what: String,
+        /// Bytes needed.
+        need: u64,
+        /// Bytes free.
+        free: u64,
+        /// What to change.
+        hint: &'static str,
+    },
     /// A weight-format operation failed.
     #[error(transparent)]
     Quant(#[from] hipfire_quant::QuantError),

@@ -25,8 +25,9 @@ use hipfire_gpu::{
 };
 use hipfire_quant::Format;
 
-use crate::model::Decoder;
+use crate::gpu_attention::{AttnShape, SplitKvAttention};
 use crate::model::GenerationStats;
+use crate::model::{Decoder, KV_ELEM_BYTES};
 use crate::sampling::SamplingParams;
 use crate::{Model, ModelError, Weight};
 
@@ -37,12 +38,12 @@ pub const DECODE_SOURCE: KernelSource = KernelSource {
     headers: &[("f16.cuh", hipfire_gpu::F16_CUH)],
 };
 
-/// The kernels [`GpuDecoder`] launches from [`DECODE_SOURCE`], in [`DecodeKernels`] field order.
-const DECODE_KERNEL_NAMES: [&str; 6] = [
+/// The kernels [`GpuDecoder`] launches from [`DECODE_SOURCE`], in [`DecodeKernels`] field order
+/// (attention's are [`crate::gpu_attention::ATTENTION_KERNEL_NAMES`]).
+const DECODE_KERNEL_NAMES: [&str; 5] = [
     "rms_norm_f32",
     "rope_f32",
     "kv_store_f16",
-    "attention_f16kv",
     "swiglu_f32",
     "add_f32",
 ];
@@ -50,16 +51,10 @@ const DECODE_KERNEL_NAMES: [&str; 6] = [
 /// Threads per block of the small decode kernels: one block covers a 4096-wide row in 4 strides,
 /// and 256 threads = 8 warps keeps the two-level reductions in `decode.cu` to one shuffle round.
 const DECODE_THREADS: u32 = 256;
-/// Largest context the attention kernel's shared-memory score row can hold: 48 KiB of f32
-/// scores (the default dynamic shared-memory limit without an opt-in attribute).
-pub const MAX_GPU_CTX: usize = 48 * 1024 / 4;
 /// Device memory `auto` leaves free after placing layers: room for allocations made later (the
 /// CUDA context's own growth, module loads, scratch) and for other users of the card. A chosen
 /// margin, not yet measured against what hipfire itself allocates after placement.
 const VRAM_MARGIN_BYTES: u64 = 2 << 30;
-/// Bytes of one KV cache element: f16, the CPU decoder's cache type and llama.cpp's default
-/// (`kv_store_f16` rounds each f32 k/v value once, as `half::f16::from_f32` does).
-const KV_ELEM_BYTES: usize = std::mem::size_of::<u16>();
 
 /// How to place and run the model on the GPU.
 #[derive(Debug, Clone)]
@@ -174,7 +169,6 @@ struct DecodeKernels {
     rms_norm: Function,
     rope: Function,
     kv_store: Function,
-    attention: Function,
     swiglu: Function,
     add: Function,
 }
@@ -208,6 +202,7 @@ pub struct GpuDecoder<'m> {
     stream: Stream,
     gemv: GemvKernels,
     k: DecodeKernels,
+    attention: SplitKvAttention,
     weights: Vec<Option<GpuWeight>>,
     layers: Vec<GpuLayer>,
     head: usize,
@@ -285,17 +280,25 @@ impl<'m> GpuDecoder<'m> {
         let registry = KernelRegistry::new(&ctx);
         let gemv = GemvKernels::new(&registry)?;
         let module = registry.module(&DECODE_SOURCE, &[])?;
-        let [rms_norm, rope, kv_store, attention, swiglu, add] =
+        let [rms_norm, rope, kv_store, swiglu, add] =
             DECODE_KERNEL_NAMES.map(|n| module.function(n));
         let k = DecodeKernels {
             rms_norm: rms_norm?,
             rope: rope?,
             kv_store: kv_store?,
-            attention: attention?,
             swiglu: swiglu?,
             add: add?,
         };
-        let ctx_len = model.ctx_len().min(MAX_GPU_CTX);
+        let attention = SplitKvAttention::new(
+            &module,
+            AttnShape {
+                n_head: c.n_head,
+                n_kv_head: c.n_head_kv,
+                head_dim: c.head_dim,
+            },
+            1,
+        )?;
+        let ctx_len = model.ctx_len();
 
         // Budget: bytes of one layer's projections, and of what stays resident regardless.
         let layer_names = |i: usize| {
@@ -316,19 +319,63 @@ impl<'m> GpuDecoder<'m> {
                 *lb += model.weights()[weight_id(model, &n)?].n_bytes as u64;
             }
         }
+        // The kernels index a cache with 32-bit ints (row × kv_dim).
+        if i32::try_from(ctx_len * c.kv_dim()).is_err() {
+            return Err(ModelError::ContextSize {
+                requested: ctx_len,
+                trained: c.ctx_len,
+                arch: c.arch.name(),
+                cap: i32::MAX as usize / c.kv_dim(),
+            });
+        }
+        let kv = model.kv_cache_bytes();
+        let fixed: u64 = model
+            .weights()
+            .iter()
+            .filter(|w| !w.name.starts_with("blk."))
+            .map(|w| w.n_bytes as u64)
+            .sum();
+        // Free memory now, not the card's total: another process may hold some of it.
+        let (free_now, _) = ctx.mem_info()?;
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         let budget = match opts.gpu_layer_budget {
-            Some(b) => b.min(c.n_layer),
+            Some(b) => {
+                let b = b.min(c.n_layer);
+                let resident: u64 = layer_bytes[c.n_layer - b..].iter().sum();
+                let need = resident + kv + fixed;
+                if need > free_now {
+                    return Err(ModelError::OutOfMemory {
+                        memory: "VRAM",
+                        what: format!(
+                            "{b} resident layers ({:.2} GiB), the KV cache for {ctx_len} positions ({:.2} GiB) and the embeddings and head ({:.2} GiB)",
+                            gib(resident),
+                            gib(kv),
+                            gib(fixed)
+                        ),
+                        need,
+                        free: free_now,
+                        hint: "lower memory.gpu_layer_budget or --ctx-size (model.ctx_size)",
+                    });
+                }
+                b
+            }
             None => {
-                let fixed: u64 = model
-                    .weights()
-                    .iter()
-                    .filter(|w| !w.name.starts_with("blk."))
-                    .map(|w| w.n_bytes as u64)
-                    .sum();
-                let kv = (2 * ctx_len * c.kv_dim() * KV_ELEM_BYTES * c.n_layer) as u64;
-                // Free memory now, not the card's total: another process may hold some of it.
-                let (free_now, _) = ctx.mem_info()?;
-                let free = free_now.saturating_sub(VRAM_MARGIN_BYTES + fixed + kv);
+                let base = VRAM_MARGIN_BYTES + fixed + kv;
+                if base > free_now {
+                    return Err(ModelError::OutOfMemory {
+                        memory: "VRAM",
+                        what: format!(
+                            "with every layer spilled, the KV cache for {ctx_len} positions ({:.2} GiB), the embeddings and head ({:.2} GiB) and the {:.0} GiB margin `auto` keeps",
+                            gib(kv),
+                            gib(fixed),
+                            gib(VRAM_MARGIN_BYTES)
+                        ),
+                        need: base,
+                        free: free_now,
+                        hint: "lower --ctx-size (model.ctx_size)",
+                    });
+                }
+                let free = free_now - base;
                 let mut n = 0;
                 let mut used = 0u64;
                 for lb in layer_bytes.iter().rev() {
@@ -346,12 +393,17 @@ impl<'m> GpuDecoder<'m> {
         if let Some(avail) = hipfire_gpu::mem_available_bytes() {
             let margin = opts.ram_margin_bytes;
             if spilled_bytes + margin > avail {
-                return Err(ModelError::Unsupported(format!(
-                    "spilling {n_spilled} layers needs {:.2} GiB of pinned RAM plus a {:.1} GiB margin (memory.ram_margin_mib), but only {:.2} GiB is available; raise memory.gpu_layer_budget or lower the margin",
-                    spilled_bytes as f64 / (1u64 << 30) as f64,
-                    margin as f64 / (1u64 << 30) as f64,
-                    avail as f64 / (1u64 << 30) as f64
-                )));
+                return Err(ModelError::OutOfMemory {
+                    memory: "RAM",
+                    what: format!(
+                        "pinning {n_spilled} spilled layers ({:.2} GiB) plus the {:.1} GiB margin (memory.ram_margin_mib)",
+                        gib(spilled_bytes),
+                        gib(margin)
+                    ),
+                    need: spilled_bytes + margin,
+                    free: avail,
+                    hint: "raise memory.gpu_layer_budget or lower the margin",
+                });
             }
         }
 
@@ -499,7 +551,7 @@ impl<'m> GpuDecoder<'m> {
         let resident_gib =
             layer_bytes[n_spilled..].iter().sum::<u64>() as f64 / (1u64 << 30) as f64;
         let summary = format!(
-            "{} on {} ({}): {} of {} layers resident ({:.2} GiB VRAM), {} spilled to pinned host memory ({:.2} GiB, offload_exec={}); embeddings, head, KV cache and attention on the GPU",
+            "{} on {} ({}): {} of {} layers resident ({:.2} GiB VRAM), {} spilled to pinned host memory ({:.2} GiB, offload_exec={}); embeddings, head, KV cache (ctx {ctx_len}, {:.2} GiB) and attention on the GPU",
             c.arch.name(),
             ctx.info().name,
             ctx.info().arch,
@@ -507,8 +559,9 @@ impl<'m> GpuDecoder<'m> {
             c.n_layer,
             resident_gib,
             n_spilled,
-            spilled_bytes as f64 / (1u64 << 30) as f64,
+            gib(spilled_bytes),
             offload.describe(),
+            gib(kv),
         );
         tracing::info!(target: "hipfire::model", summary = %summary, "model placed");
         let vocab = c.vocab;
@@ -518,6 +571,7 @@ impl<'m> GpuDecoder<'m> {
             stream,
             gemv,
             k,
+            attention,
             weights,
             layers,
             head,
@@ -894,32 +948,14 @@ impl<'m> GpuDecoder<'m> {
             self.rope(q, c.n_head)?;
             self.rope(kcur, c.n_head_kv)?;
             self.kv_store(kcur, vcur, kslot, vslot, kvd)?;
-            {
-                let n_pos = self.pos + 1;
-                let (mut pq, mut pk, mut pv, mut po) =
-                    (q, l.k_cache.device_ptr(), l.v_cache.device_ptr(), att);
-                let (mut nh, mut nkv, mut phd, mut np) =
-                    (c.n_head as i32, c.n_head_kv as i32, hd as i32, n_pos as i32);
-                let mut scale = 1.0f32 / (hd as f32).sqrt();
-                let mut p: [*mut c_void; 9] = [
-                    (&mut pq as *mut u64).cast(),
-                    (&mut pk as *mut u64).cast(),
-                    (&mut pv as *mut u64).cast(),
-                    (&mut po as *mut u64).cast(),
-                    (&mut nh as *mut i32).cast(),
-                    (&mut nkv as *mut i32).cast(),
-                    (&mut phd as *mut i32).cast(),
-                    (&mut np as *mut i32).cast(),
-                    (&mut scale as *mut f32).cast(),
-                ];
-                self.launch(
-                    &self.k.attention,
-                    c.n_head as u32,
-                    DECODE_THREADS,
-                    (n_pos * 4) as u32,
-                    &mut p,
-                )?;
-            }
+            self.attention.launch(
+                &self.stream,
+                &self.s.q,
+                &l.k_cache,
+                &l.v_cache,
+                &mut self.s.att,
+                self.pos + 1,
+            )?;
             self.prepare(ActSlot::Q, att, qd)?;
             self.project(wo, att, ActSlot::Q, x, c.d_model, GemvForm::Residual)?;
 
@@ -1001,6 +1037,7 @@ impl Decoder for GpuDecoder<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gpu_attention::ATTENTION_KERNEL_NAMES;
 
     #[test]
     fn gpu_failures_name_the_step_and_keep_the_gpu_error() {
@@ -1073,7 +1110,10 @@ mod tests {
                 }
                 Err(e) => panic!("{e}"),
             };
-        for n in DECODE_KERNEL_NAMES {
+        for n in DECODE_KERNEL_NAMES
+            .into_iter()
+            .chain(ATTENTION_KERNEL_NAMES)
+        {
             let needle = format!("{n}\0");
             assert!(
                 image.windows(needle.len()).any(|w| w == needle.as_bytes()),

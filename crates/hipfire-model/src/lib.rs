@@ -23,6 +23,7 @@
 //! - [`gpu`] — [`gpu::GpuDecoder`]: the whole decode step on the device (device KV cache, decode
 //!   kernels), with spilled projections through hipfire-exec's offload executor; built on
 //!   [`Model`]'s weight table ([`Model::weights`], [`Model::weight_bytes`]).
+//! - [`gpu_attention`] — decode attention split over the KV range (flash-decoding).
 //!
 //! # The one design decision
 //! The CPU forward pass is written against an engine trait (matrix products over a [`Weight`]
@@ -43,6 +44,7 @@ pub mod config;
 mod error;
 pub mod gguf;
 pub mod gpu;
+pub mod gpu_attention;
 pub mod model;
 pub mod ops;
 pub mod sampling;
@@ -54,8 +56,8 @@ pub use chat_template::{ChatTemplate, Rendered, TemplateError, TemplateOrigin};
 pub use config::{Arch, ModelConfig};
 pub use error::ModelError;
 pub use model::{
-    forward_batch, generate, kv_bytes_per_position, BatchItem, Decoder, GenerationStats,
-    LoadOptions, LoadProgress, Model, ProgressFn, Session,
+    forward_batch, generate, kv_bytes_per_position, resolve_ctx_len, BatchItem, Decoder,
+    GenerationStats, LoadOptions, LoadProgress, Model, ProgressFn, Session,
 };
 pub use sampling::{Sampler, SamplingParams};
 pub use synth::{

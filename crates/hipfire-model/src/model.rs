@@ -22,9 +22,33 @@ use crate::ModelError;
 mod batch;
 pub use batch::{forward_batch, kv_bytes_per_position, BatchItem};
 
-/// Context cap when the caller does not choose one: enough for chat and benchmarks while
-/// keeping the f16 KV cache of an 8B model at 512 MiB (32 layers × 4096 × 1024 × 2 × 2 B).
-pub const DEFAULT_CTX: usize = 4096;
+/// Bytes of one K or V cache element: f16 on both engines (llama.cpp's default cache type;
+/// the GPU's `kv_store_f16` rounds each f32 k/v value once, as `half::f16::from_f32` does).
+pub const KV_ELEM_BYTES: usize = std::mem::size_of::<f16>();
+
+/// The context a session gets: `requested` (`model.ctx_size`), or the model's `trained` context
+/// (`{arch}.context_length`) when `None`, capped at [`hipfire_config::MAX_CTX_SIZE`]. Refused
+/// with the rule when it is 0, above the trained context or above the cap (RoPE scaling, which
+/// would stretch the trained context, is not applied past it).
+pub fn resolve_ctx_len(
+    requested: Option<usize>,
+    trained: usize,
+    arch: &'static str,
+) -> Result<usize, ModelError> {
+    let cap = usize::try_from(hipfire_config::MAX_CTX_SIZE).unwrap_or(usize::MAX);
+    let refuse = |requested| ModelError::ContextSize {
+        requested,
+        trained,
+        arch,
+        cap,
+    };
+    match requested {
+        None if trained == 0 => Err(refuse(0)),
+        None => Ok(trained.min(cap)),
+        Some(n) if n == 0 || n > trained || n > cap => Err(refuse(n)),
+        Some(n) => Ok(n),
+    }
+}
 /// Page size used to pre-fault the mapped weights while reporting load progress.
 const PAGE: usize = 4096;
 
@@ -47,7 +71,8 @@ pub type ProgressFn = Arc<dyn Fn(&LoadProgress) + Send + Sync>;
 pub struct LoadOptions {
     /// CPU worker threads (0: one per physical core).
     pub threads: usize,
-    /// Context length of sessions (default: the model's, capped at [`DEFAULT_CTX`]).
+    /// Context length of sessions (`model.ctx_size`; default: the model's trained context).
+    /// Checked by [`resolve_ctx_len`].
     pub ctx_len: Option<usize>,
     /// Called after each tensor is paged in (the CLI draws a bar from it).
     pub progress: Option<ProgressFn>,
@@ -287,7 +312,7 @@ impl Model {
             }
         }
 
-        let ctx_len = opts.ctx_len.unwrap_or(c.ctx_len.min(DEFAULT_CTX)).max(1);
+        let ctx_len = resolve_ctx_len(opts.ctx_len, c.ctx_len, c.arch.name())?;
         let mut counts: std::collections::BTreeMap<Format, usize> = Default::default();
         for w in &weights {
             *counts.entry(w.format).or_default() += 1;
@@ -371,6 +396,33 @@ impl Model {
     /// Context length of new sessions.
     pub fn ctx_len(&self) -> usize {
         self.ctx_len
+    }
+
+    /// Bytes of a KV cache filled to [`Model::ctx_len`]: K and V, every layer, f16.
+    pub fn kv_cache_bytes(&self) -> u64 {
+        let c = &self.config;
+        (2 * c.n_layer * c.kv_dim() * KV_ELEM_BYTES) as u64 * self.ctx_len as u64
+    }
+
+    /// Refuses, with the numbers, a context whose full KV cache would not fit in `available`
+    /// bytes of RAM (`MemAvailable`) after `margin` bytes (`memory.ram_margin_mib`) are kept
+    /// free. The CPU session grows its cache as positions fill, so this is checked up front.
+    pub fn check_kv_fits_ram(&self, available: u64, margin: u64) -> Result<(), ModelError> {
+        let need = self.kv_cache_bytes();
+        let free = available.saturating_sub(margin);
+        if need > free {
+            return Err(ModelError::OutOfMemory {
+                memory: "RAM",
+                what: format!(
+                    "the KV cache for {} positions (after the {margin}-byte memory.ram_margin_mib)",
+                    self.ctx_len
+                ),
+                need,
+                free,
+                hint: "lower --ctx-size (model.ctx_size)",
+            });
+        }
+        Ok(())
     }
 
     /// A fresh session (empty KV cache).
@@ -890,6 +942,84 @@ mod tests {
         .expect("load");
         let _ = std::fs::remove_file(&path);
         model
+    }
+
+    #[test]
+    fn ctx_len_defaults_to_the_trained_context_and_refuses_with_the_rule() {
+        let cap = hipfire_config::MAX_CTX_SIZE as usize;
+        assert_eq!(resolve_ctx_len(None, 8192, "llama").expect("auto"), 8192);
+        assert_eq!(resolve_ctx_len(None, 4 * cap, "llama").expect("auto"), cap);
+        assert_eq!(resolve_ctx_len(Some(1), 8192, "llama").expect("1"), 1);
+        assert_eq!(resolve_ctx_len(Some(8192), 8192, "llama").expect("="), 8192);
+        for (req, trained) in [
+            (Some(0), 8192),
+            (Some(8193), 8192),
+            (None, 0),
+            (Some(cap + 1), 4 * cap),
+        ] {
+            let e = resolve_ctx_len(req, trained, "llama").expect_err("refused");
+            assert!(matches!(e, ModelError::ContextSize { .. }), "{e}");
+            let msg = e.to_string();
+            assert!(
+                msg.contains(&format!("at most the model's trained context ({trained}"))
+                    && msg.contains("llama.context_length"),
+                "{msg}"
+            );
+        }
+    }
+
+    #[test]
+    fn load_applies_ctx_size_and_counts_the_kv_cache() {
+        let dir = std::env::temp_dir().join(format!("hipfire-ctx-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("tmp dir");
+        let path = dir.join("tiny.gguf");
+        let spec = SynthSpec::tiny(Arch::Llama);
+        write_synthetic(&path, &spec, Format::Q8_0, 7, None).expect("synth");
+        let load = |ctx_len| {
+            Model::load_with_backend(
+                &path,
+                &LoadOptions {
+                    ctx_len,
+                    ..LoadOptions::default()
+                },
+                Arc::new(ReferenceBackend),
+            )
+        };
+        // Default: the trained 256.
+        assert_eq!(load(None).expect("auto").ctx_len(), spec.ctx_len);
+        match load(Some(spec.ctx_len + 1)) {
+            Err(ModelError::ContextSize {
+                requested, trained, ..
+            }) => assert_eq!((requested, trained), (spec.ctx_len + 1, spec.ctx_len)),
+            other => panic!("ctx beyond the trained context accepted: {other:?}"),
+        }
+        let m = load(Some(100)).expect("100");
+        assert_eq!(m.ctx_len(), 100);
+        // 2 layers × (K + V) × 2 kv heads × 64 × 2 bytes × 100 positions.
+        let need = (spec.n_layer * 2 * spec.n_head_kv * spec.head_dim * 2 * 100) as u64;
+        assert_eq!(m.kv_cache_bytes(), need);
+        let margin = 1000;
+        assert!(m.check_kv_fits_ram(need + margin, margin).is_ok());
+        let e = m
+            .check_kv_fits_ram(need + margin - 1, margin)
+            .expect_err("one byte short");
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&format!("needs {need} bytes"))
+                && msg.contains(&format!("{} bytes", need - 1))
+                && msg.contains("--ctx-size"),
+            "{msg}"
+        );
+        let mut s = m.session();
+        let toks: Vec<u32> = (0..101).map(|i| i % 512).collect();
+        assert!(matches!(
+            s.prefill(&toks),
+            Err(ModelError::ContextFull {
+                need: 101,
+                ctx: 100
+            })
+        ));
+        let _ = std::fs::remove_file(&path);
     }
 
     #[test]

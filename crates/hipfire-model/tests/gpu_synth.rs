@@ -89,6 +89,19 @@ fn modes() -> Vec<(&'static str, Option<usize>, OffloadMode, FlagsTuning)> {
 }
 
 fn check(spec: &SynthSpec, fmt: Format, failures: &mut Vec<String>) {
+    compare(spec, fmt, 12, 0, modes(), failures);
+}
+
+/// Feeds `n_tokens` tokens to the CPU session and to a GPU decoder per mode and compares the
+/// logits of every position from `from` on.
+fn compare(
+    spec: &SynthSpec,
+    fmt: Format,
+    n_tokens: usize,
+    from: usize,
+    modes: Vec<(&'static str, Option<usize>, OffloadMode, FlagsTuning)>,
+    failures: &mut Vec<String>,
+) {
     let path = tmp(&format!("{}-{}.gguf", spec.name, fmt.name()));
     write_synthetic(&path, spec, fmt, 7, None).expect("synth");
     let pool = hipfire_exec::offload::offload_pool(0).expect("pool");
@@ -98,7 +111,7 @@ fn check(spec: &SynthSpec, fmt: Format, failures: &mut Vec<String>) {
         Arc::new(CpuBackend::with_pool(pool.clone())),
     )
     .expect("load");
-    let tokens: Vec<u32> = (0..12u32)
+    let tokens: Vec<u32> = (0..n_tokens as u32)
         .map(|i| (i * 37 + 5) % spec.vocab as u32)
         .collect();
     let mut want = Vec::new();
@@ -108,7 +121,7 @@ fn check(spec: &SynthSpec, fmt: Format, failures: &mut Vec<String>) {
             want.push(s.step(t).expect("cpu step").to_vec());
         }
     }
-    for (name, budget, mode, flags) in modes() {
+    for (name, budget, mode, flags) in modes {
         let mut dec = GpuDecoder::new(
             &model,
             pool.clone(),
@@ -124,6 +137,9 @@ fn check(spec: &SynthSpec, fmt: Format, failures: &mut Vec<String>) {
         let mut worst = 0f64;
         for (i, &t) in tokens.iter().enumerate() {
             let got = dec.step(t).expect("gpu step");
+            if i < from {
+                continue;
+            }
             let scale = want[i].iter().fold(0f64, |a, v| a.max(f64::from(v.abs())));
             let err = got.iter().zip(&want[i]).fold(0f64, |a, (g, w)| {
                 let d = (f64::from(*g) - f64::from(*w)).abs();
@@ -136,7 +152,7 @@ fn check(spec: &SynthSpec, fmt: Format, failures: &mut Vec<String>) {
             worst = worst.max(err);
         }
         eprintln!(
-            "{} {} {name}: max |gpu-cpu| / max|logit| = {worst:.2e} ({})",
+            "{} {} {name}, positions {from}..{n_tokens}: max |gpu-cpu| / max|logit| = {worst:.2e} ({})",
             spec.name,
             fmt.name(),
             dec.placement_summary()
@@ -185,4 +201,94 @@ fn gpu_decoder_matches_cpu_when_passback_splits() {
         check(&spec, fmt, &mut failures);
     }
     assert!(failures.is_empty(), "over the bound: {failures:?}");
+}
+
+#[test]
+fn gpu_decoder_matches_cpu_at_depth() {
+    if !gated() {
+        return;
+    }
+    // Deep enough that split-KV attention runs with many chunks (1500 positions: 46 chunks of
+    // 33 on an H200 with 2 kv heads) and across tiles; GQA 4 and head_dim 128 as Llama-3-8B.
+    let spec = SynthSpec {
+        name: "deep-llama".into(),
+        d_model: 512,
+        n_head: 8,
+        n_head_kv: 2,
+        head_dim: 128,
+        ctx_len: 2048,
+        ..SynthSpec::tiny(Arch::Llama)
+    };
+    let mut failures = Vec::new();
+    for fmt in [Format::F32, Format::Q8_0] {
+        let resident = modes().into_iter().filter(|m| m.0 == "resident").collect();
+        // Positions 1400..1500 compared, under the bound of the 12-token test.
+        compare(&spec, fmt, 1500, 1400, resident, &mut failures);
+    }
+    assert!(failures.is_empty(), "over the bound: {failures:?}");
+}
+
+#[test]
+fn gpu_decoder_refuses_a_kv_cache_beyond_vram_with_the_numbers() {
+    if !gated() {
+        return;
+    }
+    // Trained context 2^20 with 40 layers × 8 kv heads × 128: an f16 cache of 160 GiB, more
+    // than any single GPU hipfire runs on holds; the weights themselves are a few MiB.
+    let spec = SynthSpec {
+        name: "long-ctx".into(),
+        n_layer: 40,
+        n_head: 8,
+        n_head_kv: 8,
+        head_dim: 128,
+        ctx_len: 1 << 20,
+        ..SynthSpec::tiny(Arch::Llama)
+    };
+    let path = tmp("long-ctx.gguf");
+    write_synthetic(&path, &spec, Format::Q8_0, 7, None).expect("synth");
+    let pool = hipfire_exec::offload::offload_pool(0).expect("pool");
+    let load = |ctx_len| {
+        Model::load_with_backend(
+            &path,
+            &LoadOptions {
+                ctx_len,
+                ..LoadOptions::default()
+            },
+            Arc::new(CpuBackend::with_pool(pool.clone())),
+        )
+        .expect("load")
+    };
+    let opts = |gpu_layer_budget| GpuOptions {
+        ordinal: 0,
+        gpu_layer_budget,
+        mode: OffloadMode::Pcie,
+        ram_margin_bytes: hipfire_model::gpu::DEFAULT_RAM_MARGIN_BYTES,
+        flags: FlagsTuning::default(),
+    };
+    let model = load(None);
+    let kv = model.kv_cache_bytes();
+    assert_eq!(kv, 160 << 30);
+    for budget in [None, Some(40)] {
+        match GpuDecoder::new(&model, pool.clone(), &opts(budget)) {
+            Err(e @ hipfire_model::ModelError::OutOfMemory { need, free, .. }) => {
+                let msg = e.to_string();
+                eprintln!("budget {budget:?}: {msg}");
+                assert!(need > kv && need > free, "{msg}");
+                assert!(
+                    msg.contains(&format!("needs {need} bytes"))
+                        && msg.contains(&format!("{free} bytes"))
+                        && msg.contains("--ctx-size"),
+                    "{msg}"
+                );
+            }
+            Err(e) => panic!("budget {budget:?}: refused for another reason: {e}"),
+            Ok(_) => panic!("budget {budget:?}: a 160 GiB cache was placed"),
+        }
+    }
+    // The same model with a context that fits places and runs.
+    let model = load(Some(4096));
+    let mut dec = GpuDecoder::new(&model, pool.clone(), &opts(None)).expect("fits");
+    assert!(dec.placement_summary().contains("ctx 4096"));
+    dec.step(1).expect("step");
+    let _ = std::fs::remove_file(&path);
 }

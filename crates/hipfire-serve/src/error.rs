@@ -30,7 +30,7 @@ pub enum ServeError {
     /// The KV cache the slots may fill does not fit in memory.
     #[error(
         "{slots} slots × {ctx} positions need {need_mib} MiB of KV cache, but only {avail_mib} MiB \
-         of memory is available; lower --parallel or --ctx"
+         of memory is available; lower --parallel or --ctx-size"
     )]
     KvBudget {
         /// Sequence slots (`--parallel`).

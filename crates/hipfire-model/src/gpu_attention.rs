@@ -1,0 +1,511 @@
+//! Decode attention on the GPU, split over the KV range ("flash-decoding").
+//!
+//! `attention_split_f16kv` (kernels/decode.cu) runs one block per (group of up to
+//! [`ATTN_MAX_GROUP`] query heads of one kv head, chunk of positions): each K/V row of the chunk
+//! is read once for the whole GQA group, with 16-byte loads, and folded with an online softmax.
+//! With one chunk it writes the output; with several it writes each chunk's (max, sum,
+//! unnormalised accumulator) and `attention_combine_f32` merges them. [`SplitPlan::for_depth`]
+//! chooses the chunks from the depth so the grid fills the device at depth and stays one pass
+//! (one launch) at a tiny depth.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use hipfire_gpu::backend::LaunchDims;
+use hipfire_gpu::{Context, DeviceBuffer, DeviceMemory, Function, Module, Stream};
+
+use crate::ModelError;
+
+/// Names of the kernels in `kernels/decode.cu`: the split kernel's instances for at most 1, 2,
+/// 4 and 8 query heads a block, then the combine.
+pub const ATTENTION_KERNEL_NAMES: [&str; 5] = [
+    "attention_split_f16kv_g1",
+    "attention_split_f16kv_g2",
+    "attention_split_f16kv_g4",
+    "attention_split_f16kv_g8",
+    "attention_combine_f32",
+];
+/// Most query heads a block of the split kernel serves (`HF_ATTN_MAX_G` in decode.cu): their
+/// accumulators are registers, 8 floats per head per lane. A larger group takes several blocks.
+pub const ATTN_MAX_GROUP: usize = 8;
+/// Rows each lane of the split kernel holds per tile (`HF_ATTN_UNROLL`): a tile is
+/// `threads / lanes_per_row × ATTN_UNROLL` positions (32 at head_dim 128).
+const ATTN_UNROLL: usize = 4;
+/// Threads per block of the split kernel (`HF_ATTN_THREADS`).
+const ATTN_THREADS: u32 = 128;
+/// Threads per block of the combine kernel: one pass over a 128-wide head.
+const COMBINE_THREADS: u32 = 128;
+/// Most chunks the combine kernel merges (`HF_ATTN_MAX_CHUNKS`, a static shared array there).
+pub const ATTN_MAX_CHUNKS: usize = 256;
+/// Largest head width: 8 values a lane and at most 32 lanes a row (the narrowest warp).
+pub const ATTN_MAX_HEAD_DIM: usize = 256;
+/// The narrowest warp (CUDA's 32; HIP's wave64 has half as many warps a block): bounds the
+/// per-warp sums the split kernel keeps in shared memory.
+const MIN_WARP: usize = 32;
+/// f16 values per 16-byte load: head_dim must be a multiple of it.
+const VEC: usize = 8;
+
+/// Fewest positions a chunk is cut to. Below it a block's fixed cost (loading q, the final
+/// cross-warp sum, the partial's write and the combine) outweighs the rows it reads: on the H200
+/// at depth 1024 chunks of 32 took 16.5 µs, of 8 34 µs, of 4 61 µs
+/// (docs/perf-checkpoints/2026-12-01-decode-attention-h200, run2). Depth below twice this stays
+/// one chunk, hence one launch.
+pub const ATTN_MIN_CHUNK_POS: usize = 32;
+/// Blocks per multiprocessor the split aims for once the depth allows: the 4-head instance's 127
+/// registers a thread fit 4 blocks of 128 threads an SM, and more chunks than that only add
+/// partials. On the H200 (132 SMs) and Llama-3-8B (8 kv heads) that is 66 chunks; at depth 16384
+/// they took 63 µs, 132 chunks 76–97 µs, 256 chunks 105–117 µs (same record, run2 and run3).
+pub const ATTN_BLOCKS_PER_SM: usize = 4;
+
+/// Shape of one layer's attention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttnShape {
+    /// Query heads.
+    pub n_head: usize,
+    /// KV heads (`n_head` is a multiple).
+    pub n_kv_head: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+}
+
+impl AttnShape {
+    /// Query heads per kv head.
+    pub fn group(&self) -> usize {
+        self.n_head / self.n_kv_head
+    }
+
+    /// Blocks per chunk: kv heads × head groups of `heads_per_block`.
+    fn blocks_per_chunk(&self, heads_per_block: usize) -> usize {
+        self.n_kv_head * self.group().div_ceil(heads_per_block.max(1))
+    }
+
+    /// Refuses shapes the kernel cannot run, with the reason.
+    pub fn check(&self) -> Result<(), ModelError> {
+        if self.n_head == 0 || self.n_kv_head == 0 || self.n_head % self.n_kv_head != 0 {
+            return Err(ModelError::Unsupported(format!(
+                "GPU attention: {} query heads are not a multiple of {} kv heads",
+                self.n_head, self.n_kv_head
+            )));
+        }
+        if self.head_dim == 0 || self.head_dim % VEC != 0 || self.head_dim > ATTN_MAX_HEAD_DIM {
+            return Err(ModelError::Unsupported(format!(
+                "GPU attention needs head_dim a multiple of {VEC} in [{VEC}, {ATTN_MAX_HEAD_DIM}], got {}",
+                self.head_dim
+            )));
+        }
+        Ok(())
+    }
+
+    /// Lanes that cover one row: the power of two ≥ head_dim / 8 (lanes past the row idle).
+    fn lanes_per_row(&self) -> usize {
+        (self.head_dim / VEC).next_power_of_two()
+    }
+
+    /// Dynamic shared memory of the split kernel: scaled q and two tiles of scores per head,
+    /// reused after the last tile for one partial sum per warp per head.
+    fn split_shared_bytes(&self, heads_per_block: usize) -> usize {
+        let tile = ATTN_THREADS as usize / self.lanes_per_row() * ATTN_UNROLL;
+        let tiles = heads_per_block * self.head_dim + 2 * heads_per_block * tile;
+        let sums = ATTN_THREADS as usize / MIN_WARP * heads_per_block * self.head_dim;
+        tiles.max(sums) * std::mem::size_of::<f32>()
+    }
+}
+
+/// How one attention call is cut: `n_chunks` chunks of `chunk_len` positions (the last may be
+/// shorter, none is empty), each block serving `heads_per_block` query heads of one kv head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SplitPlan {
+    /// Positions per chunk.
+    pub chunk_len: usize,
+    /// Chunks (1 = one launch, no combine).
+    pub n_chunks: usize,
+    /// Query heads per block, in `[1, min(group, ATTN_MAX_GROUP)]`: fewer than the group re-read
+    /// the group's K/V rows (from L2) in exchange for more blocks at a shallow depth.
+    pub heads_per_block: usize,
+}
+
+impl SplitPlan {
+    /// The plan for `n_pos` positions (≥ 1) on a device of `multiprocessors`: as many chunks as
+    /// fill [`ATTN_BLOCKS_PER_SM`] blocks per SM, none shorter than [`ATTN_MIN_CHUNK_POS`], at
+    /// most [`ATTN_MAX_CHUNKS`]; the whole GQA group (up to [`ATTN_MAX_GROUP`]) in each block,
+    /// unless that leaves fewer blocks than multiprocessors, when the group is halved until it
+    /// does not (a shallow depth's rows are few, so reading them twice costs less than idle SMs).
+    pub fn for_depth(shape: &AttnShape, n_pos: usize, multiprocessors: usize) -> SplitPlan {
+        let target = max_chunks(shape, multiprocessors);
+        let mut plan =
+            SplitPlan::with_chunks(shape, n_pos, (n_pos / ATTN_MIN_CHUNK_POS).min(target));
+        while plan.heads_per_block > 1
+            && plan.n_chunks * shape.blocks_per_chunk(plan.heads_per_block) < multiprocessors
+        {
+            plan.heads_per_block = plan.heads_per_block.div_ceil(2);
+        }
+        plan
+    }
+
+    /// `n_pos` positions (≥ 1) in about `want` chunks (clamped to `[1, ATTN_MAX_CHUNKS]`),
+    /// rounded so that no chunk is empty, with the whole GQA group (up to [`ATTN_MAX_GROUP`]) in
+    /// each block.
+    pub fn with_chunks(shape: &AttnShape, n_pos: usize, want: usize) -> SplitPlan {
+        let n_pos = n_pos.max(1);
+        let want = want.clamp(1, ATTN_MAX_CHUNKS.min(n_pos));
+        let chunk_len = n_pos.div_ceil(want);
+        SplitPlan {
+            chunk_len,
+            n_chunks: n_pos.div_ceil(chunk_len),
+            heads_per_block: shape.group().clamp(1, ATTN_MAX_GROUP),
+        }
+    }
+
+    /// This plan with `heads_per_block` query heads a block (clamped to the valid range).
+    pub fn with_heads_per_block(self, shape: &AttnShape, heads_per_block: usize) -> SplitPlan {
+        SplitPlan {
+            heads_per_block: heads_per_block.clamp(1, shape.group().clamp(1, ATTN_MAX_GROUP)),
+            ..self
+        }
+    }
+}
+
+/// Most chunks [`SplitPlan::for_depth`] gives this shape on this device (sizes the scratch).
+fn max_chunks(shape: &AttnShape, multiprocessors: usize) -> usize {
+    (multiprocessors.max(1) * ATTN_BLOCKS_PER_SM)
+        .div_ceil(shape.blocks_per_chunk(shape.group().min(ATTN_MAX_GROUP)))
+        .clamp(1, ATTN_MAX_CHUNKS)
+}
+
+/// Index into [`ATTENTION_KERNEL_NAMES`] of the smallest split instance for `heads_per_block`.
+fn instance(heads_per_block: usize) -> usize {
+    match heads_per_block {
+        0 | 1 => 0,
+        2 => 1,
+        3 | 4 => 2,
+        _ => 3,
+    }
+}
+
+/// The two kernels and the chunk partials' scratch for one attention shape.
+#[derive(Debug)]
+pub struct SplitKvAttention {
+    ctx: Arc<Context>,
+    /// The split kernel's instances for at most 1, 2, 4 and 8 heads a block.
+    split: [Function; 4],
+    combine: Function,
+    shape: AttnShape,
+    /// `[n_head][max_chunks][2 + head_dim]` f32: m, l, acc.
+    part: DeviceBuffer<f32>,
+    max_chunks: usize,
+}
+
+impl SplitKvAttention {
+    /// The kernels from `module` (compiled from `kernels/decode.cu`) for `shape`, with scratch
+    /// for as many chunks as [`SplitPlan::for_depth`] gives on this device, or as
+    /// [`SplitKvAttention::launch_with`] may be asked for: at least `min_chunks`.
+    pub fn new(
+        module: &Arc<Module>,
+        shape: AttnShape,
+        min_chunks: usize,
+    ) -> Result<SplitKvAttention, ModelError> {
+        shape.check()?;
+        let ctx = module.context().clone();
+        let sms = ctx.info().multiprocessors as usize;
+        let max_chunks = max_chunks(&shape, sms).max(min_chunks.min(ATTN_MAX_CHUNKS));
+        let part = ctx.alloc::<f32>(shape.n_head * max_chunks * (shape.head_dim + 2))?;
+        let f = |i: usize| module.function(ATTENTION_KERNEL_NAMES[i]);
+        Ok(SplitKvAttention {
+            split: [f(0)?, f(1)?, f(2)?, f(3)?],
+            combine: f(4)?,
+            ctx,
+            shape,
+            part,
+            max_chunks,
+        })
+    }
+
+    /// The shape this was built for.
+    pub fn shape(&self) -> AttnShape {
+        self.shape
+    }
+
+    /// The plan [`SplitKvAttention::launch`] uses at `n_pos`.
+    pub fn plan(&self, n_pos: usize) -> SplitPlan {
+        SplitPlan::for_depth(&self.shape, n_pos, self.ctx.info().multiprocessors as usize)
+    }
+
+    /// Bytes of device scratch (the chunk partials).
+    pub fn scratch_bytes(&self) -> usize {
+        self.part.len() * std::mem::size_of::<f32>()
+    }
+
+    /// `out = softmax(q·Kᵀ / √head_dim) · V` over the first `n_pos` rows of the caches, queued on
+    /// `stream`. `q` and `out` are `[n_head][head_dim]` f32; the caches `[rows][n_kv_head]
+    /// [head_dim]` f16 bit patterns with at least `n_pos` rows.
+    pub fn launch(
+        &self,
+        stream: &Stream,
+        q: &DeviceBuffer<f32>,
+        k_cache: &DeviceBuffer<u16>,
+        v_cache: &DeviceBuffer<u16>,
+        out: &mut DeviceBuffer<f32>,
+        n_pos: usize,
+    ) -> Result<(), ModelError> {
+        self.launch_with(stream, q, k_cache, v_cache, out, n_pos, self.plan(n_pos))
+    }
+
+    /// As [`SplitKvAttention::launch`] with a chosen plan (tests and the timing program).
+    #[allow(clippy::too_many_arguments)] // the attention's operands
+    pub fn launch_with(
+        &self,
+        stream: &Stream,
+        q: &DeviceBuffer<f32>,
+        k_cache: &DeviceBuffer<u16>,
+        v_cache: &DeviceBuffer<u16>,
+        out: &mut DeviceBuffer<f32>,
+        n_pos: usize,
+        plan: SplitPlan,
+    ) -> Result<(), ModelError> {
+        let s = self.shape;
+        let qd = s.n_head * s.head_dim;
+        let kv_rows = n_pos * s.n_kv_head * s.head_dim;
+        let covers = plan.n_chunks >= 1
+            && plan.heads_per_block >= 1
+            && plan.heads_per_block <= s.group().min(ATTN_MAX_GROUP)
+            && plan.n_chunks <= self.max_chunks
+            && plan.chunk_len * plan.n_chunks >= n_pos
+            && plan.chunk_len * (plan.n_chunks - 1) < n_pos;
+        if n_pos == 0
+            || !covers
+            || q.len() < qd
+            || out.len() < qd
+            || k_cache.len() < kv_rows
+            || v_cache.len() < kv_rows
+            || i32::try_from(kv_rows).is_err()
+        {
+            return Err(ModelError::Backend {
+                backend: "gpu",
+                message: format!(
+                "attention over {n_pos} positions ({plan:?}, scratch for {} chunks): q {} / out {} of {qd}, caches {} / {} of {kv_rows}",
+                self.max_chunks,
+                q.len(),
+                out.len(),
+                k_cache.len(),
+                v_cache.len()
+            ),
+            });
+        }
+        let grid = plan.n_chunks * s.blocks_per_chunk(plan.heads_per_block);
+        let (mut pq, mut pk, mut pv, mut po, mut pp) = (
+            q.device_ptr(),
+            k_cache.device_ptr(),
+            v_cache.device_ptr(),
+            out.device_ptr(),
+            self.part.device_ptr(),
+        );
+        // Every count below is bounded by the cache length checked to fit an i32 above.
+        let (mut nh, mut nkv, mut hd, mut np) = (
+            s.n_head as i32,
+            s.n_kv_head as i32,
+            s.head_dim as i32,
+            n_pos as i32,
+        );
+        let (mut cl, mut nc, mut lpr, mut hpb) = (
+            plan.chunk_len as i32,
+            plan.n_chunks as i32,
+            s.lanes_per_row() as i32,
+            plan.heads_per_block as i32,
+        );
+        let mut scale = 1.0f32 / (s.head_dim as f32).sqrt();
+        let mut params: [*mut c_void; 14] = [
+            (&mut pq as *mut u64).cast(),
+            (&mut pk as *mut u64).cast(),
+            (&mut pv as *mut u64).cast(),
+            (&mut po as *mut u64).cast(),
+            (&mut pp as *mut u64).cast(),
+            (&mut nh as *mut i32).cast(),
+            (&mut nkv as *mut i32).cast(),
+            (&mut hd as *mut i32).cast(),
+            (&mut np as *mut i32).cast(),
+            (&mut cl as *mut i32).cast(),
+            (&mut nc as *mut i32).cast(),
+            (&mut lpr as *mut i32).cast(),
+            (&mut hpb as *mut i32).cast(),
+            (&mut scale as *mut f32).cast(),
+        ];
+        let dims = LaunchDims {
+            grid: grid as u32,
+            block: ATTN_THREADS,
+            shared_bytes: s.split_shared_bytes(plan.heads_per_block) as u32,
+        };
+        // SAFETY: the parameters match the `attention_split_f16kv_g*` signature; every pointer is a
+        // live device buffer of `self` or of the caller, borrowed for the call, whose lengths
+        // were checked above against what the kernel reads (n_pos cache rows, n_head q rows) and
+        // writes (n_head out rows, n_chunks ≤ max_chunks partials per head).
+        unsafe {
+            self.ctx.backend().launch(
+                self.split[instance(plan.heads_per_block)].raw(),
+                dims,
+                stream.raw(),
+                &mut params,
+            )?;
+        }
+        if plan.n_chunks == 1 {
+            return Ok(());
+        }
+        let (mut pp, mut po, mut hd, mut nc) = (
+            self.part.device_ptr(),
+            out.device_ptr(),
+            s.head_dim as i32,
+            plan.n_chunks as i32,
+        );
+        let mut params: [*mut c_void; 4] = [
+            (&mut pp as *mut u64).cast(),
+            (&mut po as *mut u64).cast(),
+            (&mut hd as *mut i32).cast(),
+            (&mut nc as *mut i32).cast(),
+        ];
+        let dims = LaunchDims {
+            grid: s.n_head as u32,
+            block: COMBINE_THREADS,
+            shared_bytes: 0,
+        };
+        // SAFETY: as above, for `attention_combine_f32`: it reads the partials the split kernel
+        // wrote (n_head × n_chunks rows of the scratch) and writes n_head out rows.
+        unsafe {
+            self.ctx
+                .backend()
+                .launch(self.combine.raw(), dims, stream.raw(), &mut params)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LLAMA3_8B: AttnShape = AttnShape {
+        n_head: 32,
+        n_kv_head: 8,
+        head_dim: 128,
+    };
+    /// The H200's multiprocessors.
+    const H200_SMS: usize = 132;
+
+    #[test]
+    fn plans_cover_every_position_with_no_empty_chunk() {
+        for shape in [
+            LLAMA3_8B,
+            AttnShape {
+                n_head: 16,
+                n_kv_head: 1,
+                head_dim: 64,
+            },
+            AttnShape {
+                n_head: 4,
+                n_kv_head: 4,
+                head_dim: 64,
+            },
+        ] {
+            for sms in [1, 8, H200_SMS, 1000] {
+                for n_pos in (1..300).chain([777, 1024, 4095, 4096, 16384, 131_072]) {
+                    let p = SplitPlan::for_depth(&shape, n_pos, sms);
+                    assert!(p.n_chunks >= 1 && p.n_chunks <= max_chunks(&shape, sms));
+                    assert!(p.chunk_len * p.n_chunks >= n_pos, "{n_pos}: {p:?}");
+                    assert!(p.chunk_len * (p.n_chunks - 1) < n_pos, "{n_pos}: {p:?}");
+                    if p.n_chunks > 1 {
+                        assert!(p.chunk_len >= ATTN_MIN_CHUNK_POS, "{n_pos}: {p:?}");
+                    }
+                    assert!(p.heads_per_block >= 1);
+                    assert!(p.heads_per_block <= shape.group().min(ATTN_MAX_GROUP));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tiny_depth_is_one_pass_and_depth_fills_the_h200() {
+        for n_pos in [1, 16, 2 * ATTN_MIN_CHUNK_POS - 1] {
+            assert_eq!(
+                SplitPlan::for_depth(&LLAMA3_8B, n_pos, H200_SMS).n_chunks,
+                1
+            );
+        }
+        for n_pos in [1024, 4096, 16384] {
+            let p = SplitPlan::for_depth(&LLAMA3_8B, n_pos, H200_SMS);
+            // The whole GQA group in each block: every K/V row read once.
+            assert_eq!(p.heads_per_block, 4, "{n_pos}: {p:?}");
+            assert!(
+                p.n_chunks * LLAMA3_8B.blocks_per_chunk(p.heads_per_block) >= H200_SMS,
+                "{n_pos}: {p:?}"
+            );
+        }
+        // Depth 16: one chunk, one query head a block (32 blocks rather than 8).
+        assert_eq!(
+            SplitPlan::for_depth(&LLAMA3_8B, 16, H200_SMS),
+            SplitPlan {
+                chunk_len: 16,
+                n_chunks: 1,
+                heads_per_block: 1
+            }
+        );
+    }
+
+    #[test]
+    fn with_chunks_clamps() {
+        let s = LLAMA3_8B;
+        assert_eq!(
+            SplitPlan::with_chunks(&s, 5, 100),
+            SplitPlan {
+                chunk_len: 1,
+                n_chunks: 5,
+                heads_per_block: 4
+            }
+        );
+        assert_eq!(SplitPlan::with_chunks(&s, 1000, 0).n_chunks, 1);
+        assert_eq!(
+            SplitPlan::with_chunks(&s, 100_000, 10_000).n_chunks,
+            ATTN_MAX_CHUNKS
+        );
+        // 10 positions in 4 chunks of 3: the last holds one.
+        assert_eq!(
+            SplitPlan::with_chunks(&s, 10, 4),
+            SplitPlan {
+                chunk_len: 3,
+                n_chunks: 4,
+                heads_per_block: 4
+            }
+        );
+        let p = SplitPlan::with_chunks(&s, 10, 4);
+        assert_eq!(p.with_heads_per_block(&s, 0).heads_per_block, 1);
+        assert_eq!(p.with_heads_per_block(&s, 9).heads_per_block, 4);
+        let mqa = AttnShape {
+            n_head: 16,
+            n_kv_head: 1,
+            head_dim: 64,
+        };
+        assert_eq!(SplitPlan::with_chunks(&mqa, 10, 1).heads_per_block, 8);
+        assert_eq!([1, 2, 3, 4, 5, 8].map(instance), [0, 1, 2, 2, 3, 3]);
+    }
+
+    #[test]
+    fn unsupported_shapes_are_refused_with_the_rule() {
+        for (n_head, n_kv_head, head_dim) in [(32, 6, 128), (8, 8, 100), (8, 8, 512), (0, 1, 64)] {
+            let e = AttnShape {
+                n_head,
+                n_kv_head,
+                head_dim,
+            }
+            .check()
+            .expect_err("refused");
+            assert!(matches!(e, ModelError::Unsupported(_)), "{e}");
+        }
+        assert!(LLAMA3_8B.check().is_ok());
+        assert_eq!(LLAMA3_8B.lanes_per_row(), 16);
+        assert_eq!(
+            AttnShape {
+                head_dim: 96,
+                ..LLAMA3_8B
+            }
+            .lanes_per_row(),
+            16
+        );
+    }
+}
