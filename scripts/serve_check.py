@@ -407,6 +407,24 @@ def check_one_slot(hipfire, model):
           f"finished {len(events) - 1} chunks and exited 0")
 
 
+def check_daemon_lock(srv, hipfire, model):
+    """A live server holds the daemon lock: a second server and `bench` on the same
+    HIPFIRE_HOME are refused while it runs."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HIPFIRE_")}
+    env["HIPFIRE_CONFIG"] = os.path.join(srv.scratch, "config.toml")
+    env["HIPFIRE_HOME"] = os.path.join(srv.scratch, "home")
+    second = subprocess.run([hipfire, "serve", model, "--port", "0"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    check(second.returncode != 0 and "holds the lock" in second.stderr,
+          f"a second server was not refused: rc {second.returncode}, {second.stderr[-400:]!r}")
+    bench = subprocess.run([hipfire, "bench", model, "--prompt-tokens", "4", "--gen-tokens", "2"],
+                           env=env, capture_output=True, text=True, timeout=60)
+    check(bench.returncode == 1 and "daemon" in bench.stderr,
+          f"bench beside a live server was not refused: rc {bench.returncode}, "
+          f"{bench.stderr[-400:]!r}")
+    print("ok: the server holds the daemon lock (a second server and bench are refused)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hipfire", required=True, help="the hipfire binary")
@@ -416,6 +434,7 @@ def main():
     srv = Server(a.hipfire, a.model, "--parallel", "16", "--queue", "64", "--api-key", API_KEY)
     try:
         check_api(srv)
+        check_daemon_lock(srv, a.hipfire, a.model)
         check_batch_invariance(srv)
         check_bad_requests(srv)
         check_load(srv)
