@@ -96,13 +96,15 @@ pub static OTHER_ENV: &[EnvVarDoc] = &[
     EnvVarDoc {
         name: "HIPFIRE_HOSTILE_DUMP",
         read_by: "tests",
-        doc: "Set while running hipfire-cli's `hostile_models` test to also write its crafted GGUF \
+        doc:
+            "Set while running hipfire-cli's `hostile_models` test to also write its crafted GGUF \
               corpus into that directory (to try another build on it).",
     },
     EnvVarDoc {
         name: "HIPFIRE_HOSTILE_CHILD",
         read_by: "tests",
-        doc: "Internal: set by hipfire-model's `hostile_gguf` test in the child process it re-runs \
+        doc:
+            "Internal: set by hipfire-model's `hostile_gguf` test in the child process it re-runs \
               (under a memory limit, so an abort is caught); do not set it.",
     },
 ];

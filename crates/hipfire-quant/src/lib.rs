@@ -329,20 +329,10 @@ impl Format {
         cfg!(target_arch = "x86_64")
     }
 
-    /// True if and only if the GPU crate ships a GEMV kernel for this format: the nine
-    /// original formats. The formats GGUF K_M mixes fall back to (Q5_0, Q5_1, ...) have CPU row
-    /// dots only, so the planner keeps their weights on the CPU.
+    /// True if and only if the GPU crate ships a GEMV kernel for this format: every format but
+    /// Q3_K and Q2_K, which have CPU row dots only, so the planner keeps their weights on the CPU.
     pub const fn has_gpu_kernel(self) -> bool {
-        !matches!(
-            self,
-            Format::Q5_0
-                | Format::Q5_1
-                | Format::Q5K
-                | Format::Q3K
-                | Format::Q2K
-                | Format::Iq4Nl
-                | Format::Iq4Xs
-        )
+        !matches!(self, Format::Q3K | Format::Q2K)
     }
 }
 
