@@ -76,6 +76,11 @@ pub fn random_weights(format: Format, m: usize, k: usize, r: &mut ChaCha8Rng) ->
                         put_f16(b, r.random_range(0.0005f32..0.005));
                         put_f16(&mut b[2..], r.random_range(0.0005f32..0.005));
                     }
+                    Format::Q3K => put_f16(&mut b[108..], r.random_range(0.0005f32..0.005)),
+                    Format::Q2K => {
+                        put_f16(&mut b[80..], r.random_range(0.0005f32..0.005));
+                        put_f16(&mut b[82..], r.random_range(0.0005f32..0.005));
+                    }
                     _ => unreachable!("float formats handled above"),
                 }
             }
@@ -275,7 +280,68 @@ pub fn dequant_f64(format: Format, row: &[u8], k: usize) -> Vec<f64> {
                 }
             }
         }
-        other => panic!("{other} has no GPU kernel, so no GPU-test reference"),
+        Format::Q3K => {
+            // ggml dequantize_row_q3_K: the 16 6-bit scales unpacked with its kmask words.
+            for b in row.chunks_exact(110) {
+                let d = h(&b[108..]);
+                let (hm, qs) = (&b[..32], &b[32..96]);
+                let w = |i: usize| {
+                    u32::from_le_bytes([b[96 + 4 * i], b[97 + 4 * i], b[98 + 4 * i], b[99 + 4 * i]])
+                };
+                let (kmask1, kmask2) = (0x0303_0303u32, 0x0f0f_0f0fu32);
+                let (a0, a1, tmp) = (w(0), w(1), w(2));
+                let aux = [
+                    (a0 & kmask2) | ((tmp & kmask1) << 4),
+                    (a1 & kmask2) | (((tmp >> 2) & kmask1) << 4),
+                    ((a0 >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4),
+                    ((a1 >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4),
+                ];
+                let scales: Vec<i8> = aux
+                    .iter()
+                    .flat_map(|a| a.to_le_bytes())
+                    .map(|v| v as i8)
+                    .collect();
+                let mut is = 0;
+                let mut m = 1u8;
+                for n in 0..2 {
+                    let q = &qs[32 * n..];
+                    for j in 0..4 {
+                        let shift = 2 * j;
+                        for half in 0..2 {
+                            let dl = d * (scales[is] as i32 - 32) as f64;
+                            is += 1;
+                            for l in 16 * half..16 * half + 16 {
+                                let low = ((q[l] >> shift) & 3) as i32;
+                                let sub = if hm[l] & m != 0 { 0 } else { 4 };
+                                y.push(dl * (low - sub) as f64);
+                            }
+                        }
+                        m <<= 1;
+                    }
+                }
+            }
+        }
+        Format::Q2K => {
+            // ggml dequantize_row_q2_K.
+            for b in row.chunks_exact(84) {
+                let (d, dmin) = (h(&b[80..]), h(&b[82..]));
+                let mut is = 0;
+                for n in 0..2 {
+                    let q = &b[16 + 32 * n..];
+                    for j in 0..4 {
+                        let shift = 2 * j;
+                        for half in 0..2 {
+                            let sc = b[is];
+                            is += 1;
+                            let (dl, ml) = (d * (sc & 0xF) as f64, dmin * (sc >> 4) as f64);
+                            for l in 16 * half..16 * half + 16 {
+                                y.push(dl * ((q[l] >> shift) & 3) as f64 - ml);
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
     assert_eq!(y.len(), k);
     y
