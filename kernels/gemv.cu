@@ -127,6 +127,18 @@ __device__ __forceinline__ void hf_load_xblock(XBlock& xb, const XArgs& xa, int 
 // one unit at a time). X: activation a unit needs (loaded once, reused for HF_ROWS rows).
 // ---------------------------------------------------------------------------------------------
 
+// The parts shared by the formats whose work unit is one 32-element activation block: unit u of
+// weight block gblock multiplies activation block gblock * UNITS + u.
+template <int UNITS_>
+struct HfXBlockUnits {
+    static constexpr bool QX = true;
+    static constexpr int UNITS = UNITS_;
+    typedef XBlock X;
+    static __device__ __forceinline__ void load_x(X& x, const XArgs& xa, int gblock, int u) {
+        hf_load_xblock(x, xa, gblock * UNITS_ + u);
+    }
+};
+
 struct TQ8_0 {
     static constexpr bool QX = true;
     static constexpr int BYTES = 34, ELEMS = 32, CB = 32, UNITS = 1;
@@ -186,6 +198,94 @@ struct TQ4_1 {
             sum = HF_DP4A((v >> 4) & 0x0F0F0F0F, x.q[i + 4], sum);
         }
         return d * x.d * (float)sum + m * x.s;
+    }
+};
+
+// Bits 0..3 of v as bit 4 of bytes 0..3: the fifth bits of four 5-bit codes (Q5_0 / Q5_1), ready
+// to OR onto their low nibbles (ggml vec_dot_q5_0_q8_1's shifts).
+__device__ __forceinline__ int hf_bits_to_b4(hf_u32 v) {
+    return (int)(((v << 4) & 0x10u) | ((v << 11) & 0x1000u) | ((v << 18) & 0x100000u) | ((v << 25) & 0x10000000u));
+}
+
+// Q5_0 / Q5_1 integer dot of one 32-element block: low nibbles of qs[j] with fifth bit j of qh are
+// elements j, high nibbles with bit j+16 are elements j+16 (the Q4_0 nibble order of x.q).
+__device__ __forceinline__ int hf_q5_dot(const int (&q)[4], hf_u32 qh, const XBlock& x) {
+    int sum = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int lo = (q[i] & 0x0F0F0F0F) | hf_bits_to_b4(qh >> (4 * i));
+        const int hi = ((q[i] >> 4) & 0x0F0F0F0F) | hf_bits_to_b4(qh >> (4 * i + 16));
+        sum = HF_DP4A(lo, x.q[i], sum);
+        sum = HF_DP4A(hi, x.q[i + 4], sum);
+    }
+    return sum;
+}
+
+struct TQ5_0 : HfXBlockUnits<1> {
+    static constexpr int BYTES = 22, ELEMS = 32, CB = 48; // 48 x 22 = 66 x 16 bytes
+    static __device__ __forceinline__ float dot(const hf_u8* blk, int, const X& x) {
+        const float d = hf_h2f(hf_ld16(blk));
+        int qh[1], q[4];
+        hf_ints_b2<1>(blk + HF_Q5_0_QH, qh);
+        hf_ints_b2<4>(blk + HF_Q5_0_QS, q);
+        const int sum = hf_q5_dot(q, (hf_u32)qh[0], x);
+        // sum((q-16) * dx * qx) = dx * sum(q*qx) - 16 * s
+        return d * (x.d * (float)sum - 16.0f * x.s);
+    }
+};
+
+struct TQ5_1 : HfXBlockUnits<1> {
+    static constexpr int BYTES = 24, ELEMS = 32, CB = 48; // 8-byte aligned blocks
+    static __device__ __forceinline__ float dot(const hf_u8* blk, int, const X& x) {
+        const float d = hf_h2f(hf_ld16(blk));
+        const float m = hf_h2f(hf_ld16(blk + 2));
+        int q[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q[i] = hf_int_b4(blk + HF_Q5_1_QS, i);
+        const int sum = hf_q5_dot(q, (hf_u32)hf_int_b4(blk + HF_Q5_1_QH, 0), x);
+        // The min term against the quantised activation's sum (ggml's q8_1 s), as Q4_1.
+        return d * x.d * (float)sum + m * x.s;
+    }
+};
+
+// The IQ4_NL / IQ4_XS grid (ggml kvalues_iq4nl: -127 -104 -83 -65 | -49 -35 -22 -10 | 1 13 25 38 |
+// 53 69 89 113) as four little-endian words of int8.
+#define HF_IQ4NL_W0 0xBFAD9881u
+#define HF_IQ4NL_W1 0xF6EADDCFu
+#define HF_IQ4NL_W2 0x26190D01u
+#define HF_IQ4NL_W3 0x71594535u
+
+// Four 4-bit codes (one per byte, each 0..15) to their int8 grid values at once, from registers:
+// __byte_perm picks grid[c & 7] out of words 0-1 and grid[8 + (c & 7)] out of words 2-3, and bit 3
+// of each code chooses between the two.
+__device__ __forceinline__ int hf_iq4nl_lookup(hf_u32 c) {
+    const hf_u32 lo3 = c & 0x07070707u;
+    const hf_u32 t = lo3 | (lo3 >> 4);                      // codes 0,1 in bits 0-7; codes 2,3 in bits 16-23
+    const hf_u32 sel = (t & 0xFFu) | ((t >> 8) & 0xFF00u);   // selector nibble n = low 3 bits of code n
+    const hf_u32 a = __byte_perm(HF_IQ4NL_W0, HF_IQ4NL_W1, sel);
+    const hf_u32 b = __byte_perm(HF_IQ4NL_W2, HF_IQ4NL_W3, sel);
+    const hf_u32 hi = ((c >> 3) & 0x01010101u) * 0xFFu; // 0xFF in the bytes whose code has bit 3
+    return (int)(a ^ ((a ^ b) & hi));
+}
+
+// Integer dot of 32 IQ4 codes (16 bytes: low nibbles elements 0-15, high nibbles 16-31) with x.
+__device__ __forceinline__ int hf_iq4_dot(const int (&q)[4], const XBlock& x) {
+    int sum = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        sum = HF_DP4A(hf_iq4nl_lookup((hf_u32)q[i] & 0x0F0F0F0Fu), x.q[i], sum);
+        sum = HF_DP4A(hf_iq4nl_lookup(((hf_u32)q[i] >> 4) & 0x0F0F0F0Fu), x.q[i + 4], sum);
+    }
+    return sum;
+}
+
+struct TIq4Nl : HfXBlockUnits<1> {
+    static constexpr int BYTES = 18, ELEMS = 32, CB = 64;
+    static __device__ __forceinline__ float dot(const hf_u8* blk, int, const X& x) {
+        const float d = hf_h2f(hf_ld16(blk));
+        int q[4];
+        hf_ints_b2<4>(blk + 2, q);
+        return d * x.d * (float)hf_iq4_dot(q, x);
     }
 };
 
@@ -282,6 +382,40 @@ struct TQ4K {
     }
 };
 
+// Q5_K unit g (0..3): Q4_K's unit g (same scales, same nibbles at HF_Q5K_QS) with the fifth bits:
+// bit 2g of qh[l] for element l of sub-block 2g, bit 2g+1 for element l of sub-block 2g+1.
+struct TQ5K {
+    static constexpr bool QX = true;
+    static constexpr int BYTES = 176, ELEMS = 256, CB = 8, UNITS = 4; // 176 = 11 x 16: aligned blocks
+    typedef TQ4K::X X;
+    static __device__ __forceinline__ void load_x(X& x, const XArgs& xa, int gblock, int g) {
+        TQ4K::load_x(x, xa, gblock, g);
+    }
+    static __device__ __forceinline__ float dot(const hf_u8* blk, int g, const X& x) {
+        const float d = hf_h2f(hf_ld16(blk));
+        const float dmin = hf_h2f(hf_ld16(blk + 2));
+        int sc0, m0, sc1, m1;
+        hf_scale_min_k4_pair(g, blk + HF_Q4K_SCALES, sc0, m0, sc1, m1);
+        const int4* qp = (const int4*)(blk + HF_Q5K_QS + 32 * g);
+        const int4* hp = (const int4*)(blk + HF_Q5K_QH);
+        const int4 v0 = qp[0], v1 = qp[1], h0 = hp[0], h1 = hp[1];
+        const int v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+        const int h[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+        const unsigned sa = 2u * (unsigned)g, sb = sa + 1u;
+        int s0 = 0, s1 = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const hf_u32 hh = (hf_u32)h[i];
+            const int lo = (v[i] & 0x0F0F0F0F) | (int)(((hh >> sa) & 0x01010101u) << 4);
+            const int hi = ((v[i] >> 4) & 0x0F0F0F0F) | (int)(((hh >> sb) & 0x01010101u) << 4);
+            s0 = HF_DP4A(lo, x.a.q[i], s0);
+            s1 = HF_DP4A(hi, x.b.q[i], s1);
+        }
+        return d * ((float)sc0 * x.a.d * (float)s0 + (float)sc1 * x.b.d * (float)s1) -
+               dmin * ((float)m0 * x.a.s + (float)m1 * x.b.s);
+    }
+};
+
 // Q6_K unit u (0..3): half h = u>>1 (128 elements), is = u&1: the 16 positions l in [16is, 16is+16)
 // of each of the half's four 32-element segments t (elements 128h + 32t + l), scale sc[8h + is + 2t].
 struct TQ6K {
@@ -367,6 +501,74 @@ struct THfq4 {
             sum = HF_DP4A((int)__byte_perm(lo, hi, 0x7362), x.q[2 * i + 1], sum);
         }
         return scale * x.d * (float)sum + zero * x.s;
+    }
+};
+
+// IQ4_XS unit u (0..7): sub-block u, 32 elements: qs bytes [16u, 16u+16) as IQ4_NL's nibbles, scale
+// d * (ls - 32) with ls = 4 bits of scales_l[u/2] and 2 bits of scales_h.
+struct TIq4Xs : HfXBlockUnits<8> {
+    static constexpr int BYTES = 136, ELEMS = 256, CB = 8; // 8-byte aligned blocks
+    static __device__ __forceinline__ float dot(const hf_u8* blk, int u, const X& x) {
+        const float d = hf_h2f(hf_ld16(blk));
+        const int sh = hf_ld16(blk + 2);
+        const int sl = blk[HF_IQ4XS_SL + (u >> 1)];
+        const int ls = ((sl >> (4 * (u & 1))) & 0xF) | (((sh >> (2 * u)) & 3) << 4);
+        int q[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q[i] = hf_int_b4(blk + HF_IQ4XS_QS + 16 * u, i);
+        return d * (float)(ls - HF_IQ4XS_SCALE_OFFSET) * x.d * (float)hf_iq4_dot(q, x);
+    }
+};
+
+// Q3_K unit t (0..7): elements 128n + 32j + l, l in [0, 32), with n = t/4, j = t%4 (one activation
+// block): 2 bits at 2j of qs[32n + l], the third bit t of hmask[l]; scales 2t (l < 16) and 2t+1.
+struct TQ3K : HfXBlockUnits<8> {
+    static constexpr int BYTES = 110, ELEMS = 256, CB = 8; // 8 x 110 = 55 x 16 bytes
+    // 6-bit scale s (0..15): low 4 bits from the nibbles of bytes 0-7, high 2 bits from bytes 8-11
+    // (ggml dequantize_row_q3_K's kmask unpacking, one scale at a time).
+    static __device__ __forceinline__ int scale(const hf_u8* sc, int s) {
+        const int lo = (sc[s & 7] >> (4 * (s >> 3))) & 0xF;
+        const int hi = (sc[8 + (s & 3)] >> (2 * (s >> 2))) & 3;
+        return (lo | (hi << 4)) - HF_Q3K_SCALE_OFFSET;
+    }
+    static __device__ __forceinline__ float dot(const hf_u8* blk, int t, const X& x) {
+        const int n = t >> 2, j = t & 3;
+        const float d = hf_h2f(hf_ld16(blk + HF_Q3K_D));
+        int q[8], hm[8];
+        hf_ints_b2<8>(blk + HF_Q3K_QS + 32 * n, q);
+        hf_ints_b2<8>(blk, hm);
+        int s[2] = {0, 0};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const hf_u32 v = (((hf_u32)q[i] >> (2 * j)) & 0x03030303u) | ((((hf_u32)hm[i] >> t) & 0x01010101u) << 2);
+            // v - 4 in every byte at once (v <= 7: v + 0x7C stays below 0x100, and flipping bit 7
+            // turns the biased value into the signed v - 4), as Q6_K's q - 32.
+            s[i >> 2] = HF_DP4A((int)((v + 0x7C7C7C7Cu) ^ 0x80808080u), x.q[i], s[i >> 2]);
+        }
+        const hf_u8* sc = blk + HF_Q3K_SC;
+        return d * x.d * (float)(scale(sc, 2 * t) * s[0] + scale(sc, 2 * t + 1) * s[1]);
+    }
+};
+
+// Q2_K unit t (0..7): the elements of Q3_K's unit t (2 bits at 2j of qs[32n + l]), scale/min bytes
+// 2t (l < 16) and 2t+1. The min term is taken against the quantised activation's sum per 16
+// elements (ggml vec_dot_q2_K_q8_1), so its rounding cancels against the dot term's.
+struct TQ2K : HfXBlockUnits<8> {
+    static constexpr int BYTES = 84, ELEMS = 256, CB = 8; // 4-byte aligned blocks
+    static __device__ __forceinline__ float dot(const hf_u8* blk, int t, const X& x) {
+        const int n = t >> 2, j = t & 3;
+        const float d = hf_h2f(hf_ld16(blk + HF_Q2K_D));
+        const float dmin = hf_h2f(hf_ld16(blk + HF_Q2K_D + 2));
+        int s[2] = {0, 0}, sx[2] = {0, 0};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int v = (int)(((hf_u32)hf_int_b4(blk + HF_Q2K_QS + 32 * n, i) >> (2 * j)) & 0x03030303u);
+            s[i >> 2] = HF_DP4A(v, x.q[i], s[i >> 2]);
+            sx[i >> 2] = HF_DP4A(0x01010101, x.q[i], sx[i >> 2]);
+        }
+        const int c0 = blk[2 * t], c1 = blk[2 * t + 1];
+        return x.d * (d * (float)((c0 & 0xF) * s[0] + (c1 & 0xF) * s[1]) -
+                      dmin * (float)((c0 >> 4) * sx[0] + (c1 >> 4) * sx[1]));
     }
 };
 
@@ -605,6 +807,13 @@ HF_GEMV_FORMAT(q4_1, TQ4_1)
 HF_GEMV_FORMAT(q4_k, TQ4K)
 HF_GEMV_FORMAT(q6_k, TQ6K)
 HF_GEMV_FORMAT(hfq4g256, THfq4)
+HF_GEMV_FORMAT(q5_0, TQ5_0)
+HF_GEMV_FORMAT(q5_1, TQ5_1)
+HF_GEMV_FORMAT(q5_k, TQ5K)
+HF_GEMV_FORMAT(iq4_nl, TIq4Nl)
+HF_GEMV_FORMAT(iq4_xs, TIq4Xs)
+HF_GEMV_FORMAT(q3_k, TQ3K)
+HF_GEMV_FORMAT(q2_k, TQ2K)
 
 // ---------------------------------------------------------------------------------------------
 // Device-resident (HBM) GEMV for Q4_K and Q6_K: gemv_<q4_k|q6_k>_<plain|residual>_dev. The launcher

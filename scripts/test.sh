@@ -33,4 +33,11 @@ if [[ -f scripts/gguf_crosscheck.py ]]; then
   python3 scripts/gguf_crosscheck.py
 fi
 
+step "python3 scripts/gemv_host_check.py (the GPU GEMV's per-format arithmetic on the CPU vs the gguf package)"
+if command -v g++ >/dev/null; then
+  python3 scripts/gemv_host_check.py
+else
+  echo "skipped: no g++ on PATH (the check compiles kernels/gemv.cu's dot code for the host)"
+fi
+
 step "all checks passed"

@@ -116,6 +116,13 @@ fn split_arms_are_bit_exact_with_their_engines_and_write_only_their_rows() {
         Format::Q4_0,
         Format::Q6K,
         Format::Hfq4G256,
+        Format::Q5_0,
+        Format::Q5_1,
+        Format::Q5K,
+        Format::Iq4Nl,
+        Format::Iq4Xs,
+        Format::Q3K,
+        Format::Q2K,
     ]
     .into_iter()
     .enumerate()

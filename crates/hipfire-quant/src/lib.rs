@@ -329,20 +329,27 @@ impl Format {
         cfg!(target_arch = "x86_64")
     }
 
-    /// True if and only if the GPU crate ships a GEMV kernel for this format: the nine
-    /// original formats. The formats GGUF K_M mixes fall back to (Q5_0, Q5_1, ...) have CPU row
-    /// dots only, so the planner keeps their weights on the CPU.
+    /// True if and only if the GPU crate ships a GEMV kernel for this format (all do today; a
+    /// format without one keeps its weights on the CPU and the GPU tests skip it).
     pub const fn has_gpu_kernel(self) -> bool {
-        !matches!(
-            self,
-            Format::Q5_0
-                | Format::Q5_1
-                | Format::Q5K
-                | Format::Q3K
-                | Format::Q2K
-                | Format::Iq4Nl
-                | Format::Iq4Xs
-        )
+        match self {
+            Format::F32
+            | Format::F16
+            | Format::BF16
+            | Format::Q8_0
+            | Format::Q4_0
+            | Format::Q4_1
+            | Format::Q4K
+            | Format::Q6K
+            | Format::Hfq4G256
+            | Format::Q5_0
+            | Format::Q5_1
+            | Format::Q5K
+            | Format::Q3K
+            | Format::Q2K
+            | Format::Iq4Nl
+            | Format::Iq4Xs => true,
+        }
     }
 }
 

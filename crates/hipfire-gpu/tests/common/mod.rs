@@ -65,6 +65,22 @@ pub fn random_weights(format: Format, m: usize, k: usize, r: &mut ChaCha8Rng) ->
                         b[..4].copy_from_slice(&r.random_range(0.001f32..0.02).to_le_bytes());
                         b[4..8].copy_from_slice(&r.random_range(-0.1f32..0.1).to_le_bytes());
                     }
+                    Format::Q5_0 | Format::Iq4Nl | Format::Iq4Xs => {
+                        put_f16(b, r.random_range(0.001f32..0.02))
+                    }
+                    Format::Q5_1 => {
+                        put_f16(b, r.random_range(0.001f32..0.02));
+                        put_f16(&mut b[2..], r.random_range(-0.1f32..0.1));
+                    }
+                    Format::Q5K => {
+                        put_f16(b, r.random_range(0.0005f32..0.005));
+                        put_f16(&mut b[2..], r.random_range(0.0005f32..0.005));
+                    }
+                    Format::Q3K => put_f16(&mut b[108..], r.random_range(0.0005f32..0.005)),
+                    Format::Q2K => {
+                        put_f16(&mut b[80..], r.random_range(0.0005f32..0.005));
+                        put_f16(&mut b[82..], r.random_range(0.0005f32..0.005));
+                    }
                     _ => unreachable!("float formats handled above"),
                 }
             }
@@ -80,6 +96,11 @@ pub fn random_x(k: usize, r: &mut ChaCha8Rng) -> Vec<f32> {
 fn h(b: &[u8]) -> f64 {
     f16::from_le_bytes([b[0], b[1]]).to_f64()
 }
+
+/// ggml kvalues_iq4nl: the non-linear grid of IQ4_NL and IQ4_XS.
+const KVALUES_IQ4NL: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
 
 /// ggml get_scale_min_k4.
 fn scale_min_k4(j: usize, q: &[u8]) -> (f64, f64) {
@@ -179,7 +200,148 @@ pub fn dequant_f64(format: Format, row: &[u8], k: usize) -> Vec<f64> {
                 }
             }
         }
-        other => panic!("{other} has no GPU kernel, so no GPU-test reference"),
+        Format::Q5_0 | Format::Q5_1 => {
+            // ggml dequantize_row_q5_0 / q5_1: the fifth bit of element j is bit j of qh.
+            let bb = format.block_bytes();
+            for b in row.chunks_exact(bb) {
+                let d = h(b);
+                let (m, rest) = if format == Format::Q5_1 {
+                    (h(&b[2..]), &b[4..])
+                } else {
+                    (-16.0 * d, &b[2..])
+                };
+                let qh = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]);
+                let qs = &rest[4..20];
+                let mut v = [0f64; 32];
+                for j in 0..16 {
+                    let xh0 = ((qh >> j) << 4) & 0x10;
+                    let xh1 = (qh >> (j + 12)) & 0x10;
+                    v[j] = d * ((qs[j] as u32 & 0xF) | xh0) as f64 + m;
+                    v[j + 16] = d * ((qs[j] as u32 >> 4) | xh1) as f64 + m;
+                }
+                y.extend(v);
+            }
+        }
+        Format::Q5K => {
+            // ggml dequantize_row_q5_K.
+            for b in row.chunks_exact(176) {
+                let (d, dmin) = (h(b), h(&b[2..]));
+                let sc = &b[4..16];
+                let qh = &b[16..48];
+                let mut ql = &b[48..176];
+                let (mut u1, mut u2) = (1u8, 2u8);
+                for j in 0..4 {
+                    let (s1, m1) = scale_min_k4(2 * j, sc);
+                    let (s2, m2) = scale_min_k4(2 * j + 1, sc);
+                    for l in 0..32 {
+                        let q = (ql[l] & 0xF) + if qh[l] & u1 != 0 { 16 } else { 0 };
+                        y.push(d * s1 * q as f64 - dmin * m1);
+                    }
+                    for l in 0..32 {
+                        let q = (ql[l] >> 4) + if qh[l] & u2 != 0 { 16 } else { 0 };
+                        y.push(d * s2 * q as f64 - dmin * m2);
+                    }
+                    ql = &ql[32..];
+                    u1 <<= 2;
+                    u2 <<= 2;
+                }
+            }
+        }
+        Format::Iq4Nl => {
+            // ggml dequantize_row_iq4_nl.
+            for b in row.chunks_exact(18) {
+                let d = h(b);
+                let qs = &b[2..18];
+                let mut v = [0f64; 32];
+                for j in 0..16 {
+                    v[j] = d * KVALUES_IQ4NL[(qs[j] & 0xF) as usize] as f64;
+                    v[j + 16] = d * KVALUES_IQ4NL[(qs[j] >> 4) as usize] as f64;
+                }
+                y.extend(v);
+            }
+        }
+        Format::Iq4Xs => {
+            // ggml dequantize_row_iq4_xs.
+            for b in row.chunks_exact(136) {
+                let d = h(b);
+                let scales_h = u16::from_le_bytes([b[2], b[3]]) as i32;
+                let scales_l = &b[4..8];
+                for ib in 0..8 {
+                    let ls = ((scales_l[ib / 2] as i32 >> (4 * (ib % 2))) & 0xF)
+                        | (((scales_h >> (2 * ib)) & 3) << 4);
+                    let dl = d * (ls - 32) as f64;
+                    let qs = &b[8 + 16 * ib..8 + 16 * ib + 16];
+                    let mut v = [0f64; 32];
+                    for j in 0..16 {
+                        v[j] = dl * KVALUES_IQ4NL[(qs[j] & 0xF) as usize] as f64;
+                        v[j + 16] = dl * KVALUES_IQ4NL[(qs[j] >> 4) as usize] as f64;
+                    }
+                    y.extend(v);
+                }
+            }
+        }
+        Format::Q3K => {
+            // ggml dequantize_row_q3_K: the 16 6-bit scales unpacked with its kmask words.
+            for b in row.chunks_exact(110) {
+                let d = h(&b[108..]);
+                let (hm, qs) = (&b[..32], &b[32..96]);
+                let w = |i: usize| {
+                    u32::from_le_bytes([b[96 + 4 * i], b[97 + 4 * i], b[98 + 4 * i], b[99 + 4 * i]])
+                };
+                let (kmask1, kmask2) = (0x0303_0303u32, 0x0f0f_0f0fu32);
+                let (a0, a1, tmp) = (w(0), w(1), w(2));
+                let aux = [
+                    (a0 & kmask2) | ((tmp & kmask1) << 4),
+                    (a1 & kmask2) | (((tmp >> 2) & kmask1) << 4),
+                    ((a0 >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4),
+                    ((a1 >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4),
+                ];
+                let scales: Vec<i8> = aux
+                    .iter()
+                    .flat_map(|a| a.to_le_bytes())
+                    .map(|v| v as i8)
+                    .collect();
+                let mut is = 0;
+                let mut m = 1u8;
+                for n in 0..2 {
+                    let q = &qs[32 * n..];
+                    for j in 0..4 {
+                        let shift = 2 * j;
+                        for half in 0..2 {
+                            let dl = d * (scales[is] as i32 - 32) as f64;
+                            is += 1;
+                            for l in 16 * half..16 * half + 16 {
+                                let low = ((q[l] >> shift) & 3) as i32;
+                                let sub = if hm[l] & m != 0 { 0 } else { 4 };
+                                y.push(dl * (low - sub) as f64);
+                            }
+                        }
+                        m <<= 1;
+                    }
+                }
+            }
+        }
+        Format::Q2K => {
+            // ggml dequantize_row_q2_K.
+            for b in row.chunks_exact(84) {
+                let (d, dmin) = (h(&b[80..]), h(&b[82..]));
+                let mut is = 0;
+                for n in 0..2 {
+                    let q = &b[16 + 32 * n..];
+                    for j in 0..4 {
+                        let shift = 2 * j;
+                        for half in 0..2 {
+                            let sc = b[is];
+                            is += 1;
+                            let (dl, ml) = (d * (sc & 0xF) as f64, dmin * (sc >> 4) as f64);
+                            for l in 16 * half..16 * half + 16 {
+                                y.push(dl * ((q[l] >> shift) & 3) as f64 - ml);
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
     assert_eq!(y.len(), k);
     y
