@@ -12,13 +12,13 @@ use hipfire_config::{Device, JoinStrategy, OffloadExec, PassbackShare, Settings,
 use hipfire_exec::offload::{JoinStrategy as ExecJoin, OffloadMode};
 use hipfire_exec::share::ShareSetting;
 use hipfire_model::gpu::{GpuDecoder, GpuOptions};
-use hipfire_model::{write_synthetic, SynthSpec};
+use hipfire_model::{write_synthetic, RopeScaling, RopeScalingKind, SynthSpec};
 use hipfire_model::{
     ChatMessage, ChatTemplate, GenerationStats, LoadOptions, LoadProgress, Model, ProgressFn,
     ReferenceBackend, SamplingParams, StreamDecoder,
 };
 
-use crate::args::{BenchArgs, RunArgs, SynthArgs};
+use crate::args::{BenchArgs, RunArgs, SynthArgs, SynthRopeScaling};
 use crate::{gpu_probe, Ctx, EXIT_OK};
 
 /// The executor's spelling of the configured offload mode.
@@ -470,6 +470,25 @@ pub fn synth(ctx: &Ctx, a: &SynthArgs) -> anyhow::Result<ExitCode> {
             bail!("--layers must be at least 1");
         }
         spec.n_layer = n as usize;
+    }
+    if let (Some(kind), Some(factor)) = (a.rope_scaling, a.rope_scaling_factor) {
+        if !(factor.is_finite() && factor > 0.0) {
+            bail!("--rope-scaling-factor must be a positive number, got {factor}");
+        }
+        let orig_ctx = match a.rope_original_ctx {
+            Some(0) => bail!("--rope-original-ctx must be at least 1"),
+            Some(n) => n as usize,
+            None => spec.ctx_len,
+        };
+        spec.rope_scaling = RopeScaling {
+            kind: match kind {
+                SynthRopeScaling::Linear => RopeScalingKind::Linear,
+                SynthRopeScaling::Yarn => RopeScalingKind::Yarn,
+            },
+            factor,
+            orig_ctx,
+            ..RopeScaling::none(spec.ctx_len)
+        };
     }
     let bar = (!ctx.quiet && std::io::stderr().is_terminal()).then(|| {
         let b = indicatif::ProgressBar::new(0);

@@ -1,6 +1,7 @@
 //! Architecture hyper-parameters read from GGUF metadata.
 
 use crate::gguf::GgufIndex;
+use crate::rope::RopeScaling;
 use crate::ModelError;
 
 /// Architectures this crate decodes (`general.architecture`).
@@ -72,6 +73,8 @@ pub struct ModelConfig {
     pub rope_theta: f64,
     /// NEOX pairing.
     pub rope_neox: bool,
+    /// Context-extension scaling (`{arch}.rope.scaling.*`).
+    pub rope_scaling: RopeScaling,
     /// RMSNorm epsilon.
     pub rms_eps: f32,
     /// Vocabulary size (rows of the embedding).
@@ -125,7 +128,9 @@ impl ModelConfig {
                 .and_then(|v| v.as_f64())
                 .unwrap_or(d)
         };
+        let ctx_len = u("context_length")?;
         Ok(ModelConfig {
+            rope_scaling: RopeScaling::from_gguf(idx, a, ctx_len)?,
             arch,
             n_layer: u("block_count")?,
             d_model,
@@ -138,7 +143,7 @@ impl ModelConfig {
             rope_neox: arch.rope_neox(),
             rms_eps: f("attention.layer_norm_rms_epsilon", DEFAULT_RMS_EPS) as f32,
             vocab,
-            ctx_len: u("context_length")?,
+            ctx_len,
         })
     }
 

@@ -6,6 +6,7 @@
 //! - [`tokenizer`] — the GGUF's own vocabulary as an HF `tokenizers` pipeline (gpt2 BPE or
 //!   SentencePiece BPE), ChatML rendering, streaming detokenisation.
 //! - [`config`] — architecture hyper-parameters (llama, qwen2, qwen3).
+//! - [`rope`] — RoPE frequencies and scaling (linear, YaRN, llama-3 factors) for both engines.
 //! - [`backend`] — the engine seam: [`Backend::gemv`]; [`CpuBackend`] over hipfire-exec's pool.
 //! - [`model`] — [`Model::load`], [`Session`] (`prefill`, `step`, `generate`).
 //! - [`sampling`] — greedy and seeded temperature / top-k / top-p.
@@ -32,6 +33,7 @@ pub mod gguf;
 pub mod gpu;
 pub mod model;
 pub mod ops;
+pub mod rope;
 pub mod sampling;
 pub mod synth;
 pub mod tokenizer;
@@ -42,6 +44,7 @@ pub use error::ModelError;
 pub use model::{
     generate, Decoder, GenerationStats, LoadOptions, LoadProgress, Model, ProgressFn, Session,
 };
+pub use rope::{Rope, RopeScaling, RopeScalingKind};
 pub use sampling::{Sampler, SamplingParams};
 pub use synth::{write_synthetic, SynthReport, SynthSpec, SYNTH_DESCRIPTION};
 pub use tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer};

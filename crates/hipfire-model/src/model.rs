@@ -249,7 +249,13 @@ impl Model {
             None => token_embd,
         };
         let factors = ld.opt_vector("rope_freqs.weight", c.rope_dim / 2)?;
-        let rope = Rope::new(c.rope_dim, c.rope_theta, c.rope_neox, factors.as_deref());
+        let rope = Rope::new(
+            c.rope_dim,
+            c.rope_theta,
+            c.rope_neox,
+            &c.rope_scaling,
+            factors.as_deref(),
+        );
         let weights = ld.weights;
 
         // Page the weights in now (in tensor order, reporting progress) so the first token
@@ -285,7 +291,7 @@ impl Model {
             .and_then(|v| v.as_bool())
             == Some(true);
         let summary = format!(
-            "{}{} {} layers, d_model {}, vocab {}: all {} layers + head on {} ({}); weights {:.1} MiB [{}]; ctx {}",
+            "{}{} {} layers, d_model {}, vocab {}: all {} layers + head on {} ({}); weights {:.1} MiB [{}]; ctx {}{}",
             if synthetic { "[SYNTHETIC] " } else { "" },
             c.arch.name(),
             c.n_layer,
@@ -296,7 +302,11 @@ impl Model {
             backend.describe(),
             total as f64 / (1024.0 * 1024.0),
             formats.join(", "),
-            ctx_len
+            ctx_len,
+            match c.rope_scaling.describe() {
+                d if d.is_empty() => d,
+                d => format!("; {d}"),
+            }
         );
         tracing::info!(target: "hipfire::model", summary = %summary, "model loaded");
         Ok(Model {

@@ -25,57 +25,7 @@ pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
-/// Per-position RoPE tables: `cos`/`sin` of `pos * theta_i` for the `rope_dim / 2` pairs.
-#[derive(Debug, Clone)]
-pub struct Rope {
-    inv_freq: Vec<f64>,
-    neox: bool,
-    rope_dim: usize,
-}
-
-impl Rope {
-    /// `theta_i = base^(-2i/rope_dim) / factor_i` (factors: llama-3.1 `rope_freqs.weight`).
-    pub fn new(rope_dim: usize, base: f64, neox: bool, factors: Option<&[f32]>) -> Rope {
-        let inv_freq = (0..rope_dim / 2)
-            .map(|i| {
-                let f = factors
-                    .and_then(|f| f.get(i))
-                    .map_or(1.0, |&v| f64::from(v));
-                base.powf(-2.0 * i as f64 / rope_dim as f64) / f
-            })
-            .collect();
-        Rope {
-            inv_freq,
-            neox,
-            rope_dim,
-        }
-    }
-
-    /// Rotate every head of `x` (`n_heads × head_dim`) in place for position `pos`.
-    pub fn apply(&self, x: &mut [f32], head_dim: usize, pos: usize) {
-        let half = self.rope_dim / 2;
-        let cs: Vec<(f32, f32)> = self
-            .inv_freq
-            .iter()
-            .map(|&f| {
-                let a = pos as f64 * f;
-                (a.cos() as f32, a.sin() as f32)
-            })
-            .collect();
-        for head in x.chunks_exact_mut(head_dim) {
-            for (i, &(c, s)) in cs.iter().enumerate() {
-                let (a, b) = if self.neox {
-                    (i, i + half)
-                } else {
-                    (2 * i, 2 * i + 1)
-                };
-                let (x0, x1) = (head[a], head[b]);
-                head[a] = x0 * c - x1 * s;
-                head[b] = x0 * s + x1 * c;
-            }
-        }
-    }
-}
+pub use crate::rope::Rope;
 
 /// Softmax in place (max-subtracted). The exponentials go through [`exp_nonpos`] and the sum
 /// through [`DOT_LANES`] partial sums, so both loops vectorise (they were libm's scalar `expf`
@@ -479,42 +429,6 @@ mod tests {
                 .map(|(a, b)| (f64::from(*a) * f64::from(*b)).abs())
                 .sum();
             assert!((f64::from(dot(&q, kt)) - want).abs() <= 1e-6 * l1.max(1.0));
-        }
-    }
-
-    #[test]
-    fn rope_matches_f64_rotation_for_both_pairings() {
-        let mut r = ChaCha8Rng::seed_from_u64(9);
-        let (hd, heads, rope_dim, base) = (16, 3, 12, 10_000.0f64);
-        let x: Vec<f32> = (0..hd * heads)
-            .map(|_| r.random_range(-1.0f32..1.0))
-            .collect();
-        for neox in [false, true] {
-            let rope = Rope::new(rope_dim, base, neox, None);
-            for pos in [0usize, 1, 37, 1000] {
-                let mut y = x.clone();
-                rope.apply(&mut y, hd, pos);
-                for h in 0..heads {
-                    let xh = &x[h * hd..(h + 1) * hd];
-                    let mut want: Vec<f64> = xh.iter().map(|&v| f64::from(v)).collect();
-                    for i in 0..rope_dim / 2 {
-                        let th = pos as f64 * base.powf(-2.0 * i as f64 / rope_dim as f64);
-                        let (a, b) = if neox {
-                            (i, i + rope_dim / 2)
-                        } else {
-                            (2 * i, 2 * i + 1)
-                        };
-                        let (x0, x1) = (f64::from(xh[a]), f64::from(xh[b]));
-                        want[a] = x0 * th.cos() - x1 * th.sin();
-                        want[b] = x0 * th.sin() + x1 * th.cos();
-                    }
-                    for (g, w) in y[h * hd..(h + 1) * hd].iter().zip(&want) {
-                        assert!((f64::from(*g) - w).abs() < 1e-5, "neox {neox} pos {pos}");
-                    }
-                    // Dims past rope_dim are untouched.
-                    assert_eq!(y[h * hd + rope_dim..(h + 1) * hd], xh[rope_dim..]);
-                }
-            }
         }
     }
 
