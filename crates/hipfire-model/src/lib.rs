@@ -7,6 +7,8 @@
 //!   SentencePiece BPE), ChatML rendering, streaming detokenisation.
 //! - [`config`] — architecture hyper-parameters (llama, qwen2, qwen3).
 //! - [`rope`] — RoPE frequencies and scaling (linear, YaRN, llama-3 factors) for both engines.
+//! - [`attention`] — the CPU KV cache (per KV head, keys transposed in blocks of 16) and
+//!   split-KV decode attention.
 //! - [`backend`] — the engine seam: [`Backend::gemv`]; [`CpuBackend`] over hipfire-exec's pool.
 //! - [`model`] — [`Model::load`], [`Session`] (`prefill`, `step`, `generate`).
 //! - [`sampling`] — greedy and seeded temperature / top-k / top-p.
@@ -26,6 +28,7 @@
 //! malformed-input tests and the fuzz target can match precisely.
 #![deny(missing_docs)]
 
+pub mod attention;
 pub mod backend;
 pub mod config;
 mod error;
