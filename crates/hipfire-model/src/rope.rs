@@ -135,7 +135,8 @@ impl RopeScaling {
         };
         let factor = match factor {
             None => 1.0,
-            Some(f) if f == 0.0 => 1.0,
+            // -0.0 matches too.
+            Some(0.0) => 1.0,
             Some(f) => positive("factor", f)?,
         };
         let orig_ctx = match idx.get(&key("original_context_length")) {
