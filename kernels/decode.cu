@@ -79,17 +79,20 @@ extern "C" __global__ void rms_norm_f32(const float* __restrict__ x, const float
 }
 
 // Rotary embedding in place over `n_heads` heads of `head_dim` at position `pos`; the first
-// `rope_dim` dims of each head rotate with angles pos * inv_freq[i] (inv_freq precomputed on the host
-// in f64, so llama-3.1 frequency factors apply without a second kernel).
+// `rope_dim` dims of each head rotate with angles pos * inv_freq[i] and cos/sin scaled by `mscale`
+// (both precomputed on the host in f64 by hipfire-model's rope.rs, so llama-3.1 frequency factors,
+// linear and YaRN scaling apply without a second kernel; mscale is YaRN's 1 + 0.1 ln s, else 1).
 // neox = 0: pairs (2i, 2i+1) (llama.cpp LLAMA_ROPE_TYPE_NORM); neox = 1: pairs (i, i + rope_dim/2) (NEOX).
 extern "C" __global__ void rope_f32(float* __restrict__ x, int head_dim, int rope_dim, int pos,
-                                    const float* __restrict__ inv_freq, int neox) {
+                                    const float* __restrict__ inv_freq, int neox, float mscale) {
     const int h = blockIdx.x;
     const int half = rope_dim / 2;
     float* xh = x + (size_t)h * head_dim;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         float s, c;
         sincosf((float)pos * inv_freq[i], &s, &c);
+        s *= mscale;
+        c *= mscale;
         const int a = neox ? i : 2 * i;
         const int b = neox ? i + half : 2 * i + 1;
         const float x0 = xh[a], x1 = xh[b];

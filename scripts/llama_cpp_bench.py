@@ -33,7 +33,7 @@ def main():
     ap.add_argument("--prompt-repeat", type=int, default=1,
                     help="repeat --prompt this many times (long-context runs)")
     ap.add_argument("--ctx", type=int, default=512,
-                    help="llama.cpp's n_ctx and n_batch (prompt + tokens must fit)")
+                    help="both engines' context length, and llama.cpp's n_batch (prompt + tokens must fit)")
     a = ap.parse_args()
     path = a.gguf or find_gguf()
 
@@ -57,7 +57,7 @@ def main():
                 "decode_tok_s": a.tokens / (t2 - t1)}
 
     def hipfire_round():
-        out = subprocess.run([a.hipfire_bin, path, str(a.threads), str(a.tokens), "1", a.prompt],
+        out = subprocess.run([a.hipfire_bin, path, str(a.threads), str(a.tokens), "1", a.prompt, str(a.ctx)],
                              check=True, capture_output=True, text=True).stdout
         return json.loads(out.strip().splitlines()[-1])
 

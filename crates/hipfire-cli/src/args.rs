@@ -583,6 +583,33 @@ pub struct SynthArgs {
     /// The file is a pure function of the flags.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub seed: u64,
+
+    /// RoPE context-extension scaling to write (`{arch}.rope.scaling.type`).
+    #[arg(
+        long,
+        value_enum,
+        value_name = "TYPE",
+        requires = "rope_scaling_factor"
+    )]
+    pub rope_scaling: Option<SynthRopeScaling>,
+
+    /// RoPE scaling factor (`rope.scaling.factor`), with --rope-scaling.
+    #[arg(long, value_name = "F", requires = "rope_scaling")]
+    pub rope_scaling_factor: Option<f64>,
+
+    /// Pre-training context of the scaled RoPE
+    /// (`rope.scaling.original_context_length`; default: the file's context length).
+    #[arg(long, value_name = "N", requires = "rope_scaling")]
+    pub rope_original_ctx: Option<u32>,
+}
+
+/// RoPE scaling types `synth` can write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SynthRopeScaling {
+    /// Position interpolation (every angle divided by the factor).
+    Linear,
+    /// YaRN (ramped interpolation and a cos/sin magnitude).
+    Yarn,
 }
 
 /// `hipfire config`.

@@ -12,13 +12,13 @@ use hipfire_config::{Device, JoinStrategy, OffloadExec, PassbackShare, Settings,
 use hipfire_exec::offload::{JoinStrategy as ExecJoin, OffloadMode};
 use hipfire_exec::share::ShareSetting;
 use hipfire_model::gpu::{GpuDecoder, GpuOptions};
-use hipfire_model::{write_synthetic_to, Overwrite, SynthSpec};
+use hipfire_model::{write_synthetic_to, Overwrite, RopeScaling, RopeScalingKind, SynthSpec};
 use hipfire_model::{
     ChatMessage, GenerationStats, LoadOptions, LoadProgress, Model, ModelError, ProgressFn,
     ReferenceBackend, SamplingParams, StreamDecoder,
 };
 
-use crate::args::{BenchArgs, RunArgs, SynthArgs};
+use crate::args::{BenchArgs, RunArgs, SynthArgs, SynthRopeScaling};
 use crate::stop::{self, Stop};
 use crate::{daemon, gpu_probe, Ctx, EXIT_OK, EXIT_REFUSED};
 
@@ -578,6 +578,25 @@ pub fn synth(ctx: &Ctx, a: &SynthArgs) -> anyhow::Result<ExitCode> {
             bail!("--layers must be at least 1");
         }
         spec.n_layer = n as usize;
+    }
+    if let (Some(kind), Some(factor)) = (a.rope_scaling, a.rope_scaling_factor) {
+        if !(factor.is_finite() && factor > 0.0) {
+            bail!("--rope-scaling-factor must be a positive number, got {factor}");
+        }
+        let orig_ctx = match a.rope_original_ctx {
+            Some(0) => bail!("--rope-original-ctx must be at least 1"),
+            Some(n) => n as usize,
+            None => spec.ctx_len,
+        };
+        spec.rope_scaling = RopeScaling {
+            kind: match kind {
+                SynthRopeScaling::Linear => RopeScalingKind::Linear,
+                SynthRopeScaling::Yarn => RopeScalingKind::Yarn,
+            },
+            factor,
+            orig_ctx,
+            ..RopeScaling::none(spec.ctx_len)
+        };
     }
     // Checked before minutes of writing; the write itself refuses again, atomically.
     if !a.force && std::fs::symlink_metadata(&a.out).is_ok() {

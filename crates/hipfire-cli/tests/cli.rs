@@ -1054,3 +1054,62 @@ fn a_failed_gpu_load_allocation_exits_cleanly_naming_the_bytes() {
         eprintln!("{args:?}: {err}");
     }
 }
+
+#[test]
+fn synth_writes_rope_scaling_and_run_reports_it() {
+    let s = Scratch::new("synth-rope");
+    let out = s.dir.join("yarn.gguf").display().to_string();
+    let o = s.run(&[
+        "synth",
+        "--arch",
+        "tiny",
+        "--format",
+        "q8_0",
+        "--out",
+        &out,
+        "--rope-scaling",
+        "yarn",
+        "--rope-scaling-factor",
+        "4",
+        "--rope-original-ctx",
+        "64",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let o = s.run(&[
+        "run",
+        &out,
+        "hello",
+        "-n",
+        "2",
+        "-t",
+        "0",
+        "--no-chat",
+        "--json",
+        "--device",
+        "cpu",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let placement = v["placement"].as_str().expect("placement");
+    assert!(
+        placement.contains("rope yarn ×4 (orig ctx 64)"),
+        "{placement}"
+    );
+    // A type without its factor, and a factor that is no number of times, are refused.
+    let o = s.run(&["synth", "--out", &out, "--rope-scaling", "linear"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    let o = s.run(&[
+        "synth",
+        "--out",
+        &out,
+        "--rope-scaling",
+        "linear",
+        "--rope-scaling-factor=-2",
+    ]);
+    assert_ne!(code(&o), 0, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--rope-scaling-factor"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -1,6 +1,6 @@
 //! Decode throughput of the CPU path on one GGUF.
 //!
-//! `cargo run --release -p hipfire-model --example decode_bench -- MODEL.gguf [threads] [n_tokens] [rounds] [prompt]`
+//! `cargo run --release -p hipfire-model --example decode_bench -- MODEL.gguf [threads] [n_tokens] [rounds] [prompt] [ctx]`
 //!
 //! Prefills the prompt, then runs `n_tokens` greedy decode steps (EOG ignored), `rounds`
 //! times on one loaded model; prints one JSON line per round with the decode tok/s (forward
@@ -18,7 +18,7 @@ const DEFAULT_PROMPT: &str = "The capital of France is";
 fn main() -> Result<(), ModelError> {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
-        eprintln!("usage: decode_bench MODEL.gguf [threads] [n_tokens] [rounds] [prompt]");
+        eprintln!("usage: decode_bench MODEL.gguf [threads] [n_tokens] [rounds] [prompt] [ctx]");
         std::process::exit(2);
     };
     let num = |i: usize, d: usize| args.get(i).and_then(|s| s.parse().ok()).unwrap_or(d);
@@ -28,10 +28,13 @@ fn main() -> Result<(), ModelError> {
         num(4, DEFAULT_ROUNDS),
     );
     let prompt = args.get(5).map_or(DEFAULT_PROMPT, String::as_str);
+    // Context length (default: the model's, capped as `Model::load` caps it).
+    let ctx_len = args.get(6).and_then(|s| s.parse().ok());
     let model = Model::load(
         path,
         &LoadOptions {
             threads,
+            ctx_len,
             ..Default::default()
         },
     )?;

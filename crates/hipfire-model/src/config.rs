@@ -1,6 +1,7 @@
 //! Architecture hyper-parameters read from GGUF metadata.
 
 use crate::gguf::{GgufIndex, MetaValue, Quoted};
+use crate::rope::RopeScaling;
 use crate::ModelError;
 
 /// Architectures this crate decodes (`general.architecture`).
@@ -104,6 +105,8 @@ pub struct ModelConfig {
     pub rope_theta: f64,
     /// NEOX pairing.
     pub rope_neox: bool,
+    /// Context-extension scaling (`{arch}.rope.scaling.*`).
+    pub rope_scaling: RopeScaling,
     /// RMSNorm epsilon.
     pub rms_eps: f32,
     /// Vocabulary size (rows of the embedding).
@@ -267,6 +270,7 @@ impl ModelConfig {
             |v| v.is_finite() && v <= MAX_RMS_EPS && (v as f32) > 0.0,
         )? as f32;
         let config = ModelConfig {
+            rope_scaling: RopeScaling::from_gguf(idx, arch.name(), ctx_len)?,
             arch,
             n_layer,
             d_model,

@@ -192,7 +192,10 @@ struct Scratch {
     /// Pinned staging: embedding row up, logits down.
     stage_x: HostMappedBuffer,
     stage_logits: HostMappedBuffer,
+    /// RoPE's per-pair frequencies ([`crate::rope::Rope::inv_freq`]).
     inv_freq: DeviceBuffer<f32>,
+    /// RoPE's cos/sin magnitude ([`crate::rope::Rope::mscale`]; YaRN's `1 + 0.1 ln s`).
+    rope_mscale: f32,
 }
 
 /// A model placed on the GPU with one decode session (KV cache) of its own.
@@ -516,15 +519,17 @@ impl<'m> GpuDecoder<'m> {
         )?;
 
         let factors = read_vector(model, "rope_freqs.weight", c.rope_dim / 2)?;
-        let inv_freq: Vec<f32> = (0..c.rope_dim / 2)
-            .map(|i| {
-                let f = factors
-                    .as_ref()
-                    .and_then(|f| f.get(i))
-                    .map_or(1.0, |&v| f64::from(v));
-                (c.rope_theta.powf(-2.0 * i as f64 / c.rope_dim as f64) / f) as f32
-            })
-            .collect();
+        // The frequencies and magnitude come from the CPU engine's own table (one place for
+        // scaling); the kernel takes them in f32.
+        let rope = crate::rope::Rope::new(
+            c.rope_dim,
+            c.rope_theta,
+            c.rope_neox,
+            &c.rope_scaling,
+            factors.as_deref(),
+        );
+        let inv_freq: Vec<f32> = rope.inv_freq().iter().map(|&f| f as f32).collect();
+        let rope_mscale = rope.mscale() as f32;
         let s = Scratch {
             x: ctx.alloc(c.d_model)?,
             xn: ctx.alloc(c.d_model)?,
@@ -541,6 +546,7 @@ impl<'m> GpuDecoder<'m> {
             stage_x: ctx.alloc_pinned_host(c.d_model * 4)?,
             stage_logits: ctx.alloc_pinned_host(c.vocab * 4)?,
             inv_freq: upload_f32(&ctx, &stream, &inv_freq)?,
+            rope_mscale,
         };
         stream.synchronize()?;
         let max_k = c.d_model.max(c.n_ff).max(qd);
@@ -714,13 +720,15 @@ impl<'m> GpuDecoder<'m> {
         let (mut hd, mut rd, mut pos) = (c.head_dim as i32, c.rope_dim as i32, self.pos as i32);
         let mut pf = self.s.inv_freq.device_ptr();
         let mut neox = i32::from(c.rope_neox);
-        let mut p: [*mut c_void; 6] = [
+        let mut mscale = self.s.rope_mscale;
+        let mut p: [*mut c_void; 7] = [
             (&mut px as *mut u64).cast(),
             (&mut hd as *mut i32).cast(),
             (&mut rd as *mut i32).cast(),
             (&mut pos as *mut i32).cast(),
             (&mut pf as *mut u64).cast(),
             (&mut neox as *mut i32).cast(),
+            (&mut mscale as *mut f32).cast(),
         ];
         self.launch(&self.k.rope, n_heads as u32, 64, 0, &mut p)
     }

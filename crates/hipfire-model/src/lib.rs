@@ -8,6 +8,9 @@
 //! - [`chat_template`] — the GGUF's own Jinja chat template rendered as HF transformers
 //!   renders it (minijinja), ChatML when the file has none or it fails.
 //! - [`config`] — architecture hyper-parameters (llama, qwen2, qwen3).
+//! - [`rope`] — RoPE frequencies and scaling (linear, YaRN, llama-3 factors) for both engines.
+//! - [`attention`] — the CPU KV cache (per KV head, keys transposed in blocks of 16) and
+//!   split-KV decode attention.
 //! - [`backend`] — the engine seam of the CPU forward pass: [`Backend`] (`gemv`, `gemv_batch`
 //!   for the projections that share an activation, `gemv_tokens` for a prefill chunk,
 //!   `parallel_for` for attention heads); [`CpuBackend`] over hipfire-exec's pool;
@@ -38,6 +41,7 @@
 //! malformed-input tests and the fuzz target can match precisely.
 #![deny(missing_docs)]
 
+pub mod attention;
 pub mod backend;
 pub mod chat_template;
 pub mod config;
@@ -47,6 +51,7 @@ pub mod gpu;
 pub mod gpu_attention;
 pub mod model;
 pub mod ops;
+pub mod rope;
 pub mod sampling;
 pub mod synth;
 pub mod tokenizer;
@@ -59,6 +64,7 @@ pub use model::{
     forward_batch, generate, kv_bytes_per_position, resolve_ctx_len, BatchItem, Decoder,
     GenerationStats, LoadOptions, LoadProgress, Model, ProgressFn, Session,
 };
+pub use rope::{Rope, RopeScaling, RopeScalingKind};
 pub use sampling::{Sampler, SamplingParams};
 pub use synth::{
     write_synthetic, write_synthetic_to, Overwrite, SynthReport, SynthSpec, SYNTH_DESCRIPTION,

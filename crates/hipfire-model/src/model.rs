@@ -8,9 +8,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use half::f16;
 use hipfire_quant::Format;
 
+use crate::attention::{self, KvLayer};
 use crate::backend::{Backend, CpuBackend, Weight};
 use crate::config::{Arch, ModelConfig};
 use crate::gguf::{GgufFile, Quoted, TensorInfo};
@@ -24,7 +24,7 @@ pub use batch::{forward_batch, kv_bytes_per_position, BatchItem};
 
 /// Bytes of one K or V cache element: f16 on both engines (llama.cpp's default cache type;
 /// the GPU's `kv_store_f16` rounds each f32 k/v value once, as `half::f16::from_f32` does).
-pub const KV_ELEM_BYTES: usize = std::mem::size_of::<f16>();
+pub const KV_ELEM_BYTES: usize = std::mem::size_of::<half::f16>();
 
 /// The context a session gets: `requested` (`model.ctx_size`), or the model's `trained` context
 /// (`{arch}.context_length`) when `None`, capped at [`hipfire_config::MAX_CTX_SIZE`]. Refused
@@ -288,7 +288,13 @@ impl Model {
                 "tensor rope_freqs.weight holds {bad}: every factor must be finite and positive"
             )));
         }
-        let rope = Rope::new(c.rope_dim, c.rope_theta, c.rope_neox, factors.as_deref());
+        let rope = Rope::new(
+            c.rope_dim,
+            c.rope_theta,
+            c.rope_neox,
+            &c.rope_scaling,
+            factors.as_deref(),
+        );
         let weights = ld.weights;
 
         // Page the weights in now (in tensor order, reporting progress) so the first token
@@ -324,7 +330,7 @@ impl Model {
             .and_then(|v| v.as_bool())
             == Some(true);
         let summary = format!(
-            "{}{} {} layers, d_model {}, vocab {}: all {} layers + head on {} ({}); weights {:.1} MiB [{}]; ctx {}",
+            "{}{} {} layers, d_model {}, vocab {}: all {} layers + head on {} ({}); weights {:.1} MiB [{}]; ctx {}{}",
             if synthetic { "[SYNTHETIC] " } else { "" },
             c.arch.name(),
             c.n_layer,
@@ -335,7 +341,11 @@ impl Model {
             backend.describe(),
             total as f64 / (1024.0 * 1024.0),
             formats.join(", "),
-            ctx_len
+            ctx_len,
+            match c.rope_scaling.describe() {
+                d if d.is_empty() => d,
+                d => format!("; {d}"),
+            }
         );
         tracing::info!(target: "hipfire::model", summary = %summary, "model loaded");
         Ok(Model {
@@ -467,50 +477,62 @@ impl Model {
     }
 
     /// Attention of one query position: every head of `q` (`n_head × head_dim`) over the first
-    /// `n_pos` positions of the layer's K/V cache, into `att`; the heads are split over the
-    /// backend's threads (a long context made this, not the weights, the bulk of a token).
+    /// `n_pos` positions of the layer's cache, into `att`. The work is cut into KV head × chunk
+    /// of positions items ([`attention`](crate::attention)), split over the backend's threads,
+    /// and the chunks' partial softmaxes merged in order: a long context made this, not the
+    /// weights, the bulk of a token.
     fn attention(
         &self,
         q: &[f32],
-        kc: &[f16],
-        vc: &[f16],
+        kv: &KvLayer,
         n_pos: usize,
         att: &mut [f32],
     ) -> Result<(), ModelError> {
         let c = &self.config;
-        let (hd, kvd) = (c.head_dim, c.kv_dim());
+        let hd = c.head_dim;
         let n = c.n_head * hd;
-        if q.len() < n || att.len() < n || kc.len() < n_pos * kvd || vc.len() < n_pos * kvd {
+        if q.len() < n || att.len() < n || n_pos == 0 || kv.n_pos() < n_pos {
             return Err(ModelError::Shape {
-                name: "attention operands (q, att, k cache, v cache)".into(),
-                want: [n, n, n_pos * kvd, n_pos * kvd].map(|v| v as u64).to_vec(),
-                got: [q.len(), att.len(), kc.len(), vc.len()]
-                    .map(|v| v as u64)
-                    .to_vec(),
+                name: "attention operands (q, att, cached positions)".into(),
+                want: [n, n, n_pos.max(1)].map(|v| v as u64).to_vec(),
+                got: [q.len(), att.len(), kv.n_pos()].map(|v| v as u64).to_vec(),
             });
         }
         let group = c.n_head / c.n_head_kv;
         let scale = 1.0 / (hd as f32).sqrt();
-        let out = HeadsOut(att.as_mut_ptr());
+        let chunk = attention::chunk_len(n_pos, c.n_head_kv);
+        let n_chunks = n_pos.div_ceil(chunk);
+        let pl = attention::partial_len(hd);
+        let item_len = group * pl;
+        let mut parts = vec![0f32; c.n_head_kv * n_chunks * item_len];
+        let out = PartsOut(parts.as_mut_ptr());
         let out = &out;
         self.backend
-            .parallel_for(c.n_head, &|heads: std::ops::Range<usize>| {
-                let mut scores = Vec::with_capacity(n_pos);
-                for h in heads {
-                    // SAFETY: `att` holds `n_head × hd` values (checked above) and outlives the
-                    // call (`parallel_for` returns after every part); parts are disjoint ranges of
-                    // heads, so head `h`'s slice is written by this part alone.
-                    let o = unsafe { std::slice::from_raw_parts_mut(out.0.add(h * hd), hd) };
-                    let cache = ops::HeadCache {
-                        k: kc,
-                        v: vc,
-                        kvd,
-                        off: (h / group) * hd,
-                        n_pos,
+            .parallel_for(c.n_head_kv * n_chunks, &|items: std::ops::Range<usize>| {
+                let mut scores = Vec::with_capacity(group * chunk);
+                for item in items {
+                    let (h, ci) = (item / n_chunks, item % n_chunks);
+                    // SAFETY: `parts` holds `n_items × item_len` values and outlives the call
+                    // (`parallel_for` returns after every part); parts are disjoint ranges of
+                    // items, so this item's slice is written by this part alone.
+                    let part = unsafe {
+                        std::slice::from_raw_parts_mut(out.0.add(item * item_len), item_len)
                     };
-                    ops::attend(&q[h * hd..(h + 1) * hd], cache, scale, &mut scores, o);
+                    let range = (ci * chunk, ((ci + 1) * chunk).min(n_pos));
+                    let qg = &q[h * group * hd..(h + 1) * group * hd];
+                    attention::attend_chunk(qg, kv, h, range, scale, &mut scores, part);
                 }
-            })
+            })?;
+        for (qh, o) in att[..n].chunks_exact_mut(hd).enumerate() {
+            let (h, j) = (qh / group, qh % group);
+            let parts = &parts;
+            let it = (0..n_chunks).map(move |ci| {
+                let base = (h * n_chunks + ci) * item_len + j * pl;
+                &parts[base..base + pl]
+            });
+            attention::combine(it, o);
+        }
+        Ok(())
     }
 
     /// Each weight of `ids` with its bytes in the file.
@@ -524,12 +546,12 @@ impl Model {
     }
 }
 
-/// The attention output of [`Model::attention`], written head by head from several threads.
-struct HeadsOut(*mut f32);
+/// The partial softmaxes of [`Model::attention`], written item by item from several threads.
+struct PartsOut(*mut f32);
 
 // SAFETY: only dereferenced inside `Model::attention`, where every part writes its own disjoint
-// heads of a buffer the caller keeps borrowed mutably for the whole call.
-unsafe impl Sync for HeadsOut {}
+// items of a buffer the caller keeps borrowed mutably for the whole call.
+unsafe impl Sync for PartsOut {}
 
 /// Prompt tokens pushed through the layers together by [`Session::prefill`]. Each weight is
 /// read once per chunk instead of once per token, so larger is better until the chunk's
@@ -568,11 +590,10 @@ impl GenerationStats {
 pub struct Session<'m> {
     model: &'m Model,
     pos: usize,
-    /// Per layer, `pos × kv_dim` keys in f16 (grown as positions are added): half the bytes a
-    /// long context reads every token, and llama.cpp's default cache type.
-    k_cache: Vec<Vec<f16>>,
-    /// Per layer, `pos × kv_dim` values in f16.
-    v_cache: Vec<Vec<f16>>,
+    /// Per layer, the keys and values of `pos` positions in f16 (grown as positions are
+    /// added): half the bytes a long context reads every token, and llama.cpp's default cache
+    /// type; laid out per KV head for [`attention`](crate::attention).
+    kv: Vec<KvLayer>,
     x: Vec<f32>,
     xn: Vec<f32>,
     q: Vec<f32>,
@@ -596,8 +617,7 @@ impl<'m> Session<'m> {
         Session {
             model,
             pos: 0,
-            k_cache: vec![Vec::new(); c.n_layer],
-            v_cache: vec![Vec::new(); c.n_layer],
+            kv: vec![KvLayer::new(c.n_head_kv, c.head_dim); c.n_layer],
             x: vec![0.0; c.d_model],
             xn: vec![0.0; c.d_model],
             q: vec![0.0; c.q_dim()],
@@ -618,10 +638,7 @@ impl<'m> Session<'m> {
     /// Forget the conversation (keeps allocations).
     pub fn reset(&mut self) {
         self.pos = 0;
-        self.k_cache
-            .iter_mut()
-            .chain(self.v_cache.iter_mut())
-            .for_each(Vec::clear);
+        self.kv.iter_mut().for_each(KvLayer::clear);
     }
 
     /// Feed `tokens`; returns the logits after the last one.
@@ -649,11 +666,7 @@ impl<'m> Session<'m> {
             };
             if let Err(e) = done {
                 // Drop whatever this chunk appended to the cache, so position and cache agree.
-                let kvd = self.model.config.kv_dim();
-                self.k_cache
-                    .iter_mut()
-                    .chain(self.v_cache.iter_mut())
-                    .for_each(|c| c.truncate(pos0 * kvd));
+                self.kv.iter_mut().for_each(|c| c.truncate(pos0));
                 self.pos = pos0;
                 return Err(e);
             }
@@ -752,10 +765,8 @@ impl<'m> Session<'m> {
             }
             m.rope.apply(&mut self.q, hd, pos);
             m.rope.apply(&mut self.k, hd, pos);
-            self.k_cache[li].extend(self.k.iter().map(|&x| f16::from_f32(x)));
-            self.v_cache[li].extend(self.v.iter().map(|&x| f16::from_f32(x)));
-            let (kc, vc) = (&self.k_cache[li], &self.v_cache[li]);
-            m.attention(&self.q, kc, vc, pos + 1, &mut self.att)?;
+            self.kv[li].push(&self.k, &self.v);
+            m.attention(&self.q, &self.kv[li], pos + 1, &mut self.att)?;
             // Residual folded into the GEMV: x += Wo·att.
             m.gemv(l.wo, &self.att, &mut self.x, true)?;
 
@@ -863,10 +874,6 @@ mod tests {
         v.iter().map(|f| f.to_bits()).collect()
     }
 
-    fn bits16(v: &[f16]) -> Vec<u16> {
-        v.iter().map(|x| x.to_bits()).collect()
-    }
-
     /// Chunked prefill against one `step` per token: last logits, KV cache and the decode
     /// steps after it, all bit for bit (also appended to a session that already holds tokens).
     fn check_prefill_matches_steps(model: &Model, what: &str) {
@@ -889,16 +896,7 @@ mod tests {
             assert_eq!(bits(&la), bits(&lb), "{what} len {len}: last logits");
             assert_eq!(a.position(), b.position());
             for li in 0..model.config().n_layer {
-                assert_eq!(
-                    bits16(&a.k_cache[li]),
-                    bits16(&b.k_cache[li]),
-                    "{what} K layer {li}"
-                );
-                assert_eq!(
-                    bits16(&a.v_cache[li]),
-                    bits16(&b.v_cache[li]),
-                    "{what} V layer {li}"
-                );
+                assert_eq!(a.kv[li].bits(), b.kv[li].bits(), "{what} KV layer {li}");
             }
             for t in [3u32, 200, 5] {
                 let sa = a.step(t % vocab).expect("decode").to_vec();
@@ -1049,12 +1047,7 @@ mod tests {
             Err(ModelError::BadToken { id, .. }) if id == vocab
         ));
         assert_eq!(s.position(), PREFILL_CHUNK);
-        let kvd = model.config().kv_dim();
-        assert!(s
-            .k_cache
-            .iter()
-            .chain(&s.v_cache)
-            .all(|c| c.len() == PREFILL_CHUNK * kvd));
+        assert!(s.kv.iter().all(|c| c.n_pos() == PREFILL_CHUNK));
         s.step(1).expect("session still usable");
     }
 }

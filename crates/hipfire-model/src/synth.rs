@@ -26,6 +26,7 @@ use rayon::prelude::*;
 
 use crate::config::Arch;
 use crate::gguf::{GgmlType, GgufWriter, MetaValue, MetaValueType, TensorSpec};
+use crate::rope::{RopeScaling, RopeScalingKind, DEFAULT_YARN_BETA_FAST, DEFAULT_YARN_BETA_SLOW};
 use crate::ModelError;
 
 /// `general.description` of every synthetic file.
@@ -73,6 +74,9 @@ pub struct SynthSpec {
     pub rope_theta: f32,
     /// Whether the head reuses the embedding (no `output.weight`).
     pub tied_embeddings: bool,
+    /// RoPE context-extension scaling written as `{arch}.rope.scaling.*` (nothing is written
+    /// when its kind is `None`).
+    pub rope_scaling: RopeScaling,
 }
 
 impl SynthSpec {
@@ -92,6 +96,7 @@ impl SynthSpec {
             ctx_len: 8192,
             rope_theta: 500_000.0,
             tied_embeddings: false,
+            rope_scaling: RopeScaling::none(8192),
         }
     }
 
@@ -111,6 +116,7 @@ impl SynthSpec {
             ctx_len: 32768,
             rope_theta: 1_000_000.0,
             tied_embeddings: false,
+            rope_scaling: RopeScaling::none(32768),
         }
     }
 
@@ -129,6 +135,7 @@ impl SynthSpec {
             ctx_len: 256,
             rope_theta: 10_000.0,
             tied_embeddings: arch == Arch::Qwen2,
+            rope_scaling: RopeScaling::none(256),
         }
     }
 
@@ -229,6 +236,32 @@ impl SynthSpec {
             ),
             (format!("{a}.rope.dimension_count"), u(self.head_dim)),
         ];
+        let rs = &self.rope_scaling;
+        if rs.kind != RopeScalingKind::None {
+            m.extend([
+                (
+                    format!("{a}.rope.scaling.type"),
+                    MetaValue::String(rs.kind.name().into()),
+                ),
+                (
+                    format!("{a}.rope.scaling.factor"),
+                    MetaValue::F32(rs.factor as f32),
+                ),
+                (
+                    format!("{a}.rope.scaling.original_context_length"),
+                    u(rs.orig_ctx),
+                ),
+            ]);
+            for (k, v, default) in [
+                ("attn_factor", rs.attn_factor, 1.0),
+                ("yarn_beta_fast", rs.beta_fast, DEFAULT_YARN_BETA_FAST),
+                ("yarn_beta_slow", rs.beta_slow, DEFAULT_YARN_BETA_SLOW),
+            ] {
+                if v != default {
+                    m.push((format!("{a}.rope.scaling.{k}"), MetaValue::F32(v as f32)));
+                }
+            }
+        }
         // Minimal byte-level vocabulary: the 256 byte symbols, two control tokens, filler.
         let table = byte_symbols();
         let mut tokens: Vec<MetaValue> = Vec::with_capacity(self.vocab);

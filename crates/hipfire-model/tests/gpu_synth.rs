@@ -292,3 +292,97 @@ fn gpu_decoder_refuses_a_kv_cache_beyond_vram_with_the_numbers() {
     dec.step(1).expect("step");
     let _ = std::fs::remove_file(&path);
 }
+
+/// Logits of `tokens` fed one by one on the CPU path, and the model (for the GPU decoder).
+fn cpu_logits(spec: &SynthSpec, tokens: &[u32]) -> (Model, Vec<Vec<f32>>) {
+    let path = tmp(&format!("{}-rope.gguf", spec.name));
+    write_synthetic(&path, spec, Format::F32, 7, None).expect("synth");
+    let model = Model::load(&path, &LoadOptions::default()).expect("load");
+    let _ = std::fs::remove_file(&path);
+    let mut s = model.session();
+    let logits = tokens
+        .iter()
+        .map(|&t| s.step(t).expect("cpu step").to_vec())
+        .collect();
+    (model, logits)
+}
+
+/// max over positions of max |a − b| / max |b|.
+fn max_rel(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| {
+            let scale = y.iter().fold(0f64, |m, v| m.max(f64::from(v.abs())));
+            x.iter().zip(y).fold(0f64, |m, (p, q)| {
+                let d = (f64::from(*p) - f64::from(*q)).abs() / scale;
+                if d.is_nan() {
+                    f64::INFINITY
+                } else {
+                    m.max(d)
+                }
+            })
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Scaled RoPE (linear ×4, YaRN ×4 with its cos/sin magnitude) on the GPU kernel against the
+/// CPU path, which tests/rope_scaling.rs checks against llama.cpp. The GPU must be closer to
+/// the CPU than a quarter of the distance between the CPU's scaled and unscaled logits, so a
+/// kernel that ignored the frequencies or the magnitude fails.
+#[test]
+fn gpu_rope_scaling_matches_cpu() {
+    if !gated() {
+        return;
+    }
+    use hipfire_model::{RopeScaling, RopeScalingKind};
+    let tokens: Vec<u32> = (0..96u32).map(|i| (i * 37 + 5) % 512).collect();
+    let mut failures = Vec::new();
+    for arch in [Arch::Llama, Arch::Qwen2] {
+        let plain = SynthSpec::tiny(arch);
+        let (_, unscaled) = cpu_logits(&plain, &tokens);
+        for (kind, orig) in [(RopeScalingKind::Linear, 256), (RopeScalingKind::Yarn, 64)] {
+            let spec = SynthSpec {
+                rope_scaling: RopeScaling {
+                    kind,
+                    factor: 4.0,
+                    orig_ctx: orig,
+                    ..RopeScaling::none(plain.ctx_len)
+                },
+                ..plain.clone()
+            };
+            let (model, want) = cpu_logits(&spec, &tokens);
+            let pool = hipfire_exec::offload::offload_pool(0).expect("pool");
+            let mut dec = GpuDecoder::new(
+                &model,
+                pool,
+                &GpuOptions {
+                    ordinal: 0,
+                    gpu_layer_budget: None,
+                    mode: OffloadMode::Pcie,
+                    ram_margin_bytes: hipfire_model::gpu::DEFAULT_RAM_MARGIN_BYTES,
+                    flags: FlagsTuning::default(),
+                },
+            )
+            .expect("gpu decoder");
+            let got: Vec<Vec<f32>> = tokens
+                .iter()
+                .map(|&t| dec.step(t).expect("gpu step").to_vec())
+                .collect();
+            let err = max_rel(&got, &want);
+            let gap = max_rel(&unscaled, &want);
+            eprintln!(
+                "{} {}: |gpu-cpu| {err:.2e}, |unscaled-scaled| {gap:.2e}",
+                spec.name,
+                kind.name()
+            );
+            if err >= rel_bound(Format::F32) || err * 4.0 >= gap {
+                failures.push(format!(
+                    "{} {}: {err:.3e} (gap {gap:.3e})",
+                    spec.name,
+                    kind.name()
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "over the bound: {failures:?}");
+}

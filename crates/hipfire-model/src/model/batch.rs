@@ -65,13 +65,9 @@ pub fn forward_batch(items: &mut [BatchItem<'_, '_>]) -> Result<(), ModelError> 
     let pos0: Vec<usize> = items.iter().map(|it| it.session.pos).collect();
     let done = forward_checked(m, items);
     if done.is_err() {
-        let kvd = c.kv_dim();
         for (it, &p) in items.iter_mut().zip(&pos0) {
             let s = &mut *it.session;
-            s.k_cache
-                .iter_mut()
-                .chain(s.v_cache.iter_mut())
-                .for_each(|kv| kv.truncate(p * kvd));
+            s.kv.iter_mut().for_each(|kv| kv.truncate(p));
             s.pos = p;
         }
     }
@@ -147,8 +143,13 @@ fn forward_checked(m: &Model, items: &mut [BatchItem<'_, '_>]) -> Result<(), Mod
         for it in items.iter_mut() {
             let r1 = r0 + it.tokens.len();
             let s = &mut *it.session;
-            s.k_cache[li].extend(k[r0 * kvd..r1 * kvd].iter().map(|&x| f16::from_f32(x)));
-            s.v_cache[li].extend(v[r0 * kvd..r1 * kvd].iter().map(|&x| f16::from_f32(x)));
+            let kvl = &mut s.kv[li];
+            for (kt, vt) in k[r0 * kvd..r1 * kvd]
+                .chunks_exact(kvd)
+                .zip(v[r0 * kvd..r1 * kvd].chunks_exact(kvd))
+            {
+                kvl.push(kt, vt);
+            }
             r0 = r1;
         }
         for (&(i, pos), (qt, att_t)) in rows
@@ -156,7 +157,7 @@ fn forward_checked(m: &Model, items: &mut [BatchItem<'_, '_>]) -> Result<(), Mod
             .zip(q.chunks_exact(qd).zip(att.chunks_exact_mut(qd)))
         {
             let s = &*items[i].session;
-            m.attention(qt, &s.k_cache[li], &s.v_cache[li], pos + 1, att_t)?;
+            m.attention(qt, &s.kv[li], pos + 1, att_t)?;
         }
         // Residual folded into the GEMV: x += Wo·att.
         m.gemv_tokens(&[l.wo], &att, &mut [&mut x], true)?;
