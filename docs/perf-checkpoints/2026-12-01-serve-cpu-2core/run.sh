@@ -21,7 +21,7 @@ load() { python3 scripts/serve_load.py --url "http://127.0.0.1:$1" --concurrency
   echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 } > "$OUT/env.txt"
 : > "$OUT/raw.jsonl"
-"$BIN" serve "$MODEL" --port 18090 --ctx 1024 --threads 2 --parallel 4 >/dev/null 2>>"$OUT/server.log" &
+"$BIN" serve "$MODEL" --port 18090 --ctx-size 1024 --threads 2 --parallel 4 >/dev/null 2>>"$OUT/server.log" &
 HF=$!
 # --interrupt_requests False: by default a new request cuts off the one running (so under
 # concurrency its streams end after a token or two); off, it queues them and runs one at a time.
@@ -38,7 +38,7 @@ for r in $(seq "$ROUNDS"); do
 done
 curl -s http://127.0.0.1:18090/metrics > "$OUT/metrics-p4.txt"
 stop "$HF"; stop "$LC"
-"$BIN" serve "$MODEL" --port 18091 --ctx 1024 --threads 2 --parallel 16 >/dev/null 2>>"$OUT/server.log" &
+"$BIN" serve "$MODEL" --port 18091 --ctx-size 1024 --threads 2 --parallel 16 >/dev/null 2>>"$OUT/server.log" &
 HF=$!
 wait_up 18091
 load 18091 16 "hipfire p16 c16"
