@@ -173,6 +173,9 @@ pub struct EngineArgs {
 
     #[arg(long, value_name = "N", help = key_help("model.ctx_size"), long_help = key_long("model.ctx_size"))]
     pub ctx_size: Option<String>,
+
+    #[arg(long = "ubatch-size", value_name = "N", help = key_help("model.ubatch"), long_help = key_long("model.ubatch"))]
+    pub ubatch: Option<String>,
 }
 
 impl EngineArgs {
@@ -200,6 +203,7 @@ impl EngineArgs {
         );
         push(&mut v, "cpu.threads", "--threads", &self.threads);
         push(&mut v, "model.ctx_size", "--ctx-size", &self.ctx_size);
+        push(&mut v, "model.ubatch", "--ubatch-size", &self.ubatch);
         v
     }
 }

@@ -173,6 +173,7 @@ fn gpu_decoder<'m>(
             tagged_x: s.flags_x_publish == hipfire_config::FlagsXPublish::Tagged,
             ..hipfire_exec::flags::FlagsTuning::default()
         },
+        ubatch: s.ubatch as usize,
     };
     // `auto` is 0 here so the offload pool leaves one core to the thread driving the GPU.
     let pool = hipfire_exec::offload::offload_pool(pool_threads(s.threads))?;

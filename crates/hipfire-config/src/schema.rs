@@ -26,6 +26,11 @@ pub const MAX_PASSBACK_SHARE: f64 = 0.5;
 /// `{arch}.context_length` is the tighter bound, applied when the model is loaded.
 pub const MAX_CTX_SIZE: u64 = 1 << 20;
 
+/// Upper bound on `model.ubatch`: the batch scratch grows linearly with it (≈ 4.6 MiB a token for
+/// Llama-3-8B), and past a few thousand tokens a GEMM step is already compute-bound, so a larger
+/// value only costs VRAM.
+pub const MAX_UBATCH: u64 = 8192;
+
 /// Upper bound on `sampling.temperature`; beyond ~10 the distribution is uniform noise, so
 /// a larger number is almost surely a typo (e.g. 70 for 0.70).
 pub const MAX_TEMPERATURE: f64 = 10.0;
@@ -145,6 +150,25 @@ pub static KEYS: &[KeySpec] = &[
               `memory.gpu_layer_budget = auto` places layers, and a load whose cache cannot fit is \
               refused with the bytes needed and free; on the CPU it is counted against available \
               RAM. `hipfire bench` sizes the context to its prompt and generation unless this is set.",
+    },
+    KeySpec {
+        name: "model.ubatch",
+        kind: Kind::Int { word: None, min: 1, max: MAX_UBATCH },
+        default: "512",
+        rule: "an integer in [1, 8192] (tokens per batched prefill step)",
+        env: "HIPFIRE_UBATCH",
+        flag: Some("--ubatch-size"),
+        summary: "Tokens per batched prefill step on the GPU",
+        doc: "How many prompt tokens the GPU runs through the layers at once (llama.cpp's `-ub`). \
+              Each projection of such a step is one GEMM on the tensor cores (the weight expanded \
+              to f16 rows in VRAM, multiplied by cuBLAS), and the step's attention is causal over \
+              the KV cache; a spilled layer's weights are copied to VRAM once per step, \
+              overlapped with the previous weight's GEMM. Larger steps amortise those copies and \
+              the expansion over more tokens but need more VRAM scratch (about 0.3 GiB at 512 for \
+              Llama-3-8B, counted before layers are placed). `1` feeds the prompt token by token \
+              through the decode GEMV. The CPU path ignores it (its prefill runs in chunks of its \
+              own). Needs libcublas; without it prefill runs token by token and says so in the \
+              placement line.",
     },
     KeySpec {
         name: "memory.gpu_layer_budget",

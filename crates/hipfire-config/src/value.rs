@@ -223,6 +223,8 @@ pub struct Settings {
     pub threads: Threads,
     /// `model.ctx_size`.
     pub ctx_size: CtxSize,
+    /// `model.ubatch`.
+    pub ubatch: u32,
     /// `memory.gpu_layer_budget`.
     pub gpu_layer_budget: LayerBudget,
     /// `memory.offload_exec`.
@@ -262,6 +264,10 @@ impl Settings {
             ctx_size: match v("model.ctx_size")? {
                 (_, Value::Word("auto")) => CtxSize::Auto,
                 (s, x) => CtxSize::Tokens(u32::try_from(int(s, x)?).map_err(|_| mismatch(s, x))?),
+            },
+            ubatch: {
+                let (s, x) = v("model.ubatch")?;
+                u32::try_from(int(s, x)?).map_err(|_| mismatch(s, x))?
             },
             gpu_layer_budget: match v("memory.gpu_layer_budget")? {
                 (_, Value::Word("auto")) => LayerBudget::Auto,

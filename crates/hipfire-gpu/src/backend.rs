@@ -46,6 +46,29 @@ pub struct LaunchDims {
     pub shared_bytes: u32,
 }
 
+/// One dense GEMM of a batched step, row-major as the model holds its tensors:
+/// `y[t][r] (+)= Σ_i w[r][i] · x[t][i]` for `t < n`, `r < m`, `i < k`, with `w` (`[m][k]`) and `x`
+/// (`[n][k]`) f16 and `y` (`[n][ldy]`, `ldy ≥ m`) f32; products accumulate in f32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GemmF16 {
+    /// Output columns (the weight's rows).
+    pub m: usize,
+    /// Tokens (rows of `x` and `y`).
+    pub n: usize,
+    /// Reduction length.
+    pub k: usize,
+    /// Device address of `w`.
+    pub w: u64,
+    /// Device address of `x`.
+    pub x: u64,
+    /// Device address of `y`.
+    pub y: u64,
+    /// Elements between consecutive rows of `y`.
+    pub ldy: usize,
+    /// `y += …` instead of `y = …`.
+    pub accumulate: bool,
+}
+
 /// One GPU runtime bound to one device. Implemented by the CUDA backend (cudarc) and, behind the
 /// `hip` feature, by a runtime-loaded HIP backend. Every method makes the backend's context current
 /// on the calling thread first, so any thread may call it.
@@ -165,4 +188,24 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         s: RawStream,
         params: &mut [*mut c_void],
     ) -> Result<(), GpuError>;
+
+    /// Whether [`Backend::gemm_f16`] can run here (its library is present); asked once by callers
+    /// that pick between a GEMM and a per-token fallback.
+    fn has_gemm(&self) -> bool {
+        false
+    }
+
+    /// Queues one [`GemmF16`] on `s` (vendor BLAS: cuBLAS on CUDA). Backends without one answer
+    /// [`GpuError::NoBlas`].
+    ///
+    /// # Safety
+    /// `g`'s three addresses are valid device memory for the extents it states (checked by the
+    /// safe wrapper [`crate::gemm_f16`]) and stay so until the GEMM completes on `s`.
+    unsafe fn gemm_f16(&self, s: RawStream, g: &GemmF16) -> Result<(), GpuError> {
+        let _ = (s, g);
+        Err(GpuError::NoBlas {
+            backend: self.name(),
+            why: "this backend has no vendor BLAS binding".into(),
+        })
+    }
 }

@@ -5,13 +5,15 @@
 //! [`CudaBackend::new`] probes `is_culib_present()` first and answers [`GpuError::NoGpu`].
 
 use crate::backend::{
-    Backend, DeviceInfo, LaunchDims, RawEvent, RawFunction, RawModule, RawStream,
+    Backend, DeviceInfo, GemmF16, LaunchDims, RawEvent, RawFunction, RawModule, RawStream,
 };
 use crate::error::{mem_available_bytes, DriverCode, GpuError};
+use cudarc::cublas::sys as cublas;
 use cudarc::driver::result::{self as cu, DriverError};
 use cudarc::driver::sys;
 use cudarc::nvrtc::sys as nvrtc;
 use std::ffi::{c_void, CStr, CString};
+use std::sync::{Mutex, OnceLock};
 
 /// Converts a cudarc error into ours, keeping the driver's name and text for the code.
 fn code(e: DriverError) -> DriverCode {
@@ -51,6 +53,32 @@ pub struct CudaBackend {
     ctx: sys::CUcontext,
     /// Facts read once at start.
     info: DeviceInfo,
+    /// The cuBLAS handle, made on the first GEMM (libcublas is opened only by a batched step),
+    /// or why it could not be. A handle is not safe for concurrent calls, hence the mutex.
+    blas: OnceLock<Result<Mutex<BlasHandle>, String>>,
+}
+
+/// A cuBLAS handle on this backend's context.
+#[derive(Debug)]
+struct BlasHandle(cublas::cublasHandle_t);
+
+// SAFETY: a cuBLAS handle may be used from any thread, one at a time (the mutex above).
+unsafe impl Send for BlasHandle {}
+
+/// Converts a cuBLAS status to our error.
+fn blas_ck(call: &'static str, r: cublas::cublasStatus_t) -> Result<(), GpuError> {
+    if r == cublas::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        return Ok(());
+    }
+    Err(GpuError::Driver {
+        call,
+        source: DriverCode {
+            backend: "cublas",
+            code: r as i64,
+            name: format!("{r:?}"),
+            message: String::new(),
+        },
+    })
 }
 
 // SAFETY: a CUDA context handle may be used from any thread once made current there, which every
@@ -102,7 +130,12 @@ impl CudaBackend {
             multiprocessors: sms.max(1) as u32,
             total_mem,
         };
-        Ok(CudaBackend { device, ctx, info })
+        Ok(CudaBackend {
+            device,
+            ctx,
+            info,
+            blas: OnceLock::new(),
+        })
     }
 
     /// Makes this context current on the calling thread (cheap when it already is).
@@ -116,8 +149,39 @@ impl CudaBackend {
     }
 }
 
+impl CudaBackend {
+    /// The cuBLAS handle, created on first use (with this context current).
+    fn blas(&self) -> Result<&Mutex<BlasHandle>, GpuError> {
+        let made = self.blas.get_or_init(|| {
+            // SAFETY: only tries to dlopen the library names; no symbol is called.
+            if !unsafe { cublas::is_culib_present() } {
+                return Err("libcublas (CUDA 13) was not found on the library path".into());
+            }
+            self.bind().map_err(|e| e.to_string())?;
+            let mut h: cublas::cublasHandle_t = std::ptr::null_mut();
+            // SAFETY: `h` is a valid out-pointer; the context is current.
+            blas_ck("cublasCreate_v2", unsafe {
+                cublas::cublasCreate_v2(&mut h)
+            })
+            .map_err(|e| e.to_string())?;
+            Ok(Mutex::new(BlasHandle(h)))
+        });
+        made.as_ref().map_err(|why| GpuError::NoBlas {
+            backend: "cuda",
+            why: why.clone(),
+        })
+    }
+}
+
 impl Drop for CudaBackend {
     fn drop(&mut self) {
+        if let Some(Ok(h)) = self.blas.take() {
+            let h = h.into_inner().unwrap_or_else(|p| p.into_inner());
+            // SAFETY: the handle was made by cublasCreate on this context, which is still alive.
+            if let Err(e) = blas_ck("cublasDestroy_v2", unsafe { cublas::cublasDestroy_v2(h.0) }) {
+                tracing::warn!(cause = %e, "cublasDestroy failed");
+            }
+        }
         // SAFETY: balances the retain in `new`; every object holding this backend (streams, buffers,
         // modules) holds an `Arc` to it, so none outlives it.
         if let Err(e) = unsafe { cu::primary_ctx::release(self.device) } {
@@ -487,6 +551,67 @@ impl Backend for CudaBackend {
                 params,
             )
         })
+    }
+
+    fn has_gemm(&self) -> bool {
+        self.blas().is_ok()
+    }
+
+    unsafe fn gemm_f16(&self, s: RawStream, g: &GemmF16) -> Result<(), GpuError> {
+        let int = |v: usize, what: &'static str| {
+            i32::try_from(v).map_err(|_| GpuError::Invalid {
+                what,
+                rule: "must fit cuBLAS's 32-bit dimensions",
+            })
+        };
+        let (m, n, k, ldy) = (
+            int(g.m, "GEMM m")?,
+            int(g.n, "GEMM n")?,
+            int(g.k, "GEMM k")?,
+            int(g.ldy, "GEMM ldy")?,
+        );
+        let blas = self.blas()?;
+        let h = blas.lock().unwrap_or_else(|p| p.into_inner());
+        self.bind()?;
+        let alpha = 1.0f32;
+        let beta = if g.accumulate { 1.0f32 } else { 0.0f32 };
+        use cublas::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
+        use cublas::cudaDataType_t::{CUDA_R_16F, CUDA_R_32F};
+        // Column-major view: y (n × ldy row-major) is C = m × n with ldc = ldy; w (m × k
+        // row-major) is a k × m column-major matrix used transposed; x (n × k row-major) is
+        // k × n column-major.
+        // SAFETY: the handle is ours and locked; the addresses are the caller's duty (trait doc);
+        // alpha/beta live across the call (host pointer mode, read before return).
+        unsafe {
+            blas_ck(
+                "cublasSetStream_v2",
+                cublas::cublasSetStream_v2(h.0, s.0 as cublas::cudaStream_t),
+            )?;
+            blas_ck(
+                "cublasGemmEx",
+                cublas::cublasGemmEx(
+                    h.0,
+                    CUBLAS_OP_T,
+                    CUBLAS_OP_N,
+                    m,
+                    n,
+                    k,
+                    (&alpha as *const f32).cast(),
+                    g.w as *const c_void,
+                    CUDA_R_16F,
+                    k,
+                    g.x as *const c_void,
+                    CUDA_R_16F,
+                    k,
+                    (&beta as *const f32).cast(),
+                    g.y as *mut c_void,
+                    CUDA_R_32F,
+                    ldy,
+                    cublas::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    cublas::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                ),
+            )
+        }
     }
 }
 

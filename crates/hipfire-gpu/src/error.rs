@@ -142,6 +142,15 @@ pub enum GpuError {
         /// Which object.
         what: &'static str,
     },
+    /// The dense GEMM of batched steps has no library here (cuBLAS absent, or a backend without
+    /// a binding); callers fall back to per-token GEMVs.
+    #[error("no GEMM library on {backend}: {why}")]
+    NoBlas {
+        /// The backend's name.
+        backend: &'static str,
+        /// Why (which library was looked for).
+        why: String,
+    },
     /// A format/shape error from hipfire-quant.
     #[error(transparent)]
     Quant(#[from] QuantError),

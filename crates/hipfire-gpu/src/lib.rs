@@ -14,6 +14,9 @@
 //!   [`ReadKernel`] used as the bandwidth ceiling in benchmarks; Q4_K/Q6_K weights resident in
 //!   device memory take a variant that stages the activation in shared memory
 //!   (`GemvConfig::device`, for row ranges of `gemv::DEV_MIN_ROWS` rows or more).
+//! - [`gemm`] — [`gemm_f16`]: the dense f16 × f16 → f32 GEMM of batched steps (prefill) on the
+//!   vendor BLAS (cuBLAS `GemmEx`, tensor cores), behind [`Backend::gemm_f16`]; backends without
+//!   one answer [`GpuError::NoBlas`] and callers fall back to per-token GEMVs.
 //! - [`flags`] — [`FlagsKernels`]: the device half of the `flags` join (`kernels/flags.cu`):
 //!   the publish of x into the host-mapped mailbox (fenced, or tagged with the step) and the
 //!   wait-fold that polls the CPU's done words and folds its rows into one or more outputs.
@@ -62,12 +65,13 @@ pub mod context;
 pub mod cuda;
 mod error;
 pub mod flags;
+pub mod gemm;
 pub mod gemv;
 #[cfg(feature = "hip")]
 pub mod hip;
 pub mod registry;
 
-pub use backend::{Backend, DeviceInfo, LaunchDims};
+pub use backend::{Backend, DeviceInfo, GemmF16, LaunchDims};
 pub use context::{
     BackendKind, Context, DeviceBuffer, DeviceElem, DeviceMemory, Event, Function,
     HostMappedBuffer, Module, Stream,
@@ -76,6 +80,7 @@ pub use error::{mem_available_bytes, DriverCode, GpuError, TEST_MAX_ALLOC_ENV};
 pub use flags::{
     DoneWords, FlagsKernels, FoldTarget, MailboxOffsets, FOLD_MAX_PARTS, FOLD_MAX_TARGETS,
 };
+pub use gemm::{gemm_available, gemm_f16, GemmShape};
 pub use gemv::{
     Activation, GemvConfig, GemvForm, GemvKernels, ReadKernel, RowRange, WeightLocation, WeightRef,
     QX_BLOCK,

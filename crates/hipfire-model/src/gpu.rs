@@ -26,10 +26,15 @@ use hipfire_gpu::{
 use hipfire_quant::Format;
 
 use crate::gpu_attention::{AttnShape, SplitKvAttention};
+use crate::gpu_batch::{
+    batch_head_dim_supported, BatchScratch, BatchWidths, PrefillKernels, PREFILL_SOURCE,
+};
 use crate::model::GenerationStats;
 use crate::model::{Decoder, KV_ELEM_BYTES};
 use crate::sampling::SamplingParams;
 use crate::{Model, ModelError, Weight};
+use hipfire_gpu::dequant::DequantKernels;
+use hipfire_gpu::{gemm_available, gemm_f16, GemmShape};
 
 /// `kernels/decode.cu`: RMSNorm, RoPE, the f16 KV store, attention, SwiGLU, add.
 pub const DECODE_SOURCE: KernelSource = KernelSource {
@@ -71,7 +76,14 @@ pub struct GpuOptions {
     /// The `flags` join's knobs (`memory.flags_x_publish`; the rest stay at their measured
     /// defaults).
     pub flags: FlagsTuning,
+    /// Tokens per batched prefill step (`model.ubatch`): the prompt runs through the layers in
+    /// micro-batches of this many, each projection a GEMM; 1 feeds it token by token (GEMV).
+    pub ubatch: usize,
 }
+
+/// Default of [`GpuOptions::ubatch`] (and of `model.ubatch`): llama.cpp's default micro-batch.
+/// The batch scratch it sizes is ~0.3 GB for Llama-3-8B (docs/perf-checkpoints/2026-12-01-gpu-prefill-h200).
+pub const DEFAULT_UBATCH: usize = 512;
 
 /// Default of [`GpuOptions::ram_margin_bytes`] (and of `memory.ram_margin_mib`): 4 GiB for the
 /// OS, the mapped GGUF's hot pages and the process itself — the reference system refused loads
@@ -213,10 +225,20 @@ pub struct GpuDecoder<'m> {
     output_norm: DeviceBuffer<f32>,
     s: Scratch,
     offload: OffloadExecutor,
+    /// Batched-prefill kernels and scratch; `None` runs prompts token by token (no GEMM library,
+    /// a head the chunk attention does not cover, or `ubatch` 1).
+    batch: Option<Batch>,
     logits: Vec<f32>,
     pos: usize,
     ctx_len: usize,
     summary: String,
+}
+
+/// What a batched step needs beyond the decode step's kernels.
+struct Batch {
+    kernels: PrefillKernels,
+    dequant: DequantKernels,
+    scratch: BatchScratch,
 }
 
 impl std::fmt::Debug for GpuDecoder<'_> {
@@ -332,6 +354,53 @@ impl<'m> GpuDecoder<'m> {
             });
         }
         let kv = model.kv_cache_bytes();
+        // Batched prefill: GEMMs through the vendor BLAS, so only where it loads; its scratch is
+        // counted in the placement budget like the KV cache.
+        let ubatch = opts.ubatch.clamp(1, ctx_len.max(1));
+        let batch_off = if ubatch < 2 {
+            Some("model.ubatch is 1".to_string())
+        } else if !batch_head_dim_supported(c.head_dim) {
+            Some(format!(
+                "head_dim {} is outside the chunk attention's even widths up to {}",
+                c.head_dim,
+                crate::gpu_batch::MAX_BATCH_HEAD_DIM
+            ))
+        } else if !gemm_available(&stream) {
+            Some(format!(
+                "no GEMM library on {} (cuBLAS not found)",
+                ctx.backend().name()
+            ))
+        } else {
+            None
+        };
+        let mut widths = BatchWidths {
+            d_model: c.d_model,
+            q_dim: c.q_dim(),
+            kv_dim: c.kv_dim(),
+            n_ff: c.n_ff,
+            max_k: 0,
+            max_weight_elems: 0,
+            max_spilled_bytes: 0,
+        };
+        let mut max_proj_bytes = 0usize;
+        for i in 0..c.n_layer {
+            for n in layer_names(i) {
+                let w = &model.weights()[weight_id(model, &n)?];
+                widths.max_k = widths.max_k.max(w.k);
+                widths.max_weight_elems = widths.max_weight_elems.max(w.m * w.k);
+                max_proj_bytes = max_proj_bytes.max(w.n_bytes);
+            }
+        }
+        let batch_bytes = |spill: bool| -> u64 {
+            if batch_off.is_some() {
+                return 0;
+            }
+            let w = BatchWidths {
+                max_spilled_bytes: if spill { max_proj_bytes } else { 0 },
+                ..widths
+            };
+            BatchScratch::vram_bytes(&w, ubatch)
+        };
         let fixed: u64 = model
             .weights()
             .iter()
@@ -345,37 +414,40 @@ impl<'m> GpuDecoder<'m> {
             Some(b) => {
                 let b = b.min(c.n_layer);
                 let resident: u64 = layer_bytes[c.n_layer - b..].iter().sum();
-                let need = resident + kv + fixed;
+                let scratch = batch_bytes(b < c.n_layer);
+                let need = resident + kv + fixed + scratch;
                 if need > free_now {
                     return Err(ModelError::OutOfMemory {
                         memory: "VRAM",
                         what: format!(
-                            "{b} resident layers ({:.2} GiB), the KV cache for {ctx_len} positions ({:.2} GiB) and the embeddings and head ({:.2} GiB)",
+                            "{b} resident layers ({:.2} GiB), the KV cache for {ctx_len} positions ({:.2} GiB), the embeddings and head ({:.2} GiB) and the prefill scratch for {ubatch} tokens ({:.2} GiB)",
                             gib(resident),
                             gib(kv),
-                            gib(fixed)
+                            gib(fixed),
+                            gib(scratch)
                         ),
                         need,
                         free: free_now,
-                        hint: "lower memory.gpu_layer_budget or --ctx-size (model.ctx_size)",
+                        hint: "lower memory.gpu_layer_budget, --ctx-size (model.ctx_size) or --ubatch-size (model.ubatch)",
                     });
                 }
                 b
             }
             None => {
-                let base = VRAM_MARGIN_BYTES + fixed + kv;
+                let base = VRAM_MARGIN_BYTES + fixed + kv + batch_bytes(true);
                 if base > free_now {
                     return Err(ModelError::OutOfMemory {
                         memory: "VRAM",
                         what: format!(
-                            "with every layer spilled, the KV cache for {ctx_len} positions ({:.2} GiB), the embeddings and head ({:.2} GiB) and the {:.0} GiB margin `auto` keeps",
+                            "with every layer spilled, the KV cache for {ctx_len} positions ({:.2} GiB), the embeddings and head ({:.2} GiB), the prefill scratch for {ubatch} tokens ({:.2} GiB) and the {:.0} GiB margin `auto` keeps",
                             gib(kv),
                             gib(fixed),
+                            gib(batch_bytes(true)),
                             gib(VRAM_MARGIN_BYTES)
                         ),
                         need: base,
                         free: free_now,
-                        hint: "lower --ctx-size (model.ctx_size)",
+                        hint: "lower --ctx-size (model.ctx_size) or --ubatch-size (model.ubatch)",
                     });
                 }
                 let free = free_now - base;
@@ -554,10 +626,45 @@ impl<'m> GpuDecoder<'m> {
         let max_m = c.d_model.max(2 * c.n_ff).max(qd + 2 * kvd);
         let mut offload = OffloadExecutor::new(&ctx, pool, opts.mode.clone(), max_k, max_m)?;
         offload.set_flags_tuning(opts.flags);
+        let batch = match &batch_off {
+            Some(why) => {
+                tracing::info!(target: "hipfire::model", reason = %why, "prefill runs token by token");
+                None
+            }
+            None => {
+                let pmod = registry.module(&PREFILL_SOURCE, &[])?;
+                widths.max_spilled_bytes = if n_spilled > 0 { max_proj_bytes } else { 0 };
+                let mut scratch = BatchScratch::new(&ctx, &widths, ubatch).map_err(|e| {
+                    at_step(e.into(), || {
+                        format!("allocating the prefill scratch for {ubatch} tokens")
+                    })
+                })?;
+                if let Some(spill) = scratch.spill.as_mut() {
+                    let mut order = Vec::new();
+                    for l in &layers[..n_spilled] {
+                        for id in [l.wq, l.wk, l.wv, l.wo, l.gate, l.up, l.down] {
+                            if let Some(GpuWeight::Host(h)) = &weights[id] {
+                                order.push((id, h.clone()));
+                            }
+                        }
+                    }
+                    spill.set_order(order);
+                }
+                Some(Batch {
+                    kernels: PrefillKernels::new(&pmod)?,
+                    dequant: DequantKernels::new(&registry)?,
+                    scratch,
+                })
+            }
+        };
+        let prefill_text = match &batch_off {
+            None => format!("prefill batched ({ubatch}-token GEMM steps)"),
+            Some(why) => format!("prefill token by token ({why})"),
+        };
         let resident_gib =
             layer_bytes[n_spilled..].iter().sum::<u64>() as f64 / (1u64 << 30) as f64;
         let summary = format!(
-            "{} on {} ({}): {} of {} layers resident ({:.2} GiB VRAM), {} spilled to pinned host memory ({:.2} GiB, offload_exec={}); embeddings, head, KV cache (ctx {ctx_len}, {:.2} GiB) and attention on the GPU",
+            "{} on {} ({}): {} of {} layers resident ({:.2} GiB VRAM), {} spilled to pinned host memory ({:.2} GiB, offload_exec={}); embeddings, head, KV cache (ctx {ctx_len}, {:.2} GiB) and attention on the GPU; {prefill_text}",
             c.arch.name(),
             ctx.info().name,
             ctx.info().arch,
@@ -585,6 +692,7 @@ impl<'m> GpuDecoder<'m> {
             output_norm,
             s,
             offload,
+            batch,
             logits: vec![0.0; vocab],
             pos: 0,
             ctx_len,
@@ -617,7 +725,8 @@ impl<'m> GpuDecoder<'m> {
         &self.logits
     }
 
-    /// Feed `tokens`; returns the logits after the last one.
+    /// Feed `tokens`; returns the logits after the last one. With batched prefill on, the
+    /// tokens go through the layers in micro-batches of `ubatch` (GEMMs); otherwise one by one.
     pub fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32], ModelError> {
         if self.pos + tokens.len() > self.ctx_len {
             return Err(ModelError::ContextFull {
@@ -625,23 +734,39 @@ impl<'m> GpuDecoder<'m> {
                 ctx: self.ctx_len,
             });
         }
-        for &t in tokens {
-            self.forward_at_step(t, "prefilling")?;
+        let ubatch = self.batch.as_ref().map_or(1, |b| b.scratch.rows);
+        for chunk in tokens.chunks(ubatch) {
+            self.forward_at_step(chunk, "prefilling")?;
         }
         Ok(&self.logits)
     }
 
     /// Feed one token; returns the next-token logits.
     pub fn step(&mut self, token: u32) -> Result<&[f32], ModelError> {
-        self.forward_at_step(token, "decoding")?;
+        self.forward_at_step(&[token], "decoding")?;
         Ok(&self.logits)
     }
 
-    /// [`GpuDecoder::forward`] with a GPU failure naming the phase, position and token.
-    fn forward_at_step(&mut self, token: u32, phase: &str) -> Result<(), ModelError> {
+    /// [`GpuDecoder::forward`] with a GPU failure naming the phase, positions and tokens.
+    fn forward_at_step(&mut self, tokens: &[u32], phase: &str) -> Result<(), ModelError> {
         let pos = self.pos;
-        self.forward(token)
-            .map_err(|e| at_step(e, || format!("{phase} position {pos} (token {token})")))
+        let r = self.forward(tokens);
+        if r.is_err() {
+            if let Some(spill) = self.batch.as_ref().and_then(|b| b.scratch.spill.as_ref()) {
+                // Best effort: the step already failed; a second failure would hide the first.
+                let _ = spill.drain();
+            }
+        }
+        r.map_err(|e| {
+            at_step(e, || match tokens {
+                [t] => format!("{phase} position {pos} (token {t})"),
+                _ => format!(
+                    "{phase} positions {pos}..{} ({} tokens in one batched step)",
+                    pos + tokens.len(),
+                    tokens.len()
+                ),
+            })
+        })
     }
 
     /// As [`crate::Session::generate`], on the GPU.
@@ -890,101 +1015,358 @@ impl<'m> GpuDecoder<'m> {
         self.gemv.prepare(&self.stream, &xv, act)
     }
 
-    fn forward(&mut self, token: u32) -> Result<(), ModelError> {
-        let c = self.model.config().clone();
-        if token as usize >= c.vocab {
-            return Err(ModelError::BadToken {
-                id: token,
-                vocab: c.vocab,
-            });
+    /// Device addresses of the activations of a step of `n` tokens: the decode scratch for one
+    /// token, the batch scratch for more.
+    fn rows(&self, n: usize) -> Result<StepRows, ModelError> {
+        match (&self.batch, n) {
+            (_, 1) => Ok(StepRows {
+                x: self.s.x.device_ptr(),
+                xn: self.s.xn.device_ptr(),
+                q: self.s.q.device_ptr(),
+                k: self.s.k.device_ptr(),
+                v: self.s.v.device_ptr(),
+                att: self.s.att.device_ptr(),
+                gate: self.s.gate.device_ptr(),
+                up: self.s.up.device_ptr(),
+            }),
+            (Some(b), n) if n <= b.scratch.rows => {
+                let b = &b.scratch;
+                Ok(StepRows {
+                    x: b.x.device_ptr(),
+                    xn: b.xn.device_ptr(),
+                    q: b.q.device_ptr(),
+                    k: b.k.device_ptr(),
+                    v: b.v.device_ptr(),
+                    att: b.att.device_ptr(),
+                    gate: b.gate.device_ptr(),
+                    up: b.up.device_ptr(),
+                })
+            }
+            _ => Err(ModelError::Backend {
+                backend: "gpu",
+                message: format!(
+                    "a step of {n} tokens exceeds the batch scratch ({} tokens)",
+                    self.batch.as_ref().map_or(1, |b| b.scratch.rows)
+                ),
+            }),
         }
-        if self.pos >= self.ctx_len {
-            return Err(ModelError::ContextFull {
-                need: self.pos + 1,
-                ctx: self.ctx_len,
-            });
-        }
-        // Embedding row: dequantised on the host from the mapped file, uploaded from pinned memory.
+    }
+
+    /// Uploads the embedding rows of `tokens` (dequantised on the host from the mapped file) to
+    /// `x`, through the pinned staging of the step's scratch.
+    fn embed(&mut self, tokens: &[u32], x: u64) -> Result<(), ModelError> {
+        let d = self.model.config().d_model;
         let emb = &self.model.weights()[self.token_embd];
         let rb = emb.format.row_bytes(emb.k)?;
-        let row = &self.model.weight_bytes(emb)[token as usize * rb..(token as usize + 1) * rb];
-        let mut xrow = vec![0f32; c.d_model];
-        crate::ops::dequantize_row(emb.format, row, &mut xrow)?;
+        let table = self.model.weight_bytes(emb);
+        let stage = match (&mut self.batch, tokens.len()) {
+            (_, 1) => &mut self.s.stage_x,
+            (Some(b), _) => &mut b.scratch.stage_x,
+            (None, n) => {
+                return Err(ModelError::Backend {
+                    backend: "gpu",
+                    message: format!("{n} embedding rows without a batch scratch"),
+                })
+            }
+        };
+        let mut xrow = vec![0f32; d];
         // The previous step synchronised the stream, so the staging buffer is free to overwrite.
-        for (dst, v) in self.s.stage_x.as_mut_slice().chunks_exact_mut(4).zip(&xrow) {
-            dst.copy_from_slice(&v.to_ne_bytes());
+        for (i, &t) in tokens.iter().enumerate() {
+            let row = &table[t as usize * rb..(t as usize + 1) * rb];
+            crate::ops::dequantize_row(emb.format, row, &mut xrow)?;
+            let dst = &mut stage.as_mut_slice()[i * d * 4..(i + 1) * d * 4];
+            for (b, v) in dst.chunks_exact_mut(4).zip(&xrow) {
+                b.copy_from_slice(&v.to_ne_bytes());
+            }
         }
+        let mut xv = DeviceView {
+            ptr: x,
+            bytes: tokens.len() * d * 4,
+            ctx: &self.ctx,
+        };
         self.stream
-            .memcpy_htod_async(&mut self.s.x, 0, &self.s.stage_x, 0, c.d_model * 4)?;
+            .memcpy_htod_async(&mut xv, 0, stage, 0, tokens.len() * d * 4)?;
+        Ok(())
+    }
 
-        let (qd, kvd, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
-        let x = self.s.x.device_ptr();
-        let xn = self.s.xn.device_ptr();
-        let q = self.s.q.device_ptr();
-        let (kcur, vcur) = (self.s.k.device_ptr(), self.s.v.device_ptr());
-        let att = self.s.att.device_ptr();
-        let gate = self.s.gate.device_ptr();
-        let up = self.s.up.device_ptr();
-        for li in 0..self.layers.len() {
-            let l = &self.layers[li];
-            let (wq, wk, wv, wo, wg, wu, wd) = (l.wq, l.wk, l.wv, l.wo, l.gate, l.up, l.down);
-            let kslot = l.k_cache.device_ptr() + (self.pos * kvd * KV_ELEM_BYTES) as u64;
-            let vslot = l.v_cache.device_ptr() + (self.pos * kvd * KV_ELEM_BYTES) as u64;
-            self.rms_norm(x, &self.layers[li].attn_norm, xn, 1, c.d_model)?;
-            self.prepare(ActSlot::Model, xn, c.d_model)?;
-            self.project_shared(
-                &[(wq, q, qd), (wk, kcur, kvd), (wv, vcur, kvd)],
-                xn,
-                ActSlot::Model,
+    /// Projections `(weight id, y, y_len)` of one activation `x` (`n` rows of `k`): for one token
+    /// the activation is quantised for the GEMV and the outputs go through
+    /// [`GpuDecoder::project_shared`] (or [`GpuDecoder::project`] for one output, in `form`);
+    /// for more, each output is a GEMM ([`GpuDecoder::project_batch`]).
+    fn project_rows(
+        &mut self,
+        outs: &[(usize, u64, usize)],
+        x: u64,
+        (k, n): (usize, usize),
+        slot: ActSlot,
+        form: GemvForm,
+    ) -> Result<(), ModelError> {
+        if n > 1 {
+            return self.project_batch(outs, x, (k, n), form);
+        }
+        self.prepare(slot, x, k)?;
+        match outs {
+            [(id, y, len)] => self.project(*id, x, slot, *y, *len, form),
+            _ => self.project_shared(outs, x, slot),
+        }
+    }
+
+    /// The batched form of [`GpuDecoder::project_rows`]: `x`'s `n` rows are rounded to f16 once;
+    /// each weight is expanded to f16 rows (from HBM, or from its VRAM copy made by the spilled
+    /// stream) and multiplied by cuBLAS into `y` (`n` rows of `y_len`; added to under
+    /// `Residual`).
+    fn project_batch(
+        &mut self,
+        outs: &[(usize, u64, usize)],
+        x: u64,
+        (k, n): (usize, usize),
+        form: GemvForm,
+    ) -> Result<(), ModelError> {
+        let Some(b) = self.batch.as_mut() else {
+            return Err(ModelError::Backend {
+                backend: "gpu",
+                message: "a batched projection without a batch scratch".into(),
+            });
+        };
+        let xv = DeviceView {
+            ptr: x,
+            bytes: n * k * 4,
+            ctx: &self.ctx,
+        };
+        b.dequant
+            .convert_f32_to_f16(&self.stream, &xv, &mut b.scratch.x16, n * k)?;
+        for &(id, y, len) in outs {
+            let w = &self.model.weights()[id];
+            if w.k != k || w.m != len {
+                return Err(ModelError::Backend {
+                    backend: "gpu",
+                    message: format!(
+                        "weight {} is {}×{}, the batched step gave {len}×{k}",
+                        w.name, w.m, w.k
+                    ),
+                });
+            }
+            let all = RowRange::all(w.m);
+            match &self.weights[id] {
+                Some(GpuWeight::Device(buf)) => {
+                    let wr = WeightRef::new(buf, 0, w.format, w.m, w.k)?;
+                    b.dequant
+                        .dequant_rows(&self.stream, &wr, all, &mut b.scratch.w16)?;
+                }
+                Some(GpuWeight::Host(host)) => {
+                    let staged = match b.scratch.spill.as_mut() {
+                        Some(spill) => spill.fetch(&self.stream, id)?,
+                        None => None,
+                    };
+                    match staged {
+                        Some(buf) => {
+                            let wr = WeightRef::new(buf, 0, w.format, w.m, w.k)?;
+                            b.dequant
+                                .dequant_rows(&self.stream, &wr, all, &mut b.scratch.w16)?;
+                            if let Some(spill) = b.scratch.spill.as_mut() {
+                                spill.release(&self.stream)?;
+                            }
+                        }
+                        // Out of the announced order: read the pinned pages over PCIe.
+                        None => {
+                            let wr = WeightRef::new(host.as_ref(), 0, w.format, w.m, w.k)?;
+                            b.dequant
+                                .dequant_rows(&self.stream, &wr, all, &mut b.scratch.w16)?;
+                        }
+                    }
+                }
+                None => {
+                    return Err(ModelError::Unsupported(format!(
+                        "weight {} not placed",
+                        w.name
+                    )))
+                }
+            }
+            let mut yv = DeviceView {
+                ptr: y,
+                bytes: n * len * 4,
+                ctx: &self.ctx,
+            };
+            gemm_f16(
+                &self.stream,
+                &b.scratch.w16,
+                &b.scratch.x16,
+                &mut yv,
+                GemmShape {
+                    m: len,
+                    n,
+                    k,
+                    ldy: len,
+                },
+                form == GemvForm::Residual,
             )?;
-            let l = &self.layers[li];
-            if let Some(b) = &l.bq {
-                self.add(q, b)?;
-            }
-            if let Some(b) = &l.bk {
-                self.add(kcur, b)?;
-            }
-            if let Some(b) = &l.bv {
-                self.add(vcur, b)?;
-            }
-            if let Some(w) = &l.q_norm {
-                self.rms_norm(q, w, q, c.n_head, hd)?;
-            }
-            if let Some(w) = &l.k_norm {
-                self.rms_norm(kcur, w, kcur, c.n_head_kv, hd)?;
-            }
-            self.rope(q, c.n_head)?;
-            self.rope(kcur, c.n_head_kv)?;
-            self.kv_store(kcur, vcur, kslot, vslot, kvd)?;
-            self.attention.launch(
+        }
+        Ok(())
+    }
+
+    /// `y += b` over `n` rows.
+    fn add_bias(&self, y: u64, b: &DeviceBuffer<f32>, n: usize) -> Result<(), ModelError> {
+        match (&self.batch, n) {
+            (_, 1) => self.add(y, b)?,
+            (Some(bt), n) => bt.kernels.add_rows(&self.ctx, &self.stream, y, b, n)?,
+            (None, _) => unreachable_batch()?,
+        }
+        Ok(())
+    }
+
+    /// RoPE over `n` rows of `n_heads` heads at positions `self.pos ..`.
+    fn rope_rows(&self, x: u64, n_heads: usize, n: usize) -> Result<(), ModelError> {
+        let c = self.model.config();
+        match (&self.batch, n) {
+            (_, 1) => self.rope(x, n_heads)?,
+            (Some(bt), n) => bt.kernels.rope_rows(
+                &self.ctx,
+                &self.stream,
+                x,
+                n,
+                n_heads,
+                c.head_dim,
+                c.rope_dim,
+                self.pos,
+                &self.s.inv_freq,
+                c.rope_neox,
+                self.s.rope_mscale,
+            )?,
+            (None, _) => unreachable_batch()?,
+        }
+        Ok(())
+    }
+
+    /// Attention of layer `li` for `n` queries at positions `self.pos ..` (their k and v already
+    /// in the cache): the split-KV decode kernel for one, the causal chunk kernel for more.
+    fn attend(&mut self, li: usize, r: &StepRows, n: usize) -> Result<(), ModelError> {
+        let c = self.model.config();
+        let l = &self.layers[li];
+        match (&self.batch, n) {
+            (_, 1) => self.attention.launch(
                 &self.stream,
                 &self.s.q,
                 &l.k_cache,
                 &l.v_cache,
                 &mut self.s.att,
                 self.pos + 1,
-            )?;
-            self.prepare(ActSlot::Q, att, qd)?;
-            self.project(wo, att, ActSlot::Q, x, c.d_model, GemvForm::Residual)?;
+            )?,
+            (Some(bt), n) => bt.kernels.attention(
+                &self.ctx,
+                &self.stream,
+                r.q,
+                &l.k_cache,
+                &l.v_cache,
+                r.att,
+                (c.n_head, c.n_head_kv, c.head_dim),
+                self.pos,
+                n,
+            )?,
+            (None, _) => unreachable_batch()?,
+        }
+        Ok(())
+    }
 
-            self.rms_norm(x, &self.layers[li].ffn_norm, xn, 1, c.d_model)?;
-            self.prepare(ActSlot::Model, xn, c.d_model)?;
-            self.project_shared(&[(wg, gate, c.n_ff), (wu, up, c.n_ff)], xn, ActSlot::Model)?;
+    /// One step over `tokens` (one for decode, a micro-batch for prefill): every layer, then the
+    /// logits of the last token. The same sequence of operations for any `n`; each operation picks
+    /// its one-token (GEMV, split-KV attention) or batched (GEMM, chunk attention) form.
+    fn forward(&mut self, tokens: &[u32]) -> Result<(), ModelError> {
+        let c = self.model.config().clone();
+        let n = tokens.len();
+        if n == 0 {
+            return Ok(());
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab) {
+            return Err(ModelError::BadToken {
+                id: bad,
+                vocab: c.vocab,
+            });
+        }
+        if self.pos + n > self.ctx_len {
+            return Err(ModelError::ContextFull {
+                need: self.pos + n,
+                ctx: self.ctx_len,
+            });
+        }
+        let r = self.rows(n)?;
+        if let Some(spill) = self.batch.as_mut().and_then(|b| b.scratch.spill.as_mut()) {
+            spill.begin();
+        }
+        self.embed(tokens, r.x)?;
+
+        let (qd, kvd, hd, d) = (c.q_dim(), c.kv_dim(), c.head_dim, c.d_model);
+        for li in 0..self.layers.len() {
+            let l = &self.layers[li];
+            let (wq, wk, wv, wo, wg, wu, wd) = (l.wq, l.wk, l.wv, l.wo, l.gate, l.up, l.down);
+            let kslot = l.k_cache.device_ptr() + (self.pos * kvd * KV_ELEM_BYTES) as u64;
+            let vslot = l.v_cache.device_ptr() + (self.pos * kvd * KV_ELEM_BYTES) as u64;
+            self.rms_norm(r.x, &self.layers[li].attn_norm, r.xn, n, d)?;
+            self.project_rows(
+                &[(wq, r.q, qd), (wk, r.k, kvd), (wv, r.v, kvd)],
+                r.xn,
+                (d, n),
+                ActSlot::Model,
+                GemvForm::Plain,
+            )?;
+            let l = &self.layers[li];
+            if let Some(b) = &l.bq {
+                self.add_bias(r.q, b, n)?;
+            }
+            if let Some(b) = &l.bk {
+                self.add_bias(r.k, b, n)?;
+            }
+            if let Some(b) = &l.bv {
+                self.add_bias(r.v, b, n)?;
+            }
+            if let Some(w) = &l.q_norm {
+                self.rms_norm(r.q, w, r.q, n * c.n_head, hd)?;
+            }
+            if let Some(w) = &l.k_norm {
+                self.rms_norm(r.k, w, r.k, n * c.n_head_kv, hd)?;
+            }
+            self.rope_rows(r.q, c.n_head, n)?;
+            self.rope_rows(r.k, c.n_head_kv, n)?;
+            self.kv_store(r.k, r.v, kslot, vslot, n * kvd)?;
+            self.attend(li, &r, n)?;
+            self.project_rows(
+                &[(wo, r.x, d)],
+                r.att,
+                (qd, n),
+                ActSlot::Q,
+                GemvForm::Residual,
+            )?;
+
+            self.rms_norm(r.x, &self.layers[li].ffn_norm, r.xn, n, d)?;
+            self.project_rows(
+                &[(wg, r.gate, c.n_ff), (wu, r.up, c.n_ff)],
+                r.xn,
+                (d, n),
+                ActSlot::Model,
+                GemvForm::Plain,
+            )?;
             {
-                let (mut pg, mut pu, mut po, mut n) = (gate, up, gate, c.n_ff as i32);
+                let (mut pg, mut pu, mut po, mut len) = (r.gate, r.up, r.gate, (n * c.n_ff) as i32);
                 let mut p: [*mut c_void; 4] = [
                     (&mut pg as *mut u64).cast(),
                     (&mut pu as *mut u64).cast(),
                     (&mut po as *mut u64).cast(),
-                    (&mut n as *mut i32).cast(),
+                    (&mut len as *mut i32).cast(),
                 ];
-                self.launch_1d(&self.k.swiglu, c.n_ff, &mut p)?;
+                self.launch_1d(&self.k.swiglu, n * c.n_ff, &mut p)?;
             }
-            self.prepare(ActSlot::Ff, gate, c.n_ff)?;
-            self.project(wd, gate, ActSlot::Ff, x, c.d_model, GemvForm::Residual)?;
+            self.project_rows(
+                &[(wd, r.x, d)],
+                r.gate,
+                (c.n_ff, n),
+                ActSlot::Ff,
+                GemvForm::Residual,
+            )?;
         }
-        self.rms_norm(x, &self.output_norm, xn, 1, c.d_model)?;
-        self.prepare(ActSlot::Model, xn, c.d_model)?;
+        // Logits of the last token only, through the decode scratch and the head's GEMV.
+        let x_last = r.x + ((n - 1) * d * 4) as u64;
+        let xn = self.s.xn.device_ptr();
+        self.rms_norm(x_last, &self.output_norm, xn, 1, d)?;
+        self.prepare(ActSlot::Model, xn, d)?;
         let logits = self.s.logits.device_ptr();
         self.project(
             self.head,
@@ -1009,9 +1391,31 @@ impl<'m> GpuDecoder<'m> {
         {
             *l = f32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
         }
-        self.pos += 1;
+        self.pos += n;
         Ok(())
     }
+}
+
+/// Device addresses of one step's activations (see [`GpuDecoder::rows`]).
+#[derive(Debug, Clone, Copy)]
+struct StepRows {
+    x: u64,
+    xn: u64,
+    q: u64,
+    k: u64,
+    v: u64,
+    att: u64,
+    gate: u64,
+    up: u64,
+}
+
+/// The error of a batched operation reached without batch kernels ([`GpuDecoder::rows`] refuses
+/// such a step first, so this marks a broken invariant rather than a user error).
+fn unreachable_batch() -> Result<(), ModelError> {
+    Err(ModelError::Backend {
+        backend: "gpu",
+        message: "a batched step without batch kernels".into(),
+    })
 }
 
 #[derive(Debug, Clone, Copy)]

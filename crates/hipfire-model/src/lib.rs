@@ -49,6 +49,7 @@ mod error;
 pub mod gguf;
 pub mod gpu;
 pub mod gpu_attention;
+pub mod gpu_batch;
 pub mod model;
 pub mod ops;
 pub mod rope;

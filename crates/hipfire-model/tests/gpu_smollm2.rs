@@ -179,6 +179,7 @@ fn gpu_decode_matches_llama_cpp_in_every_mode() {
             mode,
             ram_margin_bytes: hipfire_model::gpu::DEFAULT_RAM_MARGIN_BYTES,
             flags: hipfire_exec::flags::FlagsTuning::default(),
+            ubatch: hipfire_model::gpu::DEFAULT_UBATCH,
         };
         let mut dec = GpuDecoder::new(&model, pool.clone(), &opts).expect("gpu decoder");
         eprintln!("{name}: {}", dec.placement_summary());
@@ -199,6 +200,7 @@ fn passback_share_zero_is_byte_identical_to_cpu() {
             mode,
             ram_margin_bytes: hipfire_model::gpu::DEFAULT_RAM_MARGIN_BYTES,
             flags: hipfire_exec::flags::FlagsTuning::default(),
+            ubatch: hipfire_model::gpu::DEFAULT_UBATCH,
         };
         let mut dec = GpuDecoder::new(&model, pool.clone(), &opts).expect("gpu decoder");
         run_cases(&mut dec, &f)

@@ -131,6 +131,7 @@ fn compare(
                 mode,
                 ram_margin_bytes: hipfire_model::gpu::DEFAULT_RAM_MARGIN_BYTES,
                 flags,
+                ubatch: hipfire_model::gpu::DEFAULT_UBATCH,
             },
         )
         .expect("gpu decoder");
@@ -264,6 +265,7 @@ fn gpu_decoder_refuses_a_kv_cache_beyond_vram_with_the_numbers() {
         mode: OffloadMode::Pcie,
         ram_margin_bytes: hipfire_model::gpu::DEFAULT_RAM_MARGIN_BYTES,
         flags: FlagsTuning::default(),
+        ubatch: hipfire_model::gpu::DEFAULT_UBATCH,
     };
     let model = load(None);
     let kv = model.kv_cache_bytes();
@@ -361,6 +363,7 @@ fn gpu_rope_scaling_matches_cpu() {
                     mode: OffloadMode::Pcie,
                     ram_margin_bytes: hipfire_model::gpu::DEFAULT_RAM_MARGIN_BYTES,
                     flags: FlagsTuning::default(),
+                    ubatch: hipfire_model::gpu::DEFAULT_UBATCH,
                 },
             )
             .expect("gpu decoder");

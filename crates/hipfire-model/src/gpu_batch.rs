@@ -1,0 +1,549 @@
+//! The GPU side of batched steps (prefill of more than one token at once): scratch sized for a
+//! micro-batch, the kernels of `kernels/prefill.cu`, and the streaming of spilled weights into
+//! VRAM for their GEMMs.
+//!
+//! A batched projection is a GEMM: the weight's rows are expanded to f16 in a VRAM scratch
+//! (`kernels/dequant.cu`) and multiplied with the f16 activation rows by cuBLAS. A resident weight
+//! is expanded straight from HBM. A spilled weight is first copied from its pinned host pages into
+//! one of two VRAM staging buffers on a copy stream of its own — the copy of the next spilled
+//! weight runs while this one is expanded and multiplied — so a prefill over spilled layers moves
+//! each spilled byte over PCIe once per micro-batch at the DMA engine's rate and keeps the SMs for
+//! the GEMM. (Decode, one token, keeps the GEMV path and the offload executor.)
+
+use hipfire_gpu::backend::LaunchDims;
+use hipfire_gpu::{
+    Context, DeviceBuffer, DeviceMemory, Event, Function, GpuError, HostMappedBuffer, Module,
+    Stream,
+};
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use crate::ModelError;
+
+/// `kernels/prefill.cu`: RoPE and bias add over token rows, causal chunk attention.
+pub const PREFILL_SOURCE: hipfire_gpu::KernelSource = hipfire_gpu::KernelSource {
+    name: "prefill.cu",
+    source: include_str!("../../../kernels/prefill.cu"),
+    headers: &[("f16.cuh", hipfire_gpu::F16_CUH)],
+};
+
+/// The kernels [`PrefillKernels`] looks up, in field order.
+pub const PREFILL_KERNEL_NAMES: [&str; 4] = [
+    "rope_rows_f32",
+    "add_rows_f32",
+    "attention_prefill_f16kv_d128",
+    "attention_prefill_f16kv_d256",
+];
+
+/// Threads of the chunk-attention kernel (kernels/prefill.cu `HF_PF_WARPS` × 32).
+const ATTN_THREADS: u32 = 128;
+/// Query tiles of the two attention instances (kernels/prefill.cu `HF_PF_ENTRY`).
+const ATTN_QT_D128: usize = 16;
+const ATTN_QT_D256: usize = 8;
+/// Widest head the chunk attention serves (its largest instance).
+pub const MAX_BATCH_HEAD_DIM: usize = 256;
+/// Threads of the elementwise row kernels.
+const ROW_THREADS: u32 = 256;
+/// Threads of the per-(token, head) RoPE blocks (a 128-wide head rotates 64 pairs).
+const ROPE_THREADS: u32 = 64;
+/// Staging buffers of the spilled-weight stream: the copy of the next weight overlaps this one's
+/// expansion and GEMM; a third would only help if one GEMM outlasted two copies, which it does not
+/// at a micro-batch of 512 (the copy of a spilled 8B matrix takes ~4× its GEMM on the H200 box).
+const SPILL_BUFFERS: usize = 2;
+
+/// The `kernels/prefill.cu` entry points.
+#[derive(Debug)]
+pub(crate) struct PrefillKernels {
+    rope_rows: Function,
+    add_rows: Function,
+    attn_d128: Function,
+    attn_d256: Function,
+}
+
+impl PrefillKernels {
+    pub(crate) fn new(module: &Arc<Module>) -> Result<PrefillKernels, GpuError> {
+        let [rope_rows, add_rows, attn_d128, attn_d256] =
+            PREFILL_KERNEL_NAMES.map(|n| module.function(n));
+        Ok(PrefillKernels {
+            rope_rows: rope_rows?,
+            add_rows: add_rows?,
+            attn_d128: attn_d128?,
+            attn_d256: attn_d256?,
+        })
+    }
+}
+
+/// Whether the chunk attention covers a head of `head_dim` (even, for its 4-byte loads, and no
+/// wider than its largest instance).
+pub(crate) fn batch_head_dim_supported(head_dim: usize) -> bool {
+    head_dim > 0 && head_dim % 2 == 0 && head_dim <= MAX_BATCH_HEAD_DIM
+}
+
+fn launch(
+    ctx: &Arc<Context>,
+    stream: &Stream,
+    f: &Function,
+    grid: usize,
+    block: u32,
+    params: &mut [*mut c_void],
+) -> Result<(), GpuError> {
+    let grid = u32::try_from(grid).map_err(|_| GpuError::Invalid {
+        what: "batched-step grid",
+        rule: "must fit 32 bits",
+    })?;
+    let dims = LaunchDims {
+        grid,
+        block,
+        shared_bytes: 0,
+    };
+    // SAFETY: each caller passes parameters matching the kernel's signature in
+    // kernels/prefill.cu, over device buffers sized for the micro-batch by `BatchScratch::new`
+    // (checked there against the model's widths) and owned by the decoder until it synchronises.
+    unsafe { ctx.backend().launch(f.raw(), dims, stream.raw(), params) }
+}
+
+impl PrefillKernels {
+    /// RoPE in place over `x[n_tok][n_heads][head_dim]`, token `t` at position `pos0 + t`.
+    #[allow(clippy::too_many_arguments)] // RoPE's operands
+    pub(crate) fn rope_rows(
+        &self,
+        ctx: &Arc<Context>,
+        stream: &Stream,
+        x: u64,
+        n_tok: usize,
+        n_heads: usize,
+        head_dim: usize,
+        rope_dim: usize,
+        pos0: usize,
+        inv_freq: &DeviceBuffer<f32>,
+        neox: bool,
+        mscale: f32,
+    ) -> Result<(), GpuError> {
+        let mut px = x;
+        let (mut nh, mut hd, mut rd) = (n_heads as i32, head_dim as i32, rope_dim as i32);
+        let mut pos = i32::try_from(pos0).map_err(|_| GpuError::Invalid {
+            what: "RoPE position",
+            rule: "must fit 32 bits",
+        })?;
+        let mut pf = inv_freq.device_ptr();
+        let mut nx = i32::from(neox);
+        let mut ms = mscale;
+        let mut p: [*mut c_void; 8] = [
+            (&mut px as *mut u64).cast(),
+            (&mut nh as *mut i32).cast(),
+            (&mut hd as *mut i32).cast(),
+            (&mut rd as *mut i32).cast(),
+            (&mut pos as *mut i32).cast(),
+            (&mut pf as *mut u64).cast(),
+            (&mut nx as *mut i32).cast(),
+            (&mut ms as *mut f32).cast(),
+        ];
+        launch(
+            ctx,
+            stream,
+            &self.rope_rows,
+            n_tok * n_heads,
+            ROPE_THREADS,
+            &mut p,
+        )
+    }
+
+    /// `y[r][i] += b[i]` over `rows` rows of `b.len()`.
+    pub(crate) fn add_rows(
+        &self,
+        ctx: &Arc<Context>,
+        stream: &Stream,
+        y: u64,
+        b: &DeviceBuffer<f32>,
+        rows: usize,
+    ) -> Result<(), GpuError> {
+        let total = b.len() * rows;
+        let (mut py, mut pb, mut n, mut r) = (y, b.device_ptr(), b.len() as i32, rows as i32);
+        let mut p: [*mut c_void; 4] = [
+            (&mut py as *mut u64).cast(),
+            (&mut pb as *mut u64).cast(),
+            (&mut n as *mut i32).cast(),
+            (&mut r as *mut i32).cast(),
+        ];
+        launch(
+            ctx,
+            stream,
+            &self.add_rows,
+            total.div_ceil(ROW_THREADS as usize),
+            ROW_THREADS,
+            &mut p,
+        )
+    }
+
+    /// Causal attention of `n_tok` queries at positions `pos0 ..` over the caches (which already
+    /// hold the chunk's own rows): `out[t][h] = softmax(q[t][h] · K[0 ..= pos0 + t]ᵀ / √d) V`.
+    #[allow(clippy::too_many_arguments)] // the attention's operands
+    pub(crate) fn attention(
+        &self,
+        ctx: &Arc<Context>,
+        stream: &Stream,
+        q: u64,
+        k_cache: &DeviceBuffer<u16>,
+        v_cache: &DeviceBuffer<u16>,
+        out: u64,
+        shape: (usize, usize, usize),
+        pos0: usize,
+        n_tok: usize,
+    ) -> Result<(), GpuError> {
+        let (n_head, n_kv_head, head_dim) = shape;
+        if !batch_head_dim_supported(head_dim) || n_kv_head == 0 || n_head % n_kv_head != 0 {
+            return Err(GpuError::Invalid {
+                what: "chunk attention shape",
+                rule: "head_dim must be even and at most 256, n_head a multiple of n_kv_head",
+            });
+        }
+        let rows_needed = (pos0 + n_tok) * n_kv_head * head_dim;
+        if k_cache.len() < rows_needed || v_cache.len() < rows_needed {
+            return Err(GpuError::BufferTooSmall {
+                what: "KV cache for the chunk",
+                need: rows_needed * 2,
+                got: k_cache.len().min(v_cache.len()) * 2,
+            });
+        }
+        let (f, qt) = if head_dim <= 128 {
+            (&self.attn_d128, ATTN_QT_D128)
+        } else {
+            (&self.attn_d256, ATTN_QT_D256)
+        };
+        let grid = n_tok.div_ceil(qt) * n_head;
+        let (mut pq, mut pk, mut pv, mut po) = (q, k_cache.device_ptr(), v_cache.device_ptr(), out);
+        let (mut nh, mut nkv, mut hd) = (n_head as i32, n_kv_head as i32, head_dim as i32);
+        let (mut p0, mut nt) = (pos0 as i32, n_tok as i32);
+        let mut scale = 1.0f32 / (head_dim as f32).sqrt();
+        let mut p: [*mut c_void; 10] = [
+            (&mut pq as *mut u64).cast(),
+            (&mut pk as *mut u64).cast(),
+            (&mut pv as *mut u64).cast(),
+            (&mut po as *mut u64).cast(),
+            (&mut nh as *mut i32).cast(),
+            (&mut nkv as *mut i32).cast(),
+            (&mut hd as *mut i32).cast(),
+            (&mut p0 as *mut i32).cast(),
+            (&mut nt as *mut i32).cast(),
+            (&mut scale as *mut f32).cast(),
+        ];
+        launch(ctx, stream, f, grid, ATTN_THREADS, &mut p)
+    }
+}
+
+/// Widths of the model that size the batch scratch.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BatchWidths {
+    pub d_model: usize,
+    pub q_dim: usize,
+    pub kv_dim: usize,
+    pub n_ff: usize,
+    /// Widest reduction length of a layer projection.
+    pub max_k: usize,
+    /// Most elements of one layer projection (`m × k`), the f16 expansion's size.
+    pub max_weight_elems: usize,
+    /// Most bytes of one spilled projection (0 when nothing spills).
+    pub max_spilled_bytes: usize,
+}
+
+/// Device scratch of a micro-batch of `rows` tokens.
+pub(crate) struct BatchScratch {
+    /// Tokens it holds at most.
+    pub rows: usize,
+    pub x: DeviceBuffer<f32>,
+    pub xn: DeviceBuffer<f32>,
+    pub q: DeviceBuffer<f32>,
+    pub k: DeviceBuffer<f32>,
+    pub v: DeviceBuffer<f32>,
+    pub att: DeviceBuffer<f32>,
+    pub gate: DeviceBuffer<f32>,
+    pub up: DeviceBuffer<f32>,
+    /// The f16 activation rows of the projection being run.
+    pub x16: DeviceBuffer<u16>,
+    /// The f16 expansion of the weight being multiplied.
+    pub w16: DeviceBuffer<u16>,
+    /// Pinned staging of the micro-batch's embedding rows.
+    pub stage_x: HostMappedBuffer,
+    /// The spilled-weight stream, when layers spill.
+    pub spill: Option<SpillStream>,
+}
+
+impl BatchScratch {
+    /// Bytes [`BatchScratch::new`] allocates in VRAM for `rows` tokens (for the placement budget).
+    pub(crate) fn vram_bytes(w: &BatchWidths, rows: usize) -> u64 {
+        let f32s = rows * (2 * w.d_model + 2 * w.q_dim + 2 * w.kv_dim + 2 * w.n_ff);
+        let f16s = rows * w.max_k + w.max_weight_elems;
+        (f32s * 4 + f16s * 2 + SPILL_BUFFERS * w.max_spilled_bytes) as u64
+    }
+
+    pub(crate) fn new(
+        ctx: &Arc<Context>,
+        w: &BatchWidths,
+        rows: usize,
+    ) -> Result<BatchScratch, GpuError> {
+        let spill = if w.max_spilled_bytes > 0 {
+            Some(SpillStream::new(ctx, w.max_spilled_bytes)?)
+        } else {
+            None
+        };
+        Ok(BatchScratch {
+            rows,
+            x: ctx.alloc(rows * w.d_model)?,
+            xn: ctx.alloc(rows * w.d_model)?,
+            q: ctx.alloc(rows * w.q_dim)?,
+            k: ctx.alloc(rows * w.kv_dim)?,
+            v: ctx.alloc(rows * w.kv_dim)?,
+            att: ctx.alloc(rows * w.q_dim)?,
+            gate: ctx.alloc(rows * w.n_ff)?,
+            up: ctx.alloc(rows * w.n_ff)?,
+            x16: ctx.alloc(rows * w.max_k)?,
+            w16: ctx.alloc(w.max_weight_elems)?,
+            stage_x: ctx.alloc_pinned_host(rows * w.d_model * 4)?,
+            spill,
+        })
+    }
+}
+
+/// Spilled weights copied into VRAM ahead of their GEMMs, in the order a batched forward uses
+/// them, on a copy stream of their own.
+///
+/// Buffer `j` is reused every [`SPILL_BUFFERS`] weights: the copy into it waits on `free[j]`,
+/// recorded on the compute stream after the expansion that last read it; the compute stream waits
+/// on `copied[j]` before expanding. The forward announces each spilled weight as it reaches it
+/// ([`SpillStream::fetch`]), which queues the copies of the next ones, so copies run back to back
+/// while the compute stream works.
+pub(crate) struct SpillStream {
+    copy: Stream,
+    staging: Vec<DeviceBuffer<u8>>,
+    copied: Vec<Event>,
+    free: Vec<Event>,
+    /// Spilled weights in order of use by one forward: `(weight id, host bytes)`.
+    order: Vec<(usize, Arc<HostMappedBuffer>)>,
+    /// Position in `order` of the next weight the forward will ask for.
+    next_use: usize,
+    /// Copies queued so far in this forward.
+    issued: usize,
+}
+
+impl SpillStream {
+    fn new(ctx: &Arc<Context>, max_bytes: usize) -> Result<SpillStream, GpuError> {
+        let mut staging = Vec::with_capacity(SPILL_BUFFERS);
+        let mut copied = Vec::with_capacity(SPILL_BUFFERS);
+        let mut free = Vec::with_capacity(SPILL_BUFFERS);
+        for _ in 0..SPILL_BUFFERS {
+            staging.push(ctx.alloc::<u8>(max_bytes)?);
+            copied.push(ctx.new_event()?);
+            free.push(ctx.new_event()?);
+        }
+        Ok(SpillStream {
+            copy: ctx.new_stream()?,
+            staging,
+            copied,
+            free,
+            order: Vec::new(),
+            next_use: 0,
+            issued: 0,
+        })
+    }
+
+    /// Sets the order of use (once, after placement).
+    pub(crate) fn set_order(&mut self, order: Vec<(usize, Arc<HostMappedBuffer>)>) {
+        self.order = order;
+    }
+
+    /// Starts a forward: the first weight asked for is `order[0]` again.
+    pub(crate) fn begin(&mut self) {
+        self.next_use = 0;
+        self.issued = 0;
+    }
+
+    fn queue_copies(&mut self, through: usize) -> Result<(), GpuError> {
+        while self.issued < through.min(self.order.len()) {
+            let j = self.issued % SPILL_BUFFERS;
+            let host = &self.order[self.issued].1;
+            self.copy.wait_event(&self.free[j])?;
+            let bytes = host.len();
+            self.copy
+                .memcpy_htod_async(&mut self.staging[j], 0, host, 0, bytes)?;
+            self.copy.record(&self.copied[j])?;
+            self.issued += 1;
+        }
+        Ok(())
+    }
+
+    /// The VRAM copy of spilled weight `id`, ready for `compute` to read once this returns (the
+    /// compute stream waits on its copy). `Ok(None)` when `id` is not the weight expected next
+    /// (the caller then reads the host pages directly). Call [`SpillStream::release`] after the
+    /// last read of the copy is queued on `compute`.
+    pub(crate) fn fetch(
+        &mut self,
+        compute: &Stream,
+        id: usize,
+    ) -> Result<Option<&DeviceBuffer<u8>>, GpuError> {
+        if self.order.get(self.next_use).map(|o| o.0) != Some(id) {
+            return Ok(None);
+        }
+        let p = self.next_use;
+        self.queue_copies(p + SPILL_BUFFERS)?;
+        let j = p % SPILL_BUFFERS;
+        compute.wait_event(&self.copied[j])?;
+        Ok(Some(&self.staging[j]))
+    }
+
+    /// Marks the weight last fetched as read (on `compute`) and queues the next copy into its
+    /// buffer.
+    pub(crate) fn release(&mut self, compute: &Stream) -> Result<(), GpuError> {
+        let j = self.next_use % SPILL_BUFFERS;
+        compute.record(&self.free[j])?;
+        self.next_use += 1;
+        self.queue_copies(self.next_use + SPILL_BUFFERS)
+    }
+
+    /// Waits for every queued copy: after a forward that stopped early (an error), so no copy
+    /// still writes a buffer the next forward reuses.
+    pub(crate) fn drain(&self) -> Result<(), ModelError> {
+        self.copy.synchronize().map_err(Into::into)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hipfire_gpu::KernelRegistry;
+    use rand::{Rng, SeedableRng};
+
+    /// NVRTC compiles kernels/prefill.cu for sm_90 (no GPU needed) and the image has every entry
+    /// point [`PrefillKernels`] looks up; skips, saying so, where libnvrtc is absent.
+    #[test]
+    fn prefill_kernels_compile_for_sm90_with_nvrtc() {
+        let src = &PREFILL_SOURCE;
+        match hipfire_gpu::cuda::nvrtc_compile(src.name, src.source, src.headers, "sm_90", &[]) {
+            Ok(image) => {
+                for name in PREFILL_KERNEL_NAMES {
+                    assert!(
+                        image.windows(name.len()).any(|w| w == name.as_bytes()),
+                        "{name} missing from the image"
+                    );
+                }
+            }
+            Err(GpuError::NoGpu { reason }) => {
+                // CI installs NVRTC and sets this, so a lost library fails instead of skipping.
+                assert!(
+                    std::env::var("HIPFIRE_REQUIRE_NVRTC").as_deref() != Ok("1"),
+                    "HIPFIRE_REQUIRE_NVRTC=1 but {reason}"
+                );
+                eprintln!("skipped: {reason}");
+            }
+            Err(e) => panic!("prefill.cu does not compile: {e}"),
+        }
+    }
+
+    /// GPU tier: the chunk attention against an f64 softmax over the same f16 cache, for GQA and
+    /// plain heads, widths 64, 80, 128 and 256, chunks that start at position 0 and deeper, and
+    /// a query count that leaves a partial tile; unwritten outputs keep their poison.
+    #[test]
+    fn chunk_attention_matches_f64() {
+        if std::env::var_os(hipfire_gpu::GPU_TESTS_ENV).is_none() {
+            eprintln!("skipped: {} not set", hipfire_gpu::GPU_TESTS_ENV);
+            return;
+        }
+        let ctx = Context::new(0).expect("GPU");
+        let stream = ctx.new_stream().expect("stream");
+        let reg = KernelRegistry::new(&ctx);
+        let module = reg.module(&PREFILL_SOURCE, &[]).expect("compile");
+        let k = PrefillKernels::new(&module).expect("kernels");
+        let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        let poison = f32::from_bits(0x7FC0_0002);
+        // (n_head, n_kv_head, head_dim, pos0, n_tok)
+        for &(nh, nkv, d, pos0, nt) in &[
+            (8usize, 2usize, 128usize, 37usize, 45usize),
+            (4, 4, 64, 0, 16),
+            (6, 3, 80, 5, 33),
+            (4, 1, 256, 100, 9),
+            (32, 8, 128, 600, 70),
+        ] {
+            let total = pos0 + nt;
+            let kvw = nkv * d;
+            let kc: Vec<u16> = (0..total * kvw)
+                .map(|_| half::f16::from_f32(r.random_range(-2.0f32..2.0)).to_bits())
+                .collect();
+            let vc: Vec<u16> = (0..total * kvw)
+                .map(|_| half::f16::from_f32(r.random_range(-2.0f32..2.0)).to_bits())
+                .collect();
+            let q: Vec<f32> = (0..nt * nh * d)
+                .map(|_| r.random_range(-2.0f32..2.0))
+                .collect();
+            // One spare row past the chunk in each buffer stays poison.
+            let mut dk: DeviceBuffer<u16> = ctx.alloc(kc.len()).expect("alloc");
+            let mut dv: DeviceBuffer<u16> = ctx.alloc(vc.len()).expect("alloc");
+            let mut dq: DeviceBuffer<f32> = ctx.alloc(q.len()).expect("alloc");
+            let mut dout: DeviceBuffer<f32> = ctx.alloc(q.len() + nh * d).expect("alloc");
+            dk.upload(&stream, &kc).expect("up");
+            dv.upload(&stream, &vc).expect("up");
+            dq.upload(&stream, &q).expect("up");
+            dout.upload(&stream, &vec![poison; q.len() + nh * d])
+                .expect("up");
+            k.attention(
+                &ctx,
+                &stream,
+                dq.device_ptr(),
+                &dk,
+                &dv,
+                dout.device_ptr(),
+                (nh, nkv, d),
+                pos0,
+                nt,
+            )
+            .expect("launch");
+            let mut got = vec![0f32; q.len() + nh * d];
+            dout.download(&stream, &mut got).expect("down");
+            stream.synchronize().expect("sync");
+            let h2f = |b: u16| f64::from(half::f16::from_bits(b).to_f32());
+            let mut worst = 0f64;
+            for t in 0..nt {
+                for h in 0..nh {
+                    let kvh = h / (nh / nkv);
+                    let n_keys = pos0 + t + 1;
+                    let qrow = &q[(t * nh + h) * d..(t * nh + h + 1) * d];
+                    let scores: Vec<f64> = (0..n_keys)
+                        .map(|p| {
+                            let kr = &kc[p * kvw + kvh * d..p * kvw + kvh * d + d];
+                            qrow.iter()
+                                .zip(kr)
+                                .map(|(a, b)| f64::from(*a) * h2f(*b))
+                                .sum::<f64>()
+                                / (d as f64).sqrt()
+                        })
+                        .collect();
+                    let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let e: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
+                    let sum: f64 = e.iter().sum();
+                    for i in 0..d {
+                        let want: f64 = (0..n_keys)
+                            .map(|p| e[p] * h2f(vc[p * kvw + kvh * d + i]))
+                            .sum::<f64>()
+                            / sum;
+                        let g = f64::from(got[(t * nh + h) * d + i]);
+                        let err = (g - want).abs();
+                        assert!(
+                            err < 2e-3,
+                            "shape {:?}: out[{t}][{h}][{i}] = {g}, want {want}",
+                            (nh, nkv, d, pos0, nt)
+                        );
+                        worst = worst.max(err);
+                    }
+                }
+            }
+            assert!(
+                got[q.len()..]
+                    .iter()
+                    .all(|v| v.to_bits() == poison.to_bits()),
+                "written past the chunk"
+            );
+            eprintln!(
+                "chunk attention {:?}: max |gpu - f64| = {worst:.2e}",
+                (nh, nkv, d, pos0, nt)
+            );
+        }
+    }
+}

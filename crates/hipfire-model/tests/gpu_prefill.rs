@@ -1,0 +1,310 @@
+//! GPU tier: batched prefill (GEMM steps, chunk attention, streamed spilled weights) against the
+//! CPU path and against the GPU's own token-by-token prefill, on synthetic models of every
+//! architecture and weight format, resident and spilled.
+//!
+//! Gated by `HIPFIRE_GPU_TESTS=1`; skipped with a printed reason otherwise.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use hipfire_exec::flags::FlagsTuning;
+use hipfire_exec::offload::OffloadMode;
+use hipfire_model::gpu::{GpuDecoder, GpuOptions};
+use hipfire_model::synth::{write_synthetic, SynthSpec};
+use hipfire_model::{Arch, CpuBackend, LoadOptions, Model};
+use hipfire_quant::Format;
+
+fn gated() -> bool {
+    if std::env::var("HIPFIRE_GPU_TESTS").as_deref() != Ok("1") {
+        eprintln!("skipped: HIPFIRE_GPU_TESTS not set");
+        return false;
+    }
+    true
+}
+
+fn tmp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("hipfire-gpu-prefill-{}-{name}", std::process::id()))
+}
+
+/// Bound on max |GPU − CPU| / max |logit| for a batched prefill: the GEMM rounds the activation
+/// to f16 (11 significant bits) where the CPU quantises it to 8 bits per block, so the batched
+/// step is at least as close to the CPU as the token-by-token GPU step, whose bound this is
+/// (tests/gpu_synth.rs `rel_bound`: K-quants 8e-2, other quantised formats 4e-2, floats 2e-2).
+fn rel_bound(fmt: Format) -> f64 {
+    match fmt {
+        Format::Q4K
+        | Format::Q6K
+        | Format::Q5K
+        | Format::Q3K
+        | Format::Q2K
+        | Format::Iq4Xs
+        | Format::Hfq4G256 => 8e-2,
+        Format::F32 | Format::F16 | Format::BF16 => 2e-2,
+        _ => 4e-2,
+    }
+}
+
+fn opts(budget: Option<usize>, ubatch: usize) -> GpuOptions {
+    GpuOptions {
+        ordinal: 0,
+        gpu_layer_budget: budget,
+        mode: OffloadMode::Pcie,
+        ram_margin_bytes: hipfire_model::gpu::DEFAULT_RAM_MARGIN_BYTES,
+        flags: FlagsTuning::default(),
+        ubatch,
+    }
+}
+
+/// max |a − b| / max |b| (NaN counts as infinitely far).
+fn rel(a: &[f32], b: &[f32]) -> f64 {
+    let scale = b.iter().fold(0f64, |m, v| m.max(f64::from(v.abs())));
+    a.iter().zip(b).fold(0f64, |m, (p, q)| {
+        let d = (f64::from(*p) - f64::from(*q)).abs() / scale;
+        if d.is_nan() {
+            f64::INFINITY
+        } else {
+            m.max(d)
+        }
+    })
+}
+
+fn load(spec: &SynthSpec, fmt: Format) -> (PathBuf, Model, hipfire_exec::CpuPool) {
+    let path = tmp(&format!("{}-{}.gguf", spec.name, fmt.name()));
+    write_synthetic(&path, spec, fmt, 11, None).expect("synth");
+    let pool = hipfire_exec::offload::offload_pool(0).expect("pool");
+    let model = Model::load_with_backend(
+        &path,
+        &LoadOptions::default(),
+        Arc::new(CpuBackend::with_pool(pool.clone())),
+    )
+    .expect("load");
+    (path, model, pool)
+}
+
+/// A prompt that starts at position 0 with `first` tokens, then continues with `second` more (so
+/// the second prefill's chunks start at a position > 0 and attend to the first's cache), then
+/// decodes `decode` tokens; returns the logits after each prefill and after each decode step.
+fn run(dec: &mut GpuDecoder<'_>, first: &[u32], second: &[u32], decode: &[u32]) -> Vec<Vec<f32>> {
+    let mut out = vec![dec.prefill(first).expect("prefill 1").to_vec()];
+    out.push(dec.prefill(second).expect("prefill 2").to_vec());
+    for &t in decode {
+        out.push(dec.step(t).expect("step").to_vec());
+    }
+    out
+}
+
+fn tokens(n: usize, salt: u32, vocab: usize) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| (i * 37 + 5 + salt * 101) % vocab as u32)
+        .collect()
+}
+
+/// Every architecture (plain, biased q/k/v, q/k-norm) and every weight format the GPU has: the
+/// logits after a batched prefill (micro-batches of 16, so 29 + 45 tokens run as 16 + 13 and
+/// 16 + 16 + 13, the second prompt's chunks starting at position 29) and after three decode
+/// steps that read its KV cache are within the GPU bound of the CPU path's, for resident and for
+/// all-spilled placements.
+#[test]
+fn batched_prefill_matches_cpu_in_every_format() {
+    if !gated() {
+        return;
+    }
+    let mut failures = Vec::new();
+    for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3] {
+        let spec = SynthSpec::tiny(arch);
+        for fmt in Format::ALL {
+            let (path, model, pool) = load(&spec, fmt);
+            let (a, b, c) = (
+                tokens(29, 1, spec.vocab),
+                tokens(45, 2, spec.vocab),
+                tokens(3, 3, spec.vocab),
+            );
+            let want = {
+                let mut s = model.session();
+                let mut v = vec![s.prefill(&a).expect("cpu").to_vec()];
+                v.push(s.prefill(&b).expect("cpu").to_vec());
+                for &t in &c {
+                    v.push(s.step(t).expect("cpu").to_vec());
+                }
+                v
+            };
+            for budget in [None, Some(0)] {
+                let mut dec = match GpuDecoder::new(&model, pool.clone(), &opts(budget, 16)) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        failures.push(format!("{} {}: {e}", spec.name, fmt.name()));
+                        continue;
+                    }
+                };
+                assert!(
+                    dec.placement_summary().contains("prefill batched"),
+                    "{}",
+                    dec.placement_summary()
+                );
+                let got = run(&mut dec, &a, &b, &c);
+                let worst = got
+                    .iter()
+                    .zip(&want)
+                    .map(|(g, w)| rel(g, w))
+                    .fold(0.0, f64::max);
+                eprintln!(
+                    "{} {} budget {budget:?}: max |gpu-cpu| / max|logit| = {worst:.2e}",
+                    spec.name,
+                    fmt.name()
+                );
+                if worst >= rel_bound(fmt) {
+                    failures.push(format!(
+                        "{} {} budget {budget:?}: {worst:.3e}",
+                        spec.name,
+                        fmt.name()
+                    ));
+                }
+            }
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+    assert!(failures.is_empty(), "over the bound: {failures:?}");
+}
+
+/// The batched prefill against the GPU's own token-by-token prefill (`ubatch` 1, the decode
+/// GEMV): the two differ only in how the activation is rounded (f16 vs 8-bit blocks), so they
+/// are within the same bound of each other, and a batched step that skipped a row, a head or a
+/// position would not be.
+#[test]
+fn batched_prefill_matches_token_by_token_on_a_wide_model() {
+    if !gated() {
+        return;
+    }
+    // 2048 wide, 16 heads of 128 over 4 kv heads (Llama-3's GQA 4), 3 layers, a 300-token
+    // prompt in micro-batches of 128 (two full chunks and one of 44).
+    let spec = SynthSpec {
+        name: "wide-llama".into(),
+        n_layer: 3,
+        d_model: 2048,
+        n_ff: 5632,
+        n_head: 16,
+        n_head_kv: 4,
+        head_dim: 128,
+        vocab: 4096,
+        ctx_len: 1024,
+        ..SynthSpec::tiny(Arch::Llama)
+    };
+    let mut failures = Vec::new();
+    for fmt in [Format::Q4K, Format::Q8_0, Format::Q6K] {
+        let (path, model, pool) = load(&spec, fmt);
+        let (a, b, c) = (
+            tokens(300, 4, spec.vocab),
+            tokens(77, 5, spec.vocab),
+            tokens(4, 6, spec.vocab),
+        );
+        let mut slow = GpuDecoder::new(&model, pool.clone(), &opts(None, 1)).expect("ubatch 1");
+        assert!(slow.placement_summary().contains("token by token"));
+        let want = run(&mut slow, &a, &b, &c);
+        drop(slow);
+        for budget in [None, Some(1), Some(0)] {
+            let mut fast =
+                GpuDecoder::new(&model, pool.clone(), &opts(budget, 128)).expect("ubatch 128");
+            let got = run(&mut fast, &a, &b, &c);
+            let worst = got
+                .iter()
+                .zip(&want)
+                .map(|(g, w)| rel(g, w))
+                .fold(0.0, f64::max);
+            eprintln!(
+                "{} {} budget {budget:?}: max |batched-token| / max|logit| = {worst:.2e}",
+                spec.name,
+                fmt.name()
+            );
+            if worst >= rel_bound(fmt) {
+                failures.push(format!("{} {budget:?}: {worst:.3e}", fmt.name()));
+            }
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+    assert!(failures.is_empty(), "over the bound: {failures:?}");
+}
+
+/// A spilled layer's weights reach the GEMM through the copy stream's VRAM staging, as the same
+/// bytes a resident layer holds: the logits after a streamed prefill are bit-identical to the
+/// all-resident prefill's, for every placement (the copy of the next weight overlapping this
+/// one's GEMM must not change a value).
+#[test]
+fn streamed_prefill_is_bit_identical_to_resident_prefill() {
+    if !gated() {
+        return;
+    }
+    let spec = SynthSpec {
+        name: "stream-llama".into(),
+        n_layer: 4,
+        d_model: 1024,
+        n_ff: 2816,
+        n_head: 8,
+        n_head_kv: 2,
+        head_dim: 128,
+        vocab: 2048,
+        ctx_len: 512,
+        ..SynthSpec::tiny(Arch::Llama)
+    };
+    let mut failures = Vec::new();
+    for fmt in [Format::Q4K, Format::Q5_0, Format::Iq4Xs] {
+        let (path, model, pool) = load(&spec, fmt);
+        let prompt = tokens(200, 7, spec.vocab);
+        let mut base = GpuDecoder::new(&model, pool.clone(), &opts(None, 64)).expect("resident");
+        let want = base.prefill(&prompt).expect("prefill").to_vec();
+        drop(base);
+        for budget in [0, 1, 3] {
+            let mut dec =
+                GpuDecoder::new(&model, pool.clone(), &opts(Some(budget), 64)).expect("spilled");
+            let got = dec.prefill(&prompt).expect("prefill").to_vec();
+            let differ = got
+                .iter()
+                .zip(&want)
+                .filter(|(g, w)| g.to_bits() != w.to_bits())
+                .count();
+            eprintln!(
+                "{} budget {budget}: {differ} of {} logits differ from resident",
+                fmt.name(),
+                got.len()
+            );
+            if differ > 0 {
+                failures.push(format!("{} budget {budget}: {differ} differ", fmt.name()));
+            }
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+    assert!(
+        failures.is_empty(),
+        "streamed differs from resident: {failures:?}"
+    );
+}
+
+/// Batched prefill stops at the context like the token path: a prompt longer than the cache
+/// is refused before anything runs, and the decoder keeps working afterwards.
+#[test]
+fn batched_prefill_refuses_a_prompt_beyond_the_context() {
+    if !gated() {
+        return;
+    }
+    let spec = SynthSpec::tiny(Arch::Llama);
+    let (path, model, pool) = load(&spec, Format::Q8_0);
+    let mut dec = GpuDecoder::new(&model, pool, &opts(None, 64)).expect("decoder");
+    let too_long = tokens(spec.ctx_len + 1, 8, spec.vocab);
+    match dec.prefill(&too_long) {
+        Err(hipfire_model::ModelError::ContextFull { need, ctx }) => {
+            assert_eq!((need, ctx), (spec.ctx_len + 1, spec.ctx_len));
+        }
+        other => panic!("expected ContextFull, got {:?}", other.map(|l| l.len())),
+    }
+    assert_eq!(dec.position(), 0);
+    let bad = vec![1, 2, spec.vocab as u32];
+    assert!(matches!(
+        dec.prefill(&bad),
+        Err(hipfire_model::ModelError::BadToken { .. })
+    ));
+    let ok = dec
+        .prefill(&tokens(100, 9, spec.vocab))
+        .expect("fits")
+        .to_vec();
+    assert!(ok.iter().all(|v| v.is_finite()));
+    let _ = std::fs::remove_file(&path);
+}
