@@ -14,6 +14,9 @@
 //!   [`ReadKernel`] used as the bandwidth ceiling in benchmarks; Q4_K/Q6_K weights resident in
 //!   device memory take a variant that stages the activation in shared memory
 //!   (`GemvConfig::device`, for row ranges of `gemv::DEV_MIN_ROWS` rows or more).
+//! - [`dequant`] — [`DequantKernels`]: the batched prefill's f16 GEMM operands
+//!   (`kernels/dequant.cu`): a row range of a weight in any GEMV format to row-major f16 (the
+//!   CPU dequantiser's f32 rounded to nearest even, bit for bit), and activations f32 → f16.
 //! - [`flags`] — [`FlagsKernels`]: the device half of the `flags` join (`kernels/flags.cu`):
 //!   the publish of x into the host-mapped mailbox (fenced, or tagged with the step) and the
 //!   wait-fold that polls the CPU's done words and folds its rows into one or more outputs.
@@ -60,6 +63,7 @@ pub mod backend;
 pub mod context;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod dequant;
 mod error;
 pub mod flags;
 pub mod gemv;
@@ -72,6 +76,7 @@ pub use context::{
     BackendKind, Context, DeviceBuffer, DeviceElem, DeviceMemory, Event, Function,
     HostMappedBuffer, Module, Stream,
 };
+pub use dequant::{DequantKernels, DEQUANT_CHUNK, DEQUANT_THREADS};
 pub use error::{mem_available_bytes, DriverCode, GpuError, TEST_MAX_ALLOC_ENV};
 pub use flags::{
     DoneWords, FlagsKernels, FoldTarget, MailboxOffsets, FOLD_MAX_PARTS, FOLD_MAX_TARGETS,
@@ -81,7 +86,8 @@ pub use gemv::{
     QX_BLOCK,
 };
 pub use registry::{
-    KernelRegistry, KernelSource, F16_CUH, FLAGS_SOURCE, GEMV_SOURCE, KERNEL_CACHE_ENV, READ_SOURCE,
+    KernelRegistry, KernelSource, DEQUANT_SOURCE, F16_CUH, FLAGS_SOURCE, GEMV_SOURCE,
+    KERNEL_CACHE_ENV, READ_SOURCE,
 };
 
 /// Environment variable that enables the GPU test tier (`HIPFIRE_GPU_TESTS=1`).
