@@ -136,34 +136,6 @@ __device__ __forceinline__ void hf_dq_legacy_nibbles(const hf_u8* qs, int c, int
     for (int i = 0; i < HF_DQ_CHUNK; ++i) n[i] = hf_dq_nib(q, i, sh);
 }
 
-// legacy.rs Q4_0: d * f32(q - 8).
-struct DQ4_0 {
-    static constexpr int BYTES = 18, ELEMS = 32;
-    static __device__ __forceinline__ void chunk(const hf_u8* b, int c, hf_u16 (&h)[HF_DQ_CHUNK]) {
-        const float d = hf_dq_h(b);
-        int n[HF_DQ_CHUNK];
-        hf_dq_legacy_nibbles(b + 2, c, n);
-        float v[HF_DQ_CHUNK];
-#pragma unroll
-        for (int i = 0; i < HF_DQ_CHUNK; ++i) v[i] = HF_MUL(d, (float)(n[i] - 8));
-        hf_dq_pack(v, h);
-    }
-};
-
-// legacy.rs Q4_1: d * f32(q) + m.
-struct DQ4_1 {
-    static constexpr int BYTES = 20, ELEMS = 32;
-    static __device__ __forceinline__ void chunk(const hf_u8* b, int c, hf_u16 (&h)[HF_DQ_CHUNK]) {
-        const float d = hf_dq_h(b), m = hf_dq_h(b + 2);
-        int n[HF_DQ_CHUNK];
-        hf_dq_legacy_nibbles(b + 4, c, n);
-        float v[HF_DQ_CHUNK];
-#pragma unroll
-        for (int i = 0; i < HF_DQ_CHUNK; ++i) v[i] = HF_ADD(HF_MUL(d, (float)n[i]), m);
-        hf_dq_pack(v, h);
-    }
-};
-
 // The 5-bit codes of chunk c of a Q5_0 / Q5_1 block: the legacy nibbles with bit e of the
 // little-endian u32 qh as bit 4 of element e (legacy.rs codes5).
 __device__ __forceinline__ void hf_dq_codes5(const hf_u8* qh, const hf_u8* qs, int c, int (&n)[HF_DQ_CHUNK]) {
@@ -173,33 +145,33 @@ __device__ __forceinline__ void hf_dq_codes5(const hf_u8* qh, const hf_u8* qs, i
     for (int i = 0; i < HF_DQ_CHUNK; ++i) n[i] |= (int)((hb >> i) & 1) << 4;
 }
 
-// legacy.rs Q5_0: d * f32(code - 16).
-struct DQ5_0 {
-    static constexpr int BYTES = 22, ELEMS = 32;
+// legacy.rs Q4_0, Q4_1, Q5_0, Q5_1: f16 d at 0, the 16 code bytes at QS, and for the 5-bit formats
+// the fifth bits at QH (QH < 0: none). Without a min: d * f32(code - OFF); with the f16 min m at 2:
+// d * f32(code) + m.
+template <int BYTES_, int QS, int QH, int OFF, bool MIN>
+struct DLegacy {
+    static constexpr int BYTES = BYTES_, ELEMS = 32;
     static __device__ __forceinline__ void chunk(const hf_u8* b, int c, hf_u16 (&h)[HF_DQ_CHUNK]) {
         const float d = hf_dq_h(b);
         int n[HF_DQ_CHUNK];
-        hf_dq_codes5(b + HF_Q5_0_QH, b + HF_Q5_0_QS, c, n);
+        if (QH < 0) hf_dq_legacy_nibbles(b + QS, c, n);
+        else hf_dq_codes5(b + QH, b + QS, c, n);
         float v[HF_DQ_CHUNK];
+        if (MIN) {
+            const float m = hf_dq_h(b + 2);
 #pragma unroll
-        for (int i = 0; i < HF_DQ_CHUNK; ++i) v[i] = HF_MUL(d, (float)(n[i] - 16));
+            for (int i = 0; i < HF_DQ_CHUNK; ++i) v[i] = HF_ADD(HF_MUL(d, (float)n[i]), m);
+        } else {
+#pragma unroll
+            for (int i = 0; i < HF_DQ_CHUNK; ++i) v[i] = HF_MUL(d, (float)(n[i] - OFF));
+        }
         hf_dq_pack(v, h);
     }
 };
-
-// legacy.rs Q5_1: d * f32(code) + m.
-struct DQ5_1 {
-    static constexpr int BYTES = 24, ELEMS = 32;
-    static __device__ __forceinline__ void chunk(const hf_u8* b, int c, hf_u16 (&h)[HF_DQ_CHUNK]) {
-        const float d = hf_dq_h(b), m = hf_dq_h(b + 2);
-        int n[HF_DQ_CHUNK];
-        hf_dq_codes5(b + HF_Q5_1_QH, b + HF_Q5_1_QS, c, n);
-        float v[HF_DQ_CHUNK];
-#pragma unroll
-        for (int i = 0; i < HF_DQ_CHUNK; ++i) v[i] = HF_ADD(HF_MUL(d, (float)n[i]), m);
-        hf_dq_pack(v, h);
-    }
-};
+typedef DLegacy<18, 2, -1, 8, false> DQ4_0;
+typedef DLegacy<20, 4, -1, 0, true> DQ4_1;
+typedef DLegacy<22, HF_Q5_0_QS, HF_Q5_0_QH, 16, false> DQ5_0;
+typedef DLegacy<24, HF_Q5_1_QS, HF_Q5_1_QH, 0, true> DQ5_1;
 
 // iq4.rs IQ4_NL: d * f32(grid[q]).
 struct DIq4Nl {
