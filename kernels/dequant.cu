@@ -46,103 +46,127 @@ typedef unsigned long long hf_u64;
 
 __device__ __forceinline__ hf_u16 hf_dq_ld16(const hf_u8* p) { return *(const hf_u16*)p; }
 __device__ __forceinline__ float hf_dq_h(const hf_u8* p) { return hf_h2f(hf_dq_ld16(p)); }
-// 8 bytes from a 2-byte aligned address (four 16-bit loads), byte i in bits 8i..8i+7.
-__device__ __forceinline__ hf_u64 hf_dq_ld8(const hf_u8* p) {
-    const hf_u16* q = (const hf_u16*)p;
-    return (hf_u64)q[0] | ((hf_u64)q[1] << 16) | ((hf_u64)q[2] << 32) | ((hf_u64)q[3] << 48);
-}
-// 4 bytes from a 2-byte aligned address.
+// 4 bytes from a 2-byte aligned address, byte i in bits 8i..8i+7.
 __device__ __forceinline__ hf_u32 hf_dq_ld4(const hf_u8* p) {
     const hf_u16* q = (const hf_u16*)p;
     return (hf_u32)q[0] | ((hf_u32)q[1] << 16);
 }
-// Bits [sh, sh + 4) of byte i of q.
-__device__ __forceinline__ int hf_dq_nib(hf_u64 q, int i, int sh) { return (int)((q >> (8 * i + sh)) & 15); }
+// 8 bytes from a 2-byte aligned address (four 16-bit loads), as two 32-bit words.
+struct hf_dq_b8 { hf_u32 w[2]; };
+__device__ __forceinline__ hf_dq_b8 hf_dq_ld8(const hf_u8* p) {
+    hf_dq_b8 q;
+    q.w[0] = hf_dq_ld4(p);
+    q.w[1] = hf_dq_ld4(p + 4);
+    return q;
+}
+// Bits [sh, sh + width) of byte i of q, where mask = 2^width - 1 (i is a constant after unrolling,
+// so the word is a register, not an indexed array).
+__device__ __forceinline__ hf_u32 hf_dq_bits(const hf_dq_b8& q, int i, int sh, hf_u32 mask) {
+    return (q.w[i >> 2] >> (8 * (i & 3) + sh)) & mask;
+}
 
-// The IQ4_NL grid value of a 4-bit code, from registers (no table in local or constant memory,
-// where lanes reading different entries would serialise).
-__device__ __forceinline__ int hf_dq_iq4nl(int c) {
+// The exact f32 of u - off, for integers 0 <= u, off < 2^22: u in the mantissa of 2^23, then one
+// exact subtraction. A logic op and an add, where a conversion instruction would run at a
+// quarter of the rate (every output here needs one; the results are the same numbers).
+__device__ __forceinline__ float hf_dq_i2f(hf_u32 u, int off) {
+    return HF_SUB(__int_as_float((int)(0x4B000000u | u)), 8388608.0f + (float)off);
+}
+
+// The IQ4_NL grid value of a 4-bit code plus 128 (so 1..241, for hf_dq_i2f), from registers: no
+// table in local or constant memory, where lanes reading different entries would serialise.
+__device__ __forceinline__ hf_u32 hf_dq_iq4nl_b128(hf_u32 c) {
     const hf_u32 lo = (c & 4) ? HF_IQ4NL_W1 : HF_IQ4NL_W0;
     const hf_u32 hi = (c & 4) ? HF_IQ4NL_W3 : HF_IQ4NL_W2;
     const hf_u32 w = (c & 8) ? hi : lo;
-    return (int)(signed char)(hf_u8)(w >> (8 * (c & 3)));
+    return ((w >> (8 * (c & 3))) & 0xFF) ^ 0x80; // two's complement byte -> byte + 128
 }
 
-// 8 f32 values to f16 bits, round to nearest even.
-__device__ __forceinline__ void hf_dq_pack(const float (&v)[HF_DQ_CHUNK], hf_u16 (&h)[HF_DQ_CHUNK]) {
+// Two f32 to f16 bits packed low | high << 16, each rounded to nearest even.
+__device__ __forceinline__ hf_u32 hf_dq_f2h2(float lo, float hi) {
+#if defined(HF_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    hf_u32 r;
+    // One instruction for both (sm_80+): a goes to the upper half, b to the lower.
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    return (hf_u32)hf_f2h(lo) | ((hf_u32)hf_f2h(hi) << 16);
+#endif
+}
+
+// 8 f32 values to the 16 bytes of f16 one thread stores.
+__device__ __forceinline__ void hf_dq_pack(const float (&v)[HF_DQ_CHUNK], hf_u32 (&o)[4]) {
 #pragma unroll
-    for (int i = 0; i < HF_DQ_CHUNK; ++i) h[i] = hf_f2h(v[i]);
+    for (int i = 0; i < 4; ++i) o[i] = hf_dq_f2h2(v[2 * i], v[2 * i + 1]);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Format traits: BYTES / ELEMS of one block (the float formats: 8 elements per "block"), and
-// chunk(blk, c, h): the f16 bits of elements 8c .. 8c+7 of the block at blk. Formulas cite the CPU
-// dequantiser they copy (crates/hipfire-quant/src/formats/).
+// chunk(blk, c, o): elements 8c .. 8c+7 of the block at blk as f16 bits, packed two per word.
+// Formulas cite the CPU dequantiser they copy (crates/hipfire-quant/src/formats/).
 // ---------------------------------------------------------------------------------------------
 
 // float.rs F32: the value itself.
 struct DF32 {
     static constexpr int BYTES = 32, ELEMS = 8;
-    static __device__ __forceinline__ void chunk(const hf_u8* b, int, hf_u16 (&h)[HF_DQ_CHUNK]) {
+    static __device__ __forceinline__ void chunk(const hf_u8* b, int, hf_u32 (&o)[4]) {
         const float* p = (const float*)b;
         float v[HF_DQ_CHUNK];
 #pragma unroll
         for (int i = 0; i < HF_DQ_CHUNK; ++i) v[i] = p[i];
-        hf_dq_pack(v, h);
+        hf_dq_pack(v, o);
     }
 };
 
 // float.rs F16: f16 -> f32 -> f16 is the identity (for every non-NaN value), so the bits are copied.
 struct DF16 {
     static constexpr int BYTES = 16, ELEMS = 8;
-    static __device__ __forceinline__ void chunk(const hf_u8* b, int, hf_u16 (&h)[HF_DQ_CHUNK]) {
-        const hf_u16* p = (const hf_u16*)b;
+    static __device__ __forceinline__ void chunk(const hf_u8* b, int, hf_u32 (&o)[4]) {
 #pragma unroll
-        for (int i = 0; i < HF_DQ_CHUNK; ++i) h[i] = p[i];
+        for (int i = 0; i < 4; ++i) o[i] = hf_dq_ld4(b + 4 * i);
     }
 };
 
 // float.rs BF16: the f32 with the bf16 bits on top (exact), then rounded to f16.
 struct DBF16 {
     static constexpr int BYTES = 16, ELEMS = 8;
-    static __device__ __forceinline__ void chunk(const hf_u8* b, int, hf_u16 (&h)[HF_DQ_CHUNK]) {
+    static __device__ __forceinline__ void chunk(const hf_u8* b, int, hf_u32 (&o)[4]) {
         const hf_u16* p = (const hf_u16*)b;
         float v[HF_DQ_CHUNK];
 #pragma unroll
         for (int i = 0; i < HF_DQ_CHUNK; ++i) v[i] = __int_as_float((int)((hf_u32)p[i] << 16));
-        hf_dq_pack(v, h);
+        hf_dq_pack(v, o);
     }
 };
 
 // legacy.rs Q8_0: f32(q) * d.
 struct DQ8_0 {
     static constexpr int BYTES = 34, ELEMS = 32;
-    static __device__ __forceinline__ void chunk(const hf_u8* b, int c, hf_u16 (&h)[HF_DQ_CHUNK]) {
+    static __device__ __forceinline__ void chunk(const hf_u8* b, int c, hf_u32 (&o)[4]) {
         const float d = hf_dq_h(b);
-        const hf_u64 q = hf_dq_ld8(b + 2 + 8 * c);
+        const hf_dq_b8 q = hf_dq_ld8(b + 2 + 8 * c);
         float v[HF_DQ_CHUNK];
 #pragma unroll
-        for (int i = 0; i < HF_DQ_CHUNK; ++i) v[i] = HF_MUL((float)(signed char)(hf_u8)(q >> (8 * i)), d);
-        hf_dq_pack(v, h);
+        for (int i = 0; i < HF_DQ_CHUNK; ++i) v[i] = HF_MUL(hf_dq_i2f(hf_dq_bits(q, i, 0, 0xFF) ^ 0x80, 128), d);
+        hf_dq_pack(v, o);
     }
 };
 
 // The 8 nibbles of chunk c (0..3) of a legacy 32-element block whose 16 code bytes start at qs:
 // elements 0..15 are the low nibbles of qs[0..16], elements 16..31 the high nibbles.
-__device__ __forceinline__ void hf_dq_legacy_nibbles(const hf_u8* qs, int c, int (&n)[HF_DQ_CHUNK]) {
-    const hf_u64 q = hf_dq_ld8(qs + 8 * (c & 1));
+__device__ __forceinline__ void hf_dq_legacy_nibbles(const hf_u8* qs, int c, hf_u32 (&n)[HF_DQ_CHUNK]) {
+    const hf_dq_b8 q = hf_dq_ld8(qs + 8 * (c & 1));
     const int sh = 4 * (c >> 1);
 #pragma unroll
-    for (int i = 0; i < HF_DQ_CHUNK; ++i) n[i] = hf_dq_nib(q, i, sh);
+    for (int i = 0; i < HF_DQ_CHUNK; ++i) n[i] = hf_dq_bits(q, i, sh, 15);
 }
 
 // The 5-bit codes of chunk c of a Q5_0 / Q5_1 block: the legacy nibbles with bit e of the
 // little-endian u32 qh as bit 4 of element e (legacy.rs codes5).
-__device__ __forceinline__ void hf_dq_codes5(const hf_u8* qh, const hf_u8* qs, int c, int (&n)[HF_DQ_CHUNK]) {
+__device__ __forceinline__ void hf_dq_codes5(const hf_u8* qh, const hf_u8* qs, int c, hf_u32 (&n)[HF_DQ_CHUNK]) {
     const hf_u32 hb = hf_dq_ld4(qh) >> (8 * c);
     hf_dq_legacy_nibbles(qs, c, n);
 #pragma unroll
-    for (int i = 0; i < HF_DQ_CHUNK; ++i) n[i] |= (int)((hb >> i) & 1) << 4;
+    for (int i = 0; i < HF_DQ_CHUNK; ++i) n[i] |= ((hb >> i) & 1) << 4;
 }
 
 // legacy.rs Q4_0, Q4_1, Q5_0, Q5_1: f16 d at 0, the 16 code bytes at QS, and for the 5-bit formats
@@ -151,21 +175,21 @@ __device__ __forceinline__ void hf_dq_codes5(const hf_u8* qh, const hf_u8* qs, i
 template <int BYTES_, int QS, int QH, int OFF, bool MIN>
 struct DLegacy {
     static constexpr int BYTES = BYTES_, ELEMS = 32;
-    static __device__ __forceinline__ void chunk(const hf_u8* b, int c, hf_u16 (&h)[HF_DQ_CHUNK]) {
+    static __device__ __forceinline__ void chunk(const hf_u8* b, int c, hf_u32 (&o)[4]) {
         const float d = hf_dq_h(b);
-        int n[HF_DQ_CHUNK];
+        hf_u32 n[HF_DQ_CHUNK];
         if (QH < 0) hf_dq_legacy_nibbles(b + QS, c, n);
         else hf_dq_codes5(b + QH, b + QS, c, n);
         float v[HF_DQ_CHUNK];
         if (MIN) {
             const float m = hf_dq_h(b + 2);
 #pragma unroll
-            for (int i = 0; i < HF_DQ_CHUNK; ++i) v[i] = HF_ADD(HF_MUL(d, (float)n[i]), m);
+            for (int i = 0; i < HF_DQ_CHUNK; ++i) v[i] = HF_ADD(HF_MUL(d, hf_dq_i2f(n[i], 0)), m);
         } else {
 #pragma unroll
-            for (int i = 0; i < HF_DQ_CHUNK; ++i) v[i] = HF_MUL(d, (float)(n[i] - OFF));
+            for (int i = 0; i < HF_DQ_CHUNK; ++i) v[i] = HF_MUL(d, hf_dq_i2f(n[i], OFF));
         }
-        hf_dq_pack(v, h);
+        hf_dq_pack(v, o);
     }
 };
 typedef DLegacy<18, 2, -1, 8, false> DQ4_0;
@@ -176,14 +200,14 @@ typedef DLegacy<24, HF_Q5_1_QS, HF_Q5_1_QH, 0, true> DQ5_1;
 // iq4.rs IQ4_NL: d * f32(grid[q]).
 struct DIq4Nl {
     static constexpr int BYTES = 18, ELEMS = 32;
-    static __device__ __forceinline__ void chunk(const hf_u8* b, int c, hf_u16 (&h)[HF_DQ_CHUNK]) {
+    static __device__ __forceinline__ void chunk(const hf_u8* b, int c, hf_u32 (&o)[4]) {
         const float d = hf_dq_h(b);
-        int n[HF_DQ_CHUNK];
+        hf_u32 n[HF_DQ_CHUNK];
         hf_dq_legacy_nibbles(b + 2, c, n);
         float v[HF_DQ_CHUNK];
 #pragma unroll
-        for (int i = 0; i < HF_DQ_CHUNK; ++i) v[i] = HF_MUL(d, (float)hf_dq_iq4nl(n[i]));
-        hf_dq_pack(v, h);
+        for (int i = 0; i < HF_DQ_CHUNK; ++i) v[i] = HF_MUL(d, hf_dq_i2f(hf_dq_iq4nl_b128(n[i]), 128));
+        hf_dq_pack(v, o);
     }
 };
 
@@ -201,22 +225,23 @@ __device__ __forceinline__ void hf_dq_scale_min_k4(int j, const hf_u8* q, int& s
 template <bool Q5>
 struct DQK {
     static constexpr int BYTES = Q5 ? 176 : 144, ELEMS = 256;
-    static __device__ __forceinline__ void chunk(const hf_u8* b, int c, hf_u16 (&h)[HF_DQ_CHUNK]) {
+    static __device__ __forceinline__ void chunk(const hf_u8* b, int c, hf_u32 (&o)[4]) {
         const int j = c >> 2, l0 = 8 * (c & 3);
         int sc, m;
         hf_dq_scale_min_k4(j, b + HF_Q4K_SCALES, sc, m);
         const float ds = HF_MUL(hf_dq_h(b), (float)sc);
         const float dm = HF_MUL(hf_dq_h(b + 2), (float)m);
-        const hf_u64 q = hf_dq_ld8(b + (Q5 ? HF_Q5K_QS : HF_Q4K_QS) + 32 * (j >> 1) + l0);
-        const hf_u64 qh = Q5 ? hf_dq_ld8(b + HF_Q5K_QH + l0) : 0;
+        const hf_dq_b8 q = hf_dq_ld8(b + (Q5 ? HF_Q5K_QS : HF_Q4K_QS) + 32 * (j >> 1) + l0);
+        hf_dq_b8 qh;
+        if (Q5) qh = hf_dq_ld8(b + HF_Q5K_QH + l0);
         float v[HF_DQ_CHUNK];
 #pragma unroll
         for (int i = 0; i < HF_DQ_CHUNK; ++i) {
-            int code = hf_dq_nib(q, i, 4 * (j & 1));
-            if (Q5) code |= (int)((qh >> (8 * i + j)) & 1) << 4;
-            v[i] = HF_SUB(HF_MUL(ds, (float)code), dm);
+            hf_u32 code = hf_dq_bits(q, i, 4 * (j & 1), 15);
+            if (Q5) code |= hf_dq_bits(qh, i, j, 1) << 4;
+            v[i] = HF_SUB(HF_MUL(ds, hf_dq_i2f(code, 0)), dm);
         }
-        hf_dq_pack(v, h);
+        hf_dq_pack(v, o);
     }
 };
 
@@ -225,28 +250,28 @@ struct DQK {
 // ql[64 n + 32 (s % 2) + l], high 2 bits are bits 2s, 2s+1 of qh[32 n + l].
 struct DQ6K {
     static constexpr int BYTES = 210, ELEMS = 256;
-    static __device__ __forceinline__ void chunk(const hf_u8* b, int c, hf_u16 (&h)[HF_DQ_CHUNK]) {
+    static __device__ __forceinline__ void chunk(const hf_u8* b, int c, hf_u32 (&o)[4]) {
         const int n = c >> 4, s = (c >> 2) & 3, l0 = 8 * (c & 3);
         const float ds = HF_MUL(hf_dq_h(b + HF_Q6K_D), (float)(signed char)b[HF_Q6K_SC + (c >> 1)]);
-        const hf_u64 ql = hf_dq_ld8(b + 64 * n + 32 * (s & 1) + l0);
-        const hf_u64 qh = hf_dq_ld8(b + HF_Q6K_QH + 32 * n + l0);
+        const hf_dq_b8 ql = hf_dq_ld8(b + 64 * n + 32 * (s & 1) + l0);
+        const hf_dq_b8 qh = hf_dq_ld8(b + HF_Q6K_QH + 32 * n + l0);
         float v[HF_DQ_CHUNK];
 #pragma unroll
         for (int i = 0; i < HF_DQ_CHUNK; ++i) {
-            const int code = hf_dq_nib(ql, i, 4 * (s >> 1)) | ((int)((qh >> (8 * i + 2 * s)) & 3) << 4);
-            v[i] = HF_MUL(ds, (float)(code - 32));
+            const hf_u32 code = hf_dq_bits(ql, i, 4 * (s >> 1), 15) | (hf_dq_bits(qh, i, 2 * s, 3) << 4);
+            v[i] = HF_MUL(ds, hf_dq_i2f(code, 32));
         }
-        hf_dq_pack(v, h);
+        hf_dq_pack(v, o);
     }
 };
 
 // The 2-bit planes of Q3_K / Q2_K (kquant_low.rs planes2): element e = 128 h + 32 s + l has bits
 // 2s, 2s+1 of qs[32 h + l]. Chunk c: h = c / 16, s = (c / 4) % 4, l from 8 (c % 4).
-__device__ __forceinline__ void hf_dq_planes2(const hf_u8* qs, int c, int (&n)[HF_DQ_CHUNK]) {
-    const hf_u64 q = hf_dq_ld8(qs + 32 * (c >> 4) + 8 * (c & 3));
+__device__ __forceinline__ void hf_dq_planes2(const hf_u8* qs, int c, hf_u32 (&n)[HF_DQ_CHUNK]) {
+    const hf_dq_b8 q = hf_dq_ld8(qs + 32 * (c >> 4) + 8 * (c & 3));
     const int sh = 2 * ((c >> 2) & 3);
 #pragma unroll
-    for (int i = 0; i < HF_DQ_CHUNK; ++i) n[i] = (int)((q >> (8 * i + sh)) & 3);
+    for (int i = 0; i < HF_DQ_CHUNK; ++i) n[i] = hf_dq_bits(q, i, sh, 3);
 }
 
 // kquant_low.rs Q3_K: (d * (scale - 32)) * f32(code - 4). code = planes | bit (e / 32) of
@@ -254,38 +279,38 @@ __device__ __forceinline__ void hf_dq_planes2(const hf_u8* qs, int c, int (&n)[H
 // i < 8, high otherwise) | bits 2 (i / 4) of scales[8 + i % 4] << 4 (q3k_scales).
 struct DQ3K {
     static constexpr int BYTES = 110, ELEMS = 256;
-    static __device__ __forceinline__ void chunk(const hf_u8* b, int c, hf_u16 (&h)[HF_DQ_CHUNK]) {
+    static __device__ __forceinline__ void chunk(const hf_u8* b, int c, hf_u32 (&o)[4]) {
         const hf_u8* sp = b + HF_Q3K_SC;
         const int si = c >> 1;
         const int lo = si < 8 ? (sp[si] & 0xF) : (sp[si - 8] >> 4);
         const int hi = (sp[8 + (si & 3)] >> (2 * (si >> 2))) & 3;
         const float dl = HF_MUL(hf_dq_h(b + HF_Q3K_D), (float)((lo | (hi << 4)) - HF_Q3K_SCALE_OFFSET));
-        int n[HF_DQ_CHUNK];
+        hf_u32 n[HF_DQ_CHUNK];
         hf_dq_planes2(b + HF_Q3K_QS, c, n);
-        const hf_u64 hm = hf_dq_ld8(b + 8 * (c & 3));
+        const hf_dq_b8 hm = hf_dq_ld8(b + 8 * (c & 3));
         float v[HF_DQ_CHUNK];
 #pragma unroll
         for (int i = 0; i < HF_DQ_CHUNK; ++i) {
-            const int code = n[i] | ((int)((hm >> (8 * i + (c >> 2))) & 1) << 2);
-            v[i] = HF_MUL(dl, (float)(code - 4));
+            const hf_u32 code = n[i] | (hf_dq_bits(hm, i, c >> 2, 1) << 2);
+            v[i] = HF_MUL(dl, hf_dq_i2f(code, 4));
         }
-        hf_dq_pack(v, h);
+        hf_dq_pack(v, o);
     }
 };
 
 // kquant_low.rs Q2_K: (d * sc) * f32(q) - (dmin * m), scales[e / 16] = sc | m << 4.
 struct DQ2K {
     static constexpr int BYTES = 84, ELEMS = 256;
-    static __device__ __forceinline__ void chunk(const hf_u8* b, int c, hf_u16 (&h)[HF_DQ_CHUNK]) {
+    static __device__ __forceinline__ void chunk(const hf_u8* b, int c, hf_u32 (&o)[4]) {
         const int sc = b[c >> 1];
         const float dl = HF_MUL(hf_dq_h(b + HF_Q2K_D), (float)(sc & 0xF));
         const float ml = HF_MUL(hf_dq_h(b + HF_Q2K_D + 2), (float)(sc >> 4));
-        int n[HF_DQ_CHUNK];
+        hf_u32 n[HF_DQ_CHUNK];
         hf_dq_planes2(b + HF_Q2K_QS, c, n);
         float v[HF_DQ_CHUNK];
 #pragma unroll
-        for (int i = 0; i < HF_DQ_CHUNK; ++i) v[i] = HF_SUB(HF_MUL(dl, (float)n[i]), ml);
-        hf_dq_pack(v, h);
+        for (int i = 0; i < HF_DQ_CHUNK; ++i) v[i] = HF_SUB(HF_MUL(dl, hf_dq_i2f(n[i], 0)), ml);
+        hf_dq_pack(v, o);
     }
 };
 
@@ -294,17 +319,17 @@ struct DQ2K {
 // ((scales_h >> 2 ib) & 3) << 4.
 struct DIq4Xs {
     static constexpr int BYTES = 136, ELEMS = 256;
-    static __device__ __forceinline__ void chunk(const hf_u8* b, int c, hf_u16 (&h)[HF_DQ_CHUNK]) {
+    static __device__ __forceinline__ void chunk(const hf_u8* b, int c, hf_u32 (&o)[4]) {
         const int ib = c >> 2;
         const int lo = (b[HF_IQ4XS_SL + (ib >> 1)] >> (4 * (ib & 1))) & 0xF;
         const int hi = (hf_dq_ld16(b + 2) >> (2 * ib)) & 3;
         const float dl = HF_MUL(hf_dq_h(b), (float)((lo | (hi << 4)) - HF_IQ4XS_SCALE_OFFSET));
-        int n[HF_DQ_CHUNK];
+        hf_u32 n[HF_DQ_CHUNK];
         hf_dq_legacy_nibbles(b + HF_IQ4XS_QS + 16 * ib, c & 3, n);
         float v[HF_DQ_CHUNK];
 #pragma unroll
-        for (int i = 0; i < HF_DQ_CHUNK; ++i) v[i] = HF_MUL(dl, (float)hf_dq_iq4nl(n[i]));
-        hf_dq_pack(v, h);
+        for (int i = 0; i < HF_DQ_CHUNK; ++i) v[i] = HF_MUL(dl, hf_dq_i2f(hf_dq_iq4nl_b128(n[i]), 128));
+        hf_dq_pack(v, o);
     }
 };
 
@@ -312,13 +337,13 @@ struct DIq4Xs {
 // The f32 fields need a 4-byte aligned block (the host checks).
 struct DHfq4 {
     static constexpr int BYTES = 136, ELEMS = 256;
-    static __device__ __forceinline__ void chunk(const hf_u8* b, int c, hf_u16 (&h)[HF_DQ_CHUNK]) {
+    static __device__ __forceinline__ void chunk(const hf_u8* b, int c, hf_u32 (&o)[4]) {
         const float s = *(const float*)b, z = *(const float*)(b + 4);
         const hf_u32 q = *(const hf_u32*)(b + HF_HFQ_QS + 4 * c);
         float v[HF_DQ_CHUNK];
 #pragma unroll
-        for (int i = 0; i < HF_DQ_CHUNK; ++i) v[i] = HF_ADD(HF_MUL(s, (float)((q >> (4 * i)) & 15)), z);
-        hf_dq_pack(v, h);
+        for (int i = 0; i < HF_DQ_CHUNK; ++i) v[i] = HF_ADD(HF_MUL(s, hf_dq_i2f((q >> (4 * i)) & 15, 0)), z);
+        hf_dq_pack(v, o);
     }
 };
 
@@ -332,13 +357,13 @@ __device__ __forceinline__ void hf_dequant(const hf_u8* __restrict__ W, hf_u64 r
     const unsigned row = blockIdx.x / bpr;
     const unsigned ch = (blockIdx.x - row * bpr) * HF_DQ_THREADS + threadIdx.x;
     if (row >= (unsigned)rows || ch >= cpr) return;
-    hf_u16 hv[HF_DQ_CHUNK];
-    T::chunk(W + (hf_u64)row * row_bytes + (hf_u64)(ch / CPB) * T::BYTES, (int)(ch % CPB), hv);
+    hf_u32 w[4];
+    T::chunk(W + (hf_u64)row * row_bytes + (hf_u64)(ch / CPB) * T::BYTES, (int)(ch % CPB), w);
     uint4 o;
-    o.x = (hf_u32)hv[0] | ((hf_u32)hv[1] << 16);
-    o.y = (hf_u32)hv[2] | ((hf_u32)hv[3] << 16);
-    o.z = (hf_u32)hv[4] | ((hf_u32)hv[5] << 16);
-    o.w = (hf_u32)hv[6] | ((hf_u32)hv[7] << 16);
+    o.x = w[0];
+    o.y = w[1];
+    o.z = w[2];
+    o.w = w[3];
     *(uint4*)(out + (hf_u64)row * out_row_stride + (hf_u64)ch * HF_DQ_CHUNK) = o;
 }
 
@@ -379,10 +404,10 @@ extern "C" __global__ void __launch_bounds__(HF_DQ_THREADS)
     if (vec) {
         const float4 a = *(const float4*)(x + i0), b = *(const float4*)(x + i0 + 4);
         uint4 o;
-        o.x = (hf_u32)hf_f2h(a.x) | ((hf_u32)hf_f2h(a.y) << 16);
-        o.y = (hf_u32)hf_f2h(a.z) | ((hf_u32)hf_f2h(a.w) << 16);
-        o.z = (hf_u32)hf_f2h(b.x) | ((hf_u32)hf_f2h(b.y) << 16);
-        o.w = (hf_u32)hf_f2h(b.z) | ((hf_u32)hf_f2h(b.w) << 16);
+        o.x = hf_dq_f2h2(a.x, a.y);
+        o.y = hf_dq_f2h2(a.z, a.w);
+        o.z = hf_dq_f2h2(b.x, b.y);
+        o.w = hf_dq_f2h2(b.z, b.w);
         *(uint4*)(y + i0) = o;
     } else {
         for (hf_u64 i = i0; i < n && i < i0 + HF_DQ_CHUNK; ++i) y[i] = hf_f2h(x[i]);
