@@ -52,8 +52,10 @@
 //! ```
 //!
 //! # Tests and benches
-//! `cargo test -p hipfire-gpu` runs everywhere; the GPU tier (`tests/gpu_gemv.rs`) prints
-//! "skipped: HIPFIRE_GPU_TESTS not set" unless [`GPU_TESTS_ENV`] is set. On the GPU box:
+//! `cargo test -p hipfire-gpu` runs everywhere; the GPU tier (`tests/gpu_gemv.rs`,
+//! `tests/gpu_dequant.rs`) prints "skipped: HIPFIRE_GPU_TESTS not set" unless [`GPU_TESTS_ENV`]
+//! is set. `tests/dequant_host.rs` compiles `kernels/dequant.cu` for the host with g++ and runs
+//! its kernels thread by thread against the CPU dequantiser (skipped without g++). On the GPU box:
 //! `scripts/device-check.sh build` here, then `scripts/device-check.sh run` there (tests and
 //! `examples/gpu_bench.rs`, logs under `$OUT`). Measured figures:
 //! docs/perf-checkpoints/2026-11-29-gpu-gemv.
