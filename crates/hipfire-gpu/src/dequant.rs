@@ -56,6 +56,12 @@ pub fn dequant_out_bytes(rows: usize, k: usize) -> Option<usize> {
     rows.checked_mul(k)?.checked_mul(F16_BYTES)
 }
 
+/// Bytes spanned by `rows` rows of `k` f16 values `stride` values apart, `None` on overflow.
+fn strided_out_bytes(rows: usize, k: usize, stride: usize) -> Option<usize> {
+    let last = rows.checked_sub(1)?.checked_mul(stride)?;
+    last.checked_add(k)?.checked_mul(F16_BYTES)
+}
+
 /// The dequantise and convert kernels, loaded for one context.
 #[derive(Debug)]
 pub struct DequantKernels {
@@ -96,6 +102,24 @@ impl DequantKernels {
         rows: RowRange,
         out: &mut O,
     ) -> Result<(), GpuError> {
+        self.dequant_rows_strided(stream, w, rows, out, w.k())
+    }
+
+    /// As [`DequantKernels::dequant_rows`], with row `rows.start + r` at
+    /// `out[r·out_row_stride ..][..k]` (f16 values), e.g. into a wider matrix or one with padded
+    /// rows; the values between rows are not written. `out` holds at least
+    /// `((rows.len() − 1)·out_row_stride + k)·2` bytes.
+    ///
+    /// Errors: as `dequant_rows`, and `out_row_stride < k` ([`GpuError::Invalid`]) or not a
+    /// multiple of 8 values (16 bytes, [`GpuError::Misaligned`]).
+    pub fn dequant_rows_strided<O: DeviceMemory + ?Sized>(
+        &self,
+        stream: &Stream,
+        w: &WeightRef<'_>,
+        rows: RowRange,
+        out: &mut O,
+        out_row_stride: usize,
+    ) -> Result<(), GpuError> {
         self.ctx.check_same(stream.context(), "stream")?;
         self.ctx.check_same(w.context(), "weight")?;
         self.ctx.check_same(out.context(), "out")?;
@@ -120,7 +144,19 @@ impl DequantKernels {
                 why: "no dequantise kernel".into(),
             });
         };
-        let need = dequant_out_bytes(rows.len(), k).unwrap_or(usize::MAX);
+        if out_row_stride < k {
+            return Err(GpuError::Invalid {
+                what: "out_row_stride",
+                rule: "at least k (rows must not overlap)",
+            });
+        }
+        if out_row_stride % DEQUANT_CHUNK != 0 {
+            return Err(GpuError::Misaligned {
+                what: "out row stride",
+                align: OUT_ALIGN,
+            });
+        }
+        let need = strided_out_bytes(rows.len(), k, out_row_stride).unwrap_or(usize::MAX);
         if out.byte_len() < need {
             return Err(GpuError::BufferTooSmall {
                 what: "dequantised rows",
@@ -164,7 +200,7 @@ impl DequantKernels {
         let mut pk = pk;
         let mut prows = prows;
         let mut pout = out.device_ptr();
-        let mut pstride = k as u64;
+        let mut pstride = out_row_stride as u64;
         let mut params: [*mut c_void; 6] = [
             (&mut pw as *mut u64).cast(),
             (&mut prb as *mut u64).cast(),
@@ -178,9 +214,10 @@ impl DequantKernels {
         // W + r*row_bytes, i.e. bytes [start*row_bytes, end*row_bytes) of the weight (end <= m and
         // m*row_bytes bytes present, checked by WeightRef), with loads of at most `align` bytes at
         // offsets that are multiples of it inside each block (base and row_bytes aligned, checked);
-        // it writes rows*k f16 values at out with out_row_stride = k (out holds that many bytes and
-        // is 16-byte aligned, k % 8 == 0: checked), threads past the shape write nothing. All
-        // memory is owned by borrowed live objects whose Drop frees synchronously.
+        // it writes k f16 values at out + r*out_row_stride for each r < rows (out holds
+        // ((rows-1)*stride + k)*2 bytes, is 16-byte aligned, k and stride multiples of 8: checked),
+        // threads past the shape write nothing. All memory is owned by borrowed live objects whose
+        // Drop frees synchronously.
         unsafe { self.launch(f, grid, stream, &mut params) }
     }
 
@@ -302,5 +339,9 @@ mod tests {
         }
         assert_eq!(dequant_out_bytes(3, 8), Some(48));
         assert_eq!(dequant_out_bytes(usize::MAX, 2), None);
+        // Three rows of 8 values 24 apart: two strides and one row.
+        assert_eq!(strided_out_bytes(3, 8, 24), Some((2 * 24 + 8) * 2));
+        assert_eq!(strided_out_bytes(1, 8, 1 << 40), Some(16));
+        assert_eq!(strided_out_bytes(0, 8, 8), None);
     }
 }

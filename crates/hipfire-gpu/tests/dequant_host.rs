@@ -7,8 +7,8 @@
 mod common;
 
 use common::dequant::{
-    check_against_f64, check_convert, convert_inputs, expected_f16, formats, shapes, ulp_report,
-    weight_sources, POISON, POISON_TAIL_ROWS,
+    check_against_f64, check_convert, check_strided, convert_inputs, expected_f16, formats, shapes,
+    unstride, weight_sources, POISON,
 };
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -67,38 +67,46 @@ fn host_compiled_dequant_matches_the_cpu_dequantiser_bit_for_bit() {
     let (wpath, opath) = (dir.join("w.bin"), dir.join("out.bin"));
     for (fi, format) in formats().into_iter().enumerate() {
         for (si, s) in shapes(format).into_iter().enumerate() {
+            // Packed rows, and on the first shape rows 8 and 24 values apart (gaps poisoned).
+            let strides: &[usize] = if si == 0 {
+                &[s.k, s.k + 8, s.k + 24]
+            } else {
+                &[s.k]
+            };
             for (source, w) in weight_sources(format, s.m, s.k, (fi * 16 + si) as u64) {
                 std::fs::write(&wpath, &w).expect("weights written");
                 let rb = format.row_bytes(s.k).expect("k fits");
-                run(
-                    &exe,
-                    &[
-                        "dequant".into(),
-                        format.name().into(),
-                        rb.to_string(),
-                        s.k.to_string(),
-                        s.rows.start.to_string(),
-                        s.rows.len().to_string(),
-                        wpath.display().to_string(),
-                        opath.display().to_string(),
-                    ],
-                );
-                let out = read_u16(&opath);
-                let n = s.rows.len() * s.k;
-                let what = format!("{format} {source} m={} k={} rows={:?}", s.m, s.k, s.rows);
-                assert_eq!(out.len(), n + POISON_TAIL_ROWS * s.k, "{what}");
                 let want = expected_f16(format, &w, s.k, s.rows);
-                let (off, worst) = ulp_report(&out[..n], &want);
-                assert_eq!(
-                    off, 0,
-                    "{what}: {off} values differ, up to {worst} f16 ulps"
-                );
-                check_against_f64(format, &w, s.k, s.rows, &out[..n])
-                    .unwrap_or_else(|e| panic!("{what}: {e}"));
-                assert!(
-                    out[n..].iter().all(|&v| v == POISON),
-                    "{what}: wrote past the range"
-                );
+                for &stride in strides {
+                    run(
+                        &exe,
+                        &[
+                            "dequant".into(),
+                            format.name().into(),
+                            rb.to_string(),
+                            s.k.to_string(),
+                            s.rows.start.to_string(),
+                            s.rows.len().to_string(),
+                            stride.to_string(),
+                            wpath.display().to_string(),
+                            opath.display().to_string(),
+                        ],
+                    );
+                    let out = read_u16(&opath);
+                    let what = format!(
+                        "{format} {source} m={} k={} rows={:?} stride {stride}",
+                        s.m, s.k, s.rows
+                    );
+                    let (off, worst) = check_strided(&out, &want, s.rows.len(), s.k, stride)
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    assert_eq!(
+                        off, 0,
+                        "{what}: {off} values differ, up to {worst} f16 ulps"
+                    );
+                    let rows = unstride(&out, s.rows.len(), s.k, stride);
+                    check_against_f64(format, &w, s.k, s.rows, &rows)
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                }
             }
         }
     }

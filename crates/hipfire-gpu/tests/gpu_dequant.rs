@@ -7,8 +7,8 @@
 mod common;
 
 use common::dequant::{
-    check_against_f64, check_convert, convert_inputs, expected_f16, formats, shapes, ulp_report,
-    weight_sources, POISON, POISON_TAIL_ROWS,
+    check_against_f64, check_convert, check_strided, convert_inputs, expected_f16, formats, shapes,
+    strided_len, unstride, weight_sources, POISON,
 };
 use common::{gpu, random_weights, rng};
 use hipfire_gpu::{
@@ -106,39 +106,48 @@ fn gpu_dequant_rows_match_the_cpu_dequantiser_for_every_format() {
         let mut not_exact = 0usize;
         let mut checked = 0usize;
         for (si, s) in shapes(format).into_iter().enumerate() {
+            // Packed rows, and on the first shape rows 8 and 24 values apart (gaps poisoned).
+            let strides: &[usize] = if si == 0 {
+                &[s.k, s.k + 8, s.k + 24]
+            } else {
+                &[s.k]
+            };
             for (source, bytes) in weight_sources(format, s.m, s.k, (fi * 16 + si) as u64) {
                 // Alternate the memories: every format reads from both.
                 let mapped = (si + usize::from(source == "random bytes")) % 2 == 1;
                 let placed = Weights::new(&g, &bytes, mapped);
                 let w = WeightRef::new(placed.mem(), 0, format, s.m, s.k).expect("view");
-                let n = s.rows.len() * s.k;
-                let total = n + POISON_TAIL_ROWS * s.k;
-                let mut out = poisoned(&g, total);
-                g.kernels
-                    .dequant_rows(&g.stream, &w, s.rows, &mut out)
-                    .expect("launch");
-                let got = download(&g, &out, total);
-                let what = format!(
-                    "{format} {source} m={} k={} rows={:?} {}",
-                    s.m,
-                    s.k,
-                    s.rows,
-                    if mapped { "host-mapped" } else { "device" }
-                );
                 let want = expected_f16(format, &bytes, s.k, s.rows);
-                let (off, worst) = ulp_report(&got[..n], &want);
-                assert!(
-                    worst <= 1,
-                    "{what}: {off} values differ, up to {worst} f16 ulps"
-                );
-                check_against_f64(format, &bytes, s.k, s.rows, &got[..n])
-                    .unwrap_or_else(|e| panic!("{what}: {e}"));
-                assert!(
-                    got[n..].iter().all(|&v| v == POISON),
-                    "{what}: wrote past the range"
-                );
-                not_exact += off;
-                checked += n;
+                for &stride in strides {
+                    let total = strided_len(s.rows.len(), s.k, stride);
+                    let mut out = poisoned(&g, total);
+                    if stride == s.k {
+                        g.kernels.dequant_rows(&g.stream, &w, s.rows, &mut out)
+                    } else {
+                        g.kernels
+                            .dequant_rows_strided(&g.stream, &w, s.rows, &mut out, stride)
+                    }
+                    .expect("launch");
+                    let got = download(&g, &out, total);
+                    let what = format!(
+                        "{format} {source} m={} k={} rows={:?} stride {stride} {}",
+                        s.m,
+                        s.k,
+                        s.rows,
+                        if mapped { "host-mapped" } else { "device" }
+                    );
+                    let (off, worst) = check_strided(&got, &want, s.rows.len(), s.k, stride)
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    assert!(
+                        worst <= 1,
+                        "{what}: {off} values differ, up to {worst} f16 ulps"
+                    );
+                    let rows = unstride(&got, s.rows.len(), s.k, stride);
+                    check_against_f64(format, &bytes, s.k, s.rows, &rows)
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    not_exact += off;
+                    checked += want.len();
+                }
             }
         }
         println!("{format}: {checked} values, {not_exact} not bit-identical to the CPU's f16");
@@ -267,6 +276,23 @@ fn gpu_dequant_preconditions_are_typed_errors() {
         .dequant_rows(&g.stream, &f16w, RowRange::new(0, 1), &mut out)
         .unwrap_err();
     assert!(matches!(e, GpuError::Unsupported { .. }), "{e}");
+    // Output rows closer than k, or not 16 bytes apart.
+    let e = g
+        .kernels
+        .dequant_rows_strided(&g.stream, &w, RowRange::new(0, 3), &mut out, k - 8)
+        .unwrap_err();
+    assert!(matches!(e, GpuError::Invalid { .. }), "{e}");
+    let e = g
+        .kernels
+        .dequant_rows_strided(&g.stream, &w, RowRange::new(0, 3), &mut out, k + 4)
+        .unwrap_err();
+    assert!(matches!(e, GpuError::Misaligned { .. }), "{e}");
+    // Eleven rows 4k apart span 41k values; the buffer holds 37k.
+    let e = g
+        .kernels
+        .dequant_rows_strided(&g.stream, &w, RowRange::new(0, 11), &mut out, 4 * k)
+        .unwrap_err();
+    assert!(matches!(e, GpuError::BufferTooSmall { .. }), "{e}");
     // None of the refused launches wrote anything.
     assert!(
         download(&g, &out, m * k).iter().all(|&v| v == POISON),

@@ -107,6 +107,45 @@ pub fn weight_sources(
     ]
 }
 
+/// Values an output of `rows` rows of `k`, `stride` apart, spans, plus the poisoned tail.
+pub fn strided_len(rows: usize, k: usize, stride: usize) -> usize {
+    (rows - 1) * stride + k + POISON_TAIL_ROWS * k
+}
+
+/// A strided output against the expected rows (`want`, row-major `rows × k`): (values not
+/// bit-identical, largest distance in f16 ulps) over the written values, and an error if any
+/// value between the rows or in the tail is not the poison.
+pub fn check_strided(
+    got: &[u16],
+    want: &[u16],
+    rows: usize,
+    k: usize,
+    stride: usize,
+) -> Result<(usize, i32), String> {
+    if got.len() != strided_len(rows, k, stride) {
+        return Err(format!("output holds {} values", got.len()));
+    }
+    let mut written = Vec::with_capacity(rows * k);
+    for (i, &v) in got.iter().enumerate() {
+        let (r, j) = (i / stride, i % stride);
+        if r < rows && j < k {
+            written.push(v);
+        } else if v != POISON {
+            return Err(format!(
+                "wrote {v:#06x} at {i}, outside the rows (stride {stride})"
+            ));
+        }
+    }
+    Ok(ulp_report(&written, want))
+}
+
+/// The rows of a strided output, row-major `rows × k`.
+pub fn unstride(got: &[u16], rows: usize, k: usize, stride: usize) -> Vec<u16> {
+    (0..rows)
+        .flat_map(|r| got[r * stride..r * stride + k].iter().copied())
+        .collect()
+}
+
 /// The CPU dequantiser's f32 of rows `rows`, each rounded to f16 (nearest even): what the kernel
 /// must write, row-major.
 pub fn expected_f16(format: Format, w: &[u8], k: usize, rows: RowRange) -> Vec<u16> {

@@ -7,9 +7,10 @@
 // launch loops over every (blockIdx.x, threadIdx.x) of the grid the host code computes.
 //
 // Usage:
-//   dequant_host dequant FORMAT ROW_BYTES K START ROWS WEIGHTS.bin OUT.bin
-//     OUT.bin holds (ROWS + 2) * K u16: the launch's output, then 2 * K values past it, all
-//     pre-filled with the poison 0x7E01 (an f16 NaN) so unwritten or overwritten values show.
+//   dequant_host dequant FORMAT ROW_BYTES K START ROWS OUT_STRIDE WEIGHTS.bin OUT.bin
+//     OUT.bin holds (ROWS - 1) * OUT_STRIDE + 3 * K u16: the launch's output (row r at
+//     r * OUT_STRIDE), then 2 * K values past it, all pre-filled with the poison 0x7E01 (an f16
+//     NaN) so unwritten or overwritten values show.
 //   dequant_host convert N X.bin OUT.bin
 //     OUT.bin holds N + 8 u16 (8 of poison past the end); x is read from a 16-byte aligned copy
 //     when N is even, and from one 4 bytes off 16-byte alignment when N is odd (the scalar path).
@@ -75,22 +76,24 @@ static unsigned char* aligned_copy(const std::vector<unsigned char>& src, size_t
 }
 
 int main(int argc, char** argv) {
-    if (argc == 9 && std::string(argv[1]) == "dequant") {
+    if (argc == 10 && std::string(argv[1]) == "dequant") {
         const char* fmt = argv[2];
         const hf_u64 row_bytes = strtoull(argv[3], nullptr, 10);
         const int k = atoi(argv[4]), start = atoi(argv[5]), rows = atoi(argv[6]);
+        const hf_u64 stride = strtoull(argv[7], nullptr, 10);
         DequantFn f = nullptr;
         for (const Entry& e : kEntries)
             if (std::string(e.name) == fmt) f = e.f;
-        if (!f || k <= 0 || k % HF_DQ_CHUNK != 0 || rows <= 0 || start < 0) {
+        if (!f || k <= 0 || k % HF_DQ_CHUNK != 0 || rows <= 0 || start < 0 || stride < (hf_u64)k ||
+            stride % HF_DQ_CHUNK != 0) {
             fprintf(stderr, "bad arguments\n");
             return 2;
         }
-        std::vector<unsigned char> w = read_file(argv[7]);
+        std::vector<unsigned char> w = read_file(argv[8]);
         if ((hf_u64)(start + rows) * row_bytes > w.size()) { fprintf(stderr, "weights too short\n"); return 2; }
         void* wbase;
         const unsigned char* wp = aligned_copy(w, 0, &wbase);
-        std::vector<hf_u16> out((size_t)(rows + 2) * k, kPoison);
+        std::vector<hf_u16> out((size_t)(rows - 1) * stride + 3 * (size_t)k, kPoison);
         // The host launch (crates/hipfire-gpu/src/dequant.rs): base moved to the first row.
         const unsigned cpr = k / HF_DQ_CHUNK, bpr = (cpr + HF_DQ_THREADS - 1) / HF_DQ_THREADS;
         const unsigned grid = bpr * (unsigned)rows;
@@ -98,9 +101,9 @@ int main(int argc, char** argv) {
             for (unsigned t = 0; t < HF_DQ_THREADS; ++t) {
                 blockIdx.x = b;
                 threadIdx.x = t;
-                f(wp + (hf_u64)start * row_bytes, row_bytes, k, rows, out.data(), (hf_u64)k);
+                f(wp + (hf_u64)start * row_bytes, row_bytes, k, rows, out.data(), stride);
             }
-        write_file(argv[8], out.data(), out.size() * 2);
+        write_file(argv[9], out.data(), out.size() * 2);
         free(wbase);
         return 0;
     }
