@@ -33,6 +33,12 @@ static_assert(sizeof(block_q5_1) == 24, "Q5_1 block is 24 bytes");
 // value = d * kvalues[q]
 struct block_iq4_nl { hf_u16 d; hf_u8 qs[16]; };
 static_assert(sizeof(block_iq4_nl) == 18, "IQ4_NL block is 18 bytes");
+// The IQ4_NL / IQ4_XS grid (ggml kvalues_iq4nl: -127 -104 -83 -65 | -49 -35 -22 -10 | 1 13 25 38 |
+// 53 69 89 113) as four little-endian words of int8 (the GEMV and the dequantiser decode from them).
+#define HF_IQ4NL_W0 0xBFAD9881u
+#define HF_IQ4NL_W1 0xF6EADDCFu
+#define HF_IQ4NL_W2 0x26190D01u
+#define HF_IQ4NL_W3 0x71594535u
 
 // Q4_K: 4.5 bpw, 256 elements: 8 sub-blocks of 32 with 6-bit scales and mins packed in 12 bytes.
 struct block_q4_k { hf_u16 d; hf_u16 dmin; hf_u8 scales[12]; hf_u8 qs[128]; };

@@ -248,13 +248,6 @@ struct TQ5_1 : HfXBlockUnits<1> {
     }
 };
 
-// The IQ4_NL / IQ4_XS grid (ggml kvalues_iq4nl: -127 -104 -83 -65 | -49 -35 -22 -10 | 1 13 25 38 |
-// 53 69 89 113) as four little-endian words of int8.
-#define HF_IQ4NL_W0 0xBFAD9881u
-#define HF_IQ4NL_W1 0xF6EADDCFu
-#define HF_IQ4NL_W2 0x26190D01u
-#define HF_IQ4NL_W3 0x71594535u
-
 // Four 4-bit codes (one per byte, each 0..15) to their int8 grid values at once, from registers:
 // __byte_perm picks grid[c & 7] out of words 0-1 and grid[8 + (c & 7)] out of words 2-3, and bit 3
 // of each code chooses between the two.

@@ -618,9 +618,9 @@ impl Backend for CudaBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::{FLAGS_SOURCE, GEMV_SOURCE, READ_SOURCE};
+    use crate::registry::{DEQUANT_SOURCE, FLAGS_SOURCE, GEMV_SOURCE, READ_SOURCE};
 
-    /// Compiles every kernel source for sm_90 wherever libnvrtc is installed (no GPU needed) and
+    /// Compiles every kernel source (gemv, read, flags, dequant) for sm_90 wherever libnvrtc is installed (no GPU needed) and
     /// checks each kernel the launchers look up is in the image. Skips, saying so, without NVRTC.
     #[test]
     fn kernels_compile_for_sm90_with_nvrtc() {
@@ -634,7 +634,7 @@ mod tests {
             println!("skipped: libnvrtc not found");
             return;
         }
-        for src in [GEMV_SOURCE, READ_SOURCE, FLAGS_SOURCE] {
+        for src in [GEMV_SOURCE, READ_SOURCE, FLAGS_SOURCE, DEQUANT_SOURCE] {
             let image = nvrtc_compile(src.name, src.source, src.headers, "sm_90", &[])
                 .unwrap_or_else(|e| panic!("{e}"));
             assert!(
@@ -650,6 +650,13 @@ mod tests {
                     "flags_publish_tagged".into(),
                     "flags_wait_fold".into(),
                 ]
+            } else if src.name == "dequant.cu" {
+                hipfire_quant::Format::ALL
+                    .into_iter()
+                    .filter(|f| f.has_gpu_kernel())
+                    .map(crate::dequant::dequant_kernel_name)
+                    .chain(["convert_f32_to_f16".to_string()])
+                    .collect()
             } else {
                 let mut v = vec!["quantize_x_q8".to_string()];
                 for f in hipfire_quant::Format::ALL

@@ -204,6 +204,10 @@ impl<'a> WeightRef<'a> {
     pub fn device_ptr(&self) -> u64 {
         self.ptr
     }
+    /// The context whose memory the weight is in.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
 }
 
 /// The activation `x` in the forms the kernels read: f32 (float formats) and int8 per 32 elements

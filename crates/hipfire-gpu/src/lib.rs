@@ -17,6 +17,9 @@
 //! - [`gemm`] — [`gemm_f16`]: the dense f16 × f16 → f32 GEMM of batched steps (prefill) on the
 //!   vendor BLAS (cuBLAS `GemmEx`, tensor cores), behind [`Backend::gemm_f16`]; backends without
 //!   one answer [`GpuError::NoBlas`] and callers fall back to per-token GEMVs.
+//! - [`dequant`] — [`DequantKernels`]: the batched prefill's f16 GEMM operands
+//!   (`kernels/dequant.cu`): a row range of a weight in any GEMV format to row-major f16 (the
+//!   CPU dequantiser's f32 rounded to nearest even, bit for bit), and activations f32 → f16.
 //! - [`flags`] — [`FlagsKernels`]: the device half of the `flags` join (`kernels/flags.cu`):
 //!   the publish of x into the host-mapped mailbox (fenced, or tagged with the step) and the
 //!   wait-fold that polls the CPU's done words and folds its rows into one or more outputs.
@@ -52,8 +55,10 @@
 //! ```
 //!
 //! # Tests and benches
-//! `cargo test -p hipfire-gpu` runs everywhere; the GPU tier (`tests/gpu_gemv.rs`) prints
-//! "skipped: HIPFIRE_GPU_TESTS not set" unless [`GPU_TESTS_ENV`] is set. On the GPU box:
+//! `cargo test -p hipfire-gpu` runs everywhere; the GPU tier (`tests/gpu_gemv.rs`,
+//! `tests/gpu_dequant.rs`) prints "skipped: HIPFIRE_GPU_TESTS not set" unless [`GPU_TESTS_ENV`]
+//! is set. `tests/dequant_host.rs` compiles `kernels/dequant.cu` for the host with g++ and runs
+//! its kernels thread by thread against the CPU dequantiser (skipped without g++). On the GPU box:
 //! `scripts/device-check.sh build` here, then `scripts/device-check.sh run` there (tests and
 //! `examples/gpu_bench.rs`, logs under `$OUT`). Measured figures:
 //! docs/perf-checkpoints/2026-11-29-gpu-gemv.
@@ -63,6 +68,7 @@ pub mod backend;
 pub mod context;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod dequant;
 mod error;
 pub mod flags;
 pub mod gemm;
@@ -76,6 +82,7 @@ pub use context::{
     BackendKind, Context, DeviceBuffer, DeviceElem, DeviceMemory, Event, Function,
     HostMappedBuffer, Module, Stream,
 };
+pub use dequant::{DequantKernels, DEQUANT_CHUNK, DEQUANT_THREADS};
 pub use error::{mem_available_bytes, DriverCode, GpuError, TEST_MAX_ALLOC_ENV};
 pub use flags::{
     DoneWords, FlagsKernels, FoldTarget, MailboxOffsets, FOLD_MAX_PARTS, FOLD_MAX_TARGETS,
@@ -86,7 +93,8 @@ pub use gemv::{
     QX_BLOCK,
 };
 pub use registry::{
-    KernelRegistry, KernelSource, F16_CUH, FLAGS_SOURCE, GEMV_SOURCE, KERNEL_CACHE_ENV, READ_SOURCE,
+    KernelRegistry, KernelSource, DEQUANT_SOURCE, F16_CUH, FLAGS_SOURCE, GEMV_SOURCE,
+    KERNEL_CACHE_ENV, READ_SOURCE,
 };
 
 /// Environment variable that enables the GPU test tier (`HIPFIRE_GPU_TESTS=1`).

@@ -37,6 +37,13 @@ pub const GEMV_SOURCE: KernelSource = KernelSource {
     source: include_str!("../../../kernels/gemv.cu"),
     headers: &[("blocks.cuh", BLOCKS_CUH), ("f16.cuh", F16_CUH)],
 };
+/// `kernels/dequant.cu`: weight rows of every GEMV format to row-major f16, and f32 -> f16 (the
+/// batched prefill's GEMM operands).
+pub const DEQUANT_SOURCE: KernelSource = KernelSource {
+    name: "dequant.cu",
+    source: include_str!("../../../kernels/dequant.cu"),
+    headers: &[("blocks.cuh", BLOCKS_CUH), ("f16.cuh", F16_CUH)],
+};
 /// `kernels/read.cu`: the read-bandwidth ceiling kernel.
 pub const READ_SOURCE: KernelSource = KernelSource {
     name: "read.cu",

@@ -4,6 +4,8 @@
 // The reference dequantisers keep ggml's index loops so they can be read side by side with it.
 #![allow(clippy::needless_range_loop)]
 
+pub mod dequant;
+
 use half::{bf16, f16};
 use hipfire_gpu::{Context, GPU_TESTS_ENV};
 use hipfire_quant::Format;
