@@ -382,14 +382,17 @@ impl<'m> GpuDecoder<'m> {
             max_weight_elems: 0,
             max_spilled_bytes: 0,
         };
+        // A spilled layer is staged whole, each weight at a 256-byte boundary (gpu_batch.rs).
         let mut max_proj_bytes = 0usize;
         for i in 0..c.n_layer {
+            let mut staged = 0usize;
             for n in layer_names(i) {
                 let w = &model.weights()[weight_id(model, &n)?];
                 widths.max_k = widths.max_k.max(w.k);
                 widths.max_weight_elems = widths.max_weight_elems.max(w.m * w.k);
-                max_proj_bytes = max_proj_bytes.max(w.n_bytes);
+                staged += w.n_bytes.next_multiple_of(256);
             }
+            max_proj_bytes = max_proj_bytes.max(staged);
         }
         let batch_bytes = |spill: bool| -> u64 {
             if batch_off.is_some() {
@@ -641,12 +644,14 @@ impl<'m> GpuDecoder<'m> {
                 })?;
                 if let Some(spill) = scratch.spill.as_mut() {
                     let mut order = Vec::new();
-                    for l in &layers[..n_spilled] {
+                    for (li, l) in layers[..n_spilled].iter().enumerate() {
+                        let mut ws = Vec::new();
                         for id in [l.wq, l.wk, l.wv, l.wo, l.gate, l.up, l.down] {
                             if let Some(GpuWeight::Host(h)) = &weights[id] {
-                                order.push((id, h.clone()));
+                                ws.push((id, h.clone()));
                             }
                         }
+                        order.push(crate::gpu_batch::StagedLayer::new(li, ws).0);
                     }
                     spill.set_order(order);
                 }
@@ -658,7 +663,10 @@ impl<'m> GpuDecoder<'m> {
             }
         };
         let prefill_text = match &batch_off {
-            None => format!("prefill batched ({ubatch}-token GEMM steps)"),
+            None => format!(
+                "prefill batched ({ubatch}-token GEMM micro-batches, {} per step)",
+                crate::gpu_batch::UBATCHES_PER_STEP
+            ),
             Some(why) => format!("prefill token by token ({why})"),
         };
         let resident_gib =
@@ -726,7 +734,8 @@ impl<'m> GpuDecoder<'m> {
     }
 
     /// Feed `tokens`; returns the logits after the last one. With batched prefill on, the
-    /// tokens go through the layers in micro-batches of `ubatch` (GEMMs); otherwise one by one.
+    /// tokens go through the layers in steps of up to `UBATCHES_PER_STEP` micro-batches of
+    /// `ubatch` tokens (GEMMs), layer-major within a step; otherwise one by one.
     pub fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32], ModelError> {
         if self.pos + tokens.len() > self.ctx_len {
             return Err(ModelError::ContextFull {
@@ -734,8 +743,8 @@ impl<'m> GpuDecoder<'m> {
                 ctx: self.ctx_len,
             });
         }
-        let ubatch = self.batch.as_ref().map_or(1, |b| b.scratch.rows);
-        for chunk in tokens.chunks(ubatch) {
+        let step = self.batch.as_ref().map_or(1, |b| b.scratch.step_rows);
+        for chunk in tokens.chunks(step) {
             self.forward_at_step(chunk, "prefilling")?;
         }
         Ok(&self.logits)
@@ -1029,7 +1038,7 @@ impl<'m> GpuDecoder<'m> {
                 gate: self.s.gate.device_ptr(),
                 up: self.s.up.device_ptr(),
             }),
-            (Some(b), n) if n <= b.scratch.rows => {
+            (Some(b), n) if n <= b.scratch.step_rows => {
                 let b = &b.scratch;
                 Ok(StepRows {
                     x: b.x.device_ptr(),
@@ -1046,7 +1055,7 @@ impl<'m> GpuDecoder<'m> {
                 backend: "gpu",
                 message: format!(
                     "a step of {n} tokens exceeds the batch scratch ({} tokens)",
-                    self.batch.as_ref().map_or(1, |b| b.scratch.rows)
+                    self.batch.as_ref().map_or(1, |b| b.scratch.step_rows)
                 ),
             }),
         }
@@ -1097,11 +1106,11 @@ impl<'m> GpuDecoder<'m> {
         &mut self,
         outs: &[(usize, u64, usize)],
         x: u64,
-        (k, n): (usize, usize),
+        (k, n, batched): (usize, usize, bool),
         slot: ActSlot,
         form: GemvForm,
     ) -> Result<(), ModelError> {
-        if n > 1 {
+        if batched {
             return self.project_batch(outs, x, (k, n), form);
         }
         self.prepare(slot, x, k)?;
@@ -1154,26 +1163,15 @@ impl<'m> GpuDecoder<'m> {
                         .dequant_rows(&self.stream, &wr, all, &mut b.scratch.w16)?;
                 }
                 Some(GpuWeight::Host(host)) => {
-                    let staged = match b.scratch.spill.as_mut() {
-                        Some(spill) => spill.fetch(&self.stream, id)?,
-                        None => None,
+                    let staged = b.scratch.spill.as_ref().and_then(|sp| sp.staged(id));
+                    let wr = match staged {
+                        Some((buf, off)) => WeightRef::new(buf, off, w.format, w.m, w.k)?,
+                        // Not staged (a layer out of the announced order): read the pinned
+                        // pages over PCIe.
+                        None => WeightRef::new(host.as_ref(), 0, w.format, w.m, w.k)?,
                     };
-                    match staged {
-                        Some(buf) => {
-                            let wr = WeightRef::new(buf, 0, w.format, w.m, w.k)?;
-                            b.dequant
-                                .dequant_rows(&self.stream, &wr, all, &mut b.scratch.w16)?;
-                            if let Some(spill) = b.scratch.spill.as_mut() {
-                                spill.release(&self.stream)?;
-                            }
-                        }
-                        // Out of the announced order: read the pinned pages over PCIe.
-                        None => {
-                            let wr = WeightRef::new(host.as_ref(), 0, w.format, w.m, w.k)?;
-                            b.dequant
-                                .dequant_rows(&self.stream, &wr, all, &mut b.scratch.w16)?;
-                        }
-                    }
+                    b.dequant
+                        .dequant_rows(&self.stream, &wr, all, &mut b.scratch.w16)?;
                 }
                 None => {
                     return Err(ModelError::Unsupported(format!(
@@ -1205,21 +1203,31 @@ impl<'m> GpuDecoder<'m> {
     }
 
     /// `y += b` over `n` rows.
-    fn add_bias(&self, y: u64, b: &DeviceBuffer<f32>, n: usize) -> Result<(), ModelError> {
-        match (&self.batch, n) {
-            (_, 1) => self.add(y, b)?,
-            (Some(bt), n) => bt.kernels.add_rows(&self.ctx, &self.stream, y, b, n)?,
-            (None, _) => unreachable_batch()?,
+    fn add_bias(
+        &self,
+        y: u64,
+        b: &DeviceBuffer<f32>,
+        (n, batched): (usize, bool),
+    ) -> Result<(), ModelError> {
+        match (&self.batch, batched) {
+            (_, false) => self.add(y, b)?,
+            (Some(bt), true) => bt.kernels.add_rows(&self.ctx, &self.stream, y, b, n)?,
+            (None, true) => unreachable_batch()?,
         }
         Ok(())
     }
 
-    /// RoPE over `n` rows of `n_heads` heads at positions `self.pos ..`.
-    fn rope_rows(&self, x: u64, n_heads: usize, n: usize) -> Result<(), ModelError> {
+    /// RoPE over `n` rows of `n_heads` heads at positions `pos ..` (decode: `self.pos`).
+    fn rope_rows(
+        &self,
+        x: u64,
+        n_heads: usize,
+        (n, pos, batched): (usize, usize, bool),
+    ) -> Result<(), ModelError> {
         let c = self.model.config();
-        match (&self.batch, n) {
-            (_, 1) => self.rope(x, n_heads)?,
-            (Some(bt), n) => bt.kernels.rope_rows(
+        match (&self.batch, batched) {
+            (_, false) => self.rope(x, n_heads)?,
+            (Some(bt), true) => bt.kernels.rope_rows(
                 &self.ctx,
                 &self.stream,
                 x,
@@ -1227,23 +1235,28 @@ impl<'m> GpuDecoder<'m> {
                 n_heads,
                 c.head_dim,
                 c.rope_dim,
-                self.pos,
+                pos,
                 &self.s.inv_freq,
                 c.rope_neox,
                 self.s.rope_mscale,
             )?,
-            (None, _) => unreachable_batch()?,
+            (None, true) => unreachable_batch()?,
         }
         Ok(())
     }
 
-    /// Attention of layer `li` for `n` queries at positions `self.pos ..` (their k and v already
-    /// in the cache): the split-KV decode kernel for one, the causal chunk kernel for more.
-    fn attend(&mut self, li: usize, r: &StepRows, n: usize) -> Result<(), ModelError> {
+    /// Attention of layer `li` for `n` queries at positions `pos ..` (their k and v already in
+    /// the cache): the split-KV decode kernel for decode, the causal chunk kernel in a batch.
+    fn attend(
+        &mut self,
+        li: usize,
+        r: &StepRows,
+        (n, pos, batched): (usize, usize, bool),
+    ) -> Result<(), ModelError> {
         let c = self.model.config();
         let l = &self.layers[li];
-        match (&self.batch, n) {
-            (_, 1) => self.attention.launch(
+        match (&self.batch, batched) {
+            (_, false) => self.attention.launch(
                 &self.stream,
                 &self.s.q,
                 &l.k_cache,
@@ -1251,7 +1264,7 @@ impl<'m> GpuDecoder<'m> {
                 &mut self.s.att,
                 self.pos + 1,
             )?,
-            (Some(bt), n) => bt.kernels.attention(
+            (Some(bt), true) => bt.kernels.attention(
                 &self.ctx,
                 &self.stream,
                 r.q,
@@ -1259,17 +1272,98 @@ impl<'m> GpuDecoder<'m> {
                 &l.v_cache,
                 r.att,
                 (c.n_head, c.n_head_kv, c.head_dim),
-                self.pos,
+                pos,
                 n,
             )?,
-            (None, _) => unreachable_batch()?,
+            (None, true) => unreachable_batch()?,
         }
         Ok(())
     }
 
-    /// One step over `tokens` (one for decode, a micro-batch for prefill): every layer, then the
-    /// logits of the last token. The same sequence of operations for any `n`; each operation picks
-    /// its one-token (GEMV, split-KV attention) or batched (GEMM, chunk attention) form.
+    /// Layer `li` over `m` tokens at positions `pos ..` whose residual rows start at `x`; the
+    /// other activations are `r`'s (the decode scratch, or one micro-batch's).
+    fn layer(
+        &mut self,
+        li: usize,
+        r: &StepRows,
+        x: u64,
+        (m, pos, batched): (usize, usize, bool),
+    ) -> Result<(), ModelError> {
+        let c = self.model.config().clone();
+        let (qd, kvd, hd, d) = (c.q_dim(), c.kv_dim(), c.head_dim, c.d_model);
+        let l = &self.layers[li];
+        let (wq, wk, wv, wo, wg, wu, wd) = (l.wq, l.wk, l.wv, l.wo, l.gate, l.up, l.down);
+        let kslot = l.k_cache.device_ptr() + (pos * kvd * KV_ELEM_BYTES) as u64;
+        let vslot = l.v_cache.device_ptr() + (pos * kvd * KV_ELEM_BYTES) as u64;
+        self.rms_norm(x, &self.layers[li].attn_norm, r.xn, m, d)?;
+        self.project_rows(
+            &[(wq, r.q, qd), (wk, r.k, kvd), (wv, r.v, kvd)],
+            r.xn,
+            (d, m, batched),
+            ActSlot::Model,
+            GemvForm::Plain,
+        )?;
+        let l = &self.layers[li];
+        if let Some(b) = &l.bq {
+            self.add_bias(r.q, b, (m, batched))?;
+        }
+        if let Some(b) = &l.bk {
+            self.add_bias(r.k, b, (m, batched))?;
+        }
+        if let Some(b) = &l.bv {
+            self.add_bias(r.v, b, (m, batched))?;
+        }
+        if let Some(w) = &l.q_norm {
+            self.rms_norm(r.q, w, r.q, m * c.n_head, hd)?;
+        }
+        if let Some(w) = &l.k_norm {
+            self.rms_norm(r.k, w, r.k, m * c.n_head_kv, hd)?;
+        }
+        self.rope_rows(r.q, c.n_head, (m, pos, batched))?;
+        self.rope_rows(r.k, c.n_head_kv, (m, pos, batched))?;
+        self.kv_store(r.k, r.v, kslot, vslot, m * kvd)?;
+        self.attend(li, r, (m, pos, batched))?;
+        self.project_rows(
+            &[(wo, x, d)],
+            r.att,
+            (qd, m, batched),
+            ActSlot::Q,
+            GemvForm::Residual,
+        )?;
+
+        self.rms_norm(x, &self.layers[li].ffn_norm, r.xn, m, d)?;
+        self.project_rows(
+            &[(wg, r.gate, c.n_ff), (wu, r.up, c.n_ff)],
+            r.xn,
+            (d, m, batched),
+            ActSlot::Model,
+            GemvForm::Plain,
+        )?;
+        {
+            let (mut pg, mut pu, mut po, mut len) = (r.gate, r.up, r.gate, (m * c.n_ff) as i32);
+            let mut p: [*mut c_void; 4] = [
+                (&mut pg as *mut u64).cast(),
+                (&mut pu as *mut u64).cast(),
+                (&mut po as *mut u64).cast(),
+                (&mut len as *mut i32).cast(),
+            ];
+            self.launch_1d(&self.k.swiglu, m * c.n_ff, &mut p)?;
+        }
+        self.project_rows(
+            &[(wd, x, d)],
+            r.gate,
+            (c.n_ff, m, batched),
+            ActSlot::Ff,
+            GemvForm::Residual,
+        )
+    }
+
+    /// One step over `tokens` (one for decode; up to `UBATCHES_PER_STEP` micro-batches for
+    /// prefill): every layer, then the logits of the last token. A batched step runs layer-major —
+    /// layer `l` over each micro-batch in order, then layer `l + 1` — so a spilled layer is
+    /// staged in VRAM once per step, and causality holds (micro-batch `u` of layer `l` reads the
+    /// cache rows its predecessors wrote at layer `l`). Each operation picks its one-token (GEMV,
+    /// split-KV attention) or batched (GEMM, chunk attention) form; the sequence is the same.
     fn forward(&mut self, tokens: &[u32]) -> Result<(), ModelError> {
         let c = self.model.config().clone();
         let n = tokens.len();
@@ -1289,78 +1383,31 @@ impl<'m> GpuDecoder<'m> {
             });
         }
         let r = self.rows(n)?;
+        let batched = n > 1;
+        let ubatch = match (&self.batch, batched) {
+            (Some(b), true) => b.scratch.rows,
+            _ => 1,
+        };
         if let Some(spill) = self.batch.as_mut().and_then(|b| b.scratch.spill.as_mut()) {
             spill.begin();
         }
         self.embed(tokens, r.x)?;
-
-        let (qd, kvd, hd, d) = (c.q_dim(), c.kv_dim(), c.head_dim, c.d_model);
+        let d = c.d_model;
         for li in 0..self.layers.len() {
-            let l = &self.layers[li];
-            let (wq, wk, wv, wo, wg, wu, wd) = (l.wq, l.wk, l.wv, l.wo, l.gate, l.up, l.down);
-            let kslot = l.k_cache.device_ptr() + (self.pos * kvd * KV_ELEM_BYTES) as u64;
-            let vslot = l.v_cache.device_ptr() + (self.pos * kvd * KV_ELEM_BYTES) as u64;
-            self.rms_norm(r.x, &self.layers[li].attn_norm, r.xn, n, d)?;
-            self.project_rows(
-                &[(wq, r.q, qd), (wk, r.k, kvd), (wv, r.v, kvd)],
-                r.xn,
-                (d, n),
-                ActSlot::Model,
-                GemvForm::Plain,
-            )?;
-            let l = &self.layers[li];
-            if let Some(b) = &l.bq {
-                self.add_bias(r.q, b, n)?;
+            let staged = match self.batch.as_mut().and_then(|b| b.scratch.spill.as_mut()) {
+                Some(spill) if batched => spill.fetch_layer(&self.stream, li)?,
+                _ => false,
+            };
+            for c0 in (0..n).step_by(ubatch) {
+                let m = ubatch.min(n - c0);
+                let x = r.x + (c0 * d * 4) as u64;
+                self.layer(li, &r, x, (m, self.pos + c0, batched))?;
             }
-            if let Some(b) = &l.bk {
-                self.add_bias(r.k, b, n)?;
+            if staged {
+                if let Some(spill) = self.batch.as_mut().and_then(|b| b.scratch.spill.as_mut()) {
+                    spill.release_layer(&self.stream)?;
+                }
             }
-            if let Some(b) = &l.bv {
-                self.add_bias(r.v, b, n)?;
-            }
-            if let Some(w) = &l.q_norm {
-                self.rms_norm(r.q, w, r.q, n * c.n_head, hd)?;
-            }
-            if let Some(w) = &l.k_norm {
-                self.rms_norm(r.k, w, r.k, n * c.n_head_kv, hd)?;
-            }
-            self.rope_rows(r.q, c.n_head, n)?;
-            self.rope_rows(r.k, c.n_head_kv, n)?;
-            self.kv_store(r.k, r.v, kslot, vslot, n * kvd)?;
-            self.attend(li, &r, n)?;
-            self.project_rows(
-                &[(wo, r.x, d)],
-                r.att,
-                (qd, n),
-                ActSlot::Q,
-                GemvForm::Residual,
-            )?;
-
-            self.rms_norm(r.x, &self.layers[li].ffn_norm, r.xn, n, d)?;
-            self.project_rows(
-                &[(wg, r.gate, c.n_ff), (wu, r.up, c.n_ff)],
-                r.xn,
-                (d, n),
-                ActSlot::Model,
-                GemvForm::Plain,
-            )?;
-            {
-                let (mut pg, mut pu, mut po, mut len) = (r.gate, r.up, r.gate, (n * c.n_ff) as i32);
-                let mut p: [*mut c_void; 4] = [
-                    (&mut pg as *mut u64).cast(),
-                    (&mut pu as *mut u64).cast(),
-                    (&mut po as *mut u64).cast(),
-                    (&mut len as *mut i32).cast(),
-                ];
-                self.launch_1d(&self.k.swiglu, n * c.n_ff, &mut p)?;
-            }
-            self.project_rows(
-                &[(wd, r.x, d)],
-                r.gate,
-                (c.n_ff, n),
-                ActSlot::Ff,
-                GemvForm::Residual,
-            )?;
         }
         // Logits of the last token only, through the decode scratch and the head's GEMV.
         let x_last = r.x + ((n - 1) * d * 4) as u64;

@@ -46,9 +46,11 @@ pub const MAX_BATCH_HEAD_DIM: usize = 256;
 const ROW_THREADS: u32 = 256;
 /// Threads of the per-(token, head) RoPE blocks (a 128-wide head rotates 64 pairs).
 const ROPE_THREADS: u32 = 64;
-/// Staging buffers of the spilled-weight stream: the copy of the next weight overlaps this one's
-/// expansion and GEMM; a third would only help if one GEMM outlasted two copies, which it does not
-/// at a micro-batch of 512 (the copy of a spilled 8B matrix takes ~4× its GEMM on the H200 box).
+/// Staging buffers of the spilled-layer stream (each holds one whole layer): the copy of the next
+/// layer overlaps this one's GEMMs; the first H200 run of batched prefill
+/// (docs/perf-checkpoints/2026-12-01-gpu-prefill-h200) measured the copy of a spilled 8B layer at
+/// ~2 ms and its GEMMs for 512 tokens at ~1 ms, so one layer of look-ahead keeps the copy engine
+/// busy.
 const SPILL_BUFFERS: usize = 2;
 
 /// The `kernels/prefill.cu` entry points.
@@ -242,14 +244,23 @@ pub(crate) struct BatchWidths {
     pub max_k: usize,
     /// Most elements of one layer projection (`m × k`), the f16 expansion's size.
     pub max_weight_elems: usize,
-    /// Most bytes of one spilled projection (0 when nothing spills).
+    /// Most staged bytes of one spilled layer (0 when nothing spills).
     pub max_spilled_bytes: usize,
 }
 
-/// Device scratch of a micro-batch of `rows` tokens.
+/// Micro-batches a batched step runs layer-major: each spilled layer crosses PCIe once per step,
+/// so a step of 4 × 512 tokens copies an 8B layer (~112 MiB) once where a step per micro-batch
+/// would copy it 4 times; the residual stream of the step's tokens stays in VRAM meanwhile
+/// (4 × 512 × 4096 × 4 B = 32 MiB for Llama-3-8B).
+pub(crate) const UBATCHES_PER_STEP: usize = 4;
+
+/// Device scratch of a batched step: the residual stream of its `UBATCHES_PER_STEP × rows`
+/// tokens, and the other activations of one micro-batch of `rows` tokens.
 pub(crate) struct BatchScratch {
-    /// Tokens it holds at most.
+    /// Tokens per micro-batch.
     pub rows: usize,
+    /// Tokens per step (the residual stream's rows).
+    pub step_rows: usize,
     pub x: DeviceBuffer<f32>,
     pub xn: DeviceBuffer<f32>,
     pub q: DeviceBuffer<f32>,
@@ -271,7 +282,8 @@ pub(crate) struct BatchScratch {
 impl BatchScratch {
     /// Bytes [`BatchScratch::new`] allocates in VRAM for `rows` tokens (for the placement budget).
     pub(crate) fn vram_bytes(w: &BatchWidths, rows: usize) -> u64 {
-        let f32s = rows * (2 * w.d_model + 2 * w.q_dim + 2 * w.kv_dim + 2 * w.n_ff);
+        let f32s = rows * UBATCHES_PER_STEP * w.d_model
+            + rows * (w.d_model + 2 * w.q_dim + 2 * w.kv_dim + 2 * w.n_ff);
         let f16s = rows * w.max_k + w.max_weight_elems;
         (f32s * 4 + f16s * 2 + SPILL_BUFFERS * w.max_spilled_bytes) as u64
     }
@@ -286,9 +298,11 @@ impl BatchScratch {
         } else {
             None
         };
+        let step_rows = rows * UBATCHES_PER_STEP;
         Ok(BatchScratch {
             rows,
-            x: ctx.alloc(rows * w.d_model)?,
+            step_rows,
+            x: ctx.alloc(step_rows * w.d_model)?,
             xn: ctx.alloc(rows * w.d_model)?,
             q: ctx.alloc(rows * w.q_dim)?,
             k: ctx.alloc(rows * w.kv_dim)?,
@@ -298,40 +312,73 @@ impl BatchScratch {
             up: ctx.alloc(rows * w.n_ff)?,
             x16: ctx.alloc(rows * w.max_k)?,
             w16: ctx.alloc(w.max_weight_elems)?,
-            stage_x: ctx.alloc_pinned_host(rows * w.d_model * 4)?,
+            stage_x: ctx.alloc_pinned_host(step_rows * w.d_model * 4)?,
             spill,
         })
     }
 }
 
-/// Spilled weights copied into VRAM ahead of their GEMMs, in the order a batched forward uses
-/// them, on a copy stream of their own.
+/// Byte alignment of each weight inside a staged layer (cudaMalloc's own granularity, so a staged
+/// weight is aligned as a resident one).
+const STAGE_ALIGN: usize = 256;
+
+/// One spilled layer as the copy stream moves it: its weights' host pages and their offsets in a
+/// staging buffer.
+pub(crate) struct StagedLayer {
+    /// Layer index.
+    pub layer: usize,
+    /// `(weight id, host bytes, offset in the staging buffer)`.
+    pub weights: Vec<(usize, Arc<HostMappedBuffer>, usize)>,
+}
+
+impl StagedLayer {
+    /// Lays `weights` out back to back at [`STAGE_ALIGN`]; returns the layer and its bytes.
+    pub(crate) fn new(layer: usize, weights: Vec<(usize, Arc<HostMappedBuffer>)>) -> (Self, usize) {
+        let mut off = 0usize;
+        let weights = weights
+            .into_iter()
+            .map(|(id, h)| {
+                let at = off;
+                off = (off + h.len()).next_multiple_of(STAGE_ALIGN);
+                (id, h, at)
+            })
+            .collect();
+        (StagedLayer { layer, weights }, off)
+    }
+}
+
+/// Spilled layers copied into VRAM ahead of their GEMMs, in layer order, on a copy stream of
+/// their own.
 ///
-/// Buffer `j` is reused every [`SPILL_BUFFERS`] weights: the copy into it waits on `free[j]`,
-/// recorded on the compute stream after the expansion that last read it; the compute stream waits
-/// on `copied[j]` before expanding. The forward announces each spilled weight as it reaches it
-/// ([`SpillStream::fetch`]), which queues the copies of the next ones, so copies run back to back
+/// A batched step runs layer-major over its micro-batches, so each spilled layer is copied once
+/// per step — not once per micro-batch — and every micro-batch's GEMMs read the staged copy.
+/// Staging buffer `j` takes every [`SPILL_BUFFERS`]-th layer: the copy into it waits on `free[j]`,
+/// recorded on the compute stream after the last read of the layer it held; the compute stream
+/// waits on `copied[j]` before the layer's first GEMM. Asking for layer `l`
+/// ([`SpillStream::fetch_layer`]) queues the copy of the next one, so copies run back to back
 /// while the compute stream works.
 pub(crate) struct SpillStream {
     copy: Stream,
     staging: Vec<DeviceBuffer<u8>>,
     copied: Vec<Event>,
     free: Vec<Event>,
-    /// Spilled weights in order of use by one forward: `(weight id, host bytes)`.
-    order: Vec<(usize, Arc<HostMappedBuffer>)>,
-    /// Position in `order` of the next weight the forward will ask for.
+    /// Spilled layers in order of use by one step.
+    order: Vec<StagedLayer>,
+    /// Position in `order` of the next layer the step will ask for.
     next_use: usize,
-    /// Copies queued so far in this forward.
+    /// The layer fetched and not yet released.
+    current: Option<usize>,
+    /// Copies queued so far in this step.
     issued: usize,
 }
 
 impl SpillStream {
-    fn new(ctx: &Arc<Context>, max_bytes: usize) -> Result<SpillStream, GpuError> {
+    fn new(ctx: &Arc<Context>, max_layer_bytes: usize) -> Result<SpillStream, GpuError> {
         let mut staging = Vec::with_capacity(SPILL_BUFFERS);
         let mut copied = Vec::with_capacity(SPILL_BUFFERS);
         let mut free = Vec::with_capacity(SPILL_BUFFERS);
         for _ in 0..SPILL_BUFFERS {
-            staging.push(ctx.alloc::<u8>(max_bytes)?);
+            staging.push(ctx.alloc::<u8>(max_layer_bytes)?);
             copied.push(ctx.new_event()?);
             free.push(ctx.new_event()?);
         }
@@ -342,65 +389,70 @@ impl SpillStream {
             free,
             order: Vec::new(),
             next_use: 0,
+            current: None,
             issued: 0,
         })
     }
 
-    /// Sets the order of use (once, after placement).
-    pub(crate) fn set_order(&mut self, order: Vec<(usize, Arc<HostMappedBuffer>)>) {
+    /// Sets the layers and their order of use (once, after placement).
+    pub(crate) fn set_order(&mut self, order: Vec<StagedLayer>) {
         self.order = order;
     }
 
-    /// Starts a forward: the first weight asked for is `order[0]` again.
+    /// Starts a step: the first layer asked for is `order[0]` again.
     pub(crate) fn begin(&mut self) {
         self.next_use = 0;
         self.issued = 0;
+        self.current = None;
     }
 
     fn queue_copies(&mut self, through: usize) -> Result<(), GpuError> {
         while self.issued < through.min(self.order.len()) {
             let j = self.issued % SPILL_BUFFERS;
-            let host = &self.order[self.issued].1;
             self.copy.wait_event(&self.free[j])?;
-            let bytes = host.len();
-            self.copy
-                .memcpy_htod_async(&mut self.staging[j], 0, host, 0, bytes)?;
+            for (_, host, off) in &self.order[self.issued].weights {
+                self.copy
+                    .memcpy_htod_async(&mut self.staging[j], *off, host, 0, host.len())?;
+            }
             self.copy.record(&self.copied[j])?;
             self.issued += 1;
         }
         Ok(())
     }
 
-    /// The VRAM copy of spilled weight `id`, ready for `compute` to read once this returns (the
-    /// compute stream waits on its copy). `Ok(None)` when `id` is not the weight expected next
-    /// (the caller then reads the host pages directly). Call [`SpillStream::release`] after the
-    /// last read of the copy is queued on `compute`.
-    pub(crate) fn fetch(
-        &mut self,
-        compute: &Stream,
-        id: usize,
-    ) -> Result<Option<&DeviceBuffer<u8>>, GpuError> {
-        if self.order.get(self.next_use).map(|o| o.0) != Some(id) {
-            return Ok(None);
+    /// Makes layer `layer`'s staged copy current (the compute stream waits on its copy) when it
+    /// is the spilled layer expected next; returns whether it is. Pair with
+    /// [`SpillStream::release_layer`] after the layer's last GEMM is queued.
+    pub(crate) fn fetch_layer(&mut self, compute: &Stream, layer: usize) -> Result<bool, GpuError> {
+        if self.order.get(self.next_use).map(|o| o.layer) != Some(layer) {
+            return Ok(false);
         }
         let p = self.next_use;
         self.queue_copies(p + SPILL_BUFFERS)?;
-        let j = p % SPILL_BUFFERS;
-        compute.wait_event(&self.copied[j])?;
-        Ok(Some(&self.staging[j]))
+        compute.wait_event(&self.copied[p % SPILL_BUFFERS])?;
+        self.current = Some(p);
+        Ok(true)
     }
 
-    /// Marks the weight last fetched as read (on `compute`) and queues the next copy into its
-    /// buffer.
-    pub(crate) fn release(&mut self, compute: &Stream) -> Result<(), GpuError> {
-        let j = self.next_use % SPILL_BUFFERS;
-        compute.record(&self.free[j])?;
-        self.next_use += 1;
+    /// The staged bytes of weight `id` in the current layer: its buffer and byte offset.
+    pub(crate) fn staged(&self, id: usize) -> Option<(&DeviceBuffer<u8>, usize)> {
+        let p = self.current?;
+        let (_, _, off) = self.order[p].weights.iter().find(|w| w.0 == id)?;
+        Some((&self.staging[p % SPILL_BUFFERS], *off))
+    }
+
+    /// Marks the current layer as read (on `compute`) and queues the next copy into its buffer.
+    pub(crate) fn release_layer(&mut self, compute: &Stream) -> Result<(), GpuError> {
+        let Some(p) = self.current.take() else {
+            return Ok(());
+        };
+        compute.record(&self.free[p % SPILL_BUFFERS])?;
+        self.next_use = p + 1;
         self.queue_copies(self.next_use + SPILL_BUFFERS)
     }
 
-    /// Waits for every queued copy: after a forward that stopped early (an error), so no copy
-    /// still writes a buffer the next forward reuses.
+    /// Waits for every queued copy: after a step that stopped early (an error), so no copy
+    /// still writes a buffer the next step reuses.
     pub(crate) fn drain(&self) -> Result<(), ModelError> {
         self.copy.synchronize().map_err(Into::into)
     }
