@@ -437,7 +437,7 @@ impl Mailbox {
             || false,
         )?;
         if seen & DONE_FAILED != 0 {
-            return Err(ExecError::Gpu(format!("cpu arm failed at step {step}")));
+            return Err(ExecError::FlagsFault { step });
         }
         // SAFETY: in bounds (`new`); after done == step (acquire) no worker writes the rows.
         let rows = unsafe {

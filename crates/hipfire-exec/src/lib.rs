@@ -19,22 +19,9 @@
 //! - [`bench`](mod@bench) — CPU GEMV and plain-read bandwidth on the same pinned workers
 //!   (serde results for `hipfire offload-bench` and the criterion bench).
 //!
-//! The actor form over host slices (planner actor, GPU actor, join trait), tested but not on
-//! the decode path; it refuses `two-stream` and `flags` (issue 16 makes one executor of the two):
-//! - [`step`] — its steps: `Step::Gemv` / `Step::GemvResidual`, the `OffloadExec` mode, weight
-//!   residency.
-//! - [`gpu`] — the `GpuEngine` trait, its actor (`GpuActor` / `GpuHandle`) and, for tests
-//!   only (the `testing` feature), a CPU-backed `SimulatedGpu` stand-in.
-//! - [`join`] — join strategies behind a trait, selected by `JoinKind`.
-//! - [`planner`] — the planner actor (`Planner` / `PlannerHandle`): route, refuse, schedule,
-//!   cut, run, feed back, trace.
-//! - [`trace`] — its `hipfire::cpu_exec` trace lines.
-//! - [`mapped_gpu`] — `MappedGpuEngine`: a real GPU (hipfire-gpu) behind `GpuEngine` for
-//!   host-operand steps (`tests/planner_gpu.rs`).
-//!
 //! # The one design decision
 //! Engines only execute; they never schedule. The executor (`OffloadExecutor` on the decode
-//! path, the planner in the actor form) asks the scheduler for a share, cuts rows, hands each
+//! path) asks the scheduler for a share, cuts rows, hands each
 //! engine its range, and feeds the measured times back. So the scheduler is testable with a
 //! simulated host, and an engine can be swapped (or a second GPU added) without touching the
 //! policy. On the decode path the thread that owns the CUDA stream enqueues the GPU arm itself
@@ -43,7 +30,6 @@
 //! # Features
 //! - `experiments`: knobs still under measurement (`FlagsTuning::publish_blocks`), off in the
 //!   product, whose path then runs the measured default with no runtime branch.
-//! - `testing`: stand-ins for tests (`SimulatedGpu`), enabled only by dev-dependencies.
 //!
 //! # Errors
 //! One crate error, [`ExecError`]: callers treat every executor failure alike (stop the step,
@@ -54,27 +40,15 @@
 pub mod bench;
 pub mod error;
 pub mod flags;
-pub mod gpu;
-pub mod join;
 mod kernel;
-pub mod mapped_gpu;
 pub mod offload;
-pub mod planner;
 pub mod pool;
 pub mod refusal;
 pub mod share;
-pub mod step;
 pub mod topology;
-pub mod trace;
 
 pub use error::ExecError;
-#[cfg(any(test, feature = "testing"))]
-pub use gpu::SimulatedGpu;
-pub use gpu::{GpuEngine, GpuHandle};
-pub use join::{JoinKind, JoinStrategy};
 pub use kernel::ActivationBuf;
-pub use planner::{PlannerConfig, PlannerHandle, Route, StepReport};
 pub use pool::{CpuPool, GemvSegment, PoolConfig};
 pub use refusal::Refusal;
 pub use share::{ShareController, ShareSetting};
-pub use step::{OffloadExec, Residency, Step, WeightView};

@@ -958,10 +958,7 @@ impl OffloadExecutor {
             .fault()
             .load(std::sync::atomic::Ordering::Acquire);
         if fault != 0 {
-            return Err(ExecError::Gpu(format!(
-                "flags join: the device's wait for the CPU rows of step {fault} timed out or saw \
-                 the CPU arm fail; that step's output rows were not written"
-            )));
+            return Err(ExecError::FlagsFault { step: fault });
         }
         fl.step = next_step(fl.step);
         let seq = fl.step;
