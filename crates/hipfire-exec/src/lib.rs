@@ -40,6 +40,7 @@
 pub mod bench;
 pub mod error;
 pub mod flags;
+pub mod join;
 mod kernel;
 pub mod offload;
 pub mod pool;
