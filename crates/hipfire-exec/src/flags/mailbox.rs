@@ -24,7 +24,7 @@ pub const PART_DONE_OFFSET: usize = 192;
 pub const MAX_DONE_PARTS: usize = hipfire_gpu::FOLD_MAX_PARTS;
 /// Offset of the activation.
 pub const X_OFFSET: usize = PART_DONE_OFFSET + MAX_DONE_PARTS * MAILBOX_ALIGN;
-/// Bytes per element of the x area: room for the tagged form ([`FlagsTuning::tagged_x`]).
+/// Bytes per element of the x area: room for the tagged form (`FlagsTuning::tagged_x`).
 pub const TAGGED_X_BYTES: usize = 8;
 /// Alignment of the mailbox and of its areas (a cache line).
 pub const MAILBOX_ALIGN: usize = 64;

@@ -9,8 +9,8 @@
 //! driven from [`crate::join::flags`]). In CPU-only tests, test-only stand-ins of the mailbox play
 //! the device.
 //!
-//! Files: [`mailbox`] (layout, memory, words, the spin-wait), [`job`] (the arm as a pool job
-//! and its ticket), [`activation`] (x prepared by the workers together), [`tuning`] (the
+//! Files: `mailbox` (layout, memory, words, the spin-wait), `job` (the arm as a pool job
+//! and its ticket), `activation` (x prepared by the workers together), `tuning` (the
 //! knobs and their measured defaults).
 //!
 //! # Layout (offsets in bytes; mirror them in the kernels)

@@ -1,9 +1,9 @@
 //! Join strategies: how the CPU rows of a split step rejoin the GPU's, over device operands.
 //!
 //! The planner ([`crate::offload::OffloadExecutor`]) routes a spilled step, asks the share
-//! controller for the cut and hands the step to its [`Join`]; the join sequences the two
+//! controller for the cut and hands the step to its `Join`; the join sequences the two
 //! engines and the copies, and leaves the step's arm timings with the arm timer. Choosing a
-//! strategy is constructing another `Join` ([`build`]); a fourth strategy is one new file
+//! strategy is constructing another `Join` (`build`); a fourth strategy is one new file
 //! here plus its [`JoinStrategy`] spelling.
 //!
 //! - [`ordering`]: blocking D2H of x, GPU arm async, CPU arm, the H2D of the CPU rows on the
@@ -13,7 +13,7 @@
 //! - [`flags`]: no host synchronisation inside the step: x and the CPU rows pass through a
 //!   host-mapped mailbox guarded by words the device writes and polls (the host half is
 //!   [`crate::flags`], the device half `kernels/flags.cu`). It also fuses the projections that
-//!   share an activation into one split ([`Join::fused_cpu_rows`]).
+//!   share an activation into one split (`Join::fused_cpu_rows`).
 
 pub mod flags;
 pub mod ordering;

@@ -9,14 +9,14 @@
 //!   H2D of `y`;
 //! - `passback`: rows `[0, g)` on the GPU while the pool computes `[g, m)`, `g` from the
 //!   [`ShareController`]; the CPU rows rejoin the GPU's under the mode's [`JoinStrategy`],
-//!   whose [`crate::join::Join`] runs the split.
+//!   whose `crate::join::Join` runs the split.
 //!
 //! The planner ([`OffloadExecutor`]) owns the share controller, the refusals, the trace
-//! ([`trace`]), the arm timer ([`arm_timer`]), the join and the engines (the GPU arm is queued
+//! (`trace`), the arm timer (`arm_timer`), the join and the engines (the GPU arm is queued
 //! on the caller's stream: the thread that owns the stream drives it, since an actor hop per
 //! step would cost a wake-up; the CPU arm goes to the pinned pool's workers). It only sequences
 //! engines and feeds timings to the controller; the controller decides (engines execute, the
-//! scheduler schedules). Projections over one activation may run as one split ([`fusion`]).
+//! scheduler schedules). Projections over one activation may run as one split (`fusion`).
 
 mod arm_timer;
 mod fusion;

@@ -44,7 +44,7 @@ impl CpuPool {
     /// of rows covering at least `row0 + y.len()`): `y[i] (+)= W[row0 + i]·x`, with `act`
     /// already prepared for `fmt`. This is the passback CPU arm: `row0 = g`, `y = &mut out[g..m]`.
     ///
-    /// Worker cut points are multiples of [`WORKER_ROW_ALIGN`] in absolute rows.
+    /// Worker cut points are multiples of `WORKER_ROW_ALIGN` in absolute rows.
     #[allow(clippy::too_many_arguments)] // the GEMV's own operands; a struct would only rename them
     pub fn gemv_prepared(
         &self,

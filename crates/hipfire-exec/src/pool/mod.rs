@@ -16,7 +16,7 @@
 //! pointer has answered (or died, dropping the message). That blocking wait is what makes the
 //! erased lifetime sound; see the SAFETY comments in `CpuPool::run_job`.
 //!
-//! Files: [`actor`] (the worker task and its messages), [`jobs`] (the GEMV jobs and their
+//! Files: `actor` (the worker task and its messages), `jobs` (the GEMV jobs and their
 //! calls); here the handle, the row cut and the dispatch.
 
 mod actor;
