@@ -234,3 +234,26 @@ pub(crate) fn staged_split(
     });
     Ok(SplitTimes { d2h, cpu, join })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::JoinStrategy;
+
+    #[test]
+    fn every_strategy_parses_from_its_config_spelling() {
+        for s in JoinStrategy::ALL {
+            assert_eq!(JoinStrategy::parse(s.name()).expect("own spelling"), s);
+            assert_eq!(
+                JoinStrategy::parse(&format!("  {}  ", s.name().to_ascii_uppercase()))
+                    .expect("case and blanks"),
+                s
+            );
+        }
+        assert_eq!(
+            JoinStrategy::parse("two_stream").expect("underscore"),
+            JoinStrategy::TwoStream
+        );
+        let err = JoinStrategy::parse("barrier").expect_err("unknown");
+        assert!(err.to_string().contains("barrier"), "{err}");
+    }
+}
