@@ -74,8 +74,8 @@ pub unsafe trait MailboxMemory: Send + Sync {
     }
 }
 
-// SAFETY: a pinned, page-aligned allocation owned by the buffer, valid until it drops.
-unsafe impl MailboxMemory for hipfire_gpu::HostMappedBuffer {
+// SAFETY: a pinned, page-aligned allocation owned by the Arc'd buffer, valid until it drops.
+unsafe impl MailboxMemory for Arc<hipfire_gpu::HostMappedBuffer> {
     fn base(&self) -> *mut u8 {
         self.host_ptr()
     }
@@ -84,19 +84,22 @@ unsafe impl MailboxMemory for hipfire_gpu::HostMappedBuffer {
     }
 }
 
-/// One cache line (for [`HostMailboxMemory`]'s alignment).
+/// One cache line (for `HostMailboxMemory`'s alignment).
+#[cfg(test)]
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 struct Line([u8; MAILBOX_ALIGN]);
 
-/// Plain host memory for a mailbox (CPU-only runs and tests).
-pub struct HostMailboxMemory {
+/// Plain host memory for a mailbox: the CPU-only tests' stand-in for pinned memory.
+#[cfg(test)]
+pub(crate) struct HostMailboxMemory {
     lines: Box<[std::cell::UnsafeCell<Line>]>,
 }
 
+#[cfg(test)]
 impl HostMailboxMemory {
     /// At least `bytes` zeroed bytes.
-    pub fn new(bytes: usize) -> HostMailboxMemory {
+    pub(crate) fn new(bytes: usize) -> HostMailboxMemory {
         let n = bytes.div_ceil(MAILBOX_ALIGN).max(1);
         HostMailboxMemory {
             lines: (0..n)
@@ -106,10 +109,12 @@ impl HostMailboxMemory {
     }
 }
 
+#[cfg(test)]
 // SAFETY: the memory is only reached through raw pointers under the mailbox protocol (atomics
 // for the words, disjoint row ranges for the data).
 unsafe impl Sync for HostMailboxMemory {}
 
+#[cfg(test)]
 // SAFETY: owned, 64-byte aligned (`Line`), never moved (boxed slice), valid until drop.
 unsafe impl MailboxMemory for HostMailboxMemory {
     fn base(&self) -> *mut u8 {

@@ -37,9 +37,9 @@ mod tuning;
 
 pub use job::{flags_clock_ns, ArmRows, FlagsArm, FlagsReport, FlagsTicket, WeightBytes};
 pub use mailbox::{
-    next_step, HostMailboxMemory, Mailbox, MailboxMemory, DEFAULT_FLAGS_TIMEOUT, DONE_FAILED,
-    DONE_OFFSET, FAULT_OFFSET, FOLD_WAIT_OFFSET, MAILBOX_ALIGN, MAX_DONE_PARTS, PART_DONE_OFFSET,
-    SEQ_OFFSET, TAGGED_X_BYTES, X_OFFSET,
+    next_step, Mailbox, MailboxMemory, DEFAULT_FLAGS_TIMEOUT, DONE_FAILED, DONE_OFFSET,
+    FAULT_OFFSET, FOLD_WAIT_OFFSET, MAILBOX_ALIGN, MAX_DONE_PARTS, PART_DONE_OFFSET, SEQ_OFFSET,
+    TAGGED_X_BYTES, X_OFFSET,
 };
 pub use tuning::{
     FlagsTuning, DEFAULT_CHUNKS_PER_WORKER, DEFAULT_PUBLISH_BLOCKS, DEFAULT_TAGGED_X,

@@ -15,9 +15,7 @@ use hipfire_gpu::{
     RowRange,
 };
 
-use crate::flags::{
-    next_step, ArmRows, FlagsArm, FlagsTuning, Mailbox, MailboxMemory, DEFAULT_FLAGS_TIMEOUT,
-};
+use crate::flags::{next_step, ArmRows, FlagsArm, FlagsTuning, Mailbox, DEFAULT_FLAGS_TIMEOUT};
 use crate::join::{DeviceArgs, Join, SplitPlan, SplitTimes};
 use crate::offload::{gpu_err, ArmAccount, PendingSplit, PlannerCore, SpilledStep};
 use crate::share::{ArmSample, ArmTime, CPU_ENGINE};
@@ -44,16 +42,6 @@ pub(crate) struct FlagsJoin {
     /// spilled, three alternating runs: 42.1-42.2 tok/s at the commit before it, 39.2-42.8
     /// with it always on).
     timeline: bool,
-}
-
-// SAFETY: a pinned, page-aligned allocation owned by the Arc'd buffer, valid until it drops.
-unsafe impl MailboxMemory for Arc<HostMappedBuffer> {
-    fn base(&self) -> *mut u8 {
-        self.host_ptr()
-    }
-    fn len(&self) -> usize {
-        HostMappedBuffer::len(self)
-    }
 }
 
 impl FlagsJoin {
