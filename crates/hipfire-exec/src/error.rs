@@ -55,22 +55,20 @@ pub enum ExecError {
         /// The rule it broke.
         rule: &'static str,
     },
-    /// The GPU engine cannot serve the request (no GPU actor, unknown weight, a cpu arm that
-    /// failed beside it): a condition of the executor, said in words.
-    #[error("gpu engine: {0}")]
-    Gpu(String),
+    /// Under the `flags` join, the device's wait for the CPU rows of `step` timed out or saw the
+    /// CPU arm fail (the device's fault word): that step's output rows were not written.
+    #[error(
+        "flags join: the device's wait for the CPU rows of step {step} timed out or saw the CPU \
+         arm fail; that step's output rows were not written"
+    )]
+    FlagsFault {
+        /// The step number the device recorded.
+        step: u32,
+    },
     /// A GPU call failed: the [`hipfire_gpu::GpuError`] itself (the driver call named, the
     /// bytes asked and free for an allocation), kept as the source so callers can match it.
     #[error(transparent)]
     Device(#[from] hipfire_gpu::GpuError),
-    /// An actor caught a panic while running a request; the request's output is unspecified.
-    #[error("{actor} actor panicked: {message}")]
-    Panicked {
-        /// Which actor.
-        actor: &'static str,
-        /// The panic payload, when it was a string.
-        message: String,
-    },
     /// A wait on a peer (the device's flags words) ran out.
     #[error("timed out after {after:?} waiting for the {what}")]
     Timeout {
@@ -78,11 +76,5 @@ pub enum ExecError {
         what: &'static str,
         /// How long.
         after: std::time::Duration,
-    },
-    /// An actor (planner / GPU) has stopped: its request channel is closed.
-    #[error("{actor} actor stopped")]
-    ActorStopped {
-        /// Which actor.
-        actor: &'static str,
     },
 }

@@ -1,49 +1,41 @@
 //! hipfire-exec: the dual-engine executor.
 //!
 //! # Layout
-//! The decode path (what `hipfire run` uses on a GPU):
-//! - [`offload`] — `OffloadExecutor`, the production executor: spilled steps whose activation
-//!   and output live on the device, as `pcie`, `cpu` or `passback` (rows split between the
-//!   engines) with the `ordering`, `two-stream` or `flags` join (the default); q/k/v and
-//!   gate/up fused into one split step under `flags` (`run_shared`); the arm timer and trace.
-//! - [`flags`] — the host half of the `flags` join: the host-mapped mailbox layout and the pool
-//!   jobs that wait on the device's words, prepare x (alone or together) and publish per-chunk
-//!   done words. The device half is `kernels/flags.cu`, launched by `hipfire_gpu::FlagsKernels`.
-//! - [`pool`] — the CPU engine: pinned worker actors ([`CpuPool`] handle, `CpuWorker` task)
-//!   that multiply row ranges of any format through hipfire-quant's row dot; also the CPU
-//!   decode's batched (`gemv_batch`) and multi-token (`gemv_tokens`) calls.
+//! The decode path (what `hipfire run` uses on a GPU), in the order a spilled step meets it:
+//! - [`offload`] — the planner, `OffloadExecutor`: routes each spilled step (its activation and
+//!   output on the device) as `pcie`, `cpu` or `passback` (rows split between the engines),
+//!   refuses ([`refusal`]), probes and asks [`share`] for the cut, hands the split to the join,
+//!   and feeds the arm timings back. Its files: `offload/mod.rs` (routing, probe, whole-CPU
+//!   steps), `arm_timer.rs` (the event ring and pending splits, [`offload::ArmAccount`]),
+//!   `fusion.rs` (q/k/v and gate/up as one split, `run_shared`), `trace.rs` (the
+//!   `hipfire::cpu_exec` trace).
+//! - [`join`] — [`join::JoinStrategy`] and the joins behind one trait, a file each: `ordering`
+//!   and `two-stream` (host-staged CPU arm on the calling thread) and `flags` (the default: no
+//!   host synchronisation inside the step; its device half is `kernels/flags.cu`, launched by
+//!   `hipfire_gpu::FlagsKernels`).
+//! - [`flags`] — the host half of the `flags` join: the mailbox layout and memory, the pool job
+//!   whose workers wait on the device's words, prepare x (alone or together), multiply their
+//!   chunks and publish per-chunk done words, and the join's knobs ([`flags::FlagsTuning`]).
+//! - [`pool`] — the CPU engine: pinned worker actors ([`CpuPool`] handle, `CpuWorker` task) that
+//!   multiply row ranges of any format through hipfire-quant's row dot; also the CPU decode's
+//!   batched (`gemv_batch`) and multi-token (`gemv_tokens`) calls.
 //! - [`share`] — the share scheduler: a pure state machine (no threads, no clocks) fed arm
-//!   timings, and the row cut [`share::plan_rows`].
+//!   timings, and the N-way row cut [`share::cut_rows`].
 //! - [`refusal`] — the rules that keep a step off the split (it then runs whole on the CPU).
 //! - [`topology`] — one logical CPU per physical core.
 //! - [`bench`](mod@bench) — CPU GEMV and plain-read bandwidth on the same pinned workers
 //!   (serde results for `hipfire offload-bench` and the criterion bench).
 //!
-//! The actor form over host slices (planner actor, GPU actor, join trait), tested but not on
-//! the decode path; it refuses `two-stream` and `flags` (issue 16 makes one executor of the two):
-//! - [`step`] — its steps: `Step::Gemv` / `Step::GemvResidual`, the `OffloadExec` mode, weight
-//!   residency.
-//! - [`gpu`] — the `GpuEngine` trait, its actor (`GpuActor` / `GpuHandle`) and, for tests
-//!   only (the `testing` feature), a CPU-backed `SimulatedGpu` stand-in.
-//! - [`join`] — join strategies behind a trait, selected by `JoinKind`.
-//! - [`planner`] — the planner actor (`Planner` / `PlannerHandle`): route, refuse, schedule,
-//!   cut, run, feed back, trace.
-//! - [`trace`] — its `hipfire::cpu_exec` trace lines.
-//! - [`mapped_gpu`] — `MappedGpuEngine`: a real GPU (hipfire-gpu) behind `GpuEngine` for
-//!   host-operand steps (`tests/planner_gpu.rs`).
-//!
 //! # The one design decision
-//! Engines only execute; they never schedule. The executor (`OffloadExecutor` on the decode
-//! path, the planner in the actor form) asks the scheduler for a share, cuts rows, hands each
-//! engine its range, and feeds the measured times back. So the scheduler is testable with a
-//! simulated host, and an engine can be swapped (or a second GPU added) without touching the
-//! policy. On the decode path the thread that owns the CUDA stream enqueues the GPU arm itself
+//! Engines only execute; they never schedule. The planner (`OffloadExecutor`) asks the
+//! scheduler for a share, cuts rows, hands each engine its range through the join, and feeds
+//! the measured times back. So the scheduler is testable with a simulated host, and an engine
+//! or a join can be swapped (or a second GPU added) without touching the policy. On the decode path the thread that owns the CUDA stream enqueues the GPU arm itself
 //! (an actor hop per step would cost a thread wake-up); see docs/design.md.
 //!
 //! # Features
 //! - `experiments`: knobs still under measurement (`FlagsTuning::publish_blocks`), off in the
 //!   product, whose path then runs the measured default with no runtime branch.
-//! - `testing`: stand-ins for tests (`SimulatedGpu`), enabled only by dev-dependencies.
 //!
 //! # Errors
 //! One crate error, [`ExecError`]: callers treat every executor failure alike (stop the step,
@@ -54,27 +46,18 @@
 pub mod bench;
 pub mod error;
 pub mod flags;
-pub mod gpu;
 pub mod join;
 mod kernel;
-pub mod mapped_gpu;
 pub mod offload;
-pub mod planner;
 pub mod pool;
 pub mod refusal;
 pub mod share;
-pub mod step;
 pub mod topology;
-pub mod trace;
 
 pub use error::ExecError;
-#[cfg(any(test, feature = "testing"))]
-pub use gpu::SimulatedGpu;
-pub use gpu::{GpuEngine, GpuHandle};
-pub use join::{JoinKind, JoinStrategy};
+pub use join::JoinStrategy;
 pub use kernel::ActivationBuf;
-pub use planner::{PlannerConfig, PlannerHandle, Route, StepReport};
+pub use offload::{OffloadExecutor, OffloadMode, SpilledStep};
 pub use pool::{CpuPool, GemvSegment, PoolConfig};
 pub use refusal::Refusal;
 pub use share::{ShareController, ShareSetting};
-pub use step::{OffloadExec, Residency, Step, WeightView};

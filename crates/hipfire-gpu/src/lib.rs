@@ -24,6 +24,9 @@
 //!   the publish of x into the host-mapped mailbox (fenced, or tagged with the step) and the
 //!   wait-fold that polls the CPU's done words and folds its rows into one or more outputs.
 //!   The mailbox layout is `hipfire_exec::flags`'s.
+//! - [`launch`] — [`LaunchArgs`]: a kernel's parameters typed one by one
+//!   (`LaunchArgs::new().ptr(x).i32(n).f32(eps)`), held on the stack, handed to a launch as the
+//!   pointer array it needs.
 //!
 //! # The one design decision
 //! A row range is a pointer offset: every kernel reads row `i` at `W + i·row_bytes` and writes
@@ -75,6 +78,7 @@ pub mod gemm;
 pub mod gemv;
 #[cfg(feature = "hip")]
 pub mod hip;
+pub mod launch;
 pub mod registry;
 
 pub use backend::{Backend, DeviceInfo, GemmF16, LaunchDims};
@@ -92,6 +96,7 @@ pub use gemv::{
     Activation, GemvConfig, GemvForm, GemvKernels, ReadKernel, RowRange, WeightLocation, WeightRef,
     QX_BLOCK,
 };
+pub use launch::{LaunchArgs, MAX_LAUNCH_PARAMS};
 pub use registry::{
     KernelRegistry, KernelSource, DEQUANT_SOURCE, F16_CUH, FLAGS_SOURCE, GEMV_SOURCE,
     KERNEL_CACHE_ENV, READ_SOURCE,
