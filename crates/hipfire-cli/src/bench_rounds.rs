@@ -83,16 +83,27 @@ pub fn run(
     stop: &Stop,
     progress: &dyn Fn(String),
 ) -> anyhow::Result<Vec<Value>> {
+    let base = passthrough_args(std::env::args().skip(1));
+    interleave(modes, reps, stop, progress, &mut |mode| child(mode, &base))
+}
+
+/// [`run`] over any `child` (one repetition of one mode → its rows with one sample each).
+fn interleave(
+    modes: &[String],
+    reps: u32,
+    stop: &Stop,
+    progress: &dyn Fn(String),
+    child: &mut dyn FnMut(&str) -> anyhow::Result<Vec<Value>>,
+) -> anyhow::Result<Vec<Value>> {
     if reps == 0 {
         bail!("-r must be at least 1");
     }
-    let base = passthrough_args(std::env::args().skip(1));
     let reps = reps as usize;
     let mut cells: Vec<Cell> = Vec::new();
     'reps: for r in 0..reps {
         for j in 0..modes.len() {
             let i = (j + r) % modes.len();
-            let rows = match child(&modes[i], &base) {
+            let rows = match child(&modes[i]) {
                 _ if stop.requested().is_some() => break 'reps,
                 rows => rows?,
             };
@@ -163,6 +174,114 @@ pub fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A child's row: `test` of `tokens` tokens (prompt when `pp`), one sample of `ns`.
+    fn child_row(mode: &str, test: &str, pp: bool, tokens: u64, ns: u64) -> Value {
+        let (p, n) = if pp { (tokens, 0) } else { (0, tokens) };
+        with_samples(
+            json!({ "offload_exec": mode, "test": test, "n_prompt": p, "n_gen": n }),
+            &[ns],
+        )
+    }
+
+    #[test]
+    fn repetitions_rotate_modes_and_pair_ratios_per_repetition() {
+        let modes = ["cpu".to_string(), "passback".to_string()];
+        // Seeded pseudo-random timings per (call, test) (Knuth's MMIX LCG), kept to check the
+        // output against.
+        let mut state = 0x1234_5678_u64;
+        let mut calls: Vec<(String, u64, u64)> = Vec::new();
+        let mut child = |mode: &str| -> anyhow::Result<Vec<Value>> {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let pp_ns = 1_000_000 + (state >> 40);
+            let tg_ns = 2_000_000 + ((state >> 20) & 0xF_FFFF);
+            calls.push((mode.to_string(), pp_ns, tg_ns));
+            Ok(vec![
+                child_row(mode, "pp32", true, 32, pp_ns),
+                child_row(mode, "tg16", false, 16, tg_ns),
+            ])
+        };
+        let rows = interleave(&modes, 3, &Stop::default(), &|_| {}, &mut child).expect("rows");
+        let order: Vec<&str> = calls.iter().map(|c| c.0.as_str()).collect();
+        assert_eq!(
+            order,
+            ["cpu", "passback", "passback", "cpu", "cpu", "passback"]
+        );
+        let tests: Vec<(&str, &str)> = rows
+            .iter()
+            .map(|r| {
+                (
+                    r["offload_exec"].as_str().unwrap(),
+                    r["test"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            tests,
+            [
+                ("cpu", "pp32"),
+                ("cpu", "tg16"),
+                ("passback", "pp32"),
+                ("passback", "tg16")
+            ]
+        );
+        // Repetition r of a mode is its r-th call.
+        let ns_of = |mode: &str, pp: bool| -> Vec<u64> {
+            calls
+                .iter()
+                .filter(|c| c.0 == mode)
+                .map(|c| if pp { c.1 } else { c.2 })
+                .collect()
+        };
+        for r in &rows {
+            let mode = r["offload_exec"].as_str().unwrap();
+            let pp = r["test"] == "pp32";
+            let want = ns_of(mode, pp);
+            let got: Vec<u64> = serde_json::from_value(r["samples_ns"].clone()).unwrap();
+            assert_eq!(got, want, "{r}");
+            assert_eq!(r["repetitions"], 3);
+            let other = if mode == "cpu" { "passback" } else { "cpu" };
+            let theirs = ns_of(other, pp);
+            // tok/s ratio = inverse time ratio, paired by repetition.
+            let mut want: Vec<f64> = want
+                .iter()
+                .zip(&theirs)
+                .map(|(&a, &b)| b as f64 / a as f64)
+                .collect();
+            let p = &r["paired_ratios"][0];
+            assert_eq!(p["vs"], other);
+            let got: Vec<f64> = serde_json::from_value(p["samples"].clone()).unwrap();
+            for (g, w) in got.iter().zip(&want) {
+                assert!((g - w).abs() < 1e-12 * w, "{g} {w}");
+            }
+            want.sort_by(f64::total_cmp);
+            let m = p["median"].as_f64().unwrap();
+            assert!((m - want[1]).abs() < 1e-12 * want[1], "{m} {want:?}");
+            assert!(r["method"].as_str().unwrap().contains("fresh-process"));
+        }
+    }
+
+    #[test]
+    fn a_signal_keeps_the_finished_repetitions() {
+        let modes = ["cpu".to_string(), "pcie".to_string()];
+        let stop = Stop::default();
+        let mut n = 0;
+        let mut child = |mode: &str| -> anyhow::Result<Vec<Value>> {
+            n += 1;
+            if n == 3 {
+                // The signal reaches the child too: its repetition is dropped.
+                stop.raise(2);
+            }
+            Ok(vec![child_row(mode, "tg4", false, 4, 1_000 * n)])
+        };
+        let rows = interleave(&modes, 5, &stop, &|_| {}, &mut child).expect("rows");
+        assert_eq!(rows.len(), 2);
+        for r in &rows {
+            assert_eq!(r["repetitions"], 1, "{r}");
+        }
+    }
 
     #[test]
     fn children_get_the_parents_arguments_less_mode_repetitions_and_json() {
