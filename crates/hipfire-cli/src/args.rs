@@ -779,6 +779,58 @@ mod tests {
     }
 
     #[test]
+    fn bench_lists_parse_like_llama_bench() {
+        let bench = |args: &[&str]| -> Result<BenchArgs, clap::Error> {
+            let argv = ["hipfire", "bench", "m.gguf"].iter().chain(args);
+            match Cli::try_parse_from(argv)?.command {
+                Command::Bench(b) => Ok(b),
+                _ => panic!("not bench"),
+            }
+        };
+        let b = bench(&["-p", "512,2048", "-n", "128", "-r", "5", "-d", "0,4096"]).expect("lists");
+        assert_eq!(b.n_prompt, [512, 2048]);
+        assert_eq!(b.n_gen, [128]);
+        assert_eq!(b.n_depth, [0, 4096]);
+        assert_eq!(b.repetitions, 5);
+        // The older spellings, a repeated flag, and the defaults.
+        let b = bench(&[
+            "--prompt-tokens",
+            "7",
+            "--n-prompt=9",
+            "--gen-tokens",
+            "3",
+            "--rounds",
+            "2",
+        ])
+        .expect("aliases");
+        assert_eq!(
+            (b.n_prompt, b.n_gen, b.repetitions),
+            (vec![7, 9], vec![3], 2)
+        );
+        let b = bench(&[]).expect("defaults");
+        assert_eq!(
+            (b.n_prompt, b.n_gen, b.n_depth),
+            (vec![128], vec![64], vec![0])
+        );
+        assert_eq!(b.repetitions, 3);
+        for bad in [
+            "5,,",
+            ",5",
+            "-1",
+            "abc",
+            "1e3",
+            "+5",
+            "1048577",
+            "99999999999999999999",
+        ] {
+            let e = bench(&["-p", bad]).expect_err(bad);
+            assert_eq!(e.exit_code(), 2, "{bad}");
+        }
+        assert_eq!(parse_bench_tokens("1048576"), Ok(MAX_BENCH_TOKENS));
+        assert_eq!(parse_bench_tokens("0"), Ok(0));
+    }
+
+    #[test]
     fn run_flags_become_overrides() {
         let cli = Cli::try_parse_from([
             "hipfire",
