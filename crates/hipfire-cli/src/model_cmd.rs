@@ -1,5 +1,5 @@
-//! `run`, `synth` (and the loading `bench` shares): thin wrappers over hipfire-model (phase two of argument handling:
-//! resolved settings → a device, a loaded model, a decoder).
+//! `run`, `synth` and the loading `bench` shares: thin wrappers over hipfire-model (phase two
+//! of argument handling: resolved settings → a device, a loaded model, a decoder).
 
 use std::hash::{BuildHasher, Hasher};
 use std::io::{IsTerminal, Read, Write};
