@@ -1,6 +1,6 @@
-//! Chart of `hipfire bench --json` records at several `--gpu-layer-budget`s: decode tok/s against
-//! the number of spilled layers, one curve per offload mode, plus optional reference points
-//! (e.g. llama.cpp) given as `label=spilled:tok_s,...`.
+//! Chart of `hipfire bench --json` records at several `--gpu-layer-budget`s: decode (tg) tok/s
+//! against the number of spilled layers, one curve per offload mode, plus optional reference
+//! points (e.g. llama.cpp) given as `label=spilled:tok_s,...`.
 //!
 //! ```text
 //! cargo run --example chart_decode -- OUT.svg N_LAYERS bench-b32.json bench-b24.json ... \
@@ -38,7 +38,33 @@ fn main() -> Result<()> {
         let v: Value = serde_json::from_str(
             &std::fs::read_to_string(f).with_context(|| format!("reading {f}"))?,
         )?;
-        for m in v["modes"].as_array().context("no modes")? {
+        // Records since 2026-12-01 are an array of llama-bench-style rows (the first tg row of
+        // each mode counts); older ones an object with `modes`.
+        let rows: Vec<(&Value, f64)> = match v.as_array() {
+            Some(rows) => {
+                let mut seen = Vec::new();
+                let mut out = Vec::new();
+                for r in rows.iter().filter(|r| r["n_gen"].as_u64().unwrap_or(0) > 0) {
+                    if !seen.contains(&&r["offload_exec"]) {
+                        seen.push(&r["offload_exec"]);
+                        out.push((r, r["avg_ts"].as_f64().context("avg_ts")?));
+                    }
+                }
+                out
+            }
+            None => v["modes"]
+                .as_array()
+                .context("neither rows nor modes")?
+                .iter()
+                .map(|m| {
+                    let tps = m["decode_tok_s"]["median"]
+                        .as_f64()
+                        .context("decode_tok_s.median")?;
+                    Ok((m, tps))
+                })
+                .collect::<Result<_>>()?,
+        };
+        for (m, tps) in rows {
             let placement = m["placement"].as_str().unwrap_or("");
             // "… N of L layers resident …"
             let resident: f64 = placement
@@ -53,9 +79,6 @@ fn main() -> Result<()> {
             } else {
                 m["offload_exec"].as_str().unwrap_or("?").to_string()
             };
-            let tps = m["decode_tok_s"]["median"]
-                .as_f64()
-                .context("decode_tok_s.median")?;
             curves.entry(mode).or_default().push((spilled, tps));
         }
     }

@@ -153,7 +153,7 @@ strategies)
             HIPFIRE_CPU_EXEC_TRACE=1 timeout 150 "$B/bin/hipfire" bench "$L8B" --device gpu --gpu-layer-budget $budget \
                 --offload-exec passback --join-strategy $st --prompt-tokens 16 --gen-tokens 64 --rounds 2 --json \
                 >"$OUT/strat-b$budget-$st.json" 2>"$OUT/trace-b$budget-$st.log"
-            echo "budget $budget $st rc=$? $(grep -o '"median":[0-9.]*' "$OUT/strat-b$budget-$st.json" | head -2 | tr '\n' ' ')" | tee -a "$OUT/strategies.log"
+            echo "budget $budget $st rc=$? $(python3 -c 'import json,sys; print(" ".join("%s %.2f" % (r["test"], r["avg_ts"]) for r in json.load(open(sys.argv[1]))))' "$OUT/strat-b$budget-$st.json" 2>/dev/null)" | tee -a "$OUT/strategies.log"
             python3 "$ROOT/scripts/trace_overhead.py" "$OUT/trace-b$budget-$st.log" | tail -1 | sed "s/^/b$budget $st: /" | tee -a "$OUT/strategies.log"
         done
     done

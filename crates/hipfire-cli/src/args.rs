@@ -45,7 +45,8 @@ const AFTER_HELP: &str = "\
 Examples:
   hipfire run model.gguf \"The capital of France is\" -n 32 -t 0
   hipfire run model.gguf --offload-exec passback --gpu-layer-budget 20 \"Hi\"
-  hipfire bench model.gguf --offload-exec cpu,pcie,passback --rounds 3 --json
+  hipfire bench model.gguf -p 512,2048 -n 128 -r 5
+  hipfire bench model.gguf --offload-exec cpu,pcie,passback -r 3 --json
   hipfire offload-bench --format q4_k --buffer-mb 192 --write
   hipfire config set memory.offload_exec cpu
   hipfire config list --json
@@ -96,12 +97,12 @@ pub enum Command {
     #[command(
         after_help = "Examples:\n  hipfire run model.gguf \"Once upon a time\" -n 64\n  \
         hipfire run model.gguf -t 0 --seed 1 --device cpu \"2+2=\"\n  \
-        echo \"Hi\" | hipfire run model.gguf --no-chat"
+        echo \"Hi\" | hipfire run model.gguf --no-chat\n  \
+        hipfire run model.gguf \"Hi\" --json | jq '.ttft_ms, .prefill_tok_per_s'"
     )]
     Run(RunArgs),
-    /// Measure prefill and decode tok/s per offload mode.
-    #[command(after_help = "Examples:\n  hipfire bench model.gguf\n  \
-        hipfire bench model.gguf --offload-exec cpu,passback --json > b.json")]
+    /// Measure prompt (pp) and generation (tg) tok/s, llama-bench style.
+    #[command(long_about = BENCH_LONG_ABOUT, after_help = BENCH_AFTER_HELP)]
     Bench(BenchArgs),
     /// Measure host-memory GEMV GB/s per engine; recommend a share.
     #[command(
@@ -295,8 +296,11 @@ pub struct RunArgs {
 
     /// Print one JSON object instead of streaming.
     ///
-    /// The object holds the text, token counts, timings, seed and placement, and which chat
-    /// template formatted the prompt (`"file"`, `"chatml"`, or null without chat).
+    /// The object holds the text, token counts (prompt_tokens, generated), timings
+    /// (ttft_ms: from the start of prefill to the first sampled token, null when the
+    /// first token sampled ends generation; prefill_s, prefill_tok_per_s, decode_s,
+    /// decode_tok_per_s), seed and placement, and which chat template formatted the prompt
+    /// (`"file"`, `"chatml"`, or null without chat).
     #[arg(long)]
     pub json: bool,
 }
@@ -325,20 +329,74 @@ impl RunArgs {
     }
 }
 
-/// Default prompt length of `hipfire bench`: long enough that prefill is measured on real
-/// batches, short enough to run on a 2-core CI machine with a 135M model.
+/// Default prompt lengths of `hipfire bench` (one `pp` row): long enough that prefill is
+/// measured on real batches, short enough to run on a 2-core CI machine with a 135M model.
 const DEFAULT_BENCH_PROMPT_TOKENS: &str = "128";
-/// Default generated tokens per bench round (enough decode steps for a stable median).
+/// Default generated tokens of `hipfire bench` (one `tg` row): enough decode steps for a
+/// stable mean.
 const DEFAULT_BENCH_GEN_TOKENS: &str = "64";
-/// Default interleaved rounds per mode.
+/// Default context depth before each test: none, as llama-bench's `-d 0`.
+const DEFAULT_BENCH_DEPTH: &str = "0";
+/// Default timed repetitions of each test.
 const DEFAULT_BENCH_ROUNDS: &str = "3";
 
-/// Most prompt or generated tokens one bench round may ask for: 2^20, above the context of
-/// every model hipfire loads today (SmolLM2 8192, Llama 3.1 131072), so only typos and
+/// Most prompt, generated or depth tokens one bench test may ask for: 2^20, above the context
+/// of every model hipfire loads today (SmolLM2 8192, Llama 3.1 131072), so only typos and
 /// wrapped negatives are refused here; the model's own context is checked after loading.
 pub const MAX_BENCH_TOKENS: u32 = 1 << 20;
-/// Most timed rounds per mode: a median of 1000 rounds is as stable as medians get.
+/// Most timed repetitions per test: a mean of 1000 repetitions is as stable as it gets.
 pub const MAX_BENCH_ROUNDS: u32 = 1000;
+
+/// One entry of a `-p`/`-n`/`-d` list: a whole number of tokens in `0..=MAX_BENCH_TOKENS`,
+/// with a message that says what is wrong with the entry (clap names the flag and value).
+fn parse_bench_tokens(s: &str) -> Result<u32, String> {
+    if s.is_empty() {
+        return Err("an empty entry in the list (write e.g. `-p 512,2048`)".into());
+    }
+    if s.starts_with('-') {
+        return Err("a token count cannot be negative (0 drops the rows)".into());
+    }
+    if !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err("not a whole number of tokens".into());
+    }
+    match s.parse::<u64>() {
+        Ok(n) if n <= u64::from(MAX_BENCH_TOKENS) => Ok(n as u32),
+        _ => Err(format!("above the most, {MAX_BENCH_TOKENS} tokens")),
+    }
+}
+
+const BENCH_LONG_ABOUT: &str = "\
+Measure prompt processing and generation as llama-bench does. Each prompt length P of -p \
+gives a `ppP` row: the prefill of P tokens from an empty context, in tokens per second \
+(P / prefill time). Each N of -n gives a `tgN` row: N decode steps of one token each from an \
+empty context (N / decode time). With -d D every test first fills D positions (untimed) and \
+the row is `ppP @ dD` / `tgN @ dD`. Lists are comma-separated; 0 drops those rows.
+
+Prompts are a fixed pseudo-random token sequence from a seeded generator over the model's \
+vocabulary, control tokens left out (after BOS when the model adds one), so every length \
+works regardless of text and every run feeds the same tokens. Each test gets one untimed \
+warm-up (the whole prompt for pp, one step for tg), then -r timed repetitions; the table \
+shows mean ± standard deviation of the repetitions' tok/s.
+
+Each test must fit the context: --ctx-size when given, else the context is sized to the \
+longest test, up to the model's trained context.
+
+With several --offload-exec modes on a GPU, every repetition of every mode is a fresh \
+process, the order of modes is rotated each repetition, and the paired per-repetition \
+ratios between modes are reported too.";
+
+const BENCH_AFTER_HELP: &str = "\
+Examples:
+  hipfire bench model.gguf                      # pp128 and tg64, 3 repetitions
+  hipfire bench model.gguf -p 512,2048 -n 128 -r 5
+  hipfire bench model.gguf -p 0 -n 32 -d 1024,4096    # decode at depth
+  hipfire bench model.gguf -p 512 -n 0 --json | jq '.[0].avg_ts'
+  hipfire bench model.gguf --offload-exec cpu,passback -r 3 --json > b.json
+
+--json prints one JSON array, one object per row, with llama-bench's fields (test, \
+n_prompt, n_gen, n_depth, avg_ts, stddev_ts, avg_ns, stddev_ns, samples_ts, samples_ns) \
+and hipfire's (model, model_size, model_n_params, engine, offload_exec, placement, threads, \
+commit, median_ts, ...).";
 
 /// `hipfire bench`.
 #[derive(Debug, Args)]
@@ -347,28 +405,46 @@ pub struct BenchArgs {
     #[arg(value_name = "MODEL")]
     pub model: PathBuf,
 
-    /// Prompt length in tokens, 1 to 1048576.
+    /// Prompt lengths, one ppN row each (0 to 1048576; 0 = none).
     ///
-    /// The prompt is fixed English filler text cut to this many tokens. Prompt plus generated
-    /// tokens must fit the model's context; that is checked before any round runs.
-    #[arg(long, value_name = "N", default_value = DEFAULT_BENCH_PROMPT_TOKENS,
-        value_parser = clap::value_parser!(u32).range(1..=MAX_BENCH_TOKENS as i64))]
-    pub prompt_tokens: u32,
+    /// A comma-separated list (`-p 512,2048`); the flag may also be repeated. Each is the
+    /// prefill of that many tokens from an empty context (after -d). `--prompt-tokens` is
+    /// the older spelling.
+    #[arg(short = 'p', long = "n-prompt", visible_alias = "prompt-tokens",
+        value_name = "N,..", default_value = DEFAULT_BENCH_PROMPT_TOKENS,
+        value_delimiter = ',', action = clap::ArgAction::Append, allow_negative_numbers = true,
+        value_parser = parse_bench_tokens)]
+    pub n_prompt: Vec<u32>,
 
-    /// Tokens generated per round (greedy), 1 to 1048576.
-    #[arg(long, value_name = "N", default_value = DEFAULT_BENCH_GEN_TOKENS,
-        value_parser = clap::value_parser!(u32).range(1..=MAX_BENCH_TOKENS as i64))]
-    pub gen_tokens: u32,
-
-    /// Timed rounds per mode, 1 to 1000.
+    /// Generated token counts, one tgN row each (0 to 1048576; 0 = none).
     ///
-    /// One untimed warm-up round precedes them; the median of the rounds is reported. With
-    /// several `--offload-exec` modes on a GPU, every round of every mode is a fresh process,
-    /// the order of modes is rotated each round, and the paired per-round ratios between modes
-    /// are reported too.
-    #[arg(long, value_name = "N", default_value = DEFAULT_BENCH_ROUNDS,
+    /// A comma-separated list (`-n 32,128`). Each is that many one-token decode steps
+    /// from an empty context (after -d), tokens from the same fixed sequence as the
+    /// prompts. `--gen-tokens` is the older spelling.
+    #[arg(short = 'n', long = "n-gen", visible_alias = "gen-tokens",
+        value_name = "N,..", default_value = DEFAULT_BENCH_GEN_TOKENS,
+        value_delimiter = ',', action = clap::ArgAction::Append, allow_negative_numbers = true,
+        value_parser = parse_bench_tokens)]
+    pub n_gen: Vec<u32>,
+
+    /// Context depths filled before each test (0 to 1048576).
+    ///
+    /// A comma-separated list (`-d 0,4096`); every test runs at every depth. The depth's
+    /// prefill is not timed, so `-p 0 -n 32 -d 4096` is decode with 4096 positions in the
+    /// KV cache.
+    #[arg(short = 'd', long = "n-depth", value_name = "N,..",
+        default_value = DEFAULT_BENCH_DEPTH, value_delimiter = ',',
+        action = clap::ArgAction::Append, allow_negative_numbers = true,
+        value_parser = parse_bench_tokens)]
+    pub n_depth: Vec<u32>,
+
+    /// Timed repetitions of each test, 1 to 1000.
+    ///
+    /// One untimed warm-up precedes them. `--rounds` is the older spelling.
+    #[arg(short = 'r', long = "repetitions", visible_alias = "rounds", value_name = "N",
+        default_value = DEFAULT_BENCH_ROUNDS,
         value_parser = clap::value_parser!(u32).range(1..=MAX_BENCH_ROUNDS as i64))]
-    pub rounds: u32,
+    pub repetitions: u32,
 
     /// Offload modes to compare, comma-separated.
     ///
@@ -380,7 +456,12 @@ pub struct BenchArgs {
     #[command(flatten)]
     pub engine: EngineArgs,
 
-    /// Print one JSON object (samples, medians).
+    /// Print a JSON array, one object per row.
+    ///
+    /// Fields as llama-bench's `-o json` (test, n_prompt, n_gen, n_depth, avg_ts,
+    /// stddev_ts, avg_ns, stddev_ns, samples_ts, samples_ns) plus hipfire's own (model,
+    /// model_size, model_n_params, engine, offload_exec, placement, threads, commit,
+    /// median_ts; with several modes on a GPU, paired_ratios).
     #[arg(long)]
     pub json: bool,
 }
@@ -699,6 +780,58 @@ mod tests {
         ] {
             assert!(!key_help(k).is_empty(), "{k}");
         }
+    }
+
+    #[test]
+    fn bench_lists_parse_like_llama_bench() {
+        let bench = |args: &[&str]| -> Result<BenchArgs, clap::Error> {
+            let argv = ["hipfire", "bench", "m.gguf"].iter().chain(args);
+            match Cli::try_parse_from(argv)?.command {
+                Command::Bench(b) => Ok(b),
+                _ => panic!("not bench"),
+            }
+        };
+        let b = bench(&["-p", "512,2048", "-n", "128", "-r", "5", "-d", "0,4096"]).expect("lists");
+        assert_eq!(b.n_prompt, [512, 2048]);
+        assert_eq!(b.n_gen, [128]);
+        assert_eq!(b.n_depth, [0, 4096]);
+        assert_eq!(b.repetitions, 5);
+        // The older spellings, a repeated flag, and the defaults.
+        let b = bench(&[
+            "--prompt-tokens",
+            "7",
+            "--n-prompt=9",
+            "--gen-tokens",
+            "3",
+            "--rounds",
+            "2",
+        ])
+        .expect("aliases");
+        assert_eq!(
+            (b.n_prompt, b.n_gen, b.repetitions),
+            (vec![7, 9], vec![3], 2)
+        );
+        let b = bench(&[]).expect("defaults");
+        assert_eq!(
+            (b.n_prompt, b.n_gen, b.n_depth),
+            (vec![128], vec![64], vec![0])
+        );
+        assert_eq!(b.repetitions, 3);
+        for bad in [
+            "5,,",
+            ",5",
+            "-1",
+            "abc",
+            "1e3",
+            "+5",
+            "1048577",
+            "99999999999999999999",
+        ] {
+            let e = bench(&["-p", bad]).expect_err(bad);
+            assert_eq!(e.exit_code(), 2, "{bad}");
+        }
+        assert_eq!(parse_bench_tokens("1048576"), Ok(MAX_BENCH_TOKENS));
+        assert_eq!(parse_bench_tokens("0"), Ok(0));
     }
 
     #[test]

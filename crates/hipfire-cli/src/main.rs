@@ -7,9 +7,10 @@
 //! - `version` — `hipfire version`, including the GPU probe.
 //! - `offload_bench` — `hipfire offload-bench`.
 //! - `gpu_probe` — the GPU as the CLI sees it: a probe that never crashes.
-//! - `model_cmd` — `run`, `bench`, `synth` over hipfire-model.
-//! - `bench_rounds` — `bench --offload-exec A,B,C --rounds N` on a GPU: interleaved
-//!   fresh-process rounds.
+//! - `model_cmd` — `run`, `synth` over hipfire-model (and the loading `bench` shares).
+//! - `bench_cmd` — `bench`: llama-bench-style `pp`/`tg` rows.
+//! - `bench_rounds` — `bench --offload-exec A,B,C -r N` on a GPU: interleaved
+//!   fresh-process repetitions.
 //! - `stats` — the one median every measuring command reports.
 //! - `daemon` — the daemon lock (`flock` on the pid file) that keeps measurements off a busy device.
 //! - `stop` — SIGINT/SIGTERM as a stop-after-this-token request for `run` and `bench`.
@@ -23,6 +24,7 @@
 //! quiet success, as in ripgrep.
 
 mod args;
+mod bench_cmd;
 mod bench_rounds;
 mod config_cmd;
 mod daemon;
@@ -75,7 +77,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Config(a) => config_cmd::run(&ctx, &a.action),
         Command::OffloadBench(a) => offload_bench::run(&ctx, &a),
         Command::Run(a) => model_cmd::run(&ctx, &a),
-        Command::Bench(a) => model_cmd::bench(&ctx, &a),
+        Command::Bench(a) => bench_cmd::bench(&ctx, &a),
         Command::Synth(a) => model_cmd::synth(&ctx, &a),
         Command::Serve(a) => serve_cmd::run(&ctx, &a),
     }

@@ -1,7 +1,6 @@
-//! `run`, `bench`, `synth`: thin wrappers over hipfire-model (phase two of argument handling:
-//! resolved settings → a device, a loaded model, a decoder).
+//! `run`, `synth` and the loading `bench` shares: thin wrappers over hipfire-model (phase two
+//! of argument handling: resolved settings → a device, a loaded model, a decoder).
 
-use crate::stats::median;
 use std::hash::{BuildHasher, Hasher};
 use std::io::{IsTerminal, Read, Write};
 use std::process::ExitCode;
@@ -14,16 +13,16 @@ use hipfire_exec::share::ShareSetting;
 use hipfire_model::gpu::{GpuDecoder, GpuOptions};
 use hipfire_model::{write_synthetic_to, Overwrite, RopeScaling, RopeScalingKind, SynthSpec};
 use hipfire_model::{
-    ChatMessage, GenerationStats, LoadOptions, LoadProgress, Model, ModelError, ProgressFn,
-    ReferenceBackend, SamplingParams, StreamDecoder,
+    ChatMessage, GenerationStats, LoadOptions, LoadProgress, Model, ProgressFn, ReferenceBackend,
+    SamplingParams, StreamDecoder,
 };
 
-use crate::args::{BenchArgs, RunArgs, SynthArgs, SynthRopeScaling};
+use crate::args::{RunArgs, SynthArgs, SynthRopeScaling};
 use crate::stop::{self, Stop};
-use crate::{daemon, gpu_probe, Ctx, EXIT_OK, EXIT_REFUSED};
+use crate::{gpu_probe, Ctx, EXIT_OK};
 
 /// The executor's spelling of the configured offload mode.
-fn offload_mode(s: &Settings) -> anyhow::Result<OffloadMode> {
+pub(crate) fn offload_mode(s: &Settings) -> anyhow::Result<OffloadMode> {
     Ok(match s.offload_exec {
         OffloadExec::Pcie => OffloadMode::Pcie,
         OffloadExec::Cpu => OffloadMode::Cpu,
@@ -43,7 +42,7 @@ fn offload_mode(s: &Settings) -> anyhow::Result<OffloadMode> {
 }
 
 /// Where the model runs.
-enum Engine {
+pub(crate) enum Engine {
     /// Every matrix product on the CPU pool.
     Cpu,
     /// On GPU 0 with spilled layers run by the configured mode.
@@ -51,7 +50,7 @@ enum Engine {
 }
 
 /// `device` → engine: `auto` probes (and says when it falls back), `gpu` requires one.
-fn choose_engine(ctx: &Ctx, s: &Settings) -> anyhow::Result<Engine> {
+pub(crate) fn choose_engine(ctx: &Ctx, s: &Settings) -> anyhow::Result<Engine> {
     match s.device {
         Device::Cpu => Ok(Engine::Cpu),
         Device::Gpu => {
@@ -113,13 +112,12 @@ fn progress(ctx: &Ctx, enabled: bool) -> Option<ProgressFn> {
 }
 
 /// The model plus whichever decoder runs it.
-struct Loaded {
-    model: Model,
-    engine: Engine,
-    threads: usize,
+pub(crate) struct Loaded {
+    pub(crate) model: Model,
+    pub(crate) engine: Engine,
 }
 
-fn load(
+pub(crate) fn load(
     ctx: &Ctx,
     engine: Engine,
     path: &std::path::Path,
@@ -149,14 +147,10 @@ fn load(
                 .with_context(|| format!("loading {}", path.display()))?;
         }
     }
-    Ok(Loaded {
-        model,
-        engine,
-        threads,
-    })
+    Ok(Loaded { model, engine })
 }
 
-fn gpu_decoder<'m>(
+pub(crate) fn gpu_decoder<'m>(
     l: &'m Loaded,
     s: &Settings,
     mode: OffloadMode,
@@ -206,6 +200,15 @@ fn note_inert(ctx: &Ctx, config: &hipfire_config::Config, s: &Settings) {
                 ));
             }
         }
+    }
+}
+
+/// Prefill throughput: prompt tokens over prefill seconds (0 when no time was measured).
+fn prefill_tok_per_s(st: &GenerationStats) -> f64 {
+    if st.prefill_s > 0.0 {
+        st.prompt_tokens as f64 / st.prefill_s
+    } else {
+        0.0
     }
 }
 
@@ -269,7 +272,12 @@ pub fn run(ctx: &Ctx, a: &RunArgs) -> anyhow::Result<ExitCode> {
     let mut dec = StreamDecoder::new();
     let mut write_err: Option<anyhow::Error> = None;
     let stream = !a.json;
+    // Time to first token: from just before prefill to the first sampled token's callback.
+    let mut ttft: Option<std::time::Duration> = None;
+    // Set again just before each decoder's generate (after its placement on the GPU).
+    let started = std::cell::Cell::new(std::time::Instant::now());
     let mut on_token = |id: u32| -> bool {
+        ttft.get_or_insert_with(|| started.get().elapsed());
         match dec.push(tok, id) {
             Ok(piece) => {
                 text.push_str(&piece);
@@ -290,6 +298,7 @@ pub fn run(ctx: &Ctx, a: &RunArgs) -> anyhow::Result<ExitCode> {
     let (stats, placement): (GenerationStats, String) = match (&l.engine, mode) {
         (Engine::Cpu, _) | (Engine::Gpu, None) => {
             let mut sess = l.model.session();
+            started.set(std::time::Instant::now());
             (
                 sess.generate(&ids, &params, &mut on_token)?,
                 l.model.placement_summary().to_string(),
@@ -298,6 +307,7 @@ pub fn run(ctx: &Ctx, a: &RunArgs) -> anyhow::Result<ExitCode> {
         (Engine::Gpu, Some(mode)) => {
             note_inert(ctx, &config, &s);
             let mut d = gpu_decoder(&l, &s, mode)?;
+            started.set(std::time::Instant::now());
             let st = d.generate(&ids, &params, &mut on_token)?;
             (st, d.placement_summary().to_string())
         }
@@ -316,6 +326,8 @@ pub fn run(ctx: &Ctx, a: &RunArgs) -> anyhow::Result<ExitCode> {
             "prefill_s": stats.prefill_s,
             "decode_s": stats.decode_s,
             "decode_tok_per_s": stats.decode_tok_per_s(),
+            "ttft_ms": ttft.map(|d| d.as_secs_f64() * 1e3),
+            "prefill_tok_per_s": prefill_tok_per_s(&stats),
             "seed": seed,
             "chat": chat,
             "chat_template": chat_template,
@@ -341,226 +353,6 @@ pub fn run(ctx: &Ctx, a: &RunArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(
         interrupted.map_or(EXIT_OK, stop::exit_status),
     ))
-}
-
-/// Filler text for bench prompts: ordinary English so the tokenizer produces ordinary tokens.
-const BENCH_TEXT: &str =
-    "The quick brown fox jumps over the lazy dog while the river runs to the sea. ";
-
-/// Slack context positions beyond prompt + generation (BOS and the closing step).
-const BENCH_CTX_SLACK: usize = 8;
-
-/// `n` tokens of filler. The text doubles until it is long enough, so the tokenizer runs
-/// O(log n) times over O(n) text in all, not n times.
-fn bench_prompt(model: &Model, n: usize) -> anyhow::Result<Vec<u32>> {
-    let tok = model.tokenizer();
-    let mut text = BENCH_TEXT.to_string();
-    loop {
-        let ids = tok.encode(&text, tok.add_bos)?;
-        if ids.len() >= n {
-            return Ok(ids[..n].to_vec());
-        }
-        if ids.is_empty() && text.len() > BENCH_TEXT.len() {
-            bail!("the model's tokenizer turns the bench filler text into no tokens");
-        }
-        text = text.repeat(2);
-    }
-}
-
-/// Context positions a bench round needs: prompt + generated + slack, without wrapping.
-fn bench_ctx_len(prompt_tokens: u32, gen_tokens: u32) -> anyhow::Result<usize> {
-    usize::try_from(prompt_tokens)
-        .ok()
-        .and_then(|p| p.checked_add(usize::try_from(gen_tokens).ok()?))
-        .and_then(|n| n.checked_add(BENCH_CTX_SLACK))
-        .with_context(|| {
-            format!("--prompt-tokens {prompt_tokens} + --gen-tokens {gen_tokens} overflows")
-        })
-}
-
-/// The refusal of a bench round that does not fit the model's trained context (the load
-/// refuses it before any session, and its KV cache, exists).
-fn bench_ctx_refusal(trained: usize, a: &BenchArgs, ctx_len: usize) -> anyhow::Error {
-    anyhow::anyhow!(
-        "--prompt-tokens {} + --gen-tokens {} (+{BENCH_CTX_SLACK} slack) = {ctx_len} \
-         positions, beyond the model's context of {trained}",
-        a.prompt_tokens,
-        a.gen_tokens
-    )
-}
-
-/// `hipfire bench`.
-pub fn bench(ctx: &Ctx, a: &BenchArgs) -> anyhow::Result<ExitCode> {
-    if let Some(msg) = daemon::refusal("bench") {
-        let _ = writeln!(std::io::stderr(), "{msg}");
-        return Ok(ExitCode::from(EXIT_REFUSED));
-    }
-    let mut overrides = a.engine.overrides();
-    let (_, base) = ctx.settings_with(&overrides)?;
-    // Validate every requested mode by the config rule before loading anything.
-    let mut modes = Vec::new();
-    for m in &a.offload_exec {
-        overrides.push(hipfire_config::CliOverride::new(
-            "memory.offload_exec",
-            "--offload-exec",
-            m.clone(),
-        ));
-        let (_, s) = ctx.settings_with(&overrides)?;
-        overrides.pop();
-        modes.push(s);
-    }
-    if modes.is_empty() {
-        modes.push(base.clone());
-    }
-    if a.prompt_tokens == 0 || a.gen_tokens == 0 {
-        bail!("--prompt-tokens and --gen-tokens must be at least 1");
-    }
-    let needed = bench_ctx_len(a.prompt_tokens, a.gen_tokens)?;
-    // The context is sized to the run unless `model.ctx_size` asks for more (to measure a
-    // placement with a long context's cache in VRAM).
-    let ctx_len = match base.ctx_size.tokens() {
-        Some(n) if n < needed => bail!(
-            "--ctx-size {n} is below the {needed} positions this bench fills (prompt + generated + {BENCH_CTX_SLACK})"
-        ),
-        Some(n) => n,
-        None => needed,
-    };
-    let engine = choose_engine(ctx, &base)?;
-    if matches!(engine, Engine::Gpu) {
-        for s in &modes {
-            offload_mode(s)?;
-        }
-        if modes.len() > 1 && !crate::bench_rounds::is_child() {
-            let names: Vec<String> = modes
-                .iter()
-                .map(|s| s.offload_exec.name().to_string())
-                .collect();
-            let stop = Stop::install()?;
-            let report = crate::bench_rounds::run(&names, a.rounds, &stop, &|m| ctx.note(m))?;
-            let code = print_bench_report(ctx, a, &report)?;
-            return Ok(stop
-                .requested()
-                .map_or(code, |sig| ExitCode::from(stop::exit_status(sig))));
-        }
-    }
-    let l = match load(ctx, engine, &a.model, &base, Some(ctx_len), !a.json) {
-        Ok(l) => l,
-        // Sized by the bench itself (no --ctx-size): say which flags made it too long.
-        Err(e) => match e.downcast_ref::<ModelError>() {
-            Some(&ModelError::ContextSize { trained, .. }) if base.ctx_size.tokens().is_none() => {
-                return Err(bench_ctx_refusal(trained, a, ctx_len))
-            }
-            _ => return Err(e),
-        },
-    };
-    let stop = Stop::install()?;
-    let prompt = bench_prompt(&l.model, a.prompt_tokens as usize)?;
-    // Greedy, no early stop: every round decodes exactly gen_tokens tokens.
-    let params = SamplingParams {
-        max_tokens: a.gen_tokens as usize,
-        stop_at_eog: false,
-        ..SamplingParams::greedy(0)
-    };
-    if matches!(l.engine, Engine::Cpu) && modes.len() > 1 {
-        ctx.note("no GPU: offload modes do not apply; measuring the CPU once");
-        modes.truncate(1);
-    }
-    let mut results = Vec::new();
-    // Modes run one after another (each needs the model placed anew); rounds within a mode
-    // follow one warm-up round.
-    for s in &modes {
-        let mut samples = Vec::new();
-        // A round cut short by a signal is not a sample: its token count differs.
-        let mut run_round =
-            |gen: &mut dyn FnMut() -> anyhow::Result<GenerationStats>| -> anyhow::Result<()> {
-                gen()?; // warm-up
-                for _ in 0..a.rounds {
-                    if stop.requested().is_some() {
-                        break;
-                    }
-                    let st = gen()?;
-                    if stop.requested().is_some() {
-                        break;
-                    }
-                    samples.push(st);
-                }
-                Ok(())
-            };
-        let (mode_name, placement) = match l.engine {
-            Engine::Cpu => {
-                let mut sess = l.model.session();
-                run_round(&mut || {
-                    sess.reset();
-                    Ok(sess.generate(&prompt, &params, |_| stop.requested().is_none())?)
-                })?;
-                (
-                    "cpu-only".to_string(),
-                    l.model.placement_summary().to_string(),
-                )
-            }
-            Engine::Gpu => {
-                let mut d = gpu_decoder(&l, s, offload_mode(s)?)?;
-                run_round(&mut || {
-                    d.reset();
-                    Ok(d.generate(&prompt, &params, |_| stop.requested().is_none())?)
-                })?;
-                (
-                    s.offload_exec.name().to_string(),
-                    d.placement_summary().to_string(),
-                )
-            }
-        };
-        let prefill: Vec<f64> = samples
-            .iter()
-            .map(|x| x.prompt_tokens as f64 / x.prefill_s)
-            .collect();
-        let decode: Vec<f64> = samples.iter().map(|x| x.decode_tok_per_s()).collect();
-        // Structured, so records need not parse the placement line. Only GPU passback has them.
-        let passback = matches!(l.engine, Engine::Gpu)
-            && s.offload_exec == hipfire_config::OffloadExec::Passback;
-        let join = passback.then(|| s.join_strategy.name());
-        let flags_x = (passback && s.join_strategy == hipfire_config::JoinStrategy::Flags)
-            .then(|| s.flags_x_publish.name());
-        let share = passback.then(|| match s.passback_share {
-            PassbackShare::Auto => "auto".to_string(),
-            PassbackShare::CpuOnly => "0".to_string(),
-            PassbackShare::Pinned(x) => format!("{x}"),
-        });
-        results.push(serde_json::json!({
-            "offload_exec": mode_name,
-            "join_strategy": join,
-            "flags_x_publish": flags_x,
-            "passback_share": share,
-            "placement": placement,
-            "prefill_tok_s": { "median": median(prefill.clone()), "samples": prefill },
-            "decode_tok_s": { "median": median(decode.clone()), "samples": decode },
-        }));
-        if stop.requested().is_some() {
-            break;
-        }
-    }
-    let interrupted = stop.requested();
-    let report = serde_json::json!({
-        "model": a.model.display().to_string(),
-        "version": env!("CARGO_PKG_VERSION"),
-        "commit": crate::version::commit(),
-        "simd": hipfire_quant::simd_tier().to_string(),
-        "threads": l.threads,
-        "engine": match l.engine {
-            Engine::Cpu => "cpu",
-            Engine::Gpu => "gpu",
-        },
-        "prompt_tokens": a.prompt_tokens,
-        "gen_tokens": a.gen_tokens,
-        "rounds": a.rounds,
-        "modes": results,
-        "interrupted_by": interrupted.map(stop::signal_name),
-    });
-    let code = print_bench_report(ctx, a, &report)?;
-    Ok(match interrupted {
-        Some(sig) => ExitCode::from(stop::exit_status(sig)),
-        None => code,
-    })
 }
 
 /// `hipfire synth`.
@@ -643,61 +435,5 @@ pub fn synth(ctx: &Ctx, a: &SynthArgs) -> anyhow::Result<ExitCode> {
         r.n_tensors,
         r.bytes
     )?;
-    Ok(ExitCode::from(EXIT_OK))
-}
-
-/// Prints a bench report (in-process or fresh-process rounds): JSON, or a table of medians and,
-/// when present, the paired ratios.
-fn print_bench_report(
-    ctx: &Ctx,
-    a: &BenchArgs,
-    report: &serde_json::Value,
-) -> anyhow::Result<ExitCode> {
-    let empty = Vec::new();
-    let results = report["modes"].as_array().unwrap_or(&empty);
-    let mut out = std::io::stdout().lock();
-    if a.json {
-        writeln!(out, "{}", serde_json::to_string_pretty(report)?)?;
-    } else {
-        writeln!(
-            out,
-            "{:<10} {:>14} {:>14}  placement",
-            "mode", "prefill tok/s", "decode tok/s"
-        )?;
-        for r in results {
-            writeln!(
-                out,
-                "{:<10} {:>14.1} {:>14.1}  {}",
-                r["offload_exec"].as_str().unwrap_or("?"),
-                r["prefill_tok_s"]["median"].as_f64().unwrap_or(f64::NAN),
-                r["decode_tok_s"]["median"].as_f64().unwrap_or(f64::NAN),
-                r["placement"].as_str().unwrap_or("")
-            )?;
-        }
-        for r in report["paired_decode_ratios"].as_array().unwrap_or(&empty) {
-            writeln!(
-                out,
-                "{} / {}: {:.3} (median of per-round decode ratios)",
-                r["num"].as_str().unwrap_or("?"),
-                r["den"].as_str().unwrap_or("?"),
-                r["median"].as_f64().unwrap_or(f64::NAN)
-            )?;
-        }
-        if let Some(sig) = report["interrupted_by"].as_str() {
-            ctx.note(format!(
-                "stopped by {sig}: only the rounds that finished are reported"
-            ));
-        }
-        ctx.note(match report["method"].as_str() {
-            Some(method) => format!(
-                "{method}; {} rounds; {} prompt + {} generated tokens, greedy",
-                a.rounds, a.prompt_tokens, a.gen_tokens
-            ),
-            None => format!(
-                "medians of {} rounds after one warm-up; {} prompt + {} generated tokens, greedy",
-                a.rounds, a.prompt_tokens, a.gen_tokens
-            ),
-        });
-    }
     Ok(ExitCode::from(EXIT_OK))
 }

@@ -149,7 +149,8 @@ pub static KEYS: &[KeySpec] = &[
               Llama-3-8B (1 GiB at 8192). On the GPU it is counted in free VRAM before \
               `memory.gpu_layer_budget = auto` places layers, and a load whose cache cannot fit is \
               refused with the bytes needed and free; on the CPU it is counted against available \
-              RAM. `hipfire bench` sizes the context to its prompt and generation unless this is set.",
+              RAM. `hipfire bench` sizes the context to its longest test (`-d` plus `-p` or `-n`) \
+              unless this is set.",
     },
     KeySpec {
         name: "model.ubatch",
