@@ -449,6 +449,7 @@ mod tests {
             ("device", "gpu"),
             ("cpu.threads", "5"),
             ("model.ctx_size", "32768"),
+            ("model.ubatch", "256"),
             ("memory.gpu_layer_budget", "0"),
             ("memory.offload_exec", "cpu"),
             ("memory.offload_passback_share", "0.377"),

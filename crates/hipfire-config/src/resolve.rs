@@ -355,6 +355,7 @@ mod tests {
             ("device", "cpu"),
             ("cpu.threads", "7"),
             ("model.ctx_size", "8192"),
+            ("model.ubatch", "64"),
             ("memory.gpu_layer_budget", "12"),
             ("memory.offload_exec", "pcie"),
             ("memory.offload_passback_share", "0"),
@@ -381,6 +382,7 @@ mod tests {
         assert_eq!(s.threads.get().get(), 7);
         assert_eq!(s.ctx_size, CtxSize::Tokens(8192));
         assert_eq!(s.ctx_size.tokens(), Some(8192));
+        assert_eq!(s.ubatch, 64);
         assert_eq!(s.gpu_layer_budget, LayerBudget::Layers(12));
         assert_eq!(s.offload_exec, OffloadExec::Pcie);
         assert_eq!(s.passback_share, PassbackShare::CpuOnly);
