@@ -149,13 +149,71 @@ impl CudaBackend {
     }
 }
 
+/// Folders a CUDA toolkit keeps its libraries in, searched (after the loader's own path) for
+/// libraries cudarc opens by name: `$CUDA_HOME` / `$CUDA_PATH`, then the default install.
+fn cuda_lib_dirs() -> Vec<std::path::PathBuf> {
+    let mut dirs = Vec::new();
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Some(root) = std::env::var_os(var) {
+            let root = std::path::PathBuf::from(root);
+            dirs.push(root.join("lib64"));
+            dirs.push(root.join("targets/x86_64-linux/lib"));
+        }
+    }
+    dirs.push("/usr/local/cuda/lib64".into());
+    dirs.push("/usr/local/cuda/targets/x86_64-linux/lib".into());
+    dirs
+}
+
+/// Makes `sonames` loadable by name (how cudarc opens them) when the loader's path lacks them but
+/// a CUDA folder holds them: each is opened by its full path, in order (dependencies first), and
+/// kept open for the life of the process, so a later `dlopen` of the bare name finds it loaded.
+/// Returns whether the last one is loadable.
+fn preload_cuda_libs(sonames: &[&str]) -> bool {
+    // SAFETY: opening a shared library runs its initialisers; these are NVIDIA's CUDA libraries,
+    // the same cudarc itself opens.
+    let by_name = |n: &str| unsafe { libloading::Library::new(n) }.is_ok();
+    if sonames.last().is_some_and(|n| by_name(n)) {
+        return true;
+    }
+    for dir in cuda_lib_dirs() {
+        let all = sonames.iter().all(|n| {
+            let path = dir.join(n);
+            // SAFETY: as above.
+            match unsafe { libloading::Library::new(&path) } {
+                Ok(lib) => {
+                    // Kept loaded for the process: cudarc's own handle refers to it by name.
+                    std::mem::forget(lib);
+                    true
+                }
+                Err(_) => false,
+            }
+        });
+        if all {
+            tracing::debug!(dir = %dir.display(), "CUDA libraries loaded from the toolkit folder");
+            return true;
+        }
+    }
+    false
+}
+
+/// The cuBLAS libraries, dependency first, as CUDA 13 names them.
+const CUBLAS_SONAMES: [&str; 2] = ["libcublasLt.so.13", "libcublas.so.13"];
+
 impl CudaBackend {
     /// The cuBLAS handle, created on first use (with this context current).
     fn blas(&self) -> Result<&Mutex<BlasHandle>, GpuError> {
         let made = self.blas.get_or_init(|| {
             // SAFETY: only tries to dlopen the library names; no symbol is called.
-            if !unsafe { cublas::is_culib_present() } {
-                return Err("libcublas (CUDA 13) was not found on the library path".into());
+            if !preload_cuda_libs(&CUBLAS_SONAMES) || !unsafe { cublas::is_culib_present() } {
+                return Err(format!(
+                    "libcublas.so.13 was found neither on the library path nor in {}",
+                    cuda_lib_dirs()
+                        .iter()
+                        .map(|d| d.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
             }
             self.bind().map_err(|e| e.to_string())?;
             let mut h: cublas::cublasHandle_t = std::ptr::null_mut();
