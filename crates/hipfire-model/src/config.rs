@@ -577,3 +577,116 @@ fn check_block_count(idx: &GgufIndex, key: &str, n_layer: usize) -> Result<(), M
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::{GgufWriter, MetaValueType};
+
+    fn index(meta: &[(&str, MetaValue)]) -> GgufIndex {
+        let meta: Vec<(String, MetaValue)> = meta
+            .iter()
+            .map(|(k, v)| (format!("gemma3.{k}"), v.clone()))
+            .collect();
+        let bytes = GgufWriter::new(Vec::new(), &meta, &[])
+            .and_then(GgufWriter::finish)
+            .expect("write metadata");
+        GgufIndex::parse(&bytes).expect("parse metadata")
+    }
+
+    fn window(
+        meta: &[(&str, MetaValue)],
+        n_layer: usize,
+    ) -> Result<Option<SlidingWindow>, ModelError> {
+        let idx = index(meta);
+        sliding_window(
+            &Keys {
+                idx: &idx,
+                arch: "gemma3",
+            },
+            n_layer,
+        )
+    }
+
+    fn bad_key(r: Result<Option<SlidingWindow>, ModelError>) -> String {
+        match r {
+            Err(ModelError::BadMetadata { key, .. }) => key,
+            other => panic!("accepted or wrong error: {other:?}"),
+        }
+    }
+
+    /// llama.cpp's layouts: the default period 6 (every 6th block global), a period from the
+    /// file, 0 (all local), a per-layer bool array; no window or 0 means all global.
+    #[test]
+    fn sliding_window_layouts_follow_llama_cpp() {
+        let w = |v| ("attention.sliding_window", MetaValue::U32(v));
+        let sw = window(&[w(512)], 18).expect("ok").expect("window");
+        assert_eq!((sw.window, sw.rope_theta), (512, 10_000.0));
+        let global: Vec<usize> = (0..18).filter(|&i| !sw.local[i]).collect();
+        assert_eq!(global, [5, 11, 17]);
+        let p = |v| ("attention.sliding_window_pattern", MetaValue::U32(v));
+        let sw = window(&[w(64), p(3)], 7).expect("ok").expect("window");
+        assert_eq!(sw.local, [true, true, false, true, true, false, true]);
+        let sw = window(&[w(64), p(0)], 3).expect("ok").expect("window");
+        assert_eq!(sw.local, [true; 3]);
+        let flags = MetaValue::Array(
+            MetaValueType::Bool,
+            [false, true, true].map(MetaValue::Bool).to_vec(),
+        );
+        let theta = ("rope.freq_base_swa", MetaValue::F32(2_000.0));
+        let sw = window(
+            &[w(8), ("attention.sliding_window_pattern", flags), theta],
+            3,
+        )
+        .expect("ok")
+        .expect("window");
+        assert_eq!(
+            (sw.local.as_slice(), sw.rope_theta),
+            (&[false, true, true][..], 2_000.0)
+        );
+        assert_eq!(window(&[w(0)], 3).expect("ok"), None);
+        assert_eq!(window(&[], 3).expect("ok"), None);
+    }
+
+    #[test]
+    fn bad_sliding_window_metadata_is_refused_by_key() {
+        let w = |v| ("attention.sliding_window", MetaValue::U32(v));
+        assert_eq!(
+            bad_key(window(&[w(MAX_CONTEXT_LENGTH as u32 + 1)], 3)),
+            "gemma3.attention.sliding_window"
+        );
+        let flags = MetaValue::Array(MetaValueType::Bool, vec![MetaValue::Bool(true); 2]);
+        assert_eq!(
+            bad_key(window(
+                &[w(8), ("attention.sliding_window_pattern", flags)],
+                3
+            )),
+            "gemma3.attention.sliding_window_pattern"
+        );
+        let not_bools = MetaValue::Array(MetaValueType::U32, vec![MetaValue::U32(1); 3]);
+        assert_eq!(
+            bad_key(window(
+                &[w(8), ("attention.sliding_window_pattern", not_bools)],
+                3
+            )),
+            "gemma3.attention.sliding_window_pattern"
+        );
+        assert_eq!(
+            bad_key(window(
+                &[
+                    w(8),
+                    ("attention.sliding_window_pattern", MetaValue::U32(5000))
+                ],
+                3
+            )),
+            "gemma3.attention.sliding_window_pattern"
+        );
+        assert_eq!(
+            bad_key(window(
+                &[w(8), ("rope.freq_base_swa", MetaValue::F32(0.5))],
+                3
+            )),
+            "gemma3.rope.freq_base_swa"
+        );
+    }
+}
