@@ -17,9 +17,7 @@ import json
 import os
 import subprocess
 
-import numpy as np
-
-from record_llama_cpp import GGML_TYPE_F32, N_GEN, N_LOGIT_POS, TOP_K
+from record_llama_cpp import CHATS, N_GEN, RAW_PROMPTS, TOKENIZE_ONLY, record_case, reference_llama
 
 # Control tokens (<pad> <eos> <bos> <unk>, <start_of_turn> <end_of_turn>) and ids across the
 # 262144-token vocabulary.
@@ -28,26 +26,9 @@ FIXED_IDS = [0, 1, 2, 3, 105, 106, 1000, 10000, 100000, 200000, 262143]
 SLIDING_WINDOW = 512
 N_CTX = 1024
 
-RAW_PROMPTS = [
-    "The capital of France is",
-    "def fibonacci(n):",
-    "Once upon a time, there was a little robot who",
-]
-CHATS = [
-    [{"role": "user", "content": "What is 2+2?"}],
-    [
-        {"role": "system", "content": "You are a pirate."},
-        {"role": "user", "content": "Tell me about the sea in one sentence."},
-    ],
-]
+# SmolLM2's prompts (raw, chats, tokenisation), with Gemma's turn markers in place of ChatML's.
 TOKENIZE_ONLY = [
-    "Hello world",
-    "  multiple   spaces\n\nnewlines\ttabs  ",
-    "1234567890 3.14159 1,000,000",
-    "<start_of_turn>user\nhi<end_of_turn>\n",
-    "emoji 🤖 and ünïcödé, 東京, naïve café — “quotes”",
-    "don't won't I'm you're we've they'll she'd",
-    "",
+    "<start_of_turn>user\nhi<end_of_turn>\n" if t.startswith("<|im_start|>") else t for t in TOKENIZE_ONLY
 ]
 
 
@@ -78,25 +59,10 @@ def main():
 
     import jinja2
     import llama_cpp
-    from llama_cpp import Llama
 
-    llm = Llama(
-        model_path=path,
-        n_ctx=N_CTX,
-        n_batch=N_CTX,
-        n_ubatch=N_CTX,
-        n_threads=1,
-        n_threads_batch=1,
-        logits_all=True,
-        verbose=False,
-        seed=0,
-        # As for SmolLM2: exact f32 attention, f32 KV cache. swa_full keeps every position of
-        # the local layers' cache (the mask, not the cache size, limits them to the window).
-        flash_attn=False,
-        type_k=GGML_TYPE_F32,
-        type_v=GGML_TYPE_F32,
-        swa_full=True,
-    )
+    # swa_full keeps every position of the local layers' cache (the mask, not the cache size,
+    # limits them to the window).
+    llm = reference_llama(path, N_CTX, swa_full=True)
     here = os.path.dirname(os.path.abspath(__file__))
     with open(os.path.join(here, "../tests/fixtures/chat_templates/gemma3.jinja")) as f:
         env = jinja2.Environment()
@@ -107,39 +73,8 @@ def main():
         return llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
 
     def run(text, kind, extra, add_bos=True):
-        ids = tok(text, add_bos)
-        llm.reset()
-        llm.eval(ids)
-        gen, logit_rec, step_rec = [], [], []
-        for step in range(N_GEN):
-            logits = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float64)
-            nxt = int(np.argmax(logits))
-            if step < N_LOGIT_POS:
-                order = np.argsort(-logits)[:TOP_K]
-                logit_rec.append(
-                    {
-                        "top_ids": [int(i) for i in order],
-                        "top_logits": [float(logits[i]) for i in order],
-                        "fixed_ids": FIXED_IDS,
-                        "fixed_logits": [float(logits[i]) for i in FIXED_IDS],
-                        "top1_margin": float(logits[order[0]] - logits[order[1]]),
-                    }
-                )
-            order2 = np.argsort(-logits)[:2]
-            step_rec.append(
-                {"top2_ids": [int(i) for i in order2], "top2_logits": [float(logits[i]) for i in order2]}
-            )
-            gen.append(nxt)
-            llm.eval([nxt])
-        rec = {
-            "kind": kind,
-            "text": text,
-            "add_bos": add_bos,
-            "prompt_ids": ids,
-            "greedy_ids": gen,
-            "logits": logit_rec,
-            "steps": step_rec,
-        }
+        rec = {"kind": kind, "text": text, "add_bos": add_bos}
+        rec.update(record_case(llm, tok(text, add_bos), FIXED_IDS))
         rec.update(extra)
         return rec
 

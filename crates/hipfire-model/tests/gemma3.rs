@@ -35,15 +35,7 @@ const LOGIT_MEAN_ABS_BOUND: f64 = 0.35;
 const MIN_CLEAR_POSITIONS: usize = 100;
 
 fn gguf_path() -> Option<PathBuf> {
-    if let Ok(p) = std::env::var("HIPFIRE_GEMMA3_GGUF") {
-        return Some(PathBuf::from(p));
-    }
-    let out = std::process::Command::new("bash")
-        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/gemma3-path.sh"))
-        .output()
-        .ok()?;
-    let p = PathBuf::from(String::from_utf8(out.stdout).ok()?.trim());
-    p.is_file().then_some(p)
+    parity::find_gguf("HIPFIRE_GEMMA3_GGUF", "gemma3-path.sh")
 }
 
 fn model() -> Option<&'static Model> {
@@ -68,9 +60,7 @@ fn model() -> Option<&'static Model> {
 }
 
 fn fixture() -> Value {
-    let p =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/gemma3_llamacpp.json");
-    serde_json::from_str(&std::fs::read_to_string(p).expect("fixture")).expect("fixture json")
+    parity::fixture("gemma3_llamacpp.json")
 }
 
 #[test]

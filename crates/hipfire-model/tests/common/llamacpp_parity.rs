@@ -3,8 +3,39 @@
 //! (llama.cpp's tokens fed) argmax and logits at every recorded position. Each model's test
 //! asserts its own measured bounds on the returned [`Parity`].
 
+// Each test binary that includes this module uses its own subset of it.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
 use hipfire_model::{Model, SamplingParams};
 use serde_json::Value;
+
+/// A real model's GGUF: the path in the environment variable `env`, else the one that
+/// `scripts/<script>` prints (`None` when neither gives a file).
+pub fn find_gguf(env: &str, script: &str) -> Option<PathBuf> {
+    if let Ok(p) = std::env::var(env) {
+        return Some(PathBuf::from(p));
+    }
+    let out = std::process::Command::new("bash")
+        .arg(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../scripts")
+                .join(script),
+        )
+        .output()
+        .ok()?;
+    let p = PathBuf::from(String::from_utf8(out.stdout).ok()?.trim());
+    p.is_file().then_some(p)
+}
+
+/// The JSON fixture `tests/fixtures/<name>`.
+pub fn fixture(name: &str) -> Value {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(name);
+    serde_json::from_str(&std::fs::read_to_string(p).expect("fixture")).expect("fixture json")
+}
 
 /// Token ids of a JSON array.
 pub fn ids(v: &Value) -> Vec<u32> {
