@@ -409,3 +409,48 @@ extern "C" __global__ void add_f32(float* __restrict__ y, const float* __restric
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] += b[i];
 }
+
+// ---- Gemma 3 (not launched yet: the GPU decoder refuses gemma3; see ModelConfig::gpu_unsupported).
+
+// GELU, tanh approximation, as hipfire-model's ops::gelu_tanh (HF gelu_pytorch_tanh): the CPU path
+// computes it in f32 with libm's tanhf; tanhf here, so the two agree to a few ulp.
+#define HF_GELU_SQRT_2_OVER_PI 0.7978845608028654f
+#define HF_GELU_COEF_A 0.044715f
+
+// out[i] = gelu_tanh(gate[i]) * up[i] (GeGLU) over n = rows * n_ff elements (rows-aware by being
+// elementwise: a batch of rows is one contiguous n).
+extern "C" __global__ void geglu_f32(const float* __restrict__ gate, const float* __restrict__ up,
+                                     float* __restrict__ out, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        const float g = gate[i];
+        const float t = tanhf(HF_GELU_SQRT_2_OVER_PI * g * (1.0f + HF_GELU_COEF_A * g * g));
+        out[i] = 0.5f * g * (1.0f + t) * up[i];
+    }
+}
+
+// x[i] *= s over n elements: Gemma's embedding scale sqrt(d_model) (in f32, as llama.cpp's ggml_scale).
+extern "C" __global__ void scale_f32(float* __restrict__ x, float s, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= s;
+}
+
+// Gemma's post-norm and residual add: y[r*n + i] += x[r*n + i] * w[i] / rms(x[r*n ..]); one block
+// per row r (post_attention_norm / post_ffw_norm of the block output x into the residual y).
+extern "C" __global__ void rms_norm_add_f32(const float* __restrict__ x, const float* __restrict__ w,
+                                            float* __restrict__ y, int n, float eps) {
+    __shared__ float scratch[32];
+    const float* xr = x + (size_t)blockIdx.x * n;
+    float* yr = y + (size_t)blockIdx.x * n;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = hf_block_sum(ss, scratch);
+    const float inv = rsqrtf(ss / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] += xr[i] * inv * w[i];
+}
+
+// Final logit soft-capping x = cap * tanh(x / cap) over n elements (gemma3.final_logit_softcapping).
+extern "C" __global__ void softcap_f32(float* __restrict__ x, float cap, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = tanhf(x[i] * (1.0f / cap)) * cap;
+}

@@ -67,6 +67,60 @@ def find_gguf():
     return hits[0]
 
 
+def reference_llama(path, n_ctx, **extra):
+    """llama.cpp as every recording runs it: CPU, one thread, one batch over the whole prompt,
+    all logits kept, exact attention (no flash-attention kernel: its CPU path accumulates V in
+    f16) over an f32 KV cache, so the reference differs from hipfire only by the weight dots'
+    activation quantisation and summation order. `extra` adds model-specific settings."""
+    from llama_cpp import Llama
+
+    return Llama(
+        model_path=path,
+        n_ctx=n_ctx,
+        n_batch=n_ctx,
+        n_ubatch=n_ctx,
+        n_threads=1,
+        n_threads_batch=1,
+        logits_all=True,
+        verbose=False,
+        seed=0,
+        flash_attn=False,
+        type_k=GGML_TYPE_F32,
+        type_v=GGML_TYPE_F32,
+        **extra,
+    )
+
+
+def record_case(llm, ids, fixed_ids):
+    """Prefill `ids`, then N_GEN greedy steps: the generated ids, the top-K and `fixed_ids`
+    logits at the first N_LOGIT_POS steps, the top two at every step."""
+    llm.reset()
+    llm.eval(ids)
+    gen, logit_rec, step_rec = [], [], []
+    for step in range(N_GEN):
+        logits = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float64)
+        nxt = int(np.argmax(logits))
+        if step < N_LOGIT_POS:
+            order = np.argsort(-logits)[:TOP_K]
+            top2 = logits[order[0]] - logits[order[1]]
+            logit_rec.append(
+                {
+                    "top_ids": [int(i) for i in order],
+                    "top_logits": [float(logits[i]) for i in order],
+                    "fixed_ids": fixed_ids,
+                    "fixed_logits": [float(logits[i]) for i in fixed_ids],
+                    "top1_margin": float(top2),
+                }
+            )
+        order2 = np.argsort(-logits)[:2]
+        step_rec.append(
+            {"top2_ids": [int(i) for i in order2], "top2_logits": [float(logits[i]) for i in order2]}
+        )
+        gen.append(nxt)
+        llm.eval([nxt])
+    return {"prompt_ids": ids, "greedy_ids": gen, "logits": logit_rec, "steps": step_rec}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gguf", default=None)
@@ -76,25 +130,8 @@ def main():
 
     import jinja2
     import llama_cpp
-    from llama_cpp import Llama
 
-    llm = Llama(
-        model_path=path,
-        n_ctx=512,
-        n_batch=512,
-        n_ubatch=512,
-        n_threads=1,
-        n_threads_batch=1,
-        logits_all=True,
-        verbose=False,
-        seed=0,
-        # Exact attention in f32: no flash-attention kernel (its CPU path accumulates V in
-        # f16) and an f32 KV cache, so the reference differs from hipfire only by the weight
-        # dots' activation quantisation and summation order.
-        flash_attn=False,
-        type_k=GGML_TYPE_F32,
-        type_v=GGML_TYPE_F32,
-    )
+    llm = reference_llama(path, 512)
     tmpl = jinja2.Environment().from_string(llm.metadata["tokenizer.chat_template"])
 
     def tok(text):
@@ -102,32 +139,8 @@ def main():
         return llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
 
     def run(text, kind, extra):
-        ids = tok(text)
-        llm.reset()
-        llm.eval(ids)
-        gen, logit_rec, step_rec = [], [], []
-        for step in range(N_GEN):
-            logits = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float64)
-            nxt = int(np.argmax(logits))
-            if step < N_LOGIT_POS:
-                order = np.argsort(-logits)[:TOP_K]
-                top2 = logits[order[0]] - logits[order[1]]
-                logit_rec.append(
-                    {
-                        "top_ids": [int(i) for i in order],
-                        "top_logits": [float(logits[i]) for i in order],
-                        "fixed_ids": FIXED_IDS,
-                        "fixed_logits": [float(logits[i]) for i in FIXED_IDS],
-                        "top1_margin": float(top2),
-                    }
-                )
-            order2 = np.argsort(-logits)[:2]
-            step_rec.append(
-                {"top2_ids": [int(i) for i in order2], "top2_logits": [float(logits[i]) for i in order2]}
-            )
-            gen.append(nxt)
-            llm.eval([nxt])
-        rec = {"kind": kind, "text": text, "prompt_ids": ids, "greedy_ids": gen, "logits": logit_rec, "steps": step_rec}
+        rec = {"kind": kind, "text": text}
+        rec.update(record_case(llm, tok(text), FIXED_IDS))
         rec.update(extra)
         return rec
 

@@ -131,13 +131,29 @@ pub(crate) fn load(
         ctx_len,
         progress: progress(ctx, bar),
     };
+    let file = hipfire_model::gguf::GgufFile::open(path)
+        .with_context(|| format!("loading {}", path.display()))?;
+    // An architecture the GPU decoder lacks (Gemma 3) runs on the CPU under `auto` and is
+    // refused, with what is missing, under `gpu`. A config error is left to the load below.
+    let gpu_gap = hipfire_model::ModelConfig::from_gguf(file.index())
+        .ok()
+        .and_then(|c| c.gpu_unsupported());
+    let engine = match (engine, gpu_gap) {
+        (Engine::Gpu, Some(why)) if s.device == Device::Auto => {
+            ctx.note(format!("gpu: {why}; running on the CPU"));
+            Engine::Cpu
+        }
+        (Engine::Gpu, Some(why)) => bail!("device = gpu: {why}"),
+        (e, _) => e,
+    };
     let model = match engine {
-        Engine::Cpu => Model::load(path, &opts),
+        Engine::Cpu => Arc::new(hipfire_model::CpuBackend::new(threads)?) as Arc<_>,
         // The GPU decoder brings its own pool and never calls the model's backend, so the
         // model gets the pool-free reference backend instead of a second set of pinned workers.
-        Engine::Gpu => Model::load_with_backend(path, &opts, Arc::new(ReferenceBackend)),
-    }
-    .with_context(|| format!("loading {}", path.display()))?;
+        Engine::Gpu => Arc::new(ReferenceBackend) as Arc<dyn hipfire_model::Backend>,
+    };
+    let model = Model::from_gguf(file, &opts, model)
+        .with_context(|| format!("loading {}", path.display()))?;
     // The CPU session's cache grows as positions fill; refuse up front a context whose full
     // cache would not fit in RAM. (On the GPU the cache is in VRAM: GpuDecoder counts it.)
     if matches!(engine, Engine::Cpu) {

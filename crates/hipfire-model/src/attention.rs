@@ -168,6 +168,43 @@ pub fn chunk_len(n_pos: usize, n_kv: usize) -> usize {
         .clamp(MIN_CHUNK, MAX_CHUNK)
 }
 
+/// How one query's attention over positions `first..n_pos` is cut into chunks: the first
+/// chunk starts at `first` rounded down to a [`KV_BLOCK`] (its positions before `first` are
+/// masked by [`attend_chunk_from`]), every chunk is [`chunk_len`] of the attended span long.
+/// A global layer has `first = 0`; a sliding-window layer `first = n_pos − window` (if > 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Split {
+    start: usize,
+    first: usize,
+    end: usize,
+    /// Positions per chunk.
+    pub chunk: usize,
+    /// Chunks.
+    pub n_chunks: usize,
+}
+
+impl Split {
+    /// The split of `first..n_pos` (`first < n_pos`) over `n_kv` KV heads.
+    pub fn new(first: usize, n_pos: usize, n_kv: usize) -> Split {
+        let start = first / KV_BLOCK * KV_BLOCK;
+        let chunk = chunk_len(n_pos - start, n_kv);
+        Split {
+            start,
+            first,
+            end: n_pos,
+            chunk,
+            n_chunks: (n_pos - start).div_ceil(chunk),
+        }
+    }
+
+    /// Chunk `ci`'s positions `(t0, t1)` and its first attended one (for [`attend_chunk_from`]).
+    pub fn range(&self, ci: usize) -> ((usize, usize), usize) {
+        let t0 = self.start + ci * self.chunk;
+        let t1 = (t0 + self.chunk).min(self.end);
+        ((t0, t1), t0.max(self.first))
+    }
+}
+
 /// Floats of one query head's partial: max, sum, then `head_dim` weighted values.
 pub fn partial_len(head_dim: usize) -> usize {
     head_dim + 2
@@ -216,7 +253,26 @@ pub fn attend_chunk(
     q: &[f32],
     kv: &KvLayer,
     h: usize,
+    range: (usize, usize),
+    scale: f32,
+    scores: &mut Vec<f32>,
+    part: &mut [f32],
+) {
+    attend_chunk_from(q, kv, h, range, range.0, scale, scores, part);
+}
+
+/// [`attend_chunk`] with positions `t0..first` left out of the softmax: the chunk that holds
+/// the start of a sliding window (`t0` stays a multiple of [`KV_BLOCK`], `first` need not be).
+///
+/// # Panics
+/// As [`attend_chunk`], and if `first` is not in `t0..t1`.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_chunk_from(
+    q: &[f32],
+    kv: &KvLayer,
+    h: usize,
     (t0, t1): (usize, usize),
+    first: usize,
     scale: f32,
     scores: &mut Vec<f32>,
     part: &mut [f32],
@@ -226,7 +282,8 @@ pub fn attend_chunk(
     assert!(
         h < kv.n_kv
             && t0 % KV_BLOCK == 0
-            && t0 < t1
+            && t0 <= first
+            && first < t1
             && t1 <= kv.n_pos
             && q.len() == group * hd
             && part.len() == group * partial_len(hd),
@@ -235,7 +292,7 @@ pub fn attend_chunk(
         q.len(),
         part.len()
     );
-    run_tier(tier(), q, kv, h, (t0, t1), scale, scores, part);
+    run_tier(tier(), q, kv, h, (t0, t1), first, scale, scores, part);
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -245,6 +302,7 @@ fn run_tier(
     kv: &KvLayer,
     h: usize,
     range: (usize, usize),
+    first: usize,
     scale: f32,
     scores: &mut Vec<f32>,
     part: &mut [f32],
@@ -267,9 +325,12 @@ fn run_tier(
         },
         _ => scores_portable(q, kv, h, range, scale, scores),
     }
-    // Lanes past t1 in the last block are keys of positions not attended: out of the softmax.
+    // Lanes past t1 in the last block are keys of positions not attended, and so are those
+    // before a sliding window's first position: out of the softmax (each exponential is 0).
     let n = range.1 - range.0;
+    let skip = first - range.0;
     for s in scores.chunks_exact_mut(len) {
+        s[..skip].fill(f32::NEG_INFINITY);
         s[n..].fill(f32::NEG_INFINITY);
     }
     let pl = partial_len(hd);
@@ -632,14 +693,21 @@ mod tests {
     #[test]
     fn split_kv_attention_matches_an_f64_reference() {
         let mut r = ChaCha8Rng::seed_from_u64(21);
-        for (n_kv, ratio, hd, n_pos) in [
-            (3usize, 3usize, 64usize, 1usize),
-            (3, 3, 64, 77),
-            (3, 3, 64, 4096),
-            (2, 1, 128, 333),
-            (1, 8, 128, 4096),
-            (2, 8, 64, 17),
-            (1, 3, 24, 100),
+        // The last column: first attended position (a sliding window's start; 0 = global),
+        // on and off KV_BLOCK boundaries, inside the first chunk and further in.
+        for (n_kv, ratio, hd, n_pos, first) in [
+            (3usize, 3usize, 64usize, 1usize, 0usize),
+            (3, 3, 64, 77, 0),
+            (3, 3, 64, 4096, 0),
+            (2, 1, 128, 333, 0),
+            (1, 8, 128, 4096, 0),
+            (2, 8, 64, 17, 0),
+            (1, 3, 24, 100, 0),
+            (3, 3, 64, 77, 37),
+            (1, 4, 256, 600, 88),
+            (1, 8, 128, 4096, 3584),
+            (1, 3, 24, 100, 99),
+            (2, 1, 128, 333, 32),
         ] {
             let mut kv = KvLayer::new(n_kv, hd);
             // Keys and queries big enough that the softmax is far from uniform.
@@ -661,7 +729,7 @@ mod tests {
                 .flat_map(|qh| {
                     let h = qh / ratio;
                     let qv = &q[qh * hd..(qh + 1) * hd];
-                    let s: Vec<f64> = (0..n_pos)
+                    let s: Vec<f64> = (first..n_pos)
                         .map(|t| {
                             (0..hd)
                                 .map(|d| f64::from(qv[d]) * f64::from(kv.key(h, t, d).to_f32()))
@@ -674,26 +742,26 @@ mod tests {
                     let z: f64 = e.iter().sum();
                     let kvr = &kv;
                     (0..hd).map(move |d| {
-                        (0..n_pos)
-                            .map(|t| e[t] / z * f64::from(kvr.value_row(h, t)[d].to_f32()))
+                        (first..n_pos)
+                            .map(|t| e[t - first] / z * f64::from(kvr.value_row(h, t)[d].to_f32()))
                             .sum::<f64>()
                     })
                 })
                 .collect();
             let mut by_tier = Vec::new();
             for tier in tiers() {
-                let chunk = chunk_len(n_pos, n_kv);
-                let n_chunks = n_pos.div_ceil(chunk);
+                let split = Split::new(first, n_pos, n_kv);
+                let n_chunks = split.n_chunks;
                 let pl = partial_len(hd);
                 let mut parts = vec![f32::NAN; n_kv * n_chunks * ratio * pl];
                 let mut scores = Vec::new();
                 for h in 0..n_kv {
                     for c in 0..n_chunks {
                         let item = h * n_chunks + c;
-                        let range = (c * chunk, ((c + 1) * chunk).min(n_pos));
+                        let (range, lo) = split.range(c);
                         let part = &mut parts[item * ratio * pl..(item + 1) * ratio * pl];
                         let qg = &q[h * ratio * hd..(h + 1) * ratio * hd];
-                        run_tier(tier, qg, &kv, h, range, scale, &mut scores, part);
+                        run_tier(tier, qg, &kv, h, range, lo, scale, &mut scores, part);
                     }
                 }
                 let mut out = vec![f32::NAN; n_head * hd];
@@ -708,7 +776,8 @@ mod tests {
                 for (i, (g, w)) in out.iter().zip(&want).enumerate() {
                     assert!(
                         (f64::from(*g) - w).abs() < 2e-6,
-                        "{tier:?} n_kv {n_kv} ratio {ratio} hd {hd} n_pos {n_pos} [{i}]: {g} vs {w}"
+                        "{tier:?} n_kv {n_kv} ratio {ratio} hd {hd} n_pos {n_pos} first {first} [{i}]: \
+                         {g} vs {w}"
                     );
                 }
                 by_tier.push((tier, out.iter().map(|x| x.to_bits()).collect::<Vec<_>>()));

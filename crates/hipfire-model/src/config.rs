@@ -13,6 +13,19 @@ pub enum Arch {
     Qwen2,
     /// Qwen3: per-head RMSNorm on q and k, no biases.
     Qwen3,
+    /// Gemma 3 (llama.cpp `LLM_ARCH_GEMMA3`): embedding scaled by √d_model, q/k RMSNorm,
+    /// RMSNorms after attention and after the FFN as well as before, GeGLU (tanh GELU),
+    /// interleaved sliding-window and global layers with their own RoPE bases, tied head.
+    Gemma3,
+}
+
+/// The FFN's gate activation (`act(gate) · up`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FfnActivation {
+    /// SiLU: SwiGLU (llama, Qwen).
+    Silu,
+    /// GELU, tanh approximation: GeGLU (Gemma; HF `gelu_pytorch_tanh`, ggml `ggml_gelu`).
+    GeluTanh,
 }
 
 impl Arch {
@@ -22,8 +35,9 @@ impl Arch {
             "llama" => Ok(Arch::Llama),
             "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
+            "gemma3" => Ok(Arch::Gemma3),
             other => Err(ModelError::Unsupported(format!(
-                "architecture {} (supported: llama, qwen2, qwen3)",
+                "architecture {} (supported: llama, qwen2, qwen3, gemma3)",
                 Quoted::new(other)
             ))),
         }
@@ -35,7 +49,27 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Gemma3 => "gemma3",
         }
+    }
+
+    /// The FFN's gate activation.
+    pub fn ffn_activation(self) -> FfnActivation {
+        match self {
+            Arch::Gemma3 => FfnActivation::GeluTanh,
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => FfnActivation::Silu,
+        }
+    }
+
+    /// Whether each block also normalises the attention and FFN outputs before adding them to
+    /// the residual (`post_attention_norm`, `post_ffw_norm`: Gemma 2/3).
+    pub fn post_norms(self) -> bool {
+        self == Arch::Gemma3
+    }
+
+    /// Whether the architecture needs per-head q/k RMSNorm weights in every block.
+    pub fn qk_norms(self) -> bool {
+        matches!(self, Arch::Qwen3 | Arch::Gemma3)
     }
 
     /// RoPE pairing, as llama.cpp's `llama_model_rope_type`: llama uses "normal" rope
@@ -77,6 +111,18 @@ pub const MIN_ROPE_FREQ_BASE: f64 = 1.0;
 /// Largest RMSNorm epsilon accepted: trained models use 1e-6 … 1e-5, and an epsilon near the
 /// mean square of unit-scale activations (≥ 1) would swamp it and flatten every norm.
 pub const MAX_RMS_EPS: f64 = 1.0;
+/// Gemma 3's default layer pattern: of every 6 blocks the first 5 are local (sliding-window)
+/// and the 6th global (llama.cpp `llama_model_gemma3::load_arch_hparams`:
+/// `load_swa_pattern(ml, 6)`; HF `Gemma3TextConfig.sliding_window_pattern = 6`).
+pub const GEMMA3_SWA_PATTERN: u64 = 6;
+/// RoPE base of sliding-window layers when `{arch}.rope.freq_base_swa` is absent (llama.cpp's
+/// `rope_freq_base_train_swa` default; HF `Gemma3TextConfig.rope_local_base_freq`).
+const DEFAULT_ROPE_THETA_SWA: f64 = 10_000.0;
+/// Gemma-3-27B's block count: llama.cpp scales its queries by `1/√(d_model / n_head)` (the
+/// checkpoint's `query_pre_attn_scalar` 168) instead of `1/√head_dim`, and recognises the
+/// model by this count (`LLM_TYPE_27B`); the GGUF has no key for the scalar.
+const GEMMA3_27B_BLOCKS: usize = 62;
+
 /// The key holding the vocabulary (its length is the vocabulary size).
 const TOKENS_KEY: &str = "tokenizer.ggml.tokens";
 /// Prefix of per-block tensor names (`blk.N.attn_q.weight`).
@@ -113,6 +159,30 @@ pub struct ModelConfig {
     pub vocab: usize,
     /// Training context length.
     pub ctx_len: usize,
+    /// Factor on the token embedding before the first block: √d_model for Gemma (computed in
+    /// f32 as llama.cpp's `sqrtf(n_embd)`), 1 otherwise.
+    pub embd_scale: f32,
+    /// Scale of the attention scores: `1/√head_dim` (Gemma-3-27B: `1/√(d_model / n_head)`).
+    pub attn_scale: f32,
+    /// Sliding-window attention (Gemma 3's local layers); `None`: every layer is global.
+    pub sliding_window: Option<SlidingWindow>,
+    /// Final logit soft-capping `c · tanh(z / c)` (`{arch}.final_logit_softcapping`).
+    pub final_logit_softcap: Option<f32>,
+}
+
+/// Which layers attend over a sliding window, and how.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlidingWindow {
+    /// Positions a local layer's query sees, itself included (`{arch}.attention.sliding_window`):
+    /// the query at `p` attends `p + 1 − window ..= p` (llama.cpp `LLAMA_SWA_TYPE_STANDARD`
+    /// masks key `p0` when `p − p0 ≥ window`).
+    pub window: usize,
+    /// Per layer, whether it is local.
+    pub local: Vec<bool>,
+    /// RoPE base of the local layers (`{arch}.rope.freq_base_swa`); the global layers use
+    /// [`ModelConfig::rope_theta`] with the file's RoPE scaling, the local ones no scaling
+    /// (llama.cpp's `rope_freq_scale_train_swa` = 1).
+    pub rope_theta: f64,
 }
 
 /// `plain` for ordinary magnitudes, `sci` for tiny or huge ones (a message stays readable).
@@ -269,6 +339,29 @@ impl ModelConfig {
             // The f32 test also refuses values that underflow to zero in f32.
             |v| v.is_finite() && v <= MAX_RMS_EPS && (v as f32) > 0.0,
         )? as f32;
+        let gemma = arch == Arch::Gemma3;
+        let sliding_window = if gemma {
+            sliding_window(&keys, n_layer)?
+        } else {
+            None
+        };
+        // llama.cpp reads the soft-cap for Gemma 2/3 only; 0 (or absent) means none.
+        let final_logit_softcap = if gemma {
+            let cap = keys.number(
+                "final_logit_softcapping",
+                0.0,
+                "a finite number ≥ 0",
+                |v| v.is_finite() && v >= 0.0,
+            )? as f32;
+            (cap > 0.0).then_some(cap)
+        } else {
+            None
+        };
+        let attn_scale = if gemma && n_layer == GEMMA3_27B_BLOCKS {
+            1.0 / ((d_model / n_head) as f32).sqrt()
+        } else {
+            1.0 / (head_dim as f32).sqrt()
+        };
         let config = ModelConfig {
             rope_scaling: RopeScaling::from_gguf(idx, arch.name(), ctx_len)?,
             arch,
@@ -284,6 +377,10 @@ impl ModelConfig {
             rms_eps,
             vocab,
             ctx_len,
+            embd_scale: if gemma { (d_model as f32).sqrt() } else { 1.0 },
+            attn_scale,
+            sliding_window,
+            final_logit_softcap,
         };
         config.check_widths(idx, &key)?;
         Ok(config)
@@ -357,6 +454,30 @@ impl ModelConfig {
         Ok(())
     }
 
+    /// The window layer `li` attends over, `None` for a global layer.
+    pub fn layer_window(&self, li: usize) -> Option<usize> {
+        let sw = self.sliding_window.as_ref()?;
+        sw.local
+            .get(li)
+            .copied()
+            .unwrap_or(false)
+            .then_some(sw.window)
+    }
+
+    /// `None` if the GPU decoder runs this model, else what it lacks (the GPU path implements
+    /// the llama / Qwen block only; Gemma 3's extras are CPU-only for now).
+    pub fn gpu_unsupported(&self) -> Option<String> {
+        match self.arch {
+            Arch::Gemma3 => Some(format!(
+                "architecture {} runs on the CPU only for now (the GPU decoder lacks GeGLU, \
+                 the embedding scale, post-norms, sliding-window attention and per-layer RoPE \
+                 bases); use --device cpu",
+                self.arch.name()
+            )),
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => None,
+        }
+    }
+
     /// Width of the concatenated query heads.
     pub fn q_dim(&self) -> usize {
         self.n_head * self.head_dim
@@ -366,6 +487,61 @@ impl ModelConfig {
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
     }
+}
+
+/// Gemma 3's sliding-window layout, as llama.cpp's `load_arch_hparams`: no window (absent or
+/// 0) means every layer is global; `attention.sliding_window_pattern` is either a bool per
+/// layer or a period `n` (default [`GEMMA3_SWA_PATTERN`]) where layer `il` is local when
+/// `il % n < n − 1` (0: every layer local, llama.cpp's `set_swa_pattern`).
+fn sliding_window(keys: &Keys<'_>, n_layer: usize) -> Result<Option<SlidingWindow>, ModelError> {
+    let wkey = keys.key("attention.sliding_window");
+    let window = match keys.idx.get(&wkey) {
+        None => return Ok(None),
+        Some(_) => match keys.idx.get_u64(&wkey)? {
+            0 => return Ok(None),
+            w => bounded(&wkey, w, MAX_CONTEXT_LENGTH)?,
+        },
+    };
+    let pkey = keys.key("attention.sliding_window_pattern");
+    let local: Vec<bool> = match keys.idx.get(&pkey) {
+        Some(MetaValue::Array(_, flags)) => {
+            if flags.len() != n_layer {
+                return Err(bad(
+                    &pkey,
+                    format!("has {} flags for {n_layer} blocks", flags.len()),
+                ));
+            }
+            flags
+                .iter()
+                .map(|f| {
+                    f.as_bool()
+                        .ok_or_else(|| bad(&pkey, format!("holds {f:?}, not a bool")))
+                })
+                .collect::<Result<_, _>>()?
+        }
+        other => {
+            let n = match other {
+                None => GEMMA3_SWA_PATTERN,
+                Some(_) => keys.idx.get_u64(&pkey)?,
+            };
+            if n > MAX_BLOCK_COUNT {
+                return Err(bad(&pkey, format!("{n} is outside 0..={MAX_BLOCK_COUNT}")));
+            }
+            let n = n as usize;
+            (0..n_layer).map(|il| n == 0 || il % n < n - 1).collect()
+        }
+    };
+    let rope_theta = keys.number(
+        "rope.freq_base_swa",
+        DEFAULT_ROPE_THETA_SWA,
+        &format!("a finite number of at least {MIN_ROPE_FREQ_BASE}"),
+        |v| v.is_finite() && v >= MIN_ROPE_FREQ_BASE,
+    )?;
+    Ok(Some(SlidingWindow {
+        window,
+        local,
+        rope_theta,
+    }))
 }
 
 /// `block_count` against the `blk.N.*` tensors: the blocks present must be exactly
@@ -399,5 +575,118 @@ fn check_block_count(idx: &GgufIndex, key: &str, n_layer: usize) -> Result<(), M
             key,
             format!("is {n_layer}, but the file has no blk.N tensors"),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::{GgufWriter, MetaValueType};
+
+    fn index(meta: &[(&str, MetaValue)]) -> GgufIndex {
+        let meta: Vec<(String, MetaValue)> = meta
+            .iter()
+            .map(|(k, v)| (format!("gemma3.{k}"), v.clone()))
+            .collect();
+        let bytes = GgufWriter::new(Vec::new(), &meta, &[])
+            .and_then(GgufWriter::finish)
+            .expect("write metadata");
+        GgufIndex::parse(&bytes).expect("parse metadata")
+    }
+
+    fn window(
+        meta: &[(&str, MetaValue)],
+        n_layer: usize,
+    ) -> Result<Option<SlidingWindow>, ModelError> {
+        let idx = index(meta);
+        sliding_window(
+            &Keys {
+                idx: &idx,
+                arch: "gemma3",
+            },
+            n_layer,
+        )
+    }
+
+    fn bad_key(r: Result<Option<SlidingWindow>, ModelError>) -> String {
+        match r {
+            Err(ModelError::BadMetadata { key, .. }) => key,
+            other => panic!("accepted or wrong error: {other:?}"),
+        }
+    }
+
+    /// llama.cpp's layouts: the default period 6 (every 6th block global), a period from the
+    /// file, 0 (all local), a per-layer bool array; no window or 0 means all global.
+    #[test]
+    fn sliding_window_layouts_follow_llama_cpp() {
+        let w = |v| ("attention.sliding_window", MetaValue::U32(v));
+        let sw = window(&[w(512)], 18).expect("ok").expect("window");
+        assert_eq!((sw.window, sw.rope_theta), (512, 10_000.0));
+        let global: Vec<usize> = (0..18).filter(|&i| !sw.local[i]).collect();
+        assert_eq!(global, [5, 11, 17]);
+        let p = |v| ("attention.sliding_window_pattern", MetaValue::U32(v));
+        let sw = window(&[w(64), p(3)], 7).expect("ok").expect("window");
+        assert_eq!(sw.local, [true, true, false, true, true, false, true]);
+        let sw = window(&[w(64), p(0)], 3).expect("ok").expect("window");
+        assert_eq!(sw.local, [true; 3]);
+        let flags = MetaValue::Array(
+            MetaValueType::Bool,
+            [false, true, true].map(MetaValue::Bool).to_vec(),
+        );
+        let theta = ("rope.freq_base_swa", MetaValue::F32(2_000.0));
+        let sw = window(
+            &[w(8), ("attention.sliding_window_pattern", flags), theta],
+            3,
+        )
+        .expect("ok")
+        .expect("window");
+        assert_eq!(
+            (sw.local.as_slice(), sw.rope_theta),
+            (&[false, true, true][..], 2_000.0)
+        );
+        assert_eq!(window(&[w(0)], 3).expect("ok"), None);
+        assert_eq!(window(&[], 3).expect("ok"), None);
+    }
+
+    #[test]
+    fn bad_sliding_window_metadata_is_refused_by_key() {
+        let w = |v| ("attention.sliding_window", MetaValue::U32(v));
+        assert_eq!(
+            bad_key(window(&[w(MAX_CONTEXT_LENGTH as u32 + 1)], 3)),
+            "gemma3.attention.sliding_window"
+        );
+        let flags = MetaValue::Array(MetaValueType::Bool, vec![MetaValue::Bool(true); 2]);
+        assert_eq!(
+            bad_key(window(
+                &[w(8), ("attention.sliding_window_pattern", flags)],
+                3
+            )),
+            "gemma3.attention.sliding_window_pattern"
+        );
+        let not_bools = MetaValue::Array(MetaValueType::U32, vec![MetaValue::U32(1); 3]);
+        assert_eq!(
+            bad_key(window(
+                &[w(8), ("attention.sliding_window_pattern", not_bools)],
+                3
+            )),
+            "gemma3.attention.sliding_window_pattern"
+        );
+        assert_eq!(
+            bad_key(window(
+                &[
+                    w(8),
+                    ("attention.sliding_window_pattern", MetaValue::U32(5000))
+                ],
+                3
+            )),
+            "gemma3.attention.sliding_window_pattern"
+        );
+        assert_eq!(
+            bad_key(window(
+                &[w(8), ("rope.freq_base_swa", MetaValue::F32(0.5))],
+                3
+            )),
+            "gemma3.rope.freq_base_swa"
+        );
     }
 }

@@ -59,7 +59,7 @@ pub mod tokenizer;
 
 pub use backend::{Backend, CpuBackend, ReferenceBackend, Weight};
 pub use chat_template::{ChatTemplate, Rendered, TemplateError, TemplateOrigin};
-pub use config::{Arch, ModelConfig};
+pub use config::{Arch, FfnActivation, ModelConfig, SlidingWindow};
 pub use error::ModelError;
 pub use model::{
     forward_batch, generate, kv_bytes_per_position, resolve_ctx_len, BatchItem, Decoder,

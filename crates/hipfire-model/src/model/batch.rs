@@ -85,14 +85,10 @@ fn forward_checked(m: &Model, items: &mut [BatchItem<'_, '_>]) -> Result<(), Mod
         .flat_map(|(i, it)| (0..it.tokens.len()).map(move |j| (i, it.session.pos + j)))
         .collect();
     let n = rows.len();
-    let emb = &m.weights[m.token_embd];
-    let rb = emb.format.row_bytes(emb.k)?;
-    let emb_bytes = m.weight_bytes(emb);
     let mut x = vec![0f32; n * d];
     let tokens = items.iter().flat_map(|it| it.tokens.iter());
     for (&t, xt) in tokens.zip(x.chunks_exact_mut(d)) {
-        let row = &emb_bytes[t as usize * rb..(t as usize + 1) * rb];
-        ops::dequantize_row(emb.format, row, xt)?;
+        m.embed(t, xt)?;
     }
     let mut xn = vec![0f32; n * d];
     let mut q = vec![0f32; n * qd];
@@ -101,6 +97,7 @@ fn forward_checked(m: &Model, items: &mut [BatchItem<'_, '_>]) -> Result<(), Mod
     let mut att = vec![0f32; n * qd];
     let mut gate = vec![0f32; n * ff];
     let mut up = vec![0f32; n * ff];
+    let mut out = Vec::new();
     for (li, l) in m.layers.iter().enumerate() {
         for (xt, xnt) in x.chunks_exact(d).zip(xn.chunks_exact_mut(d)) {
             ops::rms_norm(xt, &l.attn_norm, c.rms_eps, xnt);
@@ -111,31 +108,14 @@ fn forward_checked(m: &Model, items: &mut [BatchItem<'_, '_>]) -> Result<(), Mod
             &mut [&mut q, &mut k, &mut v],
             false,
         )?;
-        for (buf, b, dim) in [
-            (&mut q, &l.bq, qd),
-            (&mut k, &l.bk, kvd),
-            (&mut v, &l.bv, kvd),
-        ] {
-            if let Some(b) = b {
-                for bt in buf.chunks_exact_mut(dim) {
-                    bt.iter_mut().zip(b).for_each(|(y, &bb)| *y += bb);
-                }
-            }
-        }
-        if let Some(w) = &l.q_norm {
-            q.chunks_exact_mut(hd)
-                .for_each(|h| ops::rms_norm_inplace(h, w, c.rms_eps));
-        }
-        if let Some(w) = &l.k_norm {
-            k.chunks_exact_mut(hd)
-                .for_each(|h| ops::rms_norm_inplace(h, w, c.rms_eps));
-        }
+        m.qkv_extras(l, &mut q, &mut k, &mut v);
+        let rope = m.layer_rope(li);
         for (&(_, pos), (qt, kt)) in rows
             .iter()
             .zip(q.chunks_exact_mut(qd).zip(k.chunks_exact_mut(kvd)))
         {
-            m.rope.apply(qt, hd, pos);
-            m.rope.apply(kt, hd, pos);
+            rope.apply(qt, hd, pos);
+            rope.apply(kt, hd, pos);
         }
         // Each item's new keys/values go into its own cache before any of its tokens attend,
         // so token j of an item sees positions 0..=pos0 + j, as a step at that position would.
@@ -157,17 +137,16 @@ fn forward_checked(m: &Model, items: &mut [BatchItem<'_, '_>]) -> Result<(), Mod
             .zip(q.chunks_exact(qd).zip(att.chunks_exact_mut(qd)))
         {
             let s = &*items[i].session;
-            m.attention(qt, &s.kv[li], pos + 1, att_t)?;
+            m.attention(li, qt, &s.kv[li], pos + 1, att_t)?;
         }
-        // Residual folded into the GEMV: x += Wo·att.
-        m.gemv_tokens(&[l.wo], &att, &mut [&mut x], true)?;
+        m.residual_add(l.wo, l.post_attn_norm.as_deref(), &att, &mut x, &mut out)?;
 
         for (xt, xnt) in x.chunks_exact(d).zip(xn.chunks_exact_mut(d)) {
             ops::rms_norm(xt, &l.ffn_norm, c.rms_eps, xnt);
         }
         m.gemv_tokens(&[l.gate, l.up], &xn, &mut [&mut gate, &mut up], false)?;
-        ops::swiglu(&mut gate, &up);
-        m.gemv_tokens(&[l.down], &gate, &mut [&mut x], true)?;
+        m.gated_activation(&mut gate, &up);
+        m.residual_add(l.down, l.post_ffn_norm.as_deref(), &gate, &mut x, &mut out)?;
     }
 
     // The head over the last row of every item that wants logits, in one multi-token GEMV.
@@ -186,6 +165,7 @@ fn forward_checked(m: &Model, items: &mut [BatchItem<'_, '_>]) -> Result<(), Mod
         }
         let mut logits = vec![0f32; wanted.len() * c.vocab];
         m.gemv_tokens(&[m.output], &hn, &mut [&mut logits], false)?;
+        m.finish_logits(&mut logits);
         for (&i, lt) in wanted.iter().zip(logits.chunks_exact(c.vocab)) {
             items[i].session.logits.copy_from_slice(lt);
         }

@@ -1,0 +1,146 @@
+//! The comparison of a real model against a llama.cpp recording (`scripts/record_llama_cpp*.py`
+//! fixtures): free-running greedy tokens up to llama.cpp's first near-tie, and teacher-forced
+//! (llama.cpp's tokens fed) argmax and logits at every recorded position. Each model's test
+//! asserts its own measured bounds on the returned [`Parity`].
+
+// Each test binary that includes this module uses its own subset of it.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use hipfire_model::{Model, SamplingParams};
+use serde_json::Value;
+
+/// A real model's GGUF: the path in the environment variable `env`, else the one that
+/// `scripts/<script>` prints (`None` when neither gives a file).
+pub fn find_gguf(env: &str, script: &str) -> Option<PathBuf> {
+    if let Ok(p) = std::env::var(env) {
+        return Some(PathBuf::from(p));
+    }
+    let out = std::process::Command::new("bash")
+        .arg(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../scripts")
+                .join(script),
+        )
+        .output()
+        .ok()?;
+    let p = PathBuf::from(String::from_utf8(out.stdout).ok()?.trim());
+    p.is_file().then_some(p)
+}
+
+/// The JSON fixture `tests/fixtures/<name>`.
+pub fn fixture(name: &str) -> Value {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(name);
+    serde_json::from_str(&std::fs::read_to_string(p).expect("fixture")).expect("fixture json")
+}
+
+/// Token ids of a JSON array.
+pub fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .expect("id array")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
+}
+
+/// llama.cpp's top-1 minus top-2 logit at generated position `step` of `case`.
+pub fn margin(case: &Value, step: usize) -> f64 {
+    let t = case["steps"][step]["top2_logits"].as_array().unwrap();
+    t[0].as_f64().unwrap() - t[1].as_f64().unwrap()
+}
+
+/// What [`compare`] measured.
+#[derive(Debug, Default)]
+pub struct Parity {
+    /// Largest |hipfire − llama.cpp| over every recorded logit.
+    pub max_abs: f64,
+    /// Mean |diff| over the same values.
+    pub mean_abs: f64,
+    /// Largest |diff| / max(|llama.cpp|, 1).
+    pub max_rel: f64,
+    /// Recorded logits compared.
+    pub n_values: usize,
+    /// Positions whose llama.cpp margin is at least the near-tie margin (argmax compared).
+    pub clear: usize,
+    /// Positions skipped as near-ties.
+    pub ties: usize,
+    /// (text, step, llama.cpp margin) of clear positions whose argmax differs.
+    pub clear_mismatch: Vec<(String, usize, f64)>,
+    /// (text, hipfire, llama.cpp) of free-running generations that differ before a near-tie.
+    pub free_mismatch: Vec<(String, Vec<u32>, Vec<u32>)>,
+}
+
+/// Every case of `fixture` through `m` (see the module docs); `near_tie` is the llama.cpp
+/// margin below which an argmax disagreement is accepted.
+pub fn compare(m: &Model, fixture: &Value, near_tie: f64) -> Parity {
+    let mut p = Parity::default();
+    let mut sum_abs = 0f64;
+    for case in fixture["cases"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        let prompt = ids(&case["prompt_ids"]);
+        let want = ids(&case["greedy_ids"]);
+
+        // Free-running greedy: identical to llama.cpp's up to its first near-tie.
+        let mut free = Vec::new();
+        let params = SamplingParams {
+            stop_at_eog: false,
+            ..SamplingParams::greedy(want.len())
+        };
+        m.session()
+            .generate(&prompt, &params, |t| {
+                free.push(t);
+                true
+            })
+            .unwrap();
+        let first_tie = (0..want.len())
+            .find(|&i| margin(case, i) < near_tie)
+            .unwrap_or(want.len());
+        if free[..first_tie] != want[..first_tie] {
+            p.free_mismatch
+                .push((text.to_owned(), free.clone(), want.clone()));
+        }
+
+        // Teacher-forced (feed llama.cpp's tokens): argmax agrees at every clear position,
+        // and the recorded logits agree within the bound.
+        let mut s = m.session();
+        s.prefill(&prompt).unwrap();
+        for (step, &w) in want.iter().enumerate() {
+            let logits = s.logits();
+            let mut recs = vec![(&case["steps"][step], "top2_ids", "top2_logits")];
+            if let Some(rec) = case["logits"].as_array().unwrap().get(step) {
+                recs.push((rec, "top_ids", "top_logits"));
+                recs.push((rec, "fixed_ids", "fixed_logits"));
+            }
+            for (rec, idk, lk) in recs {
+                for (i, l) in ids(&rec[idk]).iter().zip(rec[lk].as_array().unwrap()) {
+                    let (a, b) = (f64::from(logits[*i as usize]), l.as_f64().unwrap());
+                    p.max_abs = p.max_abs.max((a - b).abs());
+                    p.max_rel = p.max_rel.max((a - b).abs() / b.abs().max(1.0));
+                    sum_abs += (a - b).abs();
+                    p.n_values += 1;
+                }
+            }
+            let got = hipfire_model::sampling::argmax(logits);
+            if margin(case, step) >= near_tie {
+                if got != w {
+                    p.clear_mismatch
+                        .push((text.to_owned(), step, margin(case, step)));
+                }
+                p.clear += 1;
+            } else {
+                p.ties += 1;
+            }
+            s.step(w).unwrap();
+        }
+    }
+    p.mean_abs = sum_abs / p.n_values.max(1) as f64;
+    eprintln!(
+        "vs llama.cpp: {} clear argmax positions equal, {} near-ties skipped; logits over {} \
+         values: max abs {:.3}, mean abs {:.3}, max rel {:.4}",
+        p.clear, p.ties, p.n_values, p.max_abs, p.mean_abs, p.max_rel
+    );
+    p
+}
