@@ -84,6 +84,24 @@ pub(crate) const IDX16_Q4K: [[u16; 32]; 4] = [
     idx16_pairs(4, 6),
     idx16_pairs(5, 7),
 ];
+/// Q4_K / Q5_K on VNNI ([`dot_k45_multi`]'s packed form): `vpackssdw` of the `vpdpbusd` lane
+/// sums of vectors t and t + 1 puts, in each 128-bit lane c, four sums of vector t then four of
+/// vector t + 1; lanes c = 0, 1 hold the low sub-block of each vector, c = 2, 3 the high one.
+/// These are the sub-block scale indices of those 32 i16 lanes, for t = 0 and t = 2.
+pub(crate) const IDX16_Q4K_PACKED: [[u16; 32]; 2] = [idx16_packed(0), idx16_packed(2)];
+
+pub(crate) const fn idx16_packed(t: usize) -> [u16; 32] {
+    let mut v = [0u16; 32];
+    let mut i = 0;
+    while i < 32 {
+        let (c, pos) = (i / 8, i % 8);
+        let pair = Q5K_PAIRS[t + pos / 4];
+        v[i] = if c < 2 { pair.0 } else { pair.1 } as u16;
+        i += 1;
+    }
+    v
+}
+
 /// Q5_K: the sub-blocks in the low and high half of the t-th 512-bit vector of codes (the
 /// order of [`IDX16_Q4K`]).
 const Q5K_PAIRS: [(u8, u8); 4] = [(0, 2), (1, 3), (4, 6), (5, 7)];
@@ -257,7 +275,14 @@ pub(crate) unsafe fn dp_scaled_plain(acc: __m512i, w: __m512i, x: __m512i, sc: _
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn dp_scaled_vnni(acc: __m512i, w: __m512i, x: __m512i, sc: __m512i) -> __m512i {
-    let p = _mm512_maddubs_epi16(w, x);
+    dpwssd_vnni(acc, _mm512_maddubs_epi16(w, x), sc)
+}
+
+/// acc + Σ pairs of i16 `p` · i16 `sc` in one fused `vpdpwssd` (inline asm: see
+/// [`dp_scaled_vnni`] for why not the intrinsic).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) unsafe fn dpwssd_vnni(acc: __m512i, p: __m512i, sc: __m512i) -> __m512i {
     let mut acc = acc;
     // SAFETY: register-only instruction (no memory, stack or flags); AVX-512 VNNI is enabled
     // for every caller by this function's target features.
@@ -271,6 +296,13 @@ pub(crate) unsafe fn dp_scaled_vnni(acc: __m512i, w: __m512i, x: __m512i, sc: __
         );
     }
     acc
+}
+
+/// acc + Σ pairs of i16 `p` · i16 `sc` without VNNI (`vpmaddwd` + add).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(crate) unsafe fn dpwssd_plain(acc: __m512i, p: __m512i, sc: __m512i) -> __m512i {
+    _mm512_add_epi32(acc, _mm512_madd_epi16(p, sc))
 }
 
 /// Most activations one multi-activation kernel call takes: its accumulators stay in
@@ -338,10 +370,13 @@ macro_rules! multi_rows {
 pub(crate) use multi_rows;
 
 macro_rules! int_kernels {
-    ($m:ident, $feat:literal, $dp:ident, $dpi8:ident, $dps:ident) => {
+    ($m:ident, $feat:literal, $dp:ident, $dpi8:ident, $dps:ident, $dpw:ident, $packed:expr) => {
         /// Integer row dots of this flavour.
         pub(crate) mod $m {
             use super::*;
+
+            /// Whether Q4_K / Q5_K use the packed `vpdpbusd` form (see [`dot_k45_multi`]).
+            const PACKED_K45: bool = $packed;
 
             /// Q8_0 row · q8 activation: four blocks per step, two per vector
             /// ([`dot_q8_0_multi`] of one activation).
@@ -573,16 +608,37 @@ macro_rules! int_kernels {
                             *wt = _mm512_mask_add_epi8(*wt, k, *wt, m16);
                         }
                     }
-                    let sct: [__m512i; 4] = std::array::from_fn(|t| {
-                        _mm512_permutexvar_epi16(ld_idx16(&IDX16_Q4K[t]), sc16)
-                    });
+                    // VNNI (`PACKED_K45`): one `vpdpbusd` per 64 weights gives i32 sums of
+                    // four products (|Σ| ≤ 4·31·128 < 2^15), two vectors of them are packed to
+                    // i16 and scaled by one `vpdpwssd`: 3 multiplies per 128 weights instead of
+                    // 4 (`vpmaddubsw` + `vpdpwssd` each). Integer sums are exact either way.
+                    let sct: [__m512i; 4] = if PACKED_K45 {
+                        let p = |t: usize| {
+                            _mm512_permutexvar_epi16(ld_idx16(&IDX16_Q4K_PACKED[t]), sc16)
+                        };
+                        [p(0), p(1), _mm512_setzero_si512(), _mm512_setzero_si512()]
+                    } else {
+                        std::array::from_fn(|t| {
+                            _mm512_permutexvar_epi16(ld_idx16(&IDX16_Q4K[t]), sc16)
+                        })
+                    };
                     let wd = h2f_pair(blk);
                     for j in 0..N {
                         let xq = a[j].qs.as_ptr().add(QK_K * s);
                         let mut sumi = _mm512_setzero_si512();
-                        for t in 0..4 {
-                            let x = _mm512_loadu_si512(xq.add(64 * t) as *const _);
-                            sumi = $dps(sumi, w[t], x, sct[t]);
+                        if PACKED_K45 {
+                            let x = |t: usize| _mm512_loadu_si512(xq.add(64 * t) as *const _);
+                            let z = _mm512_setzero_si512();
+                            for h in 0..2 {
+                                let p0 = $dp(z, w[2 * h], x(2 * h));
+                                let p1 = $dp(z, w[2 * h + 1], x(2 * h + 1));
+                                sumi = $dpw(sumi, _mm512_packs_epi32(p0, p1), sct[h]);
+                            }
+                        } else {
+                            for t in 0..4 {
+                                let x = _mm512_loadu_si512(xq.add(64 * t) as *const _);
+                                sumi = $dps(sumi, w[t], x, sct[t]);
+                            }
                         }
                         let dd = _mm_mul_ps(wd, _mm_set1_ps(*a[j].d.as_ptr().add(s)));
                         let d = _mm512_broadcastss_ps(dd);
@@ -698,12 +754,16 @@ int_kernels!(
     "avx512f,avx512bw,avx512vl,avx2,fma,f16c",
     dp_u8i8_plain,
     dp_i8i8_plain,
-    dp_scaled_plain
+    dp_scaled_plain,
+    dpwssd_plain,
+    false
 );
 int_kernels!(
     vnni,
     "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
     dp_u8i8_vnni,
     dp_i8i8_vnni,
-    dp_scaled_vnni
+    dp_scaled_vnni,
+    dpwssd_vnni,
+    true
 );
