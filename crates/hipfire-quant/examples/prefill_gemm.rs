@@ -63,10 +63,14 @@ fn parse() -> Result<Args, Box<dyn Error>> {
 
 /// Deterministic pseudo-random values in [-1, 1) (no rand dependency in an example).
 fn lcg_values(seed: u64, n: usize) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
         .collect()
@@ -101,7 +105,9 @@ fn main() -> Result<(), Box<dyn Error>> {
         let distinct: Vec<Vec<u8>> = (0..DISTINCT_ROWS)
             .map(|r| quantize_row(fmt, &lcg_values(r as u64, a.k)))
             .collect::<Result<_, _>>()?;
-        let w: Vec<u8> = (0..a.m).flat_map(|r| distinct[r % DISTINCT_ROWS].iter().copied()).collect();
+        let w: Vec<u8> = (0..a.m)
+            .flat_map(|r| distinct[r % DISTINCT_ROWS].iter().copied())
+            .collect();
         let acts: Vec<ActivationBuf> = (0..a.tokens)
             .map(|t| ActivationBuf::prepare(fmt, &lcg_values(1000 + t as u64, a.k)))
             .collect::<Result<_, _>>()?;

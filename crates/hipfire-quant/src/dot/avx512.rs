@@ -418,7 +418,10 @@ macro_rules! multi_rows_paired {
             ys: &mut [&mut [f32]],
             accumulate: bool,
         ) {
-            for (a, y) in acts.chunks(PAIR_MULTI_MAX).zip(ys.chunks_mut(PAIR_MULTI_MAX)) {
+            for (a, y) in acts
+                .chunks(PAIR_MULTI_MAX)
+                .zip(ys.chunks_mut(PAIR_MULTI_MAX))
+            {
                 match a.len() {
                     1 => $rows::<1>(w_rows, rb, &[a[0]], y, accumulate),
                     2 => $rows::<2>(w_rows, rb, &[a[0], a[1]], y, accumulate),
@@ -669,9 +672,8 @@ macro_rules! int_kernels {
                         prefetch_ahead::<Q5K_BYTES>(blk);
                         let (sc, mn) = q4k_unpack_scales(blk.add(Q4K_SCALES));
                         mins[r] = mn;
-                        let sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(
-                            sc as i64,
-                        )));
+                        let sc16 =
+                            _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
                         let q0 = _mm512_loadu_si512(blk.add(qs_at) as *const _);
                         let q1 = _mm512_loadu_si512(blk.add(qs_at + 64) as *const _);
                         w[r] = [
@@ -682,7 +684,7 @@ macro_rules! int_kernels {
                         ];
                         if Q5 {
                             let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(
-                                blk.add(Q5K_QH) as *const __m256i,
+                                blk.add(Q5K_QH) as *const __m256i
                             ));
                             for (wt, sel) in w[r].iter_mut().zip(&bit_sel) {
                                 let k = _mm512_test_epi8_mask(qh, *sel);
@@ -701,17 +703,15 @@ macro_rules! int_kernels {
                             }
                         } else {
                             for t in 0..4 {
-                                sct[r][t] =
-                                    _mm512_permutexvar_epi16(ld_idx16(&IDX16_Q4K[t]), sc16);
+                                sct[r][t] = _mm512_permutexvar_epi16(ld_idx16(&IDX16_Q4K[t]), sc16);
                             }
                         }
                         wd[r] = h2f_pair(blk);
                     }
                     for j in 0..N {
                         let xq = a[j].qs.as_ptr().add(QK_K * s);
-                        let x: [__m512i; 4] = std::array::from_fn(|t| {
-                            _mm512_loadu_si512(xq.add(64 * t) as *const _)
-                        });
+                        let x: [__m512i; 4] =
+                            std::array::from_fn(|t| _mm512_loadu_si512(xq.add(64 * t) as *const _));
                         let xd = _mm_set1_ps(*a[j].d.as_ptr().add(s));
                         let sums32 = a[j].sums32.as_ptr().add(8 * s);
                         for r in 0..R {
@@ -761,7 +761,14 @@ macro_rules! int_kernels {
 
             multi_rows!($feat, Q8x32, gemv_q8_0_multi, rows_q8_0, dot_q8_0_multi);
             multi_rows!($feat, Q8x32, gemv_q4_1_multi, rows_q4_1, dot_q4_1_multi);
-            multi_rows_paired!($feat, Q8K, gemv_q4k_multi, rows_q4k, dot_q4k_pair, dot_q4k_multi);
+            multi_rows_paired!(
+                $feat,
+                Q8K,
+                gemv_q4k_multi,
+                rows_q4k,
+                dot_q4k_pair,
+                dot_q4k_multi
+            );
             multi_rows!($feat, Q8K, gemv_q5k_multi, rows_q5k, dot_q5k_multi);
 
             /// HFQ4G256 row · q8 activation (activation permuted per 128: evens, odds).
