@@ -336,8 +336,10 @@ fn multi_kernel(tier: SimdTier, fmt: Format) -> Option<MultiDot> {
 /// `ys[j][i] (+)= row_i · acts[j]` for every activation `j` and `i` in `0..ys[j].len()`, on the
 /// detected tier: [`gemv_rows`] of several activations (prompt tokens) over the same rows.
 ///
-/// Where the tier has a multi-activation kernel for `fmt` (AVX-512 Q4_1, Q8_0 and Q4_K), each
-/// weight block is unpacked once and dotted with up to eight activations; every other pair
+/// Where the tier has a multi-activation kernel for `fmt` (AVX-512 Q8_0, Q4_1, Q4_K, Q5_K, Q5_0,
+/// Q5_1, IQ4_NL, IQ4_XS), each weight block is unpacked once and dotted with up to eight
+/// activations (Q4_K: four, over two rows at a time, so each activation vector loaded also
+/// serves two rows); every other pair
 /// runs [`gemv_rows`] once per activation. Either way `ys[j]` is bit-identical to
 /// `gemv_rows(fmt, w_rows, k, acts[j], ys[j], accumulate)`. Errors: those of [`gemv_rows`],
 /// `acts` and `ys` of different lengths, or `ys` slices of different lengths.

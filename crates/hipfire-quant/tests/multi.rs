@@ -184,3 +184,71 @@ fn multi_bad_shapes_are_typed_errors() {
         );
     }
 }
+
+/// SIMD multi-activation kernels against the scalar reference (not only against their own
+/// single-activation form): the same exact integer block sums, f32 summation order apart, so
+/// within `1e-6·Σ|w·x|` (formats.rs's SIMD-vs-scalar bound and reasoning). K-quants with the
+/// paired-row kernel (Q4_K) and the one-row kernel (Q5_K); odd row counts so the last row of a
+/// pair is alone; 1..=8 activations; k up to 4096 (the 8B's d_model).
+#[test]
+fn multi_matches_scalar_reference_within_bound() {
+    const REL: f64 = 1e-6;
+    const ABS_FLOOR: f64 = 1e-6;
+    let mut rng = ChaCha8Rng::seed_from_u64(SEED ^ 2);
+    for tier in tiers() {
+        for fmt in [Format::Q4K, Format::Q5K] {
+            for k in [768usize, 4096] {
+                for m in [1usize, 3, 9] {
+                    let rows: Vec<Vec<f32>> = (0..m).map(|_| random_vec(&mut rng, k)).collect();
+                    let mut w = Vec::new();
+                    for r in &rows {
+                        w.extend(quantize_row(fmt, r).expect("quantise"));
+                    }
+                    let rb = fmt.row_bytes(k).expect("row bytes");
+                    let deq: Vec<Vec<f64>> = w
+                        .chunks_exact(rb)
+                        .map(|row| {
+                            let mut o = vec![0f64; k];
+                            hipfire_quant::dequantize_row_f64(fmt, row, &mut o).expect("deq");
+                            o
+                        })
+                        .collect();
+                    for n in 1..=8 {
+                        let xs: Vec<Vec<f32>> = (0..n).map(|_| random_vec(&mut rng, k)).collect();
+                        let acts: Vec<ActivationBuf> = xs
+                            .iter()
+                            .map(|x| ActivationBuf::prepare(fmt, x))
+                            .collect::<Result<_, _>>()
+                            .expect("prepare");
+                        let refs: Vec<&ActivationBuf> = acts.iter().collect();
+                        let mut got = vec![vec![POISON; m]; n];
+                        let mut ys: Vec<&mut [f32]> =
+                            got.iter_mut().map(|y| y.as_mut_slice()).collect();
+                        gemv_rows_multi_with(tier, fmt, &w, k, &refs, &mut ys, false)
+                            .expect("multi");
+                        for (j, (act, x)) in acts.iter().zip(&xs).enumerate() {
+                            let mut want = vec![POISON; m];
+                            hipfire_quant::gemv_rows_scalar(fmt, &w, k, act, &mut want, false)
+                                .expect("scalar");
+                            for i in 0..m {
+                                let mag: f64 = deq[i]
+                                    .iter()
+                                    .zip(x)
+                                    .map(|(a, &b)| (a * f64::from(b)).abs())
+                                    .sum();
+                                let (g, s) = (got[j][i], want[i]);
+                                assert!(g.is_finite() && g != POISON, "{tier} {fmt} unwritten");
+                                let gap = (f64::from(g) - f64::from(s)).abs();
+                                assert!(
+                                    gap <= REL * mag + ABS_FLOOR,
+                                    "{tier} {fmt:?} k={k} m={m} n={n} act {j} row {i}: \
+                                     {g} vs scalar {s} (gap {gap}, Σ|w·x| {mag})"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -84,6 +84,24 @@ pub(crate) const IDX16_Q4K: [[u16; 32]; 4] = [
     idx16_pairs(4, 6),
     idx16_pairs(5, 7),
 ];
+/// Q4_K / Q5_K on VNNI ([`dot_k45_multi`]'s packed form): `vpackssdw` of the `vpdpbusd` lane
+/// sums of vectors t and t + 1 puts, in each 128-bit lane c, four sums of vector t then four of
+/// vector t + 1; lanes c = 0, 1 hold the low sub-block of each vector, c = 2, 3 the high one.
+/// These are the sub-block scale indices of those 32 i16 lanes, for t = 0 and t = 2.
+pub(crate) const IDX16_Q4K_PACKED: [[u16; 32]; 2] = [idx16_packed(0), idx16_packed(2)];
+
+pub(crate) const fn idx16_packed(t: usize) -> [u16; 32] {
+    let mut v = [0u16; 32];
+    let mut i = 0;
+    while i < 32 {
+        let (c, pos) = (i / 8, i % 8);
+        let pair = Q5K_PAIRS[t + pos / 4];
+        v[i] = if c < 2 { pair.0 } else { pair.1 } as u16;
+        i += 1;
+    }
+    v
+}
+
 /// Q5_K: the sub-blocks in the low and high half of the t-th 512-bit vector of codes (the
 /// order of [`IDX16_Q4K`]).
 const Q5K_PAIRS: [(u8, u8); 4] = [(0, 2), (1, 3), (4, 6), (5, 7)];
@@ -257,7 +275,14 @@ pub(crate) unsafe fn dp_scaled_plain(acc: __m512i, w: __m512i, x: __m512i, sc: _
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn dp_scaled_vnni(acc: __m512i, w: __m512i, x: __m512i, sc: __m512i) -> __m512i {
-    let p = _mm512_maddubs_epi16(w, x);
+    dpwssd_vnni(acc, _mm512_maddubs_epi16(w, x), sc)
+}
+
+/// acc + Σ pairs of i16 `p` · i16 `sc` in one fused `vpdpwssd` (inline asm: see
+/// [`dp_scaled_vnni`] for why not the intrinsic).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) unsafe fn dpwssd_vnni(acc: __m512i, p: __m512i, sc: __m512i) -> __m512i {
     let mut acc = acc;
     // SAFETY: register-only instruction (no memory, stack or flags); AVX-512 VNNI is enabled
     // for every caller by this function's target features.
@@ -271,6 +296,13 @@ pub(crate) unsafe fn dp_scaled_vnni(acc: __m512i, w: __m512i, x: __m512i, sc: __
         );
     }
     acc
+}
+
+/// acc + Σ pairs of i16 `p` · i16 `sc` without VNNI (`vpmaddwd` + add).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(crate) unsafe fn dpwssd_plain(acc: __m512i, p: __m512i, sc: __m512i) -> __m512i {
+    _mm512_add_epi32(acc, _mm512_madd_epi16(p, sc))
 }
 
 /// Most activations one multi-activation kernel call takes: its accumulators stay in
@@ -337,11 +369,78 @@ macro_rules! multi_rows {
 
 pub(crate) use multi_rows;
 
+/// Most activations one paired-row kernel call takes ([`multi_rows_paired!`]): two rows'
+/// unpacked weights and scales plus 2·N accumulators must stay in the 32 registers.
+pub(crate) const PAIR_MULTI_MAX: usize = 4;
+
+/// [`multi_rows!`] whose rows go two at a time through `$pair` (each activation vector loaded
+/// once for both rows), the odd last row through `$dot`; `$pair` must equal `$dot` row by row
+/// bit for bit, so the result does not depend on where the pairs fall. Activations are taken
+/// [`PAIR_MULTI_MAX`] at a time. Same contract as [`multi_rows!`].
+macro_rules! multi_rows_paired {
+    ($feat:literal, $act:ty, $pub_fn:ident, $rows:ident, $pair:ident, $dot:ident) => {
+        #[target_feature(enable = $feat)]
+        unsafe fn $rows<const N: usize>(
+            w_rows: &[u8],
+            rb: usize,
+            a: &[&$act; N],
+            ys: &mut [&mut [f32]],
+            accumulate: bool,
+        ) {
+            let m = ys.first().map_or(0, |y| y.len());
+            let w_rows = &w_rows[..m * rb];
+            let mut store = |i: usize, v: [f32; N]| {
+                for (y, vj) in ys.iter_mut().zip(v) {
+                    y[i] = if accumulate { y[i] + vj } else { vj };
+                }
+            };
+            let mut pairs = w_rows.chunks_exact(2 * rb);
+            let mut i = 0;
+            for two in pairs.by_ref() {
+                let (r0, r1) = two.split_at(rb);
+                let [v0, v1] = $pair::<N>(&[r0, r1], a);
+                store(i, v0);
+                store(i + 1, v1);
+                i += 2;
+            }
+            let rest = pairs.remainder();
+            if !rest.is_empty() {
+                store(i, $dot::<N>(rest, a));
+            }
+        }
+
+        /// See `multi_rows_paired!`.
+        #[target_feature(enable = $feat)]
+        pub(crate) unsafe fn $pub_fn(
+            w_rows: &[u8],
+            rb: usize,
+            acts: &[&$act],
+            ys: &mut [&mut [f32]],
+            accumulate: bool,
+        ) {
+            for (a, y) in acts
+                .chunks(PAIR_MULTI_MAX)
+                .zip(ys.chunks_mut(PAIR_MULTI_MAX))
+            {
+                match a.len() {
+                    1 => $rows::<1>(w_rows, rb, &[a[0]], y, accumulate),
+                    2 => $rows::<2>(w_rows, rb, &[a[0], a[1]], y, accumulate),
+                    3 => $rows::<3>(w_rows, rb, &[a[0], a[1], a[2]], y, accumulate),
+                    _ => $rows::<4>(w_rows, rb, &[a[0], a[1], a[2], a[3]], y, accumulate),
+                }
+            }
+        }
+    };
+}
+
 macro_rules! int_kernels {
-    ($m:ident, $feat:literal, $dp:ident, $dpi8:ident, $dps:ident) => {
+    ($m:ident, $feat:literal, $dp:ident, $dpi8:ident, $dps:ident, $dpw:ident, $packed:expr) => {
         /// Integer row dots of this flavour.
         pub(crate) mod $m {
             use super::*;
+
+            /// Whether Q4_K / Q5_K use the packed `vpdpbusd` form (see [`dot_k45_multi`]).
+            const PACKED_K45: bool = $packed;
 
             /// Q8_0 row · q8 activation: four blocks per step, two per vector
             /// ([`dot_q8_0_multi`] of one activation).
@@ -521,23 +620,36 @@ macro_rules! int_kernels {
                 dot_q5k_multi::<1>(row, &[a])[0]
             }
 
-            /// Q4_K (`Q5 = false`) or Q5_K (`Q5 = true`) row against `N` activations. Q5_K's
-            /// 32 `qh` bytes are broadcast to both halves; vector t holds sub-blocks
-            /// ((0, 2), (1, 3), (4, 6), (5, 7))[t], so its bit-4 mask tests bit a in the low
-            /// half and bit b in the high one.
+            /// Q4_K (`Q5 = false`) or Q5_K (`Q5 = true`) row against `N` activations
+            /// ([`dot_k45_rows`] of one row).
             #[inline]
             #[target_feature(enable = $feat)]
             unsafe fn dot_k45_multi<const N: usize, const Q5: bool>(
                 row: &[u8],
                 a: &[&Q8K; N],
             ) -> [f32; N] {
+                dot_k45_rows::<1, N, Q5>(&[row], a)[0]
+            }
+
+            /// `R` Q4_K (`Q5 = false`) or Q5_K (`Q5 = true`) rows (same length) against `N`
+            /// activations: each activation vector is loaded once for all `R` rows, and every
+            /// (row, activation) pair runs exactly the arithmetic of `R = 1`, so the results
+            /// are bit-identical to [`dot_k45_multi`] row by row. Q5_K's 32 `qh` bytes are
+            /// broadcast to both halves; vector t holds sub-blocks
+            /// ((0, 2), (1, 3), (4, 6), (5, 7))[t], so its bit-4 mask tests bit a in the low
+            /// half and bit b in the high one.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn dot_k45_rows<const R: usize, const N: usize, const Q5: bool>(
+                rows: &[&[u8]; R],
+                a: &[&Q8K; N],
+            ) -> [[f32; N]; R] {
                 let (bytes, qs_at) = if Q5 {
                     (Q5K_BYTES, Q5K_QS)
                 } else {
                     (Q4K_BYTES, Q4K_QS)
                 };
-                let nsb = row.len() / bytes;
-                let p = row.as_ptr();
+                let nsb = rows[0].len() / bytes;
                 let m4 = _mm512_set1_epi8(0x0F);
                 let m16 = _mm512_set1_epi8(HIGH_BIT);
                 let bit_sel: [__m512i; 4] = std::array::from_fn(|t| {
@@ -547,63 +659,116 @@ macro_rules! int_kernels {
                         _mm256_set1_epi8((1u8 << hi) as i8),
                     )
                 });
-                let mut acc = [_mm512_setzero_ps(); N];
-                let mut macc = [_mm_setzero_ps(); N];
+                let mut acc = [[_mm512_setzero_ps(); N]; R];
+                let mut macc = [[_mm_setzero_ps(); N]; R];
                 for s in 0..nsb {
-                    let blk = p.add(bytes * s);
-                    // 144 and 176 bytes both span three lines.
-                    prefetch_ahead::<Q5K_BYTES>(blk);
-                    let (sc, mins) = q4k_unpack_scales(blk.add(Q4K_SCALES));
-                    let sc16 =
-                        _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
-                    let q0 = _mm512_loadu_si512(blk.add(qs_at) as *const _);
-                    let q1 = _mm512_loadu_si512(blk.add(qs_at + 64) as *const _);
-                    let mut w = [
-                        _mm512_and_si512(q0, m4),
-                        _mm512_and_si512(_mm512_srli_epi16::<4>(q0), m4),
-                        _mm512_and_si512(q1, m4),
-                        _mm512_and_si512(_mm512_srli_epi16::<4>(q1), m4),
-                    ];
-                    if Q5 {
-                        let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(
-                            blk.add(Q5K_QH) as *const __m256i
-                        ));
-                        for (wt, sel) in w.iter_mut().zip(&bit_sel) {
-                            let k = _mm512_test_epi8_mask(qh, *sel);
-                            *wt = _mm512_mask_add_epi8(*wt, k, *wt, m16);
+                    let mut w = [[_mm512_setzero_si512(); 4]; R];
+                    let mut sct = [[_mm512_setzero_si512(); 4]; R];
+                    let mut wd = [_mm_setzero_ps(); R];
+                    let mut mins = [0u64; R];
+                    for r in 0..R {
+                        let blk = rows[r].as_ptr().add(bytes * s);
+                        // 144 and 176 bytes both span three lines.
+                        prefetch_ahead::<Q5K_BYTES>(blk);
+                        let (sc, mn) = q4k_unpack_scales(blk.add(Q4K_SCALES));
+                        mins[r] = mn;
+                        let sc16 =
+                            _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
+                        let q0 = _mm512_loadu_si512(blk.add(qs_at) as *const _);
+                        let q1 = _mm512_loadu_si512(blk.add(qs_at + 64) as *const _);
+                        w[r] = [
+                            _mm512_and_si512(q0, m4),
+                            _mm512_and_si512(_mm512_srli_epi16::<4>(q0), m4),
+                            _mm512_and_si512(q1, m4),
+                            _mm512_and_si512(_mm512_srli_epi16::<4>(q1), m4),
+                        ];
+                        if Q5 {
+                            let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                                blk.add(Q5K_QH) as *const __m256i
+                            ));
+                            for (wt, sel) in w[r].iter_mut().zip(&bit_sel) {
+                                let k = _mm512_test_epi8_mask(qh, *sel);
+                                *wt = _mm512_mask_add_epi8(*wt, k, *wt, m16);
+                            }
                         }
+                        // VNNI (`PACKED_K45`): one `vpdpbusd` per 64 weights gives i32 sums
+                        // of four products (|Σ| ≤ 4·31·128 < 2^15), two vectors of them are
+                        // packed to i16 and scaled by one `vpdpwssd`: 3 multiplies per 128
+                        // weights instead of 4 (`vpmaddubsw` + `vpdpwssd` each). Integer sums
+                        // are exact either way.
+                        if PACKED_K45 {
+                            for h in 0..2 {
+                                sct[r][h] =
+                                    _mm512_permutexvar_epi16(ld_idx16(&IDX16_Q4K_PACKED[h]), sc16);
+                            }
+                        } else {
+                            for t in 0..4 {
+                                sct[r][t] = _mm512_permutexvar_epi16(ld_idx16(&IDX16_Q4K[t]), sc16);
+                            }
+                        }
+                        wd[r] = h2f_pair(blk);
                     }
-                    let sct: [__m512i; 4] = std::array::from_fn(|t| {
-                        _mm512_permutexvar_epi16(ld_idx16(&IDX16_Q4K[t]), sc16)
-                    });
-                    let wd = h2f_pair(blk);
                     for j in 0..N {
                         let xq = a[j].qs.as_ptr().add(QK_K * s);
-                        let mut sumi = _mm512_setzero_si512();
-                        for t in 0..4 {
-                            let x = _mm512_loadu_si512(xq.add(64 * t) as *const _);
-                            sumi = $dps(sumi, w[t], x, sct[t]);
+                        let x: [__m512i; 4] =
+                            std::array::from_fn(|t| _mm512_loadu_si512(xq.add(64 * t) as *const _));
+                        let xd = _mm_set1_ps(*a[j].d.as_ptr().add(s));
+                        let sums32 = a[j].sums32.as_ptr().add(8 * s);
+                        for r in 0..R {
+                            let mut sumi = _mm512_setzero_si512();
+                            if PACKED_K45 {
+                                let z = _mm512_setzero_si512();
+                                for h in 0..2 {
+                                    let p0 = $dp(z, w[r][2 * h], x[2 * h]);
+                                    let p1 = $dp(z, w[r][2 * h + 1], x[2 * h + 1]);
+                                    sumi = $dpw(sumi, _mm512_packs_epi32(p0, p1), sct[r][h]);
+                                }
+                            } else {
+                                for t in 0..4 {
+                                    sumi = $dps(sumi, w[r][t], x[t], sct[r][t]);
+                                }
+                            }
+                            let dd = _mm_mul_ps(wd[r], xd);
+                            let d = _mm512_broadcastss_ps(dd);
+                            acc[r][j] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc[r][j]);
+                            let mn = q4k_mins_dot(mins[r], sums32);
+                            let dmin = _mm_permute_ps::<0b0101_0101>(dd);
+                            macc[r][j] = _mm_fmadd_ps(dmin, _mm_cvtepi32_ps(mn), macc[r][j]);
                         }
-                        let dd = _mm_mul_ps(wd, _mm_set1_ps(*a[j].d.as_ptr().add(s)));
-                        let d = _mm512_broadcastss_ps(dd);
-                        acc[j] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc[j]);
-                        let mn = q4k_mins_dot(mins, a[j].sums32.as_ptr().add(8 * s));
-                        let dmin = _mm_permute_ps::<0b0101_0101>(dd);
-                        macc[j] = _mm_fmadd_ps(dmin, _mm_cvtepi32_ps(mn), macc[j]);
                     }
                 }
-                let mut out = [0f32; N];
-                for j in 0..N {
-                    let m = _mm_add_ps(macc[j], _mm_movehl_ps(macc[j], macc[j]));
-                    let m = _mm_add_ss(m, _mm_movehdup_ps(m));
-                    out[j] = _mm512_reduce_add_ps(acc[j]) - _mm_cvtss_f32(m);
+                let mut out = [[0f32; N]; R];
+                for r in 0..R {
+                    for j in 0..N {
+                        let mj = macc[r][j];
+                        let m = _mm_add_ps(mj, _mm_movehl_ps(mj, mj));
+                        let m = _mm_add_ss(m, _mm_movehdup_ps(m));
+                        out[r][j] = _mm512_reduce_add_ps(acc[r][j]) - _mm_cvtss_f32(m);
+                    }
                 }
                 out
             }
 
+            /// Two Q4_K rows against `N` activations ([`dot_k45_rows`]).
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn dot_q4k_pair<const N: usize>(
+                rows: &[&[u8]; 2],
+                a: &[&Q8K; N],
+            ) -> [[f32; N]; 2] {
+                dot_k45_rows::<2, N, false>(rows, a)
+            }
+
             multi_rows!($feat, Q8x32, gemv_q8_0_multi, rows_q8_0, dot_q8_0_multi);
             multi_rows!($feat, Q8x32, gemv_q4_1_multi, rows_q4_1, dot_q4_1_multi);
-            multi_rows!($feat, Q8K, gemv_q4k_multi, rows_q4k, dot_q4k_multi);
+            multi_rows_paired!(
+                $feat,
+                Q8K,
+                gemv_q4k_multi,
+                rows_q4k,
+                dot_q4k_pair,
+                dot_q4k_multi
+            );
             multi_rows!($feat, Q8K, gemv_q5k_multi, rows_q5k, dot_q5k_multi);
 
             /// HFQ4G256 row · q8 activation (activation permuted per 128: evens, odds).
@@ -698,12 +863,16 @@ int_kernels!(
     "avx512f,avx512bw,avx512vl,avx2,fma,f16c",
     dp_u8i8_plain,
     dp_i8i8_plain,
-    dp_scaled_plain
+    dp_scaled_plain,
+    dpwssd_plain,
+    false
 );
 int_kernels!(
     vnni,
     "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
     dp_u8i8_vnni,
     dp_i8i8_vnni,
-    dp_scaled_vnni
+    dp_scaled_vnni,
+    dpwssd_vnni,
+    true
 );

@@ -1,0 +1,142 @@
+//! Single-thread prefill GEMM throughput (GMAC/s) of `gemv_rows_multi`, driven the way
+//! hipfire-exec's `CpuPool::gemv_tokens` drives it: the rows cut into tiles of
+//! `--tile-kib` of weight, every token run over a tile (in groups of `--group`) before the next.
+//!
+//! ```text
+//! cargo run --release -p hipfire-quant --example prefill_gemm -- [--k 4096] [--m 2048]
+//!     [--tokens 32] [--tile-kib 16] [--group 16] [--reps 7] [--formats q4_k,q6_k]
+//! ```
+//! Time is this thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`), not wall time:
+//! the dev VM's two cores are shared with other builds, and time spent descheduled would
+//! otherwise dominate. The figure is the fastest of `--reps` passes.
+
+use hipfire_quant::{gemv_rows_multi, quantize_row, simd_tier, ActivationBuf, Format};
+use std::error::Error;
+use std::hint::black_box;
+
+/// Distinct quantised rows tiled into the matrix (quantising K-quants row by row is slow).
+const DISTINCT_ROWS: usize = 64;
+
+struct Args {
+    k: usize,
+    m: usize,
+    tokens: usize,
+    tile: usize,
+    group: usize,
+    reps: usize,
+    formats: Vec<Format>,
+}
+
+fn parse() -> Result<Args, Box<dyn Error>> {
+    let mut a = Args {
+        k: 4096,
+        m: 2048,
+        tokens: 32,
+        tile: 16 << 10,
+        group: 16,
+        reps: 7,
+        formats: vec![Format::Q4K, Format::Q6K],
+    };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    for pair in argv.chunks(2) {
+        let [flag, val] = pair else {
+            return Err(format!("{} needs a value", pair[0]).into());
+        };
+        match flag.as_str() {
+            "--k" => a.k = val.parse()?,
+            "--m" => a.m = val.parse()?,
+            "--tokens" => a.tokens = val.parse()?,
+            "--tile-kib" => a.tile = val.parse::<usize>()? << 10,
+            "--group" => a.group = val.parse()?,
+            "--reps" => a.reps = val.parse()?,
+            "--formats" => {
+                a.formats = val
+                    .split(',')
+                    .map(|s| Format::from_name(s).ok_or_else(|| format!("unknown format {s}")))
+                    .collect::<Result<_, _>>()?
+            }
+            _ => return Err(format!("unknown flag {flag}").into()),
+        }
+    }
+    Ok(a)
+}
+
+/// Deterministic pseudo-random values in [-1, 1) (no rand dependency in an example).
+fn lcg_values(seed: u64, n: usize) -> Vec<f32> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// This thread's CPU time in nanoseconds.
+fn cpu_ns() -> Result<u64, Box<dyn Error>> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the call's duration.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return Err("clock_gettime(CLOCK_THREAD_CPUTIME_ID) failed".into());
+    }
+    Ok(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+}
+
+fn main() -> Result<(), Box<dyn Error>> {
+    let a = parse()?;
+    println!(
+        "tier {}, k {}, m {}, tokens {}, tile {} KiB, group {}",
+        simd_tier(),
+        a.k,
+        a.m,
+        a.tokens,
+        a.tile >> 10,
+        a.group
+    );
+    for &fmt in &a.formats {
+        let rb = fmt.row_bytes(a.k)?;
+        let distinct: Vec<Vec<u8>> = (0..DISTINCT_ROWS)
+            .map(|r| quantize_row(fmt, &lcg_values(r as u64, a.k)))
+            .collect::<Result<_, _>>()?;
+        let w: Vec<u8> = (0..a.m)
+            .flat_map(|r| distinct[r % DISTINCT_ROWS].iter().copied())
+            .collect();
+        let acts: Vec<ActivationBuf> = (0..a.tokens)
+            .map(|t| ActivationBuf::prepare(fmt, &lcg_values(1000 + t as u64, a.k)))
+            .collect::<Result<_, _>>()?;
+        let refs: Vec<&ActivationBuf> = acts.iter().collect();
+        let mut ys = vec![vec![0f32; a.m]; a.tokens];
+        let tile_rows = (a.tile / rb).max(1);
+        let mut best = f64::INFINITY;
+        for _ in 0..a.reps {
+            let t0 = cpu_ns()?;
+            let mut r0 = 0;
+            while r0 < a.m {
+                let r1 = (r0 + tile_rows).min(a.m);
+                let wt = &w[r0 * rb..r1 * rb];
+                for (g, ys_g) in refs.chunks(a.group).zip(ys.chunks_mut(a.group)) {
+                    let mut yv: Vec<&mut [f32]> = ys_g.iter_mut().map(|y| &mut y[r0..r1]).collect();
+                    gemv_rows_multi(fmt, wt, a.k, g, &mut yv, false)?;
+                }
+                r0 = r1;
+            }
+            best = best.min((cpu_ns()? - t0) as f64 * 1e-9);
+            black_box(&ys);
+        }
+        let macs = (a.m * a.k * a.tokens) as f64;
+        println!(
+            "{fmt:?}: {:.2} ms, {:.1} GMAC/s (best of {})",
+            best * 1e3,
+            macs / best / 1e9,
+            a.reps
+        );
+    }
+    Ok(())
+}
