@@ -190,20 +190,5 @@ fn greedy_tokens_and_logits_match_llama_cpp() {
 #[test]
 fn chunked_prefill_is_bit_identical_to_token_by_token() {
     let Some(m) = model() else { return };
-    let vocab = m.config().vocab as u32;
-    let prompt: Vec<u32> = (0..600u32).map(|i| (i * 7919 + 13) % vocab).collect();
-    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-    let mut a = m.session();
-    let mut b = m.session();
-    let la = bits(a.prefill(&prompt).expect("prefill"));
-    let mut lb = Vec::new();
-    for &t in &prompt {
-        lb = bits(b.step(t).expect("step"));
-    }
-    assert_eq!(la, lb, "last prompt logits");
-    for t in [1u32, 500, 2000, 42] {
-        let sa = bits(a.step(t).expect("decode"));
-        let sb = bits(b.step(t).expect("decode"));
-        assert_eq!(sa, sb, "decode step after prefill, token {t}");
-    }
+    parity::check_chunked_prefill_matches_steps(m, 600);
 }

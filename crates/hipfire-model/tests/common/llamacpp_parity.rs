@@ -144,3 +144,25 @@ pub fn compare(m: &Model, fixture: &Value, near_tie: f64) -> Parity {
     );
     p
 }
+
+/// Chunked prefill (`Session::prefill`, weights read once per chunk of prompt tokens) of
+/// `prompt_len` seeded tokens gives the same bits as feeding them one `step` at a time: the last
+/// logits, then every decode step after it (which reads the whole KV cache the prefill wrote).
+pub fn check_chunked_prefill_matches_steps(m: &Model, prompt_len: u32) {
+    let vocab = m.config().vocab as u32;
+    let prompt: Vec<u32> = (0..prompt_len).map(|i| (i * 7919 + 13) % vocab).collect();
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    let mut a = m.session();
+    let mut b = m.session();
+    let la = bits(a.prefill(&prompt).expect("prefill"));
+    let mut lb = Vec::new();
+    for &t in &prompt {
+        lb = bits(b.step(t).expect("step"));
+    }
+    assert_eq!(la, lb, "last prompt logits");
+    for t in [1u32, 500, 2000, 42] {
+        let sa = bits(a.step(t).expect("decode"));
+        let sb = bits(b.step(t).expect("decode"));
+        assert_eq!(sa, sb, "decode step after prefill, token {t}");
+    }
+}
