@@ -12,7 +12,6 @@
 //! Layer placement follows llama.cpp's convention: the *first* `n_layer − budget` blocks spill,
 //! the last `budget` stay resident; embeddings, output norm and head are always resident.
 
-use std::ffi::c_void;
 use std::sync::Arc;
 
 use hipfire_exec::flags::FlagsTuning;
@@ -21,7 +20,8 @@ use hipfire_exec::CpuPool;
 use hipfire_gpu::backend::LaunchDims;
 use hipfire_gpu::{
     Activation, Context, DeviceBuffer, DeviceMemory, Function, GemvForm, GemvKernels, GpuError,
-    HostMappedBuffer, KernelRegistry, KernelSource, RowRange, Stream, WeightLocation, WeightRef,
+    HostMappedBuffer, KernelRegistry, KernelSource, LaunchArgs, RowRange, Stream, WeightLocation,
+    WeightRef,
 };
 use hipfire_quant::Format;
 
@@ -809,16 +809,18 @@ impl<'m> GpuDecoder<'m> {
         grid: u32,
         block: u32,
         shared: u32,
-        params: &mut [*mut c_void],
+        mut args: LaunchArgs,
     ) -> Result<(), GpuError> {
         let dims = LaunchDims {
             grid,
             block,
             shared_bytes: shared,
         };
+        let params = args.params()?;
         // SAFETY: every caller passes parameters matching the kernel's signature in
-        // kernels/decode.cu, over device buffers owned by `self` (alive for the launch, freed
-        // only by Drop after the stream is synchronised), with extents checked at allocation.
+        // kernels/decode.cu (typed one by one in `args`, whose slots outlive the launch), over
+        // device buffers owned by `self` (alive for the launch, freed only by Drop after the
+        // stream is synchronised), with extents checked at allocation.
         unsafe {
             self.ctx
                 .backend()
@@ -827,18 +829,13 @@ impl<'m> GpuDecoder<'m> {
     }
 
     /// An elementwise kernel over `n` items: one thread each, [`DECODE_THREADS`] per block.
-    fn launch_1d(
-        &self,
-        f: &Function,
-        n: usize,
-        params: &mut [*mut c_void],
-    ) -> Result<(), GpuError> {
+    fn launch_1d(&self, f: &Function, n: usize, args: LaunchArgs) -> Result<(), GpuError> {
         self.launch(
             f,
             (n as u32).div_ceil(DECODE_THREADS),
             DECODE_THREADS,
             0,
-            params,
+            args,
         )
     }
 
@@ -850,60 +847,43 @@ impl<'m> GpuDecoder<'m> {
         rows: usize,
         n: usize,
     ) -> Result<(), GpuError> {
-        let (mut px, mut pw, mut py) = (x, w.device_ptr(), y);
-        let mut pn = n as i32;
-        let mut eps = self.model.config().rms_eps;
-        let mut p: [*mut c_void; 5] = [
-            (&mut px as *mut u64).cast(),
-            (&mut pw as *mut u64).cast(),
-            (&mut py as *mut u64).cast(),
-            (&mut pn as *mut i32).cast(),
-            (&mut eps as *mut f32).cast(),
-        ];
-        self.launch(&self.k.rms_norm, rows as u32, DECODE_THREADS, 0, &mut p)
+        let args = LaunchArgs::new()
+            .ptr(x)
+            .buf(w)
+            .ptr(y)
+            .i32(n as i32)
+            .f32(self.model.config().rms_eps);
+        self.launch(&self.k.rms_norm, rows as u32, DECODE_THREADS, 0, args)
     }
 
     fn rope(&self, x: u64, n_heads: usize) -> Result<(), GpuError> {
         let c = self.model.config();
-        let mut px = x;
-        let (mut hd, mut rd, mut pos) = (c.head_dim as i32, c.rope_dim as i32, self.pos as i32);
-        let mut pf = self.s.inv_freq.device_ptr();
-        let mut neox = i32::from(c.rope_neox);
-        let mut mscale = self.s.rope_mscale;
-        let mut p: [*mut c_void; 7] = [
-            (&mut px as *mut u64).cast(),
-            (&mut hd as *mut i32).cast(),
-            (&mut rd as *mut i32).cast(),
-            (&mut pos as *mut i32).cast(),
-            (&mut pf as *mut u64).cast(),
-            (&mut neox as *mut i32).cast(),
-            (&mut mscale as *mut f32).cast(),
-        ];
-        self.launch(&self.k.rope, n_heads as u32, 64, 0, &mut p)
+        let args = LaunchArgs::new()
+            .ptr(x)
+            .i32(c.head_dim as i32)
+            .i32(c.rope_dim as i32)
+            .i32(self.pos as i32)
+            .buf(&self.s.inv_freq)
+            .i32(i32::from(c.rope_neox))
+            .f32(self.s.rope_mscale);
+        self.launch(&self.k.rope, n_heads as u32, 64, 0, args)
     }
 
     /// Rounds this position's `n` k and v values (f32 at `k`, `v`) into the f16 cache rows at
     /// `kslot`, `vslot`.
     fn kv_store(&self, k: u64, v: u64, kslot: u64, vslot: u64, n: usize) -> Result<(), GpuError> {
-        let (mut pk, mut pv, mut pks, mut pvs, mut pn) = (k, v, kslot, vslot, n as i32);
-        let mut p: [*mut c_void; 5] = [
-            (&mut pk as *mut u64).cast(),
-            (&mut pv as *mut u64).cast(),
-            (&mut pks as *mut u64).cast(),
-            (&mut pvs as *mut u64).cast(),
-            (&mut pn as *mut i32).cast(),
-        ];
-        self.launch_1d(&self.k.kv_store, n, &mut p)
+        let args = LaunchArgs::new()
+            .ptr(k)
+            .ptr(v)
+            .ptr(kslot)
+            .ptr(vslot)
+            .i32(n as i32);
+        self.launch_1d(&self.k.kv_store, n, args)
     }
 
     fn add(&self, y: u64, b: &DeviceBuffer<f32>) -> Result<(), GpuError> {
-        let (mut py, mut pb, mut n) = (y, b.device_ptr(), b.len() as i32);
-        let mut p: [*mut c_void; 3] = [
-            (&mut py as *mut u64).cast(),
-            (&mut pb as *mut u64).cast(),
-            (&mut n as *mut i32).cast(),
-        ];
-        self.launch_1d(&self.k.add, b.len(), &mut p)
+        let args = LaunchArgs::new().ptr(y).buf(b).i32(b.len() as i32);
+        self.launch_1d(&self.k.add, b.len(), args)
     }
 
     /// `y (+)= W·act` for weight `id`: resident weights on the GPU, spilled ones through the
@@ -1355,14 +1335,12 @@ impl<'m> GpuDecoder<'m> {
             GemvForm::Plain,
         )?;
         {
-            let (mut pg, mut pu, mut po, mut len) = (r.gate, r.up, r.gate, (m * c.n_ff) as i32);
-            let mut p: [*mut c_void; 4] = [
-                (&mut pg as *mut u64).cast(),
-                (&mut pu as *mut u64).cast(),
-                (&mut po as *mut u64).cast(),
-                (&mut len as *mut i32).cast(),
-            ];
-            self.launch_1d(&self.k.swiglu, m * c.n_ff, &mut p)?;
+            let args = LaunchArgs::new()
+                .ptr(r.gate)
+                .ptr(r.up)
+                .ptr(r.gate)
+                .i32((m * c.n_ff) as i32);
+            self.launch_1d(&self.k.swiglu, m * c.n_ff, args)?;
         }
         self.project_rows(
             &[(wd, x, d)],

@@ -8,11 +8,10 @@
 //! chooses the chunks from the depth so the grid fills the device at depth and stays one pass
 //! (one launch) at a tiny depth.
 
-use std::ffi::c_void;
 use std::sync::Arc;
 
 use hipfire_gpu::backend::LaunchDims;
-use hipfire_gpu::{Context, DeviceBuffer, DeviceMemory, Function, Module, Stream};
+use hipfire_gpu::{Context, DeviceBuffer, Function, LaunchArgs, Module, Stream};
 
 use crate::ModelError;
 
@@ -292,75 +291,50 @@ impl SplitKvAttention {
             });
         }
         let grid = plan.n_chunks * s.blocks_per_chunk(plan.heads_per_block);
-        let (mut pq, mut pk, mut pv, mut po, mut pp) = (
-            q.device_ptr(),
-            k_cache.device_ptr(),
-            v_cache.device_ptr(),
-            out.device_ptr(),
-            self.part.device_ptr(),
-        );
         // Every count below is bounded by the cache length checked to fit an i32 above.
-        let (mut nh, mut nkv, mut hd, mut np) = (
-            s.n_head as i32,
-            s.n_kv_head as i32,
-            s.head_dim as i32,
-            n_pos as i32,
-        );
-        let (mut cl, mut nc, mut lpr, mut hpb) = (
-            plan.chunk_len as i32,
-            plan.n_chunks as i32,
-            s.lanes_per_row() as i32,
-            plan.heads_per_block as i32,
-        );
-        let mut scale = 1.0f32 / (s.head_dim as f32).sqrt();
-        let mut params: [*mut c_void; 14] = [
-            (&mut pq as *mut u64).cast(),
-            (&mut pk as *mut u64).cast(),
-            (&mut pv as *mut u64).cast(),
-            (&mut po as *mut u64).cast(),
-            (&mut pp as *mut u64).cast(),
-            (&mut nh as *mut i32).cast(),
-            (&mut nkv as *mut i32).cast(),
-            (&mut hd as *mut i32).cast(),
-            (&mut np as *mut i32).cast(),
-            (&mut cl as *mut i32).cast(),
-            (&mut nc as *mut i32).cast(),
-            (&mut lpr as *mut i32).cast(),
-            (&mut hpb as *mut i32).cast(),
-            (&mut scale as *mut f32).cast(),
-        ];
+        let mut args = LaunchArgs::new()
+            .buf(q)
+            .buf(k_cache)
+            .buf(v_cache)
+            .buf(out)
+            .buf(&self.part)
+            .i32(s.n_head as i32)
+            .i32(s.n_kv_head as i32)
+            .i32(s.head_dim as i32)
+            .i32(n_pos as i32)
+            .i32(plan.chunk_len as i32)
+            .i32(plan.n_chunks as i32)
+            .i32(s.lanes_per_row() as i32)
+            .i32(plan.heads_per_block as i32)
+            .f32(1.0f32 / (s.head_dim as f32).sqrt());
+        let params = args.params()?;
         let dims = LaunchDims {
             grid: grid as u32,
             block: ATTN_THREADS,
             shared_bytes: s.split_shared_bytes(plan.heads_per_block) as u32,
         };
-        // SAFETY: the parameters match the `attention_split_f16kv_g*` signature; every pointer is a
-        // live device buffer of `self` or of the caller, borrowed for the call, whose lengths
-        // were checked above against what the kernel reads (n_pos cache rows, n_head q rows) and
-        // writes (n_head out rows, n_chunks ≤ max_chunks partials per head).
+        // SAFETY: the parameters match the `attention_split_f16kv_g*` signature (typed one by one
+        // in `args`, whose slots outlive the launch); every pointer is a live device buffer of
+        // `self` or of the caller, borrowed for the call, whose lengths were checked above
+        // against what the kernel reads (n_pos cache rows, n_head q rows) and writes (n_head out
+        // rows, n_chunks ≤ max_chunks partials per head).
         unsafe {
             self.ctx.backend().launch(
                 self.split[instance(plan.heads_per_block)].raw(),
                 dims,
                 stream.raw(),
-                &mut params,
+                params,
             )?;
         }
         if plan.n_chunks == 1 {
             return Ok(());
         }
-        let (mut pp, mut po, mut hd, mut nc) = (
-            self.part.device_ptr(),
-            out.device_ptr(),
-            s.head_dim as i32,
-            plan.n_chunks as i32,
-        );
-        let mut params: [*mut c_void; 4] = [
-            (&mut pp as *mut u64).cast(),
-            (&mut po as *mut u64).cast(),
-            (&mut hd as *mut i32).cast(),
-            (&mut nc as *mut i32).cast(),
-        ];
+        let mut args = LaunchArgs::new()
+            .buf(&self.part)
+            .buf(out)
+            .i32(s.head_dim as i32)
+            .i32(plan.n_chunks as i32);
+        let params = args.params()?;
         let dims = LaunchDims {
             grid: s.n_head as u32,
             block: COMBINE_THREADS,
@@ -371,7 +345,7 @@ impl SplitKvAttention {
         unsafe {
             self.ctx
                 .backend()
-                .launch(self.combine.raw(), dims, stream.raw(), &mut params)?;
+                .launch(self.combine.raw(), dims, stream.raw(), params)?;
         }
         Ok(())
     }

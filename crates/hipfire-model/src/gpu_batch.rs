@@ -12,10 +12,8 @@
 
 use hipfire_gpu::backend::LaunchDims;
 use hipfire_gpu::{
-    Context, DeviceBuffer, DeviceMemory, Event, Function, GpuError, HostMappedBuffer, Module,
-    Stream,
+    Context, DeviceBuffer, Event, Function, GpuError, HostMappedBuffer, LaunchArgs, Module, Stream,
 };
-use std::ffi::c_void;
 use std::sync::Arc;
 
 use crate::ModelError;
@@ -87,7 +85,7 @@ fn launch(
     f: &Function,
     grid: usize,
     block: u32,
-    params: &mut [*mut c_void],
+    mut args: LaunchArgs,
 ) -> Result<(), GpuError> {
     let grid = u32::try_from(grid).map_err(|_| GpuError::Invalid {
         what: "batched-step grid",
@@ -98,9 +96,11 @@ fn launch(
         block,
         shared_bytes: 0,
     };
+    let params = args.params()?;
     // SAFETY: each caller passes parameters matching the kernel's signature in
-    // kernels/prefill.cu, over device buffers sized for the micro-batch by `BatchScratch::new`
-    // (checked there against the model's widths) and owned by the decoder until it synchronises.
+    // kernels/prefill.cu (typed one by one in `args`, whose slots outlive the launch), over
+    // device buffers sized for the micro-batch by `BatchScratch::new` (checked there against the
+    // model's widths) and owned by the decoder until it synchronises.
     unsafe { ctx.backend().launch(f.raw(), dims, stream.raw(), params) }
 }
 
@@ -121,32 +121,26 @@ impl PrefillKernels {
         neox: bool,
         mscale: f32,
     ) -> Result<(), GpuError> {
-        let mut px = x;
-        let (mut nh, mut hd, mut rd) = (n_heads as i32, head_dim as i32, rope_dim as i32);
-        let mut pos = i32::try_from(pos0).map_err(|_| GpuError::Invalid {
+        let pos = i32::try_from(pos0).map_err(|_| GpuError::Invalid {
             what: "RoPE position",
             rule: "must fit 32 bits",
         })?;
-        let mut pf = inv_freq.device_ptr();
-        let mut nx = i32::from(neox);
-        let mut ms = mscale;
-        let mut p: [*mut c_void; 8] = [
-            (&mut px as *mut u64).cast(),
-            (&mut nh as *mut i32).cast(),
-            (&mut hd as *mut i32).cast(),
-            (&mut rd as *mut i32).cast(),
-            (&mut pos as *mut i32).cast(),
-            (&mut pf as *mut u64).cast(),
-            (&mut nx as *mut i32).cast(),
-            (&mut ms as *mut f32).cast(),
-        ];
+        let args = LaunchArgs::new()
+            .ptr(x)
+            .i32(n_heads as i32)
+            .i32(head_dim as i32)
+            .i32(rope_dim as i32)
+            .i32(pos)
+            .buf(inv_freq)
+            .i32(i32::from(neox))
+            .f32(mscale);
         launch(
             ctx,
             stream,
             &self.rope_rows,
             n_tok * n_heads,
             ROPE_THREADS,
-            &mut p,
+            args,
         )
     }
 
@@ -160,20 +154,18 @@ impl PrefillKernels {
         rows: usize,
     ) -> Result<(), GpuError> {
         let total = b.len() * rows;
-        let (mut py, mut pb, mut n, mut r) = (y, b.device_ptr(), b.len() as i32, rows as i32);
-        let mut p: [*mut c_void; 4] = [
-            (&mut py as *mut u64).cast(),
-            (&mut pb as *mut u64).cast(),
-            (&mut n as *mut i32).cast(),
-            (&mut r as *mut i32).cast(),
-        ];
+        let args = LaunchArgs::new()
+            .ptr(y)
+            .buf(b)
+            .i32(b.len() as i32)
+            .i32(rows as i32);
         launch(
             ctx,
             stream,
             &self.add_rows,
             total.div_ceil(ROW_THREADS as usize),
             ROW_THREADS,
-            &mut p,
+            args,
         )
     }
 
@@ -213,23 +205,18 @@ impl PrefillKernels {
             (&self.attn_d256, ATTN_QT_D256)
         };
         let grid = n_tok.div_ceil(qt) * n_head;
-        let (mut pq, mut pk, mut pv, mut po) = (q, k_cache.device_ptr(), v_cache.device_ptr(), out);
-        let (mut nh, mut nkv, mut hd) = (n_head as i32, n_kv_head as i32, head_dim as i32);
-        let (mut p0, mut nt) = (pos0 as i32, n_tok as i32);
-        let mut scale = 1.0f32 / (head_dim as f32).sqrt();
-        let mut p: [*mut c_void; 10] = [
-            (&mut pq as *mut u64).cast(),
-            (&mut pk as *mut u64).cast(),
-            (&mut pv as *mut u64).cast(),
-            (&mut po as *mut u64).cast(),
-            (&mut nh as *mut i32).cast(),
-            (&mut nkv as *mut i32).cast(),
-            (&mut hd as *mut i32).cast(),
-            (&mut p0 as *mut i32).cast(),
-            (&mut nt as *mut i32).cast(),
-            (&mut scale as *mut f32).cast(),
-        ];
-        launch(ctx, stream, f, grid, ATTN_THREADS, &mut p)
+        let args = LaunchArgs::new()
+            .ptr(q)
+            .buf(k_cache)
+            .buf(v_cache)
+            .ptr(out)
+            .i32(n_head as i32)
+            .i32(n_kv_head as i32)
+            .i32(head_dim as i32)
+            .i32(pos0 as i32)
+            .i32(n_tok as i32)
+            .f32(1.0f32 / (head_dim as f32).sqrt());
+        launch(ctx, stream, f, grid, ATTN_THREADS, args)
     }
 }
 
@@ -461,6 +448,7 @@ impl SpillStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hipfire_gpu::DeviceMemory;
     use hipfire_gpu::KernelRegistry;
     use rand::{Rng, SeedableRng};
 
