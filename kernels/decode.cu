@@ -168,7 +168,7 @@ __device__ __forceinline__ void hf_attn_split(const float* __restrict__ q,
                                               float* __restrict__ out, float* __restrict__ part,
                                               int n_head, int n_kv_head, int head_dim, int n_pos,
                                               int chunk_len, int n_chunks, int lanes_per_row,
-                                              int heads_per_block, float scale) {
+                                              int heads_per_block, float scale, int first) {
     __shared__ float m_run[GM], l_run[GM], corr[GM];
     const int D = head_dim;
     const int chunk = blockIdx.x % n_chunks;
@@ -202,7 +202,8 @@ __device__ __forceinline__ void hf_attn_split(const float* __restrict__ q,
     for (int g = 0; g < GM; ++g)
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[g][i] = 0.0f;
-    const int p_begin = chunk * chunk_len;
+    // Positions [first, n_pos): a sliding-window layer (Gemma 3's local layers) starts past 0.
+    const int p_begin = first + chunk * chunk_len;
     const int p_end = min(n_pos, p_begin + chunk_len);
     uint4 kr[HF_ATTN_UNROLL], vr[HF_ATTN_UNROLL];
 #pragma unroll
@@ -357,9 +358,9 @@ __device__ __forceinline__ void hf_attn_split(const float* __restrict__ q,
         NAME(const float* __restrict__ q, const hf_u16* __restrict__ kc,                           \
              const hf_u16* __restrict__ vc, float* __restrict__ out, float* __restrict__ part,     \
              int n_head, int n_kv_head, int head_dim, int n_pos, int chunk_len, int n_chunks,      \
-             int lanes_per_row, int heads_per_block, float scale) {                                \
+             int lanes_per_row, int heads_per_block, float scale, int first) {                     \
         hf_attn_split<GM>(q, kc, vc, out, part, n_head, n_kv_head, head_dim, n_pos, chunk_len,    \
-                          n_chunks, lanes_per_row, heads_per_block, scale);                        \
+                          n_chunks, lanes_per_row, heads_per_block, scale, first);                 \
     }
 HF_ATTN_SPLIT_ENTRY(attention_split_f16kv_g1, 1)
 HF_ATTN_SPLIT_ENTRY(attention_split_f16kv_g2, 2)

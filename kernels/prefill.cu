@@ -60,7 +60,9 @@ extern "C" __global__ void add_rows_f32(float* __restrict__ y, const float* __re
 // 4-byte word so the 32 lanes reading 32 rows at one column hit 32 banks): lane j scores key j
 // against the warp's queries, the warp keeps a running max and sum per query (online softmax), and
 // each lane accumulates DMAX/32 output dims (d = lane + 32 i). Products and sums in f32, as the
-// decode kernel. head_dim must be a multiple of 32 and at most DMAX (the host checks).
+// decode kernel. head_dim must be even and at most DMAX (the host checks). `scale` multiplies the
+// scores (1/sqrt(head_dim), or the architecture's); `window` > 0 limits each query at p to keys
+// p - window + 1 ..= p (sliding-window layers), 0 means causal over the whole cache.
 #define HF_PF_KT 32     // keys per tile: one per lane
 #define HF_PF_WARPS 4   // warps per block; the host launches HF_PF_WARPS * HF_WARP threads
 
@@ -69,7 +71,8 @@ __device__ __forceinline__ void hf_attn_prefill(const float* __restrict__ q,
                                                 const hf_u16* __restrict__ kc,
                                                 const hf_u16* __restrict__ vc,
                                                 float* __restrict__ out, int n_head, int n_kv_head,
-                                                int D, int pos0, int n_tok, float scale) {
+                                                int D, int pos0, int n_tok, float scale,
+                                                int window) {
     constexpr int QW = QT / HF_PF_WARPS;
     constexpr int DL = DMAX / HF_WARP;
     constexpr int KROW = DMAX + 2; // halves per staged row: DMAX/2 + 1 words
@@ -104,7 +107,10 @@ __device__ __forceinline__ void hf_attn_prefill(const float* __restrict__ q,
     const int last_t = min(t0 + QT, n_tok) - 1;
     const int kv_end = pos0 + last_t + 1;
     const int words = D / 2; // 4-byte words per staged row
-    for (int kb = 0; kb < kv_end; kb += HF_PF_KT) {
+    // A sliding window (window > 0) hides keys more than window - 1 positions back: the block's
+    // first query sees nothing before pos0 + t0 + 1 - window, so tiles before it are skipped.
+    const int kv_begin = window > 0 ? max(0, pos0 + t0 + 1 - window) / HF_PF_KT * HF_PF_KT : 0;
+    for (int kb = kv_begin; kb < kv_end; kb += HF_PF_KT) {
         __syncthreads(); // the previous tile's reads of ks/vs/ps are done
         for (int i = threadIdx.x; i < HF_PF_KT * words; i += blockDim.x) {
             const int r = i / words, w = i % words;
@@ -138,16 +144,19 @@ __device__ __forceinline__ void hf_attn_prefill(const float* __restrict__ q,
         for (int a = 0; a < QW; ++a) {
             const int t = t0 + warp * QW + a;
             // A padding query (t >= n_tok) keeps finite scores and is never written.
-            const bool visible = t >= n_tok || p <= pos0 + t;
+            const bool visible = t >= n_tok ||
+                                 (p <= pos0 + t && (window <= 0 || pos0 + t - p < window));
             float sa = visible ? s[a] : HF_NEG_INF;
             float mx = sa;
             for (int o = HF_WARP / 2; o > 0; o >>= 1)
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
             const float m_new = fmaxf(m_run[a], mx);
-            const float pr = __expf(sa - m_new);
+            // A tile wholly outside a query's window (m_new still -inf) adds nothing.
+            const bool none = m_new == HF_NEG_INF;
+            const float pr = none ? 0.0f : __expf(sa - m_new);
             float sum = pr;
             for (int o = HF_WARP / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-            const float corr = __expf(m_run[a] - m_new);
+            const float corr = none ? 1.0f : __expf(m_run[a] - m_new);
             l_run[a] = l_run[a] * corr + sum;
             m_run[a] = m_new;
 #pragma unroll
@@ -191,9 +200,9 @@ __device__ __forceinline__ void hf_attn_prefill(const float* __restrict__ q,
     extern "C" __global__ void __launch_bounds__(HF_PF_WARPS * HF_WARP)                            \
         NAME(const float* __restrict__ q, const hf_u16* __restrict__ kc,                          \
              const hf_u16* __restrict__ vc, float* __restrict__ out, int n_head, int n_kv_head,    \
-             int head_dim, int pos0, int n_tok, float scale) {                                     \
+             int head_dim, int pos0, int n_tok, float scale, int window) {                         \
         hf_attn_prefill<DMAX, QT>(q, kc, vc, out, n_head, n_kv_head, head_dim, pos0, n_tok,       \
-                                  scale);                                                          \
+                                  scale, window);                                                  \
     }
 HF_PF_ENTRY(attention_prefill_f16kv_d128, 128, 16)
 HF_PF_ENTRY(attention_prefill_f16kv_d256, 256, 8)

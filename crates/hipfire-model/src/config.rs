@@ -464,17 +464,12 @@ impl ModelConfig {
             .then_some(sw.window)
     }
 
-    /// `None` if the GPU decoder runs this model, else what it lacks (the GPU path implements
-    /// the llama / Qwen block only; Gemma 3's extras are CPU-only for now).
+    /// `None` if the GPU decoder runs this model, else what it lacks. Every architecture hipfire
+    /// reads runs there (Gemma 3's embedding scale, post-norms, GeGLU, sliding windows and local
+    /// RoPE included); kept so a future architecture can say what the GPU path lacks.
     pub fn gpu_unsupported(&self) -> Option<String> {
         match self.arch {
-            Arch::Gemma3 => Some(format!(
-                "architecture {} runs on the CPU only for now (the GPU decoder lacks GeGLU, \
-                 the embedding scale, post-norms, sliding-window attention and per-layer RoPE \
-                 bases); use --device cpu",
-                self.arch.name()
-            )),
-            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => None,
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 => None,
         }
     }
 

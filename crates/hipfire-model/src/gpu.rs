@@ -45,12 +45,15 @@ pub const DECODE_SOURCE: KernelSource = KernelSource {
 
 /// The kernels [`GpuDecoder`] launches from [`DECODE_SOURCE`], in [`DecodeKernels`] field order
 /// (attention's are [`crate::gpu_attention::ATTENTION_KERNEL_NAMES`]).
-const DECODE_KERNEL_NAMES: [&str; 5] = [
+const DECODE_KERNEL_NAMES: [&str; 8] = [
     "rms_norm_f32",
     "rope_f32",
     "kv_store_f16",
     "swiglu_f32",
     "add_f32",
+    "geglu_f32",
+    "rms_norm_add_f32",
+    "softcap_f32",
 ];
 
 /// Threads per block of the small decode kernels: one block covers a 4096-wide row in 4 strides,
@@ -184,6 +187,11 @@ struct GpuLayer {
     /// f16 bit patterns, `[ctx_len][kv_dim]`.
     k_cache: DeviceBuffer<u16>,
     v_cache: DeviceBuffer<u16>,
+    /// Gemma's RMSNorms of the attention and FFN outputs before their residual adds.
+    post_attn_norm: Option<DeviceBuffer<f32>>,
+    post_ffn_norm: Option<DeviceBuffer<f32>>,
+    /// Positions a sliding-window (local) layer's query sees; `None` for a global layer.
+    window: Option<usize>,
 }
 
 struct DecodeKernels {
@@ -192,6 +200,12 @@ struct DecodeKernels {
     kv_store: Function,
     swiglu: Function,
     add: Function,
+    /// Gemma's gated FFN (tanh GELU) in place of SwiGLU.
+    geglu: Function,
+    /// Gemma's post-norm: `y += rms_norm(x) · w`, per row.
+    rms_norm_add: Function,
+    /// Gemma's final-logit soft-cap.
+    softcap: Function,
 }
 
 /// Scratch activations on the device.
@@ -217,6 +231,8 @@ struct Scratch {
     inv_freq: DeviceBuffer<f32>,
     /// RoPE's cos/sin magnitude ([`crate::rope::Rope::mscale`]; YaRN's `1 + 0.1 ln s`).
     rope_mscale: f32,
+    /// Sliding-window layers' frequencies and magnitude, when the model has such layers.
+    rope_local: Option<(DeviceBuffer<f32>, f32)>,
 }
 
 /// A model placed on the GPU with one decode session (KV cache) of its own.
@@ -314,7 +330,7 @@ impl<'m> GpuDecoder<'m> {
         let registry = KernelRegistry::new(&ctx);
         let gemv = GemvKernels::new(&registry)?;
         let module = registry.module(&DECODE_SOURCE, &[])?;
-        let [rms_norm, rope, kv_store, swiglu, add] =
+        let [rms_norm, rope, kv_store, swiglu, add, geglu, rms_norm_add, softcap] =
             DECODE_KERNEL_NAMES.map(|n| module.function(n));
         let k = DecodeKernels {
             rms_norm: rms_norm?,
@@ -322,8 +338,11 @@ impl<'m> GpuDecoder<'m> {
             kv_store: kv_store?,
             swiglu: swiglu?,
             add: add?,
+            geglu: geglu?,
+            rms_norm_add: rms_norm_add?,
+            softcap: softcap?,
         };
-        let attention = SplitKvAttention::new(
+        let mut attention = SplitKvAttention::new(
             &module,
             AttnShape {
                 n_head: c.n_head,
@@ -332,6 +351,7 @@ impl<'m> GpuDecoder<'m> {
             },
             1,
         )?;
+        attention.set_scale(c.attn_scale);
         let ctx_len = model.ctx_len();
 
         // Budget: bytes of one layer's projections, and of what stays resident regardless.
@@ -584,6 +604,25 @@ impl<'m> GpuDecoder<'m> {
                 down,
                 k_cache,
                 v_cache,
+                post_attn_norm: if c.arch.post_norms() {
+                    Some(upload_f32(
+                        &ctx,
+                        &stream,
+                        &need_vector(model, &n("post_attention_norm.weight"), c.d_model)?,
+                    )?)
+                } else {
+                    None
+                },
+                post_ffn_norm: if c.arch.post_norms() {
+                    Some(upload_f32(
+                        &ctx,
+                        &stream,
+                        &need_vector(model, &n("post_ffw_norm.weight"), c.d_model)?,
+                    )?)
+                } else {
+                    None
+                },
+                window: c.layer_window(i),
             });
         }
         let head = match model
@@ -614,6 +653,17 @@ impl<'m> GpuDecoder<'m> {
         );
         let inv_freq: Vec<f32> = rope.inv_freq().iter().map(|&f| f as f32).collect();
         let rope_mscale = rope.mscale() as f32;
+        // Sliding-window layers' own RoPE (their base, no context scaling), as the CPU path's
+        // `Model::layer_rope`.
+        let rope_local = c.sliding_window.as_ref().map(|sw| {
+            crate::rope::Rope::new(
+                c.rope_dim,
+                sw.rope_theta,
+                c.rope_neox,
+                &crate::rope::RopeScaling::none(c.ctx_len),
+                factors.as_deref(),
+            )
+        });
         let s = Scratch {
             x: ctx.alloc(c.d_model)?,
             xn: ctx.alloc(c.d_model)?,
@@ -631,6 +681,13 @@ impl<'m> GpuDecoder<'m> {
             stage_logits: ctx.alloc_pinned_host(c.vocab * 4)?,
             inv_freq: upload_f32(&ctx, &stream, &inv_freq)?,
             rope_mscale,
+            rope_local: match &rope_local {
+                Some(r) => {
+                    let f: Vec<f32> = r.inv_freq().iter().map(|&f| f as f32).collect();
+                    Some((upload_f32(&ctx, &stream, &f)?, r.mscale() as f32))
+                }
+                None => None,
+            },
         };
         stream.synchronize()?;
         let max_k = c.d_model.max(c.n_ff).max(qd);
@@ -663,6 +720,8 @@ impl<'m> GpuDecoder<'m> {
                         order.push(crate::gpu_batch::StagedLayer::new(li, ws).0);
                     }
                     spill.set_order(order);
+                    // The first prompt's first spilled layers copy while the caller gets ready.
+                    spill.prestage()?;
                 }
                 Some(Batch {
                     kernels: PrefillKernels::new(&pmod)?,
@@ -856,16 +915,26 @@ impl<'m> GpuDecoder<'m> {
         self.launch(&self.k.rms_norm, rows as u32, DECODE_THREADS, 0, args)
     }
 
-    fn rope(&self, x: u64, n_heads: usize) -> Result<(), GpuError> {
+    /// The RoPE table (frequencies, magnitude) of layer `li`: a sliding-window layer's own when
+    /// the model has one.
+    fn rope_table(&self, li: usize) -> (&DeviceBuffer<f32>, f32) {
+        match (&self.s.rope_local, self.layers[li].window) {
+            (Some((f, m)), Some(_)) => (f, *m),
+            _ => (&self.s.inv_freq, self.s.rope_mscale),
+        }
+    }
+
+    fn rope(&self, li: usize, x: u64, n_heads: usize) -> Result<(), GpuError> {
         let c = self.model.config();
+        let (freq, mscale) = self.rope_table(li);
         let args = LaunchArgs::new()
             .ptr(x)
             .i32(c.head_dim as i32)
             .i32(c.rope_dim as i32)
             .i32(self.pos as i32)
-            .buf(&self.s.inv_freq)
+            .buf(freq)
             .i32(i32::from(c.rope_neox))
-            .f32(self.s.rope_mscale);
+            .f32(mscale);
         self.launch(&self.k.rope, n_heads as u32, 64, 0, args)
     }
 
@@ -1078,6 +1147,11 @@ impl<'m> GpuDecoder<'m> {
         for (i, &t) in tokens.iter().enumerate() {
             let row = &table[t as usize * rb..(t as usize + 1) * rb];
             crate::ops::dequantize_row(emb.format, row, &mut xrow)?;
+            // Gemma's √d_model, in f32 as the CPU path (`Model::embed`) and llama.cpp apply it.
+            let scale = self.model.config().embd_scale;
+            if scale != 1.0 {
+                xrow.iter_mut().for_each(|v| *v *= scale);
+            }
             let dst = &mut stage.as_mut_slice()[i * d * 4..(i + 1) * d * 4];
             for (b, v) in dst.chunks_exact_mut(4).zip(&xrow) {
                 b.copy_from_slice(&v.to_ne_bytes());
@@ -1215,13 +1289,15 @@ impl<'m> GpuDecoder<'m> {
     /// RoPE over `n` rows of `n_heads` heads at positions `pos ..` (decode: `self.pos`).
     fn rope_rows(
         &self,
+        li: usize,
         x: u64,
         n_heads: usize,
         (n, pos, batched): (usize, usize, bool),
     ) -> Result<(), ModelError> {
         let c = self.model.config();
+        let (freq, mscale) = self.rope_table(li);
         match (&self.batch, batched) {
-            (_, false) => self.rope(x, n_heads)?,
+            (_, false) => self.rope(li, x, n_heads)?,
             (Some(bt), true) => bt.kernels.rope_rows(
                 &self.ctx,
                 &self.stream,
@@ -1231,9 +1307,9 @@ impl<'m> GpuDecoder<'m> {
                 c.head_dim,
                 c.rope_dim,
                 pos,
-                &self.s.inv_freq,
+                freq,
                 c.rope_neox,
-                self.s.rope_mscale,
+                mscale,
             )?,
             (None, true) => unreachable_batch()?,
         }
@@ -1251,14 +1327,29 @@ impl<'m> GpuDecoder<'m> {
         let c = self.model.config();
         let l = &self.layers[li];
         match (&self.batch, batched) {
-            (_, false) => self.attention.launch(
-                &self.stream,
-                &self.s.q,
-                &l.k_cache,
-                &l.v_cache,
-                &mut self.s.att,
-                self.pos + 1,
-            )?,
+            (_, false) => {
+                let n_pos = self.pos + 1;
+                match l.window {
+                    // A sliding-window layer past its window: positions n_pos − window ..
+                    Some(w) if n_pos > w => self.attention.launch_from(
+                        &self.stream,
+                        &self.s.q,
+                        &l.k_cache,
+                        &l.v_cache,
+                        &mut self.s.att,
+                        n_pos - w,
+                        n_pos,
+                    )?,
+                    _ => self.attention.launch(
+                        &self.stream,
+                        &self.s.q,
+                        &l.k_cache,
+                        &l.v_cache,
+                        &mut self.s.att,
+                        n_pos,
+                    )?,
+                }
+            }
             (Some(bt), true) => bt.kernels.attention(
                 &self.ctx,
                 &self.stream,
@@ -1267,8 +1358,8 @@ impl<'m> GpuDecoder<'m> {
                 &l.v_cache,
                 r.att,
                 (c.n_head, c.n_head_kv, c.head_dim),
-                pos,
-                n,
+                (pos, n),
+                (c.attn_scale, l.window),
             )?,
             (None, true) => unreachable_batch()?,
         }
@@ -1314,17 +1405,11 @@ impl<'m> GpuDecoder<'m> {
         if let Some(w) = &l.k_norm {
             self.rms_norm(r.k, w, r.k, m * c.n_head_kv, hd)?;
         }
-        self.rope_rows(r.q, c.n_head, (m, pos, batched))?;
-        self.rope_rows(r.k, c.n_head_kv, (m, pos, batched))?;
+        self.rope_rows(li, r.q, c.n_head, (m, pos, batched))?;
+        self.rope_rows(li, r.k, c.n_head_kv, (m, pos, batched))?;
         self.kv_store(r.k, r.v, kslot, vslot, m * kvd)?;
         self.attend(li, r, (m, pos, batched))?;
-        self.project_rows(
-            &[(wo, x, d)],
-            r.att,
-            (qd, m, batched),
-            ActSlot::Q,
-            GemvForm::Residual,
-        )?;
+        self.residual_project(li, wo, r.att, (qd, m, batched), ActSlot::Q, x, r.xn, false)?;
 
         self.rms_norm(x, &self.layers[li].ffn_norm, r.xn, m, d)?;
         self.project_rows(
@@ -1340,15 +1425,68 @@ impl<'m> GpuDecoder<'m> {
                 .ptr(r.up)
                 .ptr(r.gate)
                 .i32((m * c.n_ff) as i32);
-            self.launch_1d(&self.k.swiglu, m * c.n_ff, args)?;
+            let act = match c.arch.ffn_activation() {
+                crate::config::FfnActivation::Silu => &self.k.swiglu,
+                crate::config::FfnActivation::GeluTanh => &self.k.geglu,
+            };
+            self.launch_1d(act, m * c.n_ff, args)?;
         }
-        self.project_rows(
-            &[(wd, x, d)],
+        self.residual_project(
+            li,
+            wd,
             r.gate,
             (c.n_ff, m, batched),
             ActSlot::Ff,
-            GemvForm::Residual,
+            x,
+            r.xn,
+            true,
         )
+    }
+
+    /// `x += W·a` for layer `li`'s output projection `wo` (or `down`, `ffn`): folded into the GEMV
+    /// / GEMM as its residual form, or — where the architecture normalises the output first
+    /// (Gemma's post-attention / post-FFN norm) — projected into `tmp`, then
+    /// `x += rms_norm(tmp) · w` per row.
+    #[allow(clippy::too_many_arguments)] // the projection's operands
+    fn residual_project(
+        &mut self,
+        li: usize,
+        id: usize,
+        a: u64,
+        (k, m, batched): (usize, usize, bool),
+        slot: ActSlot,
+        x: u64,
+        tmp: u64,
+        ffn: bool,
+    ) -> Result<(), ModelError> {
+        let d = self.model.config().d_model;
+        let l = &self.layers[li];
+        let post = if ffn {
+            &l.post_ffn_norm
+        } else {
+            &l.post_attn_norm
+        };
+        if post.is_none() {
+            return self.project_rows(&[(id, x, d)], a, (k, m, batched), slot, GemvForm::Residual);
+        }
+        self.project_rows(&[(id, tmp, d)], a, (k, m, batched), slot, GemvForm::Plain)?;
+        let l = &self.layers[li];
+        let w = if ffn {
+            &l.post_ffn_norm
+        } else {
+            &l.post_attn_norm
+        };
+        let Some(w) = w else {
+            return Ok(());
+        };
+        let args = LaunchArgs::new()
+            .ptr(tmp)
+            .buf(w)
+            .ptr(x)
+            .i32(d as i32)
+            .f32(self.model.config().rms_eps);
+        self.launch(&self.k.rms_norm_add, m as u32, DECODE_THREADS, 0, args)?;
+        Ok(())
     }
 
     /// One step over `tokens` (one for decode; up to `UBATCHES_PER_STEP` micro-batches for
@@ -1402,6 +1540,11 @@ impl<'m> GpuDecoder<'m> {
                 }
             }
         }
+        if batched {
+            if let Some(spill) = self.batch.as_mut().and_then(|b| b.scratch.spill.as_mut()) {
+                spill.prestage()?;
+            }
+        }
         // Logits of the last token only, through the decode scratch and the head's GEMV.
         let x_last = r.x + ((n - 1) * d * 4) as u64;
         let xn = self.s.xn.device_ptr();
@@ -1416,6 +1559,10 @@ impl<'m> GpuDecoder<'m> {
             c.vocab,
             GemvForm::Plain,
         )?;
+        if let Some(cap) = c.final_logit_softcap {
+            let args = LaunchArgs::new().ptr(logits).f32(cap).i32(c.vocab as i32);
+            self.launch_1d(&self.k.softcap, c.vocab, args)?;
+        }
         self.stream.memcpy_dtoh_async(
             &mut self.s.stage_logits,
             0,

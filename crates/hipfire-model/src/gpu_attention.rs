@@ -192,6 +192,8 @@ pub struct SplitKvAttention {
     /// `[n_head][max_chunks][2 + head_dim]` f32: m, l, acc.
     part: DeviceBuffer<f32>,
     max_chunks: usize,
+    /// Factor on the scores.
+    scale: f32,
 }
 
 impl SplitKvAttention {
@@ -216,7 +218,13 @@ impl SplitKvAttention {
             shape,
             part,
             max_chunks,
+            scale: 1.0 / (shape.head_dim as f32).sqrt(),
         })
+    }
+
+    /// Sets the factor on the scores (default `1/√head_dim`; the model's `attn_scale`).
+    pub fn set_scale(&mut self, scale: f32) {
+        self.scale = scale;
     }
 
     /// The shape this was built for.
@@ -249,6 +257,32 @@ impl SplitKvAttention {
         self.launch_with(stream, q, k_cache, v_cache, out, n_pos, self.plan(n_pos))
     }
 
+    /// As [`SplitKvAttention::launch`] over positions `first .. n_pos` only (a sliding-window
+    /// layer: `first = n_pos − window` once the cache is longer than the window).
+    #[allow(clippy::too_many_arguments)] // the attention's operands
+    pub fn launch_from(
+        &self,
+        stream: &Stream,
+        q: &DeviceBuffer<f32>,
+        k_cache: &DeviceBuffer<u16>,
+        v_cache: &DeviceBuffer<u16>,
+        out: &mut DeviceBuffer<f32>,
+        first: usize,
+        n_pos: usize,
+    ) -> Result<(), ModelError> {
+        let span = n_pos.saturating_sub(first);
+        self.launch_span(
+            stream,
+            q,
+            k_cache,
+            v_cache,
+            out,
+            first,
+            n_pos,
+            self.plan(span),
+        )
+    }
+
     /// As [`SplitKvAttention::launch`] with a chosen plan (tests and the timing program).
     #[allow(clippy::too_many_arguments)] // the attention's operands
     pub fn launch_with(
@@ -261,16 +295,33 @@ impl SplitKvAttention {
         n_pos: usize,
         plan: SplitPlan,
     ) -> Result<(), ModelError> {
+        self.launch_span(stream, q, k_cache, v_cache, out, 0, n_pos, plan)
+    }
+
+    /// Positions `first .. n_pos` with a chosen plan over the `n_pos − first` of them.
+    #[allow(clippy::too_many_arguments)] // the attention's operands
+    fn launch_span(
+        &self,
+        stream: &Stream,
+        q: &DeviceBuffer<f32>,
+        k_cache: &DeviceBuffer<u16>,
+        v_cache: &DeviceBuffer<u16>,
+        out: &mut DeviceBuffer<f32>,
+        first: usize,
+        n_pos: usize,
+        plan: SplitPlan,
+    ) -> Result<(), ModelError> {
         let s = self.shape;
         let qd = s.n_head * s.head_dim;
         let kv_rows = n_pos * s.n_kv_head * s.head_dim;
+        let span = n_pos.saturating_sub(first);
         let covers = plan.n_chunks >= 1
             && plan.heads_per_block >= 1
             && plan.heads_per_block <= s.group().min(ATTN_MAX_GROUP)
             && plan.n_chunks <= self.max_chunks
-            && plan.chunk_len * plan.n_chunks >= n_pos
-            && plan.chunk_len * (plan.n_chunks - 1) < n_pos;
-        if n_pos == 0
+            && plan.chunk_len * plan.n_chunks >= span
+            && plan.chunk_len * (plan.n_chunks - 1) < span;
+        if span == 0
             || !covers
             || q.len() < qd
             || out.len() < qd
@@ -306,7 +357,8 @@ impl SplitKvAttention {
             .i32(plan.n_chunks as i32)
             .i32(s.lanes_per_row() as i32)
             .i32(plan.heads_per_block as i32)
-            .f32(1.0f32 / (s.head_dim as f32).sqrt());
+            .f32(self.scale)
+            .i32(first as i32);
         let params = args.params()?;
         let dims = LaunchDims {
             grid: grid as u32,

@@ -170,7 +170,8 @@ impl PrefillKernels {
     }
 
     /// Causal attention of `n_tok` queries at positions `pos0 ..` over the caches (which already
-    /// hold the chunk's own rows): `out[t][h] = softmax(q[t][h] · K[0 ..= pos0 + t]ᵀ / √d) V`.
+    /// hold the chunk's own rows): `out[t][h] = softmax(scale · q[t][h] · K[lo ..= pos0 + t]ᵀ) V`,
+    /// `lo` = 0, or `pos0 + t + 1 − window` for a sliding-window layer.
     #[allow(clippy::too_many_arguments)] // the attention's operands
     pub(crate) fn attention(
         &self,
@@ -181,10 +182,14 @@ impl PrefillKernels {
         v_cache: &DeviceBuffer<u16>,
         out: u64,
         shape: (usize, usize, usize),
-        pos0: usize,
-        n_tok: usize,
+        (pos0, n_tok): (usize, usize),
+        (scale, window): (f32, Option<usize>),
     ) -> Result<(), GpuError> {
         let (n_head, n_kv_head, head_dim) = shape;
+        let window = i32::try_from(window.unwrap_or(0)).map_err(|_| GpuError::Invalid {
+            what: "sliding window",
+            rule: "must fit 32 bits",
+        })?;
         if !batch_head_dim_supported(head_dim) || n_kv_head == 0 || n_head % n_kv_head != 0 {
             return Err(GpuError::Invalid {
                 what: "chunk attention shape",
@@ -215,7 +220,8 @@ impl PrefillKernels {
             .i32(head_dim as i32)
             .i32(pos0 as i32)
             .i32(n_tok as i32)
-            .f32(1.0f32 / (head_dim as f32).sqrt());
+            .f32(scale)
+            .i32(window);
         launch(ctx, stream, f, grid, ATTN_THREADS, args)
     }
 }
@@ -357,6 +363,9 @@ pub(crate) struct SpillStream {
     current: Option<usize>,
     /// Copies queued so far in this step.
     issued: usize,
+    /// The first [`SPILL_BUFFERS`] layers' copies are already queued for the next step
+    /// ([`SpillStream::prestage`]).
+    prestaged: bool,
 }
 
 impl SpillStream {
@@ -378,6 +387,7 @@ impl SpillStream {
             next_use: 0,
             current: None,
             issued: 0,
+            prestaged: false,
         })
     }
 
@@ -389,8 +399,25 @@ impl SpillStream {
     /// Starts a step: the first layer asked for is `order[0]` again.
     pub(crate) fn begin(&mut self) {
         self.next_use = 0;
-        self.issued = 0;
         self.current = None;
+        if !std::mem::take(&mut self.prestaged) {
+            self.issued = 0;
+        }
+    }
+
+    /// Queues the copies of the first [`SPILL_BUFFERS`] spilled layers for the next step, once
+    /// this step's last read of their buffers is queued on `compute`: the copy engine is idle
+    /// between batched steps (decode reads spilled weights in place), so the next prompt finds
+    /// its first layers already in VRAM instead of waiting on their copies before any compute.
+    pub(crate) fn prestage(&mut self) -> Result<(), GpuError> {
+        if self.current.is_some() || self.order.is_empty() {
+            return Ok(());
+        }
+        self.next_use = 0;
+        self.issued = 0;
+        self.queue_copies(SPILL_BUFFERS)?;
+        self.prestaged = true;
+        Ok(())
     }
 
     fn queue_copies(&mut self, through: usize) -> Result<(), GpuError> {
@@ -495,12 +522,17 @@ mod tests {
         let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(5);
         let poison = f32::from_bits(0x7FC0_0002);
         // (n_head, n_kv_head, head_dim, pos0, n_tok)
-        for &(nh, nkv, d, pos0, nt) in &[
-            (8usize, 2usize, 128usize, 37usize, 45usize),
-            (4, 4, 64, 0, 16),
-            (6, 3, 80, 5, 33),
-            (4, 1, 256, 100, 9),
-            (32, 8, 128, 600, 70),
+        // (n_head, n_kv_head, head_dim, pos0, n_tok, sliding window)
+        for &(nh, nkv, d, pos0, nt, window) in &[
+            (8usize, 2usize, 128usize, 37usize, 45usize, None),
+            (4, 4, 64, 0, 16, None),
+            (6, 3, 80, 5, 33, None),
+            (4, 1, 256, 100, 9, None),
+            (32, 8, 128, 600, 70, None),
+            // Windows shorter than the chunk, than the cache, and not a tile multiple.
+            (4, 1, 256, 0, 70, Some(24usize)),
+            (8, 2, 128, 90, 40, Some(50)),
+            (4, 2, 64, 300, 17, Some(512)),
         ] {
             let total = pos0 + nt;
             let kvw = nkv * d;
@@ -531,8 +563,8 @@ mod tests {
                 &dv,
                 dout.device_ptr(),
                 (nh, nkv, d),
-                pos0,
-                nt,
+                (pos0, nt),
+                (1.0 / (d as f32).sqrt(), window),
             )
             .expect("launch");
             let mut got = vec![0f32; q.len() + nh * d];
@@ -544,8 +576,9 @@ mod tests {
                 for h in 0..nh {
                     let kvh = h / (nh / nkv);
                     let n_keys = pos0 + t + 1;
+                    let lo = window.map_or(0, |w| n_keys.saturating_sub(w));
                     let qrow = &q[(t * nh + h) * d..(t * nh + h + 1) * d];
-                    let scores: Vec<f64> = (0..n_keys)
+                    let scores: Vec<f64> = (lo..n_keys)
                         .map(|p| {
                             let kr = &kc[p * kvw + kvh * d..p * kvw + kvh * d + d];
                             qrow.iter()
@@ -559,8 +592,8 @@ mod tests {
                     let e: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
                     let sum: f64 = e.iter().sum();
                     for i in 0..d {
-                        let want: f64 = (0..n_keys)
-                            .map(|p| e[p] * h2f(vc[p * kvw + kvh * d + i]))
+                        let want: f64 = (lo..n_keys)
+                            .map(|p| e[p - lo] * h2f(vc[p * kvw + kvh * d + i]))
                             .sum::<f64>()
                             / sum;
                         let g = f64::from(got[(t * nh + h) * d + i]);
@@ -568,7 +601,7 @@ mod tests {
                         assert!(
                             err < 2e-3,
                             "shape {:?}: out[{t}][{h}][{i}] = {g}, want {want}",
-                            (nh, nkv, d, pos0, nt)
+                            (nh, nkv, d, pos0, nt, window)
                         );
                         worst = worst.max(err);
                     }
@@ -582,7 +615,7 @@ mod tests {
             );
             eprintln!(
                 "chunk attention {:?}: max |gpu - f64| = {worst:.2e}",
-                (nh, nkv, d, pos0, nt)
+                (nh, nkv, d, pos0, nt, window)
             );
         }
     }

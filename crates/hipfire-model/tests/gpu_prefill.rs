@@ -99,7 +99,8 @@ fn tokens(n: usize, salt: u32, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
-/// Every architecture (plain, biased q/k/v, q/k-norm) and every GGUF weight format: the
+/// Every architecture (plain, biased q/k/v, q/k-norm, Gemma 3's post-norms, GeGLU and
+/// 24-position sliding window) and every GGUF weight format: the
 /// logits after a batched prefill (micro-batches of 16, so 29 + 45 tokens run as 16 + 13 and
 /// 16 + 16 + 13, the second prompt's chunks starting at position 29) and after three decode
 /// steps that read its KV cache are within the GPU bound of the CPU path's, for resident and for
@@ -110,7 +111,7 @@ fn batched_prefill_matches_cpu_in_every_format() {
         return;
     }
     let mut failures = Vec::new();
-    for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3] {
+    for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3] {
         let spec = SynthSpec::tiny(arch);
         // Every format a GGUF file can hold (HFQ4G256 is hipfire's own, with no GGUF type id).
         for fmt in Format::ALL.into_iter().filter(|f| f.ggml_type().is_some()) {

@@ -171,7 +171,7 @@ fn gpu_decoder_matches_cpu_on_tiny_models() {
         return;
     }
     let mut failures = Vec::new();
-    for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3] {
+    for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3] {
         for fmt in [Format::Q4K, Format::Q8_0, Format::F32] {
             check(&SynthSpec::tiny(arch), fmt, &mut failures);
         }
