@@ -4,10 +4,9 @@
 //! `HIPFIRE_REQUIRE_NVRTC=1` says it must be there); on a GPU (`HIPFIRE_GPU_TESTS=1`) each
 //! matches an f64 reference of its formula on seeded random rows, outputs poisoned first.
 
-use std::ffi::c_void;
 use std::sync::Arc;
 
-use hipfire_gpu::{Context, DeviceMemory, GpuError, KernelRegistry, LaunchDims, Module, Stream};
+use hipfire_gpu::{Context, GpuError, KernelRegistry, LaunchArgs, LaunchDims, Module, Stream};
 use hipfire_model::gpu::DECODE_SOURCE;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -59,22 +58,18 @@ fn gpu() -> Option<(Arc<Context>, Arc<Module>, Stream)> {
     Some((ctx, module, stream))
 }
 
-/// Launches `name` over `grid` blocks with `params` (pointers to each argument).
-fn launch(
-    module: &Arc<Module>,
-    stream: &Stream,
-    name: &str,
-    grid: u32,
-    params: &mut [*mut c_void],
-) {
+/// Launches `name` over `grid` blocks with `args` (the kernel's parameters, typed).
+fn launch(module: &Arc<Module>, stream: &Stream, name: &str, grid: u32, mut args: LaunchArgs) {
     let f = module.function(name).expect("kernel");
     let dims = LaunchDims {
         grid,
         block: THREADS,
         shared_bytes: 0,
     };
-    // SAFETY: each caller passes the kernel's parameters in its signature's order and types,
-    // pointing at live device buffers sized for what it reads and writes.
+    let params = args.params().expect("within the launch slots");
+    // SAFETY: each caller passes the kernel's parameters in its signature's order and types
+    // (typed one by one in `args`, whose slots outlive the launch), pointing at live device
+    // buffers sized for what it reads and writes.
     unsafe {
         module
             .context()
@@ -128,15 +123,8 @@ fn gemma_kernels_match_f64_on_the_gpu() {
     let n = rows * ff;
     let (g, u) = (rand(&mut r, n, 6.0), rand(&mut r, n, 2.0));
     let (gb, ub, ob) = (up(&g), up(&u), up(&vec![f32::NAN; n]));
-    let (mut pg, mut pu, mut po, mut nn) =
-        (gb.device_ptr(), ub.device_ptr(), ob.device_ptr(), n as i32);
-    let mut params: [*mut c_void; 4] = [
-        (&mut pg as *mut u64).cast(),
-        (&mut pu as *mut u64).cast(),
-        (&mut po as *mut u64).cast(),
-        (&mut nn as *mut i32).cast(),
-    ];
-    launch(&module, &stream, "geglu_f32", grid(n), &mut params);
+    let args = LaunchArgs::new().buf(&gb).buf(&ub).buf(&ob).i32(n as i32);
+    launch(&module, &stream, "geglu_f32", grid(n), args);
     let want: Vec<f64> = g
         .iter()
         .zip(&u)
@@ -162,13 +150,8 @@ fn gemma_kernels_match_f64_on_the_gpu() {
         let n = rows * d;
         let x = rand(&mut r, n, 60.0);
         let xb = up(&x);
-        let (mut px, mut a, mut nn) = (xb.device_ptr(), arg, n as i32);
-        let mut params: [*mut c_void; 3] = [
-            (&mut px as *mut u64).cast(),
-            (&mut a as *mut f32).cast(),
-            (&mut nn as *mut i32).cast(),
-        ];
-        launch(&module, &stream, name, grid(n), &mut params);
+        let args = LaunchArgs::new().buf(&xb).f32(arg).i32(n as i32);
+        launch(&module, &stream, name, grid(n), args);
         let want: Vec<f64> = x.iter().map(|&v| f(f64::from(v), f64::from(arg))).collect();
         let e = worst(&down(&xb, n), &want);
         assert!(e < REL_BOUND, "{name}: {e:e}");
@@ -182,27 +165,13 @@ fn gemma_kernels_match_f64_on_the_gpu() {
         rand(&mut r, rows * d, 3.0),
     );
     let (xb, wb, yb) = (up(&x), up(&w), up(&y));
-    let (mut px, mut pw, mut py, mut nn, mut ep) = (
-        xb.device_ptr(),
-        wb.device_ptr(),
-        yb.device_ptr(),
-        d as i32,
-        eps,
-    );
-    let mut params: [*mut c_void; 5] = [
-        (&mut px as *mut u64).cast(),
-        (&mut pw as *mut u64).cast(),
-        (&mut py as *mut u64).cast(),
-        (&mut nn as *mut i32).cast(),
-        (&mut ep as *mut f32).cast(),
-    ];
-    launch(
-        &module,
-        &stream,
-        "rms_norm_add_f32",
-        rows as u32,
-        &mut params,
-    );
+    let args = LaunchArgs::new()
+        .buf(&xb)
+        .buf(&wb)
+        .buf(&yb)
+        .i32(d as i32)
+        .f32(eps);
+    launch(&module, &stream, "rms_norm_add_f32", rows as u32, args);
     let want: Vec<f64> = x
         .chunks_exact(d)
         .zip(y.chunks_exact(d))
