@@ -1138,9 +1138,15 @@ fn run_json_reports_time_to_first_token_and_prefill_rate() {
     );
 }
 
-/// Repetitions of the interrupted bench: far more than finish before the signal.
+/// Repetitions of the interrupted bench, the most `-r` takes: 1000 × 250 decoded tokens on the
+/// tiny model outlast the wait before the signal on any machine CI runs on (100 × 250 finished
+/// inside 5 s on the 2-core CI box, so the bench exited 0 before the signal).
 #[cfg(unix)]
-const INTERRUPTED_BENCH_REPS: usize = 100;
+const INTERRUPTED_BENCH_REPS: usize = 1000;
+/// How long the bench runs before SIGINT: long enough for the warm-ups and a few repetitions of
+/// each test, far shorter than all of them.
+#[cfg(unix)]
+const SIGINT_AFTER: std::time::Duration = std::time::Duration::from_secs(3);
 
 #[cfg(unix)]
 #[test]
@@ -1148,7 +1154,7 @@ fn sigint_stops_bench_reporting_the_finished_repetitions() {
     let s = Scratch::new("bench-sigint");
     let m = tiny_model(&s);
     let reps = INTERRUPTED_BENCH_REPS.to_string();
-    // pp8 then tg250, 100 repetitions each: about a minute of decode on the tiny model.
+    // pp8 then tg250, INTERRUPTED_BENCH_REPS repetitions each: far longer than SIGINT_AFTER.
     let child = s
         .command(&[
             "bench", &m, "--device", "cpu", "-p", "8", "-n", "250", "-r", &reps, "--json",
@@ -1157,7 +1163,7 @@ fn sigint_stops_bench_reporting_the_finished_repetitions() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawn");
-    std::thread::sleep(std::time::Duration::from_secs(5));
+    std::thread::sleep(SIGINT_AFTER);
     let pid = libc::pid_t::try_from(child.id()).expect("pid");
     // SAFETY: kill(2) on the pid of our own child, which has not been reaped yet.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
