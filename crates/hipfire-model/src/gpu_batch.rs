@@ -472,6 +472,16 @@ impl SpillStream {
     }
 }
 
+impl Drop for SpillStream {
+    /// A pre-staged copy may still be writing a staging buffer when the decoder goes away: wait
+    /// for it before the buffers are freed.
+    fn drop(&mut self) {
+        if let Err(e) = self.copy.synchronize() {
+            tracing::warn!(target: "hipfire::model", cause = %e, "draining the spilled-layer copies failed");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
