@@ -133,19 +133,6 @@ pub(crate) fn load(
     };
     let file = hipfire_model::gguf::GgufFile::open(path)
         .with_context(|| format!("loading {}", path.display()))?;
-    // An architecture the GPU decoder lacks (Gemma 3) runs on the CPU under `auto` and is
-    // refused, with what is missing, under `gpu`. A config error is left to the load below.
-    let gpu_gap = hipfire_model::ModelConfig::from_gguf(file.index())
-        .ok()
-        .and_then(|c| c.gpu_unsupported());
-    let engine = match (engine, gpu_gap) {
-        (Engine::Gpu, Some(why)) if s.device == Device::Auto => {
-            ctx.note(format!("gpu: {why}; running on the CPU"));
-            Engine::Cpu
-        }
-        (Engine::Gpu, Some(why)) => bail!("device = gpu: {why}"),
-        (e, _) => e,
-    };
     let model = match engine {
         Engine::Cpu => Arc::new(hipfire_model::CpuBackend::new(threads)?) as Arc<_>,
         // The GPU decoder brings its own pool and never calls the model's backend, so the

@@ -464,15 +464,6 @@ impl ModelConfig {
             .then_some(sw.window)
     }
 
-    /// `None` if the GPU decoder runs this model, else what it lacks. Every architecture hipfire
-    /// reads runs there (Gemma 3's embedding scale, post-norms, GeGLU, sliding windows and local
-    /// RoPE included); kept so a future architecture can say what the GPU path lacks.
-    pub fn gpu_unsupported(&self) -> Option<String> {
-        match self.arch {
-            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 => None,
-        }
-    }
-
     /// Width of the concatenated query heads.
     pub fn q_dim(&self) -> usize {
         self.n_head * self.head_dim

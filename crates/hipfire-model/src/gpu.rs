@@ -411,17 +411,17 @@ impl<'m> GpuDecoder<'m> {
             max_weight_elems: 0,
             max_spilled_bytes: 0,
         };
-        // A spilled layer is staged whole, each weight at a 256-byte boundary (gpu_batch.rs).
+        // A spilled layer is staged whole (`gpu_batch::staged_layer_bytes`).
         let mut max_proj_bytes = 0usize;
         for i in 0..c.n_layer {
-            let mut staged = 0usize;
+            let mut sizes = Vec::with_capacity(7);
             for n in layer_names(i) {
                 let w = &model.weights()[weight_id(model, &n)?];
                 widths.max_k = widths.max_k.max(w.k);
                 widths.max_weight_elems = widths.max_weight_elems.max(w.m * w.k);
-                staged += w.n_bytes.next_multiple_of(256);
+                sizes.push(w.n_bytes);
             }
-            max_proj_bytes = max_proj_bytes.max(staged);
+            max_proj_bytes = max_proj_bytes.max(crate::gpu_batch::staged_layer_bytes(sizes));
         }
         let batch_bytes = |spill: bool| -> u64 {
             if batch_off.is_some() {
@@ -717,7 +717,7 @@ impl<'m> GpuDecoder<'m> {
                                 ws.push((id, h.clone()));
                             }
                         }
-                        order.push(crate::gpu_batch::StagedLayer::new(li, ws).0);
+                        order.push(crate::gpu_batch::StagedLayer::new(li, ws));
                     }
                     spill.set_order(order);
                     // The first prompt's first spilled layers copy while the caller gets ready.
@@ -1466,22 +1466,14 @@ impl<'m> GpuDecoder<'m> {
         } else {
             &l.post_attn_norm
         };
-        if post.is_none() {
+        // The norm's address, taken now: the projection below borrows `self` mutably.
+        let Some(w) = post.as_ref().map(|b| b.device_ptr()) else {
             return self.project_rows(&[(id, x, d)], a, (k, m, batched), slot, GemvForm::Residual);
-        }
+        };
         self.project_rows(&[(id, tmp, d)], a, (k, m, batched), slot, GemvForm::Plain)?;
-        let l = &self.layers[li];
-        let w = if ffn {
-            &l.post_ffn_norm
-        } else {
-            &l.post_attn_norm
-        };
-        let Some(w) = w else {
-            return Ok(());
-        };
         let args = LaunchArgs::new()
             .ptr(tmp)
-            .buf(w)
+            .ptr(w)
             .ptr(x)
             .i32(d as i32)
             .f32(self.model.config().rms_eps);

@@ -324,19 +324,37 @@ pub(crate) struct StagedLayer {
     pub weights: Vec<(usize, Arc<HostMappedBuffer>, usize)>,
 }
 
+/// Offset of each of `sizes` in a staged layer (back to back at [`STAGE_ALIGN`]) and the layer's
+/// staged bytes.
+fn stage_layout(sizes: impl IntoIterator<Item = usize>) -> (Vec<usize>, usize) {
+    let mut off = 0usize;
+    let offsets = sizes
+        .into_iter()
+        .map(|len| {
+            let at = off;
+            off = (off + len).next_multiple_of(STAGE_ALIGN);
+            at
+        })
+        .collect();
+    (offsets, off)
+}
+
+/// VRAM one staging buffer needs for a layer of weights of `sizes` bytes (the placement budget
+/// counts it before the host copies exist).
+pub(crate) fn staged_layer_bytes(sizes: impl IntoIterator<Item = usize>) -> usize {
+    stage_layout(sizes).1
+}
+
 impl StagedLayer {
-    /// Lays `weights` out back to back at [`STAGE_ALIGN`]; returns the layer and its bytes.
-    pub(crate) fn new(layer: usize, weights: Vec<(usize, Arc<HostMappedBuffer>)>) -> (Self, usize) {
-        let mut off = 0usize;
+    /// Lays `weights` out back to back at [`STAGE_ALIGN`].
+    pub(crate) fn new(layer: usize, weights: Vec<(usize, Arc<HostMappedBuffer>)>) -> Self {
+        let (offsets, _) = stage_layout(weights.iter().map(|(_, h)| h.len()));
         let weights = weights
             .into_iter()
-            .map(|(id, h)| {
-                let at = off;
-                off = (off + h.len()).next_multiple_of(STAGE_ALIGN);
-                (id, h, at)
-            })
+            .zip(offsets)
+            .map(|((id, h), at)| (id, h, at))
             .collect();
-        (StagedLayer { layer, weights }, off)
+        StagedLayer { layer, weights }
     }
 }
 
