@@ -569,11 +569,6 @@ pub struct ServeArgs {
         value_parser = clap::value_parser!(u64).range(0..=65536).map(|v| v as usize))]
     pub queue: usize,
 
-    /// Context length per sequence slot (`model.ctx_size`; every slot's KV cache is counted
-    /// against available RAM at start-up).
-    #[arg(long, value_name = "N", help = key_help("model.ctx_size"), long_help = key_long("model.ctx_size"))]
-    pub ctx_size: Option<String>,
-
     /// Seconds in-flight requests get after SIGTERM before they are cut off.
     #[arg(long, value_name = "SECS", default_value = DEFAULT_SERVE_SHUTDOWN_S,
         value_parser = clap::value_parser!(u64).range(0..=86_400))]
@@ -583,16 +578,27 @@ pub struct ServeArgs {
     #[arg(long, value_name = "NAME")]
     pub model_name: Option<String>,
 
-    #[arg(long, value_name = "N", help = key_help("cpu.threads"), long_help = key_long("cpu.threads"))]
-    pub threads: Option<String>,
+    /// Device, layer budget, threads and the context length per sequence slot (`--ctx-size`:
+    /// every slot's KV cache is counted at start-up, against available RAM on the CPU and in
+    /// the placement budget on the GPU).
+    #[command(flatten)]
+    pub engine: EngineArgs,
+
+    #[arg(long, value_name = "MODE", help = key_help("memory.offload_exec"),
+        long_help = key_long("memory.offload_exec"))]
+    pub offload_exec: Option<String>,
 }
 
 impl ServeArgs {
     /// Every config override from this command's flags.
     pub fn overrides(&self) -> Vec<CliOverride> {
-        let mut v = Vec::new();
-        push(&mut v, "cpu.threads", "--threads", &self.threads);
-        push(&mut v, "model.ctx_size", "--ctx-size", &self.ctx_size);
+        let mut v = self.engine.overrides();
+        push(
+            &mut v,
+            "memory.offload_exec",
+            "--offload-exec",
+            &self.offload_exec,
+        );
         v
     }
 }

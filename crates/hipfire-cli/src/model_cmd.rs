@@ -158,7 +158,15 @@ pub(crate) fn gpu_decoder<'m>(
     s: &Settings,
     mode: OffloadMode,
 ) -> anyhow::Result<GpuDecoder<'m>> {
-    let opts = GpuOptions {
+    let opts = gpu_options(s, mode);
+    // `auto` is 0 here so the offload pool leaves one core to the thread driving the GPU.
+    let pool = hipfire_exec::offload::offload_pool(pool_threads(s.threads))?;
+    GpuDecoder::new(&l.model, pool, &opts).context("placing the model on GPU 0")
+}
+
+/// The GPU decoder's options from the settings, with spilled projections run as `mode`.
+pub(crate) fn gpu_options(s: &Settings, mode: OffloadMode) -> GpuOptions {
+    GpuOptions {
         ordinal: 0,
         gpu_layer_budget: match s.gpu_layer_budget {
             hipfire_config::LayerBudget::Auto => None,
@@ -171,10 +179,7 @@ pub(crate) fn gpu_decoder<'m>(
             ..hipfire_exec::flags::FlagsTuning::default()
         },
         ubatch: s.ubatch as usize,
-    };
-    // `auto` is 0 here so the offload pool leaves one core to the thread driving the GPU.
-    let pool = hipfire_exec::offload::offload_pool(pool_threads(s.threads))?;
-    GpuDecoder::new(&l.model, pool, &opts).context("placing the model on GPU 0")
+    }
 }
 
 /// `cpu.threads` as hipfire-exec's pool constructors take it: 0 = their own `auto`.

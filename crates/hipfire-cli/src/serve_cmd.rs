@@ -6,10 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use hipfire_model::{LoadOptions, Model};
-use hipfire_serve::ServeConfig;
+use hipfire_model::gpu::GpuDecoder;
+use hipfire_serve::{GpuSlots, ServeConfig, Slots};
 
 use crate::args::ServeArgs;
+use crate::model_cmd::Engine;
 use crate::{Ctx, EXIT_OK};
 
 /// `hipfire serve`.
@@ -36,14 +37,17 @@ pub fn run(ctx: &Ctx, a: &ServeArgs) -> anyhow::Result<ExitCode> {
         }
     };
 
-    let opts = LoadOptions {
-        threads: s.threads.get().get(),
-        ctx_len: s.ctx_size.tokens(),
-        progress: None,
+    let engine = crate::model_cmd::choose_engine(ctx, &s)?;
+    // Refuse a mode the executor cannot run before spending time on the load.
+    let mode = match engine {
+        Engine::Gpu => Some(crate::model_cmd::offload_mode(&s)?),
+        Engine::Cpu => None,
     };
-    let model =
-        Model::load(&a.model, &opts).with_context(|| format!("loading {}", a.model.display()))?;
-    ctx.note(format!("serve: {}", model.placement_summary()));
+    let loaded = crate::model_cmd::load(ctx, engine, &a.model, &s, s.ctx_size.tokens(), false)?;
+    let model = loaded.model;
+    if mode.is_none() {
+        ctx.note(format!("serve: {}", model.placement_summary()));
+    }
     let model_name = a.model_name.clone().unwrap_or_else(|| {
         a.model
             .file_stem()
@@ -59,7 +63,7 @@ pub fn run(ctx: &Ctx, a: &ServeArgs) -> anyhow::Result<ExitCode> {
         shutdown_grace: Duration::from_secs(a.shutdown_timeout),
     };
     let (parallel, queue) = (cfg.parallel, cfg.queue);
-    hipfire_serve::serve(Arc::new(model), &cfg, |addr| {
+    let on_ready = |addr| {
         // One line on stdout (scripts and tests read the port from it), notes on stderr.
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "listening on http://{addr}");
@@ -67,7 +71,31 @@ pub fn run(ctx: &Ctx, a: &ServeArgs) -> anyhow::Result<ExitCode> {
         ctx.note(format!(
             "serve: {parallel} slots, queue {queue}; SIGTERM or Ctrl-C stops after in-flight requests"
         ));
-    })?;
+    };
+    let model = Arc::new(model);
+    match mode {
+        None => hipfire_serve::serve(model, &cfg, on_ready)?,
+        Some(mode) => {
+            let opts = crate::model_cmd::gpu_options(&s, mode);
+            // `auto` is 0 here so the offload pool leaves one core to the thread driving the GPU.
+            let pool =
+                hipfire_exec::offload::offload_pool(crate::model_cmd::pool_threads(s.threads))?;
+            // Built on the engine thread, which then drives its stream; the placement line goes
+            // to the log there.
+            hipfire_serve::serve_with(
+                model,
+                &cfg,
+                Slots::Gpu,
+                move |m| {
+                    let dec = GpuDecoder::with_slots(m, pool, &opts, parallel)?;
+                    tracing::info!(placement = dec.placement_summary(), "serve: model placed");
+                    eprintln!("serve: {}", dec.placement_summary());
+                    Ok(Box::new(GpuSlots::new(dec)))
+                },
+                on_ready,
+            )?
+        }
+    }
     ctx.note("serve: stopped");
     Ok(ExitCode::from(EXIT_OK))
 }

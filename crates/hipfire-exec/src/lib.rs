@@ -57,7 +57,7 @@ pub mod topology;
 pub use error::ExecError;
 pub use join::JoinStrategy;
 pub use kernel::ActivationBuf;
-pub use offload::{OffloadExecutor, OffloadMode, SpilledStep};
+pub use offload::{OffloadExecutor, OffloadMode, SpilledBatch, SpilledStep};
 pub use pool::{CpuPool, GemvSegment, PoolConfig};
 pub use refusal::Refusal;
 pub use share::{ShareController, ShareSetting};

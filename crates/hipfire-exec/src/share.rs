@@ -2,7 +2,7 @@
 //!
 //! [`ShareController`] is a pure state machine — no threads, no clocks. The planner asks it
 //! for a shape's shares, runs the step, and feeds back what each arm did (bytes, time). Keyed
-//! by [`ShapeKey`] `(format, k, form)`: rows of one format and width cost the same per byte
+//! by [`ShapeKey`] `(format, k, form, cols)`: rows of one format and width cost the same per byte
 //! whatever `m` is, so all matrices of that shape share one estimate.
 //!
 //! # The balance
@@ -159,6 +159,10 @@ pub struct ShapeKey {
     pub k: usize,
     /// Plain or residual.
     pub form: Form,
+    /// Activation columns multiplied per weight read (1 for decode; B for a batched decode
+    /// step over B sequences, whose CPU arm costs more per byte while the GPU arm's host reads
+    /// do not).
+    pub cols: usize,
 }
 
 /// `memory.offload_passback_share`.
@@ -764,6 +768,7 @@ mod tests {
         format: Format::Q4_0,
         k: 4096,
         form: Form::Plain,
+        cols: 1,
     };
     /// 9B FFN up shape: m = 12288 rows of q4_0 at k = 4096 (2304 B/row, 28.3 MB).
     const M: usize = 12288;
@@ -1271,6 +1276,7 @@ mod tests {
             format: Format::Q8_0,
             k: 4096,
             form: Form::Residual,
+            cols: 1,
         };
         ctl.seed(key, None);
         let rates = [60.0, 40.0, 20.0];

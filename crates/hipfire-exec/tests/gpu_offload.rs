@@ -233,6 +233,7 @@ fn auto_share_converges_inside_the_clamp() {
         format: fmt,
         k: K,
         form: Form::Plain,
+        cols: 1,
     };
     let s = ex.controller().gpu_share(&key);
     eprintln!(

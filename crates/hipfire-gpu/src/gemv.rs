@@ -739,3 +739,5 @@ impl ReadKernel {
         }
     }
 }
+mod cols_stub;
+pub use cols_stub::GEMV_MAX_COLS;

@@ -33,6 +33,10 @@ use crate::model::GenerationStats;
 use crate::model::{Decoder, KV_ELEM_BYTES};
 use crate::sampling::SamplingParams;
 use crate::{Model, ModelError, Weight};
+
+mod decode_batch;
+use decode_batch::DecodeBatch;
+pub use decode_batch::MAX_SLOTS;
 use hipfire_gpu::dequant::DequantKernels;
 use hipfire_gpu::{gemm_available, gemm_f16, GemmShape};
 
@@ -184,9 +188,9 @@ struct GpuLayer {
     gate: usize,
     up: usize,
     down: usize,
-    /// f16 bit patterns, `[ctx_len][kv_dim]`.
-    k_cache: DeviceBuffer<u16>,
-    v_cache: DeviceBuffer<u16>,
+    /// Per sequence slot, f16 bit patterns, `[ctx_len][kv_dim]`.
+    k_cache: Vec<DeviceBuffer<u16>>,
+    v_cache: Vec<DeviceBuffer<u16>>,
     /// Gemma's RMSNorms of the attention and FFN outputs before their residual adds.
     post_attn_norm: Option<DeviceBuffer<f32>>,
     post_ffn_norm: Option<DeviceBuffer<f32>>,
@@ -254,7 +258,11 @@ pub struct GpuDecoder<'m> {
     /// a head the chunk attention does not cover, or `ubatch` 1).
     batch: Option<Batch>,
     logits: Vec<f32>,
-    pos: usize,
+    /// Positions each sequence slot holds; `slot` is the one `prefill`/`step` feed.
+    slot_pos: Vec<usize>,
+    slot: usize,
+    /// Scratch of a batched decode step over several slots (`None` with one slot).
+    decode_batch: Option<DecodeBatch>,
     ctx_len: usize,
     summary: String,
 }
@@ -270,7 +278,7 @@ impl std::fmt::Debug for GpuDecoder<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GpuDecoder")
             .field("summary", &self.summary)
-            .field("pos", &self.pos)
+            .field("slot_pos", &self.slot_pos)
             .finish()
     }
 }
@@ -324,6 +332,23 @@ impl<'m> GpuDecoder<'m> {
         pool: CpuPool,
         opts: &GpuOptions,
     ) -> Result<GpuDecoder<'m>, ModelError> {
+        GpuDecoder::with_slots(model, pool, opts, 1)
+    }
+
+    /// As [`GpuDecoder::new`] with `slots` sequences, each with a KV cache of its own (counted in
+    /// the placement budget), for [`GpuDecoder::decode_slots`]: one batched decode step over
+    /// many sequences (a server's running batch).
+    pub fn with_slots(
+        model: &'m Model,
+        pool: CpuPool,
+        opts: &GpuOptions,
+        slots: usize,
+    ) -> Result<GpuDecoder<'m>, ModelError> {
+        if slots == 0 || slots > MAX_SLOTS {
+            return Err(ModelError::InvalidOption(format!(
+                "{slots} sequence slots (1 to {MAX_SLOTS})"
+            )));
+        }
         let c = model.config().clone();
         let ctx = Context::new(opts.ordinal)?;
         let stream = ctx.new_stream()?;
@@ -382,7 +407,13 @@ impl<'m> GpuDecoder<'m> {
                 cap: i32::MAX as usize / c.kv_dim(),
             });
         }
-        let kv = model.kv_cache_bytes();
+        // The KV caches of every slot, and a batched decode step's activations beside them.
+        let kv = model.kv_cache_bytes() * slots as u64
+            + if slots > 1 {
+                DecodeBatch::vram_bytes(&c, slots)
+            } else {
+                0
+            };
         // Batched prefill: GEMMs through the vendor BLAS, so only where it loads; its scratch is
         // counted in the placement budget like the KV cache.
         let ubatch = opts.ubatch.clamp(1, ctx_len.max(1));
@@ -567,18 +598,19 @@ impl<'m> GpuDecoder<'m> {
             let cache_len =
                 (ctx_len * kvd).next_multiple_of(std::mem::size_of::<u32>() / KV_ELEM_BYTES);
             let kv_step = || format!("allocating layer {i}'s KV cache ({ctx_len} positions)");
-            let mut k_cache = ctx
-                .alloc::<u16>(cache_len)
-                .map_err(|e| at_step(e.into(), kv_step))?;
-            let mut v_cache = ctx
-                .alloc::<u16>(cache_len)
-                .map_err(|e| at_step(e.into(), kv_step))?;
-            stream
-                .fill_u32_async(&mut k_cache, 0)
-                .map_err(|e| at_step(e.into(), kv_step))?;
-            stream
-                .fill_u32_async(&mut v_cache, 0)
-                .map_err(|e| at_step(e.into(), kv_step))?;
+            let mut k_cache = Vec::with_capacity(slots);
+            let mut v_cache = Vec::with_capacity(slots);
+            for _ in 0..slots {
+                for cache in [&mut k_cache, &mut v_cache] {
+                    let mut b = ctx
+                        .alloc::<u16>(cache_len)
+                        .map_err(|e| at_step(e.into(), kv_step))?;
+                    stream
+                        .fill_u32_async(&mut b, 0)
+                        .map_err(|e| at_step(e.into(), kv_step))?;
+                    cache.push(b);
+                }
+            }
             layers.push(GpuLayer {
                 attn_norm: upload_f32(
                     &ctx,
@@ -695,6 +727,16 @@ impl<'m> GpuDecoder<'m> {
         let max_m = c.d_model.max(2 * c.n_ff).max(qd + 2 * kvd);
         let mut offload = OffloadExecutor::new(&ctx, pool, opts.mode.clone(), max_k, max_m)?;
         offload.set_flags_tuning(opts.flags);
+        let decode_batch = if slots > 1 {
+            offload.reserve_columns(slots)?;
+            Some(DecodeBatch::new(&ctx, &c, slots).map_err(|e| {
+                at_step(e, || {
+                    format!("allocating the batched decode scratch for {slots} slots")
+                })
+            })?)
+        } else {
+            None
+        };
         let batch = match &batch_off {
             Some(why) => {
                 tracing::info!(target: "hipfire::model", reason = %why, "prefill runs token by token");
@@ -739,8 +781,13 @@ impl<'m> GpuDecoder<'m> {
         };
         let resident_gib =
             layer_bytes[n_spilled..].iter().sum::<u64>() as f64 / (1u64 << 30) as f64;
+        let kv_text = if slots > 1 {
+            format!("ctx {ctx_len} × {slots} sequence slots, batched decode")
+        } else {
+            format!("ctx {ctx_len}")
+        };
         let summary = format!(
-            "{} on {} ({}): {} of {} layers resident ({:.2} GiB VRAM), {} spilled to pinned host memory ({:.2} GiB, offload_exec={}); embeddings, head, KV cache (ctx {ctx_len}, {:.2} GiB) and attention on the GPU; {prefill_text}",
+            "{} on {} ({}): {} of {} layers resident ({:.2} GiB VRAM), {} spilled to pinned host memory ({:.2} GiB, offload_exec={}); embeddings, head, KV cache ({kv_text}, {:.2} GiB) and attention on the GPU; {prefill_text}",
             c.arch.name(),
             ctx.info().name,
             ctx.info().arch,
@@ -770,7 +817,9 @@ impl<'m> GpuDecoder<'m> {
             offload,
             batch,
             logits: vec![0.0; vocab],
-            pos: 0,
+            slot_pos: vec![0; slots],
+            slot: 0,
+            decode_batch,
             ctx_len,
             summary,
         })
@@ -786,14 +835,54 @@ impl<'m> GpuDecoder<'m> {
         &self.offload
     }
 
-    /// Positions filled so far.
+    /// Positions filled so far (in the selected slot).
     pub fn position(&self) -> usize {
-        self.pos
+        self.pos()
     }
 
-    /// Forget the conversation.
+    /// Forget the conversation (of the selected slot).
     pub fn reset(&mut self) {
-        self.pos = 0;
+        self.slot_pos[self.slot] = 0;
+    }
+
+    fn pos(&self) -> usize {
+        self.slot_pos[self.slot]
+    }
+
+    /// Sequence slots (each with its own KV cache).
+    pub fn slots(&self) -> usize {
+        self.slot_pos.len()
+    }
+
+    /// Make `slot` the one [`GpuDecoder::prefill`], [`GpuDecoder::step`],
+    /// [`GpuDecoder::position`] and [`GpuDecoder::reset`] act on.
+    pub fn select_slot(&mut self, slot: usize) -> Result<(), ModelError> {
+        if slot >= self.slot_pos.len() {
+            return Err(ModelError::InvalidOption(format!(
+                "slot {slot} of {}",
+                self.slot_pos.len()
+            )));
+        }
+        self.slot = slot;
+        Ok(())
+    }
+
+    /// Positions slot `slot` holds (0 for a slot that does not exist).
+    pub fn slot_position(&self, slot: usize) -> usize {
+        self.slot_pos.get(slot).copied().unwrap_or(0)
+    }
+
+    /// Forget every position of `slot` from `pos` on (no-op past its end): what a failed step
+    /// wrote there is never read.
+    pub fn truncate_slot(&mut self, slot: usize, pos: usize) {
+        if let Some(p) = self.slot_pos.get_mut(slot) {
+            *p = (*p).min(pos);
+        }
+    }
+
+    /// The model this decoder runs.
+    pub fn model(&self) -> &'m Model {
+        self.model
     }
 
     /// Logits of the last position fed.
@@ -805,9 +894,9 @@ impl<'m> GpuDecoder<'m> {
     /// tokens go through the layers in steps of up to `UBATCHES_PER_STEP` micro-batches of
     /// `ubatch` tokens (GEMMs), layer-major within a step; otherwise one by one.
     pub fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32], ModelError> {
-        if self.pos + tokens.len() > self.ctx_len {
+        if self.pos() + tokens.len() > self.ctx_len {
             return Err(ModelError::ContextFull {
-                need: self.pos + tokens.len(),
+                need: self.pos() + tokens.len(),
                 ctx: self.ctx_len,
             });
         }
@@ -832,7 +921,7 @@ impl<'m> GpuDecoder<'m> {
 
     /// [`GpuDecoder::forward`] with a GPU failure naming the phase, positions and tokens.
     fn forward_at_step(&mut self, tokens: &[u32], phase: &str) -> Result<(), ModelError> {
-        let pos = self.pos;
+        let pos = self.pos();
         let r = self.forward(tokens);
         if r.is_err() {
             if let Some(spill) = self.batch.as_ref().and_then(|b| b.scratch.spill.as_ref()) {
@@ -924,14 +1013,14 @@ impl<'m> GpuDecoder<'m> {
         }
     }
 
-    fn rope(&self, li: usize, x: u64, n_heads: usize) -> Result<(), GpuError> {
+    fn rope(&self, li: usize, x: u64, n_heads: usize, pos: usize) -> Result<(), GpuError> {
         let c = self.model.config();
         let (freq, mscale) = self.rope_table(li);
         let args = LaunchArgs::new()
             .ptr(x)
             .i32(c.head_dim as i32)
             .i32(c.rope_dim as i32)
-            .i32(self.pos as i32)
+            .i32(pos as i32)
             .buf(freq)
             .i32(i32::from(c.rope_neox))
             .f32(mscale);
@@ -1297,7 +1386,7 @@ impl<'m> GpuDecoder<'m> {
         let c = self.model.config();
         let (freq, mscale) = self.rope_table(li);
         match (&self.batch, batched) {
-            (_, false) => self.rope(li, x, n_heads)?,
+            (_, false) => self.rope(li, x, n_heads, pos)?,
             (Some(bt), true) => bt.kernels.rope_rows(
                 &self.ctx,
                 &self.stream,
@@ -1328,14 +1417,15 @@ impl<'m> GpuDecoder<'m> {
         let l = &self.layers[li];
         match (&self.batch, batched) {
             (_, false) => {
-                let n_pos = self.pos + 1;
+                let n_pos = self.pos() + 1;
+                let (kc, vc) = (&l.k_cache[self.slot], &l.v_cache[self.slot]);
                 match l.window {
                     // A sliding-window layer past its window: positions n_pos − window ..
                     Some(w) if n_pos > w => self.attention.launch_from(
                         &self.stream,
                         &self.s.q,
-                        &l.k_cache,
-                        &l.v_cache,
+                        kc,
+                        vc,
                         &mut self.s.att,
                         n_pos - w,
                         n_pos,
@@ -1343,8 +1433,8 @@ impl<'m> GpuDecoder<'m> {
                     _ => self.attention.launch(
                         &self.stream,
                         &self.s.q,
-                        &l.k_cache,
-                        &l.v_cache,
+                        kc,
+                        vc,
                         &mut self.s.att,
                         n_pos,
                     )?,
@@ -1354,8 +1444,8 @@ impl<'m> GpuDecoder<'m> {
                 &self.ctx,
                 &self.stream,
                 r.q,
-                &l.k_cache,
-                &l.v_cache,
+                &l.k_cache[self.slot],
+                &l.v_cache[self.slot],
                 r.att,
                 (c.n_head, c.n_head_kv, c.head_dim),
                 (pos, n),
@@ -1379,8 +1469,8 @@ impl<'m> GpuDecoder<'m> {
         let (qd, kvd, hd, d) = (c.q_dim(), c.kv_dim(), c.head_dim, c.d_model);
         let l = &self.layers[li];
         let (wq, wk, wv, wo, wg, wu, wd) = (l.wq, l.wk, l.wv, l.wo, l.gate, l.up, l.down);
-        let kslot = l.k_cache.device_ptr() + (pos * kvd * KV_ELEM_BYTES) as u64;
-        let vslot = l.v_cache.device_ptr() + (pos * kvd * KV_ELEM_BYTES) as u64;
+        let kslot = l.k_cache[self.slot].device_ptr() + (pos * kvd * KV_ELEM_BYTES) as u64;
+        let vslot = l.v_cache[self.slot].device_ptr() + (pos * kvd * KV_ELEM_BYTES) as u64;
         self.rms_norm(x, &self.layers[li].attn_norm, r.xn, m, d)?;
         self.project_rows(
             &[(wq, r.q, qd), (wk, r.k, kvd), (wv, r.v, kvd)],
@@ -1499,9 +1589,9 @@ impl<'m> GpuDecoder<'m> {
                 vocab: c.vocab,
             });
         }
-        if self.pos + n > self.ctx_len {
+        if self.pos() + n > self.ctx_len {
             return Err(ModelError::ContextFull {
-                need: self.pos + n,
+                need: self.pos() + n,
                 ctx: self.ctx_len,
             });
         }
@@ -1524,7 +1614,7 @@ impl<'m> GpuDecoder<'m> {
             for c0 in (0..n).step_by(ubatch) {
                 let m = ubatch.min(n - c0);
                 let x = r.x + (c0 * d * 4) as u64;
-                self.layer(li, &r, x, (m, self.pos + c0, batched))?;
+                self.layer(li, &r, x, (m, self.pos() + c0, batched))?;
             }
             if staged {
                 if let Some(spill) = self.batch.as_mut().and_then(|b| b.scratch.spill.as_mut()) {
@@ -1570,7 +1660,7 @@ impl<'m> GpuDecoder<'m> {
         {
             *l = f32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
         }
-        self.pos += n;
+        self.slot_pos[self.slot] += n;
         Ok(())
     }
 }
@@ -1615,7 +1705,7 @@ impl Decoder for GpuDecoder<'_> {
         &self.logits
     }
     fn position(&self) -> usize {
-        self.pos
+        self.pos()
     }
     fn ctx_len(&self) -> usize {
         self.ctx_len

@@ -11,8 +11,9 @@
 use std::sync::Arc;
 
 use hipfire_gpu::backend::LaunchDims;
-use hipfire_gpu::{Context, DeviceBuffer, Function, LaunchArgs, Module, Stream};
+use hipfire_gpu::{Context, DeviceBuffer, DeviceMemory, Function, LaunchArgs, Module, Stream};
 
+use crate::model::KV_ELEM_BYTES;
 use crate::ModelError;
 
 /// Names of the kernels in `kernels/decode.cu`: the split kernel's instances for at most 1, 2,
@@ -245,13 +246,13 @@ impl SplitKvAttention {
     /// `out = softmax(q·Kᵀ / √head_dim) · V` over the first `n_pos` rows of the caches, queued on
     /// `stream`. `q` and `out` are `[n_head][head_dim]` f32; the caches `[rows][n_kv_head]
     /// [head_dim]` f16 bit patterns with at least `n_pos` rows.
-    pub fn launch(
+    pub fn launch<Q: DeviceMemory + ?Sized, K: DeviceMemory + ?Sized, O: DeviceMemory + ?Sized>(
         &self,
         stream: &Stream,
-        q: &DeviceBuffer<f32>,
-        k_cache: &DeviceBuffer<u16>,
-        v_cache: &DeviceBuffer<u16>,
-        out: &mut DeviceBuffer<f32>,
+        q: &Q,
+        k_cache: &K,
+        v_cache: &K,
+        out: &mut O,
         n_pos: usize,
     ) -> Result<(), ModelError> {
         self.launch_with(stream, q, k_cache, v_cache, out, n_pos, self.plan(n_pos))
@@ -260,13 +261,17 @@ impl SplitKvAttention {
     /// As [`SplitKvAttention::launch`] over positions `first .. n_pos` only (a sliding-window
     /// layer: `first = n_pos − window` once the cache is longer than the window).
     #[allow(clippy::too_many_arguments)] // the attention's operands
-    pub fn launch_from(
+    pub fn launch_from<
+        Q: DeviceMemory + ?Sized,
+        K: DeviceMemory + ?Sized,
+        O: DeviceMemory + ?Sized,
+    >(
         &self,
         stream: &Stream,
-        q: &DeviceBuffer<f32>,
-        k_cache: &DeviceBuffer<u16>,
-        v_cache: &DeviceBuffer<u16>,
-        out: &mut DeviceBuffer<f32>,
+        q: &Q,
+        k_cache: &K,
+        v_cache: &K,
+        out: &mut O,
         first: usize,
         n_pos: usize,
     ) -> Result<(), ModelError> {
@@ -285,13 +290,17 @@ impl SplitKvAttention {
 
     /// As [`SplitKvAttention::launch`] with a chosen plan (tests and the timing program).
     #[allow(clippy::too_many_arguments)] // the attention's operands
-    pub fn launch_with(
+    pub fn launch_with<
+        Q: DeviceMemory + ?Sized,
+        K: DeviceMemory + ?Sized,
+        O: DeviceMemory + ?Sized,
+    >(
         &self,
         stream: &Stream,
-        q: &DeviceBuffer<f32>,
-        k_cache: &DeviceBuffer<u16>,
-        v_cache: &DeviceBuffer<u16>,
-        out: &mut DeviceBuffer<f32>,
+        q: &Q,
+        k_cache: &K,
+        v_cache: &K,
+        out: &mut O,
         n_pos: usize,
         plan: SplitPlan,
     ) -> Result<(), ModelError> {
@@ -300,13 +309,13 @@ impl SplitKvAttention {
 
     /// Positions `first .. n_pos` with a chosen plan over the `n_pos − first` of them.
     #[allow(clippy::too_many_arguments)] // the attention's operands
-    fn launch_span(
+    fn launch_span<Q: DeviceMemory + ?Sized, K: DeviceMemory + ?Sized, O: DeviceMemory + ?Sized>(
         &self,
         stream: &Stream,
-        q: &DeviceBuffer<f32>,
-        k_cache: &DeviceBuffer<u16>,
-        v_cache: &DeviceBuffer<u16>,
-        out: &mut DeviceBuffer<f32>,
+        q: &Q,
+        k_cache: &K,
+        v_cache: &K,
+        out: &mut O,
         first: usize,
         n_pos: usize,
         plan: SplitPlan,
@@ -323,10 +332,10 @@ impl SplitKvAttention {
             && plan.chunk_len * (plan.n_chunks - 1) < span;
         if span == 0
             || !covers
-            || q.len() < qd
-            || out.len() < qd
-            || k_cache.len() < kv_rows
-            || v_cache.len() < kv_rows
+            || q.byte_len() / 4 < qd
+            || out.byte_len() / 4 < qd
+            || k_cache.byte_len() / KV_ELEM_BYTES < kv_rows
+            || v_cache.byte_len() / KV_ELEM_BYTES < kv_rows
             || i32::try_from(kv_rows).is_err()
         {
             return Err(ModelError::Backend {
@@ -334,10 +343,10 @@ impl SplitKvAttention {
                 message: format!(
                 "attention over {n_pos} positions ({plan:?}, scratch for {} chunks): q {} / out {} of {qd}, caches {} / {} of {kv_rows}",
                 self.max_chunks,
-                q.len(),
-                out.len(),
-                k_cache.len(),
-                v_cache.len()
+                q.byte_len() / 4,
+                out.byte_len() / 4,
+                k_cache.byte_len() / KV_ELEM_BYTES,
+                v_cache.byte_len() / KV_ELEM_BYTES
             ),
             });
         }
@@ -347,7 +356,7 @@ impl SplitKvAttention {
             .buf(q)
             .buf(k_cache)
             .buf(v_cache)
-            .buf(out)
+            .buf(&*out)
             .buf(&self.part)
             .i32(s.n_head as i32)
             .i32(s.n_kv_head as i32)
@@ -383,7 +392,7 @@ impl SplitKvAttention {
         }
         let mut args = LaunchArgs::new()
             .buf(&self.part)
-            .buf(out)
+            .buf(&*out)
             .i32(s.head_dim as i32)
             .i32(plan.n_chunks as i32);
         let params = args.params()?;

@@ -264,9 +264,10 @@ pub struct EngineConfig {
     pub queue: usize,
 }
 
-/// Start the engine on its own thread over the slots `make` builds from `model` (the CPU:
-/// `|m| Box::new(CpuSlots::new(m, n))`). The thread ends when every handle is dropped and no
-/// job is left.
+/// Start the engine on its own thread over the slots `make` builds from `model` there (the CPU:
+/// `|m| Ok(Box::new(CpuSlots::new(m, n)))`; a GPU decoder is built on the thread that will
+/// drive its stream). Returns once the slots are built, with `make`'s error if it failed. The
+/// thread ends when every handle is dropped and no job is left.
 pub fn spawn<F>(
     model: Arc<Model>,
     cfg: EngineConfig,
@@ -274,8 +275,9 @@ pub fn spawn<F>(
     make: F,
 ) -> Result<(EngineHandle, std::thread::JoinHandle<()>), ServeError>
 where
-    F: for<'m> FnOnce(&'m Model) -> Box<dyn StepModel + 'm> + Send + 'static,
+    F: for<'m> FnOnce(&'m Model) -> Result<Box<dyn StepModel + 'm>, ModelError> + Send + 'static,
 {
+    let (ready_tx, ready_rx) = crossbeam_channel::bounded::<Result<(), ModelError>>(1);
     let (tx, rx) = crossbeam_channel::unbounded();
     let shared = Arc::new(Shared {
         in_flight: AtomicUsize::new(0),
@@ -292,7 +294,16 @@ where
     let join = std::thread::Builder::new()
         .name("hipfire-engine".into())
         .spawn(move || {
-            let slots = make(&model);
+            let slots = match make(&model) {
+                Ok(s) => {
+                    let _ = ready_tx.send(Ok(()));
+                    s
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
             let mut engine = Engine {
                 free: (0..slots.slots()).rev().collect(),
                 slots,
@@ -308,7 +319,21 @@ where
             engine.run();
         })
         .map_err(|e| ServeError::Engine(format!("cannot start the engine thread: {e}")))?;
-    Ok((handle, join))
+    match ready_rx.recv() {
+        Ok(Ok(())) => Ok((handle, join)),
+        Ok(Err(e)) => {
+            let _ = join.join();
+            Err(ServeError::Engine(format!(
+                "building the model's slots: {e}"
+            )))
+        }
+        Err(_) => {
+            let _ = join.join();
+            Err(ServeError::Engine(
+                "the engine thread ended while building the model's slots".into(),
+            ))
+        }
+    }
 }
 
 /// A job holding a slot.

@@ -22,6 +22,7 @@
 pub mod api;
 pub mod engine;
 mod error;
+mod gpu_slots;
 pub mod http;
 pub mod metrics;
 pub mod stop;
@@ -36,6 +37,7 @@ use hipfire_model::Model;
 
 pub use engine::{CpuSlots, EngineConfig, EngineHandle, Feed, StepModel};
 pub use error::{ApiError, ErrorKind, ServeError};
+pub use gpu_slots::GpuSlots;
 
 /// Most sequence slots: far above what a CPU or one GPU batches usefully, and small enough that
 /// a typo cannot size an absurd KV reservation.
@@ -80,8 +82,9 @@ fn mem_available() -> Option<u64> {
     Some(kib.saturating_mul(1024))
 }
 
-/// Check the settings and the KV budget before anything starts.
-fn check(model: &Model, cfg: &ServeConfig) -> Result<(), ServeError> {
+/// Check the settings and (`kv_in_ram`: the CPU engine's caches) the KV budget before anything
+/// starts.
+fn check(model: &Model, cfg: &ServeConfig, kv_in_ram: bool) -> Result<(), ServeError> {
     if !(1..=MAX_PARALLEL).contains(&cfg.parallel) {
         return Err(ServeError::Config(format!(
             "--parallel {} must be in 1..={MAX_PARALLEL}",
@@ -98,7 +101,7 @@ fn check(model: &Model, cfg: &ServeConfig) -> Result<(), ServeError> {
         return Err(ServeError::Config("--api-key must not be empty".into()));
     }
     let need = kv_reserve_bytes(model, cfg.parallel);
-    if let Some(avail) = mem_available() {
+    if let Some(avail) = mem_available().filter(|_| kv_in_ram) {
         if need > avail {
             return Err(ServeError::KvBudget {
                 slots: cfg.parallel,
@@ -143,20 +146,52 @@ pub fn serve(
     cfg: &ServeConfig,
     on_ready: impl FnOnce(SocketAddr),
 ) -> Result<(), ServeError> {
-    check(&model, cfg)?;
+    let parallel = cfg.parallel;
+    serve_with(
+        model,
+        cfg,
+        Slots::Cpu,
+        move |m| Ok(Box::new(CpuSlots::new(m, parallel))),
+        on_ready,
+    )
+}
+
+/// Where the slots `serve_with` is given keep their KV caches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slots {
+    /// In RAM (the CPU engine): the full-context reservation is checked against `MemAvailable`.
+    Cpu,
+    /// In VRAM (the GPU decoder counts them in its own placement budget).
+    Gpu,
+}
+
+/// As [`serve`] over the slots `make` builds on the engine thread (e.g. [`GpuSlots`] over a
+/// `GpuDecoder::with_slots` of `cfg.parallel` slots).
+pub fn serve_with<F>(
+    model: Arc<Model>,
+    cfg: &ServeConfig,
+    slots: Slots,
+    make: F,
+    on_ready: impl FnOnce(SocketAddr),
+) -> Result<(), ServeError>
+where
+    F: for<'m> FnOnce(&'m Model) -> Result<Box<dyn StepModel + 'm>, hipfire_model::ModelError>
+        + Send
+        + 'static,
+{
+    check(&model, cfg, slots == Slots::Cpu)?;
     let metrics = Arc::new(metrics::Metrics::default());
     metrics
         .kv_capacity_bytes
         .store(kv_reserve_bytes(&model, cfg.parallel), Ordering::Relaxed);
-    let parallel = cfg.parallel;
     let (engine, engine_thread) = engine::spawn(
         model.clone(),
         EngineConfig {
-            parallel,
+            parallel: cfg.parallel,
             queue: cfg.queue,
         },
         metrics,
-        move |m| Box::new(CpuSlots::new(m, parallel)),
+        make,
     )?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(HTTP_THREADS)

@@ -73,10 +73,10 @@ fn start(model: &Arc<Model>, parallel: usize, queue: usize) -> (EngineHandle, St
         EngineConfig { parallel, queue },
         Arc::new(Metrics::default()),
         move |m| {
-            Box::new(Recording {
+            Ok(Box::new(Recording {
                 inner: CpuSlots::new(m, parallel),
                 log: l,
-            })
+            }))
         },
     )
     .expect("engine");

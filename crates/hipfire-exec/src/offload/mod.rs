@@ -19,6 +19,7 @@
 //! scheduler schedules). Projections over one activation may run as one split (`fusion`).
 
 mod arm_timer;
+mod batch;
 mod fusion;
 mod trace;
 
@@ -42,12 +43,13 @@ use crate::{CpuPool, ExecError};
 pub use crate::join::JoinStrategy;
 pub use arm_timer::ArmAccount;
 pub(crate) use arm_timer::{ArmTimer, PendingSplit};
+pub use batch::SpilledBatch;
 use trace::Trace;
 pub use trace::TRACE_TARGET;
 
 /// Probe repetitions per engine when seeding a shape; the median is used. Three is the
 /// reference system's choice (its probe medians were stable to ±3 % at 3 reps).
-const PROBE_REPS: usize = 3;
+pub(crate) const PROBE_REPS: usize = 3;
 
 /// Spin window of the CPU workers on the offload path. Spilled projections arrive every
 /// ~100–600 µs during decode (one Llama-3-8B layer = 7 steps in 1.6–1.9 ms on the H200 box,
@@ -131,8 +133,13 @@ pub(crate) struct PlannerCore {
     /// Pinned staging of x and y for the CPU arms that run on the calling thread.
     pub(crate) x_host: HostMappedBuffer,
     pub(crate) y_host: HostMappedBuffer,
-    probe_start: Event,
-    probe_end: Event,
+    /// What the staging holds: activations of `max_k`, outputs of `max_m`, for `max_cols`
+    /// columns ([`OffloadExecutor::reserve_columns`]).
+    pub(crate) max_k: usize,
+    pub(crate) max_m: usize,
+    pub(crate) max_cols: usize,
+    pub(crate) probe_start: Event,
+    pub(crate) probe_end: Event,
     pub(crate) timer: ArmTimer,
     pub(crate) trace: Trace,
 }
@@ -180,7 +187,7 @@ pub(crate) fn share_form(residual: bool) -> Form {
 }
 
 /// `op` queued on `stream` between `start` and `end`, waited for; the device's time for it, ns.
-fn event_timed_ns(
+pub(crate) fn event_timed_ns(
     stream: &Stream,
     start: &Event,
     end: &Event,
@@ -193,7 +200,7 @@ fn event_timed_ns(
     Ok(f64::from(start.elapsed_ms(end).map_err(gpu_err)?) * 1e6)
 }
 
-fn median(v: &mut [f64]) -> f64 {
+pub(crate) fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
 }
@@ -224,6 +231,9 @@ impl OffloadExecutor {
                 timer: ArmTimer::new(ctx, step_events)?,
                 x_host: ctx.alloc_pinned_host(max_k * 4).map_err(gpu_err)?,
                 y_host: ctx.alloc_pinned_host(max_m * 4).map_err(gpu_err)?,
+                max_k,
+                max_m,
+                max_cols: 1,
                 probe_start: ctx.new_event().map_err(gpu_err)?,
                 probe_end: ctx.new_event().map_err(gpu_err)?,
                 trace: Trace::new(),
@@ -272,7 +282,12 @@ impl OffloadExecutor {
     /// The controller's key for a step of weight `format`, row length `k` and `form`: every
     /// height of one `(format, k, form)` shares an estimate, a fused step's too.
     pub fn shape_key(&self, format: Format, k: usize, form: Form) -> ShapeKey {
-        ShapeKey { format, k, form }
+        ShapeKey {
+            format,
+            k,
+            form,
+            cols: 1,
+        }
     }
 
     /// The controller (GPU share per shape) for reports.
@@ -482,16 +497,32 @@ impl PlannerCore {
     }
 
     pub(crate) fn split_check(&self, step: &SpilledStep<'_>) -> Result<usize, Refusal> {
-        let w = step.weight;
+        self.split_check_parts(
+            step.weight,
+            step.host.bytes().len(),
+            step.y.byte_len() / 4,
+            matches!(step.form, GemvForm::Residual),
+        )
+    }
+
+    /// [`PlannerCore::split_check`] from the parts it reads: the weight, its host bytes' length,
+    /// the output's length in f32 and the form.
+    pub(crate) fn split_check_parts(
+        &self,
+        w: &WeightRef<'_>,
+        weight_len: usize,
+        out_len: usize,
+        residual: bool,
+    ) -> Result<usize, Refusal> {
         SplitCheck {
             format: w.format(),
             k: w.k(),
             m: w.m(),
             row_stride: w.row_bytes(),
-            weight_len: step.host.bytes().len(),
+            weight_len,
             out_dtype: OutDtype::F32,
-            out_len: step.y.byte_len() / 4,
-            residual: matches!(step.form, GemvForm::Residual),
+            out_len,
+            residual,
             cpu_simd: w.format().has_cpu_simd()
                 && hipfire_quant::simd_tier() != hipfire_quant::SimdTier::Scalar,
             gpu_kernel: w.format().has_gpu_kernel(),

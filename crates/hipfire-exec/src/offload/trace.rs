@@ -85,6 +85,7 @@ impl PlannerCore {
                 format,
                 k,
                 form: share_form(residual),
+                cols: 1,
             };
             let snap = self.controller.snapshot(&fkey);
             let share = self.controller.gpu_share(&fkey);

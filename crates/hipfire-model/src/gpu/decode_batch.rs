@@ -1,0 +1,471 @@
+//! One decode step over several sequence slots: the forward over B tokens from B sequences.
+//!
+//! Every projection multiplies the B activation columns in one pass over its weight: a resident
+//! weight through the multi-column GEMV (`GemvKernels::gemv_cols`), a spilled one as one batched
+//! split step of the offload executor (`OffloadExecutor::run_cols`: the GPU's rows cross PCIe
+//! once for all B columns, the CPU's rows leave DRAM once). What is per sequence — RoPE at its
+//! own position, the KV store into its own cache, the split-KV attention over its own depth —
+//! runs row by row with the single-sequence kernels.
+
+use hipfire_exec::SpilledBatch;
+use hipfire_gpu::{
+    Activation, Context, DeviceBuffer, DeviceMemory, GemvForm, HostMappedBuffer, LaunchArgs,
+    RowRange, WeightRef,
+};
+use std::sync::Arc;
+
+use super::{at_step, ActSlot, DeviceView, GpuDecoder, GpuWeight};
+use crate::config::ModelConfig;
+use crate::model::KV_ELEM_BYTES;
+use crate::ModelError;
+
+/// Most sequence slots one decoder holds: a server's `--parallel` cap. Each slot costs a KV
+/// cache of the context length; 256 is far past where a batched step over one GPU stops
+/// gaining (each step's weights are read once; attention and the CPU arm grow per sequence).
+pub const MAX_SLOTS: usize = 256;
+
+/// The activations of a batched decode step: `rows` tokens (one per slot), row-major.
+pub(crate) struct DecodeBatch {
+    rows: usize,
+    x: DeviceBuffer<f32>,
+    xn: DeviceBuffer<f32>,
+    q: DeviceBuffer<f32>,
+    k: DeviceBuffer<f32>,
+    v: DeviceBuffer<f32>,
+    att: DeviceBuffer<f32>,
+    gate: DeviceBuffer<f32>,
+    up: DeviceBuffer<f32>,
+    logits: DeviceBuffer<f32>,
+    act_model: Activation,
+    act_q: Activation,
+    act_ff: Activation,
+    stage_x: HostMappedBuffer,
+    stage_logits: HostMappedBuffer,
+    /// The step's logits on the host, `rows × vocab` in feed order.
+    host_logits: Vec<f32>,
+}
+
+impl DecodeBatch {
+    /// Scratch for steps of up to `rows` sequences of model `c`.
+    pub(crate) fn new(
+        ctx: &Arc<Context>,
+        c: &ModelConfig,
+        rows: usize,
+    ) -> Result<DecodeBatch, ModelError> {
+        let (d, qd, kvd) = (c.d_model, c.q_dim(), c.kv_dim());
+        Ok(DecodeBatch {
+            rows,
+            x: ctx.alloc(rows * d)?,
+            xn: ctx.alloc(rows * d)?,
+            q: ctx.alloc(rows * qd)?,
+            k: ctx.alloc(rows * kvd)?,
+            v: ctx.alloc(rows * kvd)?,
+            att: ctx.alloc(rows * qd)?,
+            gate: ctx.alloc(rows * c.n_ff)?,
+            up: ctx.alloc(rows * c.n_ff)?,
+            logits: ctx.alloc(rows * c.vocab)?,
+            act_model: Activation::with_columns(ctx, d, rows)?,
+            act_q: Activation::with_columns(ctx, qd, rows)?,
+            act_ff: Activation::with_columns(ctx, c.n_ff, rows)?,
+            stage_x: ctx.alloc_pinned_host(rows * d * 4)?,
+            stage_logits: ctx.alloc_pinned_host(rows * c.vocab * 4)?,
+            host_logits: vec![0.0; rows * c.vocab],
+        })
+    }
+
+    /// Device bytes it holds (for the placement budget).
+    pub(crate) fn vram_bytes(c: &ModelConfig, rows: usize) -> u64 {
+        let f32s = rows * (3 * c.d_model + 3 * c.q_dim() + 2 * c.kv_dim() + 2 * c.n_ff + c.vocab);
+        // Activations: f32 copy, int8 values and (d, s) pairs per 32.
+        let act = rows * (c.d_model + c.q_dim() + c.n_ff) * (4 + 1 + 8 / 32);
+        (f32s * 4 + act) as u64
+    }
+
+    fn act(&self, slot: ActSlot) -> &Activation {
+        match slot {
+            ActSlot::Model => &self.act_model,
+            ActSlot::Q => &self.act_q,
+            ActSlot::Ff => &self.act_ff,
+        }
+    }
+}
+
+/// Device addresses of a batched decode step's activations.
+#[derive(Clone, Copy)]
+struct Rows {
+    x: u64,
+    xn: u64,
+    q: u64,
+    k: u64,
+    v: u64,
+    att: u64,
+    gate: u64,
+    up: u64,
+}
+
+impl<'m> GpuDecoder<'m> {
+    /// One decode step over `feeds` — `(slot, token)`, each slot at most once — as one forward
+    /// over their tokens: each weight is read once for all of them. Returns the next-token
+    /// logits, `feeds.len() × vocab` in feed order. On error no slot has advanced.
+    pub fn decode_slots(&mut self, feeds: &[(usize, u32)]) -> Result<&[f32], ModelError> {
+        let c = self.model.config().clone();
+        let b = feeds.len();
+        let rows = self.decode_batch.as_ref().map_or(1, |db| db.rows);
+        if b == 0 || b > rows {
+            return Err(ModelError::InvalidOption(format!(
+                "a batched decode step of {b} sequences (1 to {rows})"
+            )));
+        }
+        let mut seen = vec![false; self.slot_pos.len()];
+        for &(slot, token) in feeds {
+            match seen.get_mut(slot) {
+                Some(s @ false) => *s = true,
+                _ => {
+                    return Err(ModelError::InvalidOption(format!(
+                        "decode feed for slot {slot} of {} (absent or twice)",
+                        self.slot_pos.len()
+                    )))
+                }
+            }
+            if token as usize >= c.vocab {
+                return Err(ModelError::BadToken {
+                    id: token,
+                    vocab: c.vocab,
+                });
+            }
+            if self.slot_pos[slot] + 1 > self.ctx_len {
+                return Err(ModelError::ContextFull {
+                    need: self.slot_pos[slot] + 1,
+                    ctx: self.ctx_len,
+                });
+            }
+        }
+        if b == 1 {
+            let (slot, token) = feeds[0];
+            let keep = self.slot;
+            self.slot = slot;
+            let r = self.forward_at_step(&[token], "decoding");
+            self.slot = keep;
+            r?;
+            return Ok(&self.logits);
+        }
+        self.batch_forward(feeds, &c).map_err(|e| {
+            at_step(e, || {
+                format!(
+                    "decoding {b} sequences in one batched step (slots {:?})",
+                    feeds.iter().map(|f| f.0).collect::<Vec<_>>()
+                )
+            })
+        })?;
+        for &(slot, _) in feeds {
+            self.slot_pos[slot] += 1;
+        }
+        let n = b * c.vocab;
+        Ok(self
+            .decode_batch
+            .as_ref()
+            .map_or(&[][..], |db| &db.host_logits[..n]))
+    }
+
+    fn batch_rows(&self) -> Result<Rows, ModelError> {
+        let db = self.decode_batch.as_ref().ok_or_else(no_batch)?;
+        Ok(Rows {
+            x: db.x.device_ptr(),
+            xn: db.xn.device_ptr(),
+            q: db.q.device_ptr(),
+            k: db.k.device_ptr(),
+            v: db.v.device_ptr(),
+            att: db.att.device_ptr(),
+            gate: db.gate.device_ptr(),
+            up: db.up.device_ptr(),
+        })
+    }
+
+    fn batch_forward(&mut self, feeds: &[(usize, u32)], c: &ModelConfig) -> Result<(), ModelError> {
+        let b = feeds.len();
+        let r = self.batch_rows()?;
+        let (d, qd, kvd, hd) = (c.d_model, c.q_dim(), c.kv_dim(), c.head_dim);
+        let tokens: Vec<u32> = feeds.iter().map(|f| f.1).collect();
+        self.embed_rows(&tokens, r.x)?;
+        for li in 0..self.layers.len() {
+            let l = &self.layers[li];
+            let (wq, wk, wv, wo, wg, wu, wdn) = (l.wq, l.wk, l.wv, l.wo, l.gate, l.up, l.down);
+            self.rms_norm(r.x, &self.layers[li].attn_norm, r.xn, b, d)?;
+            self.project_cols(
+                &[(wq, r.q, qd), (wk, r.k, kvd), (wv, r.v, kvd)],
+                r.xn,
+                (d, b),
+                ActSlot::Model,
+                GemvForm::Plain,
+            )?;
+            let l = &self.layers[li];
+            for (bias, y, len) in [(&l.bq, r.q, qd), (&l.bk, r.k, kvd), (&l.bv, r.v, kvd)] {
+                if let Some(bias) = bias {
+                    for i in 0..b {
+                        self.add(y + (i * len * 4) as u64, bias)?;
+                    }
+                }
+            }
+            if let Some(w) = &l.q_norm {
+                self.rms_norm(r.q, w, r.q, b * c.n_head, hd)?;
+            }
+            if let Some(w) = &l.k_norm {
+                self.rms_norm(r.k, w, r.k, b * c.n_head_kv, hd)?;
+            }
+            for (i, &(slot, _)) in feeds.iter().enumerate() {
+                let pos = self.slot_pos[slot];
+                let (q, k, v) = (
+                    r.q + (i * qd * 4) as u64,
+                    r.k + (i * kvd * 4) as u64,
+                    r.v + (i * kvd * 4) as u64,
+                );
+                self.rope(li, q, c.n_head, pos)?;
+                self.rope(li, k, c.n_head_kv, pos)?;
+                let l = &self.layers[li];
+                let at = (pos * kvd * KV_ELEM_BYTES) as u64;
+                let (kslot, vslot) = (
+                    l.k_cache[slot].device_ptr() + at,
+                    l.v_cache[slot].device_ptr() + at,
+                );
+                self.kv_store(k, v, kslot, vslot, kvd)?;
+                self.attend_row(li, slot, q, r.att + (i * qd * 4) as u64, pos + 1)?;
+            }
+            self.residual_cols(li, wo, r.att, (qd, b), ActSlot::Q, r.x, r.xn, false)?;
+            self.rms_norm(r.x, &self.layers[li].ffn_norm, r.xn, b, d)?;
+            self.project_cols(
+                &[(wg, r.gate, c.n_ff), (wu, r.up, c.n_ff)],
+                r.xn,
+                (d, b),
+                ActSlot::Model,
+                GemvForm::Plain,
+            )?;
+            let args = LaunchArgs::new()
+                .ptr(r.gate)
+                .ptr(r.up)
+                .ptr(r.gate)
+                .i32((b * c.n_ff) as i32);
+            let act = match c.arch.ffn_activation() {
+                crate::config::FfnActivation::Silu => &self.k.swiglu,
+                crate::config::FfnActivation::GeluTanh => &self.k.geglu,
+            };
+            self.launch_1d(act, b * c.n_ff, args)?;
+            self.residual_cols(li, wdn, r.gate, (c.n_ff, b), ActSlot::Ff, r.x, r.xn, true)?;
+        }
+        self.rms_norm(r.x, &self.output_norm, r.xn, b, d)?;
+        let db = self.decode_batch.as_ref().ok_or_else(no_batch)?;
+        let logits = db.logits.device_ptr();
+        self.project_cols(
+            &[(self.head, logits, c.vocab)],
+            r.xn,
+            (d, b),
+            ActSlot::Model,
+            GemvForm::Plain,
+        )?;
+        if let Some(cap) = c.final_logit_softcap {
+            let n = b * c.vocab;
+            let args = LaunchArgs::new().ptr(logits).f32(cap).i32(n as i32);
+            self.launch_1d(&self.k.softcap, n, args)?;
+        }
+        let db = self.decode_batch.as_mut().ok_or_else(no_batch)?;
+        let n = b * c.vocab;
+        self.stream
+            .memcpy_dtoh_async(&mut db.stage_logits, 0, &db.logits, 0, n * 4)?;
+        self.stream.synchronize()?;
+        for (l, bytes) in db.host_logits[..n]
+            .iter_mut()
+            .zip(db.stage_logits.as_slice().chunks_exact(4))
+        {
+            *l = f32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+        }
+        Ok(())
+    }
+
+    /// The embedding rows of `tokens` into `x` through the batch's pinned staging.
+    fn embed_rows(&mut self, tokens: &[u32], x: u64) -> Result<(), ModelError> {
+        let d = self.model.config().d_model;
+        let emb = &self.model.weights()[self.token_embd];
+        let rb = emb.format.row_bytes(emb.k)?;
+        let table = self.model.weight_bytes(emb);
+        let scale = self.model.config().embd_scale;
+        let db = self.decode_batch.as_mut().ok_or_else(no_batch)?;
+        let mut row = vec![0f32; d];
+        for (i, &t) in tokens.iter().enumerate() {
+            crate::ops::dequantize_row(
+                emb.format,
+                &table[t as usize * rb..(t as usize + 1) * rb],
+                &mut row,
+            )?;
+            if scale != 1.0 {
+                row.iter_mut().for_each(|v| *v *= scale);
+            }
+            let dst = &mut db.stage_x.as_mut_slice()[i * d * 4..(i + 1) * d * 4];
+            for (o, v) in dst.chunks_exact_mut(4).zip(&row) {
+                o.copy_from_slice(&v.to_ne_bytes());
+            }
+        }
+        let mut xv = DeviceView {
+            ptr: x,
+            bytes: tokens.len() * d * 4,
+            ctx: &self.ctx,
+        };
+        self.stream
+            .memcpy_htod_async(&mut xv, 0, &db.stage_x, 0, tokens.len() * d * 4)?;
+        Ok(())
+    }
+
+    /// Split-KV attention of one query row (`q` → `out`, device addresses) over the first
+    /// `n_pos` positions of `slot`'s cache at layer `li` (its window's, for a sliding layer).
+    fn attend_row(
+        &self,
+        li: usize,
+        slot: usize,
+        q: u64,
+        out: u64,
+        n_pos: usize,
+    ) -> Result<(), ModelError> {
+        let qd = self.model.config().q_dim();
+        let l = &self.layers[li];
+        let qv = DeviceView {
+            ptr: q,
+            bytes: qd * 4,
+            ctx: &self.ctx,
+        };
+        let mut ov = DeviceView {
+            ptr: out,
+            bytes: qd * 4,
+            ctx: &self.ctx,
+        };
+        let (kc, vc) = (&l.k_cache[slot], &l.v_cache[slot]);
+        match l.window {
+            Some(w) if n_pos > w => {
+                self.attention
+                    .launch_from(&self.stream, &qv, kc, vc, &mut ov, n_pos - w, n_pos)
+            }
+            _ => self
+                .attention
+                .launch(&self.stream, &qv, kc, vc, &mut ov, n_pos),
+        }
+    }
+
+    /// `y (+)= W·x` over the batch's `b` columns (`x`: `b × k`, each `y`: `b × len`) for every
+    /// `(weight id, y, len)`: the activation is prepared once, each weight read once.
+    fn project_cols(
+        &mut self,
+        outs: &[(usize, u64, usize)],
+        x: u64,
+        (k, b): (usize, usize),
+        slot: ActSlot,
+        form: GemvForm,
+    ) -> Result<(), ModelError> {
+        let xv = DeviceView {
+            ptr: x,
+            bytes: b * k * 4,
+            ctx: &self.ctx,
+        };
+        {
+            let db = self.decode_batch.as_mut().ok_or_else(no_batch)?;
+            let act = match slot {
+                ActSlot::Model => &mut db.act_model,
+                ActSlot::Q => &mut db.act_q,
+                ActSlot::Ff => &mut db.act_ff,
+            };
+            self.gemv.prepare_cols(&self.stream, &xv, act, b)?;
+        }
+        let db = self.decode_batch.as_ref().ok_or_else(no_batch)?;
+        let act = db.act(slot);
+        for &(id, y, len) in outs {
+            let w = &self.model.weights()[id];
+            let mut yv = DeviceView {
+                ptr: y,
+                bytes: b * len * 4,
+                ctx: &self.ctx,
+            };
+            match &self.weights[id] {
+                Some(GpuWeight::Device(buf)) => {
+                    let wr = WeightRef::new(buf, 0, w.format, w.m, w.k)?;
+                    self.gemv.gemv_cols(
+                        &self.stream,
+                        &wr,
+                        act,
+                        &mut yv,
+                        len,
+                        RowRange::all(w.m),
+                        form,
+                        b,
+                    )?;
+                }
+                Some(GpuWeight::Host(host)) => {
+                    let wr = WeightRef::new(host.as_ref(), 0, w.format, w.m, w.k)?;
+                    self.offload.run_cols(
+                        &self.stream,
+                        &self.gemv,
+                        act,
+                        SpilledBatch {
+                            weight: &wr,
+                            host: host.clone(),
+                            x: &xv,
+                            y: &mut yv,
+                            form,
+                            cols: b,
+                        },
+                    )?;
+                }
+                None => {
+                    return Err(ModelError::Unsupported(format!(
+                        "weight {} not placed",
+                        w.name
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `x += W·a` over the batch (or, with the architecture's post-norm, `x += rms_norm(W·a)·w`
+    /// per row through `tmp`), as [`GpuDecoder::residual_project`] for one token.
+    #[allow(clippy::too_many_arguments)] // the projection's operands
+    fn residual_cols(
+        &mut self,
+        li: usize,
+        id: usize,
+        a: u64,
+        (k, b): (usize, usize),
+        slot: ActSlot,
+        x: u64,
+        tmp: u64,
+        ffn: bool,
+    ) -> Result<(), ModelError> {
+        let d = self.model.config().d_model;
+        let l = &self.layers[li];
+        let post = if ffn {
+            &l.post_ffn_norm
+        } else {
+            &l.post_attn_norm
+        };
+        let Some(w) = post.as_ref().map(|p| p.device_ptr()) else {
+            return self.project_cols(&[(id, x, d)], a, (k, b), slot, GemvForm::Residual);
+        };
+        self.project_cols(&[(id, tmp, d)], a, (k, b), slot, GemvForm::Plain)?;
+        let args = LaunchArgs::new()
+            .ptr(tmp)
+            .ptr(w)
+            .ptr(x)
+            .i32(d as i32)
+            .f32(self.model.config().rms_eps);
+        self.launch(
+            &self.k.rms_norm_add,
+            b as u32,
+            super::DECODE_THREADS,
+            0,
+            args,
+        )?;
+        Ok(())
+    }
+}
+
+fn no_batch() -> ModelError {
+    ModelError::Backend {
+        backend: "gpu",
+        message: "a batched decode step on a decoder built with one slot".into(),
+    }
+}
