@@ -739,5 +739,3 @@ impl ReadKernel {
         }
     }
 }
-mod cols_stub;
-pub use cols_stub::GEMV_MAX_COLS;

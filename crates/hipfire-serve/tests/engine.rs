@@ -222,3 +222,29 @@ fn full_engine_refuses_and_a_dropped_client_frees_its_slot() {
         .expect_err("draining");
     assert_eq!(e.status.as_u16(), 503);
 }
+
+#[test]
+fn slots_that_fail_to_build_fail_the_spawn_with_their_error() {
+    let model = model();
+    let r = engine::spawn(
+        model,
+        EngineConfig {
+            parallel: 2,
+            queue: 0,
+        },
+        Arc::new(Metrics::default()),
+        |_m| {
+            Err(hipfire_model::ModelError::InvalidOption(
+                "no device for 2 slots".into(),
+            ))
+        },
+    );
+    let Err(e) = r else {
+        panic!("spawn succeeded over slots that failed to build");
+    };
+    let msg = e.to_string();
+    assert!(
+        msg.contains("building the model's slots") && msg.contains("no device for 2 slots"),
+        "{msg}"
+    );
+}

@@ -10,8 +10,9 @@
 //! A batched split always joins as `ordering` does (x down blocking, GPU arm queued, CPU arm,
 //! CPU rows up, host wait): the `flags` mailbox holds one column, and with B columns the
 //! host-side join is a smaller part of a longer step. Its shares are the controller's for
-//! `ShapeKey::cols = B`, probed and refined apart from decode's, because the CPU arm's cost per
-//! byte grows with the columns while the GPU arm's host read does not.
+//! `ShapeKey::cols` (B rounded up to a power of two, [`share_cols`]), probed and refined apart
+//! from decode's, because the CPU arm's cost per byte grows with the columns while the GPU
+//! arm's host read does not.
 
 use std::time::Instant;
 
@@ -24,6 +25,13 @@ use crate::offload::{
 use crate::pool::GemvSegment;
 use crate::share::{cut_rows, ArmSample, ArmTime, ShapeKey, CPU_ENGINE};
 use crate::ExecError;
+
+/// The controller's column count for a step of `cols` columns: the next power of two, so a
+/// running batch whose size drifts (requests joining and leaving) probes at most one shape per
+/// octave instead of one per size; the online refinement then tracks the sizes in between.
+pub fn share_cols(cols: usize) -> usize {
+    cols.max(1).next_power_of_two()
+}
 
 /// One projection over a spilled weight for `cols` activation columns, on the device.
 pub struct SpilledBatch<'a> {
@@ -154,7 +162,7 @@ impl OffloadExecutor {
             format: w.format(),
             k,
             form: share_form(residual),
-            cols,
+            cols: share_cols(cols),
         };
         if refusal.is_none() && self.core.controller.needs_probe(&key) {
             self.core.resolve_pending(true)?;
