@@ -637,6 +637,25 @@ static_assert(HF_WARPS % HF_KSPLIT == 0, "HF_KSPLIT must divide HF_WARPS");
 
 #define HF_TILE_PAD 16 // keeps each tile row 16-byte aligned
 
+// A warp's place in the block: its group of HF_KSPLIT warps owns HF_ROWS rows from row0 and the
+// warp takes the group's tiles kpart, kpart + HF_KSPLIT, ...; the rows' pointers are clamped to the
+// last row (valid memory, no divergence; rows past nrows are never written).
+struct HfGroup {
+    int warp, lane, kpart, row0;
+    const hf_u8* rowp[HF_ROWS];
+};
+__device__ __forceinline__ HfGroup hf_group(const hf_u8* W, hf_u64 row_bytes, int nrows) {
+    constexpr int GROUPS = HF_WARPS / HF_KSPLIT;
+    HfGroup g;
+    g.warp = threadIdx.x / HF_WARP;
+    g.lane = threadIdx.x % HF_WARP;
+    g.kpart = g.warp % HF_KSPLIT;
+    g.row0 = (blockIdx.x * GROUPS + g.warp / HF_KSPLIT) * HF_ROWS;
+#pragma unroll
+    for (int r = 0; r < HF_ROWS; ++r) g.rowp[r] = W + (hf_u64)min(g.row0 + r, nrows - 1) * row_bytes;
+    return g;
+}
+
 // Issues the loads of the tile starting at block b0 into buf: nunits LoadT words per row, lane L
 // taking words L, L + 32, ... (nunits is exact: the host checks that LoadT divides base and stride).
 template <class T, typename LoadT, int PER_LANE>
@@ -676,18 +695,14 @@ __device__ __forceinline__ void hf_gemv(const hf_u8* __restrict__ W, hf_u64 row_
     static_assert(TILE % 16 == 0, "tile must keep 16-byte alignment");
     constexpr int MAXU = TILE / (int)sizeof(LoadT);
     constexpr int PER_LANE = (MAXU + HF_WARP - 1) / HF_WARP;
-    constexpr int GROUPS = HF_WARPS / HF_KSPLIT;
     // +HF_TILE_PAD (quantised formats): hf_ints_b2 reads one aligned word past a block's last byte
     // (unused when the block is 4-byte aligned), which for the tile's last block lies past TILE.
     __shared__ __align__(16) hf_u8 smem[HF_WARPS][HF_ROWS][TILE + (T::QX ? HF_TILE_PAD : 0)];
     __shared__ float partial[HF_WARPS][HF_ROWS];
 
-    const int warp = threadIdx.x / HF_WARP, lane = threadIdx.x % HF_WARP;
-    const int group = warp / HF_KSPLIT, kpart = warp % HF_KSPLIT;
-    const int row0 = (blockIdx.x * GROUPS + group) * HF_ROWS;
-    const hf_u8* rowp[HF_ROWS];
-#pragma unroll
-    for (int r = 0; r < HF_ROWS; ++r) rowp[r] = W + (hf_u64)min(row0 + r, nrows - 1) * row_bytes;
+    const HfGroup gr = hf_group(W, row_bytes, nrows);
+    const int warp = gr.warp, lane = gr.lane, kpart = gr.kpart, row0 = gr.row0;
+    const hf_u8* const(&rowp)[HF_ROWS] = gr.rowp;
 
     float acc[HF_ROWS];
 #pragma unroll
@@ -876,17 +891,13 @@ __device__ __forceinline__ void hf_gemv_cols(const hf_u8* __restrict__ W, hf_u64
     constexpr int TILE = T::CB * T::BYTES;
     static_assert(TILE % 16 == 0, "tile must keep 16-byte alignment");
     constexpr int PER_LANE = (TILE / (int)sizeof(LoadT) + HF_WARP - 1) / HF_WARP;
-    constexpr int GROUPS = HF_WARPS / HF_KSPLIT;
     constexpr int UPL = (T::CB * T::UNITS + HF_WARP - 1) / HF_WARP; // units of one tile per lane
     __shared__ __align__(16) hf_u8 smem[HF_WARPS][HF_ROWS][TILE + (T::QX ? HF_TILE_PAD : 0)];
     __shared__ float partial[HF_WARPS][HF_ROWS][HF_MAX_COLS];
 
-    const int warp = threadIdx.x / HF_WARP, lane = threadIdx.x % HF_WARP;
-    const int group = warp / HF_KSPLIT, kpart = warp % HF_KSPLIT;
-    const int row0 = (blockIdx.x * GROUPS + group) * HF_ROWS;
-    const hf_u8* rowp[HF_ROWS];
-#pragma unroll
-    for (int r = 0; r < HF_ROWS; ++r) rowp[r] = W + (hf_u64)min(row0 + r, nrows - 1) * row_bytes;
+    const HfGroup gr = hf_group(W, row_bytes, nrows);
+    const int warp = gr.warp, lane = gr.lane, kpart = gr.kpart, row0 = gr.row0;
+    const hf_u8* const(&rowp)[HF_ROWS] = gr.rowp;
     float acc[HF_ROWS][HF_MAX_COLS];
 #pragma unroll
     for (int r = 0; r < HF_ROWS; ++r) {
