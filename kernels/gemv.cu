@@ -105,6 +105,13 @@ struct XArgs {
     const float2* ds;      // per block of 32: (d, d * sum(qs))
     const float* xf;       // k floats
 };
+__device__ __forceinline__ XArgs hf_xargs(const signed char* qs, const float2* ds, const float* xf) {
+    XArgs xa;
+    xa.qs = qs;
+    xa.ds = ds;
+    xa.xf = xf;
+    return xa;
+}
 
 // 8 int8 activations x 4 = 32 elements of one activation block, plus its (d, s).
 struct XBlock {
@@ -630,6 +637,57 @@ static_assert(HF_WARPS % HF_KSPLIT == 0, "HF_KSPLIT must divide HF_WARPS");
 
 #define HF_TILE_PAD 16 // keeps each tile row 16-byte aligned
 
+// A warp's place in the block: its group of HF_KSPLIT warps owns HF_ROWS rows from row0 and the
+// warp takes the group's tiles kpart, kpart + HF_KSPLIT, ...; the rows' pointers are clamped to the
+// last row (valid memory, no divergence; rows past nrows are never written).
+struct HfGroup {
+    int warp, lane, kpart, row0;
+    const hf_u8* rowp[HF_ROWS];
+};
+__device__ __forceinline__ HfGroup hf_group(const hf_u8* W, hf_u64 row_bytes, int nrows) {
+    constexpr int GROUPS = HF_WARPS / HF_KSPLIT;
+    HfGroup g;
+    g.warp = threadIdx.x / HF_WARP;
+    g.lane = threadIdx.x % HF_WARP;
+    g.kpart = g.warp % HF_KSPLIT;
+    g.row0 = (blockIdx.x * GROUPS + g.warp / HF_KSPLIT) * HF_ROWS;
+#pragma unroll
+    for (int r = 0; r < HF_ROWS; ++r) g.rowp[r] = W + (hf_u64)min(g.row0 + r, nrows - 1) * row_bytes;
+    return g;
+}
+
+// Issues the loads of the tile starting at block b0 into buf: nunits LoadT words per row, lane L
+// taking words L, L + 32, ... (nunits is exact: the host checks that LoadT divides base and stride).
+template <class T, typename LoadT, int PER_LANE>
+__device__ __forceinline__ void hf_issue_tile(LoadT (&buf)[HF_ROWS][PER_LANE], const hf_u8* const (&rowp)[HF_ROWS],
+                                              int b0, int nblocks, int lane) {
+    const int nunits = min(T::CB, nblocks - b0) * T::BYTES / (int)sizeof(LoadT);
+#pragma unroll
+    for (int r = 0; r < HF_ROWS; ++r) {
+        const LoadT* src = (const LoadT*)(rowp[r] + (hf_u64)b0 * T::BYTES);
+#pragma unroll
+        for (int i = 0; i < PER_LANE; ++i) {
+            const int u = lane + HF_WARP * i;
+            if (u < nunits) buf[r][i] = src[u];
+        }
+    }
+}
+
+// Stores the tile hf_issue_tile loaded (nunits LoadT words per row) into the warp's shared rows.
+template <typename LoadT, int PER_LANE, int STRIDE>
+__device__ __forceinline__ void hf_store_tile(hf_u8 (&rows)[HF_ROWS][STRIDE], const LoadT (&buf)[HF_ROWS][PER_LANE],
+                                              int nunits, int lane) {
+#pragma unroll
+    for (int r = 0; r < HF_ROWS; ++r) {
+        LoadT* dst = (LoadT*)rows[r];
+#pragma unroll
+        for (int i = 0; i < PER_LANE; ++i) {
+            const int u = lane + HF_WARP * i;
+            if (u < nunits) dst[u] = buf[r][i];
+        }
+    }
+}
+
 template <class T, typename LoadT, bool RESIDUAL>
 __device__ __forceinline__ void hf_gemv(const hf_u8* __restrict__ W, hf_u64 row_bytes, XArgs xa,
                                         float* __restrict__ y, int nrows, int nblocks) {
@@ -637,37 +695,21 @@ __device__ __forceinline__ void hf_gemv(const hf_u8* __restrict__ W, hf_u64 row_
     static_assert(TILE % 16 == 0, "tile must keep 16-byte alignment");
     constexpr int MAXU = TILE / (int)sizeof(LoadT);
     constexpr int PER_LANE = (MAXU + HF_WARP - 1) / HF_WARP;
-    constexpr int GROUPS = HF_WARPS / HF_KSPLIT;
     // +HF_TILE_PAD (quantised formats): hf_ints_b2 reads one aligned word past a block's last byte
     // (unused when the block is 4-byte aligned), which for the tile's last block lies past TILE.
     __shared__ __align__(16) hf_u8 smem[HF_WARPS][HF_ROWS][TILE + (T::QX ? HF_TILE_PAD : 0)];
     __shared__ float partial[HF_WARPS][HF_ROWS];
 
-    const int warp = threadIdx.x / HF_WARP, lane = threadIdx.x % HF_WARP;
-    const int group = warp / HF_KSPLIT, kpart = warp % HF_KSPLIT;
-    const int row0 = (blockIdx.x * GROUPS + group) * HF_ROWS;
-    const hf_u8* rowp[HF_ROWS];
-#pragma unroll
-    for (int r = 0; r < HF_ROWS; ++r) rowp[r] = W + (hf_u64)min(row0 + r, nrows - 1) * row_bytes;
+    const HfGroup gr = hf_group(W, row_bytes, nrows);
+    const int warp = gr.warp, lane = gr.lane, kpart = gr.kpart, row0 = gr.row0;
+    const hf_u8* const(&rowp)[HF_ROWS] = gr.rowp;
 
     float acc[HF_ROWS];
 #pragma unroll
     for (int r = 0; r < HF_ROWS; ++r) acc[r] = 0.0f;
 
     LoadT buf[HF_ROWS][PER_LANE];
-    // Issues the loads of the tile starting at block b0 into buf (nunits LoadT words per row).
-    auto issue = [&](int b0) {
-        const int nunits = min(T::CB, nblocks - b0) * T::BYTES / (int)sizeof(LoadT); // exact: host alignment check
-#pragma unroll
-        for (int r = 0; r < HF_ROWS; ++r) {
-            const LoadT* src = (const LoadT*)(rowp[r] + (hf_u64)b0 * T::BYTES);
-#pragma unroll
-            for (int i = 0; i < PER_LANE; ++i) {
-                const int u = lane + HF_WARP * i;
-                if (u < nunits) buf[r][i] = src[u];
-            }
-        }
-    };
+    auto issue = [&](int b0) { hf_issue_tile<T>(buf, rowp, b0, nblocks, lane); };
     const int step = T::CB * HF_KSPLIT;
     int b0 = kpart * T::CB;
     if (b0 < nblocks) issue(b0);
@@ -694,15 +736,7 @@ __device__ __forceinline__ void hf_gemv(const hf_u8* __restrict__ W, hf_u64 row_
 #endif
                 }
             }
-#pragma unroll
-            for (int r = 0; r < HF_ROWS; ++r) {
-                LoadT* dst = (LoadT*)smem[warp][r];
-#pragma unroll
-                for (int i = 0; i < PER_LANE; ++i) {
-                    const int u = lane + HF_WARP * i;
-                    if (u < nunits) dst[u] = buf[r][i];
-                }
-            }
+            hf_store_tile(smem[warp], buf, nunits, lane);
             hf_syncwarp();
             if (b0 + step < nblocks) issue(b0 + step); // in flight while this tile is computed
 #pragma unroll
@@ -724,15 +758,7 @@ __device__ __forceinline__ void hf_gemv(const hf_u8* __restrict__ W, hf_u64 row_
         } else {
             // Float formats: x is read where it is used, one unit at a time (their x is 32 B of
             // f32 per unit; holding it across the weight wait measured slower on the H200).
-#pragma unroll
-            for (int r = 0; r < HF_ROWS; ++r) {
-                LoadT* dst = (LoadT*)smem[warp][r];
-#pragma unroll
-                for (int i = 0; i < PER_LANE; ++i) {
-                    const int u = lane + HF_WARP * i;
-                    if (u < nunits) dst[u] = buf[r][i];
-                }
-            }
+            hf_store_tile(smem[warp], buf, nunits, lane);
             hf_syncwarp();
             if (b0 + step < nblocks) issue(b0 + step); // in flight while this tile is computed
             for (int u = lane; u < work; u += HF_WARP) {
@@ -772,41 +798,198 @@ __device__ __forceinline__ void hf_gemv(const hf_u8* __restrict__ W, hf_u64 row_
 }
 
 // Exported entry points: gemv_<format>_<plain|residual>_v<load bytes>. nblocks = k / T::ELEMS.
-#define HF_GEMV_ENTRY(NAME, T, LT, LW, FORM, RES)                                                     \
-    extern "C" __global__ void __launch_bounds__(HF_WARPS * HF_WARP, HF_MINB)                          \
-        gemv_##NAME##_##FORM##_v##LW(const hf_u8* __restrict__ W, hf_u64 row_bytes,                    \
-                                     const signed char* qs, const float2* ds, const float* xf,         \
-                                     float* __restrict__ y, int nrows, int nblocks) {                  \
-        XArgs xa;                                                                                      \
-        xa.qs = qs;                                                                                    \
-        xa.ds = ds;                                                                                    \
-        xa.xf = xf;                                                                                    \
-        hf_gemv<T, LT, RES>(W, row_bytes, xa, y, nrows, nblocks);                                      \
+#define HF_GEMV_ENTRY(NAME, T, LT, LW, FORM, RES)                                                       \
+    extern "C" __global__ void __launch_bounds__(HF_WARPS * HF_WARP, HF_MINB)                           \
+        gemv_##NAME##_##FORM##_v##LW(const hf_u8* __restrict__ W, hf_u64 row_bytes,                     \
+                                     const signed char* qs, const float2* ds, const float* xf,          \
+                                     float* __restrict__ y, int nrows, int nblocks) {                   \
+        hf_gemv<T, LT, RES>(W, row_bytes, hf_xargs(qs, ds, xf), y, nrows, nblocks);                     \
     }
-#define HF_GEMV_WIDTHS(NAME, T, FORM, RES)                                                            \
-    HF_GEMV_ENTRY(NAME, T, uint4, 16, FORM, RES)                                                       \
-    HF_GEMV_ENTRY(NAME, T, hf_u32, 4, FORM, RES)                                                       \
-    HF_GEMV_ENTRY(NAME, T, hf_u16, 2, FORM, RES)
-#define HF_GEMV_FORMAT(NAME, T)                                                                        \
-    HF_GEMV_WIDTHS(NAME, T, plain, false)                                                              \
-    HF_GEMV_WIDTHS(NAME, T, residual, true)
+// The 3 load widths x 2 forms of one format, each an ENTRY(NAME, T, LoadT, width, form, residual).
+#define HF_GEMV_INSTANCES(ENTRY, NAME, T)                                                               \
+    ENTRY(NAME, T, uint4, 16, plain, false)                                                             \
+    ENTRY(NAME, T, hf_u32, 4, plain, false)                                                             \
+    ENTRY(NAME, T, hf_u16, 2, plain, false)                                                             \
+    ENTRY(NAME, T, uint4, 16, residual, true)                                                           \
+    ENTRY(NAME, T, hf_u32, 4, residual, true)                                                           \
+    ENTRY(NAME, T, hf_u16, 2, residual, true)
+// Every format with a GPU kernel, as X(name, traits) (Format::has_gpu_kernel on the host).
+#define HF_GEMV_FORMATS(X)                                                                              \
+    X(f32, TF32)                                                                                        \
+    X(f16, THalf<false>)                                                                                \
+    X(bf16, THalf<true>)                                                                                \
+    X(q8_0, TQ8_0)                                                                                      \
+    X(q4_0, TQ4_0)                                                                                      \
+    X(q4_1, TQ4_1)                                                                                      \
+    X(q4_k, TQ4K)                                                                                       \
+    X(q6_k, TQ6K)                                                                                       \
+    X(hfq4g256, THfq4)                                                                                  \
+    X(q5_0, TQ5_0)                                                                                      \
+    X(q5_1, TQ5_1)                                                                                      \
+    X(q5_k, TQ5K)                                                                                       \
+    X(iq4_nl, TIq4Nl)                                                                                   \
+    X(iq4_xs, TIq4Xs)                                                                                   \
+    X(q3_k, TQ3K)                                                                                       \
+    X(q2_k, TQ2K)
+#define HF_GEMV_FORMAT(NAME, T) HF_GEMV_INSTANCES(HF_GEMV_ENTRY, NAME, T)
+HF_GEMV_FORMATS(HF_GEMV_FORMAT)
 
-HF_GEMV_FORMAT(f32, TF32)
-HF_GEMV_FORMAT(f16, THalf<false>)
-HF_GEMV_FORMAT(bf16, THalf<true>)
-HF_GEMV_FORMAT(q8_0, TQ8_0)
-HF_GEMV_FORMAT(q4_0, TQ4_0)
-HF_GEMV_FORMAT(q4_1, TQ4_1)
-HF_GEMV_FORMAT(q4_k, TQ4K)
-HF_GEMV_FORMAT(q6_k, TQ6K)
-HF_GEMV_FORMAT(hfq4g256, THfq4)
-HF_GEMV_FORMAT(q5_0, TQ5_0)
-HF_GEMV_FORMAT(q5_1, TQ5_1)
-HF_GEMV_FORMAT(q5_k, TQ5K)
-HF_GEMV_FORMAT(iq4_nl, TIq4Nl)
-HF_GEMV_FORMAT(iq4_xs, TIq4Xs)
-HF_GEMV_FORMAT(q3_k, TQ3K)
-HF_GEMV_FORMAT(q2_k, TQ2K)
+// ---------------------------------------------------------------------------------------------
+// Multi-column GEMV (batched decode): y_c = W x_c (or y_c += W x_c) for ncols <= HF_MAX_COLS
+// activation columns at once, so each weight tile crosses the bus ONCE for all columns (host-mapped
+// weights are read over PCIe; a per-column launch would read them ncols times).
+//
+// Everything about the weights is hf_gemv's: the same groups, k-split, LoadT tiles staged through
+// the warp's shared rows, one tile in flight while the previous is computed. Per unit, each column's
+// activation is loaded and dotted against the HF_ROWS staged rows. Column c of the activation is at
+// qs/xf + c * xstride elements and ds + c * xstride / 32 pairs (quantize_x_q8 over ncols * k values
+// writes exactly that: k is a multiple of 32); y_c is y + c * ldy.
+//
+// Bit-equality with hf_gemv: for every (row, column) lane L sums the same units (u = L, L + 32, ...
+// of each tile, tiles in the same order) with the same dot code into its own accumulator, and the
+// warp sum and the k-split reduction are the same, so each column is bit-identical to hf_gemv on that
+// column alone (and so to the device-resident kernel, which is bit-identical to hf_gemv).
+//
+// Registers: acc holds HF_ROWS x HF_MAX_COLS floats. Unlike hf_gemv, the quantised formats do not
+// request the unit's activation before the weight wait (xs[UPL] held across it): that would hold
+// HF_MAX_COLS activations of up to 20 registers each. Each column's x is loaded inside the column
+// loop, one column ahead of its dots (two activations live), and the weight tile's latency is
+// covered by the tile in flight.
+// ---------------------------------------------------------------------------------------------
+#ifndef HF_MAX_COLS
+#define HF_MAX_COLS 8 // the host passes GEMV_MAX_COLS; this default serves standalone compiles
+#endif
+
+// Rotates each row's column accumulators down by one: after c rotations acc[r][0] holds column c's,
+// after HF_MAX_COLS rotations every column is back in place. The column loop stays rolled (one copy
+// of the dot code instead of HF_MAX_COLS: the NVRTC compile of the module measured 15 s -> 96 s with
+// the column loop unrolled) while the accumulators stay in registers (a rolled loop indexing
+// acc[r][c] would put them in local memory); the price is HF_ROWS * HF_MAX_COLS moves per column.
+__device__ __forceinline__ void hf_rotate_cols(float (&acc)[HF_ROWS][HF_MAX_COLS]) {
+#pragma unroll
+    for (int r = 0; r < HF_ROWS; ++r) {
+        const float first = acc[r][0];
+#pragma unroll
+        for (int c = 0; c + 1 < HF_MAX_COLS; ++c) acc[r][c] = acc[r][c + 1];
+        acc[r][HF_MAX_COLS - 1] = first;
+    }
+}
+
+// The activation arguments of column c.
+__device__ __forceinline__ XArgs hf_xcol(const XArgs& xa, hf_u64 xstride, int c) {
+    XArgs o;
+    o.qs = xa.qs + (hf_u64)c * xstride;
+    o.ds = xa.ds + (hf_u64)c * (xstride / HF_QX_BLOCK);
+    o.xf = xa.xf + (hf_u64)c * xstride;
+    return o;
+}
+
+template <class T, typename LoadT, bool RESIDUAL>
+__device__ __forceinline__ void hf_gemv_cols(const hf_u8* __restrict__ W, hf_u64 row_bytes, XArgs xa,
+                                             hf_u64 xstride, float* __restrict__ y, hf_u64 ldy, int nrows,
+                                             int nblocks, int ncols) {
+    constexpr int TILE = T::CB * T::BYTES;
+    static_assert(TILE % 16 == 0, "tile must keep 16-byte alignment");
+    constexpr int PER_LANE = (TILE / (int)sizeof(LoadT) + HF_WARP - 1) / HF_WARP;
+    constexpr int UPL = (T::CB * T::UNITS + HF_WARP - 1) / HF_WARP; // units of one tile per lane
+    __shared__ __align__(16) hf_u8 smem[HF_WARPS][HF_ROWS][TILE + (T::QX ? HF_TILE_PAD : 0)];
+    __shared__ float partial[HF_WARPS][HF_ROWS][HF_MAX_COLS];
+
+    const HfGroup gr = hf_group(W, row_bytes, nrows);
+    const int warp = gr.warp, lane = gr.lane, kpart = gr.kpart, row0 = gr.row0;
+    const hf_u8* const(&rowp)[HF_ROWS] = gr.rowp;
+    float acc[HF_ROWS][HF_MAX_COLS];
+#pragma unroll
+    for (int r = 0; r < HF_ROWS; ++r) {
+#pragma unroll
+        for (int c = 0; c < HF_MAX_COLS; ++c) acc[r][c] = 0.0f;
+    }
+
+    LoadT buf[HF_ROWS][PER_LANE];
+    const int step = T::CB * HF_KSPLIT;
+    int b0 = kpart * T::CB;
+    if (b0 < nblocks) hf_issue_tile<T>(buf, rowp, b0, nblocks, lane);
+    for (; b0 < nblocks; b0 += step) {
+        const int nb = min(T::CB, nblocks - b0);
+        hf_store_tile(smem[warp], buf, nb * T::BYTES / (int)sizeof(LoadT), lane);
+        hf_syncwarp();
+        if (b0 + step < nblocks) hf_issue_tile<T>(buf, rowp, b0 + step, nblocks, lane); // in flight meanwhile
+#pragma unroll
+        for (int i = 0; i < UPL; ++i) {
+            const int u = lane + HF_WARP * i;
+            if (u < nb * T::UNITS) {
+                const int bi = u / T::UNITS, sub = u % T::UNITS;
+                typename T::X xc, xn;
+                T::load_x(xc, xa, b0 + bi, sub); // column 0 (ncols >= 1)
+#pragma unroll 1
+                for (int c = 0; c < HF_MAX_COLS; ++c) {
+                    if (c < ncols) {
+                        if (c + 1 < ncols) T::load_x(xn, hf_xcol(xa, xstride, c + 1), b0 + bi, sub);
+#pragma unroll
+                        for (int r = 0; r < HF_ROWS; ++r) acc[r][0] += T::dot(smem[warp][r] + bi * T::BYTES, sub, xc);
+                        xc = xn;
+                    }
+                    hf_rotate_cols(acc);
+                }
+            }
+        }
+        hf_syncwarp();
+    }
+#pragma unroll
+    for (int c = 0; c < HF_MAX_COLS; ++c) {
+        if (c < ncols) { // ncols is uniform: every lane takes part in the shuffles
+#pragma unroll
+            for (int r = 0; r < HF_ROWS; ++r) acc[r][c] = hf_warp_sum(acc[r][c]);
+        }
+    }
+    if (HF_KSPLIT > 1) {
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < HF_ROWS; ++r) {
+#pragma unroll
+                for (int c = 0; c < HF_MAX_COLS; ++c) partial[warp][r][c] = acc[r][c];
+            }
+        }
+        __syncthreads();
+        if (kpart != 0) return;
+#pragma unroll
+        for (int r = 0; r < HF_ROWS; ++r) {
+#pragma unroll
+            for (int c = 0; c < HF_MAX_COLS; ++c) {
+                float s = 0.0f;
+#pragma unroll
+                for (int p = 0; p < HF_KSPLIT; ++p) s += partial[warp + p][r][c];
+                acc[r][c] = s;
+            }
+        }
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int c = 0; c < HF_MAX_COLS; ++c) {
+            float* yc = y + (hf_u64)c * ldy;
+#pragma unroll
+            for (int r = 0; r < HF_ROWS; ++r) {
+                const int row = row0 + r;
+                if (c < ncols && row < nrows) yc[row] = RESIDUAL ? yc[row] + acc[r][c] : acc[r][c];
+            }
+        }
+    }
+}
+
+// Exported entry points: gemv_<format>_<plain|residual>_v<load bytes>_cols. nblocks = k / T::ELEMS,
+// xstride = k (activation elements between columns), ldy = output floats between columns,
+// 1 <= ncols <= HF_MAX_COLS.
+#define HF_GEMV_COLS_ENTRY(NAME, T, LT, LW, FORM, RES)                                                  \
+    extern "C" __global__ void __launch_bounds__(HF_WARPS * HF_WARP, HF_MINB)                           \
+        gemv_##NAME##_##FORM##_v##LW##_cols(const hf_u8* __restrict__ W, hf_u64 row_bytes,              \
+                                            const signed char* qs, const float2* ds, const float* xf,   \
+                                            hf_u64 xstride, float* __restrict__ y, hf_u64 ldy,          \
+                                            int nrows, int nblocks, int ncols) {                        \
+        hf_gemv_cols<T, LT, RES>(W, row_bytes, hf_xargs(qs, ds, xf), xstride, y, ldy, nrows, nblocks,   \
+                                 ncols);                                                                \
+    }
+#define HF_GEMV_COLS_FORMAT(NAME, T) HF_GEMV_INSTANCES(HF_GEMV_COLS_ENTRY, NAME, T)
+HF_GEMV_FORMATS(HF_GEMV_COLS_FORMAT)
 
 // ---------------------------------------------------------------------------------------------
 // Device-resident (HBM) GEMV for Q4_K and Q6_K: gemv_<q4_k|q6_k>_<plain|residual>_dev. The launcher
@@ -1040,11 +1223,7 @@ __device__ __forceinline__ void hf_gemv_dev_tiled(const hf_u8* __restrict__ W, h
         gemv_##NAME##_##FORM##_dev(const hf_u8* __restrict__ W, hf_u64 row_bytes,                      \
                                    const signed char* qs, const float2* ds, const float* xf,           \
                                    float* __restrict__ y, int nrows, int nblocks) {                    \
-        XArgs xa;                                                                                      \
-        xa.qs = qs;                                                                                    \
-        xa.ds = ds;                                                                                    \
-        xa.xf = xf;                                                                                    \
-        hf_gemv_dev_##KIND<T, RES>(W, row_bytes, xa, y, nrows, nblocks);                               \
+        hf_gemv_dev_##KIND<T, RES>(W, row_bytes, hf_xargs(qs, ds, xf), y, nrows, nblocks);             \
     }
 HF_GEMV_DEV_ENTRY(q4_k, TQ4K, direct, plain, false)
 HF_GEMV_DEV_ENTRY(q4_k, TQ4K, direct, residual, true)

@@ -724,6 +724,7 @@ mod tests {
                     for form in ["plain", "residual"] {
                         for w in [16, 4, 2] {
                             v.push(format!("gemv_{}_{form}_v{w}", f.name()));
+                            v.push(format!("gemv_{}_{form}_v{w}_cols", f.name()));
                         }
                     }
                 }

@@ -8,6 +8,7 @@
 
 use crate::backend::LaunchDims;
 use crate::context::{Context, DeviceBuffer, DeviceMemory, Function, Stream};
+use crate::launch::LaunchArgs;
 use crate::registry::{KernelRegistry, GEMV_SOURCE, READ_SOURCE};
 use crate::GpuError;
 use hipfire_quant::Format;
@@ -20,6 +21,10 @@ use std::sync::Arc;
 pub const QX_BLOCK: usize = 32;
 /// Elements per "block" of the float formats in the kernel (two 16-byte f32 loads of x per unit).
 pub const FLOAT_KERNEL_BLOCK: usize = 8;
+/// Most activation columns one multi-column GEMV launch multiplies (the kernel's register budget:
+/// kernels/gemv.cu `HF_MAX_COLS`, passed to the compiler from here); more columns are launched in
+/// groups of this many. Eight columns of HF_ROWS = 2 row accumulators are 16 registers per lane.
+pub const GEMV_MAX_COLS: usize = 8;
 /// Threads per block of the quantiser (8 warps; kernels/gemv.cu `__launch_bounds__(256)`).
 const QUANTIZE_THREADS: u32 = 256;
 /// Threads per block of the read kernel (kernels/read.cu `__launch_bounds__(256)`).
@@ -28,7 +33,7 @@ const READ_THREADS: u32 = 256;
 const READ_BLOCKS_PER_SM: u32 = 8;
 /// Threads per warp (NVIDIA; the HIP build targets wave32-compatible launch shapes too).
 const WARP: u32 = 32;
-/// Load widths the GEMV is instantiated for, widest first (kernels/gemv.cu `HF_GEMV_WIDTHS`).
+/// Load widths the GEMV is instantiated for, widest first (kernels/gemv.cu `HF_GEMV_INSTANCES`).
 const LOAD_WIDTHS: [usize; 3] = [16, 4, 2];
 /// Formats with a device-resident kernel (kernels/gemv.cu `HF_GEMV_DEV_ENTRY`).
 const DEVICE_FORMATS: [Format; 2] = [Format::Q4K, Format::Q6K];
@@ -212,43 +217,125 @@ impl<'a> WeightRef<'a> {
 
 /// The activation `x` in the forms the kernels read: f32 (float formats) and int8 per 32 elements
 /// with `(d, d·Σq)` (quantised formats, ggml's q8_1). Prepared once per GEMV with
-/// [`GemvKernels::prepare`], shared by every row-range launch of that GEMV.
+/// [`GemvKernels::prepare`], shared by every row-range launch of that GEMV. It may hold several
+/// columns (one per sequence of a batched step, [`Activation::with_columns`]): column c at offset
+/// `c*k` in every array (`c*k/32` pairs of `(d, s)`).
 #[derive(Debug)]
 pub struct Activation {
     k: usize,
+    cols: usize,
     xf: DeviceBuffer<f32>,
     qs: DeviceBuffer<i8>,
     ds: DeviceBuffer<f32>,
 }
 
 impl Activation {
-    /// Device storage for an activation of `k` elements (`k` a multiple of 32).
+    /// Device storage for an activation of `k` elements (`k` a multiple of 32): one column.
     pub fn new(ctx: &Arc<Context>, k: usize) -> Result<Activation, GpuError> {
+        Activation::with_columns(ctx, k, 1)
+    }
+    /// Device storage for up to `cols` activation columns of `k` elements each (column c at
+    /// offset c*k in every array). Errors if `k` is not a positive multiple of 32, `cols == 0`,
+    /// or `cols * k` exceeds the quantiser's i32 index.
+    pub fn with_columns(ctx: &Arc<Context>, k: usize, cols: usize) -> Result<Activation, GpuError> {
         if k == 0 || k % QX_BLOCK != 0 {
             return Err(GpuError::Unsupported {
                 format: Format::F32,
                 why: format!("activation length {k} is not a positive multiple of {QX_BLOCK}"),
             });
         }
+        let n = activation_values(k, cols)?;
         Ok(Activation {
             k,
-            xf: ctx.alloc(k)?,
-            qs: ctx.alloc(k)?,
-            ds: ctx.alloc(2 * (k / QX_BLOCK))?,
+            cols,
+            xf: ctx.alloc(n)?,
+            qs: ctx.alloc(n)?,
+            ds: ctx.alloc(2 * (n / QX_BLOCK))?,
         })
     }
-    /// Elements.
+    /// Elements per column.
     pub fn k(&self) -> usize {
         self.k
     }
-    /// The int8 values (for tests and the CPU-side error bound): `k` values.
+    /// Columns this activation holds room for (1 for [`Activation::new`]).
+    pub fn columns(&self) -> usize {
+        self.cols
+    }
+    /// The int8 values (for tests and the CPU-side error bound): `columns() * k` values, column
+    /// c at `c * k`.
     pub fn quantized(&self) -> &DeviceBuffer<i8> {
         &self.qs
     }
-    /// `(d, d·Σq)` pairs, one per block of 32: `2 * k / 32` floats.
+    /// `(d, d·Σq)` pairs, one per block of 32: `2 * columns() * k / 32` floats, column c at
+    /// `2 * c * k / 32`.
     pub fn scales(&self) -> &DeviceBuffer<f32> {
         &self.ds
     }
+}
+
+/// Values `cols` columns of `k` hold, when at least one column and within the quantiser's i32
+/// index (`k` a positive multiple of 32, checked by the caller).
+fn activation_values(k: usize, cols: usize) -> Result<usize, GpuError> {
+    if cols == 0 {
+        return Err(GpuError::Invalid {
+            what: "activation columns",
+            rule: "an activation holds at least one column",
+        });
+    }
+    k.checked_mul(cols)
+        .filter(|&n| i32::try_from(n).is_ok())
+        .ok_or(GpuError::Invalid {
+            what: "activation columns",
+            rule: "columns * k must fit the quantiser's i32 index",
+        })
+}
+
+/// `cols` is a column count a launch over an activation of `have` columns may use: 1..=have.
+fn check_columns(cols: usize, have: usize) -> Result<(), GpuError> {
+    if cols == 0 {
+        return Err(GpuError::Invalid {
+            what: "cols",
+            rule: "a multi-column launch needs at least one column",
+        });
+    }
+    if cols > have {
+        return Err(GpuError::Invalid {
+            what: "cols",
+            rule: "more columns than the activation holds (Activation::columns)",
+        });
+    }
+    Ok(())
+}
+
+/// The f32 values a multi-column output of `cols` columns `ldy` apart must hold for a weight of
+/// `m` rows, `(cols - 1) * ldy + m`, when `ldy >= m` and it fits in memory.
+fn cols_y_floats(cols: usize, ldy: usize, m: usize) -> Result<usize, GpuError> {
+    if ldy < m {
+        return Err(GpuError::Invalid {
+            what: "ldy",
+            rule: "the output's column stride is at least the weight's rows",
+        });
+    }
+    cols.saturating_sub(1)
+        .checked_mul(ldy)
+        .and_then(|v| v.checked_add(m))
+        .filter(|v| v.checked_mul(4).is_some())
+        .ok_or(GpuError::Invalid {
+            what: "ldy",
+            rule: "(cols - 1) * ldy + m f32 values must fit in memory",
+        })
+}
+
+/// What [`GemvKernels::plan`] checked and worked out for one GEMV launch.
+struct GemvPlan {
+    /// Device address of the range's first row.
+    base: u64,
+    /// Load width in bytes (divides base and row stride).
+    width: usize,
+    /// Rows in the range.
+    nrows: i32,
+    /// Kernel blocks per row (`k / elems`).
+    nblocks: i32,
 }
 
 /// Shape of the device-resident (HBM) kernel for Q4_K and Q6_K (kernels/gemv.cu `hf_gemv_dev_*`,
@@ -347,6 +434,8 @@ pub struct GemvKernels {
     ctx: Arc<Context>,
     config: GemvConfig,
     gemv: HashMap<(Format, GemvForm, usize), Function>,
+    /// The multi-column kernels (`gemv_<fmt>_<form>_v<width>_cols`).
+    cols: HashMap<(Format, GemvForm, usize), Function>,
     /// The device-resident kernels (empty when the config has none or a k-split).
     dev: HashMap<(Format, GemvForm), Function>,
     quantize: Function,
@@ -393,6 +482,7 @@ impl GemvKernels {
             format!("-DHF_ROWS={}", config.rows_per_warp),
             format!("-DHF_KSPLIT={}", config.ksplit),
             format!("-DHF_MINB={}", config.min_blocks),
+            format!("-DHF_MAX_COLS={GEMV_MAX_COLS}"),
         ];
         if let Some(d) = config.device {
             options.push(format!("-DHF_DEV_WARPS={}", d.warps));
@@ -404,11 +494,14 @@ impl GemvKernels {
         options.extend(extra.iter().cloned());
         let module = registry.module(&GEMV_SOURCE, &options)?;
         let mut gemv = HashMap::new();
+        let mut cols = HashMap::new();
         for format in Format::ALL.into_iter().filter(|f| f.has_gpu_kernel()) {
             for form in [GemvForm::Plain, GemvForm::Residual] {
                 for width in LOAD_WIDTHS {
                     let name = format!("gemv_{}_{}_v{width}", format.name(), form.name());
                     gemv.insert((format, form, width), module.function(&name)?);
+                    let name = format!("{name}_cols");
+                    cols.insert((format, form, width), module.function(&name)?);
                 }
             }
         }
@@ -426,6 +519,7 @@ impl GemvKernels {
             ctx: registry.context().clone(),
             config,
             gemv,
+            cols,
             dev,
             quantize,
         })
@@ -436,16 +530,44 @@ impl GemvKernels {
         self.config
     }
 
-    /// Queues the preparation of `act` from `x` (`act.k()` f32 values at the start of `x`).
+    /// Queues the preparation of `act` from `x` (`act.k()` f32 values at the start of `x`): its
+    /// column 0.
     pub fn prepare<X: DeviceMemory + ?Sized>(
         &self,
         stream: &Stream,
         x: &X,
         act: &mut Activation,
     ) -> Result<(), GpuError> {
+        self.quantize(stream, x, act, 1)
+    }
+
+    /// Queues the preparation of the first `cols` columns of `act` from `x` (`cols * act.k()`
+    /// f32, column-major: column c is `x[c*k..(c+1)*k]`). Errors if `cols == 0` or
+    /// `cols > act.columns()` or `x` is too small.
+    pub fn prepare_cols<X: DeviceMemory + ?Sized>(
+        &self,
+        stream: &Stream,
+        x: &X,
+        act: &mut Activation,
+        cols: usize,
+    ) -> Result<(), GpuError> {
+        check_columns(cols, act.cols)?;
+        self.quantize(stream, x, act, cols)
+    }
+
+    /// The quantiser over columns `0..cols` of `act` (`cols <= act.columns()`, checked by callers).
+    fn quantize<X: DeviceMemory + ?Sized>(
+        &self,
+        stream: &Stream,
+        x: &X,
+        act: &mut Activation,
+        cols: usize,
+    ) -> Result<(), GpuError> {
         self.ctx.check_same(stream.context(), "stream")?;
         self.ctx.check_same(x.context(), "x")?;
-        let need = act.k * 4;
+        // cols * k fits in i32 (Activation::with_columns checked it for act.cols >= cols).
+        let n = act.k * cols;
+        let need = n * 4;
         if x.byte_len() < need {
             return Err(GpuError::BufferTooSmall {
                 what: "x",
@@ -460,7 +582,7 @@ impl GemvKernels {
             });
         }
         let mut px = x.device_ptr();
-        let mut k = act.k as i32;
+        let mut k = n as i32;
         let mut pq = act.qs.device_ptr();
         let mut pd = act.ds.device_ptr();
         let mut pf = act.xf.device_ptr();
@@ -472,14 +594,17 @@ impl GemvKernels {
             (&mut pf as *mut u64).cast(),
         ];
         let dims = LaunchDims {
-            grid: (act.k as u32).div_ceil(QUANTIZE_THREADS),
+            grid: (n as u32).div_ceil(QUANTIZE_THREADS),
             block: QUANTIZE_THREADS,
             shared_bytes: 0,
         };
         // SAFETY: kernel `quantize_x_q8(const float* x, int k, signed char* qs, float2* ds, float* xf)`:
-        // five parameters of exactly these types; x holds k floats (checked), qs k bytes, ds 2k/32
-        // floats and xf k floats (allocated by Activation::new for this k); threads past k write
-        // nothing; all buffers are owned by borrowed live objects whose Drop frees synchronously.
+        // five parameters of exactly these types, launched over n = cols * act.k values (k a
+        // multiple of 32, so every warp's 32 values are one block of one column and column c's
+        // blocks land at ds + c * k/32: the layout the multi-column GEMV reads). x holds n floats
+        // (checked), qs n bytes, ds 2n/32 floats and xf n floats (allocated by
+        // Activation::with_columns for act.cols >= cols columns); threads past n write nothing;
+        // all buffers are owned by borrowed live objects whose Drop frees synchronously.
         unsafe {
             self.ctx
                 .backend()
@@ -487,18 +612,18 @@ impl GemvKernels {
         }
     }
 
-    /// Queues `y[r] = W[r]·x` (plain) or `y[r] += W[r]·x` (residual) for `r` in `rows` only. `y`
-    /// holds at least `w.m()` f32 values (indexed by absolute row); `x` is `act` from
-    /// [`GemvKernels::prepare`] on the same stream (or one ordered before it).
-    pub fn gemv<Y: DeviceMemory + ?Sized>(
+    /// The checks every GEMV launch makes (contexts, row range, activation length, `y` of at
+    /// least `y_floats` values and 4-byte aligned, the kernel's block multiple, i32 bounds, a
+    /// load width that divides the rows' base and stride) and the launch geometry they give.
+    fn plan<Y: DeviceMemory + ?Sized>(
         &self,
         stream: &Stream,
         w: &WeightRef<'_>,
         act: &Activation,
-        y: &mut Y,
+        y: &Y,
         rows: RowRange,
-        form: GemvForm,
-    ) -> Result<(), GpuError> {
+        y_floats: usize,
+    ) -> Result<GemvPlan, GpuError> {
         self.ctx.check_same(stream.context(), "stream")?;
         self.ctx.check_same(&w.ctx, "weight")?;
         self.ctx.check_same(y.context(), "y")?;
@@ -515,7 +640,7 @@ impl GemvKernels {
                 got: act.k,
             });
         }
-        let y_need = w.m * 4;
+        let y_need = y_floats.saturating_mul(4);
         if y.byte_len() < y_need {
             return Err(GpuError::BufferTooSmall {
                 what: "y",
@@ -558,31 +683,57 @@ impl GemvKernels {
                 align: 2,
             });
         };
-        let (f, dims) = match self.device_launch(w, form, width, nrows as u32, w.k / elems) {
-            Some(dev) => dev,
-            None => {
-                let Some(f) = self.gemv.get(&(w.format, form, width)) else {
-                    return Err(GpuError::Unsupported {
-                        format: w.format,
-                        why: "no GPU kernel".into(),
-                    });
-                };
-                let dims = LaunchDims {
-                    grid: (nrows as u32).div_ceil(self.config.rows_per_block()),
-                    block: self.config.warps * WARP,
-                    shared_bytes: 0,
-                };
-                (f, dims)
-            }
-        };
-        let mut pw = base;
+        Ok(GemvPlan {
+            base,
+            width,
+            nrows,
+            nblocks,
+        })
+    }
+
+    /// The general kernel's launch shape for `nrows` rows.
+    fn general_dims(&self, nrows: i32) -> LaunchDims {
+        LaunchDims {
+            grid: (nrows as u32).div_ceil(self.config.rows_per_block()),
+            block: self.config.warps * WARP,
+            shared_bytes: 0,
+        }
+    }
+
+    /// Queues `y[r] = W[r]·x` (plain) or `y[r] += W[r]·x` (residual) for `r` in `rows` only. `y`
+    /// holds at least `w.m()` f32 values (indexed by absolute row); `x` is `act` from
+    /// [`GemvKernels::prepare`] on the same stream (or one ordered before it).
+    pub fn gemv<Y: DeviceMemory + ?Sized>(
+        &self,
+        stream: &Stream,
+        w: &WeightRef<'_>,
+        act: &Activation,
+        y: &mut Y,
+        rows: RowRange,
+        form: GemvForm,
+    ) -> Result<(), GpuError> {
+        let p = self.plan(stream, w, act, y, rows, w.m)?;
+        let (f, dims) =
+            match self.device_launch(w, form, p.width, p.nrows as u32, p.nblocks as usize) {
+                Some(dev) => dev,
+                None => {
+                    let Some(f) = self.gemv.get(&(w.format, form, p.width)) else {
+                        return Err(GpuError::Unsupported {
+                            format: w.format,
+                            why: "no GPU kernel".into(),
+                        });
+                    };
+                    (f, self.general_dims(p.nrows))
+                }
+            };
+        let mut pw = p.base;
         let mut prb = w.row_bytes as u64;
         let mut pq = act.qs.device_ptr();
         let mut pd = act.ds.device_ptr();
         let mut pf = act.xf.device_ptr();
         let mut py = y.device_ptr() + (rows.start * 4) as u64;
-        let mut pn = nrows;
-        let mut pb = nblocks;
+        let mut pn = p.nrows;
+        let mut pb = p.nblocks;
         let mut params: [*mut c_void; 8] = [
             (&mut pw as *mut u64).cast(),
             (&mut prb as *mut u64).cast(),
@@ -600,14 +751,82 @@ impl GemvKernels {
         // (at most 48 KiB). The kernel reads rows [0, nrows) at W + i*row_bytes, i.e. bytes
         // [start*row_bytes, end*row_bytes) of the weight (end <= m and m*row_bytes bytes present,
         // checked in WeightRef::new); loads are `width` bytes wide and `width` divides both base and
-        // row_bytes (checked above); it reads k = nblocks*elems activation values (act.k == w.k,
-        // checked) and writes y[start..end] (y holds m floats, checked). All memory is owned by
-        // borrowed live objects whose Drop frees synchronously.
+        // row_bytes (checked in `plan`); it reads k = nblocks*elems activation values of column 0
+        // (act.k == w.k, checked) and writes y[start..end] (y holds m floats, checked). All memory
+        // is owned by borrowed live objects whose Drop frees synchronously.
         unsafe {
             self.ctx
                 .backend()
                 .launch(f.raw(), dims, stream.raw(), &mut params)
         }
+    }
+
+    /// Queues `y[c*ldy + r] = W[r]·x_c` (plain) or `+=` (residual) for `r` in `rows` and `c` in
+    /// `0..cols`, reading each weight row once per group of [`GEMV_MAX_COLS`] columns. `y` holds
+    /// at least `(cols-1)*ldy + w.m()` f32 (`ldy >= w.m()`); `act` was prepared by
+    /// [`GemvKernels::prepare_cols`] with at least `cols` columns. `cols > GEMV_MAX_COLS` runs in
+    /// groups; `cols == 1` is [`GemvKernels::gemv`] (the same kernels, so the same bits), and
+    /// every other column count gives each column the bits `gemv` gives it alone (the
+    /// multi-column kernel sums as the general kernel does, which the device-resident one matches).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv_cols<Y: DeviceMemory + ?Sized>(
+        &self,
+        stream: &Stream,
+        w: &WeightRef<'_>,
+        act: &Activation,
+        y: &mut Y,
+        ldy: usize,
+        rows: RowRange,
+        form: GemvForm,
+        cols: usize,
+    ) -> Result<(), GpuError> {
+        check_columns(cols, act.cols)?;
+        let y_floats = cols_y_floats(cols, ldy, w.m)?;
+        if cols == 1 {
+            return self.gemv(stream, w, act, y, rows, form);
+        }
+        let p = self.plan(stream, w, act, y, rows, y_floats)?;
+        let Some(f) = self.cols.get(&(w.format, form, p.width)) else {
+            return Err(GpuError::Unsupported {
+                format: w.format,
+                why: "no GPU kernel".into(),
+            });
+        };
+        let dims = self.general_dims(p.nrows);
+        for c0 in (0..cols).step_by(GEMV_MAX_COLS) {
+            let ncols = (cols - c0).min(GEMV_MAX_COLS);
+            let x_off = (c0 * act.k) as u64;
+            let mut args = LaunchArgs::new()
+                .ptr(p.base)
+                .u64(w.row_bytes as u64)
+                .ptr(act.qs.device_ptr() + x_off)
+                .ptr(act.ds.device_ptr() + x_off / QX_BLOCK as u64 * 8)
+                .ptr(act.xf.device_ptr() + x_off * 4)
+                .u64(act.k as u64)
+                .ptr(y.device_ptr() + ((c0 * ldy + rows.start) * 4) as u64)
+                .u64(ldy as u64)
+                .i32(p.nrows)
+                .i32(p.nblocks)
+                .i32(ncols as i32);
+            let params = args.params()?;
+            // SAFETY: kernel `gemv_<fmt>_<form>_v<width>_cols(const u8* W, u64 row_bytes,
+            // const i8* qs, const float2* ds, const float* xf, u64 xstride, float* y, u64 ldy,
+            // int nrows, int nblocks, int ncols)`: eleven parameters of these types, in order. It
+            // reads rows [0, nrows) at W + i*row_bytes, i.e. bytes [start*row_bytes,
+            // end*row_bytes) of the weight (end <= m, m*row_bytes bytes present: WeightRef::new),
+            // with `width`-byte loads, `width` dividing base and row_bytes (checked in `plan`). It
+            // reads activation columns c0..c0+ncols: k int8 and f32 and k/32 float2 each at
+            // qs/xf + c*k and ds + c*k/32 (c0 + ncols <= cols <= act.cols, checked; the buffers
+            // hold act.cols columns). It writes y[(c0+c)*ldy + start .. (c0+c)*ldy + end) for
+            // c < ncols: at most (cols-1)*ldy + m floats, which y holds (checked in `plan`). All
+            // memory is owned by borrowed live objects whose Drop frees synchronously.
+            unsafe {
+                self.ctx
+                    .backend()
+                    .launch(f.raw(), dims, stream.raw(), params)?;
+            }
+        }
+        Ok(())
     }
 
     /// The device-resident kernel and its launch shape for this GEMV, when it applies: weights in
@@ -737,5 +956,59 @@ impl ReadKernel {
                 .backend()
                 .launch(self.f.raw(), dims, stream.raw(), &mut params)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn column_counts_outside_one_to_the_activations_are_refused() {
+        assert!(matches!(
+            check_columns(0, 4),
+            Err(GpuError::Invalid { what: "cols", .. })
+        ));
+        assert!(matches!(
+            check_columns(5, 4),
+            Err(GpuError::Invalid { what: "cols", .. })
+        ));
+        for cols in 1..=4 {
+            assert!(check_columns(cols, 4).is_ok(), "{cols} of 4");
+        }
+    }
+
+    #[test]
+    fn activation_columns_are_bounded_by_the_quantisers_index() {
+        assert!(matches!(
+            activation_values(256, 0),
+            Err(GpuError::Invalid {
+                what: "activation columns",
+                ..
+            })
+        ));
+        assert_eq!(activation_values(4096, 16).ok(), Some(65536));
+        // The quantiser indexes cols * k values with an i32: the largest column count that fits.
+        let k = 4096;
+        let most = i32::MAX as usize / k;
+        assert_eq!(activation_values(k, most).ok(), Some(most * k));
+        assert!(activation_values(k, most + 1).is_err());
+        assert!(activation_values(k, usize::MAX).is_err());
+    }
+
+    #[test]
+    fn multi_column_output_size_is_the_last_columns_end() {
+        assert_eq!(cols_y_floats(1, 1000, 1000).ok(), Some(1000));
+        assert_eq!(cols_y_floats(3, 1013, 1000).ok(), Some(2 * 1013 + 1000));
+        assert_eq!(cols_y_floats(16, 1000, 1000).ok(), Some(16 * 1000));
+        assert!(matches!(
+            cols_y_floats(2, 999, 1000),
+            Err(GpuError::Invalid { what: "ldy", .. })
+        ));
+        assert!(cols_y_floats(3, usize::MAX / 2, 10).is_err());
+        assert!(
+            cols_y_floats(2, usize::MAX / 4, 10).is_err(),
+            "bytes overflow"
+        );
     }
 }

@@ -94,7 +94,7 @@ pub use flags::{
 pub use gemm::{gemm_available, gemm_f16, GemmShape};
 pub use gemv::{
     Activation, GemvConfig, GemvForm, GemvKernels, ReadKernel, RowRange, WeightLocation, WeightRef,
-    QX_BLOCK,
+    GEMV_MAX_COLS, QX_BLOCK,
 };
 pub use launch::{LaunchArgs, MAX_LAUNCH_PARAMS};
 pub use registry::{

@@ -630,3 +630,330 @@ fn gpu_device_kernels_match_the_general_kernel_bit_for_bit() {
         }
     }
 }
+
+/// Formats of the multi-column tests: the 32-element blocks (Q8_0's 2-byte-aligned rows, Q4_0's
+/// two units per lane), the 256-element K-quants (four units per block; Q4_K and Q6_K also have
+/// the device-resident kernel) and both float kernels.
+const COLS_FORMATS: [Format; 7] = [
+    Format::Q4K,
+    Format::Q6K,
+    Format::Q8_0,
+    Format::Q4_0,
+    Format::F16,
+    Format::F32,
+    Format::Q5K,
+];
+/// Column counts: one (the single-column path), within one launch (2, 3, 5, the full 8) and
+/// across groups of GEMV_MAX_COLS (11: a full group and a partial one; 16: two full groups).
+const COLS_COUNTS: [usize; 7] = [1, 2, 3, 5, 8, 11, 16];
+
+/// Runs one multi-column launch on `y0` (uploaded first: exactly its length), returns y.
+#[allow(clippy::too_many_arguments)]
+fn run_cols(
+    g: &Gpu,
+    kern: &GemvKernels,
+    w: &WeightRef<'_>,
+    act: &Activation,
+    y0: &[f32],
+    ldy: usize,
+    rows: RowRange,
+    form: GemvForm,
+    cols: usize,
+) -> Vec<f32> {
+    let mut y = g.ctx.alloc::<f32>(y0.len()).expect("y");
+    y.upload(&g.stream, y0).expect("y upload");
+    kern.gemv_cols(&g.stream, w, act, &mut y, ldy, rows, form, cols)
+        .expect("multi-column launch");
+    let mut out = vec![0f32; y0.len()];
+    y.download(&g.stream, &mut out).expect("y download");
+    out
+}
+
+/// `cols` columns of `k` values, column-major, prepared as one multi-column activation with room
+/// for `room` columns.
+fn prepare_columns(g: &Gpu, xs: &[f32], k: usize, cols: usize, room: usize) -> Activation {
+    let mut xd = g.ctx.alloc::<f32>(xs.len()).expect("x");
+    xd.upload(&g.stream, xs).expect("x upload");
+    let mut act = Activation::with_columns(&g.ctx, k, room).expect("activation");
+    assert_eq!(act.columns(), room);
+    g.kernels
+        .prepare_cols(&g.stream, &xd, &mut act, cols)
+        .expect("prepare_cols");
+    g.stream.synchronize().expect("sync");
+    act
+}
+
+/// The kernels the multi-column test compares: the general shapes of [`all_kernels`] and the
+/// device-resident Q4_K/Q6_K kernel of the default shape (x in shared memory) at every row count,
+/// so that `gemv` takes it for the test's few hundred device rows.
+fn cols_kernels(g: &Gpu) -> Vec<GemvKernels> {
+    let mut v = all_kernels(g);
+    let dev_any_rows = GemvConfig {
+        device: Some(DeviceGemv {
+            min_rows: 0,
+            ..DeviceGemv::default()
+        }),
+        ..GemvConfig::default()
+    };
+    v.push(GemvKernels::with_config(&g.registry, dev_any_rows).expect("device shape"));
+    v
+}
+
+/// Rows `rows` of columns `0..cols` of an output `ldy` apart: the values a multi-column launch writes.
+fn in_cols(i: usize, ldy: usize, rows: RowRange, cols: usize) -> bool {
+    i / ldy < cols && (rows.start..rows.end).contains(&(i % ldy))
+}
+
+/// Each value a multi-column launch writes is `want[c][row]` bit for bit, every other value of
+/// the output the poison.
+fn check_cols_bits(
+    y: &[f32],
+    want: &[Vec<f32>],
+    ldy: usize,
+    rows: RowRange,
+    cols: usize,
+    what: &str,
+) {
+    for (i, v) in y.iter().enumerate() {
+        let (c, row) = (i / ldy, i % ldy);
+        let written = in_cols(i, ldy, rows, cols);
+        let expect = if written {
+            want[c][row].to_bits()
+        } else {
+            POISON
+        };
+        assert_eq!(
+            v.to_bits(),
+            expect,
+            "{what} cols={cols}: column {c} row {row} (written: {written})"
+        );
+    }
+}
+
+/// Every column of a multi-column output, rows `rows`, within the f64 bound of [`check_rows`]
+/// (column c's activation is `singles[c]`, prepared from `xs[c*k..(c+1)*k]`; `y0` the start).
+#[allow(clippy::too_many_arguments)]
+fn check_cols_f64(
+    g: &Gpu,
+    format: Format,
+    wbytes: &[u8],
+    k: usize,
+    xs: &[f32],
+    singles: &[Activation],
+    (y0, y, ldy): (&[f32], &[f32], usize),
+    rows: RowRange,
+    form: GemvForm,
+) {
+    let rb = format.row_bytes(k).expect("row bytes");
+    let (a, b) = (rows.start, rows.end);
+    for (c, (x, act)) in xs.chunks_exact(k).zip(singles).enumerate() {
+        let (xhat, dstep) = effective_x(g, act, x, format);
+        let col = |v: &[f32]| v[c * ldy + a..c * ldy + b].to_vec();
+        let worst = check_rows(
+            format,
+            &wbytes[a * rb..b * rb],
+            k,
+            x,
+            &xhat,
+            &dstep,
+            &col(y0),
+            &col(y),
+            form,
+        );
+        println!("{format:>5} k={k:<4} {form:?} column {c}: worst error {worst:.3} of bound");
+    }
+}
+
+/// gemv_cols over 1..16 columns, on device and host-mapped weights, a row sub-range and an output
+/// stride past m, for every compiled shape: each column bit-identical to `gemv` of that column
+/// alone, nothing written outside the rows and columns asked for, and (16 columns, plain and
+/// residual) every column within the f64 bound of `check_rows`.
+#[test]
+fn gpu_multi_column_gemv_equals_per_column_gemv_bit_for_bit() {
+    let Some(g) = setup() else { return };
+    let kernels = cols_kernels(&g);
+    let mut r = rng(0x5EED_0007);
+    let most = *COLS_COUNTS.iter().max().expect("counts");
+    // m = 1000: not a multiple of any shape's rows per block; ldy = m + 13: columns start at odd
+    // offsets; rows [37, 901): both ends inside a block.
+    let (m, ldy) = (1000, 1013);
+    let rows = RowRange::new(37, 901);
+    for format in COLS_FORMATS {
+        for k in [256, 4096] {
+            let wbytes = random_weights(format, m, k, &mut r);
+            let xs = random_x(most * k, &mut r);
+            let y0 = random_x(most * ldy, &mut r);
+            let act = prepare_columns(&g, &xs, k, most, most);
+            let singles: Vec<Activation> = xs.chunks_exact(k).map(|x| prepare(&g, x)).collect();
+            for host in [false, true] {
+                let placed = place(&g.ctx, &g.stream, &wbytes, host);
+                let w = WeightRef::new(placed.mem(), 0, format, m, k).expect("weight view");
+                for (form, kern) in [GemvForm::Plain, GemvForm::Residual]
+                    .into_iter()
+                    .flat_map(|f| kernels.iter().map(move |k| (f, k)))
+                {
+                    let what = format!(
+                        "{format} k={k} host={host} {form:?} {}",
+                        kern.config().label()
+                    );
+                    // Each column alone through gemv (the device-resident kernel where it applies).
+                    let want: Vec<Vec<f32>> = (0..most)
+                        .map(|c| {
+                            run(
+                                &g,
+                                kern,
+                                &w,
+                                &singles[c],
+                                &y0[c * ldy..c * ldy + m],
+                                rows,
+                                form,
+                            )
+                        })
+                        .collect();
+                    for cols in COLS_COUNTS {
+                        // Exactly the size the launch needs: (cols - 1) * ldy + m.
+                        let start: Vec<f32> = (0..(cols - 1) * ldy + m)
+                            .map(|i| {
+                                if form == GemvForm::Residual && in_cols(i, ldy, rows, cols) {
+                                    y0[i]
+                                } else {
+                                    f32::from_bits(POISON)
+                                }
+                            })
+                            .collect();
+                        let y = run_cols(&g, kern, &w, &act, &start, ldy, rows, form, cols);
+                        check_cols_bits(&y, &want, ldy, rows, cols, &what);
+                        if cols == most && !host && std::ptr::eq(kern, &kernels[0]) {
+                            let out = (&y0[..], &y[..], ldy);
+                            check_cols_f64(&g, format, &wbytes, k, &xs, &singles, out, rows, form);
+                        }
+                    }
+                    println!("{what}: columns 1..{most} bit-identical to gemv");
+                }
+            }
+        }
+    }
+}
+
+/// The multi-column activation's columns are the single-column preparation of each column, bit
+/// for bit (the layout gemv_cols reads: column c at c*k values and c*k/32 scale pairs).
+#[test]
+fn gpu_prepare_cols_lays_out_each_columns_preparation() {
+    let Some(g) = setup() else { return };
+    let mut r = rng(0x5EED_0008);
+    let (k, cols, room) = (4096, 5, 7);
+    let xs = random_x(cols * k, &mut r);
+    let act = prepare_columns(&g, &xs, k, cols, room);
+    let mut q = vec![0i8; room * k];
+    let mut ds = vec![0f32; 2 * room * k / 32];
+    act.quantized().download(&g.stream, &mut q).expect("qs");
+    act.scales().download(&g.stream, &mut ds).expect("ds");
+    for (c, x) in xs.chunks_exact(k).enumerate() {
+        let one = prepare(&g, x);
+        let mut q1 = vec![0i8; k];
+        let mut ds1 = vec![0f32; 2 * k / 32];
+        one.quantized().download(&g.stream, &mut q1).expect("qs");
+        one.scales().download(&g.stream, &mut ds1).expect("ds");
+        assert_eq!(&q[c * k..(c + 1) * k], &q1[..], "column {c} int8 values");
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        let nd = 2 * k / 32;
+        assert_eq!(
+            bits(&ds[c * nd..(c + 1) * nd]),
+            bits(&ds1),
+            "column {c} scales"
+        );
+        assert!(q1.iter().any(|&v| v != 0), "column {c} quantised to zeros");
+    }
+}
+
+#[test]
+fn gpu_multi_column_bad_launches_are_typed_errors() {
+    let Some(g) = setup() else { return };
+    let mut r = rng(0x5EED_0009);
+    let (m, k, ldy) = (64, 256, 70);
+    let format = Format::Q4K;
+    let wbytes = random_weights(format, m, k, &mut r);
+    let placed = place(&g.ctx, &g.stream, &wbytes, false);
+    let w = WeightRef::new(placed.mem(), 0, format, m, k).expect("view");
+    let xs = random_x(3 * k, &mut r);
+    let act = prepare_columns(&g, &xs, k, 3, 3);
+    let (kern, s) = (&g.kernels, &g.stream);
+    let all = RowRange::all(m);
+    let invalid = |e: GpuError, what: &str| {
+        assert!(
+            matches!(&e, GpuError::Invalid { what: got, .. } if *got == what),
+            "{e}"
+        );
+    };
+    let mut y = g.ctx.alloc::<f32>(2 * ldy + m).expect("y");
+    kern.gemv_cols(s, &w, &act, &mut y, ldy, all, GemvForm::Plain, 3)
+        .expect("exactly (cols - 1) * ldy + m floats");
+    let e = kern
+        .gemv_cols(s, &w, &act, &mut y, ldy, all, GemvForm::Plain, 0)
+        .unwrap_err();
+    invalid(e, "cols");
+    let e = kern
+        .gemv_cols(s, &w, &act, &mut y, ldy, all, GemvForm::Plain, 4)
+        .unwrap_err();
+    invalid(e, "cols");
+    let e = kern
+        .gemv_cols(s, &w, &act, &mut y, m - 1, all, GemvForm::Plain, 2)
+        .unwrap_err();
+    invalid(e, "ldy");
+    let mut short = g.ctx.alloc::<f32>(2 * ldy + m - 1).expect("short y");
+    let e = kern
+        .gemv_cols(s, &w, &act, &mut short, ldy, all, GemvForm::Plain, 3)
+        .unwrap_err();
+    assert!(
+        matches!(e, GpuError::BufferTooSmall { what: "y", .. }),
+        "{e}"
+    );
+    let e = kern
+        .gemv_cols(
+            s,
+            &w,
+            &act,
+            &mut y,
+            ldy,
+            RowRange::new(0, m + 1),
+            GemvForm::Plain,
+            2,
+        )
+        .unwrap_err();
+    assert!(matches!(e, GpuError::BadRowRange { .. }), "{e}");
+    let other = prepare_columns(&g, &random_x(2 * 512, &mut r), 512, 2, 2);
+    let e = kern
+        .gemv_cols(s, &w, &other, &mut y, ldy, all, GemvForm::Plain, 2)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            GpuError::ActivationMismatch {
+                need: 256,
+                got: 512
+            }
+        ),
+        "{e}"
+    );
+    // prepare_cols: too many columns, none, and x shorter than cols * k.
+    let mut room = Activation::with_columns(&g.ctx, k, 2).expect("activation");
+    let mut xd = g.ctx.alloc::<f32>(2 * k - 1).expect("x");
+    let e = kern.prepare_cols(s, &xd, &mut room, 3).unwrap_err();
+    invalid(e, "cols");
+    let e = kern.prepare_cols(s, &xd, &mut room, 0).unwrap_err();
+    invalid(e, "cols");
+    let e = kern.prepare_cols(s, &xd, &mut room, 2).unwrap_err();
+    assert!(
+        matches!(e, GpuError::BufferTooSmall { what: "x", .. }),
+        "{e}"
+    );
+    xd.upload(s, &random_x(2 * k - 1, &mut r))
+        .expect("x upload");
+    kern.prepare_cols(s, &xd, &mut room, 1)
+        .expect("one column fits");
+    let e = Activation::with_columns(&g.ctx, k, 0).unwrap_err();
+    invalid(e, "activation columns");
+    assert_eq!(Activation::new(&g.ctx, k).expect("one").columns(), 1);
+    s.synchronize()
+        .expect("stream healthy after refused launches");
+}

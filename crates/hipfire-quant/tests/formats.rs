@@ -347,7 +347,7 @@ fn format_ids_and_names_round_trip() {
         if let Some(id) = fmt.ggml_type() {
             assert_eq!(Format::from_ggml_type(id), Ok(fmt));
         }
-        // Every format has a GPU kernel (kernels/gemv.cu `HF_GEMV_FORMAT`).
+        // Every format has a GPU kernel (kernels/gemv.cu `HF_GEMV_FORMATS`).
         assert!(fmt.has_gpu_kernel(), "{fmt}");
         assert_eq!(
             fmt.row_bytes(256).unwrap(),
