@@ -17,7 +17,7 @@ use hipfire_model::{Decoder, Model, ModelError, Session};
 use serde_json::{json, Value};
 
 use crate::args::BenchArgs;
-use crate::model_cmd::{choose_engine, gpu_decoder, load, offload_mode, Engine};
+use crate::model_cmd::{choose_engine, gpu_decoder_slots, load, offload_mode, Engine};
 use crate::stats::median;
 use crate::stop::{self, Stop};
 use crate::{daemon, Ctx, EXIT_OK, EXIT_REFUSED};
@@ -47,6 +47,9 @@ pub struct BenchTest {
     pub tokens: usize,
     /// Positions filled (untimed) before the timed part.
     pub depth: usize,
+    /// Sequences decoded together (`--batch`; 1 for prompts): each step is one batched
+    /// decode over this many slots, each at `depth`.
+    pub seqs: usize,
 }
 
 impl BenchTest {
@@ -55,6 +58,11 @@ impl BenchTest {
         let base = match self.kind {
             TestKind::Prompt => format!("pp{}", self.tokens),
             TestKind::Gen => format!("tg{}", self.tokens),
+        };
+        let base = if self.seqs > 1 {
+            format!("{base} x{}", self.seqs)
+        } else {
+            base
         };
         if self.depth > 0 {
             format!("{base} @ d{}", self.depth)
@@ -70,20 +78,33 @@ impl BenchTest {
 }
 
 /// The tests of `-p`, `-n`, `-d` in llama-bench's order: per depth, the prompt rows, then the
-/// generation rows; zeros dropped.
-pub fn plan(n_prompt: &[u32], n_gen: &[u32], n_depth: &[u32]) -> anyhow::Result<Vec<BenchTest>> {
+/// generation rows (one per `--batch` size); zeros dropped.
+pub fn plan(
+    n_prompt: &[u32],
+    n_gen: &[u32],
+    n_depth: &[u32],
+    batch: &[u32],
+) -> anyhow::Result<Vec<BenchTest>> {
     let mut tests = Vec::new();
+    let one = [1u32];
+    let batch = if batch.is_empty() { &one[..] } else { batch };
     for &d in n_depth {
         for (kind, list) in [(TestKind::Prompt, n_prompt), (TestKind::Gen, n_gen)] {
+            let seqs = if kind == TestKind::Gen { batch } else { &one[..] };
             for &n in list.iter().filter(|&&n| n > 0) {
-                if tests.len() == MAX_BENCH_TESTS {
-                    bail!("more than {MAX_BENCH_TESTS} tests (the -p, -n and -d lists multiply)");
+                for &b in seqs {
+                    if tests.len() == MAX_BENCH_TESTS {
+                        bail!(
+                            "more than {MAX_BENCH_TESTS} tests (the -p, -n, -d and --batch lists multiply)"
+                        );
+                    }
+                    tests.push(BenchTest {
+                        kind,
+                        tokens: n as usize,
+                        depth: d as usize,
+                        seqs: b.max(1) as usize,
+                    });
                 }
-                tests.push(BenchTest {
-                    kind,
-                    tokens: n as usize,
-                    depth: d as usize,
-                });
             }
         }
     }
@@ -91,6 +112,33 @@ pub fn plan(n_prompt: &[u32], n_gen: &[u32], n_depth: &[u32]) -> anyhow::Result<
         bail!("nothing to measure: -p and -n are both 0 (give a prompt or a generation length)");
     }
     Ok(tests)
+}
+
+/// Offset between the ids of neighbouring slots in a batched test (a prime, so the sequences'
+/// tokens differ at every position).
+const BATCH_ID_STRIDE: usize = 7919;
+
+/// One line per shape the share controller keeps for batched steps (cols > 1): its GPU share
+/// and the engines' measured rates, so a batched run says how its rows were cut.
+fn share_lines(c: &hipfire_exec::share::ShareController) -> Vec<String> {
+    let mut keys: Vec<_> = c.keys().filter(|k| k.cols > 1).collect();
+    keys.sort_by_key(|k| (k.cols, k.k, format!("{:?}", k.form), k.format.name()));
+    keys.into_iter()
+        .filter_map(|k| {
+            let snap = c.snapshot(&k)?;
+            Some(format!(
+                "batched shares: {} k {} {:?} cols {}: gpu {:.2}, cpu {:.1} GB/s, gpu {:.1} GB/s, {} steps",
+                k.format.name(),
+                k.k,
+                k.form,
+                k.cols,
+                c.gpu_share(&k),
+                snap.rate_gbps[0],
+                snap.rate_gbps[1],
+                snap.samples
+            ))
+        })
+        .collect()
 }
 
 /// SplitMix64 (Steele, Lea, Flood 2014): a tiny, well-mixed, seedable generator; the bench
@@ -143,19 +191,47 @@ fn model_tokens(model: &Model, n: usize) -> anyhow::Result<Vec<u32>> {
 
 /// A decoder the bench can empty between repetitions.
 trait BenchDecoder: Decoder {
-    /// Forget every position.
+    /// Forget every position (of every slot).
     fn restart(&mut self);
+    /// Fill slot `slot` with `tokens` (untimed depth of a batched test).
+    fn prefill_slot(&mut self, slot: usize, tokens: &[u32]) -> Result<(), ModelError>;
+    /// One batched decode step over `(slot, token)` feeds.
+    fn step_slots(&mut self, feeds: &[(usize, u32)]) -> Result<(), ModelError>;
+}
+
+/// Batched decode on an engine without it.
+fn no_batch() -> ModelError {
+    ModelError::InvalidOption("--batch above 1 needs the GPU engine".into())
 }
 
 impl BenchDecoder for Session<'_> {
     fn restart(&mut self) {
         self.reset();
     }
+    fn prefill_slot(&mut self, _slot: usize, _tokens: &[u32]) -> Result<(), ModelError> {
+        Err(no_batch())
+    }
+    fn step_slots(&mut self, _feeds: &[(usize, u32)]) -> Result<(), ModelError> {
+        Err(no_batch())
+    }
 }
 
 impl BenchDecoder for GpuDecoder<'_> {
     fn restart(&mut self) {
-        self.reset();
+        for slot in (0..self.slots()).rev() {
+            if self.select_slot(slot).is_ok() {
+                self.reset();
+            }
+        }
+    }
+    fn prefill_slot(&mut self, slot: usize, tokens: &[u32]) -> Result<(), ModelError> {
+        self.select_slot(slot)?;
+        let r = self.prefill(tokens).map(|_| ());
+        self.select_slot(0)?;
+        r
+    }
+    fn step_slots(&mut self, feeds: &[(usize, u32)]) -> Result<(), ModelError> {
+        self.decode_slots(feeds).map(|_| ())
     }
 }
 
@@ -169,6 +245,9 @@ fn time_once(
     warmup: bool,
 ) -> anyhow::Result<Option<u64>> {
     dec.restart();
+    if t.seqs > 1 {
+        return time_batched(dec, t, ids, stop, warmup);
+    }
     if t.depth > 0 {
         dec.prefill(&ids[..t.depth])
             .with_context(|| format!("{}: filling the depth", t.name()))?;
@@ -191,6 +270,37 @@ fn time_once(
                     return Ok(None);
                 }
             }
+        }
+    }
+    let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    Ok(stop.requested().is_none().then_some(ns.max(1)))
+}
+
+/// A `tg` test over `t.seqs` sequences: each slot filled to the depth (with the ids shifted per
+/// slot, so the sequences differ), then `t.tokens` batched steps, each one token for every slot.
+fn time_batched(
+    dec: &mut dyn BenchDecoder,
+    t: &BenchTest,
+    ids: &[u32],
+    stop: &Stop,
+    warmup: bool,
+) -> anyhow::Result<Option<u64>> {
+    let id = |slot: usize, i: usize| ids[(i + slot * BATCH_ID_STRIDE) % ids.len()];
+    for slot in 0..t.seqs {
+        if t.depth > 0 {
+            let fill: Vec<u32> = (0..t.depth).map(|i| id(slot, i)).collect();
+            dec.prefill_slot(slot, &fill)
+                .with_context(|| format!("{}: filling slot {slot} to the depth", t.name()))?;
+        }
+    }
+    let steps = if warmup { 1 } else { t.tokens };
+    let t0 = Instant::now();
+    for i in 0..steps {
+        let feeds: Vec<(usize, u32)> = (0..t.seqs).map(|s| (s, id(s, t.depth + i))).collect();
+        dec.step_slots(&feeds)
+            .with_context(|| format!("{}: batched decode", t.name()))?;
+        if stop.requested().is_some() {
+            return Ok(None);
         }
     }
     let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
@@ -238,7 +348,8 @@ fn mean_stddev(v: &[f64]) -> (f64, f64) {
 /// `row` with its samples set from nanoseconds: samples_ns/ts, avg/stddev of both, median_ts,
 /// repetitions. The timed tokens are `n_prompt + n_gen` of the row (one of them is 0).
 pub fn with_samples(mut row: Value, ns: &[u64]) -> Value {
-    let tokens = row["n_prompt"].as_u64().unwrap_or(0) + row["n_gen"].as_u64().unwrap_or(0);
+    let tokens = (row["n_prompt"].as_u64().unwrap_or(0) + row["n_gen"].as_u64().unwrap_or(0))
+        * row["n_seqs"].as_u64().unwrap_or(1).max(1);
     let ts: Vec<f64> = ns.iter().map(|&x| tokens as f64 * 1e9 / x as f64).collect();
     let ns_f: Vec<f64> = ns.iter().map(|&x| x as f64).collect();
     let (avg_ns, stddev_ns) = mean_stddev(&ns_f);
@@ -308,6 +419,7 @@ fn rows(base: &Value, tests: &[BenchTest], samples: &[Vec<u64>]) -> Vec<Value> {
             r["n_prompt"] = json!(p);
             r["n_gen"] = json!(n);
             r["n_depth"] = json!(t.depth);
+            r["n_seqs"] = json!(t.seqs);
             with_samples(r, ns)
         })
         .collect()
@@ -337,7 +449,8 @@ pub fn bench(ctx: &Ctx, a: &BenchArgs) -> anyhow::Result<ExitCode> {
         let _ = writeln!(std::io::stderr(), "{msg}");
         return Ok(ExitCode::from(EXIT_REFUSED));
     }
-    let tests = plan(&a.n_prompt, &a.n_gen, &a.n_depth)?;
+    let tests = plan(&a.n_prompt, &a.n_gen, &a.n_depth, &a.batch)?;
+    let max_seqs = tests.iter().map(|t| t.seqs).max().unwrap_or(1);
     let mut overrides = a.engine.overrides();
     let (_, base) = ctx.settings_with(&overrides)?;
     // Validate every requested mode by the config rule before loading anything.
@@ -359,6 +472,11 @@ pub fn bench(ctx: &Ctx, a: &BenchArgs) -> anyhow::Result<ExitCode> {
     // measure a placement with a long context's cache in VRAM).
     let (ctx_len, longest) = bench_ctx_len(&tests, base.ctx_size.tokens())?;
     let engine = choose_engine(ctx, &base)?;
+    if matches!(engine, Engine::Cpu) && max_seqs > 1 {
+        bail!(
+            "--batch {max_seqs} needs the GPU engine (batched CPU decode runs in `hipfire serve`)"
+        );
+    }
     if matches!(engine, Engine::Gpu) {
         for s in &modes {
             offload_mode(s)?;
@@ -402,8 +520,13 @@ pub fn bench(ctx: &Ctx, a: &BenchArgs) -> anyhow::Result<ExitCode> {
                 (ns, l.model.placement_summary().to_string())
             }
             Engine::Gpu => {
-                let mut d = gpu_decoder(&l, s, offload_mode(s)?)?;
+                let mut d = gpu_decoder_slots(&l, s, offload_mode(s)?, max_seqs)?;
                 let ns = measure(&mut d, &tests, &ids, a.repetitions, &stop)?;
+                if max_seqs > 1 {
+                    for line in share_lines(d.offload().controller()) {
+                        ctx.note(line);
+                    }
+                }
                 (ns, d.placement_summary().to_string())
             }
         };
@@ -568,7 +691,7 @@ mod tests {
 
     #[test]
     fn plan_orders_rows_as_llama_bench_and_drops_zeros() {
-        let t = plan(&[512, 0, 2048], &[128], &[0, 4096]).expect("plan");
+        let t = plan(&[512, 0, 2048], &[128], &[0, 4096], &[1]).expect("plan");
         let names: Vec<String> = t.iter().map(BenchTest::name).collect();
         assert_eq!(
             names,
@@ -582,9 +705,15 @@ mod tests {
             ]
         );
         assert_eq!(t[4].positions(), 4096 + 2048);
-        assert!(plan(&[0], &[0], &[0]).is_err());
+        assert!(plan(&[0], &[0], &[0], &[1]).is_err());
         let wide: Vec<u32> = (1..=100).collect();
-        assert!(plan(&wide, &wide, &wide[..30]).is_err(), "6000 tests");
+        assert!(plan(&wide, &wide, &wide[..30], &[1]).is_err(), "6000 tests");
+        // --batch multiplies the generation rows only.
+        let t = plan(&[64], &[32], &[0], &[1, 8]).expect("plan");
+        let names: Vec<String> = t.iter().map(BenchTest::name).collect();
+        assert_eq!(names, ["pp64", "tg32", "tg32 x8"]);
+        assert_eq!(t[2].seqs, 8);
+        assert_eq!(t[0].seqs, 1);
     }
 
     #[test]
@@ -631,7 +760,7 @@ mod tests {
 
     #[test]
     fn context_is_the_longest_test_within_ctx_size() {
-        let t = plan(&[16], &[40], &[8]).expect("plan");
+        let t = plan(&[16], &[40], &[8], &[1]).expect("plan");
         assert_eq!(bench_ctx_len(&t, None).expect("fits").0, 48);
         assert_eq!(bench_ctx_len(&t, Some(64)).expect("fits").0, 64);
         let e = bench_ctx_len(&t, Some(47)).expect_err("short").to_string();

@@ -158,10 +158,20 @@ pub(crate) fn gpu_decoder<'m>(
     s: &Settings,
     mode: OffloadMode,
 ) -> anyhow::Result<GpuDecoder<'m>> {
+    gpu_decoder_slots(l, s, mode, 1)
+}
+
+/// As [`gpu_decoder`] with `slots` sequence slots (batched decode).
+pub(crate) fn gpu_decoder_slots<'m>(
+    l: &'m Loaded,
+    s: &Settings,
+    mode: OffloadMode,
+    slots: usize,
+) -> anyhow::Result<GpuDecoder<'m>> {
     let opts = gpu_options(s, mode);
     // `auto` is 0 here so the offload pool leaves one core to the thread driving the GPU.
     let pool = hipfire_exec::offload::offload_pool(pool_threads(s.threads))?;
-    GpuDecoder::new(&l.model, pool, &opts).context("placing the model on GPU 0")
+    GpuDecoder::with_slots(&l.model, pool, &opts, slots).context("placing the model on GPU 0")
 }
 
 /// The GPU decoder's options from the settings, with spilled projections run as `mode`.

@@ -78,6 +78,23 @@ pub const SHARE_MIN: f64 = 0.05;
 /// half the rows on the GPU, `pcie` mode expresses the placement better; the trace says so.
 pub const SHARE_MAX: f64 = 0.5;
 
+/// Largest scheduled GPU share of a batched step (`ShapeKey::cols` > 1). The half-rows cap
+/// above assumes the arms' rates are alike; over several columns the CPU arm turns
+/// compute-bound while the GPU arm's PCIe read does not: 8 columns of the synthetic
+/// Llama-3-8B on the H200 box ran the CPU arm at 24–27 GB/s and the GPU arm at 43–48 GB/s
+/// (balance 0.64), 16 columns at 12–13 and 22–25 (`hipfire bench --batch`, 2026-12-01,
+/// docs/perf-checkpoints/2026-12-01-serve-gpu-h200). 0.9 leaves the CPU a tenth of the rows.
+pub const SHARE_MAX_BATCHED: f64 = 0.9;
+
+/// The largest GPU share the controller schedules for `key`.
+pub fn share_max(key: &ShapeKey) -> f64 {
+    if key.cols > 1 {
+        SHARE_MAX_BATCHED
+    } else {
+        SHARE_MAX
+    }
+}
+
 /// Steps per estimation window (reference system's `APPLY_EVERY` = 4).
 pub const WINDOW: u32 = 4;
 
@@ -419,11 +436,14 @@ struct ShapeState {
     recent: Vec<f64>,
     /// Times a latched share was re-centred.
     refines: u32,
+    /// The largest GPU share scheduled ([`share_max`] of the key).
+    max_share: f64,
 }
 
 impl ShapeState {
-    fn new(shares: Shares, phase: Phase, seed: Seed) -> ShapeState {
+    fn new(shares: Shares, phase: Phase, seed: Seed, max_share: f64) -> ShapeState {
         ShapeState {
+            max_share,
             shares,
             phase,
             seed,
@@ -463,6 +483,11 @@ impl ShareController {
             n_gpus: n_gpus.min(MAX_GPUS),
             shapes: HashMap::new(),
         }
+    }
+
+    /// Every shape the controller keeps an estimate for.
+    pub fn keys(&self) -> impl Iterator<Item = ShapeKey> + '_ {
+        self.shapes.keys().copied()
     }
 
     /// The setting this controller follows.
@@ -506,11 +531,12 @@ impl ShareController {
                 .map(|t| 1.0 / t.unwrap_or(f64::INFINITY))
                 .collect();
             let total: f64 = rates.iter().sum();
-            let gpu = (rates[1..].iter().sum::<f64>() / total).clamp(SHARE_MIN, SHARE_MAX);
+            let gpu = (rates[1..].iter().sum::<f64>() / total).clamp(SHARE_MIN, share_max(&key));
             let mut st = ShapeState::new(
                 Shares::spread(n, gpu, &rates[1..]),
                 Phase::Tracking,
                 Seed::Probe,
+                share_max(&key),
             );
             st.tau = tau;
             st.target = gpu;
@@ -520,6 +546,7 @@ impl ShareController {
                 Shares::spread(n, DEFAULT_GPU_SHARE, &[]),
                 Phase::Tracking,
                 Seed::Default,
+                share_max(&key),
             )
         };
         self.shapes.insert(key, state);
@@ -583,13 +610,19 @@ impl ShareController {
         let st = match self.setting {
             ShareSetting::Off => return,
             ShareSetting::Pinned(x) => self.shapes.entry(key).or_insert_with(|| {
-                ShapeState::new(Shares::spread(n, x, &[]), Phase::Pinned, Seed::Setting)
+                ShapeState::new(
+                    Shares::spread(n, x, &[]),
+                    Phase::Pinned,
+                    Seed::Setting,
+                    share_max(&key),
+                )
             }),
             ShareSetting::Auto => self.shapes.entry(key).or_insert_with(|| {
                 ShapeState::new(
                     Shares::spread(n, DEFAULT_GPU_SHARE, &[]),
                     Phase::Tracking,
                     Seed::Default,
+                    share_max(&key),
                 )
             }),
         };
@@ -670,7 +703,7 @@ fn evaluate(st: &mut ShapeState, n: usize) {
     let Some(taus) = taus else { return };
     let rates: Vec<f64> = taus.iter().map(|t| 1.0 / t).collect();
     let total: f64 = rates.iter().sum();
-    let mut target = (rates[1..].iter().sum::<f64>() / total).clamp(SHARE_MIN, SHARE_MAX);
+    let mut target = (rates[1..].iter().sum::<f64>() / total).clamp(SHARE_MIN, st.max_share);
     let current = st.shares.gpu_total();
     let mut proposal = current + GAIN * (target - current);
     // Every GPU arm was done before the host looked, and the bounds do not ask for more GPU
@@ -679,7 +712,7 @@ fn evaluate(st: &mut ShapeState, n: usize) {
     // ratchet's twin). A blind step is never evidence of convergence (no latch on it).
     let blind = any_gpu && all_gpus_early && target <= current;
     if blind {
-        target = (current + CENSORED_STEP).min(SHARE_MAX);
+        target = (current + CENSORED_STEP).min(st.max_share);
         proposal = target;
     }
     st.target = target;
@@ -691,7 +724,7 @@ fn evaluate(st: &mut ShapeState, n: usize) {
             let d = target - current;
             let d_raw = match raw[..=n].iter().copied().collect::<Option<Vec<f64>>>() {
                 Some(r) => {
-                    (r[1..].iter().sum::<f64>() / r.iter().sum::<f64>()).clamp(SHARE_MIN, SHARE_MAX)
+                    (r[1..].iter().sum::<f64>() / r.iter().sum::<f64>()).clamp(SHARE_MIN, st.max_share)
                         - current
                 }
                 // No exact time for some engine this window: the smoothed view alone decides.
@@ -736,7 +769,7 @@ fn evaluate(st: &mut ShapeState, n: usize) {
         }
         _ => {
             st.phase = Phase::Tracking;
-            st.shares = Shares::spread(n, proposal.clamp(SHARE_MIN, SHARE_MAX), &rates[1..]);
+            st.shares = Shares::spread(n, proposal.clamp(SHARE_MIN, st.max_share), &rates[1..]);
             if !blind && (target - st.shares.gpu_total()).abs() < LATCH_BAND {
                 st.quiet += 1;
                 st.recent.push(target);
@@ -749,7 +782,7 @@ fn evaluate(st: &mut ShapeState, n: usize) {
                 // the band.
                 let recent = &st.recent[st.recent.len().saturating_sub(LATCH_RUN as usize)..];
                 let mean = recent.iter().sum::<f64>() / recent.len().max(1) as f64;
-                st.shares = Shares::spread(n, mean.clamp(SHARE_MIN, SHARE_MAX), &rates[1..]);
+                st.shares = Shares::spread(n, mean.clamp(SHARE_MIN, st.max_share), &rates[1..]);
                 st.phase = Phase::Latched;
                 st.streak = 0;
                 st.recent.clear();
@@ -1176,6 +1209,38 @@ mod tests {
             "worst {}",
             worst(&run, 1000, 4000)
         );
+    }
+
+    /// Steady arms at `cpu_gbps` and `gpu_gbps` (bytes/ns) over `steps` steps of a 64 MiB
+    /// weight under `key`; the GPU share at the end.
+    fn steady_share(key: ShapeKey, cpu_gbps: f64, gpu_gbps: f64, steps: usize) -> f64 {
+        let mut ctl = ShareController::new(ShareSetting::Auto, 1);
+        let bytes = 64u64 << 20;
+        let arm = |engine: usize, b: u64, rate: f64| ArmSample {
+            engine,
+            bytes: b,
+            time: ArmTime::Exact { ns: b as f64 / rate },
+        };
+        ctl.seed(key, Some(&[arm(0, bytes, cpu_gbps), arm(1, bytes, gpu_gbps)]));
+        for _ in 0..steps {
+            let g = (ctl.gpu_share(&key) * bytes as f64) as u64;
+            ctl.observe(key, &[arm(0, bytes - g, cpu_gbps), arm(1, g, gpu_gbps)]);
+        }
+        ctl.gpu_share(&key)
+    }
+
+    #[test]
+    fn batched_steps_may_give_the_gpu_more_than_half_the_rows() {
+        // 8 columns on the H200 box: CPU arm 25 GB/s (compute-bound), GPU arm 47 GB/s.
+        let batched = ShapeKey { cols: 8, ..KEY };
+        let balance = 47.0 / (47.0 + 25.0);
+        let s = steady_share(batched, 25.0, 47.0, 400);
+        assert!((s - balance).abs() < 0.03, "batched share {s}, balance {balance}");
+        // One column at the same rates keeps the half-rows cap.
+        let s = steady_share(KEY, 25.0, 47.0, 400);
+        assert!(s <= SHARE_MAX + 1e-9 && s > SHARE_MAX - 0.03, "decode share {s}");
+        assert_eq!(share_max(&batched), SHARE_MAX_BATCHED);
+        assert_eq!(share_max(&KEY), SHARE_MAX);
     }
 
     #[test]
