@@ -8,7 +8,7 @@
 mod common;
 
 use common::{check_rows, random_weights, random_x, rng, uses_int8_activation};
-use hipfire_gpu::{GemvForm, RowRange, GEMV_MAX_COLS, QX_BLOCK};
+use hipfire_gpu::{GemvForm, RowRange, GEMV_MAX_COLS, GEMV_SOURCE, QX_BLOCK};
 use hipfire_quant::Format;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -27,25 +27,26 @@ const SHAPES: [(&str, &[&str]); 2] = [
 /// Column counts: a partial group (3) and a full group plus a partial one (11).
 const COLS: [usize; 2] = [3, 11];
 
-/// The harness for one shape, built into `dir` from a copy of gemv.cu whose dynamic shared-memory
-/// declaration is made a plain `extern` (the harness defines `__shared__` as `static`); `None`
-/// (after printing why) without g++.
+/// The harness's source (embedded, like the kernels, so the test binary needs no source tree).
+const HARNESS_CPP: &str = include_str!("host/gemv_host.cpp");
+
+/// The harness for one shape, built into `dir` from the embedded gemv.cu (`GEMV_SOURCE`), whose
+/// dynamic shared-memory declaration is made a plain `extern` there (the harness defines
+/// `__shared__` as `static`), and its headers; `None` (after printing why) without g++.
 fn harness(dir: &Path, name: &str, options: &[&str]) -> Option<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let kernels = root.join("../../kernels");
-    let src = std::fs::read_to_string(kernels.join("gemv.cu")).expect("gemv.cu");
+    let src = GEMV_SOURCE.source;
     assert_eq!(
         src.matches("extern __shared__").count(),
         1,
         "gemv.cu's dynamic shared memory: the harness rewrites exactly one declaration"
     );
-    std::fs::write(
-        dir.join("gemv.cu"),
-        src.replace("extern __shared__", "extern"),
-    )
-    .expect("gemv.cu copy");
-    for h in ["blocks.cuh", "f16.cuh"] {
-        std::fs::copy(kernels.join(h), dir.join(h)).expect("header copy");
+    let files = [
+        ("gemv.cu", src.replace("extern __shared__", "extern")),
+        ("gemv_host.cpp", HARNESS_CPP.to_string()),
+    ];
+    let headers = GEMV_SOURCE.headers.iter().map(|(n, t)| (*n, t.to_string()));
+    for (file, text) in files.into_iter().chain(headers) {
+        std::fs::write(dir.join(file), text).expect("harness source written");
     }
     let exe = dir.join(format!("gemv_host_{name}"));
     let status = Command::new("g++")
@@ -54,7 +55,7 @@ fn harness(dir: &Path, name: &str, options: &[&str]) -> Option<PathBuf> {
         .arg(format!("-DHF_MAX_COLS={GEMV_MAX_COLS}"))
         .arg("-I")
         .arg(dir)
-        .arg(root.join("tests/host/gemv_host.cpp"))
+        .arg(dir.join("gemv_host.cpp"))
         .arg("-o")
         .arg(&exe)
         .status();
