@@ -7,9 +7,12 @@
 // gemv.cu is included on its HIP path (plain f32 arithmetic; build with -ffp-contract=off), from a
 // copy whose one dynamic shared-memory declaration (`extern __shared__`, the device-resident
 // kernels') has lost its `__shared__`, since here `__shared__` means `static`. A launch runs its
-// blocks one after the other; a block's threads are fibers (ucontext) on one OS thread, switched
-// only at the barriers (__syncthreads, the warp barrier, both halves of a shuffle), so warp-level
-// code runs as on a GPU in lock-step, deterministically.
+// blocks one after the other; a block's threads are fibers on one OS thread, switched only at the
+// barriers (__syncthreads, the warp barrier, both halves of a shuffle), so warp-level code runs as
+// on a GPU in lock-step, deterministically. A fiber is entered the first time with setcontext (its
+// own stack, from makecontext) and afterwards switched with _setjmp/_longjmp, which do not save
+// and restore the signal mask (with swapcontext's system calls at every switch the whole check,
+// g++ builds included, took 83 s instead of 40 s on the 2-core CI box, 2026-12-01).
 //
 // Usage:
 //   gemv_host FORMAT WIDTH FORM K ELEMS ROW_BYTES M START END NCOLS LDY W.bin X.bin Y0.bin OUT
@@ -25,6 +28,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <csetjmp>
 #include <ucontext.h>
 #include <vector>
 
@@ -65,14 +69,16 @@ static inline int __builtin_amdgcn_sdot4(int a, int b, int c, bool) {
 static const int kMaxThreads = 1024;
 static const size_t kStack = 256 << 10;
 struct Fiber {
-    ucontext_t ctx;
+    ucontext_t ctx;   // the first entry
+    jmp_buf jb;       // where it resumes after a barrier
+    bool started;
     bool done;
     int group;        // barrier waited on (-1: runnable)
     unsigned gen;     // that barrier's generation when the fiber arrived
 };
 static Fiber g_fibers[kMaxThreads];
 static std::vector<char> g_stacks;
-static ucontext_t g_sched;
+static jmp_buf g_sched;
 static int g_cur, g_nthreads;
 // Barriers: group w < 32 is warp w, group 32 the block.
 static int g_arrived[33];
@@ -88,7 +94,7 @@ static void barrier(int group, int n) {
     }
     f.group = group;
     f.gen = g_gen[group];
-    swapcontext(&f.ctx, &g_sched);
+    if (!_setjmp(f.jb)) _longjmp(g_sched, 1);
 }
 static void warp_barrier() { barrier(threadIdx.x / 32, 32); }
 static void __syncthreads() { barrier(32, (int)blockDim.x); }
@@ -106,7 +112,7 @@ static float __shfl_xor(float v, int o) {
 static void fiber_main() {
     g_body();
     g_fibers[g_cur].done = true;
-    swapcontext(&g_fibers[g_cur].ctx, &g_sched);
+    _longjmp(g_sched, 1);
 }
 
 // Runs body over grid blocks of block threads.
@@ -120,6 +126,7 @@ static void launch(unsigned grid, unsigned block, void (*body)()) {
         for (int t = 0; t < g_nthreads; ++t) {
             Fiber& f = g_fibers[t];
             f.done = false;
+            f.started = false;
             f.group = -1;
             getcontext(&f.ctx);
             f.ctx.uc_stack.ss_sp = g_stacks.data() + (size_t)t * kStack;
@@ -139,7 +146,11 @@ static void launch(unsigned grid, unsigned block, void (*body)()) {
                 threadIdx = D3{(unsigned)t, 0, 0};
                 blockIdx = D3{b, 0, 0};
                 blockDim = D3{block, 1, 1};
-                swapcontext(&g_sched, &f.ctx);
+                if (!_setjmp(g_sched)) {
+                    if (f.started) _longjmp(f.jb, 1);
+                    f.started = true;
+                    setcontext(&f.ctx);
+                }
                 ran = true;
             }
             if (all_done) break;
