@@ -849,6 +849,7 @@ HF_GEMV_FORMATS(HF_GEMV_FORMAT)
 // of each tile, tiles in the same order) with the same dot code into its own accumulator, and the
 // warp sum and the k-split reduction are the same, so each column is bit-identical to hf_gemv on that
 // column alone (and so to the device-resident kernel, which is bit-identical to hf_gemv).
+// (tests/gemv_host.rs checks it on the host for every format, tests/gpu_gemv.rs on the device.)
 //
 // Registers: acc holds HF_ROWS x HF_MAX_COLS floats. Unlike hf_gemv, the quantised formats do not
 // request the unit's activation before the weight wait (xs[UPL] held across it): that would hold
@@ -862,9 +863,11 @@ HF_GEMV_FORMATS(HF_GEMV_FORMAT)
 
 // Rotates each row's column accumulators down by one: after c rotations acc[r][0] holds column c's,
 // after HF_MAX_COLS rotations every column is back in place. The column loop stays rolled (one copy
-// of the dot code instead of HF_MAX_COLS: the NVRTC compile of the module measured 15 s -> 96 s with
-// the column loop unrolled) while the accumulators stay in registers (a rolled loop indexing
-// acc[r][c] would put them in local memory); the price is HF_ROWS * HF_MAX_COLS moves per column.
+// of the dot code instead of HF_MAX_COLS; NVRTC for sm_90, the whole module, on the shared 2-core
+// CI box, 2026-12-01: 17 s without the multi-column kernels, 46 s with them, 79 s with the column
+// loop unrolled) while the accumulators stay in registers (a rolled loop indexing acc[r][c] would
+// put them in local memory); the price is HF_ROWS * HF_MAX_COLS moves per column, and the weight
+// side of each dot (scales, nibble unpacking) is redone per column instead of shared.
 __device__ __forceinline__ void hf_rotate_cols(float (&acc)[HF_ROWS][HF_MAX_COLS]) {
 #pragma unroll
     for (int r = 0; r < HF_ROWS; ++r) {

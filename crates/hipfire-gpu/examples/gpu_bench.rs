@@ -4,11 +4,15 @@
 //! enough weight copies that the bytes exceed the L2 cache.
 //!
 //! `gpu_bench [--json PATH] [--reps N] [--config WxRxKxB[:nodev|:devWxR{s|r}][+DEFINE]...]...
-//! [--host-configs N] [--formats f1,f2] [--shapes MxK,...] [--pool-mib N]`
+//! [--host-configs N] [--formats f1,f2] [--shapes MxK,...] [--pool-mib N] [--cols N]`
 //!
 //! `:nodev` runs device-resident Q4_K/Q6_K weights through the general kernel (the A/B baseline);
 //! `:dev8x2s` through the device-resident kernel with 8 warps × 2 rows and x staged in shared memory
 //! (`r`: x from global memory one tile ahead); without a suffix, the default device kernel.
+//!
+//! `--cols N` (N > 1) times the multi-column GEMV (`gemv_cols`) over N activation columns instead
+//! of `gemv`: GB/s still counts the weight bytes once per pass, so it stays near `gemv`'s when
+//! the weights are read once for all columns, and the µs column is per pass (all N columns).
 
 use hipfire_gpu::gemv::DeviceGemv;
 use hipfire_gpu::{
@@ -32,7 +36,7 @@ const WARMUP_PASSES: usize = 3;
 /// Default timed passes per measurement; the median is reported.
 const DEFAULT_REPS: usize = 15;
 
-const USAGE: &str = "gpu_bench [--json PATH] [--reps N] [--config WxRxKxB[:nodev|:devWxR{s|r}][+DEFINE]...]... [--host-configs N] [--formats f1,f2] [--shapes MxK,...] [--pool-mib N]";
+const USAGE: &str = "gpu_bench [--json PATH] [--reps N] [--config WxRxKxB[:nodev|:devWxR{s|r}][+DEFINE]...]... [--host-configs N] [--formats f1,f2] [--shapes MxK,...] [--pool-mib N] [--cols N]";
 
 struct Args {
     json: Option<String>,
@@ -44,6 +48,8 @@ struct Args {
     pool_mib: usize,
     /// Host-mapped runs only for the first this-many configs (they sit at the link rate anyway).
     host_configs: usize,
+    /// Activation columns per GEMV (1: `gemv`; more: `gemv_cols`).
+    cols: usize,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -58,6 +64,7 @@ fn parse_args() -> Result<Args, String> {
             .collect(),
         pool_mib: DEFAULT_POOL_MIB,
         host_configs: usize::MAX,
+        cols: 1,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -89,6 +96,12 @@ fn parse_args() -> Result<Args, String> {
                     },
                     defines,
                 ));
+            }
+            "--cols" => {
+                a.cols = val()?.parse().map_err(|e| format!("--cols: {e}"))?;
+                if a.cols == 0 {
+                    return Err("--cols: at least 1".into());
+                }
             }
             "--host-configs" => {
                 a.host_configs = val()?.parse().map_err(|e| format!("--host-configs: {e}"))?
@@ -235,14 +248,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         eprintln!("config {label}: module ready in {:?}", t0.elapsed());
         let with_host = ci < args.host_configs;
         for &(m, k) in &args.shapes {
-            let mut xd: DeviceBuffer<f32> = ctx.alloc(k)?;
-            let x: Vec<f32> = (0..k)
+            let cols = args.cols;
+            let mut xd: DeviceBuffer<f32> = ctx.alloc(cols * k)?;
+            let x: Vec<f32> = (0..cols * k)
                 .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
                 .collect();
             xd.upload(&stream, &x)?;
-            let mut act = Activation::new(&ctx, k)?;
-            kernels.prepare(&stream, &xd, &mut act)?;
-            let mut y: DeviceBuffer<f32> = ctx.alloc(m)?;
+            let mut act = Activation::with_columns(&ctx, k, cols)?;
+            kernels.prepare_cols(&stream, &xd, &mut act, cols)?;
+            let mut y: DeviceBuffer<f32> = ctx.alloc(cols * m)?;
             for &format in &args.formats {
                 let bytes = m * format.row_bytes(k)?;
                 let stride = bytes.div_ceil(COPY_ALIGN) * COPY_ALIGN;
@@ -264,14 +278,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         })?;
                         let gemv_ms = time_ms(&ctx, &stream, args.reps, || {
                             for w in &views {
-                                kernels.gemv(
-                                    &stream,
-                                    w,
-                                    &act,
-                                    &mut y,
-                                    RowRange::all(m),
-                                    GemvForm::Plain,
-                                )?;
+                                let (rows, form) = (RowRange::all(m), GemvForm::Plain);
+                                if cols == 1 {
+                                    kernels.gemv(&stream, w, &act, &mut y, rows, form)?;
+                                } else {
+                                    kernels
+                                        .gemv_cols(&stream, w, &act, &mut y, m, rows, form, cols)?;
+                                }
                             }
                             Ok(())
                         })?;
@@ -314,9 +327,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             // The activation preparation is per GEMV too: report its time for the largest k.
             let prep_ms = time_ms(&ctx, &stream, args.reps, || {
-                kernels.prepare(&stream, &xd, &mut act)
+                kernels.prepare_cols(&stream, &xd, &mut act, cols)
             })?;
-            eprintln!("prepare (quantise x) k={k}: {:.2} us", prep_ms * 1e3);
+            eprintln!(
+                "prepare (quantise x) k={k} cols={cols}: {:.2} us",
+                prep_ms * 1e3
+            );
         }
     }
 
@@ -354,7 +370,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 })
             })
             .collect();
-        let doc = serde_json::json!({ "device": info.name, "arch": info.arch, "sms": info.multiprocessors, "reps": args.reps, "rows": json });
+        let doc = serde_json::json!({ "device": info.name, "arch": info.arch, "sms": info.multiprocessors, "reps": args.reps, "cols": args.cols, "rows": json });
         std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
         eprintln!("wrote {path}");
     }

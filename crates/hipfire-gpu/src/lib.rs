@@ -13,7 +13,10 @@
 //! - [`gemv`] — [`WeightRef`], [`RowRange`], [`GemvForm`], [`Activation`], [`GemvKernels`] and the
 //!   [`ReadKernel`] used as the bandwidth ceiling in benchmarks; Q4_K/Q6_K weights resident in
 //!   device memory take a variant that stages the activation in shared memory
-//!   (`GemvConfig::device`, for row ranges of `gemv::DEV_MIN_ROWS` rows or more).
+//!   (`GemvConfig::device`, for row ranges of `gemv::DEV_MIN_ROWS` rows or more). Batched decode
+//!   multiplies several activation columns at once ([`Activation::with_columns`],
+//!   [`GemvKernels::gemv_cols`]): each weight tile is read once for up to [`GEMV_MAX_COLS`]
+//!   columns, and each column gets the bits `gemv` gives it alone.
 //! - [`gemm`] — [`gemm_f16`]: the dense f16 × f16 → f32 GEMM of batched steps (prefill) on the
 //!   vendor BLAS (cuBLAS `GemmEx`, tensor cores), behind [`Backend::gemm_f16`]; backends without
 //!   one answer [`GpuError::NoBlas`] and callers fall back to per-token GEMVs.
@@ -61,7 +64,9 @@
 //! `cargo test -p hipfire-gpu` runs everywhere; the GPU tier (`tests/gpu_gemv.rs`,
 //! `tests/gpu_dequant.rs`) prints "skipped: HIPFIRE_GPU_TESTS not set" unless [`GPU_TESTS_ENV`]
 //! is set. `tests/dequant_host.rs` compiles `kernels/dequant.cu` for the host with g++ and runs
-//! its kernels thread by thread against the CPU dequantiser (skipped without g++). On the GPU box:
+//! its kernels thread by thread against the CPU dequantiser, and `tests/gemv_host.rs` does the
+//! same for `kernels/gemv.cu` (thread blocks as fibers: the multi-column GEMV against the general
+//! kernel column by column) (both skipped without g++). On the GPU box:
 //! `scripts/device-check.sh build` here, then `scripts/device-check.sh run` there (tests and
 //! `examples/gpu_bench.rs`, logs under `$OUT`). Measured figures:
 //! docs/perf-checkpoints/2026-11-29-gpu-gemv.

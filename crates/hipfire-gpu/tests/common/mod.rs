@@ -7,7 +7,7 @@
 pub mod dequant;
 
 use half::{bf16, f16};
-use hipfire_gpu::{Context, GPU_TESTS_ENV};
+use hipfire_gpu::{Context, GemvForm, GPU_TESTS_ENV};
 use hipfire_quant::Format;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -352,4 +352,61 @@ pub fn dequant_f64(format: Format, row: &[u8], k: usize) -> Vec<f64> {
 /// True for the formats whose kernels use the int8 activation.
 pub fn uses_int8_activation(format: Format) -> bool {
     !matches!(format, Format::F32 | Format::F16 | Format::BF16)
+}
+
+/// Unit roundoff of f32, for the accumulation error bound.
+const F32_U: f64 = 6.0e-8;
+
+/// Checks `y` against the f64 reference for every row; returns the worst error relative to its bound.
+#[allow(clippy::too_many_arguments)]
+pub fn check_rows(
+    format: Format,
+    wbytes: &[u8],
+    k: usize,
+    x: &[f32],
+    xhat: &[f64],
+    dstep: &[f64],
+    y0: &[f32],
+    y: &[f32],
+    form: GemvForm,
+) -> f64 {
+    let rb = format.row_bytes(k).expect("row bytes");
+    let mut worst = 0f64;
+    for (r, row) in wbytes.chunks_exact(rb).enumerate() {
+        let w = dequant_f64(format, row, k);
+        let base = if form == GemvForm::Residual {
+            y0[r] as f64
+        } else {
+            0.0
+        };
+        let dot_hat: f64 = w.iter().zip(xhat).map(|(a, b)| a * b).sum();
+        let abs_hat: f64 = w.iter().zip(xhat).map(|(a, b)| (a * b).abs()).sum();
+        let dot_x: f64 = w.iter().zip(x).map(|(a, &b)| a * b as f64).sum();
+        // Rounding bound of the kernel's f32 arithmetic: per-lane sums over k/32 units, a 32-way tree,
+        // per-block scale products and the offset terms (x8 covers their cancellation).
+        let tol_arith = 8.0 * ((k / 32 + 64) as f64) * F32_U * (abs_hat + base.abs()) + 1e-30;
+        // Quantising x: |x - x̂| <= d/2 per element (rint), so |W·x - W·x̂| <= Σ|w|·d/2.
+        let tol_q: f64 = w
+            .iter()
+            .zip(dstep)
+            .map(|(a, d)| a.abs() * d * 0.5)
+            .sum::<f64>()
+            * 1.001;
+        let got = y[r] as f64;
+        assert!(got.is_finite(), "{format} row {r}: non-finite {got}");
+        let e_hat = (got - base - dot_hat).abs();
+        assert!(
+            e_hat <= tol_arith,
+            "{format} k={k} row {r}: |y - W·x̂| = {e_hat:e} > {tol_arith:e} (y={got}, ref={})",
+            base + dot_hat
+        );
+        let e_x = (got - base - dot_x).abs();
+        assert!(
+            e_x <= tol_arith + tol_q,
+            "{format} k={k} row {r}: |y - W·x| = {e_x:e} > {:e}",
+            tol_arith + tol_q
+        );
+        worst = worst.max(e_hat / tol_arith);
+    }
+    worst
 }
