@@ -90,7 +90,11 @@ pub fn plan(
     let batch = if batch.is_empty() { &one[..] } else { batch };
     for &d in n_depth {
         for (kind, list) in [(TestKind::Prompt, n_prompt), (TestKind::Gen, n_gen)] {
-            let seqs = if kind == TestKind::Gen { batch } else { &one[..] };
+            let seqs = if kind == TestKind::Gen {
+                batch
+            } else {
+                &one[..]
+            };
             for &n in list.iter().filter(|&&n| n > 0) {
                 for &b in seqs {
                     if tests.len() == MAX_BENCH_TESTS {

@@ -724,7 +724,8 @@ fn evaluate(st: &mut ShapeState, n: usize) {
             let d = target - current;
             let d_raw = match raw[..=n].iter().copied().collect::<Option<Vec<f64>>>() {
                 Some(r) => {
-                    (r[1..].iter().sum::<f64>() / r.iter().sum::<f64>()).clamp(SHARE_MIN, st.max_share)
+                    (r[1..].iter().sum::<f64>() / r.iter().sum::<f64>())
+                        .clamp(SHARE_MIN, st.max_share)
                         - current
                 }
                 // No exact time for some engine this window: the smoothed view alone decides.
@@ -1219,9 +1220,14 @@ mod tests {
         let arm = |engine: usize, b: u64, rate: f64| ArmSample {
             engine,
             bytes: b,
-            time: ArmTime::Exact { ns: b as f64 / rate },
+            time: ArmTime::Exact {
+                ns: b as f64 / rate,
+            },
         };
-        ctl.seed(key, Some(&[arm(0, bytes, cpu_gbps), arm(1, bytes, gpu_gbps)]));
+        ctl.seed(
+            key,
+            Some(&[arm(0, bytes, cpu_gbps), arm(1, bytes, gpu_gbps)]),
+        );
         for _ in 0..steps {
             let g = (ctl.gpu_share(&key) * bytes as f64) as u64;
             ctl.observe(key, &[arm(0, bytes - g, cpu_gbps), arm(1, g, gpu_gbps)]);
@@ -1235,10 +1241,16 @@ mod tests {
         let batched = ShapeKey { cols: 8, ..KEY };
         let balance = 47.0 / (47.0 + 25.0);
         let s = steady_share(batched, 25.0, 47.0, 400);
-        assert!((s - balance).abs() < 0.03, "batched share {s}, balance {balance}");
+        assert!(
+            (s - balance).abs() < 0.03,
+            "batched share {s}, balance {balance}"
+        );
         // One column at the same rates keeps the half-rows cap.
         let s = steady_share(KEY, 25.0, 47.0, 400);
-        assert!(s <= SHARE_MAX + 1e-9 && s > SHARE_MAX - 0.03, "decode share {s}");
+        assert!(
+            s <= SHARE_MAX + 1e-9 && s > SHARE_MAX - 0.03,
+            "decode share {s}"
+        );
         assert_eq!(share_max(&batched), SHARE_MAX_BATCHED);
         assert_eq!(share_max(&KEY), SHARE_MAX);
     }

@@ -23,8 +23,12 @@ pub const QX_BLOCK: usize = 32;
 pub const FLOAT_KERNEL_BLOCK: usize = 8;
 /// Most activation columns one multi-column GEMV launch multiplies (the kernel's register budget:
 /// kernels/gemv.cu `HF_MAX_COLS`, passed to the compiler from here); more columns are launched in
-/// groups of this many. Eight columns of HF_ROWS = 2 row accumulators are 16 registers per lane.
-pub const GEMV_MAX_COLS: usize = 8;
+/// groups of this many, each re-reading the weight. Sixteen, not eight: with groups of 8 a
+/// 16-sequence decode step read every host-mapped weight twice and its GPU arm ran at half the
+/// rate (22–25 against 43–48 GB/s at 8 columns on the H200 box, `hipfire bench --batch`,
+/// docs/perf-checkpoints/2026-12-01-serve-gpu-h200). 16 columns of HF_ROWS = 2 row accumulators
+/// are 32 registers per lane.
+pub const GEMV_MAX_COLS: usize = 16;
 /// Threads per block of the quantiser (8 warps; kernels/gemv.cu `__launch_bounds__(256)`).
 const QUANTIZE_THREADS: u32 = 256;
 /// Threads per block of the read kernel (kernels/read.cu `__launch_bounds__(256)`).

@@ -258,6 +258,8 @@ pub struct GpuDecoder<'m> {
     /// a head the chunk attention does not cover, or `ubatch` 1).
     batch: Option<Batch>,
     logits: Vec<f32>,
+    /// Logits of each segment of the last [`GpuDecoder::forward_segments`], `segs × vocab`.
+    seg_logits: Vec<f32>,
     /// Positions each sequence slot holds; `slot` is the one `prefill`/`step` feed.
     slot_pos: Vec<usize>,
     slot: usize,
@@ -817,6 +819,7 @@ impl<'m> GpuDecoder<'m> {
             offload,
             batch,
             logits: vec![0.0; vocab],
+            seg_logits: vec![0.0; vocab],
             slot_pos: vec![0; slots],
             slot: 0,
             decode_batch,
@@ -1571,29 +1574,58 @@ impl<'m> GpuDecoder<'m> {
         Ok(())
     }
 
-    /// One step over `tokens` (one for decode; up to `UBATCHES_PER_STEP` micro-batches for
-    /// prefill): every layer, then the logits of the last token. A batched step runs layer-major —
-    /// layer `l` over each micro-batch in order, then layer `l + 1` — so a spilled layer is
-    /// staged in VRAM once per step, and causality holds (micro-batch `u` of layer `l` reads the
-    /// cache rows its predecessors wrote at layer `l`). Each operation picks its one-token (GEMV,
-    /// split-KV attention) or batched (GEMM, chunk attention) form; the sequence is the same.
+    /// One step over `tokens` of the selected slot: [`GpuDecoder::forward_segments`] with one
+    /// segment, its logits left in `self.logits`.
     fn forward(&mut self, tokens: &[u32]) -> Result<(), ModelError> {
-        let c = self.model.config().clone();
-        let n = tokens.len();
-        if n == 0 {
+        if tokens.is_empty() {
             return Ok(());
         }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab) {
-            return Err(ModelError::BadToken {
-                id: bad,
-                vocab: c.vocab,
-            });
+        self.forward_segments(&[(self.slot, tokens)])?;
+        let vocab = self.model.config().vocab;
+        self.logits.copy_from_slice(&self.seg_logits[..vocab]);
+        Ok(())
+    }
+
+    /// One step over `segs` — `(slot, tokens)`, each slot at most once; one token in all for
+    /// decode, up to `UBATCHES_PER_STEP` micro-batches in all for prefill — then the logits
+    /// after each segment's last token into `self.seg_logits` (`segs.len() × vocab`). A batched
+    /// step runs layer-major — layer `l` over each segment's micro-batches in order, then layer
+    /// `l + 1` — so a spilled layer is staged in VRAM once per step for every sequence in it,
+    /// and causality holds (micro-batch `u` of layer `l` reads the cache rows its predecessors
+    /// wrote at layer `l`). Each operation picks its one-token (GEMV, split-KV attention) or
+    /// batched (GEMM, chunk attention) form; the sequence is the same. On error no slot has
+    /// advanced.
+    fn forward_segments(&mut self, segs: &[(usize, &[u32])]) -> Result<(), ModelError> {
+        let c = self.model.config().clone();
+        let n: usize = segs.iter().map(|s| s.1.len()).sum();
+        if n == 0 || segs.iter().any(|s| s.1.is_empty()) {
+            return Err(ModelError::InvalidOption(
+                "a forward step with an empty segment".into(),
+            ));
         }
-        if self.pos() + n > self.ctx_len {
-            return Err(ModelError::ContextFull {
-                need: self.pos() + n,
-                ctx: self.ctx_len,
-            });
+        let mut seen = vec![false; self.slot_pos.len()];
+        for &(slot, tokens) in segs {
+            match seen.get_mut(slot) {
+                Some(x @ false) => *x = true,
+                _ => {
+                    return Err(ModelError::InvalidOption(format!(
+                        "segment for slot {slot} of {} (absent or twice)",
+                        self.slot_pos.len()
+                    )))
+                }
+            }
+            if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab) {
+                return Err(ModelError::BadToken {
+                    id: bad,
+                    vocab: c.vocab,
+                });
+            }
+            if self.slot_pos[slot] + tokens.len() > self.ctx_len {
+                return Err(ModelError::ContextFull {
+                    need: self.slot_pos[slot] + tokens.len(),
+                    ctx: self.ctx_len,
+                });
+            }
         }
         let r = self.rows(n)?;
         let batched = n > 1;
@@ -1604,18 +1636,31 @@ impl<'m> GpuDecoder<'m> {
         if let Some(spill) = self.batch.as_mut().and_then(|b| b.scratch.spill.as_mut()) {
             spill.begin();
         }
-        self.embed(tokens, r.x)?;
+        let all: Vec<u32> = segs.iter().flat_map(|s| s.1.iter().copied()).collect();
+        self.embed(&all, r.x)?;
         let d = c.d_model;
+        let keep = self.slot;
         for li in 0..self.layers.len() {
             let staged = match self.batch.as_mut().and_then(|b| b.scratch.spill.as_mut()) {
                 Some(spill) if batched => spill.fetch_layer(&self.stream, li)?,
                 _ => false,
             };
-            for c0 in (0..n).step_by(ubatch) {
-                let m = ubatch.min(n - c0);
-                let x = r.x + (c0 * d * 4) as u64;
-                self.layer(li, &r, x, (m, self.pos() + c0, batched))?;
+            let mut row0 = 0usize;
+            for &(slot, tokens) in segs {
+                self.slot = slot;
+                let pos = self.slot_pos[slot];
+                for c0 in (0..tokens.len()).step_by(ubatch) {
+                    let m = ubatch.min(tokens.len() - c0);
+                    let x = r.x + ((row0 + c0) * d * 4) as u64;
+                    let done = self.layer(li, &r, x, (m, pos + c0, batched));
+                    if done.is_err() {
+                        self.slot = keep;
+                    }
+                    done?;
+                }
+                row0 += tokens.len();
             }
+            self.slot = keep;
             if staged {
                 if let Some(spill) = self.batch.as_mut().and_then(|b| b.scratch.spill.as_mut()) {
                     spill.release_layer(&self.stream)?;
@@ -1627,41 +1672,94 @@ impl<'m> GpuDecoder<'m> {
                 spill.prestage()?;
             }
         }
-        // Logits of the last token only, through the decode scratch and the head's GEMV.
-        let x_last = r.x + ((n - 1) * d * 4) as u64;
-        let xn = self.s.xn.device_ptr();
-        self.rms_norm(x_last, &self.output_norm, xn, 1, d)?;
-        self.prepare(ActSlot::Model, xn, d)?;
-        let logits = self.s.logits.device_ptr();
-        self.project(
-            self.head,
-            xn,
-            ActSlot::Model,
-            logits,
-            c.vocab,
-            GemvForm::Plain,
-        )?;
-        if let Some(cap) = c.final_logit_softcap {
-            let args = LaunchArgs::new().ptr(logits).f32(cap).i32(c.vocab as i32);
-            self.launch_1d(&self.k.softcap, c.vocab, args)?;
+        // Logits of each segment's last token, through the decode scratch and the head's GEMV.
+        self.seg_logits.resize(segs.len() * c.vocab, 0.0);
+        let mut row_end = 0usize;
+        for (si, &(_, tokens)) in segs.iter().enumerate() {
+            row_end += tokens.len();
+            let x_last = r.x + ((row_end - 1) * d * 4) as u64;
+            let xn = self.s.xn.device_ptr();
+            self.rms_norm(x_last, &self.output_norm, xn, 1, d)?;
+            self.prepare(ActSlot::Model, xn, d)?;
+            let logits = self.s.logits.device_ptr();
+            self.project(
+                self.head,
+                xn,
+                ActSlot::Model,
+                logits,
+                c.vocab,
+                GemvForm::Plain,
+            )?;
+            if let Some(cap) = c.final_logit_softcap {
+                let args = LaunchArgs::new().ptr(logits).f32(cap).i32(c.vocab as i32);
+                self.launch_1d(&self.k.softcap, c.vocab, args)?;
+            }
+            self.stream.memcpy_dtoh_async(
+                &mut self.s.stage_logits,
+                0,
+                &self.s.logits,
+                0,
+                c.vocab * 4,
+            )?;
+            self.stream.synchronize()?;
+            let dst = &mut self.seg_logits[si * c.vocab..(si + 1) * c.vocab];
+            for (l, b) in dst
+                .iter_mut()
+                .zip(self.s.stage_logits.as_slice().chunks_exact(4))
+            {
+                *l = f32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
+            }
         }
-        self.stream.memcpy_dtoh_async(
-            &mut self.s.stage_logits,
-            0,
-            &self.s.logits,
-            0,
-            c.vocab * 4,
-        )?;
-        self.stream.synchronize()?;
-        for (l, b) in self
-            .logits
-            .iter_mut()
-            .zip(self.s.stage_logits.as_slice().chunks_exact(4))
-        {
-            *l = f32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
+        for &(slot, tokens) in segs {
+            self.slot_pos[slot] += tokens.len();
         }
-        self.slot_pos[self.slot] += n;
         Ok(())
+    }
+
+    /// Prefill several sequences in one batched step: `(slot, prompt chunk)` each, every slot at
+    /// most once, `Σ len ≤` [`GpuDecoder::step_tokens`]. Every layer (a spilled one staged in
+    /// VRAM once for all of them) runs over each sequence's rows in turn. Returns the logits
+    /// after each segment's last token, `segs.len() × vocab` in order.
+    pub fn prefill_slots(&mut self, segs: &[(usize, &[u32])]) -> Result<&[f32], ModelError> {
+        let n: usize = segs.iter().map(|s| s.1.len()).sum();
+        let cap = self.step_tokens();
+        if n > cap {
+            return Err(ModelError::InvalidOption(format!(
+                "a prefill step of {n} tokens (at most {cap})"
+            )));
+        }
+        let pos: Vec<usize> = segs.iter().map(|s| self.slot_position(s.0)).collect();
+        let first = segs.first().map_or(0, |s| s.0);
+        let r = if n == 1 {
+            // One token in all: the decode path (its scratch).
+            let keep = self.slot;
+            self.slot = first;
+            let r = self.forward_segments(segs);
+            self.slot = keep;
+            r
+        } else {
+            self.forward_segments(segs)
+        };
+        r.map_err(|e| {
+            if let Some(spill) = self.batch.as_ref().and_then(|b| b.scratch.spill.as_ref()) {
+                // Best effort: the step already failed; a second failure would hide the first.
+                let _ = spill.drain();
+            }
+            at_step(e, || {
+                format!(
+                    "prefilling {} sequences ({n} tokens in one batched step; slots at {:?})",
+                    segs.len(),
+                    segs.iter().map(|s| s.0).zip(pos).collect::<Vec<_>>()
+                )
+            })
+        })?;
+        Ok(&self.seg_logits[..segs.len() * self.model.config().vocab])
+    }
+
+    /// Most tokens one batched step holds (all sequences together): `UBATCHES_PER_STEP`
+    /// micro-batches of `model.ubatch`, or 1 without batched prefill.
+    pub fn step_tokens(&self) -> usize {
+        self.batch.as_ref().map_or(1, |b| b.scratch.step_rows)
     }
 }
 

@@ -71,6 +71,23 @@ pub trait StepModel {
     fn logits(&self, slot: usize) -> &[f32];
     /// Positions `slot` holds.
     fn position(&self, slot: usize) -> usize;
+    /// How many prompt tokens a step may feed: per sequence and in all (the CPU engine's
+    /// [`PREFILL_CHUNK`] and [`PREFILL_TOKENS_PER_STEP`] unless the model knows better).
+    fn prefill_budget(&self) -> PrefillBudget {
+        PrefillBudget {
+            chunk: PREFILL_CHUNK,
+            per_step: PREFILL_TOKENS_PER_STEP,
+        }
+    }
+}
+
+/// Prompt tokens a step may feed ([`StepModel::prefill_budget`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefillBudget {
+    /// Per sequence.
+    pub chunk: usize,
+    /// All prefilling sequences together.
+    pub per_step: usize,
 }
 
 /// [`StepModel`] on the CPU: one [`Session`] per slot, stepped by [`forward_batch`].
@@ -491,7 +508,9 @@ impl Engine<'_> {
 
     /// Build and run one forward step, then sample and send for every sequence in it.
     fn step(&mut self) {
-        let mut budget = PREFILL_TOKENS_PER_STEP;
+        let PrefillBudget { chunk, per_step } = self.slots.prefill_budget();
+        let mut budget = per_step.max(1);
+        let chunk = chunk.max(1);
         let plan: Vec<Option<Planned>> = self
             .running
             .iter()
@@ -499,9 +518,7 @@ impl Engine<'_> {
                 if s.next.is_some() {
                     Some(Planned::Decode)
                 } else if s.fed < s.job.gen.prompt.len() && budget > 0 {
-                    let n = (s.job.gen.prompt.len() - s.fed)
-                        .min(PREFILL_CHUNK)
-                        .min(budget);
+                    let n = (s.job.gen.prompt.len() - s.fed).min(chunk).min(budget);
                     budget -= n;
                     Some(Planned::Prefill { end: s.fed + n })
                 } else {

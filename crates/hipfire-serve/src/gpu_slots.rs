@@ -1,14 +1,25 @@
 //! [`StepModel`] on the GPU: one [`GpuDecoder`] with a KV cache per slot.
 //!
-//! A step's prompt chunks run through the decoder's batched prefill, slot by slot; its decode
-//! tokens (one per sequence) go together through [`GpuDecoder::decode_slots`], one forward over
-//! all of them, so every weight — resident, or spilled and split between the GPU and the CPU —
-//! is read once per step for the whole running batch.
+//! A step's prompt chunks go together through [`GpuDecoder::prefill_slots`] (one batched step:
+//! a spilled layer is staged in VRAM once for all of them); its decode tokens (one per
+//! sequence) go together through [`GpuDecoder::decode_slots`], one forward over all of them, so
+//! every weight — resident, or spilled and split between the GPU and the CPU — is read once per
+//! step for the whole running batch.
 
 use hipfire_model::gpu::GpuDecoder;
 use hipfire_model::ModelError;
 
-use crate::engine::{Feed, StepModel};
+use crate::engine::{Feed, PrefillBudget, StepModel};
+
+/// Prompt tokens per sequence per step on the GPU: half of the default micro-batch, so two
+/// arrivals' prompts share a step's staging.
+pub const GPU_PREFILL_CHUNK: usize = 512;
+/// Prompt tokens per step on the GPU, all sequences together: one default micro-batch. A
+/// step's prefill then costs about one spilled-layer staging plus ~0.1 s of GEMMs (pp1024 of
+/// the synthetic Llama-3-8B ran ~12k tok/s with 16 of 32 layers spilled,
+/// docs/perf-checkpoints/2026-12-01-gpu-prefill-h200), the longest pause a decoding stream
+/// sees while prompts arrive.
+pub const GPU_PREFILL_PER_STEP: usize = 1024;
 
 /// The GPU decoder's slots and the last logits of each.
 pub struct GpuSlots<'m> {
@@ -41,7 +52,7 @@ impl<'m> GpuSlots<'m> {
 
     fn run(&mut self, feeds: &[Feed<'_>]) -> Result<(), ModelError> {
         let mut decode = Vec::new();
-        let mut decode_slots = Vec::new();
+        let mut prompts: Vec<(usize, &[u32], bool)> = Vec::new();
         for f in feeds {
             match f.tokens {
                 [] => {
@@ -50,26 +61,45 @@ impl<'m> GpuSlots<'m> {
                         f.slot
                     )))
                 }
-                [t] => {
-                    decode.push((f.slot, *t));
-                    decode_slots.push(f.slot);
-                }
-                tokens => {
-                    self.dec.select_slot(f.slot)?;
-                    let logits = self.dec.prefill(tokens)?;
-                    if f.want_logits {
-                        self.logits[f.slot].clear();
-                        self.logits[f.slot].extend_from_slice(logits);
-                    }
+                [t] => decode.push((f.slot, *t)),
+                tokens => prompts.push((f.slot, tokens, f.want_logits)),
+            }
+        }
+        let vocab = self.dec.model().config().vocab;
+        // Prompt chunks: as few batched steps as the step's token capacity allows, each staging
+        // the spilled layers once for all of its sequences.
+        let cap = self.dec.step_tokens().max(1);
+        let mut i = 0;
+        while i < prompts.len() {
+            let mut n = 0;
+            let mut j = i;
+            while j < prompts.len() && (j == i || n + prompts[j].1.len() <= cap) {
+                n += prompts[j].1.len();
+                j += 1;
+            }
+            let group = &prompts[i..j];
+            let segs: Vec<(usize, &[u32])> = group.iter().map(|p| (p.0, p.1)).collect();
+            let out = if n <= cap {
+                self.dec.prefill_slots(&segs)?.to_vec()
+            } else {
+                // One prompt chunk beyond a step (the engine's budget is larger than this
+                // decoder's step): the decoder's own prefill cuts it into steps.
+                self.dec.select_slot(segs[0].0)?;
+                self.dec.prefill(segs[0].1)?.to_vec()
+            };
+            for (p, row) in group.iter().zip(out.chunks_exact(vocab)) {
+                if p.2 {
+                    self.logits[p.0].clear();
+                    self.logits[p.0].extend_from_slice(row);
                 }
             }
+            i = j;
         }
         if decode.is_empty() {
             return Ok(());
         }
-        let vocab = self.dec.model().config().vocab;
         let out = self.dec.decode_slots(&decode)?;
-        for (slot, row) in decode_slots.into_iter().zip(out.chunks_exact(vocab)) {
+        for (&(slot, _), row) in decode.iter().zip(out.chunks_exact(vocab)) {
             self.logits[slot].clear();
             self.logits[slot].extend_from_slice(row);
         }
@@ -122,5 +152,16 @@ impl StepModel for GpuSlots<'_> {
 
     fn position(&self, slot: usize) -> usize {
         self.dec.slot_position(slot)
+    }
+
+    /// Up to [`GPU_PREFILL_CHUNK`] tokens per sequence and [`GPU_PREFILL_PER_STEP`] in all
+    /// (within the decoder's step): a batched prefill step stages every spilled layer once
+    /// whatever its token count, so fewer, larger steps cost less.
+    fn prefill_budget(&self) -> PrefillBudget {
+        let cap = self.dec.step_tokens().max(1);
+        PrefillBudget {
+            chunk: GPU_PREFILL_CHUNK.min(cap),
+            per_step: GPU_PREFILL_PER_STEP.min(cap),
+        }
     }
 }

@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use hipfire_model::Model;
 
-pub use engine::{CpuSlots, EngineConfig, EngineHandle, Feed, StepModel};
+pub use engine::{CpuSlots, EngineConfig, EngineHandle, Feed, PrefillBudget, StepModel};
 pub use error::{ApiError, ErrorKind, ServeError};
 pub use gpu_slots::GpuSlots;
 
