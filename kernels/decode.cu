@@ -12,18 +12,7 @@
 // reductions. Attention reads the whole KV cache every step (512 MiB a token for Llama-3-8B at
 // depth 4096), so it is split over the KV range to use the whole chip (see below).
 
-#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC_RTC__)
-#define HF_HIP 1
-#else
-#define HF_CUDA 1
-#endif
-
-#ifndef HF_WARP
-#define HF_WARP 32
-#endif
-
-// NVRTC has no <math.h>: -inf as a bit pattern.
-#define HF_NEG_INF __int_as_float(0xff800000)
+#include "platform.cuh"
 
 // NVRTC compiles without the host headers (math.h / math_constants.h) that define INFINITY;
 // measured on the H200 box: "identifier INFINITY is undefined" at the two uses below.

@@ -19,17 +19,16 @@
 // Launch (host, crates/hipfire-gpu/src/dequant.rs): block = HF_DQ_THREADS, grid = rows *
 // ceil(k / 8 / HF_DQ_THREADS); k % 8 == 0, out and out_row_stride * 2 16-byte aligned.
 // CUDA/HIP common subset; the arithmetic helpers below pin the rounding on both.
+#include "platform.cuh"
 #include "blocks.cuh"
 
-#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC_RTC__)
-#define HF_HIP 1
+#ifdef HF_HIP
 // hipcc contracts a*b+c into an FMA by default; the CPU dequantiser rounds the product first.
 #pragma clang fp contract(off)
 #define HF_MUL(a, b) ((a) * (b))
 #define HF_ADD(a, b) ((a) + (b))
 #define HF_SUB(a, b) ((a) - (b))
 #else
-#define HF_CUDA 1
 // The _rn intrinsics are never contracted into an FMA (NVRTC contracts plain a*b+c by default).
 #define HF_MUL(a, b) __fmul_rn((a), (b))
 #define HF_ADD(a, b) __fadd_rn((a), (b))

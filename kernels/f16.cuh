@@ -1,6 +1,6 @@
 // f16.cuh — f16 values handled as their bit patterns: the GEMV's f16 scales and weights, the
 // decoder's f16 KV cache. No half-type header is needed, and these two conversions are the only
-// arithmetic on them. Include after HF_CUDA / HF_HIP are defined.
+// arithmetic on them. Include after HF_CUDA / HF_HIP are defined (platform.cuh, or gemv.cu itself).
 #pragma once
 
 typedef unsigned short hf_u16;

@@ -17,11 +17,7 @@
 typedef unsigned int hf_u32;
 typedef unsigned long long hf_u64;
 
-#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC_RTC__)
-#define HF_HIP 1
-#else
-#define HF_CUDA 1
-#endif
+#include "platform.cuh"
 
 #define HF_FLAGS_THREADS 1024 // publish: one block, x is 16-56 KiB and its stores are posted
 

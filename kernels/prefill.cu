@@ -7,17 +7,7 @@
 // f32; the caches are [n_pos_max][n_kv_head][head_dim] f16 (row p written at position p), and the
 // chunk's own k and v are already stored (rows pos0 .. pos0 + n_tok - 1) when attention runs.
 
-#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC_RTC__)
-#define HF_HIP 1
-#else
-#define HF_CUDA 1
-#endif
-
-#ifndef HF_WARP
-#define HF_WARP 32
-#endif
-
-#define HF_NEG_INF __int_as_float(0xff800000)
+#include "platform.cuh"
 
 #include "f16.cuh"
 

@@ -104,7 +104,7 @@ pub use gemv::{
 pub use launch::{LaunchArgs, MAX_LAUNCH_PARAMS};
 pub use registry::{
     KernelRegistry, KernelSource, DEQUANT_SOURCE, F16_CUH, FLAGS_SOURCE, GEMV_SOURCE,
-    KERNEL_CACHE_ENV, READ_SOURCE,
+    KERNEL_CACHE_ENV, PLATFORM_CUH, READ_SOURCE,
 };
 
 /// Environment variable that enables the GPU test tier (`HIPFIRE_GPU_TESTS=1`).

@@ -27,6 +27,9 @@ pub struct KernelSource {
     pub headers: &'static [(&'static str, &'static str)],
 }
 
+/// `kernels/platform.cuh`: HF_HIP / HF_CUDA, the warp width and -inf (every kernel file but
+/// gemv.cu includes it first).
+pub const PLATFORM_CUH: &str = include_str!("../../../kernels/platform.cuh");
 /// `kernels/blocks.cuh`.
 pub const BLOCKS_CUH: &str = include_str!("../../../kernels/blocks.cuh");
 /// `kernels/f16.cuh`: f16 bit patterns to and from f32 (the GEMV and the decoder include it).
@@ -42,7 +45,11 @@ pub const GEMV_SOURCE: KernelSource = KernelSource {
 pub const DEQUANT_SOURCE: KernelSource = KernelSource {
     name: "dequant.cu",
     source: include_str!("../../../kernels/dequant.cu"),
-    headers: &[("blocks.cuh", BLOCKS_CUH), ("f16.cuh", F16_CUH)],
+    headers: &[
+        ("platform.cuh", PLATFORM_CUH),
+        ("blocks.cuh", BLOCKS_CUH),
+        ("f16.cuh", F16_CUH),
+    ],
 };
 /// `kernels/read.cu`: the read-bandwidth ceiling kernel.
 pub const READ_SOURCE: KernelSource = KernelSource {
@@ -55,7 +62,7 @@ pub const READ_SOURCE: KernelSource = KernelSource {
 pub const FLAGS_SOURCE: KernelSource = KernelSource {
     name: "flags.cu",
     source: include_str!("../../../kernels/flags.cu"),
-    headers: &[],
+    headers: &[("platform.cuh", PLATFORM_CUH)],
 };
 
 type Slot = Arc<Mutex<Option<Arc<Module>>>>;

@@ -170,7 +170,7 @@ pub fn chunk_len(n_pos: usize, n_kv: usize) -> usize {
 
 /// How one query's attention over positions `first..n_pos` is cut into chunks: the first
 /// chunk starts at `first` rounded down to a [`KV_BLOCK`] (its positions before `first` are
-/// masked by [`attend_chunk_from`]), every chunk is [`chunk_len`] of the attended span long.
+/// masked by [`attend_chunk`]), every chunk is [`chunk_len`] of the attended span long.
 /// A global layer has `first = 0`; a sliding-window layer `first = n_pos − window` (if > 0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Split {
@@ -197,7 +197,7 @@ impl Split {
         }
     }
 
-    /// Chunk `ci`'s positions `(t0, t1)` and its first attended one (for [`attend_chunk_from`]).
+    /// Chunk `ci`'s positions `(t0, t1)` and its first attended one (for [`attend_chunk`]).
     pub fn range(&self, ci: usize) -> ((usize, usize), usize) {
         let t0 = self.start + ci * self.chunk;
         let t1 = (t0 + self.chunk).min(self.end);
@@ -242,32 +242,19 @@ fn tier() -> Tier {
 }
 
 /// One work item: the query heads `q` (`group × head_dim`, the group sharing KV head `h`) over
-/// positions `t0..t1` of `kv`, scores scaled by `scale`; writes each head's partial (max, sum
-/// of exponentials, `Σ_t e^(s_t − max) v_t`) to `part` (`group × partial_len`). `scores` is
-/// scratch.
+/// positions `t0..t1` of `kv`, of which `t0..first` are left out of the softmax; scores scaled
+/// by `scale`. Writes each head's partial (max, sum of exponentials, `Σ_t e^(s_t − max) v_t`)
+/// to `part` (`group × partial_len`). `scores` is scratch.
+///
+/// A global layer's chunk, and every chunk of a sliding window but the one that holds its
+/// start, has `first = t0`; that one has `t0` a multiple of [`KV_BLOCK`] and `first` the
+/// window's first position ([`Split::range`] gives both).
 ///
 /// # Panics
-/// If the ranges are inconsistent (`t0` not a multiple of [`KV_BLOCK`], `t1` past the cache,
-/// `q` or `part` of the wrong length): a caller bug.
-pub fn attend_chunk(
-    q: &[f32],
-    kv: &KvLayer,
-    h: usize,
-    range: (usize, usize),
-    scale: f32,
-    scores: &mut Vec<f32>,
-    part: &mut [f32],
-) {
-    attend_chunk_from(q, kv, h, range, range.0, scale, scores, part);
-}
-
-/// [`attend_chunk`] with positions `t0..first` left out of the softmax: the chunk that holds
-/// the start of a sliding window (`t0` stays a multiple of [`KV_BLOCK`], `first` need not be).
-///
-/// # Panics
-/// As [`attend_chunk`], and if `first` is not in `t0..t1`.
+/// If the ranges are inconsistent (`t0` not a multiple of [`KV_BLOCK`], `first` not in
+/// `t0..t1`, `t1` past the cache, `q` or `part` of the wrong length): a caller bug.
 #[allow(clippy::too_many_arguments)]
-pub fn attend_chunk_from(
+pub fn attend_chunk(
     q: &[f32],
     kv: &KvLayer,
     h: usize,
@@ -287,7 +274,7 @@ pub fn attend_chunk_from(
             && t1 <= kv.n_pos
             && q.len() == group * hd
             && part.len() == group * partial_len(hd),
-        "attend_chunk: head {h}, positions {t0}..{t1} of {}, q {}, part {}",
+        "attend_chunk: head {h}, positions {t0}..{t1} (from {first}) of {}, q {}, part {}",
         kv.n_pos,
         q.len(),
         part.len()

@@ -44,7 +44,10 @@ use hipfire_gpu::{gemm_available, gemm_f16, GemmShape};
 pub const DECODE_SOURCE: KernelSource = KernelSource {
     name: "decode.cu",
     source: include_str!("../../../kernels/decode.cu"),
-    headers: &[("f16.cuh", hipfire_gpu::F16_CUH)],
+    headers: &[
+        ("platform.cuh", hipfire_gpu::PLATFORM_CUH),
+        ("f16.cuh", hipfire_gpu::F16_CUH),
+    ],
 };
 
 /// The kernels [`GpuDecoder`] launches from [`DECODE_SOURCE`], in [`DecodeKernels`] field order

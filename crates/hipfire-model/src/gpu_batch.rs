@@ -22,7 +22,10 @@ use crate::ModelError;
 pub const PREFILL_SOURCE: hipfire_gpu::KernelSource = hipfire_gpu::KernelSource {
     name: "prefill.cu",
     source: include_str!("../../../kernels/prefill.cu"),
-    headers: &[("f16.cuh", hipfire_gpu::F16_CUH)],
+    headers: &[
+        ("platform.cuh", hipfire_gpu::PLATFORM_CUH),
+        ("f16.cuh", hipfire_gpu::F16_CUH),
+    ],
 };
 
 /// The kernels [`PrefillKernels`] looks up, in field order.

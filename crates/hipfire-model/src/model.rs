@@ -552,7 +552,7 @@ impl Model {
                     };
                     let (range, lo) = split.range(ci);
                     let qg = &q[h * group * hd..(h + 1) * group * hd];
-                    attention::attend_chunk_from(qg, kv, h, range, lo, scale, &mut scores, part);
+                    attention::attend_chunk(qg, kv, h, range, lo, scale, &mut scores, part);
                 }
             })?;
         for (qh, o) in att[..n].chunks_exact_mut(hd).enumerate() {

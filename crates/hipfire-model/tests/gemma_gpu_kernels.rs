@@ -6,10 +6,13 @@
 
 use std::sync::Arc;
 
-use hipfire_gpu::{Context, GpuError, KernelRegistry, LaunchArgs, LaunchDims, Module, Stream};
-use hipfire_model::gpu::DECODE_SOURCE;
+use hipfire_gpu::{GpuError, LaunchArgs, LaunchDims, Module, Stream};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+
+#[path = "common/gpu_harness.rs"]
+mod gpu_harness;
+use gpu_harness::decode_module;
 
 /// Threads per block of the elementwise launches and of `rms_norm_add_f32` (the decoder's).
 const THREADS: u32 = 256;
@@ -43,19 +46,6 @@ fn gemma_kernels_compile_for_sm90_with_nvrtc() {
             "decode.cu: kernel {n} missing"
         );
     }
-}
-
-fn gpu() -> Option<(Arc<Context>, Arc<Module>, Stream)> {
-    if std::env::var("HIPFIRE_GPU_TESTS").as_deref() != Ok("1") {
-        eprintln!("skipped: HIPFIRE_GPU_TESTS not set");
-        return None;
-    }
-    let ctx = Context::new(0).expect("HIPFIRE_GPU_TESTS=1 but no GPU");
-    let module = KernelRegistry::new(&ctx)
-        .module(&DECODE_SOURCE, &[])
-        .expect("decode.cu");
-    let stream = ctx.new_stream().expect("stream");
-    Some((ctx, module, stream))
 }
 
 /// Launches `name` over `grid` blocks with `args` (the kernel's parameters, typed).
@@ -97,7 +87,7 @@ fn gelu_tanh_f64(x: f64) -> f64 {
 
 #[test]
 fn gemma_kernels_match_f64_on_the_gpu() {
-    let Some((ctx, module, stream)) = gpu() else {
+    let Some((ctx, module, stream)) = decode_module() else {
         return;
     };
     let mut r = ChaCha8Rng::seed_from_u64(0x9e33);

@@ -11,11 +11,14 @@
 use std::sync::Arc;
 
 use half::f16;
-use hipfire_gpu::{Context, KernelRegistry, Module, Stream};
-use hipfire_model::gpu::DECODE_SOURCE;
+use hipfire_gpu::{Module, Stream};
 use hipfire_model::gpu_attention::{AttnShape, SplitKvAttention, SplitPlan, ATTN_MAX_CHUNKS};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+
+#[path = "common/gpu_harness.rs"]
+mod gpu_harness;
+use gpu_harness::decode_module;
 
 /// Largest |gpu − f64| over the outputs. The f64 reference reads the same f16 cache values, so
 /// only f32 arithmetic separates them: dot products of ≤ 256 terms, `__expf` (a few ulp), sums
@@ -27,19 +30,6 @@ const ABS_BOUND: f64 = 1e-5;
 const POISON_ROWS: usize = 3;
 /// f16 quiet NaN.
 const F16_NAN: u16 = 0x7e00;
-
-fn gpu() -> Option<(Arc<Context>, Arc<Module>, Stream)> {
-    if std::env::var("HIPFIRE_GPU_TESTS").as_deref() != Ok("1") {
-        eprintln!("skipped: HIPFIRE_GPU_TESTS not set");
-        return None;
-    }
-    let ctx = Context::new(0).expect("HIPFIRE_GPU_TESTS=1 but no GPU");
-    let module = KernelRegistry::new(&ctx)
-        .module(&DECODE_SOURCE, &[])
-        .expect("decode.cu");
-    let stream = ctx.new_stream().expect("stream");
-    Some((ctx, module, stream))
-}
 
 /// softmax(q·Kᵀ/√d)·V per query head, in f64 over the f16 values.
 fn reference(q: &[f32], k: &[u16], v: &[u16], s: AttnShape, n_pos: usize) -> Vec<f64> {
@@ -155,7 +145,7 @@ fn shape(n_head: usize, n_kv_head: usize, head_dim: usize) -> AttnShape {
 
 #[test]
 fn split_kv_attention_matches_f64_reference() {
-    let Some((_ctx, module, stream)) = gpu() else {
+    let Some((_ctx, module, stream)) = decode_module() else {
         return;
     };
     let mut cases = Vec::new();
@@ -215,7 +205,7 @@ fn split_kv_attention_matches_f64_reference() {
 
 #[test]
 fn split_kv_attention_refuses_short_buffers_and_bad_plans() {
-    let Some((ctx, module, stream)) = gpu() else {
+    let Some((ctx, module, stream)) = decode_module() else {
         return;
     };
     let s = shape(32, 8, 128);

@@ -5,79 +5,26 @@
 //! Gated by `HIPFIRE_GPU_TESTS=1`; skipped with a printed reason otherwise.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use hipfire_exec::flags::FlagsTuning;
 use hipfire_exec::offload::OffloadMode;
 use hipfire_model::gpu::{GpuDecoder, GpuOptions};
-use hipfire_model::synth::{write_synthetic, SynthSpec};
-use hipfire_model::{Arch, CpuBackend, LoadOptions, Model};
+use hipfire_model::synth::SynthSpec;
+use hipfire_model::{Arch, Model};
 use hipfire_quant::Format;
 
-fn gated() -> bool {
-    if std::env::var("HIPFIRE_GPU_TESTS").as_deref() != Ok("1") {
-        eprintln!("skipped: HIPFIRE_GPU_TESTS not set");
-        return false;
-    }
-    true
-}
-
-fn tmp(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("hipfire-gpu-prefill-{}-{name}", std::process::id()))
-}
-
-/// Bound on max |GPU − CPU| / max |logit| for a batched prefill: the GEMM rounds the activation
-/// to f16 (11 significant bits) where the CPU quantises it to 8 bits per block, so the batched
-/// step is at least as close to the CPU as the token-by-token GPU step, whose bound this is
-/// (tests/gpu_synth.rs `rel_bound`: K-quants 8e-2, other quantised formats 4e-2, floats 2e-2).
-fn rel_bound(fmt: Format) -> f64 {
-    match fmt {
-        Format::Q4K
-        | Format::Q6K
-        | Format::Q5K
-        | Format::Q3K
-        | Format::Q2K
-        | Format::Iq4Xs
-        | Format::Hfq4G256 => 8e-2,
-        Format::F32 | Format::F16 | Format::BF16 => 2e-2,
-        _ => 4e-2,
-    }
-}
+#[path = "common/gpu_harness.rs"]
+mod gpu_harness;
+use gpu_harness::{gated, max_rel, rel_bound, tokens};
 
 fn opts(budget: Option<usize>, ubatch: usize) -> GpuOptions {
-    GpuOptions {
-        ordinal: 0,
-        gpu_layer_budget: budget,
-        mode: OffloadMode::Pcie,
-        ram_margin_bytes: hipfire_model::gpu::DEFAULT_RAM_MARGIN_BYTES,
-        flags: FlagsTuning::default(),
-        ubatch,
-    }
+    gpu_harness::gpu_options(budget, OffloadMode::Pcie, FlagsTuning::default(), ubatch)
 }
 
-/// max |a − b| / max |b| (NaN counts as infinitely far).
-fn rel(a: &[f32], b: &[f32]) -> f64 {
-    let scale = b.iter().fold(0f64, |m, v| m.max(f64::from(v.abs())));
-    a.iter().zip(b).fold(0f64, |m, (p, q)| {
-        let d = (f64::from(*p) - f64::from(*q)).abs() / scale;
-        if d.is_nan() {
-            f64::INFINITY
-        } else {
-            m.max(d)
-        }
-    })
-}
-
+/// The synthetic model `spec` in `fmt` (weights seeded 11), its file and the offload pool.
 fn load(spec: &SynthSpec, fmt: Format) -> (PathBuf, Model, hipfire_exec::CpuPool) {
-    let path = tmp(&format!("{}-{}.gguf", spec.name, fmt.name()));
-    write_synthetic(&path, spec, fmt, 11, None).expect("synth");
-    let pool = hipfire_exec::offload::offload_pool(0).expect("pool");
-    let model = Model::load_with_backend(
-        &path,
-        &LoadOptions::default(),
-        Arc::new(CpuBackend::with_pool(pool.clone())),
-    )
-    .expect("load");
+    let path = gpu_harness::tmp("gpu-prefill", &format!("{}-{}.gguf", spec.name, fmt.name()));
+    let (model, pool) = gpu_harness::load_synth(&path, spec, fmt, 11);
     (path, model, pool)
 }
 
@@ -91,12 +38,6 @@ fn run(dec: &mut GpuDecoder<'_>, first: &[u32], second: &[u32], decode: &[u32]) 
         out.push(dec.step(t).expect("step").to_vec());
     }
     out
-}
-
-fn tokens(n: usize, salt: u32, vocab: usize) -> Vec<u32> {
-    (0..n as u32)
-        .map(|i| (i * 37 + 5 + salt * 101) % vocab as u32)
-        .collect()
 }
 
 /// Every architecture (plain, biased q/k/v, q/k-norm, Gemma 3's post-norms, GeGLU and
@@ -144,11 +85,7 @@ fn batched_prefill_matches_cpu_in_every_format() {
                     dec.placement_summary()
                 );
                 let got = run(&mut dec, &a, &b, &c);
-                let worst = got
-                    .iter()
-                    .zip(&want)
-                    .map(|(g, w)| rel(g, w))
-                    .fold(0.0, f64::max);
+                let worst = max_rel(&got, &want);
                 eprintln!(
                     "{} {} budget {budget:?}: max |gpu-cpu| / max|logit| = {worst:.2e}",
                     spec.name,
@@ -207,11 +144,7 @@ fn batched_prefill_matches_token_by_token_on_a_wide_model() {
             let mut fast =
                 GpuDecoder::new(&model, pool.clone(), &opts(budget, 128)).expect("ubatch 128");
             let got = run(&mut fast, &a, &b, &c);
-            let worst = got
-                .iter()
-                .zip(&want)
-                .map(|(g, w)| rel(g, w))
-                .fold(0.0, f64::max);
+            let worst = max_rel(&got, &want);
             eprintln!(
                 "{} {} budget {budget:?}: max |batched-token| / max|logit| = {worst:.2e}",
                 spec.name,

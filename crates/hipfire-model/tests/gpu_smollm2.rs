@@ -7,12 +7,17 @@
 
 use std::path::PathBuf;
 
+use hipfire_exec::flags::FlagsTuning;
 use hipfire_exec::offload::{JoinStrategy, OffloadMode};
 use hipfire_exec::share::ShareSetting;
 use hipfire_exec::CpuPool;
-use hipfire_model::gpu::{GpuDecoder, GpuOptions};
+use hipfire_model::gpu::GpuDecoder;
 use hipfire_model::{CpuBackend, LoadOptions, Model};
 use serde_json::Value;
+
+#[path = "common/gpu_harness.rs"]
+mod gpu_harness;
+use gpu_harness::gpu_options;
 
 /// How close a mode's logits must stay to llama.cpp's.
 #[derive(Clone, Copy)]
@@ -42,8 +47,7 @@ const CPU_ENGINE: Bounds = Bounds {
 const BUDGET: usize = 10;
 
 fn setup() -> Option<(Model, CpuPool, Value)> {
-    if std::env::var("HIPFIRE_GPU_TESTS").as_deref() != Ok("1") {
-        eprintln!("skipped: HIPFIRE_GPU_TESTS not set");
+    if !gpu_harness::gated() {
         return None;
     }
     let Ok(path) = std::env::var("HIPFIRE_SMOLLM2_GGUF") else {
@@ -173,14 +177,12 @@ fn gpu_decode_matches_llama_cpp_in_every_mode() {
         ),
     ];
     for (name, budget, mode) in configs {
-        let opts = GpuOptions {
-            ordinal: 0,
-            gpu_layer_budget: budget,
+        let opts = gpu_options(
+            budget,
             mode,
-            ram_margin_bytes: hipfire_model::gpu::DEFAULT_RAM_MARGIN_BYTES,
-            flags: hipfire_exec::flags::FlagsTuning::default(),
-            ubatch: hipfire_model::gpu::DEFAULT_UBATCH,
-        };
+            FlagsTuning::default(),
+            hipfire_model::gpu::DEFAULT_UBATCH,
+        );
         let mut dec = GpuDecoder::new(&model, pool.clone(), &opts).expect("gpu decoder");
         eprintln!("{name}: {}", dec.placement_summary());
         let got = run_cases(&mut dec, &f);
@@ -194,14 +196,12 @@ fn passback_share_zero_is_byte_identical_to_cpu() {
         return;
     };
     let run = |mode| {
-        let opts = GpuOptions {
-            ordinal: 0,
-            gpu_layer_budget: Some(BUDGET),
+        let opts = gpu_options(
+            Some(BUDGET),
             mode,
-            ram_margin_bytes: hipfire_model::gpu::DEFAULT_RAM_MARGIN_BYTES,
-            flags: hipfire_exec::flags::FlagsTuning::default(),
-            ubatch: hipfire_model::gpu::DEFAULT_UBATCH,
-        };
+            FlagsTuning::default(),
+            hipfire_model::gpu::DEFAULT_UBATCH,
+        );
         let mut dec = GpuDecoder::new(&model, pool.clone(), &opts).expect("gpu decoder");
         run_cases(&mut dec, &f)
     };

@@ -4,50 +4,22 @@
 //!
 //! Gated by `HIPFIRE_GPU_TESTS=1`; skipped with a printed reason otherwise.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use hipfire_exec::flags::FlagsTuning;
 use hipfire_exec::offload::{JoinStrategy, OffloadMode};
 use hipfire_exec::share::ShareSetting;
-use hipfire_model::gpu::{GpuDecoder, GpuOptions};
+use hipfire_model::gpu::GpuDecoder;
 use hipfire_model::synth::{write_synthetic, SynthSpec};
 use hipfire_model::{Arch, CpuBackend, LoadOptions, Model};
 use hipfire_quant::Format;
 
-/// Largest |GPU − CPU| logit difference, relative to the largest |logit|, per format. Both
-/// engines quantise the activation to 8 bits with f32 scales, but in different blocks for the
-/// K-quants (GPU per 32, CPU per 256 with q8_K), so those differ by activation rounding compounded
-/// over the layers: measured on the H200 box 2.4e-2 (tiny llama, Q4_K) and 4.1e-2 (3 layers,
-/// 2048 wide) — the CPU path alone is ~1.5e-2 from the f64 forward (tests/synth_decode.rs).
-///
-/// Both engines keep the KV cache in f16, rounded to nearest with ties to even. Where their k/v
-/// already differ in the last f32 bits, that rounding can land one f16 step apart (4.9e-4
-/// relative), so the cache widens the gap rather than closing it. On the 3-layer, 2048-wide
-/// Q8_0 model the H200 box measured (the 2026-11-29 done-words record, docs/perf-checkpoints/2026-11-29-done-words-dram-layers-h200):
-/// - only the CPU cache f16: 2.5e-2 to 3.0e-2 over the six modes;
-/// - both caches f16: 2.44e-2 resident and pcie, 1.9e-2 to 2.0e-2 in the modes that split.
-///
-/// Hence 4e-2 for the 8-bit legacy formats. F32 weights keep 2e-2: no weight quantisation
-/// separates the engines there.
-fn rel_bound(fmt: Format) -> f64 {
-    match fmt {
-        Format::Q4K | Format::Q6K => 8e-2,
-        Format::F32 | Format::F16 | Format::BF16 => 2e-2,
-        _ => 4e-2,
-    }
-}
+#[path = "common/gpu_harness.rs"]
+mod gpu_harness;
+use gpu_harness::{gated, gpu_options, max_rel, rel, rel_bound};
 
-fn gated() -> bool {
-    if std::env::var("HIPFIRE_GPU_TESTS").as_deref() != Ok("1") {
-        eprintln!("skipped: HIPFIRE_GPU_TESTS not set");
-        return false;
-    }
-    true
-}
-
-fn tmp(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("hipfire-gpu-synth-{}-{name}", std::process::id()))
+fn tmp(name: &str) -> std::path::PathBuf {
+    gpu_harness::tmp("gpu-synth", name)
 }
 
 fn modes() -> Vec<(&'static str, Option<usize>, OffloadMode, FlagsTuning)> {
@@ -103,17 +75,8 @@ fn compare(
     failures: &mut Vec<String>,
 ) {
     let path = tmp(&format!("{}-{}.gguf", spec.name, fmt.name()));
-    write_synthetic(&path, spec, fmt, 7, None).expect("synth");
-    let pool = hipfire_exec::offload::offload_pool(0).expect("pool");
-    let model = Model::load_with_backend(
-        &path,
-        &LoadOptions::default(),
-        Arc::new(CpuBackend::with_pool(pool.clone())),
-    )
-    .expect("load");
-    let tokens: Vec<u32> = (0..n_tokens as u32)
-        .map(|i| (i * 37 + 5) % spec.vocab as u32)
-        .collect();
+    let (model, pool) = gpu_harness::load_synth(&path, spec, fmt, 7);
+    let tokens = gpu_harness::tokens(n_tokens, 0, spec.vocab);
     let mut want = Vec::new();
     {
         let mut s = model.session();
@@ -122,35 +85,15 @@ fn compare(
         }
     }
     for (name, budget, mode, flags) in modes {
-        let mut dec = GpuDecoder::new(
-            &model,
-            pool.clone(),
-            &GpuOptions {
-                ordinal: 0,
-                gpu_layer_budget: budget,
-                mode,
-                ram_margin_bytes: hipfire_model::gpu::DEFAULT_RAM_MARGIN_BYTES,
-                flags,
-                ubatch: hipfire_model::gpu::DEFAULT_UBATCH,
-            },
-        )
-        .expect("gpu decoder");
+        let opts = gpu_options(budget, mode, flags, hipfire_model::gpu::DEFAULT_UBATCH);
+        let mut dec = GpuDecoder::new(&model, pool.clone(), &opts).expect("gpu decoder");
         let mut worst = 0f64;
         for (i, &t) in tokens.iter().enumerate() {
             let got = dec.step(t).expect("gpu step");
             if i < from {
                 continue;
             }
-            let scale = want[i].iter().fold(0f64, |a, v| a.max(f64::from(v.abs())));
-            let err = got.iter().zip(&want[i]).fold(0f64, |a, (g, w)| {
-                let d = (f64::from(*g) - f64::from(*w)).abs();
-                if d.is_nan() {
-                    f64::INFINITY
-                } else {
-                    a.max(d / scale)
-                }
-            });
-            worst = worst.max(err);
+            worst = worst.max(rel(got, &want[i]));
         }
         eprintln!(
             "{} {} {name}, positions {from}..{n_tokens}: max |gpu-cpu| / max|logit| = {worst:.2e} ({})",
@@ -259,13 +202,13 @@ fn gpu_decoder_refuses_a_kv_cache_beyond_vram_with_the_numbers() {
         )
         .expect("load")
     };
-    let opts = |gpu_layer_budget| GpuOptions {
-        ordinal: 0,
-        gpu_layer_budget,
-        mode: OffloadMode::Pcie,
-        ram_margin_bytes: hipfire_model::gpu::DEFAULT_RAM_MARGIN_BYTES,
-        flags: FlagsTuning::default(),
-        ubatch: hipfire_model::gpu::DEFAULT_UBATCH,
+    let opts = |budget| {
+        gpu_options(
+            budget,
+            OffloadMode::Pcie,
+            FlagsTuning::default(),
+            hipfire_model::gpu::DEFAULT_UBATCH,
+        )
     };
     let model = load(None);
     let kv = model.kv_cache_bytes();
@@ -309,24 +252,6 @@ fn cpu_logits(spec: &SynthSpec, tokens: &[u32]) -> (Model, Vec<Vec<f32>>) {
     (model, logits)
 }
 
-/// max over positions of max |a − b| / max |b|.
-fn max_rel(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| {
-            let scale = y.iter().fold(0f64, |m, v| m.max(f64::from(v.abs())));
-            x.iter().zip(y).fold(0f64, |m, (p, q)| {
-                let d = (f64::from(*p) - f64::from(*q)).abs() / scale;
-                if d.is_nan() {
-                    f64::INFINITY
-                } else {
-                    m.max(d)
-                }
-            })
-        })
-        .fold(0.0, f64::max)
-}
-
 /// Scaled RoPE (linear ×4, YaRN ×4 with its cos/sin magnitude) on the GPU kernel against the
 /// CPU path, which tests/rope_scaling.rs checks against llama.cpp. The GPU must be closer to
 /// the CPU than a quarter of the distance between the CPU's scaled and unscaled logits, so a
@@ -337,7 +262,7 @@ fn gpu_rope_scaling_matches_cpu() {
         return;
     }
     use hipfire_model::{RopeScaling, RopeScalingKind};
-    let tokens: Vec<u32> = (0..96u32).map(|i| (i * 37 + 5) % 512).collect();
+    let tokens = gpu_harness::tokens(96, 0, SynthSpec::tiny(Arch::Llama).vocab);
     let mut failures = Vec::new();
     for arch in [Arch::Llama, Arch::Qwen2] {
         let plain = SynthSpec::tiny(arch);
@@ -354,19 +279,13 @@ fn gpu_rope_scaling_matches_cpu() {
             };
             let (model, want) = cpu_logits(&spec, &tokens);
             let pool = hipfire_exec::offload::offload_pool(0).expect("pool");
-            let mut dec = GpuDecoder::new(
-                &model,
-                pool,
-                &GpuOptions {
-                    ordinal: 0,
-                    gpu_layer_budget: None,
-                    mode: OffloadMode::Pcie,
-                    ram_margin_bytes: hipfire_model::gpu::DEFAULT_RAM_MARGIN_BYTES,
-                    flags: FlagsTuning::default(),
-                    ubatch: hipfire_model::gpu::DEFAULT_UBATCH,
-                },
-            )
-            .expect("gpu decoder");
+            let opts = gpu_options(
+                None,
+                OffloadMode::Pcie,
+                FlagsTuning::default(),
+                hipfire_model::gpu::DEFAULT_UBATCH,
+            );
+            let mut dec = GpuDecoder::new(&model, pool, &opts).expect("gpu decoder");
             let got: Vec<Vec<f32>> = tokens
                 .iter()
                 .map(|&t| dec.step(t).expect("gpu step").to_vec())

@@ -24,6 +24,7 @@ use crate::dot::avx2::{
     Q4K_SCALES, Q4_0_BYTES, Q4_0_CORR_LANES, Q4_0_GROUP_BLOCKS, Q4_1_BYTES, Q5K_BYTES, Q5K_QH,
     Q5K_QS, Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_SCALES, Q8_0_BYTES,
 };
+use crate::dot::avx2_mix::STEP4;
 use crate::dot::avx512_mix as mix;
 use crate::formats::hfq::HFQ_GROUP;
 use crate::formats::kquant::QK_K;
@@ -69,6 +70,9 @@ pub(crate) static KERNELS_VNNI: Kernels = [
     RowDot::Q8x32(mix::vnni::dot_iq4nl_q8_0_avx512),
     RowDot::Q8K(mix::vnni::dot_iq4xs_q8k_avx512),
 ];
+
+/// Lanes of `Q8x32::corr` per Q8_0 block (one block per 256-bit half).
+const Q8_0_CORR_LANES: usize = crate::act::corr_lanes(crate::Format::Q8_0).0;
 
 /// Lane → block selector for two blocks per vector: lanes 0..8 block 0, 8..16 block 1.
 pub(crate) const IDX_2BLK: [i32; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1];
@@ -497,34 +501,70 @@ macro_rules! int_kernels {
 
             /// Q8_0 row against `N` activations at once (four blocks per step, two per vector):
             /// each weight step is loaded and its scales converted once, then dotted with every
-            /// activation. Each activation's integer products and float accumulation order
-            /// depend on nothing but that activation, so `N = 1` is the single kernel
-            /// ([`dot_q8_0_q8_0_avx512`]) and every result is bit-identical to it.
+            /// activation ([`dot_pairs4_multi`]).
             #[inline]
             #[target_feature(enable = $feat)]
             unsafe fn dot_q8_0_multi<const N: usize>(row: &[u8], a: &[&Q8x32; N]) -> [f32; N] {
-                const STEP: usize = 4;
-                let nb = row.len() / Q8_0_BYTES;
+                dot_pairs4_multi::<N, Q8_0_BYTES, { STEP4 * Q8_0_BYTES }>(
+                    row,
+                    a,
+                    Q8_0_CORR_LANES,
+                    |g| {
+                        let ld = |o: usize| {
+                            _mm256_loadu_si256(g.add(Q8_0_BYTES * o + 2) as *const __m256i)
+                        };
+                        (join(ld(0), ld(1)), join(ld(2), ld(3)))
+                    },
+                    |c, w, x| $dpi8(c, w, x),
+                    |blk, a, b| q8_0_block(blk, a, b),
+                )
+            }
+
+            /// The loop of the formats whose 32-code blocks start with their f16 scale and
+            /// whose offset or sign bias enters the integer lanes through `corr` (Q8_0, and
+            /// Q5_0 and IQ4_NL in `avx512_mix.rs`): [`STEP4`] blocks (`BYTES` each) a step,
+            /// two per vector, each step's codes made once by `codes` (blocks 0 and 1, 2 and 3)
+            /// and its scales converted once, then for every activation `dot(corr, w, x)` (the
+            /// i32 lanes of corr + w·x) scaled and accumulated; the blocks after the last whole
+            /// step go through `tail`, the format's 256-bit block dot. Each activation's integer
+            /// products and float accumulation order depend on nothing but that activation, so
+            /// `N = 1` is the single kernel and every result is bit-identical to it.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            pub(crate) unsafe fn dot_pairs4_multi<
+                const N: usize,
+                const BYTES: usize,
+                const STEP_BYTES: usize,
+            >(
+                row: &[u8],
+                a: &[&Q8x32; N],
+                corr_lanes: usize,
+                codes: impl Fn(*const u8) -> (__m512i, __m512i),
+                dot: impl Fn(__m512i, __m512i, __m512i) -> __m512i,
+                tail: impl Fn(*const u8, &Q8x32, usize) -> __m256i,
+            ) -> [f32; N] {
+                // `prefetch_ahead` takes the step's bytes as a constant, which cannot be
+                // computed from `BYTES` here.
+                const { assert!(STEP_BYTES == STEP4 * BYTES) };
+                let nb = row.len() / BYTES;
                 let p = row.as_ptr();
                 let (i01, i23) = (ld_idx(&IDX_2BLK), ld_idx(&IDX_2BLK_HI));
                 let mut acc0 = [_mm512_setzero_ps(); N];
                 let mut acc1 = [_mm512_setzero_ps(); N];
                 let mut b = 0;
-                while b + STEP <= nb {
-                    let g = p.add(Q8_0_BYTES * b);
-                    prefetch_ahead::<{ STEP * Q8_0_BYTES }>(g);
-                    let ld =
-                        |o: usize| _mm256_loadu_si256(g.add(Q8_0_BYTES * o + 2) as *const __m256i);
-                    let (w01, w23) = (join(ld(0), ld(1)), join(ld(2), ld(3)));
-                    let wd = h2f_x4(g, Q8_0_BYTES);
+                while b + STEP4 <= nb {
+                    let g = p.add(BYTES * b);
+                    prefetch_ahead::<STEP_BYTES>(g);
+                    let (w01, w23) = codes(g);
+                    let wd = h2f_x4(g, BYTES);
                     for j in 0..N {
                         let (xq, corr) = (a[j].qs.as_ptr(), a[j].corr.as_ptr());
                         let x01 = _mm512_loadu_si512(xq.add(QK * b) as *const _);
                         let x23 = _mm512_loadu_si512(xq.add(QK * (b + 2)) as *const _);
-                        let c01 = _mm512_loadu_si512(corr.add(8 * b) as *const _);
-                        let c23 = _mm512_loadu_si512(corr.add(8 * (b + 2)) as *const _);
-                        let p01 = $dpi8(c01, w01, x01);
-                        let p23 = $dpi8(c23, w23, x23);
+                        let c01 = _mm512_loadu_si512(corr.add(corr_lanes * b) as *const _);
+                        let c23 = _mm512_loadu_si512(corr.add(corr_lanes * (b + 2)) as *const _);
+                        let p01 = dot(c01, w01, x01);
+                        let p23 = dot(c23, w23, x23);
                         let s4 = _mm_mul_ps(wd, _mm_loadu_ps(a[j].d.as_ptr().add(b)));
                         let s4 = _mm512_castps128_ps512(s4);
                         let s01 = _mm512_permutexvar_ps(i01, s4);
@@ -532,18 +572,19 @@ macro_rules! int_kernels {
                         acc0[j] = _mm512_fmadd_ps(s01, _mm512_cvtepi32_ps(p01), acc0[j]);
                         acc1[j] = _mm512_fmadd_ps(s23, _mm512_cvtepi32_ps(p23), acc1[j]);
                     }
-                    b += STEP;
+                    b += STEP4;
                 }
                 let mut out = [0f32; N];
                 for j in 0..N {
-                    let mut tail = _mm256_setzero_ps();
+                    let mut tail_acc = _mm256_setzero_ps();
                     for bb in b..nb {
-                        let b0 = p.add(Q8_0_BYTES * bb);
+                        let b0 = p.add(BYTES * bb);
                         let s = _mm256_set1_ps(h2f(rd16(b0)) * a[j].d[bb]);
-                        let pi = _mm256_cvtepi32_ps(q8_0_block(b0, a[j], bb));
-                        tail = _mm256_fmadd_ps(s, pi, tail);
+                        let pi = _mm256_cvtepi32_ps(tail(b0, a[j], bb));
+                        tail_acc = _mm256_fmadd_ps(s, pi, tail_acc);
                     }
-                    out[j] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[j], acc1[j])) + hsum8(tail);
+                    out[j] =
+                        _mm512_reduce_add_ps(_mm512_add_ps(acc0[j], acc1[j])) + hsum8(tail_acc);
                 }
                 out
             }

@@ -76,6 +76,7 @@ macro_rules! mix_kernels {
         /// Row dots of this flavour.
         pub(crate) mod $m {
             use super::*;
+            use crate::dot::avx512::$m::dot_pairs4_multi;
 
             /// Q5_0 row · q8 activation ([`dot_q5_0_multi`] of one activation).
             #[target_feature(enable = $feat)]
@@ -88,49 +89,20 @@ macro_rules! mix_kernels {
             #[inline]
             #[target_feature(enable = $feat)]
             unsafe fn dot_q5_0_multi<const N: usize>(row: &[u8], a: &[&Q8x32; N]) -> [f32; N] {
-                let nb = row.len() / Q5_0_BYTES;
-                let p = row.as_ptr();
-                let (i01, i23) = (ld_idx(&IDX_2BLK), ld_idx(&IDX_2BLK_HI));
-                let mut acc0 = [_mm512_setzero_ps(); N];
-                let mut acc1 = [_mm512_setzero_ps(); N];
-                let mut b = 0;
-                while b + STEP4 <= nb {
-                    let g = p.add(Q5_0_BYTES * b);
-                    prefetch_ahead::<{ STEP4 * Q5_0_BYTES }>(g);
-                    let blk = |o: usize| g.add(Q5_0_BYTES * o);
-                    let w01 = codes5_512(blk(0), blk(1), Q5_0_QS, Q5_0_QH);
-                    let w23 = codes5_512(blk(2), blk(3), Q5_0_QS, Q5_0_QH);
-                    let wd = h2f_x4(g, Q5_0_BYTES);
-                    for j in 0..N {
-                        let (xq, corr) = (a[j].qs.as_ptr(), a[j].corr.as_ptr());
-                        let x01 = _mm512_loadu_si512(xq.add(QK * b) as *const _);
-                        let x23 = _mm512_loadu_si512(xq.add(QK * (b + 2)) as *const _);
-                        let c01 = _mm512_loadu_si512(corr.add(Q5_0_CORR_LANES * b) as *const _);
-                        let c23 =
-                            _mm512_loadu_si512(corr.add(Q5_0_CORR_LANES * (b + 2)) as *const _);
-                        let p01 = $dp(c01, w01, x01);
-                        let p23 = $dp(c23, w23, x23);
-                        let s4 = _mm_mul_ps(wd, _mm_loadu_ps(a[j].d.as_ptr().add(b)));
-                        let s4 = _mm512_castps128_ps512(s4);
-                        let s01 = _mm512_permutexvar_ps(i01, s4);
-                        let s23 = _mm512_permutexvar_ps(i23, s4);
-                        acc0[j] = _mm512_fmadd_ps(s01, _mm512_cvtepi32_ps(p01), acc0[j]);
-                        acc1[j] = _mm512_fmadd_ps(s23, _mm512_cvtepi32_ps(p23), acc1[j]);
-                    }
-                    b += STEP4;
-                }
-                let mut out = [0f32; N];
-                for j in 0..N {
-                    let mut tail = _mm256_setzero_ps();
-                    for bb in b..nb {
-                        let b0 = p.add(Q5_0_BYTES * bb);
-                        let s = _mm256_set1_ps(h2f(rd16(b0)) * a[j].d[bb]);
-                        let pi = _mm256_cvtepi32_ps(q5_0_block(b0, a[j], bb));
-                        tail = _mm256_fmadd_ps(s, pi, tail);
-                    }
-                    out[j] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[j], acc1[j])) + hsum8(tail);
-                }
-                out
+                dot_pairs4_multi::<N, Q5_0_BYTES, { STEP4 * Q5_0_BYTES }>(
+                    row,
+                    a,
+                    Q5_0_CORR_LANES,
+                    |g| {
+                        let blk = |o: usize| g.add(Q5_0_BYTES * o);
+                        (
+                            codes5_512(blk(0), blk(1), Q5_0_QS, Q5_0_QH),
+                            codes5_512(blk(2), blk(3), Q5_0_QS, Q5_0_QH),
+                        )
+                    },
+                    |c, w, x| $dp(c, w, x),
+                    |blk, a, b| q5_0_block(blk, a, b),
+                )
             }
 
             /// Q5_1 row · q8 activation ([`dot_q5_1_multi`] of one activation).
@@ -277,51 +249,22 @@ macro_rules! mix_kernels {
             #[inline]
             #[target_feature(enable = $feat)]
             unsafe fn dot_iq4nl_multi<const N: usize>(row: &[u8], a: &[&Q8x32; N]) -> [f32; N] {
-                let nb = row.len() / IQ4NL_BYTES;
-                let p = row.as_ptr();
                 let table = iq4_table256();
                 let table512 = _mm512_broadcast_i64x4(table);
-                let (i01, i23) = (ld_idx(&IDX_2BLK), ld_idx(&IDX_2BLK_HI));
-                let mut acc0 = [_mm512_setzero_ps(); N];
-                let mut acc1 = [_mm512_setzero_ps(); N];
-                let mut b = 0;
-                while b + STEP4 <= nb {
-                    let g = p.add(IQ4NL_BYTES * b);
-                    prefetch_ahead::<{ STEP4 * IQ4NL_BYTES }>(g);
-                    let nib = |o: usize| nibbles32(g.add(IQ4NL_BYTES * o + 2));
-                    let w01 = _mm512_shuffle_epi8(table512, join(nib(0), nib(1)));
-                    let w23 = _mm512_shuffle_epi8(table512, join(nib(2), nib(3)));
-                    let wd = h2f_x4(g, IQ4NL_BYTES);
-                    for j in 0..N {
-                        let (xq, corr) = (a[j].qs.as_ptr(), a[j].corr.as_ptr());
-                        let x01 = _mm512_loadu_si512(xq.add(QK * b) as *const _);
-                        let x23 = _mm512_loadu_si512(xq.add(QK * (b + 2)) as *const _);
-                        let c01 = _mm512_loadu_si512(corr.add(IQ4NL_CORR_LANES * b) as *const _);
-                        let c23 =
-                            _mm512_loadu_si512(corr.add(IQ4NL_CORR_LANES * (b + 2)) as *const _);
-                        let p01 = $dpi8(c01, w01, x01);
-                        let p23 = $dpi8(c23, w23, x23);
-                        let s4 = _mm_mul_ps(wd, _mm_loadu_ps(a[j].d.as_ptr().add(b)));
-                        let s4 = _mm512_castps128_ps512(s4);
-                        let s01 = _mm512_permutexvar_ps(i01, s4);
-                        let s23 = _mm512_permutexvar_ps(i23, s4);
-                        acc0[j] = _mm512_fmadd_ps(s01, _mm512_cvtepi32_ps(p01), acc0[j]);
-                        acc1[j] = _mm512_fmadd_ps(s23, _mm512_cvtepi32_ps(p23), acc1[j]);
-                    }
-                    b += STEP4;
-                }
-                let mut out = [0f32; N];
-                for j in 0..N {
-                    let mut tail = _mm256_setzero_ps();
-                    for bb in b..nb {
-                        let b0 = p.add(IQ4NL_BYTES * bb);
-                        let s = _mm256_set1_ps(h2f(rd16(b0)) * a[j].d[bb]);
-                        let pi = _mm256_cvtepi32_ps(iq4nl_block(table, b0, a[j], bb));
-                        tail = _mm256_fmadd_ps(s, pi, tail);
-                    }
-                    out[j] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[j], acc1[j])) + hsum8(tail);
-                }
-                out
+                dot_pairs4_multi::<N, IQ4NL_BYTES, { STEP4 * IQ4NL_BYTES }>(
+                    row,
+                    a,
+                    IQ4NL_CORR_LANES,
+                    |g| {
+                        let nib = |o: usize| nibbles32(g.add(IQ4NL_BYTES * o + 2));
+                        (
+                            _mm512_shuffle_epi8(table512, join(nib(0), nib(1))),
+                            _mm512_shuffle_epi8(table512, join(nib(2), nib(3))),
+                        )
+                    },
+                    |c, w, x| $dpi8(c, w, x),
+                    |blk, a, b| iq4nl_block(table, blk, a, b),
+                )
             }
 
             /// IQ4_XS row · q8_K activation ([`dot_iq4xs_multi`] of one activation).
