@@ -572,6 +572,25 @@ fn bench_json_on_cpu() {
 }
 
 #[test]
+fn bench_batch_above_one_on_the_cpu_is_refused_before_loading() {
+    let s = Scratch::new("bench-batch");
+    let out = s.dir.join("tiny.gguf");
+    let out_s = out.display().to_string();
+    let o = s.run(&["synth", "--arch", "tiny", "--out", &out_s]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let o = s.run(&[
+        "bench", &out_s, "-p", "0", "-n", "4", "--batch", "1,4", "--device", "cpu",
+    ]);
+    assert_ne!(code(&o), 0, "{}", stdout(&o));
+    let e = stderr(&o);
+    assert!(e.contains("--batch 4 needs the GPU engine"), "{e}");
+    // Out of range is clap's refusal, naming the flag.
+    let o = s.run(&["bench", &out_s, "--batch", "0", "--device", "cpu"]);
+    assert_ne!(code(&o), 0);
+    assert!(stderr(&o).contains("--batch"), "{}", stderr(&o));
+}
+
+#[test]
 fn synth_then_run_on_cpu() {
     let s = Scratch::new("synth");
     let out = s.dir.join("tiny.gguf");

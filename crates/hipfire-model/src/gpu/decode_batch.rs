@@ -76,8 +76,9 @@ impl DecodeBatch {
     /// Device bytes it holds (for the placement budget).
     pub(crate) fn vram_bytes(c: &ModelConfig, rows: usize) -> u64 {
         let f32s = rows * (3 * c.d_model + 3 * c.q_dim() + 2 * c.kv_dim() + 2 * c.n_ff + c.vocab);
-        // Activations: f32 copy, int8 values and (d, s) pairs per 32.
-        let act = rows * (c.d_model + c.q_dim() + c.n_ff) * (4 + 1 + 8 / 32);
+        // Activations: an f32 copy and int8 values per element, a (d, s) f32 pair per 32.
+        let elems = rows * (c.d_model + c.q_dim() + c.n_ff);
+        let act = elems * (4 + 1) + elems.div_ceil(32) * 8;
         (f32s * 4 + act) as u64
     }
 
