@@ -19,7 +19,7 @@ use hipfire_exec::offload::{OffloadExecutor, OffloadMode, SpilledStep};
 use hipfire_exec::CpuPool;
 use hipfire_gpu::backend::LaunchDims;
 use hipfire_gpu::{
-    Activation, Context, DeviceBuffer, DeviceMemory, Function, GemvForm, GemvKernels, GpuError,
+    Context, DeviceBuffer, DeviceMemory, Function, GemvForm, GemvKernels, GpuError,
     HostMappedBuffer, KernelRegistry, KernelSource, LaunchArgs, RowRange, Stream, WeightLocation,
     WeightRef,
 };
@@ -35,8 +35,8 @@ use crate::sampling::SamplingParams;
 use crate::{Model, ModelError, Weight};
 
 mod decode_batch;
-use decode_batch::DecodeBatch;
 pub use decode_batch::MAX_SLOTS;
+use decode_batch::{DecodeBatch, StepActs};
 use hipfire_gpu::dequant::DequantKernels;
 use hipfire_gpu::{gemm_available, gemm_f16, GemmShape};
 
@@ -215,25 +215,10 @@ struct DecodeKernels {
     softcap: Function,
 }
 
-/// Scratch activations on the device.
+/// What a decode step needs beyond its activations: the RoPE tables.
 struct Scratch {
-    x: DeviceBuffer<f32>,
-    xn: DeviceBuffer<f32>,
-    q: DeviceBuffer<f32>,
-    /// This position's k and v in f32 (projection, bias, k-norm and RoPE act here) before
-    /// `kv_store_f16` rounds them into the cache.
-    k: DeviceBuffer<f32>,
-    v: DeviceBuffer<f32>,
-    att: DeviceBuffer<f32>,
-    gate: DeviceBuffer<f32>,
-    up: DeviceBuffer<f32>,
-    logits: DeviceBuffer<f32>,
-    act_model: Activation,
-    act_q: Activation,
-    act_ff: Activation,
-    /// Pinned staging: embedding row up, logits down.
-    stage_x: HostMappedBuffer,
-    stage_logits: HostMappedBuffer,
+    /// One token's activations.
+    a: StepActs,
     /// RoPE's per-pair frequencies ([`crate::rope::Rope::inv_freq`]).
     inv_freq: DeviceBuffer<f32>,
     /// RoPE's cos/sin magnitude ([`crate::rope::Rope::mscale`]; YaRN's `1 + 0.1 ln s`).
@@ -702,20 +687,7 @@ impl<'m> GpuDecoder<'m> {
             )
         });
         let s = Scratch {
-            x: ctx.alloc(c.d_model)?,
-            xn: ctx.alloc(c.d_model)?,
-            q: ctx.alloc(qd)?,
-            k: ctx.alloc(kvd)?,
-            v: ctx.alloc(kvd)?,
-            att: ctx.alloc(qd)?,
-            gate: ctx.alloc(c.n_ff)?,
-            up: ctx.alloc(c.n_ff)?,
-            logits: ctx.alloc(c.vocab)?,
-            act_model: Activation::new(&ctx, c.d_model)?,
-            act_q: Activation::new(&ctx, qd)?,
-            act_ff: Activation::new(&ctx, c.n_ff)?,
-            stage_x: ctx.alloc_pinned_host(c.d_model * 4)?,
-            stage_logits: ctx.alloc_pinned_host(c.vocab * 4)?,
+            a: StepActs::new(&ctx, &c, 1)?,
             inv_freq: upload_f32(&ctx, &stream, &inv_freq)?,
             rope_mscale,
             rope_local: match &rope_local {
@@ -1067,11 +1039,7 @@ impl<'m> GpuDecoder<'m> {
             .as_ref()
             .ok_or_else(|| ModelError::Unsupported(format!("weight {} not placed", w.name)))?;
         let wr = gw.weight_ref(w)?;
-        let act = match which_act {
-            ActSlot::Model => &self.s.act_model,
-            ActSlot::Q => &self.s.act_q,
-            ActSlot::Ff => &self.s.act_ff,
-        };
+        let act = self.s.a.act(which_act);
         let mut yv = DeviceView {
             ptr: y,
             bytes: y_len * 4,
@@ -1159,11 +1127,7 @@ impl<'m> GpuDecoder<'m> {
                 form: GemvForm::Plain,
             })
             .collect();
-        let act = match which_act {
-            ActSlot::Model => &self.s.act_model,
-            ActSlot::Q => &self.s.act_q,
-            ActSlot::Ff => &self.s.act_ff,
-        };
+        let act = self.s.a.act(which_act);
         self.offload
             .run_shared(&self.stream, &self.gemv, act, &mut steps)?;
         Ok(())
@@ -1176,9 +1140,9 @@ impl<'m> GpuDecoder<'m> {
             ctx: &self.ctx,
         };
         let act = match slot {
-            ActSlot::Model => &mut self.s.act_model,
-            ActSlot::Q => &mut self.s.act_q,
-            ActSlot::Ff => &mut self.s.act_ff,
+            ActSlot::Model => &mut self.s.a.act_model,
+            ActSlot::Q => &mut self.s.a.act_q,
+            ActSlot::Ff => &mut self.s.a.act_ff,
         };
         self.gemv.prepare(&self.stream, &xv, act)
     }
@@ -1188,14 +1152,14 @@ impl<'m> GpuDecoder<'m> {
     fn rows(&self, n: usize) -> Result<StepRows, ModelError> {
         match (&self.batch, n) {
             (_, 1) => Ok(StepRows {
-                x: self.s.x.device_ptr(),
-                xn: self.s.xn.device_ptr(),
-                q: self.s.q.device_ptr(),
-                k: self.s.k.device_ptr(),
-                v: self.s.v.device_ptr(),
-                att: self.s.att.device_ptr(),
-                gate: self.s.gate.device_ptr(),
-                up: self.s.up.device_ptr(),
+                x: self.s.a.x.device_ptr(),
+                xn: self.s.a.xn.device_ptr(),
+                q: self.s.a.q.device_ptr(),
+                k: self.s.a.k.device_ptr(),
+                v: self.s.a.v.device_ptr(),
+                att: self.s.a.att.device_ptr(),
+                gate: self.s.a.gate.device_ptr(),
+                up: self.s.a.up.device_ptr(),
             }),
             (Some(b), n) if n <= b.scratch.step_rows => {
                 let b = &b.scratch;
@@ -1228,7 +1192,7 @@ impl<'m> GpuDecoder<'m> {
         let rb = emb.format.row_bytes(emb.k)?;
         let table = self.model.weight_bytes(emb);
         let stage = match (&mut self.batch, tokens.len()) {
-            (_, 1) => &mut self.s.stage_x,
+            (_, 1) => &mut self.s.a.stage_x,
             (Some(b), _) => &mut b.scratch.stage_x,
             (None, n) => {
                 return Err(ModelError::Backend {
@@ -1429,19 +1393,19 @@ impl<'m> GpuDecoder<'m> {
                     // A sliding-window layer past its window: positions n_pos − window ..
                     Some(w) if n_pos > w => self.attention.launch_from(
                         &self.stream,
-                        &self.s.q,
+                        &self.s.a.q,
                         kc,
                         vc,
-                        &mut self.s.att,
+                        &mut self.s.a.att,
                         n_pos - w,
                         n_pos,
                     )?,
                     _ => self.attention.launch(
                         &self.stream,
-                        &self.s.q,
+                        &self.s.a.q,
                         kc,
                         vc,
-                        &mut self.s.att,
+                        &mut self.s.a.att,
                         n_pos,
                     )?,
                 }
@@ -1462,38 +1426,43 @@ impl<'m> GpuDecoder<'m> {
         Ok(())
     }
 
-    /// Layer `li` over `m` tokens at positions `pos ..` whose residual rows start at `x`; the
-    /// other activations are `r`'s (the decode scratch, or one micro-batch's).
+    /// Layer `li` over the rows `rows` describes, whose residual rows start at `x`; the other
+    /// activations are `r`'s (the decode scratch, one micro-batch's, or a batched decode step's).
+    /// The layer is written once: each operation asks `rows` for its form — a run of one
+    /// sequence's positions (the GEMV or GEMM, split-KV or chunk attention) or one token of each
+    /// of several sequences (the multi-column GEMV, attention row by row).
     fn layer(
         &mut self,
         li: usize,
         r: &StepRows,
         x: u64,
-        (m, pos, batched): (usize, usize, bool),
+        rows: LayerRows<'_>,
     ) -> Result<(), ModelError> {
         let c = self.model.config().clone();
         let (qd, kvd, hd, d) = (c.q_dim(), c.kv_dim(), c.head_dim, c.d_model);
+        let m = rows.len();
         let l = &self.layers[li];
         let (wq, wk, wv, wo, wg, wu, wd) = (l.wq, l.wk, l.wv, l.wo, l.gate, l.up, l.down);
-        let kslot = l.k_cache[self.slot].device_ptr() + (pos * kvd * KV_ELEM_BYTES) as u64;
-        let vslot = l.v_cache[self.slot].device_ptr() + (pos * kvd * KV_ELEM_BYTES) as u64;
         self.rms_norm(x, &self.layers[li].attn_norm, r.xn, m, d)?;
-        self.project_rows(
+        self.project_any(
             &[(wq, r.q, qd), (wk, r.k, kvd), (wv, r.v, kvd)],
             r.xn,
-            (d, m, batched),
+            d,
+            rows,
             ActSlot::Model,
             GemvForm::Plain,
         )?;
         let l = &self.layers[li];
-        if let Some(b) = &l.bq {
-            self.add_bias(r.q, b, (m, batched))?;
-        }
-        if let Some(b) = &l.bk {
-            self.add_bias(r.k, b, (m, batched))?;
-        }
-        if let Some(b) = &l.bv {
-            self.add_bias(r.v, b, (m, batched))?;
+        for (bias, y, len) in [(&l.bq, r.q, qd), (&l.bk, r.k, kvd), (&l.bv, r.v, kvd)] {
+            let Some(b) = bias else { continue };
+            match rows {
+                LayerRows::Run { batched, .. } => self.add_bias(y, b, (m, batched))?,
+                LayerRows::Slots(_) => {
+                    for i in 0..m {
+                        self.add(y + (i * len * 4) as u64, b)?;
+                    }
+                }
+            }
         }
         if let Some(w) = &l.q_norm {
             self.rms_norm(r.q, w, r.q, m * c.n_head, hd)?;
@@ -1501,17 +1470,30 @@ impl<'m> GpuDecoder<'m> {
         if let Some(w) = &l.k_norm {
             self.rms_norm(r.k, w, r.k, m * c.n_head_kv, hd)?;
         }
-        self.rope_rows(li, r.q, c.n_head, (m, pos, batched))?;
-        self.rope_rows(li, r.k, c.n_head_kv, (m, pos, batched))?;
-        self.kv_store(r.k, r.v, kslot, vslot, m * kvd)?;
-        self.attend(li, r, (m, pos, batched))?;
-        self.residual_project(li, wo, r.att, (qd, m, batched), ActSlot::Q, x, r.xn, false)?;
+        match rows {
+            LayerRows::Run { pos, batched, .. } => {
+                let at = (pos * kvd * KV_ELEM_BYTES) as u64;
+                let kslot = l.k_cache[self.slot].device_ptr() + at;
+                let vslot = l.v_cache[self.slot].device_ptr() + at;
+                self.rope_rows(li, r.q, c.n_head, (m, pos, batched))?;
+                self.rope_rows(li, r.k, c.n_head_kv, (m, pos, batched))?;
+                self.kv_store(r.k, r.v, kslot, vslot, m * kvd)?;
+                self.attend(li, r, (m, pos, batched))?;
+            }
+            LayerRows::Slots(feeds) => {
+                for (i, &(slot, _)) in feeds.iter().enumerate() {
+                    self.slot_row(li, r, i, slot)?;
+                }
+            }
+        }
+        self.residual_project(li, wo, r.att, qd, rows, ActSlot::Q, x, r.xn, false)?;
 
         self.rms_norm(x, &self.layers[li].ffn_norm, r.xn, m, d)?;
-        self.project_rows(
+        self.project_any(
             &[(wg, r.gate, c.n_ff), (wu, r.up, c.n_ff)],
             r.xn,
-            (d, m, batched),
+            d,
+            rows,
             ActSlot::Model,
             GemvForm::Plain,
         )?;
@@ -1527,16 +1509,27 @@ impl<'m> GpuDecoder<'m> {
             };
             self.launch_1d(act, m * c.n_ff, args)?;
         }
-        self.residual_project(
-            li,
-            wd,
-            r.gate,
-            (c.n_ff, m, batched),
-            ActSlot::Ff,
-            x,
-            r.xn,
-            true,
-        )
+        self.residual_project(li, wd, r.gate, c.n_ff, rows, ActSlot::Ff, x, r.xn, true)
+    }
+
+    /// Projections of activation `x` (rows of `k`) in the form `rows` asks for: a run's GEMV or
+    /// GEMM ([`GpuDecoder::project_rows`]), or several sequences' multi-column GEMV
+    /// ([`GpuDecoder::project_cols`]).
+    fn project_any(
+        &mut self,
+        outs: &[(usize, u64, usize)],
+        x: u64,
+        k: usize,
+        rows: LayerRows<'_>,
+        slot: ActSlot,
+        form: GemvForm,
+    ) -> Result<(), ModelError> {
+        match rows {
+            LayerRows::Run { m, batched, .. } => {
+                self.project_rows(outs, x, (k, m, batched), slot, form)
+            }
+            LayerRows::Slots(feeds) => self.project_cols(outs, x, (k, feeds.len()), slot, form),
+        }
     }
 
     /// `x += W·a` for layer `li`'s output projection `wo` (or `down`, `ffn`): folded into the GEMV
@@ -1549,7 +1542,8 @@ impl<'m> GpuDecoder<'m> {
         li: usize,
         id: usize,
         a: u64,
-        (k, m, batched): (usize, usize, bool),
+        k: usize,
+        rows: LayerRows<'_>,
         slot: ActSlot,
         x: u64,
         tmp: u64,
@@ -1564,16 +1558,22 @@ impl<'m> GpuDecoder<'m> {
         };
         // The norm's address, taken now: the projection below borrows `self` mutably.
         let Some(w) = post.as_ref().map(|b| b.device_ptr()) else {
-            return self.project_rows(&[(id, x, d)], a, (k, m, batched), slot, GemvForm::Residual);
+            return self.project_any(&[(id, x, d)], a, k, rows, slot, GemvForm::Residual);
         };
-        self.project_rows(&[(id, tmp, d)], a, (k, m, batched), slot, GemvForm::Plain)?;
+        self.project_any(&[(id, tmp, d)], a, k, rows, slot, GemvForm::Plain)?;
         let args = LaunchArgs::new()
             .ptr(tmp)
             .ptr(w)
             .ptr(x)
             .i32(d as i32)
             .f32(self.model.config().rms_eps);
-        self.launch(&self.k.rms_norm_add, m as u32, DECODE_THREADS, 0, args)?;
+        self.launch(
+            &self.k.rms_norm_add,
+            rows.len() as u32,
+            DECODE_THREADS,
+            0,
+            args,
+        )?;
         Ok(())
     }
 
@@ -1655,7 +1655,16 @@ impl<'m> GpuDecoder<'m> {
                 for c0 in (0..tokens.len()).step_by(ubatch) {
                     let m = ubatch.min(tokens.len() - c0);
                     let x = r.x + ((row0 + c0) * d * 4) as u64;
-                    let done = self.layer(li, &r, x, (m, pos + c0, batched));
+                    let done = self.layer(
+                        li,
+                        &r,
+                        x,
+                        LayerRows::Run {
+                            m,
+                            pos: pos + c0,
+                            batched,
+                        },
+                    );
                     if done.is_err() {
                         self.slot = keep;
                     }
@@ -1681,10 +1690,10 @@ impl<'m> GpuDecoder<'m> {
         for (si, &(_, tokens)) in segs.iter().enumerate() {
             row_end += tokens.len();
             let x_last = r.x + ((row_end - 1) * d * 4) as u64;
-            let xn = self.s.xn.device_ptr();
+            let xn = self.s.a.xn.device_ptr();
             self.rms_norm(x_last, &self.output_norm, xn, 1, d)?;
             self.prepare(ActSlot::Model, xn, d)?;
-            let logits = self.s.logits.device_ptr();
+            let logits = self.s.a.logits.device_ptr();
             self.project(
                 self.head,
                 xn,
@@ -1698,9 +1707,9 @@ impl<'m> GpuDecoder<'m> {
                 self.launch_1d(&self.k.softcap, c.vocab, args)?;
             }
             self.stream.memcpy_dtoh_async(
-                &mut self.s.stage_logits,
+                &mut self.s.a.stage_logits,
                 0,
-                &self.s.logits,
+                &self.s.a.logits,
                 0,
                 c.vocab * 4,
             )?;
@@ -1708,7 +1717,7 @@ impl<'m> GpuDecoder<'m> {
             let dst = &mut self.seg_logits[si * c.vocab..(si + 1) * c.vocab];
             for (l, b) in dst
                 .iter_mut()
-                .zip(self.s.stage_logits.as_slice().chunks_exact(4))
+                .zip(self.s.a.stage_logits.as_slice().chunks_exact(4))
             {
                 *l = f32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
             }
@@ -1763,6 +1772,25 @@ impl<'m> GpuDecoder<'m> {
     /// micro-batches of `model.ubatch`, or 1 without batched prefill.
     pub fn step_tokens(&self) -> usize {
         self.batch.as_ref().map_or(1, |b| b.scratch.step_rows)
+    }
+}
+
+/// The rows a layer runs over ([`GpuDecoder::layer`]).
+#[derive(Debug, Clone, Copy)]
+enum LayerRows<'f> {
+    /// `m` tokens of the selected slot at positions `pos ..`; `batched`: the GEMM forms.
+    Run { m: usize, pos: usize, batched: bool },
+    /// One token of each `(slot, token)` feed, each at its slot's position.
+    Slots(&'f [(usize, u32)]),
+}
+
+impl LayerRows<'_> {
+    /// Rows of the activations.
+    fn len(&self) -> usize {
+        match self {
+            LayerRows::Run { m, .. } => *m,
+            LayerRows::Slots(feeds) => feeds.len(),
+        }
     }
 }
 

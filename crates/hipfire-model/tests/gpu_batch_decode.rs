@@ -8,7 +8,6 @@
 //!
 //! Gated by `HIPFIRE_GPU_TESTS=1`; skipped with a printed reason otherwise.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use hipfire_exec::flags::FlagsTuning;
@@ -19,17 +18,12 @@ use hipfire_model::synth::{write_synthetic, SynthSpec};
 use hipfire_model::{Arch, CpuBackend, LoadOptions, Model, ModelError};
 use hipfire_quant::Format;
 
+#[path = "common/gpu_harness.rs"]
+mod gpu_harness;
+use gpu_harness::{gated, rel, rel_bound};
+
 /// Sequence slots of the batched decoder.
 const SLOTS: usize = 5;
-
-/// GPU against CPU, relative to the largest |logit|: tests/gpu_synth.rs's bounds (and its
-/// reasons: different activation blocks for the K-quants, f16 cache rounding).
-fn cpu_bound(fmt: Format) -> f64 {
-    match fmt {
-        Format::Q4K | Format::Q6K => 8e-2,
-        _ => 4e-2,
-    }
-}
 
 /// Batched GPU against one feed at a time on the GPU, same mode. Resident and `pcie` run the same kernels
 /// on the same bits (the multi-column GEMV sums each column as the one-column one does), so
@@ -39,23 +33,12 @@ fn cpu_bound(fmt: Format) -> f64 {
 fn same_mode_bound(mode: &str, fmt: Format) -> f64 {
     match mode {
         "resident" | "pcie" => 1e-4,
-        _ => cpu_bound(fmt),
+        _ => rel_bound(fmt),
     }
 }
 
-fn gated() -> bool {
-    if std::env::var("HIPFIRE_GPU_TESTS").as_deref() != Ok("1") {
-        eprintln!("skipped: HIPFIRE_GPU_TESTS not set");
-        return false;
-    }
-    true
-}
-
-fn tmp(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!(
-        "hipfire-gpu-batch-decode-{}-{name}",
-        std::process::id()
-    ))
+fn tmp(name: &str) -> std::path::PathBuf {
+    gpu_harness::tmp("gpu-batch-decode", name)
 }
 
 fn modes() -> Vec<(&'static str, Option<usize>, OffloadMode)> {
@@ -78,31 +61,12 @@ fn modes() -> Vec<(&'static str, Option<usize>, OffloadMode)> {
 }
 
 fn opts(budget: Option<usize>, mode: OffloadMode) -> GpuOptions {
-    GpuOptions {
-        ordinal: 0,
-        gpu_layer_budget: budget,
+    gpu_harness::gpu_options(
+        budget,
         mode,
-        ram_margin_bytes: hipfire_model::gpu::DEFAULT_RAM_MARGIN_BYTES,
-        flags: FlagsTuning::default(),
-        ubatch: hipfire_model::gpu::DEFAULT_UBATCH,
-    }
-}
-
-/// Largest |got − want| / max |want|; infinite on a NaN (a row never written).
-fn rel_err(got: &[f32], want: &[f32]) -> f64 {
-    assert_eq!(got.len(), want.len(), "logit lengths");
-    let scale = want
-        .iter()
-        .fold(0f64, |a, v| a.max(f64::from(v.abs())))
-        .max(f64::MIN_POSITIVE);
-    got.iter().zip(want).fold(0f64, |a, (g, w)| {
-        let d = (f64::from(*g) - f64::from(*w)).abs();
-        if d.is_nan() {
-            f64::INFINITY
-        } else {
-            a.max(d / scale)
-        }
-    })
+        FlagsTuning::default(),
+        hipfire_model::gpu::DEFAULT_UBATCH,
+    )
 }
 
 /// What each slot is fed, step by step: a prompt, then decode tokens; one step leaves two slots
@@ -206,14 +170,7 @@ fn drive(
 
 fn run_case(spec: &SynthSpec, fmt: Format, failures: &mut Vec<String>) {
     let path = tmp(&format!("{}-{}.gguf", spec.name, fmt.name()));
-    write_synthetic(&path, spec, fmt, 11, None).expect("synth");
-    let pool = hipfire_exec::offload::offload_pool(0).expect("pool");
-    let model = Model::load_with_backend(
-        &path,
-        &LoadOptions::default(),
-        Arc::new(CpuBackend::with_pool(pool.clone())),
-    )
-    .expect("load");
+    let (model, pool) = gpu_harness::load_synth(&path, spec, fmt, 11);
     let sc = script(spec.vocab as u32);
 
     // The CPU reference: one session per slot, token by token.
@@ -264,9 +221,9 @@ fn run_case(spec: &SynthSpec, fmt: Format, failures: &mut Vec<String>) {
         for s in 0..SLOTS {
             assert_eq!(got[s].len(), cpu[s].len(), "{name}: slot {s} steps");
             for (j, g) in got[s].iter().enumerate() {
-                worst_cpu = worst_cpu.max(rel_err(g, &cpu[s][j]));
-                worst_same = worst_same.max(rel_err(g, &single[s][j]));
-                worst_joint = worst_joint.max(rel_err(&together[s][j], g));
+                worst_cpu = worst_cpu.max(rel(g, &cpu[s][j]));
+                worst_same = worst_same.max(rel(g, &single[s][j]));
+                worst_joint = worst_joint.max(rel(&together[s][j], g));
             }
         }
         eprintln!(
@@ -275,7 +232,7 @@ fn run_case(spec: &SynthSpec, fmt: Format, failures: &mut Vec<String>) {
             fmt.name(),
             dec.placement_summary()
         );
-        if worst_cpu >= cpu_bound(fmt) {
+        if worst_cpu >= rel_bound(fmt) {
             failures.push(format!(
                 "{} {} {name}: vs cpu {worst_cpu:.3e}",
                 spec.name,
@@ -285,7 +242,7 @@ fn run_case(spec: &SynthSpec, fmt: Format, failures: &mut Vec<String>) {
         // Prompts of under 4 tokens go through the GEMV when prefilled alone and through the GEMM
         // in a joint step (f16 weights and activations), so their caches differ by that rounding:
         // the GPU-vs-CPU bound, far below what a wrong position or cache row would give.
-        if worst_joint >= cpu_bound(fmt) {
+        if worst_joint >= rel_bound(fmt) {
             failures.push(format!(
                 "{} {} {name}: prompts together vs apart {worst_joint:.3e}",
                 spec.name,
@@ -322,19 +279,7 @@ fn batched_decode_matches_each_sequence_alone_when_passback_splits() {
     if !gated() {
         return;
     }
-    // As tests/gpu_synth.rs's split model: every spilled projection is over MIN_SPLIT_BYTES.
-    let spec = SynthSpec {
-        name: "split-llama".into(),
-        n_layer: 3,
-        d_model: 2048,
-        n_ff: 8192,
-        n_head: 16,
-        n_head_kv: 4,
-        head_dim: 128,
-        vocab: 4096,
-        ctx_len: 512,
-        ..SynthSpec::tiny(Arch::Llama)
-    };
+    let spec = gpu_harness::split_llama();
     let mut failures = Vec::new();
     run_case(&spec, Format::Q4K, &mut failures);
     assert!(failures.is_empty(), "over the bound: {failures:?}");

@@ -127,19 +127,7 @@ fn gpu_decoder_matches_cpu_when_passback_splits() {
     if !gated() {
         return;
     }
-    // 2048 wide, FFN 8192: a Q4_K up/gate is 8192 × 1152 B = 9.4 MB, so every mode splits.
-    let spec = SynthSpec {
-        name: "split-llama".into(),
-        n_layer: 3,
-        d_model: 2048,
-        n_ff: 8192,
-        n_head: 16,
-        n_head_kv: 4,
-        head_dim: 128,
-        vocab: 4096,
-        ctx_len: 512,
-        ..SynthSpec::tiny(Arch::Llama)
-    };
+    let spec = gpu_harness::split_llama();
     let mut failures = Vec::new();
     for fmt in [Format::Q4K, Format::Q8_0] {
         check(&spec, fmt, &mut failures);

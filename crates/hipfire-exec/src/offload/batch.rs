@@ -19,8 +19,8 @@ use std::time::Instant;
 use hipfire_gpu::{Activation, DeviceMemory, GemvForm, GemvKernels, RowRange, Stream, WeightRef};
 
 use crate::offload::{
-    f32s_mut, gpu_err, median, share_form, OffloadExecutor, PendingSplit, PlannerCore, SpilledStep,
-    PROBE_REPS, TRACE_TARGET,
+    f32s_mut, gpu_err, share_form, OffloadExecutor, PendingSplit, PlannerCore, SpilledStep,
+    PROBE_REPS,
 };
 use crate::pool::GemvSegment;
 use crate::share::{cut_rows, ArmSample, ArmTime, ShapeKey, CPU_ENGINE};
@@ -167,12 +167,7 @@ impl OffloadExecutor {
         if refusal.is_none() && self.core.controller.needs_probe(&key) {
             self.core.resolve_pending(true)?;
             let probe = self.core.probe_cols(stream, kernels, act, &step);
-            if let Err(e) = &probe {
-                tracing::warn!(target: TRACE_TARGET, cause = %e, "batched probe failed; default share");
-            }
-            self.core
-                .controller
-                .seed(key, probe.as_ref().ok().map(Vec::as_slice));
+            self.core.seed_probed(key, probe);
         }
         let cut = match &refusal {
             Some(_) => None,
@@ -399,22 +394,10 @@ impl PlannerCore {
             self.pool.gemv_tokens(w.format(), k, &xs, &mut segs)?;
             cpu.push(t.elapsed().as_nanos() as f64);
         }
-        let bytes = (m * w.row_bytes()) as u64;
-        Ok(vec![
-            ArmSample {
-                engine: CPU_ENGINE,
-                bytes,
-                time: ArmTime::Exact {
-                    ns: median(&mut cpu),
-                },
-            },
-            ArmSample {
-                engine: 1,
-                bytes,
-                time: ArmTime::Exact {
-                    ns: median(&mut gpu),
-                },
-            },
-        ])
+        Ok(crate::offload::probe_samples(
+            (m * w.row_bytes()) as u64,
+            &mut cpu,
+            &mut gpu,
+        ))
     }
 }

@@ -200,6 +200,22 @@ pub(crate) fn event_timed_ns(
     Ok(f64::from(start.elapsed_ms(end).map_err(gpu_err)?) * 1e6)
 }
 
+/// A probe's two samples: each engine alone over `bytes`, at the median of its times (ns).
+pub(crate) fn probe_samples(bytes: u64, cpu: &mut [f64], gpu: &mut [f64]) -> Vec<ArmSample> {
+    vec![
+        ArmSample {
+            engine: CPU_ENGINE,
+            bytes,
+            time: ArmTime::Exact { ns: median(cpu) },
+        },
+        ArmSample {
+            engine: 1,
+            bytes,
+            time: ArmTime::Exact { ns: median(gpu) },
+        },
+    ]
+}
+
 pub(crate) fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -378,14 +394,8 @@ impl OffloadExecutor {
         };
         if self.core.controller.needs_probe(&key) {
             self.core.resolve_pending(true)?;
-            // A failed probe degrades to the controller's default share, never fails the step.
             let probe = self.core.probe(stream, kernels, act, &step);
-            if let Err(e) = &probe {
-                tracing::warn!(target: TRACE_TARGET, cause = %e, "probe failed; default share");
-            }
-            self.core
-                .controller
-                .seed(key, probe.as_ref().ok().map(Vec::as_slice));
+            self.core.seed_probed(key, probe);
         }
         let shares = self.core.controller.shares(&key);
         let Some(cut) = cut_rows(m, row_bytes, &shares) else {
@@ -496,6 +506,16 @@ impl PlannerCore {
         Ok(t.elapsed().as_nanos() as f64)
     }
 
+    /// Seed `key`'s share from a probe: a failed probe degrades to the controller's default
+    /// share (and says so), never fails the step.
+    pub(crate) fn seed_probed(&mut self, key: ShapeKey, probe: Result<Vec<ArmSample>, ExecError>) {
+        if let Err(e) = &probe {
+            tracing::warn!(target: TRACE_TARGET, cause = %e, cols = key.cols, "probe failed; default share");
+        }
+        self.controller
+            .seed(key, probe.as_ref().ok().map(Vec::as_slice));
+    }
+
     pub(crate) fn split_check(&self, step: &SpilledStep<'_>) -> Result<usize, Refusal> {
         self.split_check_parts(
             step.weight,
@@ -570,22 +590,10 @@ impl PlannerCore {
                 .gemv(w.format(), step.host.bytes(), k, &x, &mut out, false)?;
             cpu.push(t.elapsed().as_nanos() as f64);
         }
-        let bytes = step.host.bytes().len() as u64;
-        Ok(vec![
-            ArmSample {
-                engine: CPU_ENGINE,
-                bytes,
-                time: ArmTime::Exact {
-                    ns: median(&mut cpu),
-                },
-            },
-            ArmSample {
-                engine: 1,
-                bytes,
-                time: ArmTime::Exact {
-                    ns: median(&mut gpu),
-                },
-            },
-        ])
+        Ok(probe_samples(
+            step.host.bytes().len() as u64,
+            &mut cpu,
+            &mut gpu,
+        ))
     }
 }

@@ -14,7 +14,7 @@ use hipfire_gpu::{
 };
 use std::sync::Arc;
 
-use super::{at_step, ActSlot, DeviceView, GpuDecoder, GpuWeight};
+use super::{at_step, ActSlot, DeviceView, GpuDecoder, GpuWeight, LayerRows, StepRows};
 use crate::config::ModelConfig;
 use crate::model::KV_ELEM_BYTES;
 use crate::ModelError;
@@ -24,37 +24,37 @@ use crate::ModelError;
 /// gaining (each step's weights are read once; attention and the CPU arm grow per sequence).
 pub const MAX_SLOTS: usize = 256;
 
-/// The activations of a batched decode step: `rows` tokens (one per slot), row-major.
-pub(crate) struct DecodeBatch {
-    rows: usize,
-    x: DeviceBuffer<f32>,
-    xn: DeviceBuffer<f32>,
-    q: DeviceBuffer<f32>,
-    k: DeviceBuffer<f32>,
-    v: DeviceBuffer<f32>,
-    att: DeviceBuffer<f32>,
-    gate: DeviceBuffer<f32>,
-    up: DeviceBuffer<f32>,
-    logits: DeviceBuffer<f32>,
-    act_model: Activation,
-    act_q: Activation,
-    act_ff: Activation,
-    stage_x: HostMappedBuffer,
-    stage_logits: HostMappedBuffer,
-    /// The step's logits on the host, `rows × vocab` in feed order.
-    host_logits: Vec<f32>,
+/// The device activations of a step of `rows` tokens (row-major), their quantised forms for the
+/// GEMV, and the pinned staging of the embedding rows up and the logits down: one row for a
+/// decode step ([`super::Scratch`]), one per sequence for a batched one ([`DecodeBatch`]).
+pub(super) struct StepActs {
+    pub(super) x: DeviceBuffer<f32>,
+    pub(super) xn: DeviceBuffer<f32>,
+    pub(super) q: DeviceBuffer<f32>,
+    /// k and v in f32 (projection, bias, k-norm and RoPE act here) before `kv_store_f16`
+    /// rounds them into the cache.
+    pub(super) k: DeviceBuffer<f32>,
+    pub(super) v: DeviceBuffer<f32>,
+    pub(super) att: DeviceBuffer<f32>,
+    pub(super) gate: DeviceBuffer<f32>,
+    pub(super) up: DeviceBuffer<f32>,
+    pub(super) logits: DeviceBuffer<f32>,
+    pub(super) act_model: Activation,
+    pub(super) act_q: Activation,
+    pub(super) act_ff: Activation,
+    pub(super) stage_x: HostMappedBuffer,
+    pub(super) stage_logits: HostMappedBuffer,
 }
 
-impl DecodeBatch {
-    /// Scratch for steps of up to `rows` sequences of model `c`.
-    pub(crate) fn new(
+impl StepActs {
+    /// For steps of up to `rows` tokens of model `c`.
+    pub(super) fn new(
         ctx: &Arc<Context>,
         c: &ModelConfig,
         rows: usize,
-    ) -> Result<DecodeBatch, ModelError> {
+    ) -> Result<StepActs, ModelError> {
         let (d, qd, kvd) = (c.d_model, c.q_dim(), c.kv_dim());
-        Ok(DecodeBatch {
-            rows,
+        Ok(StepActs {
             x: ctx.alloc(rows * d)?,
             xn: ctx.alloc(rows * d)?,
             q: ctx.alloc(rows * qd)?,
@@ -69,12 +69,11 @@ impl DecodeBatch {
             act_ff: Activation::with_columns(ctx, c.n_ff, rows)?,
             stage_x: ctx.alloc_pinned_host(rows * d * 4)?,
             stage_logits: ctx.alloc_pinned_host(rows * c.vocab * 4)?,
-            host_logits: vec![0.0; rows * c.vocab],
         })
     }
 
-    /// Device bytes it holds (for the placement budget).
-    pub(crate) fn vram_bytes(c: &ModelConfig, rows: usize) -> u64 {
+    /// Device bytes [`StepActs::new`] allocates for `rows` (for the placement budget).
+    pub(super) fn vram_bytes(c: &ModelConfig, rows: usize) -> u64 {
         let f32s = rows * (3 * c.d_model + 3 * c.q_dim() + 2 * c.kv_dim() + 2 * c.n_ff + c.vocab);
         // Activations: an f32 copy and int8 values per element, a (d, s) f32 pair per 32.
         let elems = rows * (c.d_model + c.q_dim() + c.n_ff);
@@ -82,7 +81,7 @@ impl DecodeBatch {
         (f32s * 4 + act) as u64
     }
 
-    fn act(&self, slot: ActSlot) -> &Activation {
+    pub(super) fn act(&self, slot: ActSlot) -> &Activation {
         match slot {
             ActSlot::Model => &self.act_model,
             ActSlot::Q => &self.act_q,
@@ -91,17 +90,32 @@ impl DecodeBatch {
     }
 }
 
-/// Device addresses of a batched decode step's activations.
-#[derive(Clone, Copy)]
-struct Rows {
-    x: u64,
-    xn: u64,
-    q: u64,
-    k: u64,
-    v: u64,
-    att: u64,
-    gate: u64,
-    up: u64,
+/// The activations of a batched decode step: `rows` tokens (one per slot).
+pub(crate) struct DecodeBatch {
+    rows: usize,
+    a: StepActs,
+    /// The step's logits on the host, `rows × vocab` in feed order.
+    host_logits: Vec<f32>,
+}
+
+impl DecodeBatch {
+    /// Scratch for steps of up to `rows` sequences of model `c`.
+    pub(crate) fn new(
+        ctx: &Arc<Context>,
+        c: &ModelConfig,
+        rows: usize,
+    ) -> Result<DecodeBatch, ModelError> {
+        Ok(DecodeBatch {
+            rows,
+            a: StepActs::new(ctx, c, rows)?,
+            host_logits: vec![0.0; rows * c.vocab],
+        })
+    }
+
+    /// Device bytes it holds (for the placement budget).
+    pub(crate) fn vram_bytes(c: &ModelConfig, rows: usize) -> u64 {
+        StepActs::vram_bytes(c, rows)
+    }
 }
 
 impl<'m> GpuDecoder<'m> {
@@ -168,97 +182,36 @@ impl<'m> GpuDecoder<'m> {
             .map_or(&[][..], |db| &db.host_logits[..n]))
     }
 
-    fn batch_rows(&self) -> Result<Rows, ModelError> {
+    fn batch_rows(&self) -> Result<StepRows, ModelError> {
         let db = self.decode_batch.as_ref().ok_or_else(no_batch)?;
-        Ok(Rows {
-            x: db.x.device_ptr(),
-            xn: db.xn.device_ptr(),
-            q: db.q.device_ptr(),
-            k: db.k.device_ptr(),
-            v: db.v.device_ptr(),
-            att: db.att.device_ptr(),
-            gate: db.gate.device_ptr(),
-            up: db.up.device_ptr(),
+        let a = &db.a;
+        Ok(StepRows {
+            x: a.x.device_ptr(),
+            xn: a.xn.device_ptr(),
+            q: a.q.device_ptr(),
+            k: a.k.device_ptr(),
+            v: a.v.device_ptr(),
+            att: a.att.device_ptr(),
+            gate: a.gate.device_ptr(),
+            up: a.up.device_ptr(),
         })
     }
 
     fn batch_forward(&mut self, feeds: &[(usize, u32)], c: &ModelConfig) -> Result<(), ModelError> {
         let b = feeds.len();
         let r = self.batch_rows()?;
-        let (d, qd, kvd, hd) = (c.d_model, c.q_dim(), c.kv_dim(), c.head_dim);
         let tokens: Vec<u32> = feeds.iter().map(|f| f.1).collect();
         self.embed_rows(&tokens, r.x)?;
         for li in 0..self.layers.len() {
-            let l = &self.layers[li];
-            let (wq, wk, wv, wo, wg, wu, wdn) = (l.wq, l.wk, l.wv, l.wo, l.gate, l.up, l.down);
-            self.rms_norm(r.x, &self.layers[li].attn_norm, r.xn, b, d)?;
-            self.project_cols(
-                &[(wq, r.q, qd), (wk, r.k, kvd), (wv, r.v, kvd)],
-                r.xn,
-                (d, b),
-                ActSlot::Model,
-                GemvForm::Plain,
-            )?;
-            let l = &self.layers[li];
-            for (bias, y, len) in [(&l.bq, r.q, qd), (&l.bk, r.k, kvd), (&l.bv, r.v, kvd)] {
-                if let Some(bias) = bias {
-                    for i in 0..b {
-                        self.add(y + (i * len * 4) as u64, bias)?;
-                    }
-                }
-            }
-            if let Some(w) = &l.q_norm {
-                self.rms_norm(r.q, w, r.q, b * c.n_head, hd)?;
-            }
-            if let Some(w) = &l.k_norm {
-                self.rms_norm(r.k, w, r.k, b * c.n_head_kv, hd)?;
-            }
-            for (i, &(slot, _)) in feeds.iter().enumerate() {
-                let pos = self.slot_pos[slot];
-                let (q, k, v) = (
-                    r.q + (i * qd * 4) as u64,
-                    r.k + (i * kvd * 4) as u64,
-                    r.v + (i * kvd * 4) as u64,
-                );
-                self.rope(li, q, c.n_head, pos)?;
-                self.rope(li, k, c.n_head_kv, pos)?;
-                let l = &self.layers[li];
-                let at = (pos * kvd * KV_ELEM_BYTES) as u64;
-                let (kslot, vslot) = (
-                    l.k_cache[slot].device_ptr() + at,
-                    l.v_cache[slot].device_ptr() + at,
-                );
-                self.kv_store(k, v, kslot, vslot, kvd)?;
-                self.attend_row(li, slot, q, r.att + (i * qd * 4) as u64, pos + 1)?;
-            }
-            self.residual_cols(li, wo, r.att, (qd, b), ActSlot::Q, r.x, r.xn, false)?;
-            self.rms_norm(r.x, &self.layers[li].ffn_norm, r.xn, b, d)?;
-            self.project_cols(
-                &[(wg, r.gate, c.n_ff), (wu, r.up, c.n_ff)],
-                r.xn,
-                (d, b),
-                ActSlot::Model,
-                GemvForm::Plain,
-            )?;
-            let args = LaunchArgs::new()
-                .ptr(r.gate)
-                .ptr(r.up)
-                .ptr(r.gate)
-                .i32((b * c.n_ff) as i32);
-            let act = match c.arch.ffn_activation() {
-                crate::config::FfnActivation::Silu => &self.k.swiglu,
-                crate::config::FfnActivation::GeluTanh => &self.k.geglu,
-            };
-            self.launch_1d(act, b * c.n_ff, args)?;
-            self.residual_cols(li, wdn, r.gate, (c.n_ff, b), ActSlot::Ff, r.x, r.xn, true)?;
+            self.layer(li, &r, r.x, LayerRows::Slots(feeds))?;
         }
-        self.rms_norm(r.x, &self.output_norm, r.xn, b, d)?;
+        self.rms_norm(r.x, &self.output_norm, r.xn, b, c.d_model)?;
         let db = self.decode_batch.as_ref().ok_or_else(no_batch)?;
-        let logits = db.logits.device_ptr();
+        let logits = db.a.logits.device_ptr();
         self.project_cols(
             &[(self.head, logits, c.vocab)],
             r.xn,
-            (d, b),
+            (c.d_model, b),
             ActSlot::Model,
             GemvForm::Plain,
         )?;
@@ -270,15 +223,44 @@ impl<'m> GpuDecoder<'m> {
         let db = self.decode_batch.as_mut().ok_or_else(no_batch)?;
         let n = b * c.vocab;
         self.stream
-            .memcpy_dtoh_async(&mut db.stage_logits, 0, &db.logits, 0, n * 4)?;
+            .memcpy_dtoh_async(&mut db.a.stage_logits, 0, &db.a.logits, 0, n * 4)?;
         self.stream.synchronize()?;
         for (l, bytes) in db.host_logits[..n]
             .iter_mut()
-            .zip(db.stage_logits.as_slice().chunks_exact(4))
+            .zip(db.a.stage_logits.as_slice().chunks_exact(4))
         {
             *l = f32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
         }
         Ok(())
+    }
+
+    /// What is per sequence in a batched decode step, for row `i` (slot `slot`) of layer `li`:
+    /// RoPE of its q and k at its position, its k and v into its cache, its attention.
+    pub(super) fn slot_row(
+        &mut self,
+        li: usize,
+        r: &StepRows,
+        i: usize,
+        slot: usize,
+    ) -> Result<(), ModelError> {
+        let c = self.model.config();
+        let (n_head, n_head_kv, qd, kvd) = (c.n_head, c.n_head_kv, c.q_dim(), c.kv_dim());
+        let pos = self.slot_pos[slot];
+        let (q, k, v) = (
+            r.q + (i * qd * 4) as u64,
+            r.k + (i * kvd * 4) as u64,
+            r.v + (i * kvd * 4) as u64,
+        );
+        self.rope(li, q, n_head, pos)?;
+        self.rope(li, k, n_head_kv, pos)?;
+        let l = &self.layers[li];
+        let at = (pos * kvd * KV_ELEM_BYTES) as u64;
+        let (kslot, vslot) = (
+            l.k_cache[slot].device_ptr() + at,
+            l.v_cache[slot].device_ptr() + at,
+        );
+        self.kv_store(k, v, kslot, vslot, kvd)?;
+        self.attend_row(li, slot, q, r.att + (i * qd * 4) as u64, pos + 1)
     }
 
     /// The embedding rows of `tokens` into `x` through the batch's pinned staging.
@@ -299,7 +281,7 @@ impl<'m> GpuDecoder<'m> {
             if scale != 1.0 {
                 row.iter_mut().for_each(|v| *v *= scale);
             }
-            let dst = &mut db.stage_x.as_mut_slice()[i * d * 4..(i + 1) * d * 4];
+            let dst = &mut db.a.stage_x.as_mut_slice()[i * d * 4..(i + 1) * d * 4];
             for (o, v) in dst.chunks_exact_mut(4).zip(&row) {
                 o.copy_from_slice(&v.to_ne_bytes());
             }
@@ -310,7 +292,7 @@ impl<'m> GpuDecoder<'m> {
             ctx: &self.ctx,
         };
         self.stream
-            .memcpy_htod_async(&mut xv, 0, &db.stage_x, 0, tokens.len() * d * 4)?;
+            .memcpy_htod_async(&mut xv, 0, &db.a.stage_x, 0, tokens.len() * d * 4)?;
         Ok(())
     }
 
@@ -350,7 +332,7 @@ impl<'m> GpuDecoder<'m> {
 
     /// `y (+)= W·x` over the batch's `b` columns (`x`: `b × k`, each `y`: `b × len`) for every
     /// `(weight id, y, len)`: the activation is prepared once, each weight read once.
-    fn project_cols(
+    pub(super) fn project_cols(
         &mut self,
         outs: &[(usize, u64, usize)],
         x: u64,
@@ -366,14 +348,14 @@ impl<'m> GpuDecoder<'m> {
         {
             let db = self.decode_batch.as_mut().ok_or_else(no_batch)?;
             let act = match slot {
-                ActSlot::Model => &mut db.act_model,
-                ActSlot::Q => &mut db.act_q,
-                ActSlot::Ff => &mut db.act_ff,
+                ActSlot::Model => &mut db.a.act_model,
+                ActSlot::Q => &mut db.a.act_q,
+                ActSlot::Ff => &mut db.a.act_ff,
             };
             self.gemv.prepare_cols(&self.stream, &xv, act, b)?;
         }
         let db = self.decode_batch.as_ref().ok_or_else(no_batch)?;
-        let act = db.act(slot);
+        let act = db.a.act(slot);
         for &(id, y, len) in outs {
             let w = &self.model.weights()[id];
             let mut yv = DeviceView {
@@ -419,47 +401,6 @@ impl<'m> GpuDecoder<'m> {
                 }
             }
         }
-        Ok(())
-    }
-
-    /// `x += W·a` over the batch (or, with the architecture's post-norm, `x += rms_norm(W·a)·w`
-    /// per row through `tmp`), as [`GpuDecoder::residual_project`] for one token.
-    #[allow(clippy::too_many_arguments)] // the projection's operands
-    fn residual_cols(
-        &mut self,
-        li: usize,
-        id: usize,
-        a: u64,
-        (k, b): (usize, usize),
-        slot: ActSlot,
-        x: u64,
-        tmp: u64,
-        ffn: bool,
-    ) -> Result<(), ModelError> {
-        let d = self.model.config().d_model;
-        let l = &self.layers[li];
-        let post = if ffn {
-            &l.post_ffn_norm
-        } else {
-            &l.post_attn_norm
-        };
-        let Some(w) = post.as_ref().map(|p| p.device_ptr()) else {
-            return self.project_cols(&[(id, x, d)], a, (k, b), slot, GemvForm::Residual);
-        };
-        self.project_cols(&[(id, tmp, d)], a, (k, b), slot, GemvForm::Plain)?;
-        let args = LaunchArgs::new()
-            .ptr(tmp)
-            .ptr(w)
-            .ptr(x)
-            .i32(d as i32)
-            .f32(self.model.config().rms_eps);
-        self.launch(
-            &self.k.rms_norm_add,
-            b as u32,
-            super::DECODE_THREADS,
-            0,
-            args,
-        )?;
         Ok(())
     }
 }

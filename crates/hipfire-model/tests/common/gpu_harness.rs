@@ -134,3 +134,20 @@ pub fn rel(a: &[f32], b: &[f32]) -> f64 {
 pub fn max_rel(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
     a.iter().zip(b).map(|(x, y)| rel(x, y)).fold(0.0, f64::max)
 }
+
+/// A Llama 2048 wide with an 8192-wide FFN: a Q4_K up/gate is 8192 × 1152 B = 9.4 MB, so every
+/// spilled projection is over `MIN_SPLIT_BYTES` and `passback` really splits.
+pub fn split_llama() -> SynthSpec {
+    SynthSpec {
+        name: "split-llama".into(),
+        n_layer: 3,
+        d_model: 2048,
+        n_ff: 8192,
+        n_head: 16,
+        n_head_kv: 4,
+        head_dim: 128,
+        vocab: 4096,
+        ctx_len: 512,
+        ..SynthSpec::tiny(hipfire_model::Arch::Llama)
+    }
+}
