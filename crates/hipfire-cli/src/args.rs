@@ -446,11 +446,12 @@ pub struct BenchArgs {
         value_parser = clap::value_parser!(u32).range(1..=MAX_BENCH_ROUNDS as i64))]
     pub repetitions: u32,
 
-    /// Sequences decoded together in each `tg` test, comma-separated (GPU).
+    /// Sequences decoded together in each `tg` test, comma-separated.
     ///
-    /// `-n 64 --batch 1,8` adds a row `tg64 x8`: 8 sequences (one KV cache slot each, all at
-    /// the `-d` depth) advanced by 64 batched decode steps, each one forward over 8 tokens;
-    /// t/s counts all 8 sequences' tokens. Prompt rows are unaffected.
+    /// `-n 64 --batch 1,8` adds a row `tg64 x8`: 8 sequences (one KV cache each, all at the
+    /// `-d` depth) advanced by 64 batched decode steps, each one forward over 8 tokens, as
+    /// `hipfire serve --parallel 8` steps them; t/s counts all 8 sequences' tokens. Prompt rows
+    /// are unaffected.
     #[arg(long, value_name = "N,..", value_delimiter = ',', default_value = "1",
         value_parser = clap::value_parser!(u32).range(1..=256))]
     pub batch: Vec<u32>,

@@ -13,7 +13,7 @@ use std::time::Instant;
 use anyhow::{bail, Context as _};
 use hipfire_config::{PassbackShare, Settings};
 use hipfire_model::gpu::GpuDecoder;
-use hipfire_model::{Decoder, Model, ModelError, Session};
+use hipfire_model::{forward_batch, BatchItem, Decoder, Model, ModelError, Session};
 use serde_json::{json, Value};
 
 use crate::args::BenchArgs;
@@ -203,20 +203,58 @@ trait BenchDecoder: Decoder {
     fn step_slots(&mut self, feeds: &[(usize, u32)]) -> Result<(), ModelError>;
 }
 
-/// Batched decode on an engine without it.
-fn no_batch() -> ModelError {
-    ModelError::InvalidOption("--batch above 1 needs the GPU engine".into())
+/// The CPU engine's sessions, one per sequence, stepped together by [`forward_batch`] as
+/// `hipfire serve` steps them; one session serves the single-sequence tests.
+struct CpuSessions<'m> {
+    sessions: Vec<Session<'m>>,
 }
 
-impl BenchDecoder for Session<'_> {
+impl Decoder for CpuSessions<'_> {
+    fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32], ModelError> {
+        self.sessions[0].prefill(tokens)
+    }
+    fn step(&mut self, token: u32) -> Result<&[f32], ModelError> {
+        self.sessions[0].step(token)
+    }
+    fn logits(&self) -> &[f32] {
+        self.sessions[0].logits()
+    }
+    fn position(&self) -> usize {
+        self.sessions[0].position()
+    }
+    fn ctx_len(&self) -> usize {
+        Decoder::ctx_len(&self.sessions[0])
+    }
+    fn is_eog(&self, token: u32) -> bool {
+        self.sessions[0].is_eog(token)
+    }
+}
+
+impl BenchDecoder for CpuSessions<'_> {
     fn restart(&mut self) {
-        self.reset();
+        self.sessions.iter_mut().for_each(Session::reset);
     }
-    fn prefill_slot(&mut self, _slot: usize, _tokens: &[u32]) -> Result<(), ModelError> {
-        Err(no_batch())
+    fn prefill_slot(&mut self, slot: usize, tokens: &[u32]) -> Result<(), ModelError> {
+        let s = self
+            .sessions
+            .get_mut(slot)
+            .ok_or_else(|| ModelError::InvalidOption(format!("slot {slot} of a batched bench")))?;
+        s.prefill(tokens).map(|_| ())
     }
-    fn step_slots(&mut self, _feeds: &[(usize, u32)]) -> Result<(), ModelError> {
-        Err(no_batch())
+    fn step_slots(&mut self, feeds: &[(usize, u32)]) -> Result<(), ModelError> {
+        // Feeds name distinct slots in order (the bench's own), so the sessions pair with them.
+        let tokens: Vec<[u32; 1]> = feeds.iter().map(|f| [f.1]).collect();
+        let mut items: Vec<BatchItem<'_, '_>> = self
+            .sessions
+            .iter_mut()
+            .zip(&tokens)
+            .map(|(session, t)| BatchItem {
+                session,
+                tokens: t,
+                want_logits: true,
+            })
+            .collect();
+        forward_batch(&mut items)
     }
 }
 
@@ -476,11 +514,6 @@ pub fn bench(ctx: &Ctx, a: &BenchArgs) -> anyhow::Result<ExitCode> {
     // measure a placement with a long context's cache in VRAM).
     let (ctx_len, longest) = bench_ctx_len(&tests, base.ctx_size.tokens())?;
     let engine = choose_engine(ctx, &base)?;
-    if matches!(engine, Engine::Cpu) && max_seqs > 1 {
-        bail!(
-            "--batch {max_seqs} needs the GPU engine (batched CPU decode runs in `hipfire serve`)"
-        );
-    }
     if matches!(engine, Engine::Gpu) {
         for s in &modes {
             offload_mode(s)?;
@@ -519,7 +552,9 @@ pub fn bench(ctx: &Ctx, a: &BenchArgs) -> anyhow::Result<ExitCode> {
     for s in &modes {
         let (samples, placement) = match l.engine {
             Engine::Cpu => {
-                let mut sess = l.model.session();
+                let mut sess = CpuSessions {
+                    sessions: (0..max_seqs).map(|_| l.model.session()).collect(),
+                };
                 let ns = measure(&mut sess, &tests, &ids, a.repetitions, &stop)?;
                 (ns, l.model.placement_summary().to_string())
             }

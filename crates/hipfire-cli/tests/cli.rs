@@ -572,18 +572,28 @@ fn bench_json_on_cpu() {
 }
 
 #[test]
-fn bench_batch_above_one_on_the_cpu_is_refused_before_loading() {
+fn bench_batch_on_the_cpu_measures_batched_decode_rows() {
     let s = Scratch::new("bench-batch");
     let out = s.dir.join("tiny.gguf");
     let out_s = out.display().to_string();
     let o = s.run(&["synth", "--arch", "tiny", "--out", &out_s]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let o = s.run(&[
-        "bench", &out_s, "-p", "0", "-n", "4", "--batch", "1,4", "--device", "cpu",
+        "bench", &out_s, "-p", "0", "-n", "4", "-d", "3", "--batch", "1,3", "-r", "1", "--json",
+        "--device", "cpu",
     ]);
-    assert_ne!(code(&o), 0, "{}", stdout(&o));
-    let e = stderr(&o);
-    assert!(e.contains("--batch 4 needs the GPU engine"), "{e}");
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let rows = v.as_array().expect("array");
+    let names: Vec<&str> = rows.iter().filter_map(|r| r["test"].as_str()).collect();
+    assert_eq!(names, ["tg4 @ d3", "tg4 x3 @ d3"], "{v}");
+    assert_eq!(rows[1]["n_seqs"], 3, "{v}");
+    // t/s counts every sequence's tokens: 3 × 4 over the row's own time.
+    let (ts, ns) = (
+        rows[1]["avg_ts"].as_f64().expect("avg_ts"),
+        rows[1]["avg_ns"].as_f64().expect("avg_ns"),
+    );
+    assert!((ts - 12.0 * 1e9 / ns).abs() / ts < 1e-6, "{ts} vs {ns} ns");
     // Out of range is clap's refusal, naming the flag.
     let o = s.run(&["bench", &out_s, "--batch", "0", "--device", "cpu"]);
     assert_ne!(code(&o), 0);
