@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Device call D (the record): llama-server built (FA on) while the GPU tests run; then
-# llama-server and hipfire serve under the same load on the same 8B synth; then
-# `hipfire bench --batch` (passback) for the per-batch shares.
+# The device call of this record, run from the repository root on the GPU box: llama-server
+# built (FA on) while the GPU tests run; then llama-server and hipfire serve under the same load
+# on the same 8B synth (run.sh); then single-stream decode against cc708fe; then
+# `hipfire bench --batch` (passback) for the per-batch shares. It reads what the call carried in
+# an untracked dev-lead/ folder: bundle.txz (bin/hipfire, MANIFEST and the GPU test executables
+# from `scripts/device-check.sh build`), llama.cpp-src.tar.gz (the llama-cpp-python 0.3.36
+# sdist's vendored source) and hipfire-old.xz (cc708fe's binary).
 set -uo pipefail
 export HIPFIRE_KERNEL_CACHE=/tmp/hipfire-kernels HIPFIRE_GPU_TESTS=1
 export LD_LIBRARY_PATH="/usr/local/cuda/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
