@@ -11,16 +11,17 @@ use hipfire_quant::Format;
 use hipfire_serve::api::{Endpoint, FinishReason, Generation};
 use hipfire_serve::engine::{self, Event, PREFILL_CHUNK, PREFILL_TOKENS_PER_STEP};
 use hipfire_serve::metrics::Metrics;
-use hipfire_serve::{CpuSlots, EngineConfig, EngineHandle, Feed, StepModel};
+use hipfire_serve::{CpuSlots, EngineConfig, EngineHandle, Feed, PrefillBudget, StepModel};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 /// One recorded step: `(slot, tokens fed, want_logits)` per feed.
 type StepLog = Arc<Mutex<Vec<Vec<(usize, usize, bool)>>>>;
 
-/// [`CpuSlots`] that records every step's feeds.
+/// [`CpuSlots`] that records every step's feeds, with a prompt budget of its own when given.
 struct Recording<'m> {
     inner: CpuSlots<'m>,
     log: StepLog,
+    budget: Option<PrefillBudget>,
 }
 
 impl StepModel for Recording<'_> {
@@ -44,6 +45,9 @@ impl StepModel for Recording<'_> {
     fn position(&self, slot: usize) -> usize {
         self.inner.position(slot)
     }
+    fn prefill_budget(&self) -> PrefillBudget {
+        self.budget.unwrap_or(self.inner.prefill_budget())
+    }
 }
 
 /// A tiny synthetic model; each call writes (and removes) its own file, as tests run in
@@ -66,6 +70,15 @@ fn model() -> Arc<Model> {
 }
 
 fn start(model: &Arc<Model>, parallel: usize, queue: usize) -> (EngineHandle, StepLog) {
+    start_with(model, parallel, queue, None)
+}
+
+fn start_with(
+    model: &Arc<Model>,
+    parallel: usize,
+    queue: usize,
+    budget: Option<PrefillBudget>,
+) -> (EngineHandle, StepLog) {
     let log: StepLog = Arc::default();
     let l = log.clone();
     let (h, _join) = engine::spawn(
@@ -76,6 +89,7 @@ fn start(model: &Arc<Model>, parallel: usize, queue: usize) -> (EngineHandle, St
             Ok(Box::new(Recording {
                 inner: CpuSlots::new(m, parallel),
                 log: l,
+                budget,
             }))
         },
     )
@@ -247,4 +261,39 @@ fn slots_that_fail_to_build_fail_the_spawn_with_their_error() {
         msg.contains("building the model's slots") && msg.contains("no device for 2 slots"),
         "{msg}"
     );
+}
+
+#[test]
+fn a_model_s_own_prompt_budget_shapes_the_steps() {
+    let model = model();
+    // Smaller than the CPU defaults, so the engine can only be following the model's.
+    let budget = PrefillBudget {
+        chunk: 5,
+        per_step: 7,
+    };
+    let (h, log) = start_with(&model, 2, 0, Some(budget));
+    let jobs = [
+        gen(prompt(&model, 4, 23), 4, 0.0),
+        gen(prompt(&model, 5, 11), 4, 0.0),
+    ];
+    let mut rxs = Vec::new();
+    for j in &jobs {
+        let (tx, rx) = unbounded_channel();
+        h.submit(j.clone(), tx).expect("admitted");
+        rxs.push(rx);
+    }
+    for (j, rx) in jobs.iter().zip(rxs) {
+        let (text, _, n) = wait(rx);
+        assert_eq!(n, j.params.max_tokens);
+        assert_eq!(text, alone(&model, j), "budgeted steps changed the text");
+    }
+    let steps = log.lock().expect("log").clone();
+    for s in &steps {
+        let prompt_tokens: usize = s.iter().filter(|f| f.1 > 1).map(|f| f.1).sum();
+        assert!(prompt_tokens <= budget.per_step, "{s:?}");
+        assert!(s.iter().all(|f| f.1 <= budget.chunk), "{s:?}");
+    }
+    // 34 prompt tokens at most 7 a step: at least 5 steps held prompt tokens.
+    let prompt_steps = steps.iter().filter(|s| s.iter().any(|f| f.1 > 1)).count();
+    assert!(prompt_steps >= 5, "{prompt_steps} prompt steps: {steps:?}");
 }
