@@ -132,9 +132,13 @@ pub enum Command {
             (Prometheus). Up to --parallel requests decode together, one forward step for all \
             of them; up to --queue more wait, and beyond that requests get 429 with \
             Retry-After. SIGTERM or Ctrl-C stops accepting, lets in-flight requests finish \
-            for --shutdown-timeout seconds, then exits 0. Runs on the CPU.",
+            for --shutdown-timeout seconds, then exits 0. Runs where `device` says (auto: the GPU \
+            when one opens, with the placement flags of `run`; each step then reads every \
+            weight once for all decoding sequences, spilled layers split between the GPU and \
+            the CPU), else on the CPU.",
         after_help = "Examples:\n  hipfire serve model.gguf\n  \
             hipfire serve model.gguf --host 0.0.0.0 --port 8000 --api-key secret --parallel 8\n  \
+            hipfire serve llama-8b.gguf --device gpu --gpu-layer-budget 16 --parallel 8 --ctx-size 4096\n  \
             curl -s localhost:8080/v1/chat/completions -H 'content-type: application/json' \\\n    \
             -d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":32}'"
     )]
