@@ -316,26 +316,49 @@ struct TQ4K {
         hf_load_xblock(x.b, xa, gblock * 8 + 2 * g + 1);
     }
     static __device__ __forceinline__ float dot(const hf_u8* blk, int g, const X& x) {
-        const float d = hf_h2f(hf_ld16(blk));
-        const float dmin = hf_h2f(hf_ld16(blk + 2));
+        D w;
+        unpack(w, blk, g);
+        return dot_d(w, g, x);
+    }
+    // dot is unpack (the weight side: the scales as floats, the nibbles masked) then dot_d, so the
+    // multi-column kernel, which unpacks once for all its columns, rounds exactly as dot.
+    struct D { float d, dmin, sc0, m0, sc1, m1; int lo[8], hi[8]; };
+    static __device__ __forceinline__ void unpack(D& w, const hf_u8* blk, int g) {
+        w.d = hf_h2f(hf_ld16(blk));
+        w.dmin = hf_h2f(hf_ld16(blk + 2));
         int sc0, m0, sc1, m1;
         hf_scale_min_k4_pair(g, blk + HF_Q4K_SCALES, sc0, m0, sc1, m1);
+        w.sc0 = (float)sc0; w.m0 = (float)m0; w.sc1 = (float)sc1; w.m1 = (float)m1;
         const int4* qp = (const int4*)(blk + HF_Q4K_QS + 32 * g);
-        return combine(d, dmin, sc0, m0, sc1, m1, qp[0], qp[1], x);
+        nibbles(w, qp[0], qp[1]);
     }
-    // The integer dots of the unit's 32 bytes of nibbles and the scaling: shared by both kernels, so
-    // the device-resident kernel rounds exactly as this one (host-mapped and HBM results stay bit-equal).
-    static __device__ __forceinline__ float combine(float d, float dmin, int sc0, int m0, int sc1, int m1,
-                                                    const int4 v0, const int4 v1, const X& x) {
+    static __device__ __forceinline__ void nibbles(D& w, const int4 v0, const int4 v1) {
         const int v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            w.lo[i] = v[i] & 0x0F0F0F0F;
+            w.hi[i] = (v[i] >> 4) & 0x0F0F0F0F;
+        }
+    }
+    static __device__ __forceinline__ float dot_d(const D& w, int, const X& x) {
         int s0 = 0, s1 = 0;
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-            s0 = HF_DP4A(v[i] & 0x0F0F0F0F, x.a.q[i], s0);
-            s1 = HF_DP4A((v[i] >> 4) & 0x0F0F0F0F, x.b.q[i], s1);
+            s0 = HF_DP4A(w.lo[i], x.a.q[i], s0);
+            s1 = HF_DP4A(w.hi[i], x.b.q[i], s1);
         }
-        return d * ((float)sc0 * x.a.d * (float)s0 + (float)sc1 * x.b.d * (float)s1) -
-               dmin * ((float)m0 * x.a.s + (float)m1 * x.b.s);
+        return w.d * (w.sc0 * x.a.d * (float)s0 + w.sc1 * x.b.d * (float)s1) -
+               w.dmin * (w.m0 * x.a.s + w.m1 * x.b.s);
+    }
+    // The unit's dot from scales and nibbles already in registers (the device-resident kernel):
+    // through dot_d, so it rounds exactly as dot (host-mapped and HBM results stay bit-equal).
+    static __device__ __forceinline__ float combine(float d, float dmin, int sc0, int m0, int sc1, int m1,
+                                                    const int4 v0, const int4 v1, const X& x) {
+        D w;
+        w.d = d; w.dmin = dmin;
+        w.sc0 = (float)sc0; w.m0 = (float)m0; w.sc1 = (float)sc1; w.m1 = (float)m1;
+        nibbles(w, v0, v1);
+        return dot_d(w, 0, x);
     }
 
     // ---- device-resident kernel (hf_gemv_dev_direct): weights straight from global into registers ----
@@ -433,12 +456,21 @@ struct TQ6K {
         }
     }
     static __device__ __forceinline__ float dot(const hf_u8* blk, int u, const X& x) {
+        D w;
+        unpack(w, blk, u);
+        return dot_d(w, u, x);
+    }
+    // dot is unpack (the weight side: the 6-bit quants as signed bytes, the scales as floats) then
+    // dot_d, so the multi-column kernel, which unpacks once for all its columns, rounds as dot.
+    struct D { float d, sc[4]; int q[4][4]; };
+    static __device__ __forceinline__ void unpack(D& w, const hf_u8* blk, int u) {
         const int h = u >> 1, is = u & 1;
         const hf_u8* ql = blk + 64 * h + 16 * is;
         const hf_u8* qh = blk + HF_Q6K_QH + 32 * h + 16 * is;
         const signed char* sc = (const signed char*)(blk + HF_Q6K_SC + 8 * h + is);
-        const float d = hf_h2f(hf_ld16(blk + HF_Q6K_D));
-        int dt[4] = {0, 0, 0, 0};
+        w.d = hf_h2f(hf_ld16(blk + HF_Q6K_D));
+#pragma unroll
+        for (int t = 0; t < 4; ++t) w.sc[t] = (float)sc[2 * t];
         int qa[4], qb[4], qhh[4];
         hf_ints_b2<4>(ql, qa);
         hf_ints_b2<4>(ql + 32, qb);
@@ -450,17 +482,23 @@ struct TQ6K {
             const int q1 = (b & 0x0F0F0F0F) | ((hh << 2) & 0x30303030);
             const int q2 = ((a >> 4) & 0x0F0F0F0F) | (hh & 0x30303030);
             const int q3 = ((b >> 4) & 0x0F0F0F0F) | ((hh >> 2) & 0x30303030);
-            // q - 32 in every byte at once: each byte is < 64, so q + 0x60 stays below 0x100 (no carry
-            // between bytes) and flipping bit 7 turns the biased value into the signed q - 32.
-            dt[0] = HF_DP4A((q0 + 0x60606060) ^ (int)0x80808080, x.q[0][i], dt[0]);
-            dt[1] = HF_DP4A((q1 + 0x60606060) ^ (int)0x80808080, x.q[1][i], dt[1]);
-            dt[2] = HF_DP4A((q2 + 0x60606060) ^ (int)0x80808080, x.q[2][i], dt[2]);
-            dt[3] = HF_DP4A((q3 + 0x60606060) ^ (int)0x80808080, x.q[3][i], dt[3]);
+            w.q[0][i] = (q0 + 0x60606060) ^ (int)0x80808080; // as dot: q - 32 in every byte
+            w.q[1][i] = (q1 + 0x60606060) ^ (int)0x80808080;
+            w.q[2][i] = (q2 + 0x60606060) ^ (int)0x80808080;
+            w.q[3][i] = (q3 + 0x60606060) ^ (int)0x80808080;
+        }
+    }
+    static __device__ __forceinline__ float dot_d(const D& w, int, const X& x) {
+        int dt[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+#pragma unroll
+            for (int t = 0; t < 4; ++t) dt[t] = HF_DP4A(w.q[t][i], x.q[t][i], dt[t]);
         }
         float acc = 0.0f;
 #pragma unroll
-        for (int t = 0; t < 4; ++t) acc += (float)sc[2 * t] * x.d[t] * (float)dt[t];
-        return d * acc;
+        for (int t = 0; t < 4; ++t) acc += w.sc[t] * x.d[t] * (float)dt[t];
+        return w.d * acc;
     }
     // Device-resident kernel (hf_gemv_dev_tiled): the unit's activation from the block's shared copy.
     // Lane L reads 16-byte unit 16b + 8h + 2t + is; swz spreads a quarter-warp over distinct banks.
@@ -867,7 +905,8 @@ HF_GEMV_FORMATS(HF_GEMV_FORMAT)
 // CI box, 2026-12-01: 17 s without the multi-column kernels, 46 s with them, 79 s with the column
 // loop unrolled) while the accumulators stay in registers (a rolled loop indexing acc[r][c] would
 // put them in local memory); the price is HF_ROWS * HF_MAX_COLS moves per column, and the weight
-// side of each dot (scales, nibble unpacking) is redone per column instead of shared.
+// side of each dot (scales, nibble unpacking) is redone per column instead of shared. Formats that
+// split their dot (HfColsUnit<T, true>) unroll their column loop instead.
 __device__ __forceinline__ void hf_rotate_cols(float (&acc)[HF_ROWS][HF_MAX_COLS]) {
 #pragma unroll
     for (int r = 0; r < HF_ROWS; ++r) {
@@ -887,57 +926,13 @@ __device__ __forceinline__ XArgs hf_xcol(const XArgs& xa, hf_u64 xstride, int c)
     return o;
 }
 
-template <class T, typename LoadT, bool RESIDUAL>
-__device__ __forceinline__ void hf_gemv_cols(const hf_u8* __restrict__ W, hf_u64 row_bytes, XArgs xa,
-                                             hf_u64 xstride, float* __restrict__ y, hf_u64 ldy, int nrows,
-                                             int nblocks, int ncols) {
-    constexpr int TILE = T::CB * T::BYTES;
-    static_assert(TILE % 16 == 0, "tile must keep 16-byte alignment");
-    constexpr int PER_LANE = (TILE / (int)sizeof(LoadT) + HF_WARP - 1) / HF_WARP;
-    constexpr int UPL = (T::CB * T::UNITS + HF_WARP - 1) / HF_WARP; // units of one tile per lane
-    __shared__ __align__(16) hf_u8 smem[HF_WARPS][HF_ROWS][TILE + (T::QX ? HF_TILE_PAD : 0)];
-    __shared__ float partial[HF_WARPS][HF_ROWS][HF_MAX_COLS];
-
-    const HfGroup gr = hf_group(W, row_bytes, nrows);
+// The end of both multi-column kernels: each (row, column) accumulator summed over the warp, then
+// over the k-split group through `partial`, and stored (added in the residual form) by lane 0.
+template <bool RESIDUAL>
+__device__ __forceinline__ void hf_cols_finish(float (&acc)[HF_ROWS][HF_MAX_COLS],
+                                               float (&partial)[HF_WARPS][HF_ROWS][HF_MAX_COLS], const HfGroup& gr,
+                                               float* __restrict__ y, hf_u64 ldy, int nrows, int ncols) {
     const int warp = gr.warp, lane = gr.lane, kpart = gr.kpart, row0 = gr.row0;
-    const hf_u8* const(&rowp)[HF_ROWS] = gr.rowp;
-    float acc[HF_ROWS][HF_MAX_COLS];
-#pragma unroll
-    for (int r = 0; r < HF_ROWS; ++r) {
-#pragma unroll
-        for (int c = 0; c < HF_MAX_COLS; ++c) acc[r][c] = 0.0f;
-    }
-
-    LoadT buf[HF_ROWS][PER_LANE];
-    const int step = T::CB * HF_KSPLIT;
-    int b0 = kpart * T::CB;
-    if (b0 < nblocks) hf_issue_tile<T>(buf, rowp, b0, nblocks, lane);
-    for (; b0 < nblocks; b0 += step) {
-        const int nb = min(T::CB, nblocks - b0);
-        hf_store_tile(smem[warp], buf, nb * T::BYTES / (int)sizeof(LoadT), lane);
-        hf_syncwarp();
-        if (b0 + step < nblocks) hf_issue_tile<T>(buf, rowp, b0 + step, nblocks, lane); // in flight meanwhile
-#pragma unroll
-        for (int i = 0; i < UPL; ++i) {
-            const int u = lane + HF_WARP * i;
-            if (u < nb * T::UNITS) {
-                const int bi = u / T::UNITS, sub = u % T::UNITS;
-                typename T::X xc, xn;
-                T::load_x(xc, xa, b0 + bi, sub); // column 0 (ncols >= 1)
-#pragma unroll 1
-                for (int c = 0; c < HF_MAX_COLS; ++c) {
-                    if (c < ncols) {
-                        if (c + 1 < ncols) T::load_x(xn, hf_xcol(xa, xstride, c + 1), b0 + bi, sub);
-#pragma unroll
-                        for (int r = 0; r < HF_ROWS; ++r) acc[r][0] += T::dot(smem[warp][r] + bi * T::BYTES, sub, xc);
-                        xc = xn;
-                    }
-                    hf_rotate_cols(acc);
-                }
-            }
-        }
-        hf_syncwarp();
-    }
 #pragma unroll
     for (int c = 0; c < HF_MAX_COLS; ++c) {
         if (c < ncols) { // ncols is uniform: every lane takes part in the shuffles
@@ -977,6 +972,109 @@ __device__ __forceinline__ void hf_gemv_cols(const hf_u8* __restrict__ W, hf_u64
             }
         }
     }
+}
+
+// Whether format traits T split their dot into a weight side and an activation side (T::D,
+// T::unpack, T::dot_d): those formats take hf_gemv_cols_shared.
+template <class T>
+struct hf_has_unpack {
+    template <class U>
+    static __device__ char probe(typename U::D*);
+    template <class U>
+    static __device__ long probe(...);
+    static constexpr bool value = sizeof(probe<T>(nullptr)) == 1;
+};
+
+// One unit (sub) of block gblock of every row (blk[r]: the row's block in shared memory) dotted
+// with the first ncols columns into acc. The general form redoes the weight side of each dot per
+// column and keeps the column loop rolled, rotating the accumulators (hf_rotate_cols).
+template <class T, bool SHARED = hf_has_unpack<T>::value>
+struct HfColsUnit {
+    static __device__ __forceinline__ void run(float (&acc)[HF_ROWS][HF_MAX_COLS], const hf_u8* const (&blk)[HF_ROWS],
+                                               const XArgs& xa, hf_u64 xstride, int gblock, int sub, int ncols) {
+        typename T::X xc, xn;
+        T::load_x(xc, xa, gblock, sub); // column 0 (ncols >= 1)
+#pragma unroll 1
+        for (int c = 0; c < HF_MAX_COLS; ++c) {
+            if (c < ncols) {
+                if (c + 1 < ncols) T::load_x(xn, hf_xcol(xa, xstride, c + 1), gblock, sub);
+#pragma unroll
+                for (int r = 0; r < HF_ROWS; ++r) acc[r][0] += T::dot(blk[r], sub, xc);
+                xc = xn;
+            }
+            hf_rotate_cols(acc);
+        }
+    }
+};
+// Formats that split their dot (T::D, T::unpack, T::dot_d: Q4_K, Q6_K): each row's scales and
+// quants are unpacked once and dotted with every column, the column loop unrolled so the
+// accumulators stay in registers unrotated. acc[r][c] gets the same dot values in the same order
+// as the general form (dot_d rounds as dot), so the columns stay bit-identical to hf_gemv. Measured
+// on the H200 (2026-12-01 record serve-gpu-h200): the general form ran 8 resident columns at 509
+// tok/s against 284 for one, re-decoding each weight block per column.
+template <class T>
+struct HfColsUnit<T, true> {
+    static __device__ __forceinline__ void run(float (&acc)[HF_ROWS][HF_MAX_COLS], const hf_u8* const (&blk)[HF_ROWS],
+                                               const XArgs& xa, hf_u64 xstride, int gblock, int sub, int ncols) {
+        typename T::D w[HF_ROWS];
+#pragma unroll
+        for (int r = 0; r < HF_ROWS; ++r) T::unpack(w[r], blk[r], sub);
+#pragma unroll
+        for (int c = 0; c < HF_MAX_COLS; ++c) {
+            if (c < ncols) {
+                typename T::X x;
+                T::load_x(x, hf_xcol(xa, xstride, c), gblock, sub);
+#pragma unroll
+                for (int r = 0; r < HF_ROWS; ++r) acc[r][c] += T::dot_d(w[r], sub, x);
+            }
+        }
+    }
+};
+
+template <class T, typename LoadT, bool RESIDUAL>
+__device__ __forceinline__ void hf_gemv_cols(const hf_u8* __restrict__ W, hf_u64 row_bytes, XArgs xa,
+                                             hf_u64 xstride, float* __restrict__ y, hf_u64 ldy, int nrows,
+                                             int nblocks, int ncols) {
+    constexpr int TILE = T::CB * T::BYTES;
+    static_assert(TILE % 16 == 0, "tile must keep 16-byte alignment");
+    constexpr int PER_LANE = (TILE / (int)sizeof(LoadT) + HF_WARP - 1) / HF_WARP;
+    constexpr int UPL = (T::CB * T::UNITS + HF_WARP - 1) / HF_WARP; // units of one tile per lane
+    __shared__ __align__(16) hf_u8 smem[HF_WARPS][HF_ROWS][TILE + (T::QX ? HF_TILE_PAD : 0)];
+    __shared__ float partial[HF_WARPS][HF_ROWS][HF_MAX_COLS];
+
+    const HfGroup gr = hf_group(W, row_bytes, nrows);
+    const int warp = gr.warp, lane = gr.lane, kpart = gr.kpart;
+    const hf_u8* const(&rowp)[HF_ROWS] = gr.rowp;
+    float acc[HF_ROWS][HF_MAX_COLS];
+#pragma unroll
+    for (int r = 0; r < HF_ROWS; ++r) {
+#pragma unroll
+        for (int c = 0; c < HF_MAX_COLS; ++c) acc[r][c] = 0.0f;
+    }
+
+    LoadT buf[HF_ROWS][PER_LANE];
+    const int step = T::CB * HF_KSPLIT;
+    int b0 = kpart * T::CB;
+    if (b0 < nblocks) hf_issue_tile<T>(buf, rowp, b0, nblocks, lane);
+    for (; b0 < nblocks; b0 += step) {
+        const int nb = min(T::CB, nblocks - b0);
+        hf_store_tile(smem[warp], buf, nb * T::BYTES / (int)sizeof(LoadT), lane);
+        hf_syncwarp();
+        if (b0 + step < nblocks) hf_issue_tile<T>(buf, rowp, b0 + step, nblocks, lane); // in flight meanwhile
+#pragma unroll
+        for (int i = 0; i < UPL; ++i) {
+            const int u = lane + HF_WARP * i;
+            if (u < nb * T::UNITS) {
+                const int bi = u / T::UNITS;
+                const hf_u8* blk[HF_ROWS];
+#pragma unroll
+                for (int r = 0; r < HF_ROWS; ++r) blk[r] = smem[warp][r] + bi * T::BYTES;
+                HfColsUnit<T>::run(acc, blk, xa, xstride, b0 + bi, u % T::UNITS, ncols);
+            }
+        }
+        hf_syncwarp();
+    }
+    hf_cols_finish<RESIDUAL>(acc, partial, gr, y, ldy, nrows, ncols);
 }
 
 // Exported entry points: gemv_<format>_<plain|residual>_v<load bytes>_cols. nblocks = k / T::ELEMS,

@@ -147,6 +147,17 @@ impl KvLayer {
         &self.v[h][t * self.hd..(t + 1) * self.hd]
     }
 
+    /// Every cached value as f32, in the order of [`KvLayer::bits`] (tests compare caches within
+    /// a bound where the row dots are not bit-identical).
+    #[cfg(test)]
+    pub fn values(&self) -> Vec<f32> {
+        self.k
+            .iter()
+            .chain(&self.v)
+            .flat_map(|c| c.iter().map(|x| x.to_f32()))
+            .collect()
+    }
+
     /// Bit patterns of everything stored (keys, then values, head by head), for exact
     /// comparisons of two caches.
     pub fn bits(&self) -> Vec<u16> {

@@ -1004,20 +1004,55 @@ mod tests {
             for &t in &prompt {
                 lb = b.step(t).expect("step").to_vec();
             }
-            assert_eq!(bits(&la), bits(&lb), "{what} len {len}: last logits");
+            let exact = multi_token_exact(model);
+            assert_same(&la, &lb, exact, &format!("{what} len {len}: last logits"));
             assert_eq!(a.position(), b.position());
             for li in 0..model.config().n_layer {
-                assert_eq!(a.kv[li].bits(), b.kv[li].bits(), "{what} KV layer {li}");
+                if exact {
+                    assert_eq!(a.kv[li].bits(), b.kv[li].bits(), "{what} KV layer {li}");
+                } else {
+                    let (ka, kb) = (a.kv[li].values(), b.kv[li].values());
+                    assert_same(&ka, &kb, false, &format!("{what} KV layer {li}"));
+                }
             }
             for t in [3u32, 200, 5] {
                 let sa = a.step(t % vocab).expect("decode").to_vec();
                 let sb = b.step(t % vocab).expect("decode").to_vec();
-                assert_eq!(
-                    bits(&sa),
-                    bits(&sb),
-                    "{what} len {len}: decode after prefill"
+                assert_same(
+                    &sa,
+                    &sb,
+                    exact,
+                    &format!("{what} len {len}: decode after prefill"),
                 );
             }
+        }
+    }
+
+    /// Whether `model`'s multi-token steps on the CPU pool are bit-identical to one token at a
+    /// time: its weights' row dots over a prefill chunk's tokens match each token's alone
+    /// (`hipfire_quant::multi_matches_single`; not so for the tiled AVX-512 VNNI Q4_K kernel).
+    pub(super) fn multi_token_exact(model: &Model) -> bool {
+        model.weights().iter().all(|w| {
+            hipfire_quant::multi_matches_single(hipfire_quant::simd_tier(), w.format, PREFILL_CHUNK)
+        })
+    }
+
+    /// `got` equals `want` bit for bit when `exact`, else within 1e-2·(1 + max|want|): the row dots
+    /// agree within 1e-5 (hipfire-quant's multi tests), but a random-weight model amplifies that
+    /// (measured: 4e-5 in the KV cache and up to 3.7e-3 of the logits' range after a 70-token
+    /// prompt, 1e-7 in the decode steps after it).
+    pub(super) fn assert_same(got: &[f32], want: &[f32], exact: bool, what: &str) {
+        assert_eq!(got.len(), want.len(), "{what}: lengths");
+        if exact {
+            assert_eq!(bits(got), bits(want), "{what}");
+            return;
+        }
+        let scale = 1.0 + want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-2 * scale,
+                "{what}: [{i}] {g} vs {w} (scale {scale})"
+            );
         }
     }
 

@@ -3,8 +3,12 @@
 //!
 //! ```text
 //! cargo run --release -p hipfire-quant --example gemv_gbs -- [--k 4096] [--m 4096]
-//!     [--threads 1,2] [--footprint-mib 512] [--reps 5] [--formats q4_0,q8_0,...]
+//!     [--threads 1,2] [--footprint-mib 512] [--reps 5] [--formats q4_0,q8_0,...] [--cols 1]
+//!     [--repeat 1]
 //! ```
+//! `--cols B` dots every row with B activations at once (`gemv_rows_multi`, as a batched
+//! decode step does); GB/s still counts each weight byte once. `--repeat R` walks the copies R
+//! times a pass: with a footprint that fits in cache, the kernel's compute rate.
 //! The m × k matrix is replicated until the copies fill `--footprint-mib`, and each pass
 //! walks all copies, so the figure is DRAM-fed, not cache-fed. Rows are split into one
 //! contiguous slice per thread with `std::thread::scope` (the pinned pool is hipfire-exec's).
@@ -13,7 +17,7 @@
 //! prepared once per pass; its time is reported separately ("prepare µs", not in GB/s).
 //! Each figure is the best of `--reps` passes.
 
-use hipfire_quant::{gemv_rows, quantize_row, simd_tier, ActivationBuf, Format};
+use hipfire_quant::{gemv_rows, gemv_rows_multi, quantize_row, simd_tier, ActivationBuf, Format};
 use std::error::Error;
 use std::hint::black_box;
 use std::time::Instant;
@@ -28,6 +32,8 @@ struct Args {
     footprint: usize,
     reps: usize,
     formats: Vec<Format>,
+    cols: usize,
+    repeat: usize,
 }
 
 fn parse() -> Result<Args, Box<dyn Error>> {
@@ -38,6 +44,8 @@ fn parse() -> Result<Args, Box<dyn Error>> {
         footprint: 512 << 20,
         reps: 5,
         formats: Format::ALL.to_vec(),
+        cols: 1,
+        repeat: 1,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     for pair in argv.chunks(2) {
@@ -50,6 +58,8 @@ fn parse() -> Result<Args, Box<dyn Error>> {
             "--threads" => a.threads = val.split(',').map(str::parse).collect::<Result<_, _>>()?,
             "--footprint-mib" => a.footprint = val.parse::<usize>()? << 20,
             "--reps" => a.reps = val.parse()?,
+            "--cols" => a.cols = val.parse::<usize>()?.clamp(1, 64),
+            "--repeat" => a.repeat = val.parse::<usize>()?.clamp(1, 1_000_000),
             "--formats" => {
                 a.formats = val
                     .split(',')
@@ -70,10 +80,11 @@ fn split(m: usize, t: usize) -> Vec<std::ops::Range<usize>> {
 fn main() -> Result<(), Box<dyn Error>> {
     let a = parse()?;
     println!(
-        "tier {} | k {} m {} | footprint {} MiB | best of {} passes",
+        "tier {} | k {} m {} | {} activation column(s) | footprint {} MiB | best of {} passes",
         simd_tier(),
         a.k,
         a.m,
+        a.cols,
         a.footprint >> 20,
         a.reps
     );
@@ -81,8 +92,12 @@ fn main() -> Result<(), Box<dyn Error>> {
         "{:<9} {:>7} {:>10} {:>10} {:>8} {:>10}",
         "format", "threads", "gemv GB/s", "read GB/s", "ratio", "prepare µs"
     );
-    let x: Vec<f32> = (0..a.k)
-        .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
+    let xs: Vec<Vec<f32>> = (0..a.cols)
+        .map(|j| {
+            (0..a.k)
+                .map(|i| (((i + 13 * j) * 7919 % 1000) as f32 / 500.0) - 1.0)
+                .collect()
+        })
         .collect();
     for &fmt in &a.formats {
         let rb = fmt.row_bytes(a.k)?;
@@ -103,34 +118,39 @@ fn main() -> Result<(), Box<dyn Error>> {
                     .collect()
             })
             .collect();
-        let total = (copies * mat_bytes) as f64;
+        let total = (copies * mat_bytes * a.repeat) as f64;
         for &t in &a.threads {
             let ranges = split(a.m, t);
-            let mut y = vec![0f32; a.m];
+            let mut y = vec![0f32; a.m * a.cols];
             let (mut best_gemv, mut best_read, mut best_prep) = (f64::MAX, f64::MAX, f64::MAX);
             for _ in 0..a.reps {
                 let t0 = Instant::now();
-                let act = ActivationBuf::prepare(fmt, &x)?;
+                let acts: Vec<ActivationBuf> = xs
+                    .iter()
+                    .map(|x| ActivationBuf::prepare(fmt, x))
+                    .collect::<Result<_, _>>()?;
                 best_prep = best_prep.min(t0.elapsed().as_secs_f64());
                 // One thread per row range for the whole pass; each walks its rows of every copy.
                 let t0 = Instant::now();
                 std::thread::scope(|s| -> Result<(), Box<dyn Error>> {
                     let mut rest: &mut [f32] = &mut y;
                     let mut handles = Vec::new();
+                    let cols = a.cols;
                     for r in &ranges {
-                        let (mine, tail) = std::mem::take(&mut rest).split_at_mut(r.len());
+                        let (mine, tail) = std::mem::take(&mut rest).split_at_mut(r.len() * cols);
                         rest = tail;
-                        let (act, mats, r) = (&act, &mats, r.clone());
+                        let (acts, mats, r) = (&acts, &mats, r.clone());
                         handles.push(s.spawn(move || {
-                            for w in mats {
-                                gemv_rows(
-                                    fmt,
-                                    &w[r.start * rb..r.end * rb],
-                                    a.k,
-                                    act,
-                                    mine,
-                                    false,
-                                )?;
+                            let act_refs: Vec<&ActivationBuf> = acts.iter().collect();
+                            for w in mats.iter().cycle().take(mats.len() * a.repeat) {
+                                let w = &w[r.start * rb..r.end * rb];
+                                if cols == 1 {
+                                    gemv_rows(fmt, w, a.k, act_refs[0], mine, false)?;
+                                } else {
+                                    let mut ys: Vec<&mut [f32]> =
+                                        mine.chunks_mut(r.len()).collect();
+                                    gemv_rows_multi(fmt, w, a.k, &act_refs, &mut ys, false)?;
+                                }
                                 black_box(&mut *mine);
                             }
                             Ok::<(), hipfire_quant::QuantError>(())
@@ -149,11 +169,14 @@ fn main() -> Result<(), Box<dyn Error>> {
                         .map(|r| {
                             let mats = &mats;
                             s.spawn(move || {
-                                mats.iter().fold(0u64, |acc, w| {
-                                    acc.wrapping_add(hipfire_quant::read_sum(
-                                        &w[r.start * rb..r.end * rb],
-                                    ))
-                                })
+                                mats.iter().cycle().take(mats.len() * a.repeat).fold(
+                                    0u64,
+                                    |acc, w| {
+                                        acc.wrapping_add(hipfire_quant::read_sum(
+                                            &w[r.start * rb..r.end * rb],
+                                        ))
+                                    },
+                                )
                             })
                         })
                         .collect();

@@ -296,6 +296,7 @@ fn multi_kernel(tier: SimdTier, fmt: Format) -> Option<MultiDot> {
     {
         use crate::dot::avx512::{plain, vnni};
         use crate::dot::avx512_mix as mix;
+        use crate::dot::avx512_tile as tile;
         match (tier, fmt) {
             (SimdTier::Avx512, Format::Q5_0) => Some(MultiDot::Q8x32(mix::plain::gemv_q5_0_multi)),
             (SimdTier::Avx512, Format::Q5_1) => Some(MultiDot::Q8x32(mix::plain::gemv_q5_1_multi)),
@@ -322,7 +323,7 @@ fn multi_kernel(tier: SimdTier, fmt: Format) -> Option<MultiDot> {
             (SimdTier::Avx512, Format::Q4K) => Some(MultiDot::Q8K(plain::gemv_q4k_multi)),
             (SimdTier::Avx512Vnni, Format::Q8_0) => Some(MultiDot::Q8x32(vnni::gemv_q8_0_multi)),
             (SimdTier::Avx512Vnni, Format::Q4_1) => Some(MultiDot::Q8x32(vnni::gemv_q4_1_multi)),
-            (SimdTier::Avx512Vnni, Format::Q4K) => Some(MultiDot::Q8K(vnni::gemv_q4k_multi)),
+            (SimdTier::Avx512Vnni, Format::Q4K) => Some(MultiDot::Q8K(tile::gemv_q4k_multi)),
             _ => None,
         }
     }
@@ -333,15 +334,36 @@ fn multi_kernel(tier: SimdTier, fmt: Format) -> Option<MultiDot> {
     }
 }
 
+/// Rows a [`gemv_rows_multi`] call should cover in multiples of, where it can: the AVX-512 VNNI
+/// Q4_K kernel of several activations transposes 16 rows at a time into the vector lanes, and
+/// runs rows past the last whole 16 through the row-at-a-time kernel.
+pub const MULTI_ROW_TILE: usize = 16;
+
+/// Whether [`gemv_rows_multi_with`] on `tier` gives every output bit-identical to
+/// [`gemv_rows_with`] of that activation alone, for `acts` activations of format `fmt`. It does
+/// for every pair but one: AVX-512 VNNI Q4_K from 4 activations (the lanes-are-rows kernel of
+/// `dot/avx512_tile.rs`), whose f32 sums run in another order (same integer block sums; within
+/// 1e-6·Σ|w·x| of the scalar reference). There, each whole group of [`MULTI_ROW_TILE`] rows gives
+/// the same bits for every activation count from 4 up.
+pub fn multi_matches_single(tier: SimdTier, fmt: Format, acts: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if tier == SimdTier::Avx512Vnni && fmt == Format::Q4K {
+        return acts < crate::dot::avx512_tile::TILED_MIN_COLS;
+    }
+    let _ = (tier, fmt, acts);
+    true
+}
+
 /// `ys[j][i] (+)= row_i · acts[j]` for every activation `j` and `i` in `0..ys[j].len()`, on the
 /// detected tier: [`gemv_rows`] of several activations (prompt tokens) over the same rows.
 ///
 /// Where the tier has a multi-activation kernel for `fmt` (AVX-512 Q8_0, Q4_1, Q4_K, Q5_K, Q5_0,
 /// Q5_1, IQ4_NL, IQ4_XS), each weight block is unpacked once and dotted with up to eight
 /// activations (Q4_K: four, over two rows at a time, so each activation vector loaded also
-/// serves two rows); every other pair
-/// runs [`gemv_rows`] once per activation. Either way `ys[j]` is bit-identical to
-/// `gemv_rows(fmt, w_rows, k, acts[j], ys[j], accumulate)`. Errors: those of [`gemv_rows`],
+/// serves two rows; with VNNI and 4 or more activations, 16 rows transposed into the lanes and
+/// up to 32 activations); every other pair runs [`gemv_rows`] once per activation. `ys[j]` is
+/// bit-identical to `gemv_rows(fmt, w_rows, k, acts[j], ys[j], accumulate)` wherever
+/// [`multi_matches_single`] says so. Errors: those of [`gemv_rows`],
 /// `acts` and `ys` of different lengths, or `ys` slices of different lengths.
 pub fn gemv_rows_multi(
     fmt: Format,

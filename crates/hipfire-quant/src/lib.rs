@@ -79,7 +79,8 @@ mod shared_act;
 pub use act::{quantise_q8k, ActivationBuf, Q8K_BLOCK};
 pub use dispatch::{
     dequantize_row, dequantize_row_f64, gemv_rows, gemv_rows_multi, gemv_rows_multi_with,
-    gemv_rows_scalar, gemv_rows_with, quantize_row, simd_tier, SimdTier,
+    gemv_rows_scalar, gemv_rows_with, multi_matches_single, quantize_row, simd_tier, SimdTier,
+    MULTI_ROW_TILE,
 };
 pub use read::read_sum;
 pub use shared_act::SharedActivation;

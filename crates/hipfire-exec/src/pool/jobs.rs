@@ -225,7 +225,7 @@ impl CpuPool {
             fmt,
             k,
             row_bytes,
-            tile_rows: (TOKEN_TILE_BYTES / row_bytes).max(1),
+            tile_rows: token_tile_rows(row_bytes),
             acts: &acts,
             parts,
         };
@@ -370,10 +370,18 @@ struct TokenPart<'a> {
     accumulate: bool,
 }
 
-/// Tokens one [`TokenGemvJob`] tile hands to `gemv_rows_multi` at once: the multi-activation
-/// kernels' register group (eight), so each weight block of a tile is unpacked once per eight
-/// tokens instead of once per token.
-const TOKEN_GROUP: usize = 8;
+/// Tokens one [`TokenGemvJob`] tile hands to `gemv_rows_multi` at once: the tiled AVX-512 VNNI
+/// Q4_K kernel's pass (32), which transposes each 16 rows once for all of them; the other
+/// multi-activation kernels take them eight at a time over the tile, as before.
+const TOKEN_GROUP: usize = 32;
+
+/// Rows of one [`TokenGemvJob`] tile: [`TOKEN_TILE_BYTES`] of rows, rounded up to whole groups of
+/// `hipfire_quant::MULTI_ROW_TILE` (Q4_K at k = 14336 is 8 KiB a row: two rows would leave the
+/// tiled kernel nothing to tile).
+fn token_tile_rows(row_bytes: usize) -> usize {
+    let rows = (TOKEN_TILE_BYTES / row_bytes.max(1)).max(1);
+    rows.div_ceil(hipfire_quant::MULTI_ROW_TILE) * hipfire_quant::MULTI_ROW_TILE
+}
 
 struct TokenGemvJob<'a> {
     fmt: Format,

@@ -98,7 +98,7 @@ fn gemv_tokens_is_bit_identical_to_per_token_gemv() {
                 .iter()
                 .map(|&m| random_weight(fmt, k, m, &mut rng))
                 .collect();
-            for tokens in [1usize, 3, 7] {
+            for tokens in [1usize, 3, 7, 33] {
                 let xs: Vec<f32> = (0..tokens * k)
                     .map(|_| rng.random_range(-1.0f32..1.0))
                     .collect();
@@ -130,13 +130,27 @@ fn gemv_tokens_is_bit_identical_to_per_token_gemv() {
                         .map(|(w, y)| GemvSegment { w, y, accumulate })
                         .collect();
                     pool.gemv_tokens(fmt, k, &xs, &mut segs).expect("tokens");
+                    let exact = hipfire_quant::multi_matches_single(
+                        hipfire_quant::simd_tier(),
+                        fmt,
+                        tokens,
+                    );
                     for (g, w) in got.iter().zip(&want) {
                         assert!(g.iter().all(|v| v.is_finite()), "{fmt}: unwritten rows");
-                        assert_eq!(
-                            bits(g),
-                            bits(w),
-                            "{fmt} tokens={tokens} accumulate={accumulate}"
-                        );
+                        if exact {
+                            assert_eq!(
+                                bits(g),
+                                bits(w),
+                                "{fmt} tokens={tokens} accumulate={accumulate}"
+                            );
+                        } else {
+                            // The tiled Q4_K kernel sums in another order (hipfire-quant's
+                            // multi tests bound it against the scalar reference).
+                            for (a, b) in g.iter().zip(w) {
+                                let tol = 1e-5 * (1.0 + b.abs());
+                                assert!((a - b).abs() <= tol, "{fmt} tokens={tokens}: {a} vs {b}");
+                            }
+                        }
                     }
                 }
             }

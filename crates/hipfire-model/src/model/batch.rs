@@ -276,11 +276,11 @@ mod tests {
                 }
                 if *want_logits {
                     let want = &alone_logits[s][checked[s]];
-                    assert_eq!(
-                        bits(sessions[s].logits()),
-                        bits(want),
-                        "{what}: seq {s} output {} at step {step}",
-                        checked[s]
+                    crate::model::tests::assert_same(
+                        sessions[s].logits(),
+                        want,
+                        crate::model::tests::multi_token_exact(model),
+                        &format!("{what}: seq {s} output {} at step {step}", checked[s]),
                     );
                     checked[s] += 1;
                 }

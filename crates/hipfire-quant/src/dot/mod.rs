@@ -14,3 +14,5 @@ pub(crate) mod avx2_mix;
 pub(crate) mod avx512;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512_mix;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512_tile;
