@@ -72,12 +72,12 @@ extern "C" __global__ void rms_norm_f32(const float* __restrict__ x, const float
 // (both precomputed on the host in f64 by hipfire-model's rope.rs, so llama-3.1 frequency factors,
 // linear and YaRN scaling apply without a second kernel; mscale is YaRN's 1 + 0.1 ln s, else 1).
 // neox = 0: pairs (2i, 2i+1) (llama.cpp LLAMA_ROPE_TYPE_NORM); neox = 1: pairs (i, i + rope_dim/2) (NEOX).
-extern "C" __global__ void rope_f32(float* __restrict__ x, int head_dim, int rope_dim, int pos,
-                                    const float* __restrict__ inv_freq, int neox, float mscale) {
-    const int h = blockIdx.x;
+// One head's rotation (xh: head_dim floats) at `pos`, threads tid, tid + step, ... over the pairs.
+__device__ __forceinline__ void hf_rope_head(float* __restrict__ xh, int rope_dim, int pos,
+                                             const float* __restrict__ inv_freq, int neox, float mscale,
+                                             int tid, int step) {
     const int half = rope_dim / 2;
-    float* xh = x + (size_t)h * head_dim;
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    for (int i = tid; i < half; i += step) {
         float s, c;
         sincosf((float)pos * inv_freq[i], &s, &c);
         s *= mscale;
@@ -89,6 +89,20 @@ extern "C" __global__ void rope_f32(float* __restrict__ x, int head_dim, int rop
         xh[b] = x0 * s + x1 * c;
     }
 }
+extern "C" __global__ void rope_f32(float* __restrict__ x, int head_dim, int rope_dim, int pos,
+                                    const float* __restrict__ inv_freq, int neox, float mscale) {
+    hf_rope_head(x + (size_t)blockIdx.x * head_dim, rope_dim, pos, inv_freq, neox, mscale, threadIdx.x,
+                 blockDim.x);
+}
+// The slots form (a batched decode step): rows of n_heads heads, row y at position pos[y]; block
+// y * n_heads + h rotates head h of row y exactly as rope_f32 does.
+extern "C" __global__ void rope_slots_f32(float* __restrict__ x, int n_heads, int head_dim, int rope_dim,
+                                          const int* __restrict__ pos, const float* __restrict__ inv_freq,
+                                          int neox, float mscale) {
+    const int y = blockIdx.x / n_heads;
+    hf_rope_head(x + (size_t)blockIdx.x * head_dim, rope_dim, pos[y], inv_freq, neox, mscale, threadIdx.x,
+                 blockDim.x);
+}
 
 // Stores this position's k and v (f32, n floats each) into their cache rows as f16.
 extern "C" __global__ void kv_store_f16(const float* __restrict__ k, const float* __restrict__ v,
@@ -97,6 +111,21 @@ extern "C" __global__ void kv_store_f16(const float* __restrict__ k, const float
     if (i < n) {
         kslot[i] = hf_f2h(k[i]);
         vslot[i] = hf_f2h(v[i]);
+    }
+}
+
+// The slots form: row y's k and v (n floats each, rows n apart) into its cache rows at pos[y]
+// (kbase[y] / vbase[y]: the slot's f16 caches, rows n apart); blocks_per_row blocks a row.
+extern "C" __global__ void kv_store_slots_f16(const float* __restrict__ k, const float* __restrict__ v,
+                                              const unsigned long long* __restrict__ kbase,
+                                              const unsigned long long* __restrict__ vbase,
+                                              const int* __restrict__ pos, int n, int blocks_per_row) {
+    const int y = blockIdx.x / blocks_per_row;
+    const int i = (blockIdx.x % blocks_per_row) * blockDim.x + threadIdx.x;
+    if (i < n) {
+        const size_t at = (size_t)pos[y] * n + i;
+        ((hf_u16*)kbase[y])[at] = hf_f2h(k[(size_t)y * n + i]);
+        ((hf_u16*)vbase[y])[at] = hf_f2h(v[(size_t)y * n + i]);
     }
 }
 
@@ -157,11 +186,11 @@ __device__ __forceinline__ void hf_attn_split(const float* __restrict__ q,
                                               float* __restrict__ out, float* __restrict__ part,
                                               int n_head, int n_kv_head, int head_dim, int n_pos,
                                               int chunk_len, int n_chunks, int lanes_per_row,
-                                              int heads_per_block, float scale, int first) {
+                                              int heads_per_block, float scale, int first, int bid) {
     __shared__ float m_run[GM], l_run[GM], corr[GM];
     const int D = head_dim;
-    const int chunk = blockIdx.x % n_chunks;
-    const int rest = blockIdx.x / n_chunks;
+    const int chunk = bid % n_chunks;
+    const int rest = bid / n_chunks;
     const int kvh = rest % n_kv_head, hgroup = rest / n_kv_head;
     const int group = n_head / n_kv_head;
     const int g0 = hgroup * heads_per_block;
@@ -349,12 +378,38 @@ __device__ __forceinline__ void hf_attn_split(const float* __restrict__ q,
              int n_head, int n_kv_head, int head_dim, int n_pos, int chunk_len, int n_chunks,      \
              int lanes_per_row, int heads_per_block, float scale, int first) {                     \
         hf_attn_split<GM>(q, kc, vc, out, part, n_head, n_kv_head, head_dim, n_pos, chunk_len,    \
-                          n_chunks, lanes_per_row, heads_per_block, scale, first);                 \
+                          n_chunks, lanes_per_row, heads_per_block, scale, first, blockIdx.x);     \
     }
 HF_ATTN_SPLIT_ENTRY(attention_split_f16kv_g1, 1)
 HF_ATTN_SPLIT_ENTRY(attention_split_f16kv_g2, 2)
 HF_ATTN_SPLIT_ENTRY(attention_split_f16kv_g4, 4)
 HF_ATTN_SPLIT_ENTRY(attention_split_f16kv_g8, 8)
+
+// The slots form (a batched decode step): one query row per sequence, each over its own caches
+// (kcs[y], vcs[y]) and depth (positions firsts[y] .. npos[y]), with one plan for all rows: blocks
+// y * per_row .. (y + 1) * per_row - 1 are row y's, as attention_split_f16kv_g* lays them out. A
+// chunk past a row's depth holds no positions and writes the empty partial (m = -inf, l = 0),
+// which attention_combine_f32 weighs by 0. Row y's q and out rows are at y * n_head * head_dim,
+// its partials at y * n_head * n_chunks * (head_dim + 2): attention_combine_f32 over
+// rows * n_head blocks merges them all.
+#define HF_ATTN_SLOTS_ENTRY(NAME, GM)                                                              \
+    extern "C" __global__ void __launch_bounds__(HF_ATTN_THREADS)                                  \
+        NAME(const float* __restrict__ q, const unsigned long long* __restrict__ kcs,             \
+             const unsigned long long* __restrict__ vcs, const int* __restrict__ npos,            \
+             const int* __restrict__ firsts, float* __restrict__ out, float* __restrict__ part,   \
+             int n_head, int n_kv_head, int head_dim, int chunk_len, int n_chunks,                 \
+             int lanes_per_row, int heads_per_block, float scale, int per_row) {                   \
+        const int y = blockIdx.x / per_row;                                                        \
+        const size_t qd = (size_t)n_head * head_dim;                                               \
+        hf_attn_split<GM>(q + y * qd, (const hf_u16*)kcs[y], (const hf_u16*)vcs[y], out + y * qd,  \
+                          part + (size_t)y * n_head * n_chunks * (head_dim + 2), n_head, n_kv_head, \
+                          head_dim, npos[y], chunk_len, n_chunks, lanes_per_row, heads_per_block,  \
+                          scale, firsts[y], blockIdx.x % per_row);                                 \
+    }
+HF_ATTN_SLOTS_ENTRY(attention_slots_f16kv_g1, 1)
+HF_ATTN_SLOTS_ENTRY(attention_slots_f16kv_g2, 2)
+HF_ATTN_SLOTS_ENTRY(attention_slots_f16kv_g4, 4)
+HF_ATTN_SLOTS_ENTRY(attention_slots_f16kv_g8, 8)
 
 // Merges the n_chunks partials of each head (one block per head): weights exp(m_c - M) / L with
 // M = max m_c and L = sum l_c exp(m_c - M), then out = sum_c weight_c * acc_c.

@@ -52,7 +52,7 @@ pub const DECODE_SOURCE: KernelSource = KernelSource {
 
 /// The kernels [`GpuDecoder`] launches from [`DECODE_SOURCE`], in [`DecodeKernels`] field order
 /// (attention's are [`crate::gpu_attention::ATTENTION_KERNEL_NAMES`]).
-const DECODE_KERNEL_NAMES: [&str; 8] = [
+const DECODE_KERNEL_NAMES: [&str; 10] = [
     "rms_norm_f32",
     "rope_f32",
     "kv_store_f16",
@@ -61,6 +61,8 @@ const DECODE_KERNEL_NAMES: [&str; 8] = [
     "geglu_f32",
     "rms_norm_add_f32",
     "softcap_f32",
+    "rope_slots_f32",
+    "kv_store_slots_f16",
 ];
 
 /// Threads per block of the small decode kernels: one block covers a 4096-wide row in 4 strides,
@@ -213,6 +215,10 @@ struct DecodeKernels {
     rms_norm_add: Function,
     /// Gemma's final-logit soft-cap.
     softcap: Function,
+    /// RoPE and the KV store of a batched decode step: one row per sequence, each at its own
+    /// position and into its own cache.
+    rope_slots: Function,
+    kv_store_slots: Function,
 }
 
 /// What a decode step needs beyond its activations: the RoPE tables.
@@ -345,7 +351,7 @@ impl<'m> GpuDecoder<'m> {
         let registry = KernelRegistry::new(&ctx);
         let gemv = GemvKernels::new(&registry)?;
         let module = registry.module(&DECODE_SOURCE, &[])?;
-        let [rms_norm, rope, kv_store, swiglu, add, geglu, rms_norm_add, softcap] =
+        let [rms_norm, rope, kv_store, swiglu, add, geglu, rms_norm_add, softcap, rope_slots, kv_store_slots] =
             DECODE_KERNEL_NAMES.map(|n| module.function(n));
         let k = DecodeKernels {
             rms_norm: rms_norm?,
@@ -355,6 +361,8 @@ impl<'m> GpuDecoder<'m> {
             add: add?,
             geglu: geglu?,
             rms_norm_add: rms_norm_add?,
+            rope_slots: rope_slots?,
+            kv_store_slots: kv_store_slots?,
             softcap: softcap?,
         };
         let mut attention = SplitKvAttention::new(
@@ -1480,11 +1488,7 @@ impl<'m> GpuDecoder<'m> {
                 self.kv_store(r.k, r.v, kslot, vslot, m * kvd)?;
                 self.attend(li, r, (m, pos, batched))?;
             }
-            LayerRows::Slots(feeds) => {
-                for (i, &(slot, _)) in feeds.iter().enumerate() {
-                    self.slot_row(li, r, i, slot)?;
-                }
-            }
+            LayerRows::Slots(feeds) => self.slots_rows(li, r, feeds)?,
         }
         self.residual_project(li, wo, r.att, qd, rows, ActSlot::Q, x, r.xn, false)?;
 

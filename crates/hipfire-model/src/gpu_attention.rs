@@ -18,13 +18,21 @@ use crate::ModelError;
 
 /// Names of the kernels in `kernels/decode.cu`: the split kernel's instances for at most 1, 2,
 /// 4 and 8 query heads a block, then the combine.
-pub const ATTENTION_KERNEL_NAMES: [&str; 5] = [
+pub const ATTENTION_KERNEL_NAMES: [&str; 9] = [
     "attention_split_f16kv_g1",
     "attention_split_f16kv_g2",
     "attention_split_f16kv_g4",
     "attention_split_f16kv_g8",
     "attention_combine_f32",
+    "attention_slots_f16kv_g1",
+    "attention_slots_f16kv_g2",
+    "attention_slots_f16kv_g4",
+    "attention_slots_f16kv_g8",
 ];
+/// Most chunks a row of a slots launch ([`SplitKvAttention::launch_slots`]) is cut into: with
+/// several rows the grid fills the device with fewer chunks each, and the partials' scratch is
+/// `rows × n_head × SLOT_MAX_CHUNKS` rows.
+pub const SLOT_MAX_CHUNKS: usize = 64;
 /// Most query heads a block of the split kernel serves (`HF_ATTN_MAX_G` in decode.cu): their
 /// accumulators are registers, 8 floats per head per lane. A larger group takes several blocks.
 pub const ATTN_MAX_GROUP: usize = 8;
@@ -182,12 +190,29 @@ fn instance(heads_per_block: usize) -> usize {
     }
 }
 
-/// The two kernels and the chunk partials' scratch for one attention shape.
+/// Device addresses of a slots launch's per-row tables (`rows` entries each): the caches
+/// (`u64` device pointers) and the attended positions `firsts[y] .. npos[y]` (`i32`).
+#[derive(Debug, Clone, Copy)]
+pub struct SlotTables {
+    /// Each row's K cache.
+    pub kcs: u64,
+    /// Each row's V cache.
+    pub vcs: u64,
+    /// Each row's depth: it attends positions below it.
+    pub npos: u64,
+    /// Each row's first attended position (0, or past a sliding window).
+    pub firsts: u64,
+}
+
+/// The kernels (split, combine, and the split's slots form) and the chunk partials' scratch for
+/// one attention shape.
 #[derive(Debug)]
 pub struct SplitKvAttention {
     ctx: Arc<Context>,
     /// The split kernel's instances for at most 1, 2, 4 and 8 heads a block.
     split: [Function; 4],
+    /// Their slots form (one query row per sequence, each over its own caches and depth).
+    slots: [Function; 4],
     combine: Function,
     shape: AttnShape,
     /// `[n_head][max_chunks][2 + head_dim]` f32: m, l, acc.
@@ -215,6 +240,7 @@ impl SplitKvAttention {
         Ok(SplitKvAttention {
             split: [f(0)?, f(1)?, f(2)?, f(3)?],
             combine: f(4)?,
+            slots: [f(5)?, f(6)?, f(7)?, f(8)?],
             ctx,
             shape,
             part,
@@ -286,6 +312,123 @@ impl SplitKvAttention {
             n_pos,
             self.plan(span),
         )
+    }
+
+    /// The plan of a slots launch over `rows` query rows, the deepest over `max_pos` positions:
+    /// as [`SplitPlan::for_depth`] with the device's blocks shared among the rows (at most
+    /// [`SLOT_MAX_CHUNKS`] chunks a row).
+    pub fn plan_slots(&self, max_pos: usize, rows: usize) -> SplitPlan {
+        let s = &self.shape;
+        let sms = self.ctx.info().multiprocessors as usize;
+        let rows = rows.max(1);
+        let target = max_chunks(s, sms).div_ceil(rows).min(SLOT_MAX_CHUNKS);
+        let mut plan =
+            SplitPlan::with_chunks(s, max_pos, (max_pos / ATTN_MIN_CHUNK_POS).min(target));
+        while plan.heads_per_block > 1
+            && rows * plan.n_chunks * s.blocks_per_chunk(plan.heads_per_block) < sms
+        {
+            plan.heads_per_block = plan.heads_per_block.div_ceil(2);
+        }
+        plan
+    }
+
+    /// The slots form of [`SplitKvAttention::launch`], for a batched decode step: query row y of
+    /// `q` (rows `n_head × head_dim` f32 apart) attends over positions `firsts[y] .. npos[y]` of
+    /// its own caches (`kcs[y]`, `vcs[y]`), into row y of `out`, for `rows` rows, with one `plan`
+    /// covering the deepest row (from [`SplitKvAttention::plan_slots`]); `part` holds the
+    /// partials, `rows × n_head × plan.n_chunks × (head_dim + 2)` f32.
+    ///
+    /// # Safety
+    /// `q` and `out` are device addresses of `rows × n_head × head_dim` f32 each; `tables` are
+    /// device addresses of `rows` entries each, written before this launch on `stream`: every
+    /// `kcs[y]` / `vcs[y]` a cache of at least `npos[y]` rows of this shape, `0 ≤ firsts[y] <
+    /// npos[y]`, and `npos[y] − firsts[y] ≤ plan.chunk_len × plan.n_chunks`.
+    pub unsafe fn launch_slots(
+        &self,
+        stream: &Stream,
+        (q, out): (u64, u64),
+        tables: &SlotTables,
+        part: &DeviceBuffer<f32>,
+        rows: usize,
+        plan: SplitPlan,
+    ) -> Result<(), ModelError> {
+        let s = self.shape;
+        let per_row = plan.n_chunks * s.blocks_per_chunk(plan.heads_per_block);
+        let need = rows * s.n_head * plan.n_chunks * (s.head_dim + 2);
+        if rows == 0
+            || plan.n_chunks == 0
+            || plan.n_chunks > SLOT_MAX_CHUNKS
+            || plan.heads_per_block == 0
+            || plan.heads_per_block > s.group().min(ATTN_MAX_GROUP)
+            || part.len() < need
+            || u32::try_from(rows * per_row).is_err()
+        {
+            return Err(ModelError::Backend {
+                backend: "gpu",
+                message: format!(
+                    "slots attention over {rows} rows ({plan:?}): scratch {} of {need}",
+                    part.len()
+                ),
+            });
+        }
+        let mut args = LaunchArgs::new()
+            .ptr(q)
+            .ptr(tables.kcs)
+            .ptr(tables.vcs)
+            .ptr(tables.npos)
+            .ptr(tables.firsts)
+            .ptr(out)
+            .buf(part)
+            .i32(s.n_head as i32)
+            .i32(s.n_kv_head as i32)
+            .i32(s.head_dim as i32)
+            .i32(plan.chunk_len as i32)
+            .i32(plan.n_chunks as i32)
+            .i32(s.lanes_per_row() as i32)
+            .i32(plan.heads_per_block as i32)
+            .f32(self.scale)
+            .i32(per_row as i32);
+        let params = args.params()?;
+        let dims = LaunchDims {
+            grid: (rows * per_row) as u32,
+            block: ATTN_THREADS,
+            shared_bytes: s.split_shared_bytes(plan.heads_per_block) as u32,
+        };
+        // SAFETY: the parameters match `attention_slots_f16kv_g*` (typed one by one in `args`);
+        // the caller guarantees q, out and the tables (this function's contract); `part` was
+        // checked to hold every row's partials.
+        unsafe {
+            self.ctx.backend().launch(
+                self.slots[instance(plan.heads_per_block)].raw(),
+                dims,
+                stream.raw(),
+                params,
+            )?;
+        }
+        if plan.n_chunks == 1 {
+            return Ok(());
+        }
+        // Row y's partials and outputs follow row y − 1's, so the combine over rows × n_head
+        // "heads" merges every row.
+        let mut args = LaunchArgs::new()
+            .buf(part)
+            .ptr(out)
+            .i32(s.head_dim as i32)
+            .i32(plan.n_chunks as i32);
+        let params = args.params()?;
+        let dims = LaunchDims {
+            grid: (rows * s.n_head) as u32,
+            block: COMBINE_THREADS,
+            shared_bytes: 0,
+        };
+        // SAFETY: `attention_combine_f32` reads the partials just written (rows × n_head ×
+        // n_chunks of `part`, checked above) and writes rows × n_head rows of `out` (contract).
+        unsafe {
+            self.ctx
+                .backend()
+                .launch(self.combine.raw(), dims, stream.raw(), params)?;
+        }
+        Ok(())
     }
 
     /// As [`SplitKvAttention::launch`] with a chosen plan (tests and the timing program).

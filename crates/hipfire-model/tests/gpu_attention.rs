@@ -11,8 +11,11 @@
 use std::sync::Arc;
 
 use half::f16;
+use hipfire_gpu::DeviceMemory;
 use hipfire_gpu::{Module, Stream};
-use hipfire_model::gpu_attention::{AttnShape, SplitKvAttention, SplitPlan, ATTN_MAX_CHUNKS};
+use hipfire_model::gpu_attention::{
+    AttnShape, SlotTables, SplitKvAttention, SplitPlan, ATTN_MAX_CHUNKS, SLOT_MAX_CHUNKS,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -33,6 +36,18 @@ const F16_NAN: u16 = 0x7e00;
 
 /// softmax(q·Kᵀ/√d)·V per query head, in f64 over the f16 values.
 fn reference(q: &[f32], k: &[u16], v: &[u16], s: AttnShape, n_pos: usize) -> Vec<f64> {
+    reference_from(q, k, v, s, 0, n_pos)
+}
+
+/// [`reference`] over positions `first .. n_pos` only (a sliding window).
+fn reference_from(
+    q: &[f32],
+    k: &[u16],
+    v: &[u16],
+    s: AttnShape,
+    first: usize,
+    n_pos: usize,
+) -> Vec<f64> {
     let (d, kvd, group) = (s.head_dim, s.n_kv_head * s.head_dim, s.group());
     let h2f = |b: u16| f64::from(f16::from_bits(b).to_f32());
     let scale = 1.0 / (d as f64).sqrt();
@@ -40,7 +55,7 @@ fn reference(q: &[f32], k: &[u16], v: &[u16], s: AttnShape, n_pos: usize) -> Vec
     for h in 0..s.n_head {
         let kvh = h / group;
         let qh = &q[h * d..(h + 1) * d];
-        let scores: Vec<f64> = (0..n_pos)
+        let scores: Vec<f64> = (first..n_pos)
             .map(|p| {
                 let kr = &k[p * kvd + kvh * d..p * kvd + (kvh + 1) * d];
                 qh.iter()
@@ -53,7 +68,7 @@ fn reference(q: &[f32], k: &[u16], v: &[u16], s: AttnShape, n_pos: usize) -> Vec
         let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
         let l: f64 = w.iter().sum();
-        for (p, wp) in w.iter().enumerate() {
+        for (p, wp) in (first..n_pos).zip(&w) {
             let vr = &v[p * kvd + kvh * d..p * kvd + (kvh + 1) * d];
             for (o, &b) in out[h * d..(h + 1) * d].iter_mut().zip(vr) {
                 *o += wp / l * h2f(b);
@@ -243,4 +258,129 @@ fn split_kv_attention_refuses_short_buffers_and_bad_plans() {
         .launch_with(&stream, &q, &cache, &cache, &mut out, 1000, fat)
         .is_err());
     stream.synchronize().expect("sync");
+}
+
+/// The slots form (one launch over several query rows, each over its own caches, depth and
+/// window, with one plan for all): every row against the f64 reference over its own positions,
+/// with the planner's plan for the rows and with forced ones that leave most of a shallow row's
+/// chunks empty; outputs poisoned, cache rows past each depth NaN.
+#[test]
+fn slots_attention_matches_f64_reference_per_row() {
+    let Some((_ctx, module, stream)) = decode_module() else {
+        return;
+    };
+    let ctx = module.context().clone();
+    // (first, n_pos) per row: depth 1, odd depths, one past a 512-position window.
+    let rows: [(usize, usize); 5] = [(0, 1), (0, 37), (0, 777), (2488, 3000), (0, 2)];
+    let mut failures = Vec::new();
+    for (si, s) in [shape(32, 8, 128), shape(16, 1, 64), shape(4, 2, 96)]
+        .into_iter()
+        .enumerate()
+    {
+        let mut r = ChaCha8Rng::seed_from_u64(0x5107 + si as u64);
+        let attn = SplitKvAttention::new(&module, s, 1).expect("attention");
+        let (qd, kvd) = (s.n_head * s.head_dim, s.n_kv_head * s.head_dim);
+        let max_pos = rows.iter().map(|r| r.1).max().unwrap_or(1);
+        let mut caches = Vec::new();
+        let mut host_kv = Vec::new();
+        for &(_, n_pos) in &rows {
+            let mut kv = || -> Vec<u16> {
+                (0..(n_pos + POISON_ROWS) * kvd)
+                    .map(|i| {
+                        if i >= n_pos * kvd {
+                            F16_NAN
+                        } else {
+                            f16::from_f32(r.random_range(-1.0f32..1.0)).to_bits()
+                        }
+                    })
+                    .collect()
+            };
+            let (k, v) = (kv(), kv());
+            let mut kb = ctx.alloc::<u16>(k.len()).expect("alloc");
+            kb.upload(&stream, &k).expect("upload");
+            let mut vb = ctx.alloc::<u16>(v.len()).expect("alloc");
+            vb.upload(&stream, &v).expect("upload");
+            caches.push((kb, vb));
+            host_kv.push((k, v));
+        }
+        let q: Vec<f32> = (0..rows.len() * qd)
+            .map(|i| {
+                let amp = 1.0 + 3.0 * ((i / s.head_dim) % 3) as f32;
+                r.random_range(-amp..amp)
+            })
+            .collect();
+        let mut qb = ctx.alloc::<f32>(q.len()).expect("alloc");
+        qb.upload(&stream, &q).expect("upload");
+        let table_u64 = |v: Vec<u64>| {
+            let mut b = ctx.alloc::<u64>(v.len()).expect("alloc");
+            b.upload(&stream, &v).expect("upload");
+            b
+        };
+        let table_i32 = |v: Vec<i32>| {
+            let mut b = ctx.alloc::<i32>(v.len()).expect("alloc");
+            b.upload(&stream, &v).expect("upload");
+            b
+        };
+        let kcs = table_u64(caches.iter().map(|c| c.0.device_ptr()).collect());
+        let vcs = table_u64(caches.iter().map(|c| c.1.device_ptr()).collect());
+        let npos = table_i32(rows.iter().map(|r| r.1 as i32).collect());
+        let firsts = table_i32(rows.iter().map(|r| r.0 as i32).collect());
+        let tables = SlotTables {
+            kcs: kcs.device_ptr(),
+            vcs: vcs.device_ptr(),
+            npos: npos.device_ptr(),
+            firsts: firsts.device_ptr(),
+        };
+        let part = ctx
+            .alloc::<f32>(rows.len() * s.n_head * SLOT_MAX_CHUNKS * (s.head_dim + 2))
+            .expect("alloc");
+        let planned = attn.plan_slots(max_pos, rows.len());
+        let forced = [
+            SplitPlan::with_chunks(&s, max_pos, SLOT_MAX_CHUNKS),
+            SplitPlan::with_chunks(&s, max_pos, 1),
+            SplitPlan::with_chunks(&s, max_pos, 9).with_heads_per_block(&s, 1),
+        ];
+        for plan in std::iter::once(planned).chain(forced) {
+            let mut ob = ctx.alloc::<f32>(q.len()).expect("alloc");
+            ob.upload(&stream, &vec![f32::NAN; q.len()])
+                .expect("poison");
+            // SAFETY: q and out hold rows × n_head × head_dim f32; the tables hold one entry per
+            // row, uploaded above on this stream; each cache holds n_pos rows (+ poison);
+            // firsts < npos; every plan covers max_pos positions.
+            unsafe {
+                attn.launch_slots(
+                    &stream,
+                    (qb.device_ptr(), ob.device_ptr()),
+                    &tables,
+                    &part,
+                    rows.len(),
+                    plan,
+                )
+            }
+            .expect("slots launch");
+            let mut got = vec![0f32; q.len()];
+            ob.download(&stream, &mut got).expect("download");
+            stream.synchronize().expect("sync");
+            for (y, &(first, n_pos)) in rows.iter().enumerate() {
+                let (k, v) = &host_kv[y];
+                let want = reference_from(&q[y * qd..(y + 1) * qd], k, v, s, first, n_pos);
+                let err = got[y * qd..(y + 1) * qd]
+                    .iter()
+                    .zip(&want)
+                    .map(|(g, w)| (f64::from(*g) - w).abs())
+                    .fold(
+                        0f64,
+                        |a, d| if d.is_nan() { f64::INFINITY } else { a.max(d) },
+                    );
+                eprintln!(
+                    "slots {s:?} row {y} ({first}..{n_pos}), {} chunks of {}, {} heads: {err:.2e}",
+                    plan.n_chunks, plan.chunk_len, plan.heads_per_block
+                );
+                if err > ABS_BOUND {
+                    failures.push(format!("{s:?} row {y} {plan:?}: {err:.3e}"));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
 }

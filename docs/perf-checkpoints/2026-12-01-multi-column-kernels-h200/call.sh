@@ -8,7 +8,8 @@
 #     then the bench A/B at 16 spilled while time is left.
 # It reads what the call carried in an untracked dev-lead/ folder: bundle.txz (bin/hipfire,
 # MANIFEST and GPU test executables from `scripts/device-check.sh build`), llama.cpp-src.tar.gz
-# (the llama-cpp-python 0.3.36 sdist's vendored source) and hipfire-base.xz (cb597eb's binary).
+# (the llama-cpp-python 0.3.36 sdist's vendored source), hipfire-base.xz (cb597eb's binary) and
+# gemv_gbs.txz (hipfire-quant's gemv_gbs example, built with and without the tiled Q4_K kernel).
 set -uo pipefail
 export HIPFIRE_KERNEL_CACHE=/tmp/hipfire-kernels HIPFIRE_GPU_TESTS=1
 export LD_LIBRARY_PATH="/usr/local/cuda/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -20,8 +21,8 @@ xz -dc dev-lead/hipfire-base.xz > /root/hipfire-base && chmod +x /root/hipfire-b
 L8B=/root/l8b.gguf
 [[ -f $L8B ]] || $B/bin/hipfire synth --arch llama3-8b --format q4_k --out $L8B > $OUT/synth.log 2>&1
 tests() {
-  for t in "hipfire-gpu--gpu_gemv multi_column prepare_cols" "hipfire-model--gpu_batch_decode" \
-           "hipfire-model--gpu_synth" "hipfire-model--gpu_prefill"; do
+  for t in "hipfire-gpu--gpu_gemv multi_column prepare_cols" "hipfire-model--gpu_attention" \
+           "hipfire-model--gpu_batch_decode" "hipfire-model--gpu_synth" "hipfire-model--gpu_prefill"; do
     set -- $t; n=$1; shift
     echo "== $n $* ($(el) s)"
     timeout 150 $B/tests/$n --test-threads 1 "$@" 2>&1 |
@@ -45,9 +46,23 @@ for r in json.load(sys.stdin):
     done
   done
 }
+# The CPU multi-column Q4_K kernels on this box's 16 threads, DRAM-fed: gg_rows never takes the
+# tiled kernel, gg_tiled takes it from 2 columns (gemv_gbs.txz: the same example built twice).
+sweep() {
+  mkdir -p /root/gg && tar xJf dev-lead/gemv_gbs.txz -C /root/gg
+  for k in 4096 14336; do
+    for c in 2 3 4 5 6 8 12 16; do
+      for g in rows tiled; do
+        echo "k $k cols $c $g $(/root/gg/gg_$g --formats q4_k --k $k --m 4096 --threads 16 --cols $c \
+          --footprint-mib 256 --reps 3 | tail -1)"
+      done
+    done
+  done
+}
 if [[ $PART == check ]]; then
   tests > $OUT/tests.log 2>&1
   bench 32 16
+  sweep > $OUT/sweep.log 2>&1
   exit 0
 fi
 src=/root/llama.cpp

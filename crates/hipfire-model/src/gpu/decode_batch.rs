@@ -5,7 +5,8 @@
 //! split step of the offload executor (`OffloadExecutor::run_cols`: the GPU's rows cross PCIe
 //! once for all B columns, the CPU's rows leave DRAM once). What is per sequence — RoPE at its
 //! own position, the KV store into its own cache, the split-KV attention over its own depth —
-//! runs row by row with the single-sequence kernels.
+//! is one launch per operation over every row (the kernels' slots forms), reading each row's
+//! position and cache from tables uploaded once per step.
 
 use hipfire_exec::SpilledBatch;
 use hipfire_gpu::{
@@ -16,7 +17,7 @@ use std::sync::Arc;
 
 use super::{at_step, ActSlot, DeviceView, GpuDecoder, GpuWeight, LayerRows, StepRows};
 use crate::config::ModelConfig;
-use crate::model::KV_ELEM_BYTES;
+use crate::gpu_attention::{SlotTables, SLOT_MAX_CHUNKS};
 use crate::ModelError;
 
 /// Most sequence slots one decoder holds: a server's `--parallel` cap. Each slot costs a KV
@@ -96,6 +97,17 @@ pub(crate) struct DecodeBatch {
     a: StepActs,
     /// The step's logits on the host, `rows × vocab` in feed order.
     host_logits: Vec<f32>,
+    /// Per layer, each row's K then V cache address: `[layer][k | v][row]`.
+    caches: DeviceBuffer<u64>,
+    /// Each row's position, then its depth (position + 1), then per layer its first attended
+    /// position: `[pos | npos | first(layer 0) | first(layer 1) ..][row]`.
+    places: DeviceBuffer<i32>,
+    /// Pinned staging of `caches` and `places`, written by the host at the start of a step.
+    stage_caches: HostMappedBuffer,
+    stage_places: HostMappedBuffer,
+    /// Attention's chunk partials for every row: `rows × n_head × SLOT_MAX_CHUNKS` rows of
+    /// `head_dim + 2`.
+    part: DeviceBuffer<f32>,
 }
 
 impl DecodeBatch {
@@ -105,16 +117,33 @@ impl DecodeBatch {
         c: &ModelConfig,
         rows: usize,
     ) -> Result<DecodeBatch, ModelError> {
+        let (nc, np) = Self::table_lens(c, rows);
         Ok(DecodeBatch {
             rows,
             a: StepActs::new(ctx, c, rows)?,
             host_logits: vec![0.0; rows * c.vocab],
+            caches: ctx.alloc(nc)?,
+            places: ctx.alloc(np)?,
+            stage_caches: ctx.alloc_pinned_host(nc * 8)?,
+            stage_places: ctx.alloc_pinned_host(np * 4)?,
+            part: ctx.alloc(Self::part_len(c, rows))?,
         })
+    }
+
+    /// Entries of the `caches` and `places` tables.
+    fn table_lens(c: &ModelConfig, rows: usize) -> (usize, usize) {
+        (2 * c.n_layer * rows, (2 + c.n_layer) * rows)
+    }
+
+    /// f32 values of the attention partials' scratch.
+    fn part_len(c: &ModelConfig, rows: usize) -> usize {
+        rows * c.n_head * SLOT_MAX_CHUNKS * (c.head_dim + 2)
     }
 
     /// Device bytes it holds (for the placement budget).
     pub(crate) fn vram_bytes(c: &ModelConfig, rows: usize) -> u64 {
-        StepActs::vram_bytes(c, rows)
+        let (nc, np) = Self::table_lens(c, rows);
+        StepActs::vram_bytes(c, rows) + (nc * 8 + np * 4 + Self::part_len(c, rows) * 4) as u64
     }
 }
 
@@ -202,6 +231,7 @@ impl<'m> GpuDecoder<'m> {
         let r = self.batch_rows()?;
         let tokens: Vec<u32> = feeds.iter().map(|f| f.1).collect();
         self.embed_rows(&tokens, r.x)?;
+        self.upload_slot_tables(feeds)?;
         for li in 0..self.layers.len() {
             self.layer(li, &r, r.x, LayerRows::Slots(feeds))?;
         }
@@ -234,33 +264,111 @@ impl<'m> GpuDecoder<'m> {
         Ok(())
     }
 
-    /// What is per sequence in a batched decode step, for row `i` (slot `slot`) of layer `li`:
-    /// RoPE of its q and k at its position, its k and v into its cache, its attention.
-    pub(super) fn slot_row(
+    /// Each row's cache addresses and positions for this step into the batch's tables (one
+    /// copy up for the whole step; the previous step's copy is done: it ended synchronised).
+    fn upload_slot_tables(&mut self, feeds: &[(usize, u32)]) -> Result<(), ModelError> {
+        let db = self.decode_batch.as_mut().ok_or_else(no_batch)?;
+        let rows = db.rows;
+        let caches = db.stage_caches.as_mut_slice();
+        for (li, l) in self.layers.iter().enumerate() {
+            for (i, &(slot, _)) in feeds.iter().enumerate() {
+                let at = |half: usize| 8 * ((2 * li + half) * rows + i);
+                let (kp, vp) = (l.k_cache[slot].device_ptr(), l.v_cache[slot].device_ptr());
+                caches[at(0)..at(0) + 8].copy_from_slice(&kp.to_ne_bytes());
+                caches[at(1)..at(1) + 8].copy_from_slice(&vp.to_ne_bytes());
+            }
+        }
+        let places = db.stage_places.as_mut_slice();
+        let mut put = |entry: usize, v: usize| {
+            // Positions are below the context length, which fits an i32 (checked at load).
+            places[4 * entry..4 * entry + 4].copy_from_slice(&(v as i32).to_ne_bytes());
+        };
+        for (i, &(slot, _)) in feeds.iter().enumerate() {
+            let pos = self.slot_pos[slot];
+            put(i, pos);
+            put(rows + i, pos + 1);
+            for (li, l) in self.layers.iter().enumerate() {
+                // A sliding-window layer past its window attends its last `w` positions.
+                let first = l.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                put((2 + li) * rows + i, first);
+            }
+        }
+        let (nc, np) = (db.caches.len(), db.places.len());
+        self.stream
+            .memcpy_htod_async(&mut db.caches, 0, &db.stage_caches, 0, nc * 8)?;
+        self.stream
+            .memcpy_htod_async(&mut db.places, 0, &db.stage_places, 0, np * 4)?;
+        Ok(())
+    }
+
+    /// What is per sequence in a batched decode step of `b` rows, layer `li`: RoPE of each row's
+    /// q and k at its position, its k and v into its cache, its attention over its depth; one
+    /// launch each over every row, from the tables [`GpuDecoder::upload_slot_tables`] wrote.
+    pub(super) fn slots_rows(
         &mut self,
         li: usize,
         r: &StepRows,
-        i: usize,
-        slot: usize,
+        feeds: &[(usize, u32)],
     ) -> Result<(), ModelError> {
         let c = self.model.config();
-        let (n_head, n_head_kv, qd, kvd) = (c.n_head, c.n_head_kv, c.q_dim(), c.kv_dim());
-        let pos = self.slot_pos[slot];
-        let (q, k, v) = (
-            r.q + (i * qd * 4) as u64,
-            r.k + (i * kvd * 4) as u64,
-            r.v + (i * kvd * 4) as u64,
-        );
-        self.rope(li, q, n_head, pos)?;
-        self.rope(li, k, n_head_kv, pos)?;
-        let l = &self.layers[li];
-        let at = (pos * kvd * KV_ELEM_BYTES) as u64;
-        let (kslot, vslot) = (
-            l.k_cache[slot].device_ptr() + at,
-            l.v_cache[slot].device_ptr() + at,
-        );
-        self.kv_store(k, v, kslot, vslot, kvd)?;
-        self.attend_row(li, slot, q, r.att + (i * qd * 4) as u64, pos + 1)
+        let (n_head, n_kv_head, hd, kvd) = (c.n_head, c.n_head_kv, c.head_dim, c.kv_dim());
+        let (rope_dim, neox) = (c.rope_dim, c.rope_neox);
+        let b = feeds.len();
+        let db = self.decode_batch.as_ref().ok_or_else(no_batch)?;
+        let rows = db.rows;
+        let (caches, places) = (db.caches.device_ptr(), db.places.device_ptr());
+        let pos = places;
+        let (freq, mscale) = self.rope_table(li);
+        for (x, heads) in [(r.q, n_head), (r.k, n_kv_head)] {
+            let args = LaunchArgs::new()
+                .ptr(x)
+                .i32(heads as i32)
+                .i32(hd as i32)
+                .i32(rope_dim as i32)
+                .ptr(pos)
+                .buf(freq)
+                .i32(i32::from(neox))
+                .f32(mscale);
+            self.launch(&self.k.rope_slots, (b * heads) as u32, 64, 0, args)?;
+        }
+        let kbase = caches + (8 * 2 * li * rows) as u64;
+        let vbase = caches + (8 * (2 * li + 1) * rows) as u64;
+        let per_row = (kvd as u32).div_ceil(super::DECODE_THREADS);
+        let args = LaunchArgs::new()
+            .ptr(r.k)
+            .ptr(r.v)
+            .ptr(kbase)
+            .ptr(vbase)
+            .ptr(pos)
+            .i32(kvd as i32)
+            .i32(per_row as i32);
+        self.launch(
+            &self.k.kv_store_slots,
+            b as u32 * per_row,
+            super::DECODE_THREADS,
+            0,
+            args,
+        )?;
+        let max_pos = feeds
+            .iter()
+            .map(|&(slot, _)| self.slot_pos[slot] + 1)
+            .max()
+            .unwrap_or(1);
+        let plan = self.attention.plan_slots(max_pos, b);
+        let tables = SlotTables {
+            kcs: kbase,
+            vcs: vbase,
+            npos: places + (4 * rows) as u64,
+            firsts: places + (4 * (2 + li) * rows) as u64,
+        };
+        // SAFETY: q and att hold `rows ≥ b` rows of n_head × head_dim f32 (StepActs); the tables
+        // were queued on this stream by `upload_slot_tables` for these feeds: each row's caches
+        // hold ctx_len ≥ npos rows of this shape (decode_slots refused a full slot), firsts <
+        // npos, and the plan covers the deepest row's positions.
+        unsafe {
+            self.attention
+                .launch_slots(&self.stream, (r.q, r.att), &tables, &db.part, b, plan)
+        }
     }
 
     /// The embedding rows of `tokens` into `x` through the batch's pinned staging.
@@ -294,40 +402,6 @@ impl<'m> GpuDecoder<'m> {
         self.stream
             .memcpy_htod_async(&mut xv, 0, &db.a.stage_x, 0, tokens.len() * d * 4)?;
         Ok(())
-    }
-
-    /// Split-KV attention of one query row (`q` → `out`, device addresses) over the first
-    /// `n_pos` positions of `slot`'s cache at layer `li` (its window's, for a sliding layer).
-    fn attend_row(
-        &self,
-        li: usize,
-        slot: usize,
-        q: u64,
-        out: u64,
-        n_pos: usize,
-    ) -> Result<(), ModelError> {
-        let qd = self.model.config().q_dim();
-        let l = &self.layers[li];
-        let qv = DeviceView {
-            ptr: q,
-            bytes: qd * 4,
-            ctx: &self.ctx,
-        };
-        let mut ov = DeviceView {
-            ptr: out,
-            bytes: qd * 4,
-            ctx: &self.ctx,
-        };
-        let (kc, vc) = (&l.k_cache[slot], &l.v_cache[slot]);
-        match l.window {
-            Some(w) if n_pos > w => {
-                self.attention
-                    .launch_from(&self.stream, &qv, kc, vc, &mut ov, n_pos - w, n_pos)
-            }
-            _ => self
-                .attention
-                .launch(&self.stream, &qv, kc, vc, &mut ov, n_pos),
-        }
     }
 
     /// `y (+)= W·x` over the batch's `b` columns (`x`: `b × k`, each `y`: `b × len`) for every
