@@ -1438,7 +1438,7 @@ impl<'m> GpuDecoder<'m> {
     /// activations are `r`'s (the decode scratch, one micro-batch's, or a batched decode step's).
     /// The layer is written once: each operation asks `rows` for its form — a run of one
     /// sequence's positions (the GEMV or GEMM, split-KV or chunk attention) or one token of each
-    /// of several sequences (the multi-column GEMV, attention row by row).
+    /// of several sequences (the multi-column GEMV, the slots forms of RoPE, the KV store and attention).
     fn layer(
         &mut self,
         li: usize,

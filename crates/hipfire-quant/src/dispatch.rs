@@ -341,10 +341,10 @@ pub const MULTI_ROW_TILE: usize = 16;
 
 /// Whether [`gemv_rows_multi_with`] on `tier` gives every output bit-identical to
 /// [`gemv_rows_with`] of that activation alone, for `acts` activations of format `fmt`. It does
-/// for every pair but one: AVX-512 VNNI Q4_K from 4 activations (the lanes-are-rows kernel of
+/// for every pair but one: AVX-512 VNNI Q4_K from 5 activations (the lanes-are-rows kernel of
 /// `dot/avx512_tile.rs`), whose f32 sums run in another order (same integer block sums; within
 /// 1e-6·Σ|w·x| of the scalar reference). There, each whole group of [`MULTI_ROW_TILE`] rows gives
-/// the same bits for every activation count from 4 up.
+/// the same bits for every activation count from 5 up.
 pub fn multi_matches_single(tier: SimdTier, fmt: Format, acts: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     if tier == SimdTier::Avx512Vnni && fmt == Format::Q4K {
@@ -360,7 +360,7 @@ pub fn multi_matches_single(tier: SimdTier, fmt: Format, acts: usize) -> bool {
 /// Where the tier has a multi-activation kernel for `fmt` (AVX-512 Q8_0, Q4_1, Q4_K, Q5_K, Q5_0,
 /// Q5_1, IQ4_NL, IQ4_XS), each weight block is unpacked once and dotted with up to eight
 /// activations (Q4_K: four, over two rows at a time, so each activation vector loaded also
-/// serves two rows; with VNNI and 4 or more activations, 16 rows transposed into the lanes and
+/// serves two rows; with VNNI and 5 or more activations, 16 rows transposed into the lanes and
 /// up to 32 activations); every other pair runs [`gemv_rows`] once per activation. `ys[j]` is
 /// bit-identical to `gemv_rows(fmt, w_rows, k, acts[j], ys[j], accumulate)` wherever
 /// [`multi_matches_single`] says so. Errors: those of [`gemv_rows`],

@@ -23,9 +23,11 @@ use std::arch::x86_64::*;
 /// Rows transposed into the lanes of one vector.
 const TILE_ROWS: usize = 16;
 /// Fewest activations for which the tiled kernel runs (fewer go to the lane-per-weight kernel).
-/// Measured on the dev VM's Zen 4 core, one thread, k = 4096 (gemv_gbs --cols): see
-/// `docs/perf-checkpoints/2026-12-01-cpu-multi-column-q4k`.
-pub(crate) const TILED_MIN_COLS: usize = 4;
+/// Measured on the H200 box's Xeon, 16 threads, DRAM-fed (gemv_gbs, k 4096 / 14336, GB/s
+/// lane-per-weight vs tiled): 4 activations 74.0 / 61.1 and 74.6 / 67.3, 5 activations 47.6 /
+/// 62.6 and 41.8 / 74.5 (the lane-per-weight kernel takes 4 at a time), 8: 35.5 / 58.2 and 34.1 /
+/// 57.9 (`docs/perf-checkpoints/2026-12-01-multi-column-kernels-h200`, sweep.log).
+pub(crate) const TILED_MIN_COLS: usize = 5;
 /// Activations whose integer sums are held in registers at once.
 const COL_GROUP: usize = 8;
 /// Activations per pass over the rows (their f32 accumulators live on the stack).
