@@ -378,7 +378,7 @@ const TOKEN_GROUP: usize = 32;
 /// Rows of one [`TokenGemvJob`] tile: [`TOKEN_TILE_BYTES`] of rows, rounded up to whole groups of
 /// `hipfire_quant::MULTI_ROW_TILE` (Q4_K at k = 14336 is 8 KiB a row: two rows would leave the
 /// tiled kernel nothing to tile).
-fn token_tile_rows(row_bytes: usize) -> usize {
+pub(super) fn token_tile_rows(row_bytes: usize) -> usize {
     let rows = (TOKEN_TILE_BYTES / row_bytes.max(1)).max(1);
     rows.div_ceil(hipfire_quant::MULTI_ROW_TILE) * hipfire_quant::MULTI_ROW_TILE
 }

@@ -507,3 +507,22 @@ fn partition_covers_and_aligns() {
     );
     assert!(partition(5..5, 3, 16).is_empty());
 }
+
+#[test]
+fn token_tiles_are_whole_row_groups_of_about_the_tile_bytes() {
+    let group = hipfire_quant::MULTI_ROW_TILE;
+    // Q4_K rows at k = 4096 and 14336, a tiny row, a row larger than the tile.
+    for row_bytes in [2304usize, 8064, 18, 1 << 20] {
+        let rows = jobs::token_tile_rows(row_bytes);
+        assert!(
+            rows >= group && rows % group == 0,
+            "{row_bytes} B rows: {rows}"
+        );
+        // Never more than one group beyond the tile's bytes.
+        let bytes = rows * row_bytes;
+        assert!(
+            bytes < jobs::TOKEN_TILE_BYTES + group * row_bytes,
+            "{row_bytes} B rows: {rows} rows, {bytes} B"
+        );
+    }
+}
