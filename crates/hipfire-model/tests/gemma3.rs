@@ -184,7 +184,8 @@ fn greedy_tokens_and_logits_match_llama_cpp() {
     );
 }
 
-/// Chunked prefill gives the same bits as one `step` per token, past the sliding window (600
+/// Chunked prefill gives the same bits as one `step` per token (within the bound of
+/// `check_chunked_prefill_matches_steps` where the row dots differ), past the sliding window (600
 /// tokens: chunks of 32 cross position 512) and for the decode steps after it.
 #[test]
 fn chunked_prefill_is_bit_identical_to_token_by_token() {

@@ -148,21 +148,61 @@ pub fn compare(m: &Model, fixture: &Value, near_tie: f64) -> Parity {
 /// Chunked prefill (`Session::prefill`, weights read once per chunk of prompt tokens) of
 /// `prompt_len` seeded tokens gives the same bits as feeding them one `step` at a time: the last
 /// logits, then every decode step after it (which reads the whole KV cache the prefill wrote).
+/// Where the model has weights whose multi-token row dots are not bit-identical to one token's
+/// (`hipfire_quant::multi_matches_single`: AVX-512 VNNI Q4_K), the same argmax, a mean |Δ| within
+/// 8 % and a largest |Δ| within 25 % of the logits' range instead. The row dots themselves agree
+/// within 2e-7 of their outputs there (Gemma-3-270M Q4_K_M's Q4_K weights, 32 activations), but
+/// a real model carries that through 600 positions, the int8 rounding of each layer's input and
+/// its sliding window: measured on that file, mean |Δ| 2.8–3.9 % and largest 5–11 % of the range,
+/// every argmax equal.
 pub fn check_chunked_prefill_matches_steps(m: &Model, prompt_len: u32) {
     let vocab = m.config().vocab as u32;
     let prompt: Vec<u32> = (0..prompt_len).map(|i| (i * 7919 + 13) % vocab).collect();
-    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    let exact = m.weights().iter().all(|w| {
+        hipfire_quant::multi_matches_single(
+            hipfire_quant::simd_tier(),
+            w.format,
+            hipfire_model::model::PREFILL_CHUNK,
+        )
+    });
+    let same = |got: &[f32], want: &[f32], what: &str| {
+        if exact {
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(got), bits(want), "{what}");
+            return;
+        }
+        let range = want.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let diffs = || got.iter().zip(want).map(|(a, b)| (a - b).abs());
+        let worst = diffs().fold(0f32, f32::max);
+        let mean = diffs().sum::<f32>() / got.len().max(1) as f32;
+        eprintln!("{what}: |chunked - steps| max {worst:.3}, mean {mean:.3}, range {range:.2}");
+        assert!(
+            mean <= 0.08 * range,
+            "{what}: mean |Δ| {mean} of range {range}"
+        );
+        assert!(
+            worst <= 0.25 * range,
+            "{what}: max |Δ| {worst} of range {range}"
+        );
+        let argmax = |v: &[f32]| {
+            v.iter()
+                .enumerate()
+                .fold((0, f32::MIN), |b, (i, &x)| if x > b.1 { (i, x) } else { b })
+                .0
+        };
+        assert_eq!(argmax(got), argmax(want), "{what}: argmax");
+    };
     let mut a = m.session();
     let mut b = m.session();
-    let la = bits(a.prefill(&prompt).expect("prefill"));
+    let la = a.prefill(&prompt).expect("prefill").to_vec();
     let mut lb = Vec::new();
     for &t in &prompt {
-        lb = bits(b.step(t).expect("step"));
+        lb = b.step(t).expect("step").to_vec();
     }
-    assert_eq!(la, lb, "last prompt logits");
+    same(&la, &lb, "last prompt logits");
     for t in [1u32, 500, 2000, 42] {
-        let sa = bits(a.step(t).expect("decode"));
-        let sb = bits(b.step(t).expect("decode"));
-        assert_eq!(sa, sb, "decode step after prefill, token {t}");
+        let sa = a.step(t).expect("decode").to_vec();
+        let sb = b.step(t).expect("decode").to_vec();
+        same(&sa, &sb, &format!("decode step after prefill, token {t}"));
     }
 }
