@@ -410,19 +410,44 @@ impl SplitKvAttention {
         }
         // Row y's partials and outputs follow row y − 1's, so the combine over rows × n_head
         // "heads" merges every row.
+        // SAFETY: the partials were just written (rows × n_head × n_chunks of `part`, checked
+        // above); `out` holds rows × n_head rows (this function's contract).
+        unsafe {
+            self.launch_combine(
+                stream,
+                (part.device_ptr(), out),
+                rows * s.n_head,
+                plan.n_chunks,
+            )
+        }
+    }
+
+    /// `attention_combine_f32` over `heads` heads of `n_chunks` partials each: `part` (device
+    /// address) holds `heads × n_chunks` rows of `head_dim + 2`, `out` receives `heads` rows.
+    ///
+    /// # Safety
+    /// Both addresses are live device memory of those extents, the partials written before on
+    /// `stream`.
+    unsafe fn launch_combine(
+        &self,
+        stream: &Stream,
+        (part, out): (u64, u64),
+        heads: usize,
+        n_chunks: usize,
+    ) -> Result<(), ModelError> {
         let mut args = LaunchArgs::new()
-            .buf(part)
+            .ptr(part)
             .ptr(out)
-            .i32(s.head_dim as i32)
-            .i32(plan.n_chunks as i32);
+            .i32(self.shape.head_dim as i32)
+            .i32(n_chunks as i32);
         let params = args.params()?;
         let dims = LaunchDims {
-            grid: (rows * s.n_head) as u32,
+            grid: heads as u32,
             block: COMBINE_THREADS,
             shared_bytes: 0,
         };
-        // SAFETY: `attention_combine_f32` reads the partials just written (rows × n_head ×
-        // n_chunks of `part`, checked above) and writes rows × n_head rows of `out` (contract).
+        // SAFETY: the parameters match `attention_combine_f32`; the extents are the caller's
+        // contract.
         unsafe {
             self.ctx
                 .backend()
@@ -533,25 +558,16 @@ impl SplitKvAttention {
         if plan.n_chunks == 1 {
             return Ok(());
         }
-        let mut args = LaunchArgs::new()
-            .buf(&self.part)
-            .buf(&*out)
-            .i32(s.head_dim as i32)
-            .i32(plan.n_chunks as i32);
-        let params = args.params()?;
-        let dims = LaunchDims {
-            grid: s.n_head as u32,
-            block: COMBINE_THREADS,
-            shared_bytes: 0,
-        };
-        // SAFETY: as above, for `attention_combine_f32`: it reads the partials the split kernel
-        // wrote (n_head × n_chunks rows of the scratch) and writes n_head out rows.
+        // SAFETY: the split kernel just wrote n_head × n_chunks partials into the scratch
+        // (n_chunks ≤ max_chunks, checked above); `out` holds n_head rows (checked above).
         unsafe {
-            self.ctx
-                .backend()
-                .launch(self.combine.raw(), dims, stream.raw(), params)?;
+            self.launch_combine(
+                stream,
+                (self.part.device_ptr(), out.device_ptr()),
+                s.n_head,
+                plan.n_chunks,
+            )
         }
-        Ok(())
     }
 }
 

@@ -316,8 +316,8 @@ impl<'m> GpuDecoder<'m> {
         let b = feeds.len();
         let db = self.decode_batch.as_ref().ok_or_else(no_batch)?;
         let rows = db.rows;
+        // `places` starts with each row's position.
         let (caches, places) = (db.caches.device_ptr(), db.places.device_ptr());
-        let pos = places;
         let (freq, mscale) = self.rope_table(li);
         for (x, heads) in [(r.q, n_head), (r.k, n_kv_head)] {
             let args = LaunchArgs::new()
@@ -325,7 +325,7 @@ impl<'m> GpuDecoder<'m> {
                 .i32(heads as i32)
                 .i32(hd as i32)
                 .i32(rope_dim as i32)
-                .ptr(pos)
+                .ptr(places)
                 .buf(freq)
                 .i32(i32::from(neox))
                 .f32(mscale);
@@ -339,7 +339,7 @@ impl<'m> GpuDecoder<'m> {
             .ptr(r.v)
             .ptr(kbase)
             .ptr(vbase)
-            .ptr(pos)
+            .ptr(places)
             .i32(kvd as i32)
             .i32(per_row as i32);
         self.launch(

@@ -184,12 +184,7 @@ pub fn check_chunked_prefill_matches_steps(m: &Model, prompt_len: u32) {
             worst <= 0.25 * range,
             "{what}: max |Δ| {worst} of range {range}"
         );
-        let argmax = |v: &[f32]| {
-            v.iter()
-                .enumerate()
-                .fold((0, f32::MIN), |b, (i, &x)| if x > b.1 { (i, x) } else { b })
-                .0
-        };
+        let argmax = hipfire_model::sampling::argmax;
         assert_eq!(argmax(got), argmax(want), "{what}: argmax");
     };
     let mut a = m.session();
