@@ -386,10 +386,12 @@ HF_ATTN_SPLIT_ENTRY(attention_split_f16kv_g4, 4)
 HF_ATTN_SPLIT_ENTRY(attention_split_f16kv_g8, 8)
 
 // The slots form (a batched decode step): one query row per sequence, each over its own caches
-// (kcs[y], vcs[y]) and depth (positions firsts[y] .. npos[y]), with one plan for all rows: blocks
-// y * per_row .. (y + 1) * per_row - 1 are row y's, as attention_split_f16kv_g* lays them out. A
-// chunk past a row's depth holds no positions and writes the empty partial (m = -inf, l = 0),
-// which attention_combine_f32 weighs by 0. Row y's q and out rows are at y * n_head * head_dim,
+// (kcs[y], vcs[y]) and depth (positions firsts[y] .. npos[y]), with one chunk count for all rows:
+// blocks y * per_row .. (y + 1) * per_row - 1 are row y's, as attention_split_f16kv_g* lays them
+// out. Each row cuts its own span into the n_chunks chunks (read from the tables, not baked into
+// the launch, so one captured graph serves every depth of its chunk count); a chunk past a row's
+// span holds no positions and writes the empty partial (m = -inf, l = 0), which
+// attention_combine_f32 weighs by 0. Row y's q and out rows are at y * n_head * head_dim,
 // its partials at y * n_head * n_chunks * (head_dim + 2): attention_combine_f32 over
 // rows * n_head blocks merges them all.
 #define HF_ATTN_SLOTS_ENTRY(NAME, GM)                                                              \
@@ -397,10 +399,11 @@ HF_ATTN_SPLIT_ENTRY(attention_split_f16kv_g8, 8)
         NAME(const float* __restrict__ q, const unsigned long long* __restrict__ kcs,             \
              const unsigned long long* __restrict__ vcs, const int* __restrict__ npos,            \
              const int* __restrict__ firsts, float* __restrict__ out, float* __restrict__ part,   \
-             int n_head, int n_kv_head, int head_dim, int chunk_len, int n_chunks,                 \
-             int lanes_per_row, int heads_per_block, float scale, int per_row) {                   \
+             int n_head, int n_kv_head, int head_dim, int n_chunks, int lanes_per_row,             \
+             int heads_per_block, float scale, int per_row) {                                      \
         const int y = blockIdx.x / per_row;                                                        \
         const size_t qd = (size_t)n_head * head_dim;                                               \
+        const int chunk_len = max(1, (npos[y] - firsts[y] + n_chunks - 1) / n_chunks);             \
         hf_attn_split<GM>(q + y * qd, (const hf_u16*)kcs[y], (const hf_u16*)vcs[y], out + y * qd,  \
                           part + (size_t)y * n_head * n_chunks * (head_dim + 2), n_head, n_kv_head, \
                           head_dim, npos[y], chunk_len, n_chunks, lanes_per_row, heads_per_block,  \

@@ -21,6 +21,10 @@ pub struct RawModule(pub u64);
 /// A kernel function handle inside a module.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RawFunction(pub u64);
+/// An instantiated graph handle (`CUgraphExec` / `hipGraphExec_t`): captured stream work,
+/// replayed by one launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawGraph(pub u64);
 
 /// Static facts about the device a backend drives.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -188,6 +192,45 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         s: RawStream,
         params: &mut [*mut c_void],
     ) -> Result<(), GpuError>;
+
+    /// Starts capturing the work this thread queues on `s` into a graph instead of running it
+    /// (other threads' calls are not affected). Backends without graphs answer
+    /// [`GpuError::NoGraphs`].
+    fn stream_begin_capture(&self, s: RawStream) -> Result<(), GpuError> {
+        let _ = s;
+        Err(GpuError::NoGraphs {
+            backend: self.name(),
+        })
+    }
+
+    /// Ends the capture begun on `s` (always, also when it fails) and instantiates what it
+    /// recorded. Fails if any captured call failed or was not capturable.
+    fn stream_end_capture(&self, s: RawStream) -> Result<RawGraph, GpuError> {
+        let _ = s;
+        Err(GpuError::NoGraphs {
+            backend: self.name(),
+        })
+    }
+
+    /// Queues one replay of `g` on `s`.
+    ///
+    /// # Safety
+    /// Every address the captured work reads or writes is still valid, with the sizes it had at
+    /// capture, and stays so until the replay completes on `s`.
+    unsafe fn graph_launch(&self, g: RawGraph, s: RawStream) -> Result<(), GpuError> {
+        let _ = (g, s);
+        Err(GpuError::NoGraphs {
+            backend: self.name(),
+        })
+    }
+
+    /// Frees `g` (owned by the caller's [`crate::Graph`], destroyed once).
+    fn graph_destroy(&self, g: RawGraph) -> Result<(), GpuError> {
+        let _ = g;
+        Err(GpuError::NoGraphs {
+            backend: self.name(),
+        })
+    }
 
     /// Whether [`Backend::gemm_f16`] can run here (its library is present); asked once by callers
     /// that pick between a GEMM and a per-token fallback.

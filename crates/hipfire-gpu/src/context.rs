@@ -9,7 +9,7 @@
 //! `*_async` call documents that the caller synchronises (an [`Event`] or [`Stream::synchronize`])
 //! before looking at the result.
 
-use crate::backend::{Backend, DeviceInfo, RawEvent, RawFunction, RawModule, RawStream};
+use crate::backend::{Backend, DeviceInfo, RawEvent, RawFunction, RawGraph, RawModule, RawStream};
 use crate::GpuError;
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -285,6 +285,58 @@ impl Stream {
             self.ctx
                 .backend
                 .memset_d32_async(dst.device_ptr(), value, dst.byte_len() / 4, self.raw)
+        }
+    }
+}
+
+impl Stream {
+    /// Starts recording the work this thread queues on this stream into a graph instead of
+    /// running it; [`Stream::end_capture`] must follow on the same thread, also when queueing
+    /// fails (the stream is unusable until then). Nothing may synchronise this stream or
+    /// allocate in between. [`GpuError::NoGraphs`] where the backend has no graphs.
+    pub fn begin_capture(&self) -> Result<(), GpuError> {
+        self.ctx.backend.stream_begin_capture(self.raw)
+    }
+
+    /// Ends the capture begun by [`Stream::begin_capture`] and instantiates it; an error if any
+    /// queued call failed or could not be captured.
+    pub fn end_capture(&self) -> Result<Graph, GpuError> {
+        let raw = self.ctx.backend.stream_end_capture(self.raw)?;
+        Ok(Graph {
+            raw,
+            ctx: self.ctx.clone(),
+        })
+    }
+}
+
+/// Work captured from a stream ([`Stream::begin_capture`] .. [`Stream::end_capture`]), replayed
+/// by one launch: the kernels, copies and their arguments as they were at capture, so a replay
+/// costs one submission instead of one per kernel.
+#[derive(Debug)]
+pub struct Graph {
+    raw: RawGraph,
+    ctx: Arc<Context>,
+}
+
+impl Graph {
+    /// Queues one replay on `stream`.
+    ///
+    /// # Safety
+    /// Every buffer the captured work touched is still allocated (not dropped and replaced), and
+    /// stays so until the replay completes; host memory it copies from or to is pinned memory
+    /// still owned. What the buffers hold may change between replays: that is how a replay is
+    /// given new inputs.
+    pub unsafe fn launch(&self, stream: &Stream) -> Result<(), GpuError> {
+        self.ctx.check_same(&stream.ctx, "stream")?;
+        // SAFETY: the caller's duty (above).
+        unsafe { self.ctx.backend.graph_launch(self.raw, stream.raw) }
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        if let Err(e) = self.ctx.backend.graph_destroy(self.raw) {
+            tracing::warn!(cause = %e, "graph destroy failed");
         }
     }
 }

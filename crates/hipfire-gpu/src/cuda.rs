@@ -5,7 +5,7 @@
 //! [`CudaBackend::new`] probes `is_culib_present()` first and answers [`GpuError::NoGpu`].
 
 use crate::backend::{
-    Backend, DeviceInfo, GemmF16, LaunchDims, RawEvent, RawFunction, RawModule, RawStream,
+    Backend, DeviceInfo, GemmF16, LaunchDims, RawEvent, RawFunction, RawGraph, RawModule, RawStream,
 };
 use crate::error::{mem_available_bytes, DriverCode, GpuError};
 use cudarc::cublas::sys as cublas;
@@ -608,6 +608,63 @@ impl Backend for CudaBackend {
                 s.0 as sys::CUstream,
                 params,
             )
+        })
+    }
+
+    fn stream_begin_capture(&self, s: RawStream) -> Result<(), GpuError> {
+        self.bind()?;
+        // Thread-local mode: only this thread's unsafe calls (a synchronize, an allocation)
+        // invalidate the capture; the CPU pool's threads make no CUDA calls, and other streams'
+        // users are not affected.
+        // SAFETY: `s` is a live stream of this context.
+        ckr("cuStreamBeginCapture", unsafe {
+            sys::cuStreamBeginCapture_v2(
+                s.0 as sys::CUstream,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+        })
+    }
+
+    fn stream_end_capture(&self, s: RawStream) -> Result<RawGraph, GpuError> {
+        self.bind()?;
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        // SAFETY: `s` is a live stream of this context; `graph` receives the captured graph (null
+        // when the capture was invalidated, which the call then reports).
+        ckr("cuStreamEndCapture", unsafe {
+            sys::cuStreamEndCapture(s.0 as sys::CUstream, &mut graph)
+        })?;
+        if graph.is_null() {
+            return Err(GpuError::Invalid {
+                what: "stream capture",
+                rule: "ended with no graph (nothing was captured)",
+            });
+        }
+        let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+        // SAFETY: `graph` was just made by the capture; the executable graph is independent of
+        // it, so it is destroyed right after, whatever the instantiation returned.
+        let made = ckr("cuGraphInstantiate", unsafe {
+            sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0)
+        });
+        // SAFETY: `graph` is ours and destroyed once.
+        let freed = ckr("cuGraphDestroy", unsafe { sys::cuGraphDestroy(graph) });
+        made?;
+        freed?;
+        Ok(RawGraph(exec as u64))
+    }
+
+    unsafe fn graph_launch(&self, g: RawGraph, s: RawStream) -> Result<(), GpuError> {
+        self.bind()?;
+        // SAFETY: the caller's duty (see the trait).
+        ckr("cuGraphLaunch", unsafe {
+            sys::cuGraphLaunch(g.0 as sys::CUgraphExec, s.0 as sys::CUstream)
+        })
+    }
+
+    fn graph_destroy(&self, g: RawGraph) -> Result<(), GpuError> {
+        self.bind()?;
+        // SAFETY: `g` is owned by the caller's `Graph` and destroyed once.
+        ckr("cuGraphExecDestroy", unsafe {
+            sys::cuGraphExecDestroy(g.0 as sys::CUgraphExec)
         })
     }
 

@@ -151,6 +151,13 @@ pub enum GpuError {
         /// Why (which library was looked for).
         why: String,
     },
+    /// Stream capture and graph replay are not bound on this backend; callers launch each
+    /// kernel instead.
+    #[error("no graph support on {backend}")]
+    NoGraphs {
+        /// The backend's name.
+        backend: &'static str,
+    },
     /// A format/shape error from hipfire-quant.
     #[error(transparent)]
     Quant(#[from] QuantError),

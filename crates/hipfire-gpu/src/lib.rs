@@ -88,7 +88,7 @@ pub mod registry;
 
 pub use backend::{Backend, DeviceInfo, GemmF16, LaunchDims};
 pub use context::{
-    BackendKind, Context, DeviceBuffer, DeviceElem, DeviceMemory, Event, Function,
+    BackendKind, Context, DeviceBuffer, DeviceElem, DeviceMemory, Event, Function, Graph,
     HostMappedBuffer, Module, Stream,
 };
 pub use dequant::{DequantKernels, DEQUANT_CHUNK, DEQUANT_THREADS};

@@ -35,8 +35,11 @@ use crate::sampling::SamplingParams;
 use crate::{Model, ModelError, Weight};
 
 mod decode_batch;
+mod decode_graph;
 pub use decode_batch::MAX_SLOTS;
 use decode_batch::{DecodeBatch, StepActs};
+use decode_graph::DecodeGraphs;
+pub use decode_graph::DISABLE_GRAPHS_ENV;
 use hipfire_gpu::dequant::DequantKernels;
 use hipfire_gpu::{gemm_available, gemm_f16, GemmShape};
 
@@ -257,8 +260,12 @@ pub struct GpuDecoder<'m> {
     /// Positions each sequence slot holds; `slot` is the one `prefill`/`step` feed.
     slot_pos: Vec<usize>,
     slot: usize,
-    /// Scratch of a batched decode step over several slots (`None` with one slot).
+    /// Scratch of a batched decode step over several slots, or of one slot's replayed steps
+    /// (`None` with one slot and graphs off).
     decode_batch: Option<DecodeBatch>,
+    /// Captured decode steps (`None`: each kernel launched; always so with spilled layers,
+    /// whose steps need the host between kernels).
+    graphs: Option<DecodeGraphs>,
     ctx_len: usize,
     summary: String,
 }
@@ -405,9 +412,11 @@ impl<'m> GpuDecoder<'m> {
                 cap: i32::MAX as usize / c.kv_dim(),
             });
         }
-        // The KV caches of every slot, and a batched decode step's activations beside them.
+        // The KV caches of every slot, and a batched (or replayed) decode step's activations
+        // beside them.
+        let want_graphs = decode_graph::graphs_enabled();
         let kv = model.kv_cache_bytes() * slots as u64
-            + if slots > 1 {
+            + if slots > 1 || want_graphs {
                 DecodeBatch::vram_bytes(&c, slots)
             } else {
                 0
@@ -712,7 +721,10 @@ impl<'m> GpuDecoder<'m> {
         let max_m = c.d_model.max(2 * c.n_ff).max(qd + 2 * kvd);
         let mut offload = OffloadExecutor::new(&ctx, pool, opts.mode.clone(), max_k, max_m)?;
         offload.set_flags_tuning(opts.flags);
-        let decode_batch = if slots > 1 {
+        // Replayed steps run the batched step's form (positions and caches read from device
+        // tables), so one slot gets that scratch too when they are on.
+        let graphs = (want_graphs && n_spilled == 0).then(DecodeGraphs::default);
+        let decode_batch = if slots > 1 || graphs.is_some() {
             offload.reserve_columns(slots)?;
             Some(DecodeBatch::new(&ctx, &c, slots).map_err(|e| {
                 at_step(e, || {
@@ -806,6 +818,7 @@ impl<'m> GpuDecoder<'m> {
             slot_pos: vec![0; slots],
             slot: 0,
             decode_batch,
+            graphs,
             ctx_len,
             summary,
         })
@@ -1586,6 +1599,9 @@ impl<'m> GpuDecoder<'m> {
     fn forward(&mut self, tokens: &[u32]) -> Result<(), ModelError> {
         if tokens.is_empty() {
             return Ok(());
+        }
+        if let ([t], Some(_)) = (tokens, &self.graphs) {
+            return self.replayed_step(*t);
         }
         self.forward_segments(&[(self.slot, tokens)])?;
         let vocab = self.model.config().vocab;

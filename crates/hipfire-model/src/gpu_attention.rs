@@ -180,6 +180,21 @@ fn max_chunks(shape: &AttnShape, multiprocessors: usize) -> usize {
         .clamp(1, ATTN_MAX_CHUNKS)
 }
 
+/// Chunks a row below which [`graph_chunk_step`] keeps powers of two; above, multiples of it.
+const CHUNK_STEP: usize = 8;
+
+/// `want` chunks (≥ 0) rounded down to a power of two up to [`CHUNK_STEP`], to a multiple of it
+/// beyond: about a dozen chunk counts, hence captured decode graphs, from depth 32 to the
+/// saturated plan (66 chunks for Llama-3-8B on 132 SMs), each chunk at most twice as long as the
+/// unrounded plan's (for 5–7 chunks; under 1.5× from 8 on).
+pub fn graph_chunk_step(want: usize) -> usize {
+    match want {
+        0 | 1 => 1,
+        w if w < CHUNK_STEP => 1 << w.ilog2(),
+        w => w / CHUNK_STEP * CHUNK_STEP,
+    }
+}
+
 /// Index into [`ATTENTION_KERNEL_NAMES`] of the smallest split instance for `heads_per_block`.
 fn instance(heads_per_block: usize) -> usize {
     match heads_per_block {
@@ -316,14 +331,28 @@ impl SplitKvAttention {
 
     /// The plan of a slots launch over `rows` query rows, the deepest over `max_pos` positions:
     /// as [`SplitPlan::for_depth`] with the device's blocks shared among the rows (at most
-    /// [`SLOT_MAX_CHUNKS`] chunks a row).
+    /// [`SLOT_MAX_CHUNKS`] chunks a row), the chunk count rounded down to one of a few steps
+    /// ([`graph_chunk_step`]) so that a captured decode step (its launch dims baked in) serves a
+    /// range of depths: the kernel cuts each row's own span into the plan's chunks.
     pub fn plan_slots(&self, max_pos: usize, rows: usize) -> SplitPlan {
         let s = &self.shape;
         let sms = self.ctx.info().multiprocessors as usize;
         let rows = rows.max(1);
         let target = max_chunks(s, sms).div_ceil(rows).min(SLOT_MAX_CHUNKS);
-        let mut plan =
-            SplitPlan::with_chunks(s, max_pos, (max_pos / ATTN_MIN_CHUNK_POS).min(target));
+        let want = (max_pos / ATTN_MIN_CHUNK_POS).min(target);
+        let want = if want < target {
+            graph_chunk_step(want)
+        } else {
+            target
+        };
+        // Exactly `want` chunks (not `with_chunks`'s rounding to whole chunks of the deepest
+        // row, which moves with the depth): the kernel sizes each row's chunks from its span.
+        let n_chunks = want.clamp(1, max_pos.max(1));
+        let mut plan = SplitPlan {
+            chunk_len: max_pos.max(1).div_ceil(n_chunks),
+            n_chunks,
+            heads_per_block: s.group().clamp(1, ATTN_MAX_GROUP),
+        };
         while plan.heads_per_block > 1
             && rows * plan.n_chunks * s.blocks_per_chunk(plan.heads_per_block) < sms
         {
@@ -341,8 +370,9 @@ impl SplitKvAttention {
     /// # Safety
     /// `q` and `out` are device addresses of `rows × n_head × head_dim` f32 each; `tables` are
     /// device addresses of `rows` entries each, written before this launch on `stream`: every
-    /// `kcs[y]` / `vcs[y]` a cache of at least `npos[y]` rows of this shape, `0 ≤ firsts[y] <
-    /// npos[y]`, and `npos[y] − firsts[y] ≤ plan.chunk_len × plan.n_chunks`.
+    /// `kcs[y]` / `vcs[y]` a cache of at least `npos[y]` rows of this shape and `0 ≤ firsts[y] <
+    /// npos[y]` (each row's span is cut into `plan.n_chunks` chunks in the kernel; `chunk_len` is
+    /// not used).
     pub unsafe fn launch_slots(
         &self,
         stream: &Stream,
@@ -382,7 +412,6 @@ impl SplitKvAttention {
             .i32(s.n_head as i32)
             .i32(s.n_kv_head as i32)
             .i32(s.head_dim as i32)
-            .i32(plan.chunk_len as i32)
             .i32(plan.n_chunks as i32)
             .i32(s.lanes_per_row() as i32)
             .i32(plan.heads_per_block as i32)

@@ -10,14 +10,15 @@
 
 use hipfire_exec::SpilledBatch;
 use hipfire_gpu::{
-    Activation, Context, DeviceBuffer, DeviceMemory, GemvForm, HostMappedBuffer, LaunchArgs,
-    RowRange, WeightRef,
+    Activation, Context, DeviceBuffer, DeviceMemory, GemvForm, GpuError, HostMappedBuffer,
+    LaunchArgs, RowRange, WeightRef,
 };
 use std::sync::Arc;
 
+use super::decode_graph::{DecodeGraphs, GraphKey};
 use super::{at_step, ActSlot, DeviceView, GpuDecoder, GpuWeight, LayerRows, StepRows};
 use crate::config::ModelConfig;
-use crate::gpu_attention::{SlotTables, SLOT_MAX_CHUNKS};
+use crate::gpu_attention::{SlotTables, SplitPlan, SLOT_MAX_CHUNKS};
 use crate::ModelError;
 
 /// Most sequence slots one decoder holds: a server's `--parallel` cap. Each slot costs a KV
@@ -184,7 +185,7 @@ impl<'m> GpuDecoder<'m> {
                 });
             }
         }
-        if b == 1 {
+        if b == 1 && self.graphs.is_none() {
             let (slot, token) = feeds[0];
             let keep = self.slot;
             self.slot = slot;
@@ -194,21 +195,50 @@ impl<'m> GpuDecoder<'m> {
             return Ok(&self.logits);
         }
         self.batch_forward(feeds, &c).map_err(|e| {
-            at_step(e, || {
-                format!(
+            at_step(e, || match feeds {
+                [(slot, token)] => format!(
+                    "decoding position {} of slot {slot} (token {token})",
+                    self.slot_pos[*slot]
+                ),
+                _ => format!(
                     "decoding {b} sequences in one batched step (slots {:?})",
                     feeds.iter().map(|f| f.0).collect::<Vec<_>>()
-                )
+                ),
             })
         })?;
         for &(slot, _) in feeds {
             self.slot_pos[slot] += 1;
+        }
+        if b == 1 {
+            return Ok(&self.logits);
         }
         let n = b * c.vocab;
         Ok(self
             .decode_batch
             .as_ref()
             .map_or(&[][..], |db| &db.host_logits[..n]))
+    }
+
+    /// One token of the selected slot as a one-row batched step, so that it can be replayed
+    /// from a captured graph (with graphs on).
+    pub(super) fn replayed_step(&mut self, token: u32) -> Result<(), ModelError> {
+        let c = self.model.config().clone();
+        if token as usize >= c.vocab {
+            return Err(ModelError::BadToken {
+                id: token,
+                vocab: c.vocab,
+            });
+        }
+        let slot = self.slot;
+        if self.slot_pos[slot] + 1 > self.ctx_len {
+            return Err(ModelError::ContextFull {
+                need: self.slot_pos[slot] + 1,
+                ctx: self.ctx_len,
+            });
+        }
+        self.batch_forward(&[(slot, token)], &c)?;
+        self.slot_pos[slot] += 1;
+        Ok(())
     }
 
     fn batch_rows(&self) -> Result<StepRows, ModelError> {
@@ -226,12 +256,92 @@ impl<'m> GpuDecoder<'m> {
         })
     }
 
-    fn batch_forward(&mut self, feeds: &[(usize, u32)], c: &ModelConfig) -> Result<(), ModelError> {
+    /// One batched decode step over `feeds`: the host stages the tokens' embedding rows and
+    /// the slot tables, then the step's work is queued — replayed from its captured graph where
+    /// [`GpuDecoder::graphs`] holds one, captured first where it is on, launched kernel by
+    /// kernel otherwise — and the logits come back: into `self.logits` for one row, the
+    /// batch's `host_logits` for more.
+    pub(super) fn batch_forward(
+        &mut self,
+        feeds: &[(usize, u32)],
+        c: &ModelConfig,
+    ) -> Result<(), ModelError> {
+        let b = feeds.len();
+        let tokens: Vec<u32> = feeds.iter().map(|f| f.1).collect();
+        self.stage_embeddings(&tokens)?;
+        self.stage_slot_tables(feeds)?;
+        self.run_batch_step(feeds)?;
+        self.stream.synchronize()?;
+        let n = b * c.vocab;
+        let db = self.decode_batch.as_mut().ok_or_else(no_batch)?;
+        let dst = if b == 1 {
+            &mut self.logits[..]
+        } else {
+            &mut db.host_logits[..n]
+        };
+        for (l, bytes) in dst
+            .iter_mut()
+            .zip(db.a.stage_logits.as_slice().chunks_exact(4))
+        {
+            *l = f32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+        }
+        Ok(())
+    }
+
+    /// Queues the device part of a batched decode step (after the host staged its inputs): a
+    /// replay of the captured graph for its key, else a capture and its replay, else (graphs
+    /// off, or a capture that failed, which turns them off for good) each kernel.
+    fn run_batch_step(&mut self, feeds: &[(usize, u32)]) -> Result<(), ModelError> {
+        let key = GraphKey::new(feeds.len(), &self.slots_plan(feeds));
+        let Some(graphs) = self.graphs.as_mut() else {
+            return self.enqueue_batch_step(feeds);
+        };
+        if let Some(g) = graphs.get(&key) {
+            // SAFETY: the graph was captured from this decoder's step with this key: it touches
+            // the weights, caches, scratch, tables and pinned staging this decoder owns and
+            // never reallocates (all live as long as `self`), and reads what changes between
+            // steps from them, just staged.
+            return unsafe { g.launch(&self.stream) }.map_err(Into::into);
+        }
+        let captured = self
+            .stream
+            .begin_capture()
+            .map_err(ModelError::from)
+            .and_then(|()| {
+                let queued = self.enqueue_batch_step(feeds);
+                let graph = self.stream.end_capture();
+                queued?;
+                Ok(graph?)
+            });
+        match captured {
+            Ok(graph) => {
+                let graphs = self.graphs.get_or_insert_with(DecodeGraphs::default);
+                tracing::debug!(target: "hipfire::model", ?key, captures = graphs.captures() + 1, "decode step captured");
+                let g = graphs.insert(key, graph);
+                // SAFETY: as for a cached graph above: just captured from this decoder's step.
+                unsafe { g.launch(&self.stream) }.map_err(Into::into)
+            }
+            Err(e) => {
+                if matches!(&e, ModelError::Gpu { source, .. } if matches!(**source, GpuError::NoGraphs { .. }))
+                {
+                    tracing::debug!(target: "hipfire::model", cause = %e, "decode steps launch kernel by kernel");
+                } else {
+                    tracing::warn!(target: "hipfire::model", cause = %e, "capturing a decode step failed; decode steps launch kernel by kernel from now on");
+                }
+                self.graphs = None;
+                self.enqueue_batch_step(feeds)
+            }
+        }
+    }
+
+    /// The device work of a batched decode step, queued on the stream with no host step in it
+    /// (so that it can be captured): the staged embeddings and tables copied up, every layer,
+    /// the head, the logits copied down to pinned staging.
+    fn enqueue_batch_step(&mut self, feeds: &[(usize, u32)]) -> Result<(), ModelError> {
+        let c = self.model.config().clone();
         let b = feeds.len();
         let r = self.batch_rows()?;
-        let tokens: Vec<u32> = feeds.iter().map(|f| f.1).collect();
-        self.embed_rows(&tokens, r.x)?;
-        self.upload_slot_tables(feeds)?;
+        self.enqueue_staged(b, r.x)?;
         for li in 0..self.layers.len() {
             self.layer(li, &r, r.x, LayerRows::Slots(feeds))?;
         }
@@ -254,19 +364,22 @@ impl<'m> GpuDecoder<'m> {
         let n = b * c.vocab;
         self.stream
             .memcpy_dtoh_async(&mut db.a.stage_logits, 0, &db.a.logits, 0, n * 4)?;
-        self.stream.synchronize()?;
-        for (l, bytes) in db.host_logits[..n]
-            .iter_mut()
-            .zip(db.a.stage_logits.as_slice().chunks_exact(4))
-        {
-            *l = f32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
-        }
         Ok(())
     }
 
-    /// Each row's cache addresses and positions for this step into the batch's tables (one
-    /// copy up for the whole step; the previous step's copy is done: it ended synchronised).
-    fn upload_slot_tables(&mut self, feeds: &[(usize, u32)]) -> Result<(), ModelError> {
+    /// The attention plan of a batched step over `feeds` (from the deepest row).
+    fn slots_plan(&self, feeds: &[(usize, u32)]) -> SplitPlan {
+        let max_pos = feeds
+            .iter()
+            .map(|&(slot, _)| self.slot_pos[slot] + 1)
+            .max()
+            .unwrap_or(1);
+        self.attention.plan_slots(max_pos, feeds.len())
+    }
+
+    /// Writes the slot tables of `feeds` into their pinned staging: each row's caches per layer,
+    /// its position and depth, and per layer its first attended position.
+    fn stage_slot_tables(&mut self, feeds: &[(usize, u32)]) -> Result<(), ModelError> {
         let db = self.decode_batch.as_mut().ok_or_else(no_batch)?;
         let rows = db.rows;
         let caches = db.stage_caches.as_mut_slice();
@@ -280,7 +393,6 @@ impl<'m> GpuDecoder<'m> {
         }
         let places = db.stage_places.as_mut_slice();
         let mut put = |entry: usize, v: usize| {
-            // Positions are below the context length, which fits an i32 (checked at load).
             places[4 * entry..4 * entry + 4].copy_from_slice(&(v as i32).to_ne_bytes());
         };
         for (i, &(slot, _)) in feeds.iter().enumerate() {
@@ -288,11 +400,24 @@ impl<'m> GpuDecoder<'m> {
             put(i, pos);
             put(rows + i, pos + 1);
             for (li, l) in self.layers.iter().enumerate() {
-                // A sliding-window layer past its window attends its last `w` positions.
                 let first = l.window.map_or(0, |w| (pos + 1).saturating_sub(w));
                 put((2 + li) * rows + i, first);
             }
         }
+        Ok(())
+    }
+
+    /// Queues the copies of the staged embeddings (`b` rows, into `x`) and slot tables.
+    fn enqueue_staged(&mut self, b: usize, x: u64) -> Result<(), ModelError> {
+        let d = self.model.config().d_model;
+        let db = self.decode_batch.as_mut().ok_or_else(no_batch)?;
+        let mut xv = DeviceView {
+            ptr: x,
+            bytes: b * d * 4,
+            ctx: &self.ctx,
+        };
+        self.stream
+            .memcpy_htod_async(&mut xv, 0, &db.a.stage_x, 0, b * d * 4)?;
         let (nc, np) = (db.caches.len(), db.places.len());
         self.stream
             .memcpy_htod_async(&mut db.caches, 0, &db.stage_caches, 0, nc * 8)?;
@@ -301,9 +426,6 @@ impl<'m> GpuDecoder<'m> {
         Ok(())
     }
 
-    /// What is per sequence in a batched decode step of `b` rows, layer `li`: RoPE of each row's
-    /// q and k at its position, its k and v into its cache, its attention over its depth; one
-    /// launch each over every row, from the tables [`GpuDecoder::upload_slot_tables`] wrote.
     pub(super) fn slots_rows(
         &mut self,
         li: usize,
@@ -349,12 +471,7 @@ impl<'m> GpuDecoder<'m> {
             0,
             args,
         )?;
-        let max_pos = feeds
-            .iter()
-            .map(|&(slot, _)| self.slot_pos[slot] + 1)
-            .max()
-            .unwrap_or(1);
-        let plan = self.attention.plan_slots(max_pos, b);
+        let plan = self.slots_plan(feeds);
         let tables = SlotTables {
             kcs: kbase,
             vcs: vbase,
@@ -372,7 +489,9 @@ impl<'m> GpuDecoder<'m> {
     }
 
     /// The embedding rows of `tokens` into `x` through the batch's pinned staging.
-    fn embed_rows(&mut self, tokens: &[u32], x: u64) -> Result<(), ModelError> {
+    /// Writes the embedding rows of `tokens` (dequantised on the host from the mapped file) into
+    /// the batch's pinned staging.
+    fn stage_embeddings(&mut self, tokens: &[u32]) -> Result<(), ModelError> {
         let d = self.model.config().d_model;
         let emb = &self.model.weights()[self.token_embd];
         let rb = emb.format.row_bytes(emb.k)?;
@@ -394,13 +513,6 @@ impl<'m> GpuDecoder<'m> {
                 o.copy_from_slice(&v.to_ne_bytes());
             }
         }
-        let mut xv = DeviceView {
-            ptr: x,
-            bytes: tokens.len() * d * 4,
-            ctx: &self.ctx,
-        };
-        self.stream
-            .memcpy_htod_async(&mut xv, 0, &db.a.stage_x, 0, tokens.len() * d * 4)?;
         Ok(())
     }
 

@@ -1,0 +1,118 @@
+//! Decode steps replayed from captured graphs.
+//!
+//! With every layer resident, a decode step is ~17 kernels a layer (over 500 for Llama-3-8B)
+//! and nothing on the host between them. Launched one by one, each costs a driver submission
+//! and leaves the GPU a gap between kernels; captured once into a graph and replayed, the step
+//! is one submission and the kernels run back to back — llama.cpp's CUDA backend does the same.
+//! Everything that changes between steps lives in device memory the graph reads at replay
+//! (the token's embedding row and the slot tables, copied in by the graph itself from pinned
+//! staging the host fills first); what is baked into the launches — the batch size and the
+//! attention's chunk count and heads per block — is the cache key. Steps that run spilled
+//! layers are never captured: their CPU arm and joins need the host in the middle of the step.
+use std::collections::HashMap;
+
+use hipfire_gpu::Graph;
+
+use super::{GpuDecoder, GpuWeight};
+use crate::gpu_attention::SplitPlan;
+
+/// Environment variable that turns replay off when set to anything but `0` or empty: every
+/// kernel of a step is launched one by one (as llama.cpp's `GGML_CUDA_DISABLE_GRAPHS`).
+pub const DISABLE_GRAPHS_ENV: &str = "HIPFIRE_DISABLE_GRAPHS";
+
+/// Most captured steps kept (least recently used dropped first). One sequence over a whole
+/// context takes about a dozen ([`crate::gpu_attention::graph_chunk_step`]); a server's batch
+/// sizes multiply that. Each is a few hundred kernel nodes, well under a MiB of driver memory.
+pub const GRAPH_CACHE_MAX: usize = 96;
+
+/// What a captured step's launches bake in: rows of the step and the attention plan's shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct GraphKey {
+    rows: usize,
+    n_chunks: usize,
+    heads_per_block: usize,
+}
+
+impl GraphKey {
+    pub(crate) fn new(rows: usize, plan: &SplitPlan) -> GraphKey {
+        GraphKey {
+            rows,
+            n_chunks: plan.n_chunks,
+            heads_per_block: plan.heads_per_block,
+        }
+    }
+}
+
+/// Whether the environment leaves replay on.
+pub(crate) fn graphs_enabled() -> bool {
+    match std::env::var_os(DISABLE_GRAPHS_ENV) {
+        None => true,
+        Some(v) => v.is_empty() || v == "0",
+    }
+}
+
+/// The captured steps of one decoder, by key.
+#[derive(Debug, Default)]
+pub(crate) struct DecodeGraphs {
+    cache: HashMap<GraphKey, (Graph, u64)>,
+    /// Steps taken, for least-recently-used eviction.
+    tick: u64,
+    /// Captures made (a replayed step is not counted).
+    captures: u64,
+}
+
+impl DecodeGraphs {
+    /// The graph for `key`, marked as just used.
+    pub(crate) fn get(&mut self, key: &GraphKey) -> Option<&Graph> {
+        self.tick += 1;
+        let tick = self.tick;
+        self.cache.get_mut(key).map(|(g, used)| {
+            *used = tick;
+            &*g
+        })
+    }
+
+    /// Keeps `graph` for `key`, dropping the least recently used beyond [`GRAPH_CACHE_MAX`].
+    pub(crate) fn insert(&mut self, key: GraphKey, graph: Graph) -> &Graph {
+        self.captures += 1;
+        if self.cache.len() >= GRAPH_CACHE_MAX && !self.cache.contains_key(&key) {
+            if let Some(old) = self.cache.iter().min_by_key(|(_, v)| v.1).map(|(k, _)| *k) {
+                self.cache.remove(&old);
+            }
+        }
+        self.tick += 1;
+        let tick = self.tick;
+        let entry = self.cache.entry(key).or_insert((graph, tick));
+        &entry.0
+    }
+
+    /// Captures made so far.
+    pub(crate) fn captures(&self) -> u64 {
+        self.captures
+    }
+}
+
+impl GpuDecoder<'_> {
+    /// Turns the replay of captured decode steps on or off; returns whether it is on. It is on
+    /// from the start unless [`DISABLE_GRAPHS_ENV`] is set, and cannot be turned on with
+    /// spilled layers (their steps need the host between kernels) or on a decoder built with
+    /// graphs off and one slot (no batch scratch). Off drops every captured step.
+    pub fn set_graphs(&mut self, on: bool) -> bool {
+        let spilled = self
+            .weights
+            .iter()
+            .any(|w| matches!(w, Some(GpuWeight::Host(_))));
+        if !on || spilled || self.decode_batch.is_none() {
+            self.graphs = None;
+        } else if self.graphs.is_none() {
+            self.graphs = Some(DecodeGraphs::default());
+        }
+        self.graphs.is_some()
+    }
+
+    /// Decode steps captured so far (0 with graphs off); a step replayed from a capture does not
+    /// count.
+    pub fn graph_captures(&self) -> u64 {
+        self.graphs.as_ref().map_or(0, DecodeGraphs::captures)
+    }
+}
