@@ -689,6 +689,16 @@ pub struct SynthArgs {
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub seed: u64,
 
+    /// Trained context written to `{arch}.context_length` (default: the architecture's,
+    /// 8192 for llama3-8b).
+    ///
+    /// Sessions default to it and `--ctx-size` may not exceed it, so a long-context benchmark
+    /// (`bench -d 16384`) needs a file that declares at least that much, as Llama-3.1's
+    /// 131072 does.
+    #[arg(long, value_name = "N",
+        value_parser = clap::value_parser!(u64).range(1..=hipfire_config::MAX_CTX_SIZE))]
+    pub ctx_len: Option<u64>,
+
     /// RoPE context-extension scaling to write (`{arch}.rope.scaling.type`).
     #[arg(
         long,

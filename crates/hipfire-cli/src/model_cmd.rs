@@ -390,6 +390,9 @@ pub fn synth(ctx: &Ctx, a: &SynthArgs) -> anyhow::Result<ExitCode> {
         }
         spec.n_layer = n as usize;
     }
+    if let Some(n) = a.ctx_len {
+        spec.ctx_len = usize::try_from(n).context("--ctx-len does not fit this machine")?;
+    }
     if let (Some(kind), Some(factor)) = (a.rope_scaling, a.rope_scaling_factor) {
         if !(factor.is_finite() && factor > 0.0) {
             bail!("--rope-scaling-factor must be a positive number, got {factor}");
