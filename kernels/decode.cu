@@ -137,21 +137,25 @@ extern "C" __global__ void kv_store_slots_f16(const float* __restrict__ k, const
 // attention_split_f16kv_g{1,2,4,8}: one block per (group of up to `heads_per_block` query heads
 // of one kv head, chunk of positions); blockIdx.x = (head_group * n_kv_head + kv_head) * n_chunks
 // + chunk. Every K and V row of the chunk is read once for all the block's query heads (the GQA
-// group), one 16-byte load per lane, and the chunk is walked in tiles with a running max and sum
-// (online softmax). With one chunk the block writes the normalised output; otherwise it writes
-// the chunk's partial (m, l, acc[head_dim], acc unnormalised) to part[head][chunk][2 + head_dim]
-// and attention_combine_f32 merges the chunks. The suffix is the most heads a block serves
-// (their accumulators are registers, so a smaller group uses fewer); the host launches the
-// smallest instance >= heads_per_block.
+// group), one 16-byte load per lane. With one chunk the block writes the normalised output;
+// otherwise it writes the chunk's partial (m, l, acc[head_dim], acc unnormalised) to
+// part[head][chunk][2 + head_dim] and attention_combine_f32 merges them. The suffix is the most
+// heads a block serves (their q slices and accumulators are registers, so a smaller group uses
+// fewer); the host launches the smallest instance >= heads_per_block.
 //
-// Lanes: a row of head_dim f16 is `lanes_per_row` lanes of 8 values (the host passes the power of
-// two >= head_dim / 8, <= HF_WARP; lanes past head_dim load nothing), so the block holds
-// n_rg = blockDim / lanes_per_row rows at once and a tile is n_rg * HF_ATTN_UNROLL rows. Each lane
-// loads its tile's K and V rows together, and the next tile's K while this tile's softmax runs and
-// its V after this tile's V is used, so loads stay in flight through the compute. Products and
-// sums are f32. head_dim must be a multiple of 8 (the 16-byte loads stay aligned).
+// Each warp walks its own rows of the chunk with its own running max and sum (online softmax)
+// in registers, with no barrier until the chunk is done: warps wait on their loads
+// independently, so one warp's dots and exps run while another's rows are in flight. A row of
+// head_dim f16 is `lanes_per_row` lanes of 8 values (the host passes the power of two >=
+// head_dim / 8, <= HF_WARP; lanes past head_dim load nothing), so a warp holds HF_WARP /
+// lanes_per_row rows per load and HF_ATTN_UNROLL loads per tile; warp w's rows are interleaved
+// with the others' (row groups w, w + n_warps, ...), so a block's tile is a run of
+// consecutive rows. Each lane loads the next tile's K while it finishes this tile's softmax and
+// V, and the next tile's V after this tile's V. At the end the warps' (m, l, acc) merge through
+// shared memory in a fixed order (the result does not depend on scheduling). Products and sums
+// are f32. head_dim must be a multiple of 8 (the 16-byte loads stay aligned).
 
-// Rows each lane holds per tile (K and V, 16 bytes each).
+// Loads each lane holds per tile (K and V, 16 bytes each).
 #ifndef HF_ATTN_UNROLL
 #define HF_ATTN_UNROLL 4
 #endif
@@ -174,9 +178,8 @@ __device__ __forceinline__ void hf_unpack8(uint4 r, float* f) {
     f[7] = hf_h2f((hf_u16)(r.w >> 16));
 }
 
-// [ng][head_dim] scaled q and two [ng][tile] score buffers (alternate tiles, so one barrier orders
-// a tile's V reads before the next tile's writes); after the last tile, [n_warps][ng][head_dim]
-// per-warp sums over the same bytes.
+// [ng][head_dim] scaled q; then [n_warps][ng][head_dim] the warps' accumulators and
+// [n_warps][ng][2] their (m, l).
 extern __shared__ __align__(16) float hf_attn_smem[];
 
 template <int GM>
@@ -187,7 +190,6 @@ __device__ __forceinline__ void hf_attn_split(const float* __restrict__ q,
                                               int n_head, int n_kv_head, int head_dim, int n_pos,
                                               int chunk_len, int n_chunks, int lanes_per_row,
                                               int heads_per_block, float scale, int first, int bid) {
-    __shared__ float m_run[GM], l_run[GM], corr[GM];
     const int D = head_dim;
     const int chunk = bid % n_chunks;
     const int rest = bid / n_chunks;
@@ -197,152 +199,122 @@ __device__ __forceinline__ void hf_attn_split(const float* __restrict__ q,
     const int ng = min(heads_per_block, group - g0);
     const int h0 = kvh * group + g0;
     const int lpr = lanes_per_row;
-    const int n_rg = blockDim.x / lpr;
-    const int tile = n_rg * HF_ATTN_UNROLL;
-    float* qs = hf_attn_smem;
-    float* sc_buf = hf_attn_smem + ng * D;
-    for (int i = threadIdx.x; i < ng * D; i += blockDim.x) qs[i] = q[(size_t)h0 * D + i] * scale;
-    if (threadIdx.x < GM) {
-        m_run[threadIdx.x] = HF_NEG_INF;
-        l_run[threadIdx.x] = 0.0f;
-    }
     const int lane = threadIdx.x % HF_WARP, warp = threadIdx.x / HF_WARP;
     const int n_warps = blockDim.x / HF_WARP;
     const int lr = lane % lpr;
-    const int rg = threadIdx.x / lpr;
+    const int rpw = HF_WARP / lpr;  // rows a warp holds per load
+    const int wrow = warp * rpw + lane / lpr;
+    const int wstep = n_warps * rpw;  // rows between one lane's successive loads
+    const int tile = wstep * HF_ATTN_UNROLL;
     const bool dim_on = lr * 8 < D;
+    float* qs = hf_attn_smem;
+    for (int i = threadIdx.x; i < ng * D; i += blockDim.x) qs[i] = q[(size_t)h0 * D + i] * scale;
     const size_t stride = (size_t)n_kv_head * D;
     const hf_u16* kbase = kc + (size_t)kvh * D + lr * 8;
     const hf_u16* vbase = vc + (size_t)kvh * D + lr * 8;
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-    float acc[GM][8];
-#pragma unroll
-    for (int g = 0; g < GM; ++g)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[g][i] = 0.0f;
     // Positions [first, n_pos): a sliding-window layer (Gemma 3's local layers) starts past 0.
     const int p_begin = first + chunk * chunk_len;
     const int p_end = min(n_pos, p_begin + chunk_len);
     uint4 kr[HF_ATTN_UNROLL], vr[HF_ATTN_UNROLL];
 #pragma unroll
     for (int u = 0; u < HF_ATTN_UNROLL; ++u) {
-        const int r = u * n_rg + rg;
-        const bool ok = dim_on && p_begin + r < p_end;
-        const size_t off = (size_t)(p_begin + r) * stride;
-        kr[u] = ok ? *(const uint4*)(kbase + off) : zero;
-        vr[u] = ok ? *(const uint4*)(vbase + off) : zero;
+        const int r = p_begin + u * wstep + wrow;
+        const bool ok = dim_on && r < p_end;
+        kr[u] = ok ? *(const uint4*)(kbase + (size_t)r * stride) : zero;
+        vr[u] = ok ? *(const uint4*)(vbase + (size_t)r * stride) : zero;
     }
-    __syncthreads();
-    int buf = 0;
+    __syncthreads();  // qs written
+    float qr[GM][8], acc[GM][8], m_run[GM], l_run[GM];
+#pragma unroll
+    for (int g = 0; g < GM; ++g) {
+        m_run[g] = HF_NEG_INF;
+        l_run[g] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            qr[g][i] = (g < ng && dim_on) ? qs[g * D + lr * 8 + i] : 0.0f;
+            acc[g][i] = 0.0f;
+        }
+    }
     for (int t0 = p_begin; t0 < p_end; t0 += tile) {
-        const int tn = min(tile, p_end - t0);
-        const int t1 = t0 + tile;
-        float* sc = sc_buf + buf * ng * tile;
-        // Scores of the tile from the K rows in registers, every head of the block.
+        // Scores of this lane's rows of the tile, every head of the block (-inf past the end).
+        float e[GM][HF_ATTN_UNROLL];
 #pragma unroll
         for (int u = 0; u < HF_ATTN_UNROLL; ++u) {
-            const int r = u * n_rg + rg;
             float k[8];
             hf_unpack8(kr[u], k);
+            const bool on = t0 + u * wstep + wrow < p_end;
 #pragma unroll
             for (int g = 0; g < GM; ++g) {
-                if (g < ng) {
-                    float s = 0.0f;
-                    if (dim_on) {
-                        const float4 a = *(const float4*)(qs + g * D + lr * 8);
-                        const float4 b = *(const float4*)(qs + g * D + lr * 8 + 4);
-                        s = a.x * k[0] + a.y * k[1] + a.z * k[2] + a.w * k[3] + b.x * k[4] +
-                            b.y * k[5] + b.z * k[6] + b.w * k[7];
-                    }
-                    // Unrolled to the widest row with a uniform guard, so the heads' and rows'
-                    // shuffle chains interleave instead of running one after another.
+                float s = 0.0f;
 #pragma unroll
-                    for (int o = HF_WARP / 2; o > 0; o >>= 1)
-                        if (o < lpr) s += __shfl_xor_sync(0xffffffffu, s, o);
-                    if (lr == 0 && r < tn) sc[g * tile + r] = s;
-                }
+                for (int i = 0; i < 8; ++i) s += qr[g][i] * k[i];
+                // Unrolled to the widest row with a uniform guard, so the heads' and rows'
+                // shuffle chains interleave instead of running one after another.
+#pragma unroll
+                for (int o = HF_WARP / 2; o > 0; o >>= 1)
+                    if (o < lpr) s += __shfl_xor_sync(0xffffffffu, s, o);
+                e[g][u] = on ? s : HF_NEG_INF;
             }
         }
         // The next tile's K, in flight through this tile's softmax and V.
 #pragma unroll
         for (int u = 0; u < HF_ATTN_UNROLL; ++u) {
-            const int r = u * n_rg + rg;
-            const bool ok = dim_on && t1 + r < p_end;
-            kr[u] = ok ? *(const uint4*)(kbase + (size_t)(t1 + r) * stride) : zero;
+            const int r = t0 + tile + u * wstep + wrow;
+            const bool ok = dim_on && r < p_end;
+            kr[u] = ok ? *(const uint4*)(kbase + (size_t)r * stride) : zero;
         }
-        __syncthreads();
-        // Softmax of the tile against the running max: warp w takes heads w, w + n_warps, ...
-        for (int g = warp; g < ng; g += n_warps) {
-            float mx = HF_NEG_INF;
-            for (int r = lane; r < tn; r += HF_WARP) mx = fmaxf(mx, sc[g * tile + r]);
-            for (int o = HF_WARP / 2; o > 0; o >>= 1)
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-            const float m_old = m_run[g];
-            const float m_new = fmaxf(m_old, mx);
-            float sum = 0.0f;
-            for (int r = lane; r < tn; r += HF_WARP) {
-                const float e = __expf(sc[g * tile + r] - m_new);
-                sc[g * tile + r] = e;
-                sum += e;
-            }
-            for (int o = HF_WARP / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-            if (lane == 0) {
-                const float cf = __expf(m_old - m_new);
-                corr[g] = cf;
-                l_run[g] = l_run[g] * cf + sum;
-                m_run[g] = m_new;
-            }
-        }
-        __syncthreads();
-        // V: rescale by the max's correction, then add this tile's weighted rows.
+        // Softmax against the warp's running max: the max and sum over the warp's rows of the
+        // tile (this lane's, then across its row groups), then the weights in place of the scores.
 #pragma unroll
         for (int g = 0; g < GM; ++g) {
-            if (g < ng) {
-                const float cf = corr[g];
+            float mx = e[g][0];
 #pragma unroll
-                for (int i = 0; i < 8; ++i) acc[g][i] *= cf;
+            for (int u = 1; u < HF_ATTN_UNROLL; ++u) mx = fmaxf(mx, e[g][u]);
+            for (int o = lpr; o < HF_WARP; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            const float m_new = fmaxf(m_run[g], mx);
+            // No row of the warp yet (its rows start past the end): nothing to fold in.
+            const float cf = m_new == HF_NEG_INF ? 1.0f : __expf(m_run[g] - m_new);
+            float sum = 0.0f;
+#pragma unroll
+            for (int u = 0; u < HF_ATTN_UNROLL; ++u) {
+                const float w = m_new == HF_NEG_INF ? 0.0f : __expf(e[g][u] - m_new);
+                e[g][u] = w;
+                sum += w;
             }
+            for (int o = lpr; o < HF_WARP; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            l_run[g] = l_run[g] * cf + sum;
+            m_run[g] = m_new;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc[g][i] *= cf;
         }
+        // V: this lane's rows, weighted.
 #pragma unroll
         for (int u = 0; u < HF_ATTN_UNROLL; ++u) {
-            const int r = u * n_rg + rg;
-            if (r < tn) {
-                float v[8];
-                hf_unpack8(vr[u], v);
+            float v[8];
+            hf_unpack8(vr[u], v);
 #pragma unroll
-                for (int g = 0; g < GM; ++g) {
-                    if (g < ng) {
-                        const float e = sc[g * tile + r];
+            for (int g = 0; g < GM; ++g)
 #pragma unroll
-                        for (int i = 0; i < 8; ++i) acc[g][i] += e * v[i];
-                    }
-                }
-            }
+                for (int i = 0; i < 8; ++i) acc[g][i] += e[g][u] * v[i];
         }
         // The next tile's V.
 #pragma unroll
         for (int u = 0; u < HF_ATTN_UNROLL; ++u) {
-            const int r = u * n_rg + rg;
-            const bool ok = dim_on && t1 + r < p_end;
-            vr[u] = ok ? *(const uint4*)(vbase + (size_t)(t1 + r) * stride) : zero;
-        }
-        buf ^= 1;
-    }
-    // Sum the row groups of each warp (lanes lr, lr + lpr, ... hold the same dims), then the
-    // warps' sums through shared memory in a fixed order (the result does not depend on
-    // scheduling), with one barrier.
-#pragma unroll
-    for (int g = 0; g < GM; ++g) {
-        if (g < ng) {
-#pragma unroll
-            for (int i = 0; i < 8; ++i)
-#pragma unroll
-                for (int o = 1; o < HF_WARP; o <<= 1)
-                    if (o >= lpr) acc[g][i] += __shfl_xor_sync(0xffffffffu, acc[g][i], o);
+            const int r = t0 + tile + u * wstep + wrow;
+            const bool ok = dim_on && r < p_end;
+            vr[u] = ok ? *(const uint4*)(vbase + (size_t)r * stride) : zero;
         }
     }
-    __syncthreads();  // every warp is done with qs and the scores before they become the sums
-    float* red = hf_attn_smem;  // [n_warps][ng][head_dim]
+    // Sum the row groups of each warp (lanes lr, lr + lpr, ... hold the same dims under the same
+    // running max), then merge the warps through shared memory.
+#pragma unroll
+    for (int g = 0; g < GM; ++g)
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+            for (int o = lpr; o < HF_WARP; o <<= 1) acc[g][i] += __shfl_xor_sync(0xffffffffu, acc[g][i], o);
+    float* red = hf_attn_smem + ng * D;       // [n_warps][ng][head_dim]
+    float* ml = red + n_warps * ng * D;       // [n_warps][ng][2]
     if (lane < lpr && dim_on) {
 #pragma unroll
         for (int g = 0; g < GM; ++g) {
@@ -353,21 +325,39 @@ __device__ __forceinline__ void hf_attn_split(const float* __restrict__ q,
             }
         }
     }
+    if (lane == 0) {
+#pragma unroll
+        for (int g = 0; g < GM; ++g) {
+            if (g < ng) {
+                ml[(warp * ng + g) * 2] = m_run[g];
+                ml[(warp * ng + g) * 2 + 1] = l_run[g];
+            }
+        }
+    }
     __syncthreads();
     const size_t row = (size_t)D + 2;
     for (int i = threadIdx.x; i < ng * D; i += blockDim.x) {
-        float a = 0.0f;
-        for (int w = 0; w < n_warps; ++w) a += red[(size_t)w * ng * D + i];
         const int g = i / D;
-        if (n_chunks == 1)
-            out[(size_t)h0 * D + i] = a / l_run[g];
-        else
-            part[((size_t)(h0 + g) * n_chunks + chunk) * row + 2 + (i - g * D)] = a;
-    }
-    if (n_chunks > 1 && threadIdx.x < ng) {
-        float* pp = part + ((size_t)(h0 + threadIdx.x) * n_chunks + chunk) * row;
-        pp[0] = m_run[threadIdx.x];
-        pp[1] = l_run[threadIdx.x];
+        float mx = HF_NEG_INF;
+        for (int w = 0; w < n_warps; ++w) mx = fmaxf(mx, ml[(w * ng + g) * 2]);
+        float a = 0.0f, l = 0.0f;
+        for (int w = 0; w < n_warps; ++w) {
+            const float mw = ml[(w * ng + g) * 2];
+            if (mw == HF_NEG_INF) continue;  // a warp with no row in the chunk
+            const float f = __expf(mw - mx);
+            a += red[(size_t)(w * ng + g) * D + (i - g * D)] * f;
+            l += ml[(w * ng + g) * 2 + 1] * f;
+        }
+        if (n_chunks == 1) {
+            out[(size_t)h0 * D + i] = a / l;
+        } else {
+            float* pp = part + ((size_t)(h0 + g) * n_chunks + chunk) * row;
+            pp[2 + (i - g * D)] = a;
+            if (i == g * D) {
+                pp[0] = mx;
+                pp[1] = l;
+            }
+        }
     }
 }
 

@@ -36,9 +36,6 @@ pub const SLOT_MAX_CHUNKS: usize = 64;
 /// Most query heads a block of the split kernel serves (`HF_ATTN_MAX_G` in decode.cu): their
 /// accumulators are registers, 8 floats per head per lane. A larger group takes several blocks.
 pub const ATTN_MAX_GROUP: usize = 8;
-/// Rows each lane of the split kernel holds per tile (`HF_ATTN_UNROLL`): a tile is
-/// `threads / lanes_per_row × ATTN_UNROLL` positions (32 at head_dim 128).
-const ATTN_UNROLL: usize = 4;
 /// Threads per block of the split kernel (`HF_ATTN_THREADS`).
 const ATTN_THREADS: u32 = 128;
 /// Threads per block of the combine kernel: one pass over a 128-wide head.
@@ -109,13 +106,12 @@ impl AttnShape {
         (self.head_dim / VEC).next_power_of_two()
     }
 
-    /// Dynamic shared memory of the split kernel: scaled q and two tiles of scores per head,
-    /// reused after the last tile for one partial sum per warp per head.
+    /// Dynamic shared memory of the split kernel: scaled q, then one accumulator and one
+    /// (max, sum) per warp per head for the merge of the warps at the end.
     fn split_shared_bytes(&self, heads_per_block: usize) -> usize {
-        let tile = ATTN_THREADS as usize / self.lanes_per_row() * ATTN_UNROLL;
-        let tiles = heads_per_block * self.head_dim + 2 * heads_per_block * tile;
-        let sums = ATTN_THREADS as usize / MIN_WARP * heads_per_block * self.head_dim;
-        tiles.max(sums) * std::mem::size_of::<f32>()
+        let warps = ATTN_THREADS as usize / MIN_WARP;
+        let floats = heads_per_block * self.head_dim * (1 + warps) + warps * heads_per_block * 2;
+        floats * std::mem::size_of::<f32>()
     }
 }
 

@@ -6,9 +6,12 @@
 //! - one whose graphs are kept (a step replays a graph captured many positions earlier);
 //! - one whose graphs are dropped before each step (every step captured afresh where it
 //!   stands): bit for bit the same, or some value was baked into a graph;
-//! - one with graphs off (each kernel launched, the one-token path for one sequence): within
-//!   the resident batched-vs-one-by-one bound of tests/gpu_batch_decode.rs, as the kernels
-//!   differ only in how attention cuts the positions into chunks.
+//! - one with graphs off (each kernel launched). For several sequences that is the same batched
+//!   step launched kernel by kernel: bit for bit the same again. For one sequence it is the
+//!   one-token path, whose attention cuts the positions into other chunks: the f32 sums round
+//!   differently, which now and then moves a cached K/V value by one f16 step, and over hundreds
+//!   of steps those add up (max 1.7e-2 of the logits' range over 600 steps on the H200 box, none
+//!   above 1e-4 in the first 80) — held to [`LAUNCHED_BOUND`].
 //!
 //! Depths run from a few positions to past 600, across several attention chunk counts (the
 //! captured graphs' keys) and, for Gemma 3, past its local layers' window; one sequence, and
@@ -26,9 +29,10 @@ use hipfire_quant::Format;
 mod gpu_harness;
 use gpu_harness::{gated, rel, tokens};
 
-/// Graphs off against graphs on: the bound tests/gpu_batch_decode.rs holds resident batched
-/// steps to against one-token steps (the same kernels but attention's chunking).
-const LAUNCHED_BOUND: f64 = 1e-4;
+/// One sequence, graphs off against graphs on (see the module docs): half the GPU-vs-CPU bound
+/// of the K-quants (tests/common/gpu_harness.rs), far below what a wrong position or cache row
+/// gives.
+const LAUNCHED_BOUND: f64 = 4e-2;
 
 /// Decode steps after the prompt: from depth 40 to 640, chunk counts 1 to 16.
 const STEPS: usize = 600;
@@ -73,14 +77,17 @@ struct Worst {
 }
 
 impl Worst {
-    fn check(&mut self, what: &str, kept: &[f32], fresh: &[f32], off: &[f32]) {
-        if kept
-            .iter()
-            .zip(fresh)
-            .any(|(a, b)| a.to_bits() != b.to_bits())
-        {
+    /// `off_exact`: the launched step runs the same kernels (several sequences).
+    fn check(&mut self, what: &str, kept: &[f32], fresh: &[f32], off: &[f32], off_exact: bool) {
+        let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        if !same(kept, fresh) {
             self.failures.push(format!(
                 "{what}: replayed logits differ from a fresh capture"
+            ));
+        }
+        if off_exact && !same(kept, off) {
+            self.failures.push(format!(
+                "{what}: replayed logits differ from the launched step"
             ));
         }
         if kept.iter().any(|v| !v.is_finite()) {
@@ -111,7 +118,13 @@ fn one_sequence(arch: Arch, fmt: Format, worst: &mut Worst) {
         let a = kept.step(next).expect("kept step").to_vec();
         let b = fresh.step(next).expect("fresh step").to_vec();
         let c = off.step(next).expect("launched step").to_vec();
-        worst.check(&format!("{} one sequence, step {step}", s.name), &a, &b, &c);
+        worst.check(
+            &format!("{} one sequence, step {step}", s.name),
+            &a,
+            &b,
+            &c,
+            false,
+        );
         // Greedy, with a nudge so the walk does not settle into a loop of a few tokens.
         next = (argmax(&a) + step as u32 % 7) % s.vocab as u32;
     }
@@ -172,6 +185,7 @@ fn three_sequences(arch: Arch, fmt: Format, worst: &mut Worst) {
                 &row(&a),
                 &row(&b),
                 &row(&c),
+                true,
             );
         }
     }
