@@ -161,6 +161,13 @@ extern "C" __global__ void kv_store_slots_f16(const float* __restrict__ k, const
 #endif
 // Threads of the split kernel (4 warps on CUDA); the host launches exactly this many.
 #define HF_ATTN_THREADS 128
+// Blocks per multiprocessor the split kernel's registers must allow (__launch_bounds__): 4
+// caps a thread at 128 registers, which the planner's one wave of 4 blocks an SM assumes
+// (gpu_attention.rs ATTN_BLOCKS_PER_SM); without the cap the 2- and 4-head instances took more
+// and ran 3 blocks an SM, 1.4x slower at depth 16384 on the H200.
+#ifndef HF_ATTN_MINB
+#define HF_ATTN_MINB 4
+#endif
 // Most chunks attention_combine_f32 merges (its weights sit in a static shared array).
 #define HF_ATTN_MAX_CHUNKS 256
 // Most query heads a block serves (the largest instance below).
@@ -362,7 +369,7 @@ __device__ __forceinline__ void hf_attn_split(const float* __restrict__ q,
 }
 
 #define HF_ATTN_SPLIT_ENTRY(NAME, GM)                                                              \
-    extern "C" __global__ void __launch_bounds__(HF_ATTN_THREADS)                                  \
+    extern "C" __global__ void __launch_bounds__(HF_ATTN_THREADS, HF_ATTN_MINB)                    \
         NAME(const float* __restrict__ q, const hf_u16* __restrict__ kc,                           \
              const hf_u16* __restrict__ vc, float* __restrict__ out, float* __restrict__ part,     \
              int n_head, int n_kv_head, int head_dim, int n_pos, int chunk_len, int n_chunks,      \
@@ -385,7 +392,7 @@ HF_ATTN_SPLIT_ENTRY(attention_split_f16kv_g8, 8)
 // its partials at y * n_head * n_chunks * (head_dim + 2): attention_combine_f32 over
 // rows * n_head blocks merges them all.
 #define HF_ATTN_SLOTS_ENTRY(NAME, GM)                                                              \
-    extern "C" __global__ void __launch_bounds__(HF_ATTN_THREADS)                                  \
+    extern "C" __global__ void __launch_bounds__(HF_ATTN_THREADS, HF_ATTN_MINB)                    \
         NAME(const float* __restrict__ q, const unsigned long long* __restrict__ kcs,             \
              const unsigned long long* __restrict__ vcs, const int* __restrict__ npos,            \
              const int* __restrict__ firsts, float* __restrict__ out, float* __restrict__ part,   \

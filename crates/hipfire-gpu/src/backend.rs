@@ -193,6 +193,12 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         params: &mut [*mut c_void],
     ) -> Result<(), GpuError>;
 
+    /// Whether stream capture and graph replay ([`Backend::stream_begin_capture`] and the rest)
+    /// are bound here.
+    fn has_graphs(&self) -> bool {
+        false
+    }
+
     /// Starts capturing the work this thread queues on `s` into a graph instead of running it
     /// (other threads' calls are not affected). Backends without graphs answer
     /// [`GpuError::NoGraphs`].

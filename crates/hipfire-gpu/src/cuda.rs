@@ -611,6 +611,10 @@ impl Backend for CudaBackend {
         })
     }
 
+    fn has_graphs(&self) -> bool {
+        true
+    }
+
     fn stream_begin_capture(&self, s: RawStream) -> Result<(), GpuError> {
         self.bind()?;
         // Thread-local mode: only this thread's unsafe calls (a synchronize, an allocation)

@@ -6,7 +6,9 @@
 //! (The records in docs/perf-checkpoints/2026-12-01-decode-attention-h200 also timed the
 //! one-block-per-head kernel this replaced, from commit b3e597f of this program.)
 //!
-//!     attention_timing [--json PATH] [--depths 16,1024,4096,16384] [--iters N]
+//!     attention_timing [--json PATH] [--depths 16,1024,4096,16384] [--iters N] [--define NAME=V]..
+//!
+//! `--define` compiles the kernels with `-DNAME=V` (e.g. `HF_ATTN_UNROLL=8`) to time a variant.
 
 use std::io::Write;
 
@@ -30,6 +32,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut json_path = None;
     let mut depths = vec![16usize, 1024, 4096, 16384];
     let mut iters = 320usize;
+    let mut defines: Vec<String> = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -43,6 +46,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     .collect::<Result<_, _>>()?
             }
             "--iters" => iters = args.next().ok_or("--iters needs N")?.parse()?,
+            "--define" => {
+                defines.push(format!("-D{}", args.next().ok_or("--define needs NAME=V")?))
+            }
             _ => return Err(format!("unknown argument {a}").into()),
         }
     }
@@ -55,7 +61,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ctx = Context::new(0)?;
     let stream = ctx.new_stream()?;
     let reg = KernelRegistry::new(&ctx);
-    let module = reg.module(&DECODE_SOURCE, &[])?;
+    let module = reg.module(&DECODE_SOURCE, &defines)?;
     let attn = SplitKvAttention::new(&module, shape, ATTN_MAX_CHUNKS)?;
     let kvd = shape.n_kv_head * shape.head_dim;
     let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(1);
@@ -82,7 +88,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let info = ctx.info();
     println!(
         "{}",
-        serde_json::json!({"device": info.name, "arch": info.arch, "multiprocessors": info.multiprocessors})
+        serde_json::json!({"device": info.name, "arch": info.arch, "multiprocessors": info.multiprocessors, "defines": defines})
     );
     for &n_pos in &depths {
         let bytes = (2 * n_pos * kvd * std::mem::size_of::<u16>()) as f64;
@@ -100,7 +106,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         let planned = attn.plan(n_pos);
         let mut variants: Vec<(String, SplitPlan)> = vec![("split planned".into(), planned)];
-        for want in [1usize, 16, 33, 66, 132, 256] {
+        for want in [16usize, 22, 33, 44, 66, 132] {
             for heads in [1usize, 2, 4] {
                 let p =
                     SplitPlan::with_chunks(&shape, n_pos, want).with_heads_per_block(&shape, heads);

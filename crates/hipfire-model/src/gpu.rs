@@ -723,7 +723,8 @@ impl<'m> GpuDecoder<'m> {
         offload.set_flags_tuning(opts.flags);
         // Replayed steps run the batched step's form (positions and caches read from device
         // tables), so one slot gets that scratch too when they are on.
-        let graphs = (want_graphs && n_spilled == 0).then(DecodeGraphs::default);
+        let graphs = (want_graphs && n_spilled == 0 && ctx.backend().has_graphs())
+            .then(DecodeGraphs::default);
         let decode_batch = if slots > 1 || graphs.is_some() {
             offload.reserve_columns(slots)?;
             Some(DecodeBatch::new(&ctx, &c, slots).map_err(|e| {
@@ -778,13 +779,18 @@ impl<'m> GpuDecoder<'m> {
         };
         let resident_gib =
             layer_bytes[n_spilled..].iter().sum::<u64>() as f64 / (1u64 << 30) as f64;
+        let graph_text = if graphs.is_some() {
+            "; decode steps replayed from CUDA graphs"
+        } else {
+            ""
+        };
         let kv_text = if slots > 1 {
             format!("ctx {ctx_len} × {slots} sequence slots, batched decode")
         } else {
             format!("ctx {ctx_len}")
         };
         let summary = format!(
-            "{} on {} ({}): {} of {} layers resident ({:.2} GiB VRAM), {} spilled to pinned host memory ({:.2} GiB, offload_exec={}); embeddings, head, KV cache ({kv_text}, {:.2} GiB) and attention on the GPU; {prefill_text}",
+            "{} on {} ({}): {} of {} layers resident ({:.2} GiB VRAM), {} spilled to pinned host memory ({:.2} GiB, offload_exec={}); embeddings, head, KV cache ({kv_text}, {:.2} GiB) and attention on the GPU; {prefill_text}{graph_text}",
             c.arch.name(),
             ctx.info().name,
             ctx.info().arch,

@@ -1,8 +1,9 @@
 //! Decode attention on the GPU, split over the KV range ("flash-decoding").
 //!
 //! `attention_split_f16kv` (kernels/decode.cu) runs one block per (group of up to
-//! [`ATTN_MAX_GROUP`] query heads of one kv head, chunk of positions): each K/V row of the chunk
-//! is read once for the whole GQA group, with 16-byte loads, and folded with an online softmax.
+//! [`ATTN_HEADS_PER_BLOCK`] query heads of one kv head, chunk of positions): each K/V row of the
+//! chunk is read once for the block's heads, with 16-byte loads, and each warp folds its rows
+//! with an online softmax of its own.
 //! With one chunk it writes the output; with several it writes each chunk's (max, sum,
 //! unnormalised accumulator) and `attention_combine_f32` merges them. [`SplitPlan::for_depth`]
 //! chooses the chunks from the depth so the grid fills the device at depth and stays one pass
@@ -56,11 +57,19 @@ const VEC: usize = 8;
 /// (docs/perf-checkpoints/2026-12-01-decode-attention-h200, run2). Depth below twice this stays
 /// one chunk, hence one launch.
 pub const ATTN_MIN_CHUNK_POS: usize = 32;
-/// Blocks per multiprocessor the split aims for once the depth allows: the 4-head instance's 127
-/// registers a thread fit 4 blocks of 128 threads an SM, and more chunks than that only add
-/// partials. On the H200 (132 SMs) and Llama-3-8B (8 kv heads) that is 66 chunks; at depth 16384
-/// they took 63 µs, 132 chunks 76–97 µs, 256 chunks 105–117 µs (same record, run2 and run3).
+/// Blocks per multiprocessor the split aims for once the depth allows: the kernel is built for 4
+/// blocks of 128 threads an SM (`HF_ATTN_MINB`, at most 128 registers a thread), so that many
+/// chunks fill the device in one wave and more only add partials and a second wave. On the H200
+/// (132 SMs) at Llama-3-8B's shape with 2 heads a block that is 33 chunks: 19.9 µs at depth
+/// 4096 and 44.8 µs at 16384, where 66 chunks took 26.4 / 59.9 µs
+/// (docs/perf-checkpoints/2026-12-01-decode-graphs-h200, attention variants).
 pub const ATTN_BLOCKS_PER_SM: usize = 4;
+/// Query heads a block serves when the GQA group has more: each K/V row is then read by
+/// `group / 2` blocks (the others from L2) in exchange for half the registers a thread and twice
+/// the blocks. On the H200 at Llama-3-8B's shape (groups of 4), 2 heads × 33 chunks took 13.3 /
+/// 19.9 / 44.8 µs at depth 1024 / 4096 / 16384 against 15.8 / 24.3 / 47.4 for the whole group ×
+/// 66 chunks (same record).
+pub const ATTN_HEADS_PER_BLOCK: usize = 2;
 
 /// Shape of one layer's attention.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,9 +140,10 @@ pub struct SplitPlan {
 impl SplitPlan {
     /// The plan for `n_pos` positions (≥ 1) on a device of `multiprocessors`: as many chunks as
     /// fill [`ATTN_BLOCKS_PER_SM`] blocks per SM, none shorter than [`ATTN_MIN_CHUNK_POS`], at
-    /// most [`ATTN_MAX_CHUNKS`]; the whole GQA group (up to [`ATTN_MAX_GROUP`]) in each block,
-    /// unless that leaves fewer blocks than multiprocessors, when the group is halved until it
-    /// does not (a shallow depth's rows are few, so reading them twice costs less than idle SMs).
+    /// most [`ATTN_MAX_CHUNKS`]; up to [`ATTN_HEADS_PER_BLOCK`] query heads of the GQA group in
+    /// each block, unless that leaves fewer blocks than multiprocessors, when the heads are
+    /// halved until it does not (a shallow depth's rows are few, so reading them twice costs
+    /// less than idle SMs).
     pub fn for_depth(shape: &AttnShape, n_pos: usize, multiprocessors: usize) -> SplitPlan {
         let target = max_chunks(shape, multiprocessors);
         let mut plan =
@@ -147,8 +157,7 @@ impl SplitPlan {
     }
 
     /// `n_pos` positions (≥ 1) in about `want` chunks (clamped to `[1, ATTN_MAX_CHUNKS]`),
-    /// rounded so that no chunk is empty, with the whole GQA group (up to [`ATTN_MAX_GROUP`]) in
-    /// each block.
+    /// rounded so that no chunk is empty, with up to [`ATTN_HEADS_PER_BLOCK`] heads a block.
     pub fn with_chunks(shape: &AttnShape, n_pos: usize, want: usize) -> SplitPlan {
         let n_pos = n_pos.max(1);
         let want = want.clamp(1, ATTN_MAX_CHUNKS.min(n_pos));
@@ -156,7 +165,7 @@ impl SplitPlan {
         SplitPlan {
             chunk_len,
             n_chunks: n_pos.div_ceil(chunk_len),
-            heads_per_block: shape.group().clamp(1, ATTN_MAX_GROUP),
+            heads_per_block: shape.group().clamp(1, ATTN_HEADS_PER_BLOCK),
         }
     }
 
@@ -172,7 +181,7 @@ impl SplitPlan {
 /// Most chunks [`SplitPlan::for_depth`] gives this shape on this device (sizes the scratch).
 fn max_chunks(shape: &AttnShape, multiprocessors: usize) -> usize {
     (multiprocessors.max(1) * ATTN_BLOCKS_PER_SM)
-        .div_ceil(shape.blocks_per_chunk(shape.group().min(ATTN_MAX_GROUP)))
+        .div_ceil(shape.blocks_per_chunk(shape.group().min(ATTN_HEADS_PER_BLOCK)))
         .clamp(1, ATTN_MAX_CHUNKS)
 }
 
@@ -347,7 +356,7 @@ impl SplitKvAttention {
         let mut plan = SplitPlan {
             chunk_len: max_pos.max(1).div_ceil(n_chunks),
             n_chunks,
-            heads_per_block: s.group().clamp(1, ATTN_MAX_GROUP),
+            heads_per_block: s.group().clamp(1, ATTN_HEADS_PER_BLOCK),
         };
         while plan.heads_per_block > 1
             && rows * plan.n_chunks * s.blocks_per_chunk(plan.heads_per_block) < sms
@@ -649,8 +658,8 @@ mod tests {
         }
         for n_pos in [1024, 4096, 16384] {
             let p = SplitPlan::for_depth(&LLAMA3_8B, n_pos, H200_SMS);
-            // The whole GQA group in each block: every K/V row read once.
-            assert_eq!(p.heads_per_block, 4, "{n_pos}: {p:?}");
+            // Two heads of the group of 4 a block: each K/V row read by two blocks.
+            assert_eq!(p.heads_per_block, ATTN_HEADS_PER_BLOCK, "{n_pos}: {p:?}");
             assert!(
                 p.n_chunks * LLAMA3_8B.blocks_per_chunk(p.heads_per_block) >= H200_SMS,
                 "{n_pos}: {p:?}"
@@ -675,7 +684,7 @@ mod tests {
             SplitPlan {
                 chunk_len: 1,
                 n_chunks: 5,
-                heads_per_block: 4
+                heads_per_block: ATTN_HEADS_PER_BLOCK
             }
         );
         assert_eq!(SplitPlan::with_chunks(&s, 1000, 0).n_chunks, 1);
@@ -689,7 +698,7 @@ mod tests {
             SplitPlan {
                 chunk_len: 3,
                 n_chunks: 4,
-                heads_per_block: 4
+                heads_per_block: ATTN_HEADS_PER_BLOCK
             }
         );
         let p = SplitPlan::with_chunks(&s, 10, 4);
@@ -700,7 +709,17 @@ mod tests {
             n_kv_head: 1,
             head_dim: 64,
         };
-        assert_eq!(SplitPlan::with_chunks(&mqa, 10, 1).heads_per_block, 8);
+        assert_eq!(
+            SplitPlan::with_chunks(&mqa, 10, 1).heads_per_block,
+            ATTN_HEADS_PER_BLOCK
+        );
+        // A forced plan may still take the whole group, up to the largest instance.
+        assert_eq!(
+            SplitPlan::with_chunks(&mqa, 10, 1)
+                .with_heads_per_block(&mqa, 16)
+                .heads_per_block,
+            ATTN_MAX_GROUP
+        );
         assert_eq!([1, 2, 3, 4, 5, 8].map(instance), [0, 1, 2, 2, 3, 3]);
     }
 

@@ -102,7 +102,7 @@ impl GpuDecoder<'_> {
             .weights
             .iter()
             .any(|w| matches!(w, Some(GpuWeight::Host(_))));
-        if !on || spilled || self.decode_batch.is_none() {
+        if !on || spilled || self.decode_batch.is_none() || !self.ctx.backend().has_graphs() {
             self.graphs = None;
         } else if self.graphs.is_none() {
             self.graphs = Some(DecodeGraphs::default());
