@@ -59,6 +59,14 @@ pub static OTHER_ENV: &[EnvVarDoc] = &[
               naming the bytes). Leave unset.",
     },
     EnvVarDoc {
+        name: "HIPFIRE_DISABLE_GRAPHS",
+        read_by: "hipfire-model (GPU decoder)",
+        doc: "Set to anything but `0` or empty: decode steps launch every kernel one by one \
+              instead of replaying a captured CUDA graph (graphs are used only with every \
+              layer resident, on CUDA; a diagnostic switch, as llama.cpp's \
+              `GGML_CUDA_DISABLE_GRAPHS`).",
+    },
+    EnvVarDoc {
         name: "HIPFIRE_HIP_ARCH",
         read_by: "hipfire-gpu (hip)",
         doc: "HIP backend only: the `gfx…` target to compile kernels for, instead of the one \

@@ -61,7 +61,7 @@ pub const ATTN_MIN_CHUNK_POS: usize = 32;
 /// blocks of 128 threads an SM (`HF_ATTN_MINB`, at most 128 registers a thread), so that many
 /// chunks fill the device in one wave and more only add partials and a second wave. On the H200
 /// (132 SMs) at Llama-3-8B's shape with 2 heads a block that is 33 chunks: 19.9 µs at depth
-/// 4096 and 44.8 µs at 16384, where 66 chunks took 26.4 / 59.9 µs
+/// 4096 and 44.8 µs at 16384, where 66 chunks took 26.2 / 59.9 µs
 /// (docs/perf-checkpoints/2026-12-01-decode-graphs-h200, attention variants).
 pub const ATTN_BLOCKS_PER_SM: usize = 4;
 /// Query heads a block serves when the GQA group has more: each K/V row is then read by

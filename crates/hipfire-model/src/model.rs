@@ -492,6 +492,23 @@ impl Model {
             .gemv_batch(&self.weights_with_bytes(ids), x, ys, accumulate)
     }
 
+    /// `ys[i] = W_ids[i] · x_t` for the `n` rows of `xs` (`n × k`; each `ys[i]` is `n × m_i`):
+    /// one row through the single-activation GEMVs a decode step uses ([`Backend::gemv`],
+    /// [`Backend::gemv_batch`]), more through [`Backend::gemv_tokens`].
+    fn project(
+        &self,
+        ids: &[usize],
+        xs: &[f32],
+        ys: &mut [&mut [f32]],
+        n: usize,
+    ) -> Result<(), ModelError> {
+        match (n, ids, &mut ys[..]) {
+            (1, [id], [y]) => self.gemv(*id, xs, y, false),
+            (1, _, _) => self.gemv_batch(ids, xs, ys, false),
+            _ => self.gemv_tokens(ids, xs, ys, false),
+        }
+    }
+
     /// The weights `ids` (same `k`) over `T` activations (`xs` is `T × k`, each `ys[i]` is
     /// `T × m_i`) through [`Backend::gemv_tokens`].
     fn gemv_tokens(
@@ -721,16 +738,8 @@ pub struct Session<'m> {
     /// added): half the bytes a long context reads every token, and llama.cpp's default cache
     /// type; laid out per KV head for [`attention`](crate::attention).
     kv: Vec<KvLayer>,
+    /// The residual stream after the last position fed.
     x: Vec<f32>,
-    xn: Vec<f32>,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    att: Vec<f32>,
-    gate: Vec<f32>,
-    up: Vec<f32>,
-    /// A block output before its post-norm (Gemma).
-    out: Vec<f32>,
     logits: Vec<f32>,
 }
 
@@ -748,14 +757,6 @@ impl<'m> Session<'m> {
             pos: 0,
             kv: vec![KvLayer::new(c.n_head_kv, c.head_dim); c.n_layer],
             x: vec![0.0; c.d_model],
-            xn: vec![0.0; c.d_model],
-            q: vec![0.0; c.q_dim()],
-            k: vec![0.0; c.kv_dim()],
-            v: vec![0.0; c.kv_dim()],
-            att: vec![0.0; c.q_dim()],
-            gate: vec![0.0; c.n_ff],
-            up: vec![0.0; c.n_ff],
-            out: vec![0.0; c.d_model],
             logits: vec![0.0; c.vocab],
         }
     }
@@ -790,10 +791,7 @@ impl<'m> Session<'m> {
         for (i, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
             let last = i + 1 == n_chunks;
             let pos0 = self.pos;
-            let done = match chunk {
-                [t] => self.forward(*t),
-                _ => self.forward_chunk(chunk, last),
-            };
+            let done = self.forward_chunk(chunk, last);
             if let Err(e) = done {
                 // Drop whatever this chunk appended to the cache, so position and cache agree.
                 self.kv.iter_mut().for_each(|c| c.truncate(pos0));
@@ -843,58 +841,15 @@ impl<'m> Session<'m> {
         }])
     }
 
-    /// One forward pass at position `self.pos`; leaves the logits in `self.logits`.
+    /// One token at position `self.pos` through [`forward_batch`], the CPU path's one forward
+    /// pass (a one-token step runs the same kernels a decode-only loop would: the single-activation
+    /// GEMVs); leaves the logits in `self.logits`.
     fn forward(&mut self, token: u32) -> Result<(), ModelError> {
-        let m = self.model;
-        let c = &m.config;
-        if token as usize >= c.vocab {
-            return Err(ModelError::BadToken {
-                id: token,
-                vocab: c.vocab,
-            });
-        }
-        if self.pos >= m.ctx_len {
-            return Err(ModelError::ContextFull {
-                need: self.pos + 1,
-                ctx: m.ctx_len,
-            });
-        }
-        let pos = self.pos;
-        m.embed(token, &mut self.x)?;
-        let hd = c.head_dim;
-        for (li, l) in m.layers.iter().enumerate() {
-            ops::rms_norm(&self.x, &l.attn_norm, c.rms_eps, &mut self.xn);
-            m.gemv_batch(
-                &[l.wq, l.wk, l.wv],
-                &self.xn,
-                &mut [&mut self.q, &mut self.k, &mut self.v],
-                false,
-            )?;
-            m.qkv_extras(l, &mut self.q, &mut self.k, &mut self.v);
-            let rope = m.layer_rope(li);
-            rope.apply(&mut self.q, hd, pos);
-            rope.apply(&mut self.k, hd, pos);
-            self.kv[li].push(&self.k, &self.v);
-            m.attention(li, &self.q, &self.kv[li], pos + 1, &mut self.att)?;
-            let post = l.post_attn_norm.as_deref();
-            m.residual_add(l.wo, post, &self.att, &mut self.x, &mut self.out)?;
-
-            ops::rms_norm(&self.x, &l.ffn_norm, c.rms_eps, &mut self.xn);
-            m.gemv_batch(
-                &[l.gate, l.up],
-                &self.xn,
-                &mut [&mut self.gate, &mut self.up],
-                false,
-            )?;
-            m.gated_activation(&mut self.gate, &self.up);
-            let post = l.post_ffn_norm.as_deref();
-            m.residual_add(l.down, post, &self.gate, &mut self.x, &mut self.out)?;
-        }
-        ops::rms_norm(&self.x, &m.output_norm, c.rms_eps, &mut self.xn);
-        m.gemv(m.output, &self.xn, &mut self.logits, false)?;
-        m.finish_logits(&mut self.logits);
-        self.pos += 1;
-        Ok(())
+        forward_batch(&mut [BatchItem {
+            session: self,
+            tokens: &[token],
+            want_logits: true,
+        }])
     }
 }
 

@@ -6,9 +6,12 @@
 //! weight read once per step for the whole batch), while RoPE, the KV append and attention are
 //! per token against the token's own session at its own position.
 //!
-//! Per token the arithmetic and its order are [`Session::step`]'s (the backend's multi-token
-//! GEMV is bit-identical per token to its single GEMV), so a sequence decoded inside a batch
-//! produces exactly the logits it would produce alone: batching changes throughput, never text.
+//! It is the CPU path's one forward pass: [`Session::step`] is a batch of one token, and a
+//! prompt chunk a batch of one item. A step of one token runs the single-activation GEMVs
+//! ([`Model::project`]); more run the multi-token ones, which are bit-identical per token to
+//! those except for the kernels `hipfire_quant::multi_matches_single` names (AVX-512 VNNI Q4_K
+//! from 5 tokens, whose f32 sums run in another order). Elsewhere a sequence decoded inside a
+//! batch produces exactly the logits it would produce alone.
 
 use half::f16;
 
@@ -102,12 +105,7 @@ fn forward_checked(m: &Model, items: &mut [BatchItem<'_, '_>]) -> Result<(), Mod
         for (xt, xnt) in x.chunks_exact(d).zip(xn.chunks_exact_mut(d)) {
             ops::rms_norm(xt, &l.attn_norm, c.rms_eps, xnt);
         }
-        m.gemv_tokens(
-            &[l.wq, l.wk, l.wv],
-            &xn,
-            &mut [&mut q, &mut k, &mut v],
-            false,
-        )?;
+        m.project(&[l.wq, l.wk, l.wv], &xn, &mut [&mut q, &mut k, &mut v], n)?;
         m.qkv_extras(l, &mut q, &mut k, &mut v);
         let rope = m.layer_rope(li);
         for (&(_, pos), (qt, kt)) in rows
@@ -144,7 +142,7 @@ fn forward_checked(m: &Model, items: &mut [BatchItem<'_, '_>]) -> Result<(), Mod
         for (xt, xnt) in x.chunks_exact(d).zip(xn.chunks_exact_mut(d)) {
             ops::rms_norm(xt, &l.ffn_norm, c.rms_eps, xnt);
         }
-        m.gemv_tokens(&[l.gate, l.up], &xn, &mut [&mut gate, &mut up], false)?;
+        m.project(&[l.gate, l.up], &xn, &mut [&mut gate, &mut up], n)?;
         m.gated_activation(&mut gate, &up);
         m.residual_add(l.down, l.post_ffn_norm.as_deref(), &gate, &mut x, &mut out)?;
     }
@@ -163,11 +161,18 @@ fn forward_checked(m: &Model, items: &mut [BatchItem<'_, '_>]) -> Result<(), Mod
             let xt = &x[last_rows[i] * d..(last_rows[i] + 1) * d];
             ops::rms_norm(xt, &m.output_norm, c.rms_eps, hnt);
         }
-        let mut logits = vec![0f32; wanted.len() * c.vocab];
-        m.gemv_tokens(&[m.output], &hn, &mut [&mut logits], false)?;
-        m.finish_logits(&mut logits);
-        for (&i, lt) in wanted.iter().zip(logits.chunks_exact(c.vocab)) {
-            items[i].session.logits.copy_from_slice(lt);
+        if let [i] = wanted[..] {
+            // One row (a decode step): straight into the session's logits.
+            let lt = &mut items[i].session.logits;
+            m.project(&[m.output], &hn, &mut [&mut lt[..]], 1)?;
+            m.finish_logits(lt);
+        } else {
+            let mut logits = vec![0f32; wanted.len() * c.vocab];
+            m.project(&[m.output], &hn, &mut [&mut logits], wanted.len())?;
+            m.finish_logits(&mut logits);
+            for (&i, lt) in wanted.iter().zip(logits.chunks_exact(c.vocab)) {
+                items[i].session.logits.copy_from_slice(lt);
+            }
         }
     }
     for (it, &lr) in items.iter_mut().zip(&last_rows) {
