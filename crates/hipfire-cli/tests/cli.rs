@@ -749,6 +749,56 @@ fn ctx_size_is_validated_with_the_rule() {
 }
 
 #[test]
+fn synth_ctx_len_sets_the_trained_context_sessions_get() {
+    let s = Scratch::new("synth-ctx");
+    let out = s.dir.join("ctx.gguf");
+    let out_s = out.display().to_string();
+    let o = s.run(&[
+        "synth",
+        "--format",
+        "q8_0",
+        "--ctx-len",
+        "3000",
+        "--out",
+        &out_s,
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            &out_s,
+            "hi",
+            "-n",
+            "1",
+            "-t",
+            "0",
+            "--no-chat",
+            "--json",
+            "--device",
+            "cpu",
+        ];
+        args.extend_from_slice(extra);
+        s.run(&args)
+    };
+    // The session defaults to the declared context ...
+    let o = run(&[]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stdout(&o).contains("ctx 3000\""), "{}", stdout(&o));
+    // ... and --ctx-size may not go past it, refused with the rule.
+    let o = run(&["--ctx-size", "3001"]);
+    assert_ne!(code(&o), 0, "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains("trained context (3000"),
+        "{}",
+        stderr(&o)
+    );
+    // Out-of-range values are refused by the flag parser, naming the range.
+    let o = s.run(&["synth", "--ctx-len", "0", "--out", &out_s, "--force"]);
+    assert_eq!(code(&o), 2, "{}", stdout(&o));
+    assert!(stderr(&o).contains("1..=1048576"), "{}", stderr(&o));
+}
+
+#[test]
 fn synth_refuses_an_existing_out_unless_force() {
     let s = Scratch::new("synth-force");
     let out = s.dir.join("model.gguf");

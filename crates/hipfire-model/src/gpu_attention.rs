@@ -190,8 +190,8 @@ const CHUNK_STEP: usize = 8;
 
 /// `want` chunks (≥ 0) rounded down to a power of two up to [`CHUNK_STEP`], to a multiple of it
 /// beyond: about a dozen chunk counts, hence captured decode graphs, from depth 32 to the
-/// saturated plan (66 chunks for Llama-3-8B on 132 SMs), each chunk at most twice as long as the
-/// unrounded plan's (for 5–7 chunks; under 1.5× from 8 on).
+/// saturated plan (33 chunks for Llama-3-8B on 132 SMs). Each chunk is then less than twice as
+/// long as the unrounded plan's, and under 1.5× from 16 chunks on.
 pub fn graph_chunk_step(want: usize) -> usize {
     match want {
         0 | 1 => 1,
@@ -674,6 +674,22 @@ mod tests {
                 heads_per_block: 1
             }
         );
+    }
+
+    #[test]
+    fn graph_chunk_steps_are_few_and_within_half_of_the_want() {
+        let mut seen = std::collections::BTreeSet::new();
+        let mut last = 0;
+        for want in 0..=SLOT_MAX_CHUNKS {
+            let c = graph_chunk_step(want);
+            assert!(c >= 1 && c <= want.max(1), "{want} -> {c}");
+            assert!(2 * c > want, "{want} -> {c}: under half");
+            assert!(c >= last, "not monotone at {want}");
+            last = c;
+            seen.insert(c);
+        }
+        // 1, 2, 4, then every multiple of 8 up to 64: one captured graph per value.
+        assert_eq!(seen.len(), 3 + SLOT_MAX_CHUNKS / 8, "{seen:?}");
     }
 
     #[test]
