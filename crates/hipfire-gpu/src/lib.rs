@@ -7,7 +7,9 @@
 //!   feature `cuda`); `hip` over runtime-loaded HIP (feature `hip`, compiled but **untested on AMD
 //!   hardware**).
 //! - [`context`] — the owned safe types over any backend: [`Context`], [`Stream`], [`Event`],
-//!   [`DeviceBuffer`], [`HostMappedBuffer`], [`Module`]. Each holds an `Arc<Context>`.
+//!   [`DeviceBuffer`], [`HostMappedBuffer`], [`Module`], and [`Graph`] (a stream's work captured
+//!   by [`Stream::begin_capture`] / [`Stream::end_capture`] and replayed by one launch; CUDA
+//!   only, other backends answer [`GpuError::NoGraphs`]). Each holds an `Arc<Context>`.
 //! - [`registry`] — [`KernelRegistry`]: NVRTC/hiprtc compile for the device's own architecture,
 //!   disk cache keyed by a hash of source, architecture and options, compile-once under concurrency.
 //! - [`gemv`] — [`WeightRef`], [`RowRange`], [`GemvForm`], [`Activation`], [`GemvKernels`] and the

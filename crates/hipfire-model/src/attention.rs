@@ -170,7 +170,7 @@ impl KvLayer {
 }
 
 /// Positions per work item for a context of `n_pos` over `n_kv` KV heads: about
-/// [`TARGET_ITEMS`] items, a multiple of [`KV_BLOCK`], within [`MIN_CHUNK`]..=[`MAX_CHUNK`].
+/// `TARGET_ITEMS` items, a multiple of [`KV_BLOCK`], within `MIN_CHUNK`..=`MAX_CHUNK`.
 pub fn chunk_len(n_pos: usize, n_kv: usize) -> usize {
     let per_head = TARGET_ITEMS.div_ceil(n_kv.max(1));
     n_pos

@@ -117,7 +117,7 @@ pub const DEFAULT_RAM_MARGIN_BYTES: u64 = 4 << 30;
 /// The step of a GPU error raised where no step is named yet; [`at_step`] replaces it.
 const UNNAMED_GPU_STEP: &str = "running on the GPU";
 
-/// Errors of the GPU path are GPU errors with the call named (and, through [`at_step`], the
+/// Errors of the GPU path are GPU errors with the call named (and, through `at_step`, the
 /// step), or model errors.
 impl From<GpuError> for ModelError {
     fn from(e: GpuError) -> ModelError {

@@ -188,7 +188,7 @@ fn max_chunks(shape: &AttnShape, multiprocessors: usize) -> usize {
 /// Chunks a row below which [`graph_chunk_step`] keeps powers of two; above, multiples of it.
 const CHUNK_STEP: usize = 8;
 
-/// `want` chunks (≥ 0) rounded down to a power of two up to [`CHUNK_STEP`], to a multiple of it
+/// `want` chunks (≥ 0) rounded down to a power of two up to `CHUNK_STEP`, to a multiple of it
 /// beyond: about a dozen chunk counts, hence captured decode graphs, from depth 32 to the
 /// saturated plan (33 chunks for Llama-3-8B on 132 SMs). Each chunk is then less than twice as
 /// long as the unrounded plan's, and under 1.5× from 16 chunks on.

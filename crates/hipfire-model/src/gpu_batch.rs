@@ -28,7 +28,7 @@ pub const PREFILL_SOURCE: hipfire_gpu::KernelSource = hipfire_gpu::KernelSource 
     ],
 };
 
-/// The kernels [`PrefillKernels`] looks up, in field order.
+/// The kernels `PrefillKernels` looks up, in field order.
 pub const PREFILL_KERNEL_NAMES: [&str; 4] = [
     "rope_rows_f32",
     "add_rows_f32",

@@ -18,14 +18,17 @@
 //! - [`model`] — [`Model::load`], [`Session`] (`prefill` in chunks of [`model::PREFILL_CHUNK`]
 //!   tokens, `step`, `generate`) and
 //!   [`forward_batch`]: one forward over tokens of several sessions (continuous batching;
-//!   chunked prefill is its one-session case): the CPU forward pass.
+//!   chunked prefill is its one-session case, a decode step its one-token case): the CPU
+//!   forward pass.
 //! - [`ops`] — the host's non-GEMV maths (norms, RoPE, softmax, SwiGLU, one head's attention
 //!   over the f16 K/V cache) and the embedding row's dequantisation.
 //! - [`sampling`] — greedy and seeded temperature / top-k / top-p.
 //! - [`synth`] — GGUFs with real architectures' shapes and random weights, for performance work.
 //! - [`gpu`] — [`gpu::GpuDecoder`]: the whole decode step on the device (device KV cache, decode
 //!   kernels), with spilled projections through hipfire-exec's offload executor; built on
-//!   [`Model`]'s weight table ([`Model::weights`], [`Model::weight_bytes`]).
+//!   [`Model`]'s weight table ([`Model::weights`], [`Model::weight_bytes`]). With every layer
+//!   resident its decode steps are replayed from captured CUDA graphs
+//!   ([`gpu::DISABLE_GRAPHS_ENV`] turns that off).
 //! - [`gpu_attention`] — decode attention split over the KV range (flash-decoding).
 //!
 //! # The one design decision

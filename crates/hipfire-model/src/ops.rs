@@ -27,7 +27,7 @@ pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
 pub use crate::rope::Rope;
 
 /// Softmax in place (max-subtracted). The exponentials go through [`exp_nonpos`] and the sum
-/// through [`DOT_LANES`] partial sums, so both loops vectorise (they were libm's scalar `expf`
+/// through `DOT_LANES` partial sums, so both loops vectorise (they were libm's scalar `expf`
 /// and a serial f64 sum). SmolLM2 with a 1536-token prompt on the 2-core VM, alternating
 /// builds: decode 71.5 → 72.9 tok/s, prefill 298.6 → 311.3 (means of 6).
 pub fn softmax(x: &mut [f32]) {
@@ -69,7 +69,7 @@ const EXP_POLY: [f32; 8] = [
 
 /// e^x for x ≤ 0, branch-free so that a loop over it vectorises: x = n·ln 2 + r with n an
 /// integer and |r| ≤ ln2 / 2, e^r by a polynomial, 2^n by writing the exponent field. Within a
-/// few ulp of `exp` down to [`EXP_FLOOR`] (9.6e-8 relative at worst against f64 in the test), 0
+/// few ulp of `exp` down to `EXP_FLOOR` (9.6e-8 relative at worst against f64 in the test), 0
 /// below it.
 #[inline(always)]
 pub fn exp_nonpos(x: f32) -> f32 {
@@ -90,7 +90,7 @@ pub fn exp_nonpos(x: f32) -> f32 {
     }
 }
 
-/// Σ x in [`DOT_LANES`] interleaved partial sums, then those in order (vectorises).
+/// Σ x in `DOT_LANES` interleaved partial sums, then those in order (vectorises).
 pub(crate) fn sum_f32(x: &[f32]) -> f32 {
     let split = x.len() / DOT_LANES * DOT_LANES;
     let mut acc = [0f32; DOT_LANES];

@@ -228,7 +228,7 @@ pub struct Rope {
 impl Rope {
     /// Frequencies `base^(-2i/rope_dim) / factors[i]` (llama-3 `rope_freqs.weight`), then
     /// `scaling` applied: linear divides every one by the factor; YaRN blends the divided and
-    /// undivided frequency by a ramp over [`yarn_corr_dims`] and sets the magnitude scale.
+    /// undivided frequency by a ramp over `yarn_corr_dims` and sets the magnitude scale.
     pub fn new(
         rope_dim: usize,
         base: f64,
