@@ -45,25 +45,38 @@ impl GraphKey {
 
 /// Whether the environment leaves replay on.
 pub(crate) fn graphs_enabled() -> bool {
-    match std::env::var_os(DISABLE_GRAPHS_ENV) {
-        None => true,
-        Some(v) => v.is_empty() || v == "0",
-    }
+    enabled_by(std::env::var_os(DISABLE_GRAPHS_ENV).as_deref())
 }
 
-/// The captured steps of one decoder, by key.
-#[derive(Debug, Default)]
-pub(crate) struct DecodeGraphs {
-    cache: HashMap<GraphKey, (Graph, u64)>,
+/// Replay stays on unless [`DISABLE_GRAPHS_ENV`] holds something other than `0` or nothing.
+fn enabled_by(disable: Option<&std::ffi::OsStr>) -> bool {
+    disable.is_none_or(|v| v.is_empty() || v == "0")
+}
+
+/// The captured steps of one decoder, by key (`G` is a graph; the tests use a stand-in, as
+/// the cache's bookkeeping does not depend on what it holds).
+#[derive(Debug)]
+pub(crate) struct DecodeGraphs<G = Graph> {
+    cache: HashMap<GraphKey, (G, u64)>,
     /// Steps taken, for least-recently-used eviction.
     tick: u64,
     /// Captures made (a replayed step is not counted).
     captures: u64,
 }
 
-impl DecodeGraphs {
+impl<G> Default for DecodeGraphs<G> {
+    fn default() -> Self {
+        DecodeGraphs {
+            cache: HashMap::new(),
+            tick: 0,
+            captures: 0,
+        }
+    }
+}
+
+impl<G> DecodeGraphs<G> {
     /// The graph for `key`, marked as just used.
-    pub(crate) fn get(&mut self, key: &GraphKey) -> Option<&Graph> {
+    pub(crate) fn get(&mut self, key: &GraphKey) -> Option<&G> {
         self.tick += 1;
         let tick = self.tick;
         self.cache.get_mut(key).map(|(g, used)| {
@@ -73,7 +86,7 @@ impl DecodeGraphs {
     }
 
     /// Keeps `graph` for `key`, dropping the least recently used beyond [`GRAPH_CACHE_MAX`].
-    pub(crate) fn insert(&mut self, key: GraphKey, graph: Graph) -> &Graph {
+    pub(crate) fn insert(&mut self, key: GraphKey, graph: G) -> &G {
         self.captures += 1;
         if self.cache.len() >= GRAPH_CACHE_MAX && !self.cache.contains_key(&key) {
             if let Some(old) = self.cache.iter().min_by_key(|(_, v)| v.1).map(|(k, _)| *k) {
@@ -113,6 +126,46 @@ impl GpuDecoder<'_> {
     /// Decode steps captured so far (0 with graphs off); a step replayed from a capture does not
     /// count.
     pub fn graph_captures(&self) -> u64 {
-        self.graphs.as_ref().map_or(0, DecodeGraphs::captures)
+        self.graphs.as_ref().map_or(0, |g| g.captures())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(rows: usize, n_chunks: usize) -> GraphKey {
+        GraphKey {
+            rows,
+            n_chunks,
+            heads_per_block: 2,
+        }
+    }
+
+    #[test]
+    fn the_cache_keeps_the_most_recently_used_and_counts_captures() {
+        let mut c: DecodeGraphs<usize> = DecodeGraphs::default();
+        assert!(c.get(&key(1, 1)).is_none());
+        for i in 0..GRAPH_CACHE_MAX {
+            assert_eq!(*c.insert(key(1, i), i), i);
+        }
+        assert_eq!(c.captures(), GRAPH_CACHE_MAX as u64);
+        // Key 0 is used again, so key 1 is now the least recently used.
+        assert_eq!(c.get(&key(1, 0)), Some(&0));
+        c.insert(key(2, 7), 1000);
+        assert_eq!(c.cache.len(), GRAPH_CACHE_MAX, "bounded");
+        assert!(c.get(&key(1, 1)).is_none(), "the least recently used went");
+        assert_eq!(c.get(&key(1, 0)), Some(&0));
+        assert_eq!(c.get(&key(2, 7)), Some(&1000));
+        // The rows are part of the key: the same plan for another batch size is another graph.
+        assert!(c.get(&key(3, 7)).is_none());
+        assert_eq!(c.captures(), GRAPH_CACHE_MAX as u64 + 1);
+    }
+
+    #[test]
+    fn graphs_are_off_only_when_the_variable_says_so() {
+        let on = |v: Option<&str>| enabled_by(v.map(std::ffi::OsStr::new));
+        assert!(on(None) && on(Some("")) && on(Some("0")));
+        assert!(!on(Some("1")) && !on(Some("yes")) && !on(Some("00")));
     }
 }
