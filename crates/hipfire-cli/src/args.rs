@@ -181,6 +181,9 @@ pub struct EngineArgs {
 
     #[arg(long = "ubatch-size", value_name = "N", help = key_help("model.ubatch"), long_help = key_long("model.ubatch"))]
     pub ubatch: Option<String>,
+
+    #[arg(long, value_name = "TYPE", help = key_help("model.cache_type"), long_help = key_long("model.cache_type"))]
+    pub cache_type: Option<String>,
 }
 
 impl EngineArgs {
@@ -209,6 +212,7 @@ impl EngineArgs {
         push(&mut v, "cpu.threads", "--threads", &self.threads);
         push(&mut v, "model.ctx_size", "--ctx-size", &self.ctx_size);
         push(&mut v, "model.ubatch", "--ubatch-size", &self.ubatch);
+        push(&mut v, "model.cache_type", "--cache-type", &self.cache_type);
         v
     }
 }

@@ -60,6 +60,13 @@ pub(crate) fn choose_engine(ctx: &Ctx, s: &Settings) -> anyhow::Result<Engine> {
             }
             Ok(Engine::Gpu)
         }
+        Device::Auto if s.cache_type != hipfire_config::CacheType::F16 => {
+            ctx.note(format!(
+                "model.cache_type {}: the GPU decoder keeps an f16 cache; running on the CPU",
+                s.cache_type
+            ));
+            Ok(Engine::Cpu)
+        }
         Device::Auto => {
             let p = gpu_probe::probe();
             if p.found {
@@ -130,6 +137,10 @@ pub(crate) fn load(
         threads,
         ctx_len,
         progress: progress(ctx, bar),
+        cache_type: match s.cache_type {
+            hipfire_config::CacheType::F16 => hipfire_model::attention::CacheType::F16,
+            hipfire_config::CacheType::Q8_0 => hipfire_model::attention::CacheType::Q8_0,
+        },
     };
     let file = hipfire_model::gguf::GgufFile::open(path)
         .with_context(|| format!("loading {}", path.display()))?;

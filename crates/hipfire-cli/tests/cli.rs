@@ -799,6 +799,46 @@ fn synth_ctx_len_sets_the_trained_context_sessions_get() {
 }
 
 #[test]
+fn cache_type_q8_0_runs_on_the_cpu_and_bad_types_are_refused() {
+    let s = Scratch::new("cache-type");
+    let out = s.dir.join("m.gguf");
+    let out_s = out.display().to_string();
+    let o = s.run(&["synth", "--format", "q8_0", "--out", &out_s]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let run = |ty: &str, device: &str| {
+        s.run(&[
+            "run",
+            &out_s,
+            "hi",
+            "-n",
+            "3",
+            "-t",
+            "0",
+            "--no-chat",
+            "--json",
+            "--device",
+            device,
+            "--cache-type",
+            ty,
+        ])
+    };
+    let o = run("q8_0", "cpu");
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stdout(&o).contains("KV cache q8_0"), "{}", stdout(&o));
+    // auto runs a q8_0 cache on the CPU (the GPU decoder keeps f16).
+    let o = run("q8_0", "auto");
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stdout(&o).contains("KV cache q8_0"), "{}", stdout(&o));
+    let o = run("q4", "cpu");
+    assert_eq!(code(&o), 2, "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains("model.cache_type must be one of f16 | q8_0"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
 fn synth_refuses_an_existing_out_unless_force() {
     let s = Scratch::new("synth-force");
     let out = s.dir.join("model.gguf");

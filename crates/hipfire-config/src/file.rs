@@ -450,6 +450,7 @@ mod tests {
             ("cpu.threads", "5"),
             ("model.ctx_size", "32768"),
             ("model.ubatch", "256"),
+            ("model.cache_type", "q8_0"),
             ("memory.gpu_layer_budget", "0"),
             ("memory.offload_exec", "cpu"),
             ("memory.offload_passback_share", "0.377"),

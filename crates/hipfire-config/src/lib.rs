@@ -35,7 +35,7 @@ pub use file::{config_path, hipfire_home, require_existing, ConfigFile, CONFIG_E
 pub use resolve::{CliOverride, Config, EnvSource, ProcessEnv, Resolved, Source};
 pub use schema::{key, KeySpec, Kind, KEYS, MAX_CTX_SIZE};
 pub use value::{
-    CtxSize, Device, FlagsXPublish, JoinStrategy, KernelCache, LayerBudget, OffloadExec,
+    CacheType, CtxSize, Device, FlagsXPublish, JoinStrategy, KernelCache, LayerBudget, OffloadExec,
     PassbackShare, Sampling, Settings, Threads, Value,
 };
 

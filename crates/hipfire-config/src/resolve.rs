@@ -356,6 +356,7 @@ mod tests {
             ("cpu.threads", "7"),
             ("model.ctx_size", "8192"),
             ("model.ubatch", "64"),
+            ("model.cache_type", "q8_0"),
             ("memory.gpu_layer_budget", "12"),
             ("memory.offload_exec", "pcie"),
             ("memory.offload_passback_share", "0"),
@@ -383,6 +384,7 @@ mod tests {
         assert_eq!(s.ctx_size, CtxSize::Tokens(8192));
         assert_eq!(s.ctx_size.tokens(), Some(8192));
         assert_eq!(s.ubatch, 64);
+        assert_eq!(s.cache_type, CacheType::Q8_0);
         assert_eq!(s.gpu_layer_budget, LayerBudget::Layers(12));
         assert_eq!(s.offload_exec, OffloadExec::Pcie);
         assert_eq!(s.passback_share, PassbackShare::CpuOnly);

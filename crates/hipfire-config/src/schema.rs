@@ -3,7 +3,7 @@
 //! Why a static table and not a derive: the same entry feeds validation, `config list`,
 //! `--help` text and the generated docs, and a table is the one form all four can iterate.
 
-use crate::value::{Device, FlagsXPublish, JoinStrategy, OffloadExec, Value};
+use crate::value::{CacheType, Device, FlagsXPublish, JoinStrategy, OffloadExec, Value};
 use crate::ConfigError;
 
 /// Upper bound on `cpu.threads`: far above any socket today, low enough that a typo
@@ -151,6 +151,26 @@ pub static KEYS: &[KeySpec] = &[
               refused with the bytes needed and free; on the CPU it is counted against available \
               RAM. `hipfire bench` sizes the context to its longest test (`-d` plus `-p` or `-n`) \
               unless this is set.",
+    },
+    KeySpec {
+        name: "model.cache_type",
+        kind: Kind::Choice(CacheType::NAMES),
+        default: "f16",
+        rule: "one of f16 | q8_0",
+        env: "HIPFIRE_CACHE_TYPE",
+        flag: Some("--cache-type"),
+        summary: "How the CPU engine stores the K/V cache",
+        doc: "`f16` (default, llama.cpp's too): 2 bytes a cached value. `q8_0`: each run of 32 \
+              values of a head as 32 int8 and one f16 scale (ggml's q8_0), 34 bytes per 32 \
+              values, so a long context takes about half the RAM (counted with this size \
+              against available memory). Attention dequantises each work item's positions to \
+              f16 and runs the f16 kernels, so logits move by the quantisation of K and V \
+              (measured against f16 in docs/perf-checkpoints/2026-12-01-cpu-kv-q8-2core: every \
+              SmolLM2 argmax equal, worst 3.9 % of the logit range). That extra pass costs speed \
+              at depth: SmolLM2 after 2,000 tokens decodes at about half the f16 rate on 2 \
+              cores, so choose it when RAM, not speed, limits the context. Needs `head_dim` a \
+              multiple of 32. The GPU decoder keeps an f16 cache and refuses \
+              `q8_0`; with `device = auto` a `q8_0` cache runs on the CPU.",
     },
     KeySpec {
         name: "model.ubatch",

@@ -118,6 +118,16 @@ word_enum! {
     }
 }
 
+word_enum! {
+    /// `model.cache_type`: how the CPU engine stores the K/V cache.
+    CacheType {
+        /// f16 keys and values (llama.cpp's default).
+        F16 => "f16",
+        /// q8_0: 32 int8 and an f16 scale per 32 values, about half the bytes.
+        Q8_0 => "q8_0",
+    }
+}
+
 /// `memory.gpu_layer_budget`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LayerBudget {
@@ -225,6 +235,8 @@ pub struct Settings {
     pub ctx_size: CtxSize,
     /// `model.ubatch`.
     pub ubatch: u32,
+    /// `model.cache_type`.
+    pub cache_type: CacheType,
     /// `memory.gpu_layer_budget`.
     pub gpu_layer_budget: LayerBudget,
     /// `memory.offload_exec`.
@@ -269,6 +281,7 @@ impl Settings {
                 let (s, x) = v("model.ubatch")?;
                 u32::try_from(int(s, x)?).map_err(|_| mismatch(s, x))?
             },
+            cache_type: word(v("model.cache_type")?, CacheType::from_word)?,
             gpu_layer_budget: match v("memory.gpu_layer_budget")? {
                 (_, Value::Word("auto")) => LayerBudget::Auto,
                 (s, x) => {

@@ -129,6 +129,31 @@ impl KvLayer {
         self.truncate(0);
     }
 
+    /// Makes this one-head cache hold `n_pos` positions given in its own layout as f32: `k` in
+    /// transposed blocks (`ceil(n_pos / 16) × head_dim × 16`, lanes past `n_pos` zero) and `v`
+    /// as rows (`n_pos × head_dim`), each rounded to f16 (a q8_0 cache's staging,
+    /// [`crate::kv_q8::Q8KvLayer::dequantize_into`]).
+    ///
+    /// # Panics
+    /// If the cache has more than one head or the lengths do not match (a caller bug).
+    pub(crate) fn set_from_f32(&mut self, n_pos: usize, k: &[f32], v: &[f32]) {
+        use half::slice::HalfFloatSliceExt;
+        let hd = self.hd;
+        assert!(
+            self.n_kv == 1
+                && k.len() == n_pos.div_ceil(KV_BLOCK) * KV_BLOCK * hd
+                && v.len() == n_pos * hd,
+            "KvLayer::set_from_f32: {n_pos} positions, k {} / v {}",
+            k.len(),
+            v.len()
+        );
+        self.k[0].resize(k.len(), f16::ZERO);
+        self.k[0].convert_from_f32_slice(k);
+        self.v[0].resize(v.len(), f16::ZERO);
+        self.v[0].convert_from_f32_slice(v);
+        self.n_pos = n_pos;
+    }
+
     /// Key `d` of KV head `h` at position `t`.
     ///
     /// # Panics
@@ -166,6 +191,112 @@ impl KvLayer {
             .chain(&self.v)
             .flat_map(|c| c.iter().map(|x| x.to_bits()))
             .collect()
+    }
+}
+
+/// How a CPU session stores its K/V cache (`model.cache_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CacheType {
+    /// f16 keys and values (llama.cpp's default): 2 bytes a value.
+    #[default]
+    F16,
+    /// q8_0 ([`crate::kv_q8`]): 34 bytes per 32 values, dequantised to f16 per work item.
+    Q8_0,
+}
+
+impl CacheType {
+    /// Every accepted name.
+    pub const NAMES: [&'static str; 2] = ["f16", "q8_0"];
+
+    /// `f16` or `q8_0`.
+    pub fn name(self) -> &'static str {
+        match self {
+            CacheType::F16 => "f16",
+            CacheType::Q8_0 => "q8_0",
+        }
+    }
+
+    /// The type named `name` ([`CacheType::NAMES`]).
+    pub fn from_name(name: &str) -> Option<CacheType> {
+        match name {
+            "f16" => Some(CacheType::F16),
+            "q8_0" => Some(CacheType::Q8_0),
+            _ => None,
+        }
+    }
+
+    /// Bytes of `values` cached values (a multiple of 32 for q8_0).
+    pub fn bytes(self, values: usize) -> usize {
+        match self {
+            CacheType::F16 => values * 2,
+            CacheType::Q8_0 => values / crate::kv_q8::Q8_BLOCK * crate::kv_q8::Q8_BYTES_PER_32,
+        }
+    }
+}
+
+/// One layer's cache of a CPU session, in its [`CacheType`].
+#[derive(Debug, Clone)]
+pub enum KvCache {
+    /// f16, read by the attention kernels as it is.
+    F16(KvLayer),
+    /// q8_0, dequantised per work item.
+    Q8(crate::kv_q8::Q8KvLayer),
+}
+
+impl KvCache {
+    /// An empty cache of `ty` for `n_kv` heads of `head_dim`; `None` for q8_0 when `head_dim`
+    /// is not a multiple of 32.
+    pub fn new(ty: CacheType, n_kv: usize, head_dim: usize) -> Option<KvCache> {
+        match ty {
+            CacheType::F16 => Some(KvCache::F16(KvLayer::new(n_kv, head_dim))),
+            CacheType::Q8_0 => crate::kv_q8::Q8KvLayer::new(n_kv, head_dim).map(KvCache::Q8),
+        }
+    }
+
+    /// Positions held.
+    pub fn n_pos(&self) -> usize {
+        match self {
+            KvCache::F16(c) => c.n_pos(),
+            KvCache::Q8(c) => c.n_pos(),
+        }
+    }
+
+    /// Append one position (see [`KvLayer::push`]).
+    pub fn push(&mut self, k: &[f32], v: &[f32]) {
+        match self {
+            KvCache::F16(c) => c.push(k, v),
+            KvCache::Q8(c) => c.push(k, v),
+        }
+    }
+
+    /// Keep the first `n_pos` positions (see [`KvLayer::truncate`]).
+    pub fn truncate(&mut self, n_pos: usize) {
+        match self {
+            KvCache::F16(c) => c.truncate(n_pos),
+            KvCache::Q8(c) => c.truncate(n_pos),
+        }
+    }
+
+    /// Forget every position (keeps allocations).
+    pub fn clear(&mut self) {
+        self.truncate(0);
+    }
+
+    /// Bit patterns of everything stored, for exact comparisons of two caches.
+    pub fn bits(&self) -> Vec<u16> {
+        match self {
+            KvCache::F16(c) => c.bits(),
+            KvCache::Q8(c) => c.bits(),
+        }
+    }
+
+    /// Every cached value as f32 (see [`KvLayer::values`]).
+    #[cfg(test)]
+    pub fn values(&self) -> Vec<f32> {
+        match self {
+            KvCache::F16(c) => c.values(),
+            KvCache::Q8(c) => c.dequantized(),
+        }
     }
 }
 

@@ -352,6 +352,13 @@ impl<'m> GpuDecoder<'m> {
                 "{slots} sequence slots (1 to {MAX_SLOTS})"
             )));
         }
+        if model.cache_type() != crate::attention::CacheType::F16 {
+            return Err(ModelError::Unsupported(format!(
+                "model.cache_type {}: the GPU decoder keeps an f16 KV cache; a {} cache runs on the CPU engine (--device cpu)",
+                model.cache_type().name(),
+                model.cache_type().name()
+            )));
+        }
         let c = model.config().clone();
         let ctx = Context::new(opts.ordinal)?;
         let stream = ctx.new_stream()?;

@@ -53,6 +53,7 @@ pub mod gguf;
 pub mod gpu;
 pub mod gpu_attention;
 pub mod gpu_batch;
+pub mod kv_q8;
 pub mod model;
 pub mod ops;
 pub mod rope;

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use hipfire_quant::Format;
 
-use crate::attention::{self, KvLayer};
+use crate::attention::{self, CacheType, KvCache, KvLayer};
 use crate::backend::{Backend, CpuBackend, Weight};
 use crate::config::{Arch, FfnActivation, ModelConfig};
 use crate::gguf::{GgufFile, Quoted, TensorInfo};
@@ -76,6 +76,8 @@ pub struct LoadOptions {
     pub ctx_len: Option<usize>,
     /// Called after each tensor is paged in (the CLI draws a bar from it).
     pub progress: Option<ProgressFn>,
+    /// How CPU sessions store their K/V cache (`model.cache_type`).
+    pub cache_type: CacheType,
 }
 
 impl std::fmt::Debug for LoadOptions {
@@ -84,6 +86,7 @@ impl std::fmt::Debug for LoadOptions {
             .field("threads", &self.threads)
             .field("ctx_len", &self.ctx_len)
             .field("progress", &self.progress.is_some())
+            .field("cache_type", &self.cache_type)
             .finish()
     }
 }
@@ -126,6 +129,7 @@ pub struct Model {
     rope_local: Option<Rope>,
     backend: Arc<dyn Backend>,
     ctx_len: usize,
+    cache_type: CacheType,
     summary: String,
 }
 
@@ -347,6 +351,16 @@ impl Model {
         }
 
         let ctx_len = resolve_ctx_len(opts.ctx_len, c.ctx_len, c.arch.name())?;
+        let cache_type = opts.cache_type;
+        if KvCache::new(cache_type, 1, c.head_dim).is_none() {
+            return Err(ModelError::InvalidOption(format!(
+                "model.cache_type {}: needs head_dim a multiple of {} ({} has {}); use f16",
+                cache_type.name(),
+                crate::kv_q8::Q8_BLOCK,
+                c.arch.name(),
+                c.head_dim
+            )));
+        }
         let mut counts: std::collections::BTreeMap<Format, usize> = Default::default();
         for w in &weights {
             *counts.entry(w.format).or_default() += 1;
@@ -358,7 +372,7 @@ impl Model {
             .and_then(|v| v.as_bool())
             == Some(true);
         let summary = format!(
-            "{}{} {} layers, d_model {}, vocab {}: all {} layers + head on {} ({}); weights {:.1} MiB [{}]; ctx {}{}",
+            "{}{} {} layers, d_model {}, vocab {}: all {} layers + head on {} ({}); weights {:.1} MiB [{}]; ctx {}{}{}",
             if synthetic { "[SYNTHETIC] " } else { "" },
             c.arch.name(),
             c.n_layer,
@@ -370,6 +384,10 @@ impl Model {
             total as f64 / (1024.0 * 1024.0),
             formats.join(", "),
             ctx_len,
+            match cache_type {
+                CacheType::F16 => String::new(),
+                t => format!(", KV cache {}", t.name()),
+            },
             match c.rope_scaling.describe() {
                 d if d.is_empty() => d,
                 d => format!("; {d}"),
@@ -389,6 +407,7 @@ impl Model {
             rope_local,
             backend,
             ctx_len,
+            cache_type,
             summary,
         })
     }
@@ -437,10 +456,16 @@ impl Model {
         self.ctx_len
     }
 
-    /// Bytes of a KV cache filled to [`Model::ctx_len`]: K and V, every layer, f16.
+    /// Bytes of a CPU session's KV cache filled to [`Model::ctx_len`]: K and V, every layer, in
+    /// [`Model::cache_type`].
     pub fn kv_cache_bytes(&self) -> u64 {
         let c = &self.config;
-        (2 * c.n_layer * c.kv_dim() * KV_ELEM_BYTES) as u64 * self.ctx_len as u64
+        (2 * c.n_layer * self.cache_type.bytes(c.kv_dim())) as u64 * self.ctx_len as u64
+    }
+
+    /// How CPU sessions store their K/V cache (`model.cache_type`; the GPU decoder keeps f16).
+    pub fn cache_type(&self) -> CacheType {
+        self.cache_type
     }
 
     /// Refuses, with the numbers, a context whose full KV cache would not fit in `available`
@@ -532,7 +557,7 @@ impl Model {
         &self,
         li: usize,
         q: &[f32],
-        kv: &KvLayer,
+        kv: &KvCache,
         n_pos: usize,
         att: &mut [f32],
     ) -> Result<(), ModelError> {
@@ -559,6 +584,10 @@ impl Model {
         self.backend
             .parallel_for(c.n_head_kv * n_chunks, &|items: std::ops::Range<usize>| {
                 let mut scores = Vec::with_capacity(group * chunk);
+                // A q8_0 cache's positions of one item, dequantised for the f16 kernels (empty,
+                // and never filled, for an f16 cache).
+                let mut staged = KvLayer::new(1, hd);
+                let mut staging = (Vec::new(), Vec::new());
                 for item in items {
                     let (h, ci) = (item / n_chunks, item % n_chunks);
                     // SAFETY: `parts` holds `n_items × item_len` values and outlives the call
@@ -569,7 +598,28 @@ impl Model {
                     };
                     let (range, lo) = split.range(ci);
                     let qg = &q[h * group * hd..(h + 1) * group * hd];
-                    attention::attend_chunk(qg, kv, h, range, lo, scale, &mut scores, part);
+                    match kv {
+                        KvCache::Q8(q8) => {
+                            // The item's positions alone, from lane 0 of a block (range.0 is a
+                            // multiple of KV_BLOCK), so the kernels see the same lanes.
+                            q8.dequantize_into(h, range, &mut staged, &mut staging);
+                            let local = (0, range.1 - range.0);
+                            let from = lo - range.0;
+                            attention::attend_chunk(
+                                qg,
+                                &staged,
+                                0,
+                                local,
+                                from,
+                                scale,
+                                &mut scores,
+                                part,
+                            );
+                        }
+                        KvCache::F16(f) => {
+                            attention::attend_chunk(qg, f, h, range, lo, scale, &mut scores, part);
+                        }
+                    }
                 }
             })?;
         for (qh, o) in att[..n].chunks_exact_mut(hd).enumerate() {
@@ -737,7 +787,7 @@ pub struct Session<'m> {
     /// Per layer, the keys and values of `pos` positions in f16 (grown as positions are
     /// added): half the bytes a long context reads every token, and llama.cpp's default cache
     /// type; laid out per KV head for [`attention`](crate::attention).
-    kv: Vec<KvLayer>,
+    kv: Vec<KvCache>,
     /// The residual stream after the last position fed.
     x: Vec<f32>,
     logits: Vec<f32>,
@@ -755,7 +805,13 @@ impl<'m> Session<'m> {
         Session {
             model,
             pos: 0,
-            kv: vec![KvLayer::new(c.n_head_kv, c.head_dim); c.n_layer],
+            kv: (0..c.n_layer)
+                .map(|_| {
+                    // The type was checked against head_dim when the model loaded.
+                    KvCache::new(model.cache_type, c.n_head_kv, c.head_dim)
+                        .unwrap_or_else(|| KvCache::F16(KvLayer::new(c.n_head_kv, c.head_dim)))
+                })
+                .collect(),
             x: vec![0.0; c.d_model],
             logits: vec![0.0; c.vocab],
         }
@@ -769,7 +825,7 @@ impl<'m> Session<'m> {
     /// Forget the conversation (keeps allocations).
     pub fn reset(&mut self) {
         self.pos = 0;
-        self.kv.iter_mut().for_each(KvLayer::clear);
+        self.kv.iter_mut().for_each(KvCache::clear);
     }
 
     /// Feed `tokens`; returns the logits after the last one.
@@ -1128,6 +1184,51 @@ mod tests {
             let model = synth_model(arch, fmt, None);
             check_prefill_matches_steps(&model, &format!("cpu {} {fmt}", arch.name()));
         }
+    }
+
+    #[test]
+    fn q8_0_cache_counts_its_bytes_matches_steps_and_stays_near_f16() {
+        let dir = std::env::temp_dir().join(format!("hipfire-q8kv-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("tmp dir");
+        let path = dir.join("tiny.gguf");
+        let spec = SynthSpec::tiny(Arch::Llama);
+        write_synthetic(&path, &spec, Format::Q8_0, 7, None).expect("synth");
+        let load = |cache_type| {
+            Model::load(
+                &path,
+                &LoadOptions {
+                    threads: 2,
+                    cache_type,
+                    ..LoadOptions::default()
+                },
+            )
+            .expect("load")
+        };
+        let (f16m, q8m) = (load(CacheType::F16), load(CacheType::Q8_0));
+        // 34 bytes per 32 values against 64.
+        assert_eq!(q8m.kv_cache_bytes() * 64, f16m.kv_cache_bytes() * 34);
+        assert!(q8m.placement_summary().contains("KV cache q8_0"));
+        // Chunked prefill and steps push and read the q8_0 cache the same way.
+        check_prefill_matches_steps(&q8m, "q8_0 cache");
+        // Against the f16 cache: close (K and V quantised to 8 bits per 32 values), not equal.
+        let prompt: Vec<u32> = (0..120u32).map(|i| (i * 37 + 11) % 512).collect();
+        let (mut a, mut b) = (f16m.session(), q8m.session());
+        let la = a.prefill(&prompt).expect("f16").to_vec();
+        let lb = b.prefill(&prompt).expect("q8").to_vec();
+        let range = la.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let worst = la
+            .iter()
+            .zip(&lb)
+            .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        assert!(
+            worst > 0.0,
+            "q8_0 logits equal f16's: the cache type was not applied"
+        );
+        assert!(
+            worst <= 5e-2 * range,
+            "q8_0 vs f16: {worst} of range {range}"
+        );
+        let _ = std::fs::remove_file(&path);
     }
 
     #[test]

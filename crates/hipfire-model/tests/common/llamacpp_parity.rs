@@ -201,3 +201,50 @@ pub fn check_chunked_prefill_matches_steps(m: &Model, prompt_len: u32) {
         same(&sa, &sb, &format!("decode step after prefill, token {t}"));
     }
 }
+
+/// How far a q8_0 K/V cache moves the logits from the f16 cache on the real file at `path`:
+/// both sessions take the same `prompt_len`-token prompt, then `steps` greedy steps feeding
+/// the f16 session's choice to both. Returns (share of steps whose argmax agrees, worst and
+/// mean |Δ logit| over every compared position as a fraction of that position's logit range).
+pub fn q8_cache_against_f16(
+    path: &std::path::Path,
+    prompt_len: u32,
+    steps: usize,
+) -> (f64, f64, f64) {
+    use hipfire_model::attention::CacheType;
+    let load = |cache_type| {
+        let opts = hipfire_model::LoadOptions {
+            threads: 2,
+            cache_type,
+            ..hipfire_model::LoadOptions::default()
+        };
+        Model::load(path, &opts).expect("model loads")
+    };
+    let (f16m, q8m) = (load(CacheType::F16), load(CacheType::Q8_0));
+    let vocab = f16m.config().vocab as u32;
+    let prompt: Vec<u32> = (0..prompt_len).map(|i| (i * 7919 + 13) % vocab).collect();
+    let (mut a, mut b) = (f16m.session(), q8m.session());
+    let mut la = a.prefill(&prompt).expect("f16 prefill").to_vec();
+    let mut lb = b.prefill(&prompt).expect("q8 prefill").to_vec();
+    let (mut agree, mut worst, mut sum, mut n) = (0usize, 0f64, 0f64, 0usize);
+    for _ in 0..=steps {
+        let (lo, hi) = la
+            .iter()
+            .fold((f32::MAX, f32::MIN), |(l, h), &v| (l.min(v), h.max(v)));
+        let range = f64::from(hi - lo).max(1e-6);
+        for (x, y) in la.iter().zip(&lb) {
+            let d = f64::from((x - y).abs()) / range;
+            worst = worst.max(d);
+            sum += d;
+        }
+        n += la.len();
+        let (ta, tb) = (
+            hipfire_model::sampling::argmax(&la),
+            hipfire_model::sampling::argmax(&lb),
+        );
+        agree += usize::from(ta == tb);
+        la = a.step(ta).expect("f16 step").to_vec();
+        lb = b.step(ta).expect("q8 step").to_vec();
+    }
+    (agree as f64 / (steps + 1) as f64, worst, sum / n as f64)
+}
