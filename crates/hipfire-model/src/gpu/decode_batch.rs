@@ -393,6 +393,7 @@ impl<'m> GpuDecoder<'m> {
         }
         let places = db.stage_places.as_mut_slice();
         let mut put = |entry: usize, v: usize| {
+            // Positions are below the context length, which fits an i32 (checked at load).
             places[4 * entry..4 * entry + 4].copy_from_slice(&(v as i32).to_ne_bytes());
         };
         for (i, &(slot, _)) in feeds.iter().enumerate() {
@@ -400,6 +401,7 @@ impl<'m> GpuDecoder<'m> {
             put(i, pos);
             put(rows + i, pos + 1);
             for (li, l) in self.layers.iter().enumerate() {
+                // A sliding-window layer past its window attends its last `w` positions.
                 let first = l.window.map_or(0, |w| (pos + 1).saturating_sub(w));
                 put((2 + li) * rows + i, first);
             }
@@ -426,6 +428,10 @@ impl<'m> GpuDecoder<'m> {
         Ok(())
     }
 
+    /// What is per sequence in a batched decode step of `b` rows, layer `li`: RoPE of each row's
+    /// q and k at its position, its k and v into its cache, its attention over its depth; one
+    /// launch each over every row, from the tables [`GpuDecoder::stage_slot_tables`] staged and
+    /// the step copied up first.
     pub(super) fn slots_rows(
         &mut self,
         li: usize,
@@ -479,9 +485,10 @@ impl<'m> GpuDecoder<'m> {
             firsts: places + (4 * (2 + li) * rows) as u64,
         };
         // SAFETY: q and att hold `rows ≥ b` rows of n_head × head_dim f32 (StepActs); the tables
-        // were queued on this stream by `upload_slot_tables` for these feeds: each row's caches
-        // hold ctx_len ≥ npos rows of this shape (decode_slots refused a full slot), firsts <
-        // npos, and the plan covers the deepest row's positions.
+        // were staged by `stage_slot_tables` for these feeds and copied up earlier on this stream
+        // (`enqueue_staged`): each row's caches hold ctx_len ≥ npos rows of this shape
+        // (decode_slots refused a full slot) and firsts < npos; the kernel cuts each row's span
+        // into the plan's chunks.
         unsafe {
             self.attention
                 .launch_slots(&self.stream, (r.q, r.att), &tables, &db.part, b, plan)
