@@ -22,6 +22,8 @@
 
 // An f16 cache element is handled as its bit pattern, as gemv.cu handles f16 scales (f16.cuh).
 #include "f16.cuh"
+// The q8_0 cache's store and the two caches' loads for attention.
+#include "kv_q8.cuh"
 
 // Block-wide sum; `scratch` holds one float per warp. Every thread gets the total.
 __device__ __forceinline__ float hf_block_sum(float v, float* scratch) {
@@ -129,6 +131,39 @@ extern "C" __global__ void kv_store_slots_f16(const float* __restrict__ k, const
     }
 }
 
+// The q8_0 cache's store (kv_q8.cuh): this position's k and v (f32, n floats each, n a multiple
+// of 32) as q8_0 runs, quants at kq / vq, the runs' scales at ks / vs. The host launches blocks of
+// a multiple of 32 threads, so each run is one aligned group of 32 lanes.
+extern "C" __global__ void kv_store_q8(const float* __restrict__ k, const float* __restrict__ v,
+                                       signed char* __restrict__ kq, hf_u16* __restrict__ ks,
+                                       signed char* __restrict__ vq, hf_u16* __restrict__ vs, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    const bool on = i < n;
+    const float kx = on ? k[i] : 0.0f, vx = on ? v[i] : 0.0f;
+    hf_q8_quantize(kx, on, kq + i, ks + i / HF_Q8_BLOCK);
+    hf_q8_quantize(vx, on, vq + i, vs + i / HF_Q8_BLOCK);
+}
+
+// The slots form of kv_q8_store: row y's k and v (n floats each, rows n apart) into the q8_0
+// caches kbase[y] / vbase[y] (each `cap` positions: quants, then scales) at pos[y];
+// blocks_per_row blocks a row.
+extern "C" __global__ void kv_store_slots_q8(const float* __restrict__ k, const float* __restrict__ v,
+                                             const unsigned long long* __restrict__ kbase,
+                                             const unsigned long long* __restrict__ vbase,
+                                             const int* __restrict__ pos, int n, int blocks_per_row,
+                                             int cap) {
+    const int y = blockIdx.x / blocks_per_row;
+    const int i = (blockIdx.x % blocks_per_row) * blockDim.x + threadIdx.x;
+    const bool on = i < n;
+    const size_t at = (size_t)pos[y] * n + i;
+    const float kx = on ? k[(size_t)y * n + i] : 0.0f, vx = on ? v[(size_t)y * n + i] : 0.0f;
+    signed char* kq = (signed char*)kbase[y];
+    signed char* vq = (signed char*)vbase[y];
+    const size_t scales = (size_t)cap * n;
+    hf_q8_quantize(kx, on, kq + at, (hf_u16*)(kq + scales) + at / HF_Q8_BLOCK);
+    hf_q8_quantize(vx, on, vq + at, (hf_u16*)(vq + scales) + at / HF_Q8_BLOCK);
+}
+
 // ---- Decode attention, split over the KV range ("flash-decoding") ----
 //
 // One query token over the f16 cache. q: [n_head][head_dim] (f32); caches: [n_pos_max][n_kv_head]
@@ -159,6 +194,11 @@ extern "C" __global__ void kv_store_slots_f16(const float* __restrict__ k, const
 #ifndef HF_ATTN_UNROLL
 #define HF_ATTN_UNROLL 4
 #endif
+// Loads a lane holds per tile over the q8_0 cache (8 bytes of quants and a scale each) in the 1-
+// and 2-head instances.
+#ifndef HF_ATTN_UNROLL_Q8
+#define HF_ATTN_UNROLL_Q8 8
+#endif
 // Threads of the split kernel (4 warps on CUDA); the host launches exactly this many.
 #define HF_ATTN_THREADS 128
 // Blocks per multiprocessor the split kernel's registers must allow (__launch_bounds__): 4
@@ -173,26 +213,15 @@ extern "C" __global__ void kv_store_slots_f16(const float* __restrict__ k, const
 // Most query heads a block serves (the largest instance below).
 #define HF_ATTN_MAX_G 8
 
-// The 8 f16 in a 16-byte load, as f32.
-__device__ __forceinline__ void hf_unpack8(uint4 r, float* f) {
-    f[0] = hf_h2f((hf_u16)(r.x & 0xffffu));
-    f[1] = hf_h2f((hf_u16)(r.x >> 16));
-    f[2] = hf_h2f((hf_u16)(r.y & 0xffffu));
-    f[3] = hf_h2f((hf_u16)(r.y >> 16));
-    f[4] = hf_h2f((hf_u16)(r.z & 0xffffu));
-    f[5] = hf_h2f((hf_u16)(r.z >> 16));
-    f[6] = hf_h2f((hf_u16)(r.w & 0xffffu));
-    f[7] = hf_h2f((hf_u16)(r.w >> 16));
-}
-
 // [ng][head_dim] scaled q; then [n_warps][ng][head_dim] the warps' accumulators and
 // [n_warps][ng][2] their (m, l).
 extern __shared__ __align__(16) float hf_attn_smem[];
 
-template <int GM>
-__device__ __forceinline__ void hf_attn_split(const float* __restrict__ q,
-                                              const hf_u16* __restrict__ kc,
-                                              const hf_u16* __restrict__ vc,
+// KV: the cache's loads (HfKvF16 or HfKvQ8, kv_q8.cuh; `cap` is the q8_0 cache's positions,
+// unused by f16); U: loads each lane holds per tile.
+template <int GM, class KV, int U>
+__device__ __forceinline__ void hf_attn_split(const float* __restrict__ q, const void* kc,
+                                              const void* vc, int cap,
                                               float* __restrict__ out, float* __restrict__ part,
                                               int n_head, int n_kv_head, int head_dim, int n_pos,
                                               int chunk_len, int n_chunks, int lanes_per_row,
@@ -212,24 +241,23 @@ __device__ __forceinline__ void hf_attn_split(const float* __restrict__ q,
     const int rpw = HF_WARP / lpr;  // rows a warp holds per load
     const int wrow = warp * rpw + lane / lpr;
     const int wstep = n_warps * rpw;  // rows between one lane's successive loads
-    const int tile = wstep * HF_ATTN_UNROLL;
+    const int tile = wstep * U;
     const bool dim_on = lr * 8 < D;
     float* qs = hf_attn_smem;
     for (int i = threadIdx.x; i < ng * D; i += blockDim.x) qs[i] = q[(size_t)h0 * D + i] * scale;
     const size_t stride = (size_t)n_kv_head * D;
-    const hf_u16* kbase = kc + (size_t)kvh * D + lr * 8;
-    const hf_u16* vbase = vc + (size_t)kvh * D + lr * 8;
-    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    const KV kx(kc, cap, stride, (size_t)kvh * D + lr * 8);
+    const KV vx(vc, cap, stride, (size_t)kvh * D + lr * 8);
     // Positions [first, n_pos): a sliding-window layer (Gemma 3's local layers) starts past 0.
     const int p_begin = first + chunk * chunk_len;
     const int p_end = min(n_pos, p_begin + chunk_len);
-    uint4 kr[HF_ATTN_UNROLL], vr[HF_ATTN_UNROLL];
+    typename KV::Raw kr[U], vr[U];
 #pragma unroll
-    for (int u = 0; u < HF_ATTN_UNROLL; ++u) {
+    for (int u = 0; u < U; ++u) {
         const int r = p_begin + u * wstep + wrow;
         const bool ok = dim_on && r < p_end;
-        kr[u] = ok ? *(const uint4*)(kbase + (size_t)r * stride) : zero;
-        vr[u] = ok ? *(const uint4*)(vbase + (size_t)r * stride) : zero;
+        kr[u] = ok ? kx.load(r, stride) : KV::zero();
+        vr[u] = ok ? vx.load(r, stride) : KV::zero();
     }
     __syncthreads();  // qs written
     float qr[GM][8], acc[GM][8], m_run[GM], l_run[GM];
@@ -245,11 +273,11 @@ __device__ __forceinline__ void hf_attn_split(const float* __restrict__ q,
     }
     for (int t0 = p_begin; t0 < p_end; t0 += tile) {
         // Scores of this lane's rows of the tile, every head of the block (-inf past the end).
-        float e[GM][HF_ATTN_UNROLL];
+        float e[GM][U];
 #pragma unroll
-        for (int u = 0; u < HF_ATTN_UNROLL; ++u) {
+        for (int u = 0; u < U; ++u) {
             float k[8];
-            hf_unpack8(kr[u], k);
+            KV::unpack(kr[u], k);
             const bool on = t0 + u * wstep + wrow < p_end;
 #pragma unroll
             for (int g = 0; g < GM; ++g) {
@@ -266,10 +294,10 @@ __device__ __forceinline__ void hf_attn_split(const float* __restrict__ q,
         }
         // The next tile's K, in flight through this tile's softmax and V.
 #pragma unroll
-        for (int u = 0; u < HF_ATTN_UNROLL; ++u) {
+        for (int u = 0; u < U; ++u) {
             const int r = t0 + tile + u * wstep + wrow;
             const bool ok = dim_on && r < p_end;
-            kr[u] = ok ? *(const uint4*)(kbase + (size_t)r * stride) : zero;
+            kr[u] = ok ? kx.load(r, stride) : KV::zero();
         }
         // Softmax against the warp's running max: the max and sum over the warp's rows of the
         // tile (this lane's, then across its row groups), then the weights in place of the scores.
@@ -277,14 +305,14 @@ __device__ __forceinline__ void hf_attn_split(const float* __restrict__ q,
         for (int g = 0; g < GM; ++g) {
             float mx = e[g][0];
 #pragma unroll
-            for (int u = 1; u < HF_ATTN_UNROLL; ++u) mx = fmaxf(mx, e[g][u]);
+            for (int u = 1; u < U; ++u) mx = fmaxf(mx, e[g][u]);
             for (int o = lpr; o < HF_WARP; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
             const float m_new = fmaxf(m_run[g], mx);
             // No row of the warp yet (its rows start past the end): nothing to fold in.
             const float cf = m_new == HF_NEG_INF ? 1.0f : __expf(m_run[g] - m_new);
             float sum = 0.0f;
 #pragma unroll
-            for (int u = 0; u < HF_ATTN_UNROLL; ++u) {
+            for (int u = 0; u < U; ++u) {
                 const float w = m_new == HF_NEG_INF ? 0.0f : __expf(e[g][u] - m_new);
                 e[g][u] = w;
                 sum += w;
@@ -297,9 +325,9 @@ __device__ __forceinline__ void hf_attn_split(const float* __restrict__ q,
         }
         // V: this lane's rows, weighted.
 #pragma unroll
-        for (int u = 0; u < HF_ATTN_UNROLL; ++u) {
+        for (int u = 0; u < U; ++u) {
             float v[8];
-            hf_unpack8(vr[u], v);
+            KV::unpack(vr[u], v);
 #pragma unroll
             for (int g = 0; g < GM; ++g)
 #pragma unroll
@@ -307,10 +335,10 @@ __device__ __forceinline__ void hf_attn_split(const float* __restrict__ q,
         }
         // The next tile's V.
 #pragma unroll
-        for (int u = 0; u < HF_ATTN_UNROLL; ++u) {
+        for (int u = 0; u < U; ++u) {
             const int r = t0 + tile + u * wstep + wrow;
             const bool ok = dim_on && r < p_end;
-            vr[u] = ok ? *(const uint4*)(vbase + (size_t)r * stride) : zero;
+            vr[u] = ok ? vx.load(r, stride) : KV::zero();
         }
     }
     // Sum the row groups of each warp (lanes lr, lr + lpr, ... hold the same dims under the same
@@ -368,19 +396,30 @@ __device__ __forceinline__ void hf_attn_split(const float* __restrict__ q,
     }
 }
 
-#define HF_ATTN_SPLIT_ENTRY(NAME, GM)                                                              \
+#define HF_ATTN_SPLIT_ENTRY(NAME, GM, KV, KT, U, CAP_PARAM, CAP)                                \
     extern "C" __global__ void __launch_bounds__(HF_ATTN_THREADS, HF_ATTN_MINB)                    \
-        NAME(const float* __restrict__ q, const hf_u16* __restrict__ kc,                           \
-             const hf_u16* __restrict__ vc, float* __restrict__ out, float* __restrict__ part,     \
-             int n_head, int n_kv_head, int head_dim, int n_pos, int chunk_len, int n_chunks,      \
-             int lanes_per_row, int heads_per_block, float scale, int first) {                     \
-        hf_attn_split<GM>(q, kc, vc, out, part, n_head, n_kv_head, head_dim, n_pos, chunk_len,    \
-                          n_chunks, lanes_per_row, heads_per_block, scale, first, blockIdx.x);     \
+        NAME(const float* __restrict__ q, const KT* __restrict__ kc, const KT* __restrict__ vc,    \
+             float* __restrict__ out, float* __restrict__ part, int n_head, int n_kv_head,         \
+             int head_dim, int n_pos, int chunk_len, int n_chunks, int lanes_per_row,              \
+             int heads_per_block, float scale, int first CAP_PARAM) {                              \
+        hf_attn_split<GM, KV, U>(q, kc, vc, CAP, out, part, n_head, n_kv_head, head_dim, n_pos,   \
+                                 chunk_len, n_chunks, lanes_per_row, heads_per_block, scale,       \
+                                 first, blockIdx.x);                                               \
     }
-HF_ATTN_SPLIT_ENTRY(attention_split_f16kv_g1, 1)
-HF_ATTN_SPLIT_ENTRY(attention_split_f16kv_g2, 2)
-HF_ATTN_SPLIT_ENTRY(attention_split_f16kv_g4, 4)
-HF_ATTN_SPLIT_ENTRY(attention_split_f16kv_g8, 8)
+// The f16 entries take no capacity; the q8_0 ones take the cache's positions last.
+#define HF_NO_CAP
+#define HF_CAP_PARAM , int cap
+HF_ATTN_SPLIT_ENTRY(attention_split_f16kv_g1, 1, HfKvF16, hf_u16, HF_ATTN_UNROLL, HF_NO_CAP, 0)
+HF_ATTN_SPLIT_ENTRY(attention_split_f16kv_g2, 2, HfKvF16, hf_u16, HF_ATTN_UNROLL, HF_NO_CAP, 0)
+HF_ATTN_SPLIT_ENTRY(attention_split_f16kv_g4, 4, HfKvF16, hf_u16, HF_ATTN_UNROLL, HF_NO_CAP, 0)
+HF_ATTN_SPLIT_ENTRY(attention_split_f16kv_g8, 8, HfKvF16, hf_u16, HF_ATTN_UNROLL, HF_NO_CAP, 0)
+// The q8_0 cache: a lane's load is half the bytes, so the 1- and 2-head instances hold twice the
+// loads a tile (about the registers and the bytes in flight of f16's); the wider ones keep
+// HF_ATTN_UNROLL, as their accumulators leave no room under the register cap.
+HF_ATTN_SPLIT_ENTRY(attention_split_q8kv_g1, 1, HfKvQ8, signed char, HF_ATTN_UNROLL_Q8, HF_CAP_PARAM, cap)
+HF_ATTN_SPLIT_ENTRY(attention_split_q8kv_g2, 2, HfKvQ8, signed char, HF_ATTN_UNROLL_Q8, HF_CAP_PARAM, cap)
+HF_ATTN_SPLIT_ENTRY(attention_split_q8kv_g4, 4, HfKvQ8, signed char, HF_ATTN_UNROLL, HF_CAP_PARAM, cap)
+HF_ATTN_SPLIT_ENTRY(attention_split_q8kv_g8, 8, HfKvQ8, signed char, HF_ATTN_UNROLL, HF_CAP_PARAM, cap)
 
 // The slots form (a batched decode step): one query row per sequence, each over its own caches
 // (kcs[y], vcs[y]) and depth (positions firsts[y] .. npos[y]), with one chunk count for all rows:
@@ -391,25 +430,30 @@ HF_ATTN_SPLIT_ENTRY(attention_split_f16kv_g8, 8)
 // attention_combine_f32 weighs by 0. Row y's q and out rows are at y * n_head * head_dim,
 // its partials at y * n_head * n_chunks * (head_dim + 2): attention_combine_f32 over
 // rows * n_head blocks merges them all.
-#define HF_ATTN_SLOTS_ENTRY(NAME, GM)                                                              \
+#define HF_ATTN_SLOTS_ENTRY(NAME, GM, KV, U, CAP_PARAM, CAP)                                   \
     extern "C" __global__ void __launch_bounds__(HF_ATTN_THREADS, HF_ATTN_MINB)                    \
         NAME(const float* __restrict__ q, const unsigned long long* __restrict__ kcs,             \
              const unsigned long long* __restrict__ vcs, const int* __restrict__ npos,            \
              const int* __restrict__ firsts, float* __restrict__ out, float* __restrict__ part,   \
              int n_head, int n_kv_head, int head_dim, int n_chunks, int lanes_per_row,             \
-             int heads_per_block, float scale, int per_row) {                                      \
+             int heads_per_block, float scale, int per_row CAP_PARAM) {                            \
         const int y = blockIdx.x / per_row;                                                        \
         const size_t qd = (size_t)n_head * head_dim;                                               \
         const int chunk_len = max(1, (npos[y] - firsts[y] + n_chunks - 1) / n_chunks);             \
-        hf_attn_split<GM>(q + y * qd, (const hf_u16*)kcs[y], (const hf_u16*)vcs[y], out + y * qd,  \
-                          part + (size_t)y * n_head * n_chunks * (head_dim + 2), n_head, n_kv_head, \
-                          head_dim, npos[y], chunk_len, n_chunks, lanes_per_row, heads_per_block,  \
-                          scale, firsts[y], blockIdx.x % per_row);                                 \
+        hf_attn_split<GM, KV, U>(q + y * qd, (const void*)kcs[y], (const void*)vcs[y], CAP,       \
+                                 out + y * qd,                                                     \
+                                 part + (size_t)y * n_head * n_chunks * (head_dim + 2), n_head,    \
+                                 n_kv_head, head_dim, npos[y], chunk_len, n_chunks, lanes_per_row, \
+                                 heads_per_block, scale, firsts[y], blockIdx.x % per_row);         \
     }
-HF_ATTN_SLOTS_ENTRY(attention_slots_f16kv_g1, 1)
-HF_ATTN_SLOTS_ENTRY(attention_slots_f16kv_g2, 2)
-HF_ATTN_SLOTS_ENTRY(attention_slots_f16kv_g4, 4)
-HF_ATTN_SLOTS_ENTRY(attention_slots_f16kv_g8, 8)
+HF_ATTN_SLOTS_ENTRY(attention_slots_f16kv_g1, 1, HfKvF16, HF_ATTN_UNROLL, HF_NO_CAP, 0)
+HF_ATTN_SLOTS_ENTRY(attention_slots_f16kv_g2, 2, HfKvF16, HF_ATTN_UNROLL, HF_NO_CAP, 0)
+HF_ATTN_SLOTS_ENTRY(attention_slots_f16kv_g4, 4, HfKvF16, HF_ATTN_UNROLL, HF_NO_CAP, 0)
+HF_ATTN_SLOTS_ENTRY(attention_slots_f16kv_g8, 8, HfKvF16, HF_ATTN_UNROLL, HF_NO_CAP, 0)
+HF_ATTN_SLOTS_ENTRY(attention_slots_q8kv_g1, 1, HfKvQ8, HF_ATTN_UNROLL_Q8, HF_CAP_PARAM, cap)
+HF_ATTN_SLOTS_ENTRY(attention_slots_q8kv_g2, 2, HfKvQ8, HF_ATTN_UNROLL_Q8, HF_CAP_PARAM, cap)
+HF_ATTN_SLOTS_ENTRY(attention_slots_q8kv_g4, 4, HfKvQ8, HF_ATTN_UNROLL, HF_CAP_PARAM, cap)
+HF_ATTN_SLOTS_ENTRY(attention_slots_q8kv_g8, 8, HfKvQ8, HF_ATTN_UNROLL, HF_CAP_PARAM, cap)
 
 // Merges the n_chunks partials of each head (one block per head): weights exp(m_c - M) / L with
 // M = max m_c and L = sum l_c exp(m_c - M), then out = sum_c weight_c * acc_c.

@@ -10,6 +10,25 @@
 #include "platform.cuh"
 
 #include "f16.cuh"
+#include "kv_q8.cuh"
+
+// Two adjacent values of one cache row as an f16 pair (one 4-byte word of a staged row), at value
+// offset `off` (even) of the cache: the f16 cache's word as stored; the q8_0 cache's two quants
+// times their run's scale, rounded to f16 (kv_q8.cuh: quants [cap][n], then scales [cap][n / 32],
+// `scales` = cap * n), as the CPU engine's q8_0 cache stages them for its f16 kernels.
+__device__ __forceinline__ unsigned int hf_kv_word(const void* c, size_t off, size_t /*scales*/,
+                                                   const HfKvF16* /*type*/) {
+    return *(const unsigned int*)((const hf_u16*)c + off);
+}
+__device__ __forceinline__ unsigned int hf_kv_word(const void* c, size_t off, size_t scales,
+                                                   const HfKvQ8* /*type*/) {
+    const signed char* q = (const signed char*)c;
+    const unsigned short pair = *(const unsigned short*)(q + off);
+    const float d = hf_h2f(((const hf_u16*)(q + scales))[off / HF_Q8_BLOCK]);
+    const float x0 = (float)(signed char)(pair & 0xffu) * d;
+    const float x1 = (float)(signed char)(pair >> 8) * d;
+    return (unsigned int)hf_f2h(x0) | ((unsigned int)hf_f2h(x1) << 16);
+}
 
 // Rotary embedding in place over x[n_tok][n_heads][head_dim]; token t is at position pos0 + t.
 // Same arithmetic as decode.cu's rope_f32 (angles pos * inv_freq[i] in f32, cos/sin × mscale), so a
@@ -56,10 +75,11 @@ extern "C" __global__ void add_rows_f32(float* __restrict__ y, const float* __re
 #define HF_PF_KT 32     // keys per tile: one per lane
 #define HF_PF_WARPS 4   // warps per block; the host launches HF_PF_WARPS * HF_WARP threads
 
-template <int DMAX, int QT>
-__device__ __forceinline__ void hf_attn_prefill(const float* __restrict__ q,
-                                                const hf_u16* __restrict__ kc,
-                                                const hf_u16* __restrict__ vc,
+// KV: the cache type (HfKvF16 or HfKvQ8, kv_q8.cuh), whose rows are staged as f16; `cap`: the
+// q8_0 cache's positions (unused by f16).
+template <int DMAX, int QT, class KV>
+__device__ __forceinline__ void hf_attn_prefill(const float* __restrict__ q, const void* kc,
+                                                const void* vc, int cap,
                                                 float* __restrict__ out, int n_head, int n_kv_head,
                                                 int D, int pos0, int n_tok, float scale,
                                                 int window) {
@@ -79,6 +99,7 @@ __device__ __forceinline__ void hf_attn_prefill(const float* __restrict__ q,
     const int lane = threadIdx.x % HF_WARP, warp = threadIdx.x / HF_WARP;
     const size_t qstride = (size_t)n_head * D;
     const size_t kvstride = (size_t)n_kv_head * D;
+    const size_t scales = (size_t)cap * kvstride;  // the q8_0 cache's scale region
 
     for (int i = threadIdx.x; i < QT * D; i += blockDim.x) {
         const int qi = i / D, d = i % D;
@@ -108,8 +129,8 @@ __device__ __forceinline__ void hf_attn_prefill(const float* __restrict__ q,
             unsigned int kw = 0u, vw = 0u;
             if (p < kv_end) {
                 const size_t off = (size_t)p * kvstride + (size_t)kvh * D + 2 * w;
-                kw = *(const unsigned int*)(kc + off);
-                vw = *(const unsigned int*)(vc + off);
+                kw = hf_kv_word(kc, off, scales, (const KV*)0);
+                vw = hf_kv_word(vc, off, scales, (const KV*)0);
             }
             *(unsigned int*)(&ks[r][2 * w]) = kw;
             *(unsigned int*)(&vs[r][2 * w]) = vw;
@@ -186,13 +207,18 @@ __device__ __forceinline__ void hf_attn_prefill(const float* __restrict__ q,
 
 // Instances by the widest head they serve; the query tile shrinks for 256-wide heads so the
 // staged tiles fit the 48 KiB of static shared memory (8 + 2 × 16.1 + 1 KiB).
-#define HF_PF_ENTRY(NAME, DMAX, QT)                                                                \
+#define HF_PF_ENTRY(NAME, DMAX, QT, KV, KT, CAP_PARAM, CAP)                                    \
     extern "C" __global__ void __launch_bounds__(HF_PF_WARPS * HF_WARP)                            \
-        NAME(const float* __restrict__ q, const hf_u16* __restrict__ kc,                          \
-             const hf_u16* __restrict__ vc, float* __restrict__ out, int n_head, int n_kv_head,    \
-             int head_dim, int pos0, int n_tok, float scale, int window) {                         \
-        hf_attn_prefill<DMAX, QT>(q, kc, vc, out, n_head, n_kv_head, head_dim, pos0, n_tok,       \
-                                  scale, window);                                                  \
+        NAME(const float* __restrict__ q, const KT* __restrict__ kc, const KT* __restrict__ vc,    \
+             float* __restrict__ out, int n_head, int n_kv_head, int head_dim, int pos0,           \
+             int n_tok, float scale, int window CAP_PARAM) {                                       \
+        hf_attn_prefill<DMAX, QT, KV>(q, kc, vc, CAP, out, n_head, n_kv_head, head_dim, pos0,     \
+                                      n_tok, scale, window);                                       \
     }
-HF_PF_ENTRY(attention_prefill_f16kv_d128, 128, 16)
-HF_PF_ENTRY(attention_prefill_f16kv_d256, 256, 8)
+// The f16 entries take no capacity; the q8_0 ones take the cache's positions last.
+#define HF_NO_CAP
+#define HF_CAP_PARAM , int cap
+HF_PF_ENTRY(attention_prefill_f16kv_d128, 128, 16, HfKvF16, hf_u16, HF_NO_CAP, 0)
+HF_PF_ENTRY(attention_prefill_f16kv_d256, 256, 8, HfKvF16, hf_u16, HF_NO_CAP, 0)
+HF_PF_ENTRY(attention_prefill_q8kv_d128, 128, 16, HfKvQ8, signed char, HF_CAP_PARAM, cap)
+HF_PF_ENTRY(attention_prefill_q8kv_d256, 256, 8, HfKvQ8, signed char, HF_CAP_PARAM, cap)

@@ -60,13 +60,6 @@ pub(crate) fn choose_engine(ctx: &Ctx, s: &Settings) -> anyhow::Result<Engine> {
             }
             Ok(Engine::Gpu)
         }
-        Device::Auto if s.cache_type != hipfire_config::CacheType::F16 => {
-            ctx.note(format!(
-                "model.cache_type {}: the GPU decoder keeps an f16 cache; running on the CPU",
-                s.cache_type
-            ));
-            Ok(Engine::Cpu)
-        }
         Device::Auto => {
             let p = gpu_probe::probe();
             if p.found {

@@ -25,12 +25,14 @@ use hipfire_gpu::{
 };
 use hipfire_quant::Format;
 
+use crate::attention::CacheType;
 use crate::gpu_attention::{AttnShape, SplitKvAttention};
+use crate::gpu_kv::GpuKvLayout;
 use crate::gpu_batch::{
     batch_head_dim_supported, BatchScratch, BatchWidths, PrefillKernels, PREFILL_SOURCE,
 };
 use crate::model::GenerationStats;
-use crate::model::{Decoder, KV_ELEM_BYTES};
+use crate::model::Decoder;
 use crate::sampling::SamplingParams;
 use crate::{Model, ModelError, Weight};
 
@@ -43,19 +45,20 @@ pub use decode_graph::DISABLE_GRAPHS_ENV;
 use hipfire_gpu::dequant::DequantKernels;
 use hipfire_gpu::{gemm_available, gemm_f16, GemmShape};
 
-/// `kernels/decode.cu`: RMSNorm, RoPE, the f16 KV store, attention, SwiGLU, add.
+/// `kernels/decode.cu`: RMSNorm, RoPE, the f16 and q8_0 KV stores, attention, SwiGLU, add.
 pub const DECODE_SOURCE: KernelSource = KernelSource {
     name: "decode.cu",
     source: include_str!("../../../kernels/decode.cu"),
     headers: &[
         ("platform.cuh", hipfire_gpu::PLATFORM_CUH),
         ("f16.cuh", hipfire_gpu::F16_CUH),
+        ("kv_q8.cuh", crate::gpu_kv::KV_Q8_CUH),
     ],
 };
 
 /// The kernels [`GpuDecoder`] launches from [`DECODE_SOURCE`], in [`DecodeKernels`] field order
 /// (attention's are [`crate::gpu_attention::ATTENTION_KERNEL_NAMES`]).
-const DECODE_KERNEL_NAMES: [&str; 10] = [
+const DECODE_KERNEL_NAMES: [&str; 12] = [
     "rms_norm_f32",
     "rope_f32",
     "kv_store_f16",
@@ -66,6 +69,8 @@ const DECODE_KERNEL_NAMES: [&str; 10] = [
     "softcap_f32",
     "rope_slots_f32",
     "kv_store_slots_f16",
+    "kv_store_q8",
+    "kv_store_slots_q8",
 ];
 
 /// Threads per block of the small decode kernels: one block covers a 4096-wide row in 4 strides,
@@ -196,9 +201,9 @@ struct GpuLayer {
     gate: usize,
     up: usize,
     down: usize,
-    /// Per sequence slot, f16 bit patterns, `[ctx_len][kv_dim]`.
-    k_cache: Vec<DeviceBuffer<u16>>,
-    v_cache: Vec<DeviceBuffer<u16>>,
+    /// Per sequence slot, `ctx_len` positions in the decoder's [`GpuKvLayout`].
+    k_cache: Vec<DeviceBuffer<u8>>,
+    v_cache: Vec<DeviceBuffer<u8>>,
     /// Gemma's RMSNorms of the attention and FFN outputs before their residual adds.
     post_attn_norm: Option<DeviceBuffer<f32>>,
     post_ffn_norm: Option<DeviceBuffer<f32>>,
@@ -222,6 +227,9 @@ struct DecodeKernels {
     /// position and into its own cache.
     rope_slots: Function,
     kv_store_slots: Function,
+    /// The q8_0 cache's stores (one position's run, and the slots form).
+    kv_store_q8: Function,
+    kv_store_slots_q8: Function,
 }
 
 /// What a decode step needs beyond its activations: the RoPE tables.
@@ -267,6 +275,8 @@ pub struct GpuDecoder<'m> {
     /// whose steps need the host between kernels).
     graphs: Option<DecodeGraphs>,
     ctx_len: usize,
+    /// How every layer's cache is laid out (`model.cache_type`).
+    kv_layout: GpuKvLayout,
     summary: String,
 }
 
@@ -352,20 +362,13 @@ impl<'m> GpuDecoder<'m> {
                 "{slots} sequence slots (1 to {MAX_SLOTS})"
             )));
         }
-        if model.cache_type() != crate::attention::CacheType::F16 {
-            return Err(ModelError::Unsupported(format!(
-                "model.cache_type {}: the GPU decoder keeps an f16 KV cache; a {} cache runs on the CPU engine (--device cpu)",
-                model.cache_type().name(),
-                model.cache_type().name()
-            )));
-        }
         let c = model.config().clone();
         let ctx = Context::new(opts.ordinal)?;
         let stream = ctx.new_stream()?;
         let registry = KernelRegistry::new(&ctx);
         let gemv = GemvKernels::new(&registry)?;
         let module = registry.module(&DECODE_SOURCE, &[])?;
-        let [rms_norm, rope, kv_store, swiglu, add, geglu, rms_norm_add, softcap, rope_slots, kv_store_slots] =
+        let [rms_norm, rope, kv_store, swiglu, add, geglu, rms_norm_add, softcap, rope_slots, kv_store_slots, kv_store_q8, kv_store_slots_q8] =
             DECODE_KERNEL_NAMES.map(|n| module.function(n));
         let k = DecodeKernels {
             rms_norm: rms_norm?,
@@ -377,15 +380,19 @@ impl<'m> GpuDecoder<'m> {
             rms_norm_add: rms_norm_add?,
             rope_slots: rope_slots?,
             kv_store_slots: kv_store_slots?,
+            kv_store_q8: kv_store_q8?,
+            kv_store_slots_q8: kv_store_slots_q8?,
             softcap: softcap?,
         };
-        let mut attention = SplitKvAttention::new(
+        // The model refused a q8_0 cache for a head_dim that is not a multiple of 32 at load.
+        let mut attention = SplitKvAttention::for_cache(
             &module,
             AttnShape {
                 n_head: c.n_head,
                 n_kv_head: c.n_head_kv,
                 head_dim: c.head_dim,
             },
+            model.cache_type(),
             1,
         )?;
         attention.set_scale(c.attn_scale);
@@ -593,6 +600,10 @@ impl<'m> GpuDecoder<'m> {
         };
         let mut layers = Vec::with_capacity(c.n_layer);
         let (qd, kvd) = (c.q_dim(), c.kv_dim());
+        let kv_layout = GpuKvLayout {
+            cache_type: model.cache_type(),
+            kv_dim: kvd,
+        };
         for i in 0..c.n_layer {
             let spilled = i < n_spilled;
             let n = |s: &str| format!("blk.{i}.{s}");
@@ -608,16 +619,15 @@ impl<'m> GpuDecoder<'m> {
                     .transpose()
                     .map_err(Into::into)
             };
-            // Rounded up to whole 32-bit words so the zero fill covers every element.
-            let cache_len =
-                (ctx_len * kvd).next_multiple_of(std::mem::size_of::<u32>() / KV_ELEM_BYTES);
+            // Rounded up to whole 32-bit words so the zero fill covers every byte.
+            let cache_len = kv_layout.alloc_bytes(ctx_len);
             let kv_step = || format!("allocating layer {i}'s KV cache ({ctx_len} positions)");
             let mut k_cache = Vec::with_capacity(slots);
             let mut v_cache = Vec::with_capacity(slots);
             for _ in 0..slots {
                 for cache in [&mut k_cache, &mut v_cache] {
                     let mut b = ctx
-                        .alloc::<u16>(cache_len)
+                        .alloc::<u8>(cache_len)
                         .map_err(|e| at_step(e.into(), kv_step))?;
                     stream
                         .fill_u32_async(&mut b, 0)
@@ -792,9 +802,12 @@ impl<'m> GpuDecoder<'m> {
             ""
         };
         let kv_text = if slots > 1 {
-            format!("ctx {ctx_len} × {slots} sequence slots, batched decode")
+            format!(
+                "{}, ctx {ctx_len} × {slots} sequence slots, batched decode",
+                kv_layout.cache_type.name()
+            )
         } else {
-            format!("ctx {ctx_len}")
+            format!("{}, ctx {ctx_len}", kv_layout.cache_type.name())
         };
         let summary = format!(
             "{} on {} ({}): {} of {} layers resident ({:.2} GiB VRAM), {} spilled to pinned host memory ({:.2} GiB, offload_exec={}); embeddings, head, KV cache ({kv_text}, {:.2} GiB) and attention on the GPU; {prefill_text}{graph_text}",
@@ -833,6 +846,7 @@ impl<'m> GpuDecoder<'m> {
             decode_batch,
             graphs,
             ctx_len,
+            kv_layout,
             summary,
         })
     }
@@ -1039,16 +1053,39 @@ impl<'m> GpuDecoder<'m> {
         self.launch(&self.k.rope, n_heads as u32, 64, 0, args)
     }
 
-    /// Rounds this position's `n` k and v values (f32 at `k`, `v`) into the f16 cache rows at
-    /// `kslot`, `vslot`.
-    fn kv_store(&self, k: u64, v: u64, kslot: u64, vslot: u64, n: usize) -> Result<(), GpuError> {
-        let args = LaunchArgs::new()
-            .ptr(k)
-            .ptr(v)
-            .ptr(kslot)
-            .ptr(vslot)
-            .i32(n as i32);
-        self.launch_1d(&self.k.kv_store, n, args)
+    /// Stores `m` positions' k and v rows (f32 at `k`, `v`, `kv_dim` each) into layer `li`'s
+    /// caches of the current slot from position `pos`: rounded to f16, or quantised to q8_0
+    /// (quants and the runs' scales, [`crate::gpu_kv`]).
+    fn kv_store(&self, li: usize, k: u64, v: u64, pos: usize, m: usize) -> Result<(), GpuError> {
+        let l = &self.layers[li];
+        let (kc, vc) = (&l.k_cache[self.slot], &l.v_cache[self.slot]);
+        let cap = self.kv_layout.capacity(kc.len());
+        let (at, scale_at) = self.kv_layout.position_offsets(cap, pos);
+        let (kp, vp) = (kc.device_ptr(), vc.device_ptr());
+        let n = m * self.kv_layout.kv_dim;
+        match self.kv_layout.cache_type {
+            CacheType::F16 => {
+                let args = LaunchArgs::new()
+                    .ptr(k)
+                    .ptr(v)
+                    .ptr(kp + at as u64)
+                    .ptr(vp + at as u64)
+                    .i32(n as i32);
+                self.launch_1d(&self.k.kv_store, n, args)
+            }
+            CacheType::Q8_0 => {
+                let args = LaunchArgs::new()
+                    .ptr(k)
+                    .ptr(v)
+                    .ptr(kp + at as u64)
+                    .ptr(kp + scale_at as u64)
+                    .ptr(vp + at as u64)
+                    .ptr(vp + scale_at as u64)
+                    .i32(n as i32);
+                // DECODE_THREADS is a multiple of 32, so each run of 32 is one aligned lane group.
+                self.launch_1d(&self.k.kv_store_q8, n, args)
+            }
+        }
     }
 
     fn add(&self, y: u64, b: &DeviceBuffer<f32>) -> Result<(), GpuError> {
@@ -1448,8 +1485,11 @@ impl<'m> GpuDecoder<'m> {
                 &self.ctx,
                 &self.stream,
                 r.q,
-                &l.k_cache[self.slot],
-                &l.v_cache[self.slot],
+                (
+                    &l.k_cache[self.slot],
+                    &l.v_cache[self.slot],
+                    self.kv_layout.cache_type,
+                ),
                 r.att,
                 (c.n_head, c.n_head_kv, c.head_dim),
                 (pos, n),
@@ -1506,12 +1546,9 @@ impl<'m> GpuDecoder<'m> {
         }
         match rows {
             LayerRows::Run { pos, batched, .. } => {
-                let at = (pos * kvd * KV_ELEM_BYTES) as u64;
-                let kslot = l.k_cache[self.slot].device_ptr() + at;
-                let vslot = l.v_cache[self.slot].device_ptr() + at;
                 self.rope_rows(li, r.q, c.n_head, (m, pos, batched))?;
                 self.rope_rows(li, r.k, c.n_head_kv, (m, pos, batched))?;
-                self.kv_store(r.k, r.v, kslot, vslot, m * kvd)?;
+                self.kv_store(li, r.k, r.v, pos, m)?;
                 self.attend(li, r, (m, pos, batched))?;
             }
             LayerRows::Slots(feeds) => self.slots_rows(li, r, feeds)?,
@@ -1880,7 +1917,7 @@ impl Decoder for GpuDecoder<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu_attention::ATTENTION_KERNEL_NAMES;
+    use crate::gpu_attention::{ATTENTION_KERNEL_NAMES, ATTENTION_Q8_KERNEL_NAMES};
 
     #[test]
     fn gpu_failures_name_the_step_and_keep_the_gpu_error() {
@@ -1956,6 +1993,7 @@ mod tests {
         for n in DECODE_KERNEL_NAMES
             .into_iter()
             .chain(ATTENTION_KERNEL_NAMES)
+            .chain(ATTENTION_Q8_KERNEL_NAMES)
         {
             let needle = format!("{n}\0");
             assert!(

@@ -8,17 +8,21 @@
 //! unnormalised accumulator) and `attention_combine_f32` merges them. [`SplitPlan::for_depth`]
 //! chooses the chunks from the depth so the grid fills the device at depth and stays one pass
 //! (one launch) at a tiny depth.
+//!
+//! Both cache types have their instances: f16 and q8_0 ([`crate::gpu_kv`]: int8 quants, then
+//! the runs' f16 scales, which the q8_0 kernels find from the capacity they are passed).
 
 use std::sync::Arc;
 
 use hipfire_gpu::backend::LaunchDims;
 use hipfire_gpu::{Context, DeviceBuffer, DeviceMemory, Function, LaunchArgs, Module, Stream};
 
-use crate::model::KV_ELEM_BYTES;
+use crate::attention::CacheType;
+use crate::gpu_kv::GpuKvLayout;
 use crate::ModelError;
 
-/// Names of the kernels in `kernels/decode.cu`: the split kernel's instances for at most 1, 2,
-/// 4 and 8 query heads a block, then the combine.
+/// Names of the kernels in `kernels/decode.cu` over the f16 cache: the split kernel's instances
+/// for at most 1, 2, 4 and 8 query heads a block, the combine, then the slots form's instances.
 pub const ATTENTION_KERNEL_NAMES: [&str; 9] = [
     "attention_split_f16kv_g1",
     "attention_split_f16kv_g2",
@@ -30,6 +34,26 @@ pub const ATTENTION_KERNEL_NAMES: [&str; 9] = [
     "attention_slots_f16kv_g4",
     "attention_slots_f16kv_g8",
 ];
+/// [`ATTENTION_KERNEL_NAMES`] over the q8_0 cache (the combine is shared).
+pub const ATTENTION_Q8_KERNEL_NAMES: [&str; 9] = [
+    "attention_split_q8kv_g1",
+    "attention_split_q8kv_g2",
+    "attention_split_q8kv_g4",
+    "attention_split_q8kv_g8",
+    "attention_combine_f32",
+    "attention_slots_q8kv_g1",
+    "attention_slots_q8kv_g2",
+    "attention_slots_q8kv_g4",
+    "attention_slots_q8kv_g8",
+];
+
+/// The attention kernels' names for caches of `cache` type.
+pub fn attention_kernel_names(cache: CacheType) -> [&'static str; 9] {
+    match cache {
+        CacheType::F16 => ATTENTION_KERNEL_NAMES,
+        CacheType::Q8_0 => ATTENTION_Q8_KERNEL_NAMES,
+    }
+}
 /// Most chunks a row of a slots launch ([`SplitKvAttention::launch_slots`]) is cut into: with
 /// several rows the grid fills the device with fewer chunks each, and the partials' scratch is
 /// `rows × n_head × SLOT_MAX_CHUNKS` rows.
@@ -222,6 +246,9 @@ pub struct SlotTables {
     pub npos: u64,
     /// Each row's first attended position (0, or past a sliding window).
     pub firsts: u64,
+    /// Positions every row's caches hold (the q8_0 kernels find the scales from it; every
+    /// slot's cache has the same).
+    pub capacity: usize,
 }
 
 /// The kernels (split, combine, and the split's slots form) and the chunk partials' scratch for
@@ -235,6 +262,8 @@ pub struct SplitKvAttention {
     slots: [Function; 4],
     combine: Function,
     shape: AttnShape,
+    /// How the caches it reads are laid out.
+    layout: GpuKvLayout,
     /// `[n_head][max_chunks][2 + head_dim]` f32: m, l, acc.
     part: DeviceBuffer<f32>,
     max_chunks: usize,
@@ -243,26 +272,49 @@ pub struct SplitKvAttention {
 }
 
 impl SplitKvAttention {
-    /// The kernels from `module` (compiled from `kernels/decode.cu`) for `shape`, with scratch
-    /// for as many chunks as [`SplitPlan::for_depth`] gives on this device, or as
-    /// [`SplitKvAttention::launch_with`] may be asked for: at least `min_chunks`.
+    /// The kernels from `module` (compiled from `kernels/decode.cu`) for `shape` over f16
+    /// caches, with scratch for as many chunks as [`SplitPlan::for_depth`] gives on this device,
+    /// or as [`SplitKvAttention::launch_with`] may be asked for: at least `min_chunks`.
     pub fn new(
         module: &Arc<Module>,
         shape: AttnShape,
         min_chunks: usize,
     ) -> Result<SplitKvAttention, ModelError> {
+        SplitKvAttention::for_cache(module, shape, CacheType::F16, min_chunks)
+    }
+
+    /// As [`SplitKvAttention::new`] over caches of `cache` type ([`crate::gpu_kv`]); q8_0 needs
+    /// head_dim a multiple of 32.
+    pub fn for_cache(
+        module: &Arc<Module>,
+        shape: AttnShape,
+        cache: CacheType,
+        min_chunks: usize,
+    ) -> Result<SplitKvAttention, ModelError> {
         shape.check()?;
+        if cache == CacheType::Q8_0 && shape.head_dim % crate::kv_q8::Q8_BLOCK != 0 {
+            return Err(ModelError::Unsupported(format!(
+                "GPU attention over a q8_0 cache needs head_dim a multiple of {}, got {}",
+                crate::kv_q8::Q8_BLOCK,
+                shape.head_dim
+            )));
+        }
         let ctx = module.context().clone();
         let sms = ctx.info().multiprocessors as usize;
         let max_chunks = max_chunks(&shape, sms).max(min_chunks.min(ATTN_MAX_CHUNKS));
         let part = ctx.alloc::<f32>(shape.n_head * max_chunks * (shape.head_dim + 2))?;
-        let f = |i: usize| module.function(ATTENTION_KERNEL_NAMES[i]);
+        let names = attention_kernel_names(cache);
+        let f = |i: usize| module.function(names[i]);
         Ok(SplitKvAttention {
             split: [f(0)?, f(1)?, f(2)?, f(3)?],
             combine: f(4)?,
             slots: [f(5)?, f(6)?, f(7)?, f(8)?],
             ctx,
             shape,
+            layout: GpuKvLayout {
+                cache_type: cache,
+                kv_dim: shape.n_kv_head * shape.head_dim,
+            },
             part,
             max_chunks,
             scale: 1.0 / (shape.head_dim as f32).sqrt(),
@@ -279,6 +331,11 @@ impl SplitKvAttention {
         self.shape
     }
 
+    /// The cache layout this reads.
+    pub fn layout(&self) -> GpuKvLayout {
+        self.layout
+    }
+
     /// The plan [`SplitKvAttention::launch`] uses at `n_pos`.
     pub fn plan(&self, n_pos: usize) -> SplitPlan {
         SplitPlan::for_depth(&self.shape, n_pos, self.ctx.info().multiprocessors as usize)
@@ -290,8 +347,8 @@ impl SplitKvAttention {
     }
 
     /// `out = softmax(q·Kᵀ / √head_dim) · V` over the first `n_pos` rows of the caches, queued on
-    /// `stream`. `q` and `out` are `[n_head][head_dim]` f32; the caches `[rows][n_kv_head]
-    /// [head_dim]` f16 bit patterns with at least `n_pos` rows.
+    /// `stream`. `q` and `out` are `[n_head][head_dim]` f32; the caches hold `[rows][n_kv_head]
+    /// [head_dim]` values in [`SplitKvAttention::layout`], at least `n_pos` rows.
     pub fn launch<Q: DeviceMemory + ?Sized, K: DeviceMemory + ?Sized, O: DeviceMemory + ?Sized>(
         &self,
         stream: &Stream,
@@ -375,8 +432,8 @@ impl SplitKvAttention {
     /// # Safety
     /// `q` and `out` are device addresses of `rows × n_head × head_dim` f32 each; `tables` are
     /// device addresses of `rows` entries each, written before this launch on `stream`: every
-    /// `kcs[y]` / `vcs[y]` a cache of at least `npos[y]` rows of this shape and `0 ≤ firsts[y] <
-    /// npos[y]` (each row's span is cut into `plan.n_chunks` chunks in the kernel; `chunk_len` is
+    /// `kcs[y]` / `vcs[y]` a cache of `tables.capacity ≥ npos[y]` rows of this shape in
+    /// [`SplitKvAttention::layout`] and `0 ≤ firsts[y] < npos[y]` (each row's span is cut into `plan.n_chunks` chunks in the kernel; `chunk_len` is
     /// not used).
     pub unsafe fn launch_slots(
         &self,
@@ -397,6 +454,7 @@ impl SplitKvAttention {
             || plan.heads_per_block > s.group().min(ATTN_MAX_GROUP)
             || part.len() < need
             || u32::try_from(rows * per_row).is_err()
+            || i32::try_from(tables.capacity * self.layout.kv_dim).is_err()
         {
             return Err(ModelError::Backend {
                 backend: "gpu",
@@ -422,13 +480,18 @@ impl SplitKvAttention {
             .i32(plan.heads_per_block as i32)
             .f32(self.scale)
             .i32(per_row as i32);
+        if self.layout.cache_type == CacheType::Q8_0 {
+            // Bounded with the cache's values above.
+            args = args.i32(tables.capacity as i32);
+        }
         let params = args.params()?;
         let dims = LaunchDims {
             grid: (rows * per_row) as u32,
             block: ATTN_THREADS,
             shared_bytes: s.split_shared_bytes(plan.heads_per_block) as u32,
         };
-        // SAFETY: the parameters match `attention_slots_f16kv_g*` (typed one by one in `args`);
+        // SAFETY: the parameters match `attention_slots_{f16,q8}kv_g*` (typed one by one in
+        // `args`, the capacity last for q8_0);
         // the caller guarantees q, out and the tables (this function's contract); `part` was
         // checked to hold every row's partials.
         unsafe {
@@ -526,6 +589,10 @@ impl SplitKvAttention {
         let qd = s.n_head * s.head_dim;
         let kv_rows = n_pos * s.n_kv_head * s.head_dim;
         let span = n_pos.saturating_sub(first);
+        // Positions the caches hold (the q8_0 kernels' scales start past them).
+        let cap = self
+            .layout
+            .capacity(k_cache.byte_len().min(v_cache.byte_len()));
         let covers = plan.n_chunks >= 1
             && plan.heads_per_block >= 1
             && plan.heads_per_block <= s.group().min(ATTN_MAX_GROUP)
@@ -536,19 +603,17 @@ impl SplitKvAttention {
             || !covers
             || q.byte_len() / 4 < qd
             || out.byte_len() / 4 < qd
-            || k_cache.byte_len() / KV_ELEM_BYTES < kv_rows
-            || v_cache.byte_len() / KV_ELEM_BYTES < kv_rows
-            || i32::try_from(kv_rows).is_err()
+            || cap < n_pos
+            || i32::try_from(cap * self.layout.kv_dim).is_err()
         {
             return Err(ModelError::Backend {
                 backend: "gpu",
                 message: format!(
-                "attention over {n_pos} positions ({plan:?}, scratch for {} chunks): q {} / out {} of {qd}, caches {} / {} of {kv_rows}",
+                "attention over {n_pos} positions ({plan:?}, scratch for {} chunks): q {} / out {} of {qd}, caches of {cap} positions ({} cache, {kv_rows} values)",
                 self.max_chunks,
                 q.byte_len() / 4,
                 out.byte_len() / 4,
-                k_cache.byte_len() / KV_ELEM_BYTES,
-                v_cache.byte_len() / KV_ELEM_BYTES
+                self.layout.cache_type.name()
             ),
             });
         }
@@ -570,16 +635,21 @@ impl SplitKvAttention {
             .i32(plan.heads_per_block as i32)
             .f32(self.scale)
             .i32(first as i32);
+        if self.layout.cache_type == CacheType::Q8_0 {
+            // Bounded with the cache's values above.
+            args = args.i32(cap as i32);
+        }
         let params = args.params()?;
         let dims = LaunchDims {
             grid: grid as u32,
             block: ATTN_THREADS,
             shared_bytes: s.split_shared_bytes(plan.heads_per_block) as u32,
         };
-        // SAFETY: the parameters match the `attention_split_f16kv_g*` signature (typed one by one
-        // in `args`, whose slots outlive the launch); every pointer is a live device buffer of
+        // SAFETY: the parameters match the `attention_split_{f16,q8}kv_g*` signature (typed one
+        // by one in `args`, whose slots outlive the launch; the capacity last for q8_0); every pointer is a live device buffer of
         // `self` or of the caller, borrowed for the call, whose lengths were checked above
-        // against what the kernel reads (n_pos cache rows, n_head q rows) and writes (n_head out
+        // against what the kernel reads (n_pos ≤ cap cache rows, and for q8_0 the scales of cap
+        // rows past the quants, inside the buffer by `capacity`; n_head q rows) and writes (n_head out
         // rows, n_chunks ≤ max_chunks partials per head).
         unsafe {
             self.ctx.backend().launch(

@@ -16,6 +16,8 @@ use hipfire_gpu::{
 };
 use std::sync::Arc;
 
+use crate::attention::CacheType;
+use crate::gpu_kv::GpuKvLayout;
 use crate::ModelError;
 
 /// `kernels/prefill.cu`: RoPE and bias add over token rows, causal chunk attention.
@@ -25,15 +27,18 @@ pub const PREFILL_SOURCE: hipfire_gpu::KernelSource = hipfire_gpu::KernelSource 
     headers: &[
         ("platform.cuh", hipfire_gpu::PLATFORM_CUH),
         ("f16.cuh", hipfire_gpu::F16_CUH),
+        ("kv_q8.cuh", crate::gpu_kv::KV_Q8_CUH),
     ],
 };
 
 /// The kernels `PrefillKernels` looks up, in field order.
-pub const PREFILL_KERNEL_NAMES: [&str; 4] = [
+pub const PREFILL_KERNEL_NAMES: [&str; 6] = [
     "rope_rows_f32",
     "add_rows_f32",
     "attention_prefill_f16kv_d128",
     "attention_prefill_f16kv_d256",
+    "attention_prefill_q8kv_d128",
+    "attention_prefill_q8kv_d256",
 ];
 
 /// Threads of the chunk-attention kernel (kernels/prefill.cu `HF_PF_WARPS` × 32).
@@ -61,17 +66,22 @@ pub(crate) struct PrefillKernels {
     add_rows: Function,
     attn_d128: Function,
     attn_d256: Function,
+    /// The two instances over the q8_0 cache.
+    attn_q8_d128: Function,
+    attn_q8_d256: Function,
 }
 
 impl PrefillKernels {
     pub(crate) fn new(module: &Arc<Module>) -> Result<PrefillKernels, GpuError> {
-        let [rope_rows, add_rows, attn_d128, attn_d256] =
+        let [rope_rows, add_rows, attn_d128, attn_d256, attn_q8_d128, attn_q8_d256] =
             PREFILL_KERNEL_NAMES.map(|n| module.function(n));
         Ok(PrefillKernels {
             rope_rows: rope_rows?,
             add_rows: add_rows?,
             attn_d128: attn_d128?,
             attn_d256: attn_d256?,
+            attn_q8_d128: attn_q8_d128?,
+            attn_q8_d256: attn_q8_d256?,
         })
     }
 }
@@ -173,16 +183,16 @@ impl PrefillKernels {
     }
 
     /// Causal attention of `n_tok` queries at positions `pos0 ..` over the caches (which already
-    /// hold the chunk's own rows): `out[t][h] = softmax(scale · q[t][h] · K[lo ..= pos0 + t]ᵀ) V`,
-    /// `lo` = 0, or `pos0 + t + 1 − window` for a sliding-window layer.
+    /// hold the chunk's own rows, in `cache_type`'s [`crate::gpu_kv`] layout): `out[t][h] =
+    /// softmax(scale · q[t][h] · K[lo ..= pos0 + t]ᵀ) V`, `lo` = 0, or `pos0 + t + 1 − window`
+    /// for a sliding-window layer.
     #[allow(clippy::too_many_arguments)] // the attention's operands
     pub(crate) fn attention(
         &self,
         ctx: &Arc<Context>,
         stream: &Stream,
         q: u64,
-        k_cache: &DeviceBuffer<u16>,
-        v_cache: &DeviceBuffer<u16>,
+        (k_cache, v_cache, cache_type): (&DeviceBuffer<u8>, &DeviceBuffer<u8>, CacheType),
         out: u64,
         shape: (usize, usize, usize),
         (pos0, n_tok): (usize, usize),
@@ -199,21 +209,39 @@ impl PrefillKernels {
                 rule: "head_dim must be even and at most 256, n_head a multiple of n_kv_head",
             });
         }
-        let rows_needed = (pos0 + n_tok) * n_kv_head * head_dim;
-        if k_cache.len() < rows_needed || v_cache.len() < rows_needed {
-            return Err(GpuError::BufferTooSmall {
-                what: "KV cache for the chunk",
-                need: rows_needed * 2,
-                got: k_cache.len().min(v_cache.len()) * 2,
+        let layout = GpuKvLayout {
+            cache_type,
+            kv_dim: n_kv_head * head_dim,
+        };
+        if cache_type == CacheType::Q8_0 && head_dim % crate::kv_q8::Q8_BLOCK != 0 {
+            return Err(GpuError::Invalid {
+                what: "chunk attention over a q8_0 cache",
+                rule: "head_dim must be a multiple of 32",
             });
         }
-        let (f, qt) = if head_dim <= 128 {
-            (&self.attn_d128, ATTN_QT_D128)
-        } else {
-            (&self.attn_d256, ATTN_QT_D256)
+        let cap = layout.capacity(k_cache.len().min(v_cache.len()));
+        if cap < pos0 + n_tok {
+            return Err(GpuError::BufferTooSmall {
+                what: "KV cache for the chunk",
+                need: layout.position_bytes() * (pos0 + n_tok),
+                got: k_cache.len().min(v_cache.len()),
+            });
+        }
+        // The kernels index the cache with 32-bit ints.
+        if i32::try_from(cap * layout.kv_dim).is_err() {
+            return Err(GpuError::Invalid {
+                what: "KV cache",
+                rule: "its values must fit 32 bits",
+            });
+        }
+        let (f, qt) = match (cache_type, head_dim <= 128) {
+            (CacheType::F16, true) => (&self.attn_d128, ATTN_QT_D128),
+            (CacheType::F16, false) => (&self.attn_d256, ATTN_QT_D256),
+            (CacheType::Q8_0, true) => (&self.attn_q8_d128, ATTN_QT_D128),
+            (CacheType::Q8_0, false) => (&self.attn_q8_d256, ATTN_QT_D256),
         };
         let grid = n_tok.div_ceil(qt) * n_head;
-        let args = LaunchArgs::new()
+        let mut args = LaunchArgs::new()
             .ptr(q)
             .buf(k_cache)
             .buf(v_cache)
@@ -225,6 +253,10 @@ impl PrefillKernels {
             .i32(n_tok as i32)
             .f32(scale)
             .i32(window);
+        if cache_type == CacheType::Q8_0 {
+            // cap × kv_dim fits 32 bits (checked above), so cap does.
+            args = args.i32(cap as i32);
+        }
         launch(ctx, stream, f, grid, ATTN_THREADS, args)
     }
 }
@@ -536,9 +568,11 @@ mod tests {
         }
     }
 
-    /// GPU tier: the chunk attention against an f64 softmax over the same f16 cache, for GQA and
-    /// plain heads, widths 64, 80, 128 and 256, chunks that start at position 0 and deeper, and
-    /// a query count that leaves a partial tile; unwritten outputs keep their poison.
+    /// GPU tier: the chunk attention against an f64 softmax over the same cache values — f16,
+    /// and q8_0 (the values it stages: each quant times its run's scale, rounded to f16) — for
+    /// GQA and plain heads, widths 64, 80 (f16 only: q8_0 needs multiples of 32), 128 and 256,
+    /// chunks that start at position 0 and deeper, and a query count that leaves a partial tile;
+    /// unwritten outputs keep their poison.
     #[test]
     fn chunk_attention_matches_f64() {
         if std::env::var_os(hipfire_gpu::GPU_TESTS_ENV).is_none() {
@@ -554,7 +588,7 @@ mod tests {
         let poison = f32::from_bits(0x7FC0_0002);
         // (n_head, n_kv_head, head_dim, pos0, n_tok)
         // (n_head, n_kv_head, head_dim, pos0, n_tok, sliding window)
-        for &(nh, nkv, d, pos0, nt, window) in &[
+        for (case, cache_type) in [
             (8usize, 2usize, 128usize, 37usize, 45usize, None),
             (4, 4, 64, 0, 16, None),
             (6, 3, 80, 5, 33, None),
@@ -564,25 +598,59 @@ mod tests {
             (4, 1, 256, 0, 70, Some(24usize)),
             (8, 2, 128, 90, 40, Some(50)),
             (4, 2, 64, 300, 17, Some(512)),
-        ] {
+        ]
+        .iter()
+        .flat_map(|c| [(c, CacheType::F16), (c, CacheType::Q8_0)])
+        .filter(|&(c, t)| t == CacheType::F16 || c.2 % crate::kv_q8::Q8_BLOCK == 0)
+        {
+            let &(nh, nkv, d, pos0, nt, window) = case;
             let total = pos0 + nt;
             let kvw = nkv * d;
-            let kc: Vec<u16> = (0..total * kvw)
-                .map(|_| half::f16::from_f32(r.random_range(-2.0f32..2.0)).to_bits())
-                .collect();
-            let vc: Vec<u16> = (0..total * kvw)
-                .map(|_| half::f16::from_f32(r.random_range(-2.0f32..2.0)).to_bits())
-                .collect();
+            let layout = GpuKvLayout {
+                cache_type,
+                kv_dim: kvw,
+            };
+            // The cache bytes as the device holds them, and the f16 values the kernel stages.
+            let cache = |r: &mut rand_chacha::ChaCha8Rng| -> (Vec<u8>, Vec<u16>) {
+                let vals: Vec<f32> = (0..total * kvw)
+                    .map(|_| r.random_range(-2.0f32..2.0))
+                    .collect();
+                match cache_type {
+                    CacheType::F16 => {
+                        let h: Vec<u16> = vals
+                            .iter()
+                            .map(|&v| half::f16::from_f32(v).to_bits())
+                            .collect();
+                        (h.iter().flat_map(|b| b.to_le_bytes()).collect(), h)
+                    }
+                    CacheType::Q8_0 => {
+                        let img = layout.q8_image(&vals, total).expect("q8 layout");
+                        let s0 = total * kvw;
+                        let h = (0..total * kvw)
+                            .map(|i| {
+                                let sc = half::f16::from_bits(u16::from_le_bytes([
+                                    img[s0 + 2 * (i / 32)],
+                                    img[s0 + 2 * (i / 32) + 1],
+                                ]));
+                                half::f16::from_f32(f32::from(img[i] as i8) * sc.to_f32())
+                                    .to_bits()
+                            })
+                            .collect();
+                        (img, h)
+                    }
+                }
+            };
+            let ((kbytes, kc), (vbytes, vc)) = (cache(&mut r), cache(&mut r));
             let q: Vec<f32> = (0..nt * nh * d)
                 .map(|_| r.random_range(-2.0f32..2.0))
                 .collect();
             // One spare row past the chunk in each buffer stays poison.
-            let mut dk: DeviceBuffer<u16> = ctx.alloc(kc.len()).expect("alloc");
-            let mut dv: DeviceBuffer<u16> = ctx.alloc(vc.len()).expect("alloc");
+            let mut dk: DeviceBuffer<u8> = ctx.alloc(kbytes.len()).expect("alloc");
+            let mut dv: DeviceBuffer<u8> = ctx.alloc(vbytes.len()).expect("alloc");
             let mut dq: DeviceBuffer<f32> = ctx.alloc(q.len()).expect("alloc");
             let mut dout: DeviceBuffer<f32> = ctx.alloc(q.len() + nh * d).expect("alloc");
-            dk.upload(&stream, &kc).expect("up");
-            dv.upload(&stream, &vc).expect("up");
+            dk.upload(&stream, &kbytes).expect("up");
+            dv.upload(&stream, &vbytes).expect("up");
             dq.upload(&stream, &q).expect("up");
             dout.upload(&stream, &vec![poison; q.len() + nh * d])
                 .expect("up");
@@ -590,8 +658,7 @@ mod tests {
                 &ctx,
                 &stream,
                 dq.device_ptr(),
-                &dk,
-                &dv,
+                (&dk, &dv, cache_type),
                 dout.device_ptr(),
                 (nh, nkv, d),
                 (pos0, nt),
@@ -631,7 +698,8 @@ mod tests {
                         let err = (g - want).abs();
                         assert!(
                             err < 2e-3,
-                            "shape {:?}: out[{t}][{h}][{i}] = {g}, want {want}",
+                            "{} shape {:?}: out[{t}][{h}][{i}] = {g}, want {want}",
+                            cache_type.name(),
                             (nh, nkv, d, pos0, nt, window)
                         );
                         worst = worst.max(err);
@@ -645,7 +713,8 @@ mod tests {
                 "written past the chunk"
             );
             eprintln!(
-                "chunk attention {:?}: max |gpu - f64| = {worst:.2e}",
+                "chunk attention, {} cache, {:?}: max |gpu - f64| = {worst:.2e}",
+                cache_type.name(),
                 (nh, nkv, d, pos0, nt, window)
             );
         }

@@ -21,7 +21,7 @@ pub const Q8_BLOCK: usize = 32;
 pub const Q8_BYTES_PER_32: usize = Q8_BLOCK + 2;
 
 /// `x` (32 values) as q8_0: the scale and the 32 quantised values.
-fn quantize_block(x: &[f32], q: &mut [i8]) -> f16 {
+pub(crate) fn quantize_block(x: &[f32], q: &mut [i8]) -> f16 {
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
     let inv = if d > 0.0 { 1.0 / d } else { 0.0 };

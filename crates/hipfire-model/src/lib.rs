@@ -30,6 +30,7 @@
 //!   resident its decode steps are replayed from captured CUDA graphs
 //!   ([`gpu::DISABLE_GRAPHS_ENV`] turns that off).
 //! - [`gpu_attention`] — decode attention split over the KV range (flash-decoding).
+//! - [`gpu_kv`] — the GPU's K/V cache layout per cache type (f16, q8_0).
 //!
 //! # The one design decision
 //! The CPU forward pass is written against an engine trait (matrix products over a [`Weight`]
@@ -53,6 +54,7 @@ pub mod gguf;
 pub mod gpu;
 pub mod gpu_attention;
 pub mod gpu_batch;
+pub mod gpu_kv;
 pub mod kv_q8;
 pub mod model;
 pub mod ops;

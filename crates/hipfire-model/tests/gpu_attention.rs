@@ -281,11 +281,13 @@ fn slots_attention_matches_f64_reference_per_row() {
         let attn = SplitKvAttention::new(&module, s, 1).expect("attention");
         let (qd, kvd) = (s.n_head * s.head_dim, s.n_kv_head * s.head_dim);
         let max_pos = rows.iter().map(|r| r.1).max().unwrap_or(1);
+        // One capacity for every row's caches, as the decoder's slots have.
+        let cap = max_pos + POISON_ROWS;
         let mut caches = Vec::new();
         let mut host_kv = Vec::new();
         for &(_, n_pos) in &rows {
             let mut kv = || -> Vec<u16> {
-                (0..(n_pos + POISON_ROWS) * kvd)
+                (0..cap * kvd)
                     .map(|i| {
                         if i >= n_pos * kvd {
                             F16_NAN
@@ -330,6 +332,7 @@ fn slots_attention_matches_f64_reference_per_row() {
             vcs: vcs.device_ptr(),
             npos: npos.device_ptr(),
             firsts: firsts.device_ptr(),
+            capacity: cap,
         };
         let part = ctx
             .alloc::<f32>(rows.len() * s.n_head * SLOT_MAX_CHUNKS * (s.head_dim + 2))
@@ -345,7 +348,7 @@ fn slots_attention_matches_f64_reference_per_row() {
             ob.upload(&stream, &vec![f32::NAN; q.len()])
                 .expect("poison");
             // SAFETY: q and out hold rows × n_head × head_dim f32; the tables hold one entry per
-            // row, uploaded above on this stream; each cache holds n_pos rows (+ poison);
+            // row, uploaded above on this stream; each cache holds cap ≥ n_pos rows (the rest poison);
             // firsts < npos; every plan covers max_pos positions.
             unsafe {
                 attn.launch_slots(

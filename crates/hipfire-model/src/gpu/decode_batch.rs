@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use super::decode_graph::{DecodeGraphs, GraphKey};
 use super::{at_step, ActSlot, DeviceView, GpuDecoder, GpuWeight, LayerRows, StepRows};
+use crate::attention::CacheType;
 use crate::config::ModelConfig;
 use crate::gpu_attention::{SlotTables, SplitPlan, SLOT_MAX_CHUNKS};
 use crate::ModelError;
@@ -462,7 +463,9 @@ impl<'m> GpuDecoder<'m> {
         let kbase = caches + (8 * 2 * li * rows) as u64;
         let vbase = caches + (8 * (2 * li + 1) * rows) as u64;
         let per_row = (kvd as u32).div_ceil(super::DECODE_THREADS);
-        let args = LaunchArgs::new()
+        // Every slot's caches hold ctx_len positions; the q8_0 kernels find the scales past them.
+        let capacity = self.ctx_len;
+        let mut args = LaunchArgs::new()
             .ptr(r.k)
             .ptr(r.v)
             .ptr(kbase)
@@ -470,8 +473,17 @@ impl<'m> GpuDecoder<'m> {
             .ptr(places)
             .i32(kvd as i32)
             .i32(per_row as i32);
+        let store = match self.kv_layout.cache_type {
+            CacheType::F16 => &self.k.kv_store_slots,
+            CacheType::Q8_0 => {
+                // ctx_len × kv_dim fits an i32 (checked at creation), so ctx_len does.
+                args = args.i32(capacity as i32);
+                // DECODE_THREADS is a multiple of 32: each run of 32 is one aligned lane group.
+                &self.k.kv_store_slots_q8
+            }
+        };
         self.launch(
-            &self.k.kv_store_slots,
+            store,
             b as u32 * per_row,
             super::DECODE_THREADS,
             0,
@@ -483,6 +495,7 @@ impl<'m> GpuDecoder<'m> {
             vcs: vbase,
             npos: places + (4 * rows) as u64,
             firsts: places + (4 * (2 + li) * rows) as u64,
+            capacity,
         };
         // SAFETY: q and att hold `rows ≥ b` rows of n_head × head_dim f32 (StepActs); the tables
         // were staged by `stage_slot_tables` for these feeds and copied up earlier on this stream
