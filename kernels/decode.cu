@@ -278,12 +278,14 @@ __device__ __forceinline__ void hf_attn_split(const float* __restrict__ q, const
         for (int u = 0; u < U; ++u) {
             float k[8];
             KV::unpack(kr[u], k);
+            const float kd = KV::scale(kr[u]);
             const bool on = t0 + u * wstep + wrow < p_end;
 #pragma unroll
             for (int g = 0; g < GM; ++g) {
                 float s = 0.0f;
 #pragma unroll
                 for (int i = 0; i < 8; ++i) s += qr[g][i] * k[i];
+                s *= kd;  // this lane's 8 values share one scale (1 for f16)
                 // Unrolled to the widest row with a uniform guard, so the heads' and rows'
                 // shuffle chains interleave instead of running one after another.
 #pragma unroll
@@ -328,10 +330,13 @@ __device__ __forceinline__ void hf_attn_split(const float* __restrict__ q, const
         for (int u = 0; u < U; ++u) {
             float v[8];
             KV::unpack(vr[u], v);
+            const float vd = KV::scale(vr[u]);
 #pragma unroll
-            for (int g = 0; g < GM; ++g)
+            for (int g = 0; g < GM; ++g) {
+                const float w = e[g][u] * vd;
 #pragma unroll
-                for (int i = 0; i < 8; ++i) acc[g][i] += e[g][u] * v[i];
+                for (int i = 0; i < 8; ++i) acc[g][i] += w * v[i];
+            }
         }
         // The next tile's V.
 #pragma unroll

@@ -32,7 +32,12 @@ __device__ __forceinline__ void hf_q8_quantize(float x, bool on, signed char* q,
     }
 }
 
-// The f16 cache's loads for the attention kernels: 8 values of one row per lane, one 16-byte load.
+// The caches' loads for the attention kernels: 8 values of one row per lane, as `unpack` (the
+// values over their common scale) times `scale` (1 for f16), so the kernels multiply by a q8_0
+// run's scale once per row — on a lane's partial dot for K, on the softmax weight for V — and not
+// per value.
+
+// The f16 cache: one 16-byte load.
 struct HfKvF16 {
     typedef uint4 Raw;
     const hf_u16* base;  // this lane's first value in position 0
@@ -43,6 +48,7 @@ struct HfKvF16 {
         return *(const uint4*)(base + (size_t)row * stride);
     }
     __device__ __forceinline__ static Raw zero() { return make_uint4(0u, 0u, 0u, 0u); }
+    __device__ __forceinline__ static float scale(Raw) { return 1.0f; }
     __device__ __forceinline__ static void unpack(Raw r, float* f) {
         const unsigned int w[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
@@ -61,14 +67,14 @@ struct HfKvQ8 {
         unsigned int d;  // the f16 scale's bits, widened when unpacked
     };
     const signed char* quant;  // this lane's first quant in position 0
-    const hf_u16* scale;       // its run's scale in position 0
+    const hf_u16* scales;      // its run's scale in position 0
     __device__ __forceinline__ HfKvQ8(const void* cache, int cap, size_t stride, size_t off)
         : quant((const signed char*)cache + off),
-          scale((const hf_u16*)((const signed char*)cache + (size_t)cap * stride) + off / HF_Q8_BLOCK) {}
+          scales((const hf_u16*)((const signed char*)cache + (size_t)cap * stride) + off / HF_Q8_BLOCK) {}
     __device__ __forceinline__ Raw load(int row, size_t stride) const {
         Raw r;
         r.q = *(const uint2*)(quant + (size_t)row * stride);
-        r.d = scale[(size_t)row * (stride / HF_Q8_BLOCK)];
+        r.d = scales[(size_t)row * (stride / HF_Q8_BLOCK)];
         return r;
     }
     __device__ __forceinline__ static Raw zero() {
@@ -77,12 +83,13 @@ struct HfKvQ8 {
         r.d = 0u;
         return r;
     }
+    __device__ __forceinline__ static float scale(Raw r) { return hf_h2f((hf_u16)r.d); }
+    // The 8 quants as f32 (exact); the value is quant × scale(r).
     __device__ __forceinline__ static void unpack(Raw r, float* f) {
-        const float d = hf_h2f((hf_u16)r.d);
         const unsigned int w[2] = {r.q.x, r.q.y};
 #pragma unroll
         for (int j = 0; j < 2; ++j)
 #pragma unroll
-            for (int b = 0; b < 4; ++b) f[4 * j + b] = (float)(signed char)(w[j] >> (8 * b)) * d;
+            for (int b = 0; b < 4; ++b) f[4 * j + b] = (float)(signed char)(w[j] >> (8 * b));
     }
 };
