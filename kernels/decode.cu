@@ -1,5 +1,5 @@
 // Decode-step kernels for the llama family (batch 1): RMSNorm, RoPE, grouped-query attention over an
-// f16 KV cache, the f32 -> f16 cache store, SwiGLU, bias add. CUDA/HIP common subset: no cooperative
+// f16 or q8_0 KV cache, the cache stores, SwiGLU, bias add. CUDA/HIP common subset: no cooperative
 // groups, no warp-size assumptions beyond 32 (HIP wave64 builds set HF_WARP to 64), no inline PTX
 // outside the HF_CUDA guards.
 //
@@ -144,7 +144,7 @@ extern "C" __global__ void kv_store_q8(const float* __restrict__ k, const float*
     hf_q8_quantize(vx, on, vq + i, vs + i / HF_Q8_BLOCK);
 }
 
-// The slots form of kv_q8_store: row y's k and v (n floats each, rows n apart) into the q8_0
+// The slots form of kv_store_q8: row y's k and v (n floats each, rows n apart) into the q8_0
 // caches kbase[y] / vbase[y] (each `cap` positions: quants, then scales) at pos[y];
 // blocks_per_row blocks a row.
 extern "C" __global__ void kv_store_slots_q8(const float* __restrict__ k, const float* __restrict__ v,
@@ -166,8 +166,9 @@ extern "C" __global__ void kv_store_slots_q8(const float* __restrict__ k, const 
 
 // ---- Decode attention, split over the KV range ("flash-decoding") ----
 //
-// One query token over the f16 cache. q: [n_head][head_dim] (f32); caches: [n_pos_max][n_kv_head]
-// [head_dim] f16 (row `p` written at position p); out: [n_head][head_dim] (f32).
+// One query token over the f16 or q8_0 cache. q: [n_head][head_dim] (f32); caches: [n_pos_max]
+// [n_kv_head][head_dim] values (row `p` written at position p; f16, or q8_0 quants then scales as
+// kv_q8.cuh lays them out); out: [n_head][head_dim] (f32).
 //
 // attention_split_f16kv_g{1,2,4,8}: one block per (group of up to `heads_per_block` query heads
 // of one kv head, chunk of positions); blockIdx.x = (head_group * n_kv_head + kv_head) * n_chunks
@@ -194,11 +195,6 @@ extern "C" __global__ void kv_store_slots_q8(const float* __restrict__ k, const 
 #ifndef HF_ATTN_UNROLL
 #define HF_ATTN_UNROLL 4
 #endif
-// Loads a lane holds per tile over the q8_0 cache (8 bytes of quants and a scale each) in the 1-
-// and 2-head instances.
-#ifndef HF_ATTN_UNROLL_Q8
-#define HF_ATTN_UNROLL_Q8 8
-#endif
 // Threads of the split kernel (4 warps on CUDA); the host launches exactly this many.
 #define HF_ATTN_THREADS 128
 // Blocks per multiprocessor the split kernel's registers must allow (__launch_bounds__): 4
@@ -218,14 +214,15 @@ extern "C" __global__ void kv_store_slots_q8(const float* __restrict__ k, const 
 extern __shared__ __align__(16) float hf_attn_smem[];
 
 // KV: the cache's loads (HfKvF16 or HfKvQ8, kv_q8.cuh; `cap` is the q8_0 cache's positions,
-// unused by f16); U: loads each lane holds per tile.
-template <int GM, class KV, int U>
+// unused by f16).
+template <int GM, class KV>
 __device__ __forceinline__ void hf_attn_split(const float* __restrict__ q, const void* kc,
                                               const void* vc, int cap,
                                               float* __restrict__ out, float* __restrict__ part,
                                               int n_head, int n_kv_head, int head_dim, int n_pos,
                                               int chunk_len, int n_chunks, int lanes_per_row,
                                               int heads_per_block, float scale, int first, int bid) {
+    constexpr int U = HF_ATTN_UNROLL;  // loads each lane holds per tile
     const int D = head_dim;
     const int chunk = bid % n_chunks;
     const int rest = bid / n_chunks;
@@ -401,30 +398,31 @@ __device__ __forceinline__ void hf_attn_split(const float* __restrict__ q, const
     }
 }
 
-#define HF_ATTN_SPLIT_ENTRY(NAME, GM, KV, KT, U, CAP_PARAM, CAP)                                \
+#define HF_ATTN_SPLIT_ENTRY(NAME, GM, KV, KT, CAP_PARAM, CAP)                                   \
     extern "C" __global__ void __launch_bounds__(HF_ATTN_THREADS, HF_ATTN_MINB)                    \
         NAME(const float* __restrict__ q, const KT* __restrict__ kc, const KT* __restrict__ vc,    \
              float* __restrict__ out, float* __restrict__ part, int n_head, int n_kv_head,         \
              int head_dim, int n_pos, int chunk_len, int n_chunks, int lanes_per_row,              \
              int heads_per_block, float scale, int first CAP_PARAM) {                              \
-        hf_attn_split<GM, KV, U>(q, kc, vc, CAP, out, part, n_head, n_kv_head, head_dim, n_pos,   \
-                                 chunk_len, n_chunks, lanes_per_row, heads_per_block, scale,       \
-                                 first, blockIdx.x);                                               \
+        hf_attn_split<GM, KV>(q, kc, vc, CAP, out, part, n_head, n_kv_head, head_dim, n_pos,      \
+                              chunk_len, n_chunks, lanes_per_row, heads_per_block, scale, first,   \
+                              blockIdx.x);                                                         \
     }
 // The f16 entries take no capacity; the q8_0 ones take the cache's positions last.
 #define HF_NO_CAP
 #define HF_CAP_PARAM , int cap
-HF_ATTN_SPLIT_ENTRY(attention_split_f16kv_g1, 1, HfKvF16, hf_u16, HF_ATTN_UNROLL, HF_NO_CAP, 0)
-HF_ATTN_SPLIT_ENTRY(attention_split_f16kv_g2, 2, HfKvF16, hf_u16, HF_ATTN_UNROLL, HF_NO_CAP, 0)
-HF_ATTN_SPLIT_ENTRY(attention_split_f16kv_g4, 4, HfKvF16, hf_u16, HF_ATTN_UNROLL, HF_NO_CAP, 0)
-HF_ATTN_SPLIT_ENTRY(attention_split_f16kv_g8, 8, HfKvF16, hf_u16, HF_ATTN_UNROLL, HF_NO_CAP, 0)
-// The q8_0 cache: a lane's load is half the bytes, so the 1- and 2-head instances hold twice the
-// loads a tile (about the registers and the bytes in flight of f16's); the wider ones keep
-// HF_ATTN_UNROLL, as their accumulators leave no room under the register cap.
-HF_ATTN_SPLIT_ENTRY(attention_split_q8kv_g1, 1, HfKvQ8, signed char, HF_ATTN_UNROLL_Q8, HF_CAP_PARAM, cap)
-HF_ATTN_SPLIT_ENTRY(attention_split_q8kv_g2, 2, HfKvQ8, signed char, HF_ATTN_UNROLL_Q8, HF_CAP_PARAM, cap)
-HF_ATTN_SPLIT_ENTRY(attention_split_q8kv_g4, 4, HfKvQ8, signed char, HF_ATTN_UNROLL, HF_CAP_PARAM, cap)
-HF_ATTN_SPLIT_ENTRY(attention_split_q8kv_g8, 8, HfKvQ8, signed char, HF_ATTN_UNROLL, HF_CAP_PARAM, cap)
+HF_ATTN_SPLIT_ENTRY(attention_split_f16kv_g1, 1, HfKvF16, hf_u16, HF_NO_CAP, 0)
+HF_ATTN_SPLIT_ENTRY(attention_split_f16kv_g2, 2, HfKvF16, hf_u16, HF_NO_CAP, 0)
+HF_ATTN_SPLIT_ENTRY(attention_split_f16kv_g4, 4, HfKvF16, hf_u16, HF_NO_CAP, 0)
+HF_ATTN_SPLIT_ENTRY(attention_split_f16kv_g8, 8, HfKvF16, hf_u16, HF_NO_CAP, 0)
+// The q8_0 cache keeps HF_ATTN_UNROLL loads a tile: twice as many (the same bytes in flight as
+// f16's) spilled registers in the 1- and 2-head instances and took 16.1 / 21.5 / 49.4 us at depth
+// 1024 / 4096 / 16384 on the H200 against 13.5 / 20.9 / 49.2 us
+// (docs/perf-checkpoints/2026-12-01-gpu-kv-q8-h200, attention timing).
+HF_ATTN_SPLIT_ENTRY(attention_split_q8kv_g1, 1, HfKvQ8, signed char, HF_CAP_PARAM, cap)
+HF_ATTN_SPLIT_ENTRY(attention_split_q8kv_g2, 2, HfKvQ8, signed char, HF_CAP_PARAM, cap)
+HF_ATTN_SPLIT_ENTRY(attention_split_q8kv_g4, 4, HfKvQ8, signed char, HF_CAP_PARAM, cap)
+HF_ATTN_SPLIT_ENTRY(attention_split_q8kv_g8, 8, HfKvQ8, signed char, HF_CAP_PARAM, cap)
 
 // The slots form (a batched decode step): one query row per sequence, each over its own caches
 // (kcs[y], vcs[y]) and depth (positions firsts[y] .. npos[y]), with one chunk count for all rows:
@@ -435,7 +433,7 @@ HF_ATTN_SPLIT_ENTRY(attention_split_q8kv_g8, 8, HfKvQ8, signed char, HF_ATTN_UNR
 // attention_combine_f32 weighs by 0. Row y's q and out rows are at y * n_head * head_dim,
 // its partials at y * n_head * n_chunks * (head_dim + 2): attention_combine_f32 over
 // rows * n_head blocks merges them all.
-#define HF_ATTN_SLOTS_ENTRY(NAME, GM, KV, U, CAP_PARAM, CAP)                                   \
+#define HF_ATTN_SLOTS_ENTRY(NAME, GM, KV, CAP_PARAM, CAP)                                      \
     extern "C" __global__ void __launch_bounds__(HF_ATTN_THREADS, HF_ATTN_MINB)                    \
         NAME(const float* __restrict__ q, const unsigned long long* __restrict__ kcs,             \
              const unsigned long long* __restrict__ vcs, const int* __restrict__ npos,            \
@@ -445,20 +443,20 @@ HF_ATTN_SPLIT_ENTRY(attention_split_q8kv_g8, 8, HfKvQ8, signed char, HF_ATTN_UNR
         const int y = blockIdx.x / per_row;                                                        \
         const size_t qd = (size_t)n_head * head_dim;                                               \
         const int chunk_len = max(1, (npos[y] - firsts[y] + n_chunks - 1) / n_chunks);             \
-        hf_attn_split<GM, KV, U>(q + y * qd, (const void*)kcs[y], (const void*)vcs[y], CAP,       \
-                                 out + y * qd,                                                     \
-                                 part + (size_t)y * n_head * n_chunks * (head_dim + 2), n_head,    \
-                                 n_kv_head, head_dim, npos[y], chunk_len, n_chunks, lanes_per_row, \
-                                 heads_per_block, scale, firsts[y], blockIdx.x % per_row);         \
+        hf_attn_split<GM, KV>(q + y * qd, (const void*)kcs[y], (const void*)vcs[y], CAP,          \
+                              out + y * qd,                                                        \
+                              part + (size_t)y * n_head * n_chunks * (head_dim + 2), n_head,       \
+                              n_kv_head, head_dim, npos[y], chunk_len, n_chunks, lanes_per_row,    \
+                              heads_per_block, scale, firsts[y], blockIdx.x % per_row);            \
     }
-HF_ATTN_SLOTS_ENTRY(attention_slots_f16kv_g1, 1, HfKvF16, HF_ATTN_UNROLL, HF_NO_CAP, 0)
-HF_ATTN_SLOTS_ENTRY(attention_slots_f16kv_g2, 2, HfKvF16, HF_ATTN_UNROLL, HF_NO_CAP, 0)
-HF_ATTN_SLOTS_ENTRY(attention_slots_f16kv_g4, 4, HfKvF16, HF_ATTN_UNROLL, HF_NO_CAP, 0)
-HF_ATTN_SLOTS_ENTRY(attention_slots_f16kv_g8, 8, HfKvF16, HF_ATTN_UNROLL, HF_NO_CAP, 0)
-HF_ATTN_SLOTS_ENTRY(attention_slots_q8kv_g1, 1, HfKvQ8, HF_ATTN_UNROLL_Q8, HF_CAP_PARAM, cap)
-HF_ATTN_SLOTS_ENTRY(attention_slots_q8kv_g2, 2, HfKvQ8, HF_ATTN_UNROLL_Q8, HF_CAP_PARAM, cap)
-HF_ATTN_SLOTS_ENTRY(attention_slots_q8kv_g4, 4, HfKvQ8, HF_ATTN_UNROLL, HF_CAP_PARAM, cap)
-HF_ATTN_SLOTS_ENTRY(attention_slots_q8kv_g8, 8, HfKvQ8, HF_ATTN_UNROLL, HF_CAP_PARAM, cap)
+HF_ATTN_SLOTS_ENTRY(attention_slots_f16kv_g1, 1, HfKvF16, HF_NO_CAP, 0)
+HF_ATTN_SLOTS_ENTRY(attention_slots_f16kv_g2, 2, HfKvF16, HF_NO_CAP, 0)
+HF_ATTN_SLOTS_ENTRY(attention_slots_f16kv_g4, 4, HfKvF16, HF_NO_CAP, 0)
+HF_ATTN_SLOTS_ENTRY(attention_slots_f16kv_g8, 8, HfKvF16, HF_NO_CAP, 0)
+HF_ATTN_SLOTS_ENTRY(attention_slots_q8kv_g1, 1, HfKvQ8, HF_CAP_PARAM, cap)
+HF_ATTN_SLOTS_ENTRY(attention_slots_q8kv_g2, 2, HfKvQ8, HF_CAP_PARAM, cap)
+HF_ATTN_SLOTS_ENTRY(attention_slots_q8kv_g4, 4, HfKvQ8, HF_CAP_PARAM, cap)
+HF_ATTN_SLOTS_ENTRY(attention_slots_q8kv_g8, 8, HfKvQ8, HF_CAP_PARAM, cap)
 
 // Merges the n_chunks partials of each head (one block per head): weights exp(m_c - M) / L with
 // M = max m_c and L = sum l_c exp(m_c - M), then out = sum_c weight_c * acc_c.

@@ -159,18 +159,20 @@ pub static KEYS: &[KeySpec] = &[
         rule: "one of f16 | q8_0",
         env: "HIPFIRE_CACHE_TYPE",
         flag: Some("--cache-type"),
-        summary: "How the CPU engine stores the K/V cache",
+        summary: "How the K/V cache is stored (both engines)",
         doc: "`f16` (default, llama.cpp's too): 2 bytes a cached value. `q8_0`: each run of 32 \
               values of a head as 32 int8 and one f16 scale (ggml's q8_0), 34 bytes per 32 \
-              values, so a long context takes about half the RAM (counted with this size \
-              against available memory). Attention dequantises each work item's positions to \
-              f16 and runs the f16 kernels, so logits move by the quantisation of K and V \
-              (measured against f16 in docs/perf-checkpoints/2026-12-01-cpu-kv-q8-2core: every \
-              SmolLM2 argmax equal, worst 3.9 % of the logit range). That extra pass costs speed \
-              at depth: SmolLM2 after 2,000 tokens decodes at about half the f16 rate on 2 \
-              cores, so choose it when RAM, not speed, limits the context. Needs `head_dim` a \
-              multiple of 32. The GPU decoder keeps an f16 cache and refuses \
-              `q8_0`; with `device = auto` a `q8_0` cache runs on the CPU.",
+              values, so a long context takes about half the memory (counted with this size in \
+              the RAM check, the GPU placement budget and the server's per-sequence budget). \
+              Logits move by the quantisation of K and V: on the CPU against f16 every SmolLM2 \
+              argmax stayed equal, worst 3.9 % of the logit range \
+              (docs/perf-checkpoints/2026-12-01-cpu-kv-q8-2core); on the GPU, on a synthetic \
+              Llama, every argmax equal, worst 1.0 % (docs/perf-checkpoints/\
+              2026-12-01-gpu-kv-q8-h200). Speed: the GPU's q8_0 attention runs within about \
+              3 % of f16 decode at depth 4096–16384 on the H200 (and 1.15–1.29 × llama.cpp's \
+              q8_0 cache); the CPU dequantises each work item to f16 first, so SmolLM2 after \
+              2,000 tokens decodes at about half the f16 rate on 2 cores. Choose it when memory, \
+              not speed, limits the context. Needs `head_dim` a multiple of 32.",
     },
     KeySpec {
         name: "model.ubatch",

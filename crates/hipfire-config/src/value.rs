@@ -119,7 +119,7 @@ word_enum! {
 }
 
 word_enum! {
-    /// `model.cache_type`: how the CPU engine stores the K/V cache.
+    /// `model.cache_type`: how the K/V cache is stored (CPU and GPU engines).
     CacheType {
         /// f16 keys and values (llama.cpp's default).
         F16 => "f16",

@@ -194,13 +194,15 @@ impl KvLayer {
     }
 }
 
-/// How a CPU session stores its K/V cache (`model.cache_type`).
+/// How the K/V cache is stored (`model.cache_type`), by a CPU session and by the GPU decoder
+/// ([`crate::gpu_kv`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CacheType {
     /// f16 keys and values (llama.cpp's default): 2 bytes a value.
     #[default]
     F16,
-    /// q8_0 ([`crate::kv_q8`]): 34 bytes per 32 values, dequantised to f16 per work item.
+    /// q8_0 ([`crate::kv_q8`] on the CPU, dequantised to f16 per work item; [`crate::gpu_kv`] on
+    /// the GPU): 34 bytes per 32 values.
     Q8_0,
 }
 

@@ -27,12 +27,12 @@ use hipfire_quant::Format;
 
 use crate::attention::CacheType;
 use crate::gpu_attention::{AttnShape, SplitKvAttention};
-use crate::gpu_kv::GpuKvLayout;
 use crate::gpu_batch::{
     batch_head_dim_supported, BatchScratch, BatchWidths, PrefillKernels, PREFILL_SOURCE,
 };
-use crate::model::GenerationStats;
+use crate::gpu_kv::GpuKvLayout;
 use crate::model::Decoder;
+use crate::model::GenerationStats;
 use crate::sampling::SamplingParams;
 use crate::{Model, ModelError, Weight};
 

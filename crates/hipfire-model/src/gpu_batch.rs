@@ -632,8 +632,7 @@ mod tests {
                                     img[s0 + 2 * (i / 32)],
                                     img[s0 + 2 * (i / 32) + 1],
                                 ]));
-                                half::f16::from_f32(f32::from(img[i] as i8) * sc.to_f32())
-                                    .to_bits()
+                                half::f16::from_f32(f32::from(img[i] as i8) * sc.to_f32()).to_bits()
                             })
                             .collect();
                         (img, h)

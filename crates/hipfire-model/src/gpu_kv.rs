@@ -149,7 +149,10 @@ mod tests {
                 .fold(0f32, |m, v| m.max(v.abs()));
             // Half a step of the f32 scale, plus the f16 rounding of the scale times 127.
             let bound = 0.5 * amax / 127.0 + 127.0 * (d - amax / 127.0).abs() + 1e-6;
-            assert!((f32::from(q) * d - x).abs() <= bound, "value {i}: {x} vs {q}·{d}");
+            assert!(
+                (f32::from(q) * d - x).abs() <= bound,
+                "value {i}: {x} vs {q}·{d}"
+            );
         }
         // The positions past the data stay zero (quants and scales).
         assert!(img[3 * 64..4 * 64].iter().all(|&b| b == 0));

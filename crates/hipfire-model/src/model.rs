@@ -76,7 +76,7 @@ pub struct LoadOptions {
     pub ctx_len: Option<usize>,
     /// Called after each tensor is paged in (the CLI draws a bar from it).
     pub progress: Option<ProgressFn>,
-    /// How CPU sessions store their K/V cache (`model.cache_type`).
+    /// How the K/V cache is stored (`model.cache_type`): CPU sessions and the GPU decoder alike.
     pub cache_type: CacheType,
 }
 
@@ -463,7 +463,7 @@ impl Model {
         (2 * c.n_layer * self.cache_type.bytes(c.kv_dim())) as u64 * self.ctx_len as u64
     }
 
-    /// How CPU sessions store their K/V cache (`model.cache_type`; the GPU decoder keeps f16).
+    /// How the K/V cache is stored (`model.cache_type`), by CPU sessions and the GPU decoder.
     pub fn cache_type(&self) -> CacheType {
         self.cache_type
     }

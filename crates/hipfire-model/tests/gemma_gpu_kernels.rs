@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use hipfire_gpu::{GpuError, LaunchArgs, LaunchDims, Module, Stream};
+use hipfire_gpu::{GpuError, LaunchArgs, Module, Stream};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -48,25 +48,8 @@ fn gemma_kernels_compile_for_sm90_with_nvrtc() {
     }
 }
 
-/// Launches `name` over `grid` blocks with `args` (the kernel's parameters, typed).
-fn launch(module: &Arc<Module>, stream: &Stream, name: &str, grid: u32, mut args: LaunchArgs) {
-    let f = module.function(name).expect("kernel");
-    let dims = LaunchDims {
-        grid,
-        block: THREADS,
-        shared_bytes: 0,
-    };
-    let params = args.params().expect("within the launch slots");
-    // SAFETY: each caller passes the kernel's parameters in its signature's order and types
-    // (typed one by one in `args`, whose slots outlive the launch), pointing at live device
-    // buffers sized for what it reads and writes.
-    unsafe {
-        module
-            .context()
-            .backend()
-            .launch(f.raw(), dims, stream.raw(), params)
-            .expect("launch");
-    }
+fn launch(module: &Arc<Module>, stream: &Stream, name: &str, grid: u32, args: LaunchArgs) {
+    gpu_harness::launch_kernel(module, stream, name, (grid, THREADS), args);
 }
 
 fn worst(got: &[f32], want: &[f64]) -> f64 {

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use half::f16;
 use hipfire_exec::flags::FlagsTuning;
 use hipfire_exec::offload::OffloadMode;
-use hipfire_gpu::{DeviceBuffer, DeviceMemory, LaunchArgs, LaunchDims, Module, Stream};
+use hipfire_gpu::{DeviceBuffer, DeviceMemory, LaunchArgs, Module, Stream};
 use hipfire_model::attention::CacheType;
 use hipfire_model::gpu::GpuDecoder;
 use hipfire_model::gpu_attention::{
@@ -109,7 +109,14 @@ fn dequantize(l: GpuKvLayout, img: &[u8], cap: usize, n_pos: usize) -> Vec<f64> 
 }
 
 /// softmax(q·Kᵀ/√d)·V per query head in f64 over positions `first .. n_pos`.
-fn reference(q: &[f32], k: &[f64], v: &[f64], s: AttnShape, first: usize, n_pos: usize) -> Vec<f64> {
+fn reference(
+    q: &[f32],
+    k: &[f64],
+    v: &[f64],
+    s: AttnShape,
+    first: usize,
+    n_pos: usize,
+) -> Vec<f64> {
     let (d, kvd, group) = (s.head_dim, s.n_kv_head * s.head_dim, s.group());
     let scale = 1.0 / (d as f64).sqrt();
     let mut out = vec![0f64; s.n_head * d];
@@ -119,7 +126,11 @@ fn reference(q: &[f32], k: &[f64], v: &[f64], s: AttnShape, first: usize, n_pos:
         let scores: Vec<f64> = (first..n_pos)
             .map(|p| {
                 let kr = &k[p * kvd + kvh * d..p * kvd + (kvh + 1) * d];
-                qh.iter().zip(kr).map(|(&a, &b)| f64::from(a) * b).sum::<f64>() * scale
+                qh.iter()
+                    .zip(kr)
+                    .map(|(&a, &b)| f64::from(a) * b)
+                    .sum::<f64>()
+                    * scale
             })
             .collect();
         let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -147,7 +158,11 @@ fn max_err(got: &[f32], want: &[f64]) -> f64 {
     })
 }
 
-fn upload<T: hipfire_gpu::DeviceElem>(stream: &Stream, module: &Arc<Module>, x: &[T]) -> DeviceBuffer<T> {
+fn upload<T: hipfire_gpu::DeviceElem>(
+    stream: &Stream,
+    module: &Arc<Module>,
+    x: &[T],
+) -> DeviceBuffer<T> {
     let mut b = module.context().alloc::<T>(x.len()).expect("alloc");
     b.upload(stream, x).expect("upload");
     b
@@ -160,24 +175,8 @@ fn download_bytes(stream: &Stream, b: &DeviceBuffer<u8>) -> Vec<u8> {
     out
 }
 
-fn launch(module: &Arc<Module>, stream: &Stream, name: &str, grid: u32, mut args: LaunchArgs) {
-    let f = module.function(name).expect("kernel");
-    let dims = LaunchDims {
-        grid,
-        block: STORE_THREADS,
-        shared_bytes: 0,
-    };
-    let params = args.params().expect("within the launch slots");
-    // SAFETY: each call passes the parameters of `name` in kernels/decode.cu (typed one by one in
-    // `args`, whose slots outlive the launch), pointing at live device buffers of the extents
-    // the kernel touches (checked by the callers' sizes).
-    unsafe {
-        module
-            .context()
-            .backend()
-            .launch(f.raw(), dims, stream.raw(), params)
-            .expect("launch");
-    }
+fn launch(module: &Arc<Module>, stream: &Stream, name: &str, grid: u32, args: LaunchArgs) {
+    gpu_harness::launch_kernel(module, stream, name, (grid, STORE_THREADS), args);
 }
 
 /// `kv_store_q8` writes exactly the host quantiser's bytes for a run of positions in the middle
@@ -208,10 +207,7 @@ fn q8_stores_match_the_host_quantiser_bit_for_bit() {
             upload(&stream, &module, &zeros),
             upload(&stream, &module, &zeros),
         );
-        let (kb, vb) = (
-            upload(&stream, &module, &kv),
-            upload(&stream, &module, &vv),
-        );
+        let (kb, vb) = (upload(&stream, &module, &kv), upload(&stream, &module, &vv));
         let (at, sat) = l.position_offsets(cap, pos);
         let n = m * kvd;
         let args = LaunchArgs::new()
@@ -229,28 +225,23 @@ fn q8_stores_match_the_host_quantiser_bit_for_bit() {
             (n as u32).div_ceil(STORE_THREADS),
             args,
         );
-        assert!(download_bytes(&stream, &kc) == want_k, "K cache, kv_dim {kvd}");
-        assert!(download_bytes(&stream, &vc) == want_v, "V cache, kv_dim {kvd}");
+        assert!(
+            download_bytes(&stream, &kc) == want_k,
+            "K cache, kv_dim {kvd}"
+        );
+        assert!(
+            download_bytes(&stream, &vc) == want_v,
+            "V cache, kv_dim {kvd}"
+        );
 
         // Three caches, a row each at positions 0, 7 and cap − 1.
         let places = [0usize, 7, cap - 1];
         let (rk, rv) = (values(&mut r, 3, kvd), values(&mut r, 3, kvd));
         let caches: Vec<_> = (0..6).map(|_| upload(&stream, &module, &zeros)).collect();
-        let kt = upload(
-            &stream,
-            &module,
-            &[0, 2, 4].map(|i| caches[i].device_ptr()),
-        );
-        let vt = upload(
-            &stream,
-            &module,
-            &[1, 3, 5].map(|i| caches[i].device_ptr()),
-        );
+        let kt = upload(&stream, &module, &[0, 2, 4].map(|i| caches[i].device_ptr()));
+        let vt = upload(&stream, &module, &[1, 3, 5].map(|i| caches[i].device_ptr()));
         let pt = upload(&stream, &module, &places.map(|p| p as i32));
-        let (rkb, rvb) = (
-            upload(&stream, &module, &rk),
-            upload(&stream, &module, &rv),
-        );
+        let (rkb, rvb) = (upload(&stream, &module, &rk), upload(&stream, &module, &rv));
         let per_row = (kvd as u32).div_ceil(STORE_THREADS);
         let args = LaunchArgs::new()
             .buf(&rkb)
@@ -276,14 +267,17 @@ fn q8_stores_match_the_host_quantiser_bit_for_bit() {
     }
 }
 
+/// One attention case: shape, depth, and a forced plan (about `n` chunks of `h` heads a block)
+/// or the planner's.
+type Case = (AttnShape, usize, Option<(usize, usize)>);
+
 /// Split-KV attention over a q8_0 cache, planner and forced plans, against f64.
 #[test]
 fn split_attention_over_q8_matches_f64() {
     let Some((_ctx, module, stream)) = decode_module() else {
         return;
     };
-    // (shape, depth, forced (chunks, heads a block))
-    let mut cases: Vec<(AttnShape, usize, Option<(usize, usize)>)> = Vec::new();
+    let mut cases: Vec<Case> = Vec::new();
     for (s, depths) in [
         (shape(32, 8, 128), &[1usize, 2, 63, 777, 4096, 16384][..]),
         (shape(4, 4, 64), &[1, 777]),
@@ -367,11 +361,13 @@ fn slots_attention_over_q8_matches_f64_per_row() {
     let max_pos = 3000;
     let cap = max_pos + POISON_ROWS;
     let mut failures = Vec::new();
-    for (si, s) in [shape(32, 8, 128), shape(16, 1, 64)].into_iter().enumerate() {
+    for (si, s) in [shape(32, 8, 128), shape(16, 1, 64)]
+        .into_iter()
+        .enumerate()
+    {
         let mut r = ChaCha8Rng::seed_from_u64(0x5108 + si as u64);
         let l = layout(s);
-        let attn =
-            SplitKvAttention::for_cache(&module, s, CacheType::Q8_0, 1).expect("attention");
+        let attn = SplitKvAttention::for_cache(&module, s, CacheType::Q8_0, 1).expect("attention");
         let qd = s.n_head * s.head_dim;
         let mut images = Vec::new();
         let mut bufs = Vec::new();
@@ -525,7 +521,11 @@ fn gpu_decoder_with_a_q8_cache_matches_the_cpu_q8_cache() {
         for &t in &tokens[n_prompt..] {
             out.push(dec.step(t).expect("step").to_vec());
         }
-        (out, dec.placement_summary().to_string(), dec.graph_captures())
+        (
+            out,
+            dec.placement_summary().to_string(),
+            dec.graph_captures(),
+        )
     };
     let mut failures = Vec::new();
     let mut gpu_q8_graphs = Vec::new();
@@ -561,7 +561,10 @@ fn gpu_decoder_with_a_q8_cache_matches_the_cpu_q8_cache() {
     let argmax = |v: &[f32]| {
         v.iter()
             .enumerate()
-            .fold((0, f32::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b })
+            .fold(
+                (0, f32::NEG_INFINITY),
+                |b, (i, &x)| if x > b.1 { (i, x) } else { b },
+            )
             .0
     };
     let agree = gpu_q8_graphs
@@ -590,7 +593,10 @@ fn gpu_decoder_with_a_q8_cache_matches_the_cpu_q8_cache() {
     // Random weights give flat logits, so only a clear majority of argmaxes is asked for; the
     // distance is held to a tenth of the logit range.
     assert!(agree * 10 >= n * 8, "argmax agreement {agree} of {n}");
-    assert!(worst < 0.1, "worst |q8_0 − f16| {worst:.3} of the logit range");
+    assert!(
+        worst < 0.1,
+        "worst |q8_0 − f16| {worst:.3} of the logit range"
+    );
     let _ = std::fs::remove_file(&path);
     assert!(failures.is_empty(), "over the bound: {failures:?}");
 }

@@ -482,13 +482,7 @@ impl<'m> GpuDecoder<'m> {
                 &self.k.kv_store_slots_q8
             }
         };
-        self.launch(
-            store,
-            b as u32 * per_row,
-            super::DECODE_THREADS,
-            0,
-            args,
-        )?;
+        self.launch(store, b as u32 * per_row, super::DECODE_THREADS, 0, args)?;
         let plan = self.slots_plan(feeds);
         let tables = SlotTables {
             kcs: kbase,

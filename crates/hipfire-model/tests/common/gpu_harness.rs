@@ -11,7 +11,7 @@ use std::sync::Arc;
 use hipfire_exec::flags::FlagsTuning;
 use hipfire_exec::offload::OffloadMode;
 use hipfire_exec::CpuPool;
-use hipfire_gpu::{Context, KernelRegistry, Module, Stream};
+use hipfire_gpu::{Context, KernelRegistry, LaunchArgs, LaunchDims, Module, Stream};
 use hipfire_model::gpu::{GpuOptions, DECODE_SOURCE};
 use hipfire_model::synth::{write_synthetic, SynthSpec};
 use hipfire_model::{CpuBackend, LoadOptions, Model};
@@ -38,6 +38,34 @@ pub fn decode_module() -> Option<(Arc<Context>, Arc<Module>, Stream)> {
         .expect("decode.cu");
     let stream = ctx.new_stream().expect("stream");
     Some((ctx, module, stream))
+}
+
+/// Launches kernel `name` of `module` over `grid` blocks of `block` threads with `args` (the
+/// kernel's parameters, typed), for tests that drive a kernel directly.
+pub fn launch_kernel(
+    module: &Arc<Module>,
+    stream: &Stream,
+    name: &str,
+    (grid, block): (u32, u32),
+    mut args: LaunchArgs,
+) {
+    let f = module.function(name).expect("kernel");
+    let dims = LaunchDims {
+        grid,
+        block,
+        shared_bytes: 0,
+    };
+    let params = args.params().expect("within the launch slots");
+    // SAFETY: each caller passes the kernel's parameters in its signature's order and types
+    // (typed one by one in `args`, whose slots outlive the launch), pointing at live device
+    // buffers sized for what it reads and writes.
+    unsafe {
+        module
+            .context()
+            .backend()
+            .launch(f.raw(), dims, stream.raw(), params)
+            .expect("launch");
+    }
 }
 
 /// A per-process temporary path `hipfire-<test>-<pid>-<name>`.
