@@ -1,7 +1,9 @@
 //! GPU tier for the offload executor: a split step's GPU rows are bit-exact with the same rows
 //! of a whole `pcie` launch, its CPU rows bit-exact with `cpu` mode, nothing outside the written
 //! rows changes (outputs poisoned first), for both join strategies and both forms; share 0 is
-//! byte-identical to `cpu`; `auto` converges to a share inside the clamp.
+//! byte-identical to `cpu`; `auto` converges to a share inside the clamp; a batched split of
+//! several outputs over one activation equals its engines' rows, also when two such splits are
+//! queued back to back with the second reading the first's output.
 //!
 //! Gated by `HIPFIRE_GPU_TESTS=1`; skipped with a printed reason otherwise.
 
@@ -11,6 +13,7 @@ use hipfire_exec::flags::FlagsTuning;
 use hipfire_exec::offload::{JoinStrategy, OffloadExecutor, OffloadMode, SpilledStep};
 use hipfire_exec::share::{plan_rows, Form, ShapeKey, ShareSetting, SHARE_MAX, SHARE_MIN};
 use hipfire_exec::CpuPool;
+use hipfire_exec::SpilledBatch;
 use hipfire_gpu::{
     Activation, Context, DeviceBuffer, GemvForm, GemvKernels, HostMappedBuffer, KernelRegistry,
     Stream, WeightRef,
@@ -481,4 +484,250 @@ fn shared_step_equals_its_outputs_run_one_by_one() {
         );
         assert_eq!(bits(a), bits(b), "output {i}");
     }
+}
+
+/// Weights of a batched chain: `chain_w[0]` is `K × K` (its output is the next one's x),
+/// `chain_w[1..]` are `M × K` and share that x.
+fn chain_weights(f: &Fixture, fmt: Format) -> (Arc<HostMappedBuffer>, Vec<Arc<HostMappedBuffer>>) {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(90);
+    let rb = fmt.row_bytes(K).expect("k");
+    let mut first = f.ctx.alloc_host_mapped(K * rb).expect("host-mapped");
+    for row in first.as_mut_slice().chunks_exact_mut(rb) {
+        // Small weights: the first output stays in the range of a layer's activation.
+        let v: Vec<f32> = (0..K).map(|_| rng.random_range(-0.05f32..0.05)).collect();
+        row.copy_from_slice(&hipfire_quant::quantize_row(fmt, &v).expect("quantise"));
+    }
+    let rest = (0..2).map(|i| weight(&f.ctx, fmt, 91 + i)).collect();
+    (Arc::new(first), rest)
+}
+
+/// In `mode`, over `cols` columns of `xs`: `h = W0·x` (plain), then `y_i (+)= W_i·h` for both
+/// other weights as one shared call (`form`, from `y0`), queued back to back with no host wait
+/// between them unless `sync_between`. Returns h and the two outputs.
+#[allow(clippy::too_many_arguments)]
+fn run_chain(
+    f: &Fixture,
+    mode: OffloadMode,
+    fmt: Format,
+    (w0, ws): &(Arc<HostMappedBuffer>, Vec<Arc<HostMappedBuffer>>),
+    xs: &[f32],
+    cols: usize,
+    y0: &[f32],
+    form: GemvForm,
+    sync_between: bool,
+) -> (Vec<f32>, Vec<Vec<f32>>) {
+    let mut ex = OffloadExecutor::new(&f.ctx, f.pool.clone(), mode, K, 2 * M).expect("executor");
+    ex.reserve_columns(cols).expect("columns");
+    let mut x = f.ctx.alloc::<f32>(cols * K).expect("x");
+    x.upload(&f.stream, xs).expect("x up");
+    let mut act = Activation::with_columns(&f.ctx, K, cols).expect("act");
+    f.kernels
+        .prepare_cols(&f.stream, &x, &mut act, cols)
+        .expect("prepare");
+    let mut h = f.ctx.alloc::<f32>(cols * K).expect("h");
+    h.upload(&f.stream, &vec![f32::NAN; cols * K])
+        .expect("poison");
+    let r0 = WeightRef::new(w0.as_ref(), 0, fmt, K, K).expect("weight");
+    ex.run_cols(
+        &f.stream,
+        &f.kernels,
+        &act,
+        SpilledBatch {
+            weight: &r0,
+            host: w0.clone(),
+            x: &x,
+            y: &mut h,
+            form: GemvForm::Plain,
+            cols,
+        },
+    )
+    .expect("first step");
+    if sync_between {
+        f.stream.synchronize().expect("sync");
+    }
+    let mut act_h = Activation::with_columns(&f.ctx, K, cols).expect("act");
+    f.kernels
+        .prepare_cols(&f.stream, &h, &mut act_h, cols)
+        .expect("prepare h");
+    let refs: Vec<WeightRef<'_>> = ws
+        .iter()
+        .map(|w| WeightRef::new(w.as_ref(), 0, fmt, M, K).expect("weight"))
+        .collect();
+    let mut ys: Vec<DeviceBuffer<f32>> = (0..ws.len())
+        .map(|_| {
+            let mut y = f.ctx.alloc::<f32>(cols * M).expect("y");
+            y.upload(&f.stream, y0).expect("y0");
+            y
+        })
+        .collect();
+    let mut steps: Vec<SpilledBatch<'_>> = refs
+        .iter()
+        .zip(ws)
+        .zip(ys.iter_mut())
+        .map(|((wr, w), y)| SpilledBatch {
+            weight: wr,
+            host: w.clone(),
+            x: &h,
+            y,
+            form,
+            cols,
+        })
+        .collect();
+    ex.run_cols_shared(&f.stream, &f.kernels, &act_h, &mut steps)
+        .expect("shared step");
+    drop(steps);
+    f.stream.synchronize().expect("sync");
+    let mut hv = vec![0f32; cols * K];
+    h.download(&f.stream, &mut hv).expect("h down");
+    let outs = ys
+        .iter()
+        .map(|y| {
+            let mut v = vec![0f32; cols * M];
+            y.download(&f.stream, &mut v).expect("y down");
+            v
+        })
+        .collect();
+    (hv, outs)
+}
+
+#[test]
+fn batched_shared_splits_equal_their_engines_back_to_back() {
+    let Some(f) = fixture() else { return };
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(92);
+    for fmt in [Format::Q4K, Format::Q8_0] {
+        let weights = chain_weights(&f, fmt);
+        let rb = fmt.row_bytes(K).expect("rb");
+        let share = 0.3;
+        let g_k = plan_rows(K, rb, share).expect("splittable");
+        let g_m = plan_rows(M, rb, share).expect("splittable");
+        for cols in [2usize, 8] {
+            let xs: Vec<f32> = (0..cols * K)
+                .map(|_| rng.random_range(-1.0f32..1.0))
+                .collect();
+            for form in [GemvForm::Plain, GemvForm::Residual] {
+                let y0: Vec<f32> = match form {
+                    GemvForm::Plain => vec![f32::NAN; cols * M],
+                    GemvForm::Residual => (0..cols * M)
+                        .map(|_| rng.random_range(-2.0f32..2.0))
+                        .collect(),
+                };
+                let chain =
+                    |mode, sync| run_chain(&f, mode, fmt, &weights, &xs, cols, &y0, form, sync);
+                let pinned = OffloadMode::Passback {
+                    share: ShareSetting::Pinned(share),
+                    strategy: JoinStrategy::Flags,
+                };
+                let what = format!("{fmt} cols {cols} {form:?}");
+                let (h_split, y_split) = chain(pinned.clone(), false);
+                let (h_sync, y_sync) = chain(pinned, true);
+                // Back to back without a host wait equals the same splits with one between.
+                assert_eq!(bits(&h_split), bits(&h_sync), "{what}: first output");
+                for (i, (a, b)) in y_split.iter().zip(&y_sync).enumerate() {
+                    assert!(
+                        a.iter().all(|v| v.is_finite()),
+                        "{what}: output {i} unwritten rows"
+                    );
+                    assert_eq!(bits(a), bits(b), "{what}: output {i} back to back");
+                }
+                // Each engine's rows equal that engine alone over the same input: the first
+                // step's against `pcie` and `cpu` from x; the shared step's against them from
+                // the split's own h (so that the first step's mixed rows do not carry over).
+                let (h_pcie, _) = chain(OffloadMode::Pcie, true);
+                let (h_cpu, _) = chain(OffloadMode::Cpu, true);
+                assert!(
+                    h_split.iter().all(|v| v.is_finite()),
+                    "{what}: h unwritten rows"
+                );
+                for c in 0..cols {
+                    let col = |v: &[f32]| v[c * K..(c + 1) * K].to_vec();
+                    assert_eq!(
+                        bits(&col(&h_split)[..g_k]),
+                        bits(&col(&h_pcie)[..g_k]),
+                        "{what}: first step's GPU rows, column {c}"
+                    );
+                    assert_eq!(
+                        bits(&col(&h_split)[g_k..]),
+                        bits(&col(&h_cpu)[g_k..]),
+                        "{what}: first step's CPU rows, column {c}"
+                    );
+                }
+                let from_h =
+                    |mode| shared_only(&f, mode, fmt, &weights.1, &h_split, cols, &y0, form);
+                let y_pcie = from_h(OffloadMode::Pcie);
+                let y_cpu = from_h(OffloadMode::Cpu);
+                for (i, y) in y_split.iter().enumerate() {
+                    for c in 0..cols {
+                        let col = |v: &[f32]| v[c * M..(c + 1) * M].to_vec();
+                        assert_eq!(
+                            bits(&col(y)[..g_m]),
+                            bits(&col(&y_pcie[i])[..g_m]),
+                            "{what}: output {i} GPU rows, column {c}"
+                        );
+                        assert_eq!(
+                            bits(&col(y)[g_m..]),
+                            bits(&col(&y_cpu[i])[g_m..]),
+                            "{what}: output {i} CPU rows, column {c}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The shared call of [`run_chain`] alone, from `h` on the host.
+#[allow(clippy::too_many_arguments)]
+fn shared_only(
+    f: &Fixture,
+    mode: OffloadMode,
+    fmt: Format,
+    ws: &[Arc<HostMappedBuffer>],
+    hv: &[f32],
+    cols: usize,
+    y0: &[f32],
+    form: GemvForm,
+) -> Vec<Vec<f32>> {
+    let mut ex = OffloadExecutor::new(&f.ctx, f.pool.clone(), mode, K, 2 * M).expect("executor");
+    ex.reserve_columns(cols).expect("columns");
+    let mut h = f.ctx.alloc::<f32>(cols * K).expect("h");
+    h.upload(&f.stream, hv).expect("h up");
+    let mut act = Activation::with_columns(&f.ctx, K, cols).expect("act");
+    f.kernels
+        .prepare_cols(&f.stream, &h, &mut act, cols)
+        .expect("prepare");
+    let refs: Vec<WeightRef<'_>> = ws
+        .iter()
+        .map(|w| WeightRef::new(w.as_ref(), 0, fmt, M, K).expect("weight"))
+        .collect();
+    let mut ys: Vec<DeviceBuffer<f32>> = (0..ws.len())
+        .map(|_| {
+            let mut y = f.ctx.alloc::<f32>(cols * M).expect("y");
+            y.upload(&f.stream, y0).expect("y0");
+            y
+        })
+        .collect();
+    for (i, y) in ys.iter_mut().enumerate() {
+        ex.run_cols(
+            &f.stream,
+            &f.kernels,
+            &act,
+            SpilledBatch {
+                weight: &refs[i],
+                host: ws[i].clone(),
+                x: &h,
+                y,
+                form,
+                cols,
+            },
+        )
+        .expect("step");
+    }
+    f.stream.synchronize().expect("sync");
+    ys.iter()
+        .map(|y| {
+            let mut v = vec![0f32; cols * M];
+            y.download(&f.stream, &mut v).expect("y down");
+            v
+        })
+        .collect()
 }

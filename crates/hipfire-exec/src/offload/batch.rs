@@ -1,25 +1,35 @@
-//! Batched spilled steps: one projection over `cols` activation columns (the `cols` sequences
-//! of a batched decode step), each weight row read once for all of them by whichever engine
-//! owns it.
+//! Batched spilled steps: projections over `cols` activation columns (the `cols` sequences of
+//! a batched decode step), each weight row read once for all of them by whichever engine owns
+//! it.
 //!
 //! This is where batching pays under a spill: a step over B sequences costs the host about the
 //! bytes of one step — the GPU's rows cross PCIe once for B columns (`gemv_cols`) and the
 //! CPU's rows leave DRAM once for B columns ([`crate::CpuPool::gemv_tokens`]) — so aggregate
 //! decode rises with B until the arms turn compute-bound.
 //!
-//! A batched split always joins as `ordering` does (x down blocking, GPU arm queued, CPU arm,
-//! CPU rows up, host wait): the `flags` mailbox holds one column, and with B columns the
-//! host-side join is a smaller part of a longer step. Its shares are the controller's for
-//! `ShapeKey::cols` (B rounded up to a power of two, [`share_cols`]), probed and refined apart
-//! from decode's, because the CPU arm's cost per byte grows with the columns while the GPU
-//! arm's host read does not.
+//! The projections that read one activation (a layer's q/k/v, or gate/up) run as one split:
+//! x comes down once, the CPU prepares it once and runs all their CPU rows in one pool job,
+//! and the GPU arms of all of them are queued together. A batched split joins in its own way,
+//! whatever `memory.join_strategy` says (the `flags` mailbox holds one column):
+//! 1. x (and, residual, each column's CPU rows of y) down, an event after it;
+//! 2. the GPU arms queued at once, so they start as soon as x is down;
+//! 3. the host waits for that event alone, then runs the CPU arm;
+//! 4. the CPU rows go up on the stream, and the host returns without waiting: it queues what
+//!    follows (the kernels up to the next spilled projection and that one's x) while the GPU
+//!    runs the rest of this one. The staging is safe to reuse because every writer of it first
+//!    waits for a point the stream reaches after the previous rows went up (the next split's
+//!    x event, or a stream synchronisation).
+//!
+//! Shares are the controller's for `ShapeKey::cols` (B rounded up to a power of two,
+//! [`share_cols`]), probed and refined apart from decode's, because the CPU arm's cost per
+//! byte grows with the columns while the GPU arm's host read does not.
 
 use std::time::Instant;
 
 use hipfire_gpu::{Activation, DeviceMemory, GemvForm, GemvKernels, RowRange, Stream, WeightRef};
 
 use crate::offload::{
-    f32s_mut, gpu_err, share_form, OffloadExecutor, PendingSplit, PlannerCore, SpilledStep,
+    f32s, f32s_mut, gpu_err, share_form, OffloadExecutor, PendingSplit, PlannerCore, SpilledStep,
     PROBE_REPS,
 };
 use crate::pool::GemvSegment;
@@ -78,26 +88,166 @@ impl OffloadExecutor {
         act: &Activation,
         mut step: SpilledBatch<'_>,
     ) -> Result<(), ExecError> {
-        if step.cols == 1 {
-            return self.run(
-                stream,
-                kernels,
-                act,
-                SpilledStep {
-                    weight: step.weight,
-                    host: step.host,
-                    x: step.x,
-                    y: step.y,
-                    form: step.form,
-                },
-            );
+        self.run_cols_shared(stream, kernels, act, std::slice::from_mut(&mut step))
+    }
+
+    /// Several batched projections over one activation (a layer's q/k/v, or gate/up), queued
+    /// on `stream` in order; `act` holds the columns of their shared x. When they share format,
+    /// `k`, form, x and columns they run as one split (see the module's comment), the
+    /// controller seeing one sample of the summed bytes under their shared shape key; otherwise
+    /// each runs alone. One column is [`OffloadExecutor::run_shared`].
+    pub fn run_cols_shared(
+        &mut self,
+        stream: &Stream,
+        kernels: &GemvKernels,
+        act: &Activation,
+        steps: &mut [SpilledBatch<'_>],
+    ) -> Result<(), ExecError> {
+        let Some(first) = steps.first() else {
+            return Ok(());
+        };
+        let (cols, x_ptr) = (first.cols, first.x.device_ptr());
+        if steps.iter().all(|st| st.cols == 1) {
+            let mut singles: Vec<SpilledStep<'_>> = steps
+                .iter_mut()
+                .map(|st| SpilledStep {
+                    weight: st.weight,
+                    host: st.host.clone(),
+                    x: st.x,
+                    y: &mut *st.y,
+                    form: st.form,
+                })
+                .collect();
+            return self.run_shared(stream, kernels, act, &mut singles);
         }
+        for st in steps.iter() {
+            self.core.check_cols(st)?;
+        }
+        let (format, k, form) = (first.weight.format(), first.weight.k(), first.form);
+        let together = steps.iter().all(|st| {
+            st.cols == cols
+                && st.weight.format() == format
+                && st.weight.k() == k
+                && st.form == form
+                && st.x.device_ptr() == x_ptr
+        });
+        if together {
+            return self.run_cols_group(stream, kernels, act, steps);
+        }
+        for st in steps.iter_mut() {
+            self.run_cols_group(stream, kernels, act, std::slice::from_mut(st))?;
+        }
+        Ok(())
+    }
+
+    /// One split (or one engine) over `steps`, which share format, `k`, form, x and columns
+    /// (checked by the caller).
+    fn run_cols_group(
+        &mut self,
+        stream: &Stream,
+        kernels: &GemvKernels,
+        act: &Activation,
+        steps: &mut [SpilledBatch<'_>],
+    ) -> Result<(), ExecError> {
+        let t0 = Instant::now();
+        let first = &steps[0];
+        let (format, k, cols) = (first.weight.format(), first.weight.k(), first.cols);
+        let residual = matches!(first.form, GemvForm::Residual);
+        let m_total: usize = steps.iter().map(|st| st.weight.m()).sum();
+        let n = steps.len() as u64;
+        self.core.trace.total_steps += n;
+        self.core.trace.window_steps += n;
+        let stat_key = (format, m_total, k, residual);
+        let whole_cpu = vec![0usize; steps.len()];
+        match self.core.mode.clone() {
+            crate::offload::OffloadMode::Pcie => {
+                for st in steps.iter_mut() {
+                    let m = st.weight.m();
+                    kernels
+                        .gemv_cols(
+                            stream,
+                            st.weight,
+                            act,
+                            &mut *st.y,
+                            m,
+                            RowRange::all(m),
+                            st.form,
+                            cols,
+                        )
+                        .map_err(gpu_err)?;
+                }
+                self.core.trace.stats.entry(stat_key).or_default().calls += 1;
+                return Ok(());
+            }
+            crate::offload::OffloadMode::Cpu => {
+                let (d2h, cpu, up) = self.core.cpu_cols(stream, steps, &whole_cpu)?;
+                self.core.note(stat_key, d2h, cpu, 0.0, up, t0, None, false);
+                return Ok(());
+            }
+            crate::offload::OffloadMode::Passback { .. } => {}
+        }
+        let refusal = steps.iter().find_map(|st| {
+            self.core
+                .split_check_parts(st.weight, st.host.bytes().len(), st.weight.m(), residual)
+                .err()
+        });
+        let key = ShapeKey {
+            format,
+            k,
+            form: share_form(residual),
+            cols: share_cols(cols),
+        };
+        if refusal.is_none() && self.core.controller.needs_probe(&key) {
+            self.core.resolve_pending(true)?;
+            let probe = self.core.probe_cols(stream, kernels, act, &steps[0]);
+            self.core.seed_probed(key, probe);
+        }
+        let cuts: Option<Vec<usize>> = match &refusal {
+            Some(_) => None,
+            None => {
+                let shares = self.core.controller.shares(&key);
+                steps
+                    .iter()
+                    .map(|st| {
+                        let w = st.weight;
+                        cut_rows(w.m(), w.row_bytes(), &shares).map(|c| c[1].end)
+                    })
+                    .collect()
+            }
+        };
+        let Some(gs) = cuts else {
+            let (d2h, cpu, up) = self.core.cpu_cols(stream, steps, &whole_cpu)?;
+            self.core.note(
+                stat_key,
+                d2h,
+                cpu,
+                0.0,
+                up,
+                t0,
+                refusal.map(|r| r.to_string()),
+                false,
+            );
+            return Ok(());
+        };
+        let (d2h, cpu, join) = self
+            .core
+            .split_cols(stream, kernels, act, steps, &gs, key, stat_key)?;
+        self.core.trace.window_split_steps += 1;
+        self.core
+            .note(stat_key, d2h, cpu, join, 0.0, t0, None, true);
+        Ok(())
+    }
+}
+
+impl PlannerCore {
+    /// A batched step's operands against its columns and the staging.
+    fn check_cols(&self, step: &SpilledBatch<'_>) -> Result<(), ExecError> {
         let w = step.weight;
         let (m, k, cols) = (w.m(), w.k(), step.cols);
-        if cols == 0 || cols > self.core.max_cols {
+        if cols == 0 || cols > self.max_cols {
             return Err(ExecError::Shape {
                 what: "batched step columns (reserve_columns first)",
-                need: self.core.max_cols,
+                need: self.max_cols,
                 got: cols,
             });
         }
@@ -126,93 +276,58 @@ impl OffloadExecutor {
                 });
             }
         }
-        if k > self.core.max_k || m > self.core.max_m {
+        if k > self.max_k || m > self.max_m {
             return Err(ExecError::Shape {
                 what: "batched step rows × k beyond the staging",
-                need: self.core.max_m * self.core.max_k,
+                need: self.max_m * self.max_k,
                 got: m * k,
             });
         }
-        let t0 = Instant::now();
-        self.core.trace.total_steps += 1;
-        self.core.trace.window_steps += 1;
-        let residual = matches!(step.form, GemvForm::Residual);
-        let stat_key = (w.format(), m, k, residual);
-        match self.core.mode.clone() {
-            crate::offload::OffloadMode::Pcie => {
-                kernels
-                    .gemv_cols(stream, w, act, step.y, m, RowRange::all(m), step.form, cols)
-                    .map_err(gpu_err)?;
-                self.core.trace.stats.entry(stat_key).or_default().calls += 1;
-                return Ok(());
-            }
-            crate::offload::OffloadMode::Cpu => {
-                let (d2h, cpu, up) = self.core.cpu_cols(stream, &mut step, 0)?;
-                self.core.note(stat_key, d2h, cpu, 0.0, up, t0, None, false);
-                return Ok(());
-            }
-            crate::offload::OffloadMode::Passback { .. } => {}
-        }
-        let refusal = self
-            .core
-            .split_check_parts(w, step.host.bytes().len(), m, residual)
-            .err();
-        let row_bytes = w.row_bytes();
-        let key = ShapeKey {
-            format: w.format(),
-            k,
-            form: share_form(residual),
-            cols: share_cols(cols),
-        };
-        if refusal.is_none() && self.core.controller.needs_probe(&key) {
-            self.core.resolve_pending(true)?;
-            let probe = self.core.probe_cols(stream, kernels, act, &step);
-            self.core.seed_probed(key, probe);
-        }
-        let cut = match &refusal {
-            Some(_) => None,
-            None => cut_rows(m, row_bytes, &self.core.controller.shares(&key)),
-        };
-        let Some(cut) = cut else {
-            let (d2h, cpu, up) = self.core.cpu_cols(stream, &mut step, 0)?;
-            self.core.note(
-                stat_key,
-                d2h,
-                cpu,
-                0.0,
-                up,
-                t0,
-                refusal.map(|r| r.to_string()),
-                false,
-            );
-            return Ok(());
-        };
-        let g = cut[1].end;
-        let (d2h, cpu, join) = self
-            .core
-            .split_cols(stream, kernels, act, step, g, key, stat_key)?;
-        self.core.trace.window_split_steps += 1;
-        self.core
-            .note(stat_key, d2h, cpu, join, 0.0, t0, None, true);
         Ok(())
     }
-}
 
-impl PlannerCore {
-    /// The CPU rows `[g, m)` of every column: x (and, residual, those rows of y) down, the pool's
-    /// multi-token GEMV over them into the staging (packed `cols × (m − g)`), then up. Returns
-    /// (d2h, multiply, h2d) ns. With `g = 0` this is the whole step on the CPU.
+    /// Where each step's CPU rows sit in the packed staging (`cols × (m − g)` per step, one
+    /// after another), in f32; errors if they do not fit.
+    fn staging_offsets(
+        &self,
+        steps: &[SpilledBatch<'_>],
+        gs: &[usize],
+    ) -> Result<Vec<usize>, ExecError> {
+        let mut offs = Vec::with_capacity(steps.len() + 1);
+        let mut at = 0usize;
+        for (st, &g) in steps.iter().zip(gs) {
+            offs.push(at);
+            at += st.cols * (st.weight.m() - g);
+        }
+        offs.push(at);
+        let room = self.y_host.len() / 4;
+        if at > room {
+            return Err(ExecError::Shape {
+                what: "batched CPU rows beyond the staging (rows × cols)",
+                need: at,
+                got: room,
+            });
+        }
+        Ok(offs)
+    }
+
+    /// Every step on the CPU, rows `[g, m)` of each (`g = 0`: the whole step): x (and,
+    /// residual, those rows of y) down, the pool's multi-token GEMV into the staging, then up.
+    /// Returns (d2h, multiply, h2d) ns.
     fn cpu_cols(
         &mut self,
         stream: &Stream,
-        step: &mut SpilledBatch<'_>,
-        g: usize,
+        steps: &mut [SpilledBatch<'_>],
+        gs: &[usize],
     ) -> Result<(f64, f64, f64), ExecError> {
-        let d2h = self.fetch_cols(stream, step, g)?;
-        let cpu = self.multiply_cols(step, g)?;
+        let offs = self.staging_offsets(steps, gs)?;
         let t = Instant::now();
-        self.rows_up(stream, step, g)?;
-        stream.synchronize().map_err(gpu_err)?;
+        self.fetch_cols(stream, steps, gs, &offs)?;
+        self.await_cols()?;
+        let d2h = t.elapsed().as_nanos() as f64;
+        let cpu = self.multiply_cols(steps, gs, &offs)?;
+        let t = Instant::now();
+        self.rows_up(stream, steps, gs, &offs)?;
         self.timer.account.steps += 1;
         self.timer.account.arm_ns += cpu;
         self.timer.break_chain();
@@ -220,129 +335,162 @@ impl PlannerCore {
         Ok((d2h, cpu, t.elapsed().as_nanos() as f64))
     }
 
-    /// The CPU arm's inputs, blocking: the `cols` columns of x and, residual, rows `[g, m)` of
-    /// each column of y (packed in the staging); then pending GPU timings are read.
+    /// Queue the CPU arm's inputs down, then the event [`PlannerCore::await_cols`] waits for:
+    /// the columns of x and, residual, rows `[g, m)` of each column of each step's y (packed
+    /// in the staging at `offs`).
     fn fetch_cols(
         &mut self,
         stream: &Stream,
-        step: &SpilledBatch<'_>,
-        g: usize,
-    ) -> Result<f64, ExecError> {
-        let (m, k, cols) = (step.weight.m(), step.weight.k(), step.cols);
-        let t = Instant::now();
+        steps: &[SpilledBatch<'_>],
+        gs: &[usize],
+        offs: &[usize],
+    ) -> Result<(), ExecError> {
+        let first = &steps[0];
+        let (k, cols) = (first.weight.k(), first.cols);
         stream
-            .memcpy_dtoh_async(&mut self.x_host, 0, step.x, 0, cols * k * 4)
+            .memcpy_dtoh_async(&mut self.x_host, 0, first.x, 0, cols * k * 4)
             .map_err(gpu_err)?;
-        if matches!(step.form, GemvForm::Residual) {
-            let span = m - g;
+        for ((st, &g), &off) in steps.iter().zip(gs).zip(offs) {
+            if !matches!(st.form, GemvForm::Residual) {
+                continue;
+            }
+            let (m, span) = (st.weight.m(), st.weight.m() - g);
             for c in 0..cols {
                 stream
                     .memcpy_dtoh_async(
                         &mut self.y_host,
-                        c * span * 4,
-                        &*step.y,
+                        (off + c * span) * 4,
+                        &*st.y,
                         (c * m + g) * 4,
                         span * 4,
                     )
                     .map_err(gpu_err)?;
             }
         }
-        stream.synchronize().map_err(gpu_err)?;
-        self.resolve_pending(true)?;
-        Ok(t.elapsed().as_nanos() as f64)
+        self.cols_ready.record(stream).map_err(gpu_err)?;
+        Ok(())
     }
 
-    /// Rows `[g, m)` of the weight over every staged column into the packed staging; ns.
-    fn multiply_cols(&mut self, step: &SpilledBatch<'_>, g: usize) -> Result<f64, ExecError> {
-        let w = step.weight;
-        let (m, k, cols) = (w.m(), w.k(), step.cols);
-        let rb = w.row_bytes();
+    /// Block until the inputs [`PlannerCore::fetch_cols`] queued are down; then read the
+    /// timings of earlier splits (the stream has passed them).
+    fn await_cols(&mut self) -> Result<(), ExecError> {
+        self.cols_ready.synchronize().map_err(gpu_err)?;
+        self.resolve_pending(true)
+    }
+
+    /// Rows `[g, m)` of every step's weight over every staged column into the packed staging;
+    /// ns.
+    fn multiply_cols(
+        &mut self,
+        steps: &[SpilledBatch<'_>],
+        gs: &[usize],
+        offs: &[usize],
+    ) -> Result<f64, ExecError> {
+        let first = &steps[0];
+        let (format, k, cols) = (first.weight.format(), first.weight.k(), first.cols);
         let t = Instant::now();
-        let xs: Vec<f32> = crate::offload::f32s(&self.x_host, cols * k).to_vec();
-        let mut segs = [GemvSegment {
-            w: &step.host.bytes()[g * rb..m * rb],
-            y: f32s_mut(&mut self.y_host, cols * (m - g)),
-            accumulate: matches!(step.form, GemvForm::Residual),
-        }];
-        self.pool.gemv_tokens(w.format(), k, &xs, &mut segs)?;
+        let total = offs.last().copied().unwrap_or(0);
+        let mut rest = f32s_mut(&mut self.y_host, total);
+        let mut segs = Vec::with_capacity(steps.len());
+        for (i, (st, &g)) in steps.iter().zip(gs).enumerate() {
+            let rb = st.weight.row_bytes();
+            let (mine, tail) = std::mem::take(&mut rest).split_at_mut(offs[i + 1] - offs[i]);
+            rest = tail;
+            segs.push(GemvSegment {
+                w: &st.host.bytes()[g * rb..st.weight.m() * rb],
+                y: mine,
+                accumulate: matches!(st.form, GemvForm::Residual),
+            });
+        }
+        let xs = f32s(&self.x_host, cols * k);
+        self.pool.gemv_tokens(format, k, xs, &mut segs)?;
         Ok(t.elapsed().as_nanos() as f64)
     }
 
-    /// Queue the packed CPU rows `[g, m)` of every column up into y.
+    /// Queue the packed CPU rows `[g, m)` of every column of every step up into its y.
     fn rows_up(
         &mut self,
         stream: &Stream,
-        step: &mut SpilledBatch<'_>,
-        g: usize,
+        steps: &mut [SpilledBatch<'_>],
+        gs: &[usize],
+        offs: &[usize],
     ) -> Result<(), ExecError> {
-        let (m, cols) = (step.weight.m(), step.cols);
-        let span = m - g;
-        for c in 0..cols {
-            stream
-                .memcpy_htod_async(
-                    &mut *step.y,
-                    (c * m + g) * 4,
-                    &self.y_host,
-                    c * span * 4,
-                    span * 4,
-                )
-                .map_err(gpu_err)?;
+        for ((st, &g), &off) in steps.iter_mut().zip(gs).zip(offs) {
+            let (m, cols) = (st.weight.m(), st.cols);
+            let span = m - g;
+            for c in 0..cols {
+                stream
+                    .memcpy_htod_async(
+                        &mut *st.y,
+                        (c * m + g) * 4,
+                        &self.y_host,
+                        (off + c * span) * 4,
+                        span * 4,
+                    )
+                    .map_err(gpu_err)?;
+            }
         }
         Ok(())
     }
 
-    /// GPU rows `[0, g)` of every column queued between an event pair, CPU rows `[g, m)`
-    /// meanwhile, then the CPU rows up and a host wait; the arms' times go to the controller
-    /// under `key`. Returns (d2h, cpu, join) ns.
-    #[allow(clippy::too_many_arguments)] // the step, its cut and its two keys
+    /// The split of `steps` at `gs`: x down, the GPU rows `[0, g)` of every step and column
+    /// queued between an event pair, the CPU rows `[g, m)` once x is down, then the CPU rows
+    /// queued up, without a host wait (see the module's comment); the arms' times go to the
+    /// controller under `key`. Returns (d2h, cpu, join) ns.
+    #[allow(clippy::too_many_arguments)] // the steps, their cuts and their two keys
     fn split_cols(
         &mut self,
         stream: &Stream,
         kernels: &GemvKernels,
         act: &Activation,
-        mut step: SpilledBatch<'_>,
-        g: usize,
+        steps: &mut [SpilledBatch<'_>],
+        gs: &[usize],
         key: ShapeKey,
         stat_key: (hipfire_quant::Format, usize, usize, bool),
     ) -> Result<(f64, f64, f64), ExecError> {
-        let w = step.weight;
-        let (m, cols) = (w.m(), step.cols);
-        let rb = w.row_bytes();
-        let d2h = self.fetch_cols(stream, &step, g)?;
+        let offs = self.staging_offsets(steps, gs)?;
+        let t = Instant::now();
+        self.fetch_cols(stream, steps, gs, &offs)?;
         let slot = self.take_slot()?;
         let (gpu_start, gpu_end) = &self.timer.arm_events[slot];
         gpu_start.record(stream).map_err(gpu_err)?;
-        kernels
-            .gemv_cols(
-                stream,
-                w,
-                act,
-                &mut *step.y,
-                m,
-                RowRange::new(0, g),
-                step.form,
-                cols,
-            )
-            .map_err(gpu_err)?;
+        let (mut gpu_bytes, mut cpu_bytes) = (0u64, 0u64);
+        for (st, &g) in steps.iter_mut().zip(gs) {
+            let (m, rb) = (st.weight.m(), st.weight.row_bytes());
+            kernels
+                .gemv_cols(
+                    stream,
+                    st.weight,
+                    act,
+                    &mut *st.y,
+                    m,
+                    RowRange::new(0, g),
+                    st.form,
+                    st.cols,
+                )
+                .map_err(gpu_err)?;
+            gpu_bytes += (g * rb) as u64;
+            cpu_bytes += ((m - g) * rb) as u64;
+        }
         gpu_end.record(stream).map_err(gpu_err)?;
-        let cpu = self.multiply_cols(&step, g)?;
+        self.await_cols()?;
+        let d2h = t.elapsed().as_nanos() as f64;
+        let cpu = self.multiply_cols(steps, gs, &offs)?;
         let t = Instant::now();
-        self.rows_up(stream, &mut step, g)?;
+        self.rows_up(stream, steps, gs, &offs)?;
         self.timer.pending.push_back(PendingSplit {
             slot,
             key,
             stat_key,
-            gpu_bytes: (g * rb) as u64,
+            gpu_bytes,
             cpu: ArmSample {
                 engine: CPU_ENGINE,
-                bytes: ((m - g) * rb) as u64,
+                bytes: cpu_bytes,
                 time: ArmTime::Exact { ns: cpu },
             },
             cpu_ticket: None,
             timeline: false,
         });
-        stream.synchronize().map_err(gpu_err)?;
-        self.resolve_pending(true)?;
         Ok((d2h, cpu, t.elapsed().as_nanos() as f64))
     }
 

@@ -140,6 +140,9 @@ pub(crate) struct PlannerCore {
     pub(crate) max_cols: usize,
     pub(crate) probe_start: Event,
     pub(crate) probe_end: Event,
+    /// Recorded after a batched split's inputs are queued down: the one point its host waits
+    /// for (`offload/batch.rs`).
+    pub(crate) cols_ready: Event,
     pub(crate) timer: ArmTimer,
     pub(crate) trace: Trace,
 }
@@ -252,6 +255,7 @@ impl OffloadExecutor {
                 max_cols: 1,
                 probe_start: ctx.new_event().map_err(gpu_err)?,
                 probe_end: ctx.new_event().map_err(gpu_err)?,
+                cols_ready: ctx.new_event().map_err(gpu_err)?,
                 trace: Trace::new(),
                 mode,
             },

@@ -6,8 +6,11 @@
 use crate::error::ExecError;
 use crate::kernel::{gemv_rows, ActivationBuf};
 use crate::pool::{CpuPool, PoolJob};
+use crossbeam_utils::CachePadded;
 use hipfire_quant::Format;
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 impl CpuPool {
     /// `y = W·x` (or `y += W·x` with `accumulate`) over all `m = y.len()` rows of `w`, split
@@ -217,16 +220,12 @@ impl CpuPool {
         if start == 0 || tokens == 0 {
             return Ok(());
         }
-        let acts = xs
-            .chunks_exact(k)
-            .map(|x| ActivationBuf::prepare(fmt, x))
-            .collect::<Result<Vec<_>, _>>()?;
         let job = TokenGemvJob {
             fmt,
             k,
             row_bytes,
             tile_rows: token_tile_rows(row_bytes),
-            acts: &acts,
+            acts: TokenActs::new(fmt, k, xs),
             parts,
         };
         self.run_job(&job, 0..start).map(|_| ())
@@ -389,9 +388,116 @@ struct TokenGemvJob<'a> {
     row_bytes: usize,
     /// Rows per tile (≥ 1).
     tile_rows: usize,
-    /// One prepared activation per token.
-    acts: &'a [ActivationBuf],
+    /// One activation per token, prepared by the job's workers.
+    acts: TokenActs<'a>,
     parts: Vec<TokenPart<'a>>,
+}
+
+/// Spins of a worker waiting for the other workers' activations before it yields its core
+/// between checks: a token's preparation takes microseconds, so the wait is short unless a
+/// core is oversubscribed (the 2-core CI runner), where yielding lets the preparing thread run.
+/// Chosen, not tuned.
+const PREPARE_SPINS_BEFORE_YIELD: usize = 1 << 12;
+
+/// The tokens' activations of one [`CpuPool::gemv_tokens`] call, prepared by the job's workers
+/// together: each takes tokens off a counter, then waits until every token is prepared, so the
+/// preparation costs about one token's time instead of all of them one after another on the
+/// caller. Serial on the caller, it held the batched CPU arm on the H200 box (8 columns of
+/// Llama-3-8B, 16 threads) at 26–35 GB/s where the kernel alone read 58
+/// (docs/perf-checkpoints/2026-12-01-multi-column-kernels-h200).
+///
+/// A worker that took a token always counts it (a guard, on error or panic too), and tokens are
+/// taken by whichever workers run, so the wait ends as long as one worker of the job runs.
+struct TokenActs<'a> {
+    fmt: Format,
+    k: usize,
+    /// `tokens × k`.
+    xs: &'a [f32],
+    slots: Vec<OnceLock<ActivationBuf>>,
+    /// The next token to take, and the tokens taken and finished (each on its own line: every
+    /// worker updates both).
+    next: CachePadded<AtomicUsize>,
+    done: CachePadded<AtomicUsize>,
+    failed: AtomicBool,
+    /// The first preparation error, for the worker that returns it.
+    error: Mutex<Option<ExecError>>,
+}
+
+/// Counts one finished token when dropped (also while unwinding).
+struct CountDone<'a>(&'a AtomicUsize);
+
+impl Drop for CountDone<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::Release);
+    }
+}
+
+impl<'a> TokenActs<'a> {
+    fn new(fmt: Format, k: usize, xs: &'a [f32]) -> TokenActs<'a> {
+        TokenActs {
+            fmt,
+            k,
+            xs,
+            slots: (0..xs.len() / k.max(1)).map(|_| OnceLock::new()).collect(),
+            next: CachePadded::new(AtomicUsize::new(0)),
+            done: CachePadded::new(AtomicUsize::new(0)),
+            failed: AtomicBool::new(false),
+            error: Mutex::new(None),
+        }
+    }
+
+    /// Prepare tokens off the counter until none is left, wait for the other workers' tokens,
+    /// and return every token's activation in token order.
+    fn ready(&self) -> Result<Vec<&ActivationBuf>, ExecError> {
+        let n = self.slots.len();
+        loop {
+            let t = self.next.fetch_add(1, Ordering::Relaxed);
+            if t >= n {
+                break;
+            }
+            let _count = CountDone(&self.done);
+            let x = &self.xs[t * self.k..(t + 1) * self.k];
+            match ActivationBuf::prepare(self.fmt, x) {
+                // The counter hands token t out once, so its slot is empty.
+                Ok(act) => {
+                    let _ = self.slots[t].set(act);
+                }
+                Err(e) => {
+                    self.failed.store(true, Ordering::Relaxed);
+                    if let Ok(mut slot) = self.error.lock() {
+                        slot.get_or_insert(e.into());
+                    }
+                }
+            }
+        }
+        let mut spins = 0usize;
+        while self.done.load(Ordering::Acquire) < n {
+            spins += 1;
+            if spins < PREPARE_SPINS_BEFORE_YIELD {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        if self.failed.load(Ordering::Relaxed) {
+            let mine = self.error.lock().ok().and_then(|mut e| e.take());
+            return Err(mine.unwrap_or(ExecError::Invalid {
+                what: "activation",
+                value: "a token that could not be prepared".into(),
+                rule: "every value finite (another worker's token failed)",
+            }));
+        }
+        self.slots
+            .iter()
+            .map(|s| {
+                s.get().ok_or(ExecError::Invalid {
+                    what: "activation",
+                    value: "a token left unprepared".into(),
+                    rule: "every token prepared before the multiply",
+                })
+            })
+            .collect()
+    }
 }
 
 // SAFETY: a worker writes, for every token, only the rows of each segment that fall in its own
@@ -401,6 +507,7 @@ unsafe impl Sync for TokenGemvJob<'_> {}
 
 impl PoolJob for TokenGemvJob<'_> {
     fn run(&self, rows: Range<usize>) -> Result<u64, ExecError> {
+        let acts = self.acts.ready()?;
         for p in &self.parts {
             let lo = rows.start.max(p.start);
             let hi = rows.end.min(p.start + p.m);
@@ -409,10 +516,10 @@ impl PoolJob for TokenGemvJob<'_> {
             while a < b {
                 let e = (a + self.tile_rows).min(b);
                 let w = &p.w[a * self.row_bytes..e * self.row_bytes];
-                for (g, group) in self.acts.chunks(TOKEN_GROUP).enumerate() {
+                for (g, group) in acts.chunks(TOKEN_GROUP).enumerate() {
                     let t0 = g * TOKEN_GROUP;
                     let refs: [&ActivationBuf; TOKEN_GROUP] =
-                        std::array::from_fn(|i| &group[i.min(group.len() - 1)]);
+                        std::array::from_fn(|i| group[i.min(group.len() - 1)]);
                     let mut ys: [&mut [f32]; TOKEN_GROUP] = std::array::from_fn(|i| {
                         if i >= group.len() {
                             return &mut [][..];

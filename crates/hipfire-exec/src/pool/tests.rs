@@ -181,6 +181,41 @@ fn gemv_tokens_is_bit_identical_to_per_token_gemv() {
         .expect("2 tokens × 3 rows");
 }
 
+#[test]
+fn gemv_tokens_refuses_a_non_finite_token_and_the_pool_goes_on() {
+    // The workers prepare the tokens together: one bad token fails the call whichever worker
+    // takes it, and nobody waits for it forever.
+    let mut rng = ChaCha8Rng::seed_from_u64(0xBAD7);
+    let (fmt, k, m) = (Format::Q4K, 512, 96);
+    let w = random_weight(fmt, k, m, &mut rng);
+    for pool in [CpuPool::new(4).expect("pool"), caller_pool(2)] {
+        for bad in [0usize, 5, 8] {
+            let mut xs: Vec<f32> = (0..9 * k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+            xs[bad * k + 17] = f32::NAN;
+            let mut y = vec![0.0f32; 9 * m];
+            let mut segs = [GemvSegment {
+                w: &w,
+                y: &mut y,
+                accumulate: false,
+            }];
+            assert!(
+                pool.gemv_tokens(fmt, k, &xs, &mut segs).is_err(),
+                "token {bad} of 9 is NaN"
+            );
+            xs[bad * k + 17] = 0.5;
+            let mut y = vec![f32::NAN; 9 * m];
+            let mut segs = [GemvSegment {
+                w: &w,
+                y: &mut y,
+                accumulate: false,
+            }];
+            pool.gemv_tokens(fmt, k, &xs, &mut segs)
+                .expect("the same call with the value fixed");
+            assert!(y.iter().all(|v| v.is_finite()), "unwritten rows");
+        }
+    }
+}
+
 /// Formats the pool is checked on: all of them (each has a CPU row dot).
 fn test_formats() -> Vec<Format> {
     Format::ALL.to_vec()

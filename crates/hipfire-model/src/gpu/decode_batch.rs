@@ -556,16 +556,19 @@ impl<'m> GpuDecoder<'m> {
         }
         let db = self.decode_batch.as_ref().ok_or_else(no_batch)?;
         let act = db.a.act(slot);
+        // Resident weights go through the multi-column GEMV one by one; the spilled ones are
+        // handed to the executor together, so that those over this x run as one split.
+        let mut spilled = Vec::new();
         for &(id, y, len) in outs {
             let w = &self.model.weights()[id];
-            let mut yv = DeviceView {
-                ptr: y,
-                bytes: b * len * 4,
-                ctx: &self.ctx,
-            };
             match &self.weights[id] {
                 Some(GpuWeight::Device(buf)) => {
                     let wr = WeightRef::new(buf, 0, w.format, w.m, w.k)?;
+                    let mut yv = DeviceView {
+                        ptr: y,
+                        bytes: b * len * 4,
+                        ctx: &self.ctx,
+                    };
                     self.gemv.gemv_cols(
                         &self.stream,
                         &wr,
@@ -579,19 +582,12 @@ impl<'m> GpuDecoder<'m> {
                 }
                 Some(GpuWeight::Host(host)) => {
                     let wr = WeightRef::new(host.as_ref(), 0, w.format, w.m, w.k)?;
-                    self.offload.run_cols(
-                        &self.stream,
-                        &self.gemv,
-                        act,
-                        SpilledBatch {
-                            weight: &wr,
-                            host: host.clone(),
-                            x: &xv,
-                            y: &mut yv,
-                            form,
-                            cols: b,
-                        },
-                    )?;
+                    let yv = DeviceView {
+                        ptr: y,
+                        bytes: b * len * 4,
+                        ctx: &self.ctx,
+                    };
+                    spilled.push((wr, host.clone(), yv));
                 }
                 None => {
                     return Err(ModelError::Unsupported(format!(
@@ -601,6 +597,22 @@ impl<'m> GpuDecoder<'m> {
                 }
             }
         }
+        if spilled.is_empty() {
+            return Ok(());
+        }
+        let mut steps: Vec<SpilledBatch<'_>> = spilled
+            .iter_mut()
+            .map(|(wr, host, yv)| SpilledBatch {
+                weight: wr,
+                host: host.clone(),
+                x: &xv,
+                y: yv,
+                form,
+                cols: b,
+            })
+            .collect();
+        self.offload
+            .run_cols_shared(&self.stream, &self.gemv, act, &mut steps)?;
         Ok(())
     }
 }
