@@ -553,13 +553,7 @@ fn run_chain(
         .iter()
         .map(|w| WeightRef::new(w.as_ref(), 0, fmt, M, K).expect("weight"))
         .collect();
-    let mut ys: Vec<DeviceBuffer<f32>> = (0..ws.len())
-        .map(|_| {
-            let mut y = f.ctx.alloc::<f32>(cols * M).expect("y");
-            y.upload(&f.stream, y0).expect("y0");
-            y
-        })
-        .collect();
+    let mut ys = outputs(f, ws.len(), y0);
     let mut steps: Vec<SpilledBatch<'_>> = refs
         .iter()
         .zip(ws)
@@ -579,15 +573,7 @@ fn run_chain(
     f.stream.synchronize().expect("sync");
     let mut hv = vec![0f32; cols * K];
     h.download(&f.stream, &mut hv).expect("h down");
-    let outs = ys
-        .iter()
-        .map(|y| {
-            let mut v = vec![0f32; cols * M];
-            y.download(&f.stream, &mut v).expect("y down");
-            v
-        })
-        .collect();
-    (hv, outs)
+    (hv, downloads(f, &ys, cols * M))
 }
 
 #[test]
@@ -699,13 +685,7 @@ fn shared_only(
         .iter()
         .map(|w| WeightRef::new(w.as_ref(), 0, fmt, M, K).expect("weight"))
         .collect();
-    let mut ys: Vec<DeviceBuffer<f32>> = (0..ws.len())
-        .map(|_| {
-            let mut y = f.ctx.alloc::<f32>(cols * M).expect("y");
-            y.upload(&f.stream, y0).expect("y0");
-            y
-        })
-        .collect();
+    let mut ys = outputs(f, ws.len(), y0);
     for (i, y) in ys.iter_mut().enumerate() {
         ex.run_cols(
             &f.stream,
@@ -723,9 +703,25 @@ fn shared_only(
         .expect("step");
     }
     f.stream.synchronize().expect("sync");
+    downloads(f, &ys, cols * M)
+}
+
+/// `n` device outputs, each starting as `y0`.
+fn outputs(f: &Fixture, n: usize, y0: &[f32]) -> Vec<DeviceBuffer<f32>> {
+    (0..n)
+        .map(|_| {
+            let mut y = f.ctx.alloc::<f32>(y0.len()).expect("y");
+            y.upload(&f.stream, y0).expect("y0");
+            y
+        })
+        .collect()
+}
+
+/// The first `len` values of each output (the stream must have drained).
+fn downloads(f: &Fixture, ys: &[DeviceBuffer<f32>], len: usize) -> Vec<Vec<f32>> {
     ys.iter()
         .map(|y| {
-            let mut v = vec![0f32; cols * M];
+            let mut v = vec![0f32; len];
             y.download(&f.stream, &mut v).expect("y down");
             v
         })
