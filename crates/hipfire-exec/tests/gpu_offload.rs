@@ -631,10 +631,12 @@ fn batched_shared_splits_equal_their_engines_back_to_back() {
                         bits(&col(&h_pcie)[..g_k]),
                         "{what}: first step's GPU rows, column {c}"
                     );
-                    assert_eq!(
-                        bits(&col(&h_split)[g_k..]),
-                        bits(&col(&h_cpu)[g_k..]),
-                        "{what}: first step's CPU rows, column {c}"
+                    cpu_rows_agree(
+                        fmt,
+                        cols,
+                        &col(&h_split)[g_k..],
+                        &col(&h_cpu)[g_k..],
+                        &format!("{what}: first step's CPU rows, column {c}"),
                     );
                 }
                 let from_h =
@@ -649,15 +651,33 @@ fn batched_shared_splits_equal_their_engines_back_to_back() {
                             bits(&col(&y_pcie[i])[..g_m]),
                             "{what}: output {i} GPU rows, column {c}"
                         );
-                        assert_eq!(
-                            bits(&col(y)[g_m..]),
-                            bits(&col(&y_cpu[i])[g_m..]),
-                            "{what}: output {i} CPU rows, column {c}"
+                        cpu_rows_agree(
+                            fmt,
+                            cols,
+                            &col(y)[g_m..],
+                            &col(&y_cpu[i])[g_m..],
+                            &format!("{what}: output {i} CPU rows, column {c}"),
                         );
                     }
                 }
             }
         }
+    }
+}
+
+/// A split's CPU rows against the same rows of `cpu` mode: bit for bit where the CPU's
+/// multi-column kernel sums each row as the one-column one does; otherwise (the tiled Q4_K
+/// kernel, which sums a row in another order where its 16-row group starts elsewhere: a fused
+/// split's second output starts at an unaligned row of the pool's row space) within float
+/// rounding, as the pool's own multi-token test bounds it.
+fn cpu_rows_agree(fmt: Format, cols: usize, got: &[f32], want: &[f32], what: &str) {
+    if hipfire_quant::multi_matches_single(hipfire_quant::simd_tier(), fmt, cols) {
+        assert_eq!(bits(got), bits(want), "{what}");
+        return;
+    }
+    for (a, b) in got.iter().zip(want) {
+        let tol = 1e-5 * (1.0 + b.abs());
+        assert!((a - b).abs() <= tol, "{what}: {a} vs {b}");
     }
 }
 
