@@ -143,15 +143,33 @@ fn drive(
         }
     }
     for (i, feeds) in sc.steps.iter().enumerate() {
+        let mut feeds = feeds.clone();
         if i == sc.refill_at {
             dec.select_slot(1).expect("slot");
             dec.reset();
             if prompts_together {
-                dec.prefill_slots(&[(1, &sc.refill)]).expect("refill");
+                // As the server runs a step with an arriving prompt: the refill and the other
+                // slots' decode tokens in one batched prefill step (slot 1's own token after).
+                let (ride, own): (Vec<(usize, u32)>, Vec<(usize, u32)>) =
+                    feeds.iter().partition(|f| f.0 != 1);
+                let toks: Vec<[u32; 1]> = ride.iter().map(|f| [f.1]).collect();
+                let segs: Vec<(usize, &[u32])> = std::iter::once((1, sc.refill.as_slice()))
+                    .chain(ride.iter().zip(&toks).map(|(f, t)| (f.0, &t[..])))
+                    .collect();
+                let rows = dec
+                    .prefill_slots(&segs)
+                    .expect("refill with decode rows")
+                    .to_vec();
+                assert_eq!(rows.len(), segs.len() * vocab, "one logits row per segment");
+                for (&(s, _), row) in ride.iter().zip(rows.chunks_exact(vocab).skip(1)) {
+                    got[s].push(row.to_vec());
+                }
+                feeds = own;
             } else {
                 dec.prefill(&sc.refill).expect("refill");
             }
         }
+        let feeds = &feeds;
         if batched {
             let rows = dec.decode_slots(feeds).expect("batched step").to_vec();
             assert_eq!(rows.len(), feeds.len() * vocab, "logits rows");
