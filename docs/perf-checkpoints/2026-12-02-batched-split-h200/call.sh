@@ -4,9 +4,11 @@
 #     batched decode, then `hipfire bench --batch` of the previous main (28dae5a) and of this
 #     tree, interleaved, 16 of 32 layers spilled; then the CPU GEMV of every format against a
 #     plain read of the same bytes at 16 threads (issue 21's target), DRAM-fed.
-#   call.sh serve: llama-server built (FA on) while the same GPU tests run; then hipfire serve
-#     and llama-server under the same load (the serve record's run.sh), nothing else running;
-#     then the bench A/B at 16 spilled while time is left.
+#   call.sh serve: llama-server built (FA on) while the same GPU tests run (TESTS overrides
+#     which) and, with INVARIANCE=1, hipfire serve's batch invariance is checked
+#     (scripts/serve_invariance.py, 8 prompts alone then at once); then hipfire serve and
+#     llama-server under the same load (the serve record's run.sh), nothing else running; then
+#     the bench A/B at 16 spilled while time is left.
 # It reads what the call carried in an untracked dev-lead/ folder: bundle.txz (bin/hipfire,
 # bin/gemv_gbs, MANIFEST and GPU test executables from `scripts/device-check.sh build`),
 # llama.cpp-src.tar.gz (the llama-cpp-python 0.3.36 sdist's vendored source) and
@@ -22,7 +24,7 @@ xz -dc dev-lead/hipfire-base.xz > /root/hipfire-base && chmod +x /root/hipfire-b
 L8B=/root/l8b.gguf
 [[ -f $L8B ]] || $B/bin/hipfire synth --arch llama3-8b --format q4_k --out $L8B > $OUT/synth.log 2>&1
 tests() {
-  for t in "hipfire-exec--gpu_offload" "hipfire-model--gpu_batch_decode"; do
+  for t in ${TESTS:-hipfire-exec--gpu_offload hipfire-model--gpu_batch_decode}; do
     set -- $t; n=$1; shift
     echo "== $n $* ($(el) s)"
     timeout 200 $B/tests/$n --test-threads 1 --nocapture "$@" 2>&1 |
@@ -69,6 +71,15 @@ src=/root/llama.cpp
   cmake --build "$src/build" --target llama-server -j 15 >/root/llama-build.log 2>&1 ) &
 BPID=$!
 tests > $OUT/tests.log 2>&1
+if [[ ${INVARIANCE:-0} == 1 ]]; then
+  HIPFIRE_HOME=$(mktemp -d) $B/bin/hipfire serve $L8B --device gpu --gpu-layer-budget 16 \
+    --offload-exec passback --parallel 16 --ctx-size 1024 --port 18194 >/dev/null 2>>$OUT/tests.log &
+  SP=$!
+  for _ in $(seq 900); do curl -sf http://127.0.0.1:18194/health >/dev/null && break; sleep 0.2; done
+  python3 scripts/serve_invariance.py --url http://127.0.0.1:18194 --concurrency 8 >> $OUT/tests.log 2>&1
+  kill -TERM $SP; wait $SP
+  echo "invariance done $(el) s" >> $OUT/tests.log
+fi
 wait $BPID; echo "llama build rc $? at $(el) s" >> $OUT/synth.log
 tail -2 /root/llama-build.log >> $OUT/synth.log
 COMMIT=$(head -1 $B/MANIFEST) bash docs/perf-checkpoints/2026-12-01-serve-gpu-h200/run.sh \
