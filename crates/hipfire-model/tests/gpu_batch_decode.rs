@@ -22,6 +22,9 @@ use hipfire_quant::Format;
 mod gpu_harness;
 use gpu_harness::{gated, rel, rel_bound};
 
+/// One decode step's feeds: (slot, token).
+type Feeds = Vec<(usize, u32)>;
+
 /// Sequence slots of the batched decoder.
 const SLOTS: usize = 5;
 
@@ -150,8 +153,7 @@ fn drive(
             if prompts_together {
                 // As the server runs a step with an arriving prompt: the refill and the other
                 // slots' decode tokens in one batched prefill step (slot 1's own token after).
-                let (ride, own): (Vec<(usize, u32)>, Vec<(usize, u32)>) =
-                    feeds.iter().partition(|f| f.0 != 1);
+                let (ride, own): (Feeds, Feeds) = feeds.iter().partition(|f| f.0 != 1);
                 let toks: Vec<[u32; 1]> = ride.iter().map(|f| [f.1]).collect();
                 let segs: Vec<(usize, &[u32])> = std::iter::once((1, sc.refill.as_slice()))
                     .chain(ride.iter().zip(&toks).map(|(f, t)| (f.0, &t[..])))
