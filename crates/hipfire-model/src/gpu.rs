@@ -1838,15 +1838,6 @@ impl<'m> GpuDecoder<'m> {
         Ok(&self.seg_logits[..segs.len() * self.model.config().vocab])
     }
 
-    /// Whether a batched prefill step stages the spilled layers in VRAM (some layers are
-    /// spilled and batched prefill is on): such a step reads every spilled weight once over
-    /// PCIe whatever rows it carries, so decode rows riding along cost little next to it.
-    pub fn stages_spilled_layers(&self) -> bool {
-        self.batch
-            .as_ref()
-            .is_some_and(|b| b.scratch.spill.is_some())
-    }
-
     /// Most tokens one batched step holds (all sequences together): `UBATCHES_PER_STEP`
     /// micro-batches of `model.ubatch`, or 1 without batched prefill.
     pub fn step_tokens(&self) -> usize {

@@ -151,8 +151,8 @@ fn drive(
             dec.select_slot(1).expect("slot");
             dec.reset();
             if prompts_together {
-                // As the server runs a step with an arriving prompt: the refill and the other
-                // slots' decode tokens in one batched prefill step (slot 1's own token after).
+                // The refill and the other slots' decode tokens as one batched prefill step
+                // (one-token segments beside a prompt; slot 1's own token after).
                 let (ride, own): (Feeds, Feeds) = feeds.iter().partition(|f| f.0 != 1);
                 let toks: Vec<[u32; 1]> = ride.iter().map(|f| [f.1]).collect();
                 let segs: Vec<(usize, &[u32])> = std::iter::once((1, sc.refill.as_slice()))

@@ -66,17 +66,9 @@ impl<'m> GpuSlots<'m> {
             }
         }
         let vocab = self.dec.model().config().vocab;
-        let cap = self.dec.step_tokens().max(1);
-        let prompt_tokens: usize = prompts.iter().map(|p| p.1.len()).sum();
-        if !prompts.is_empty()
-            && !decode.is_empty()
-            && self.dec.stages_spilled_layers()
-            && prompt_tokens + decode.len() <= cap
-        {
-            return self.run_together(&prompts, &decode, vocab);
-        }
         // Prompt chunks: as few batched steps as the step's token capacity allows, each staging
         // the spilled layers once for all of its sequences.
+        let cap = self.dec.step_tokens().max(1);
         let mut i = 0;
         while i < prompts.len() {
             let mut n = 0;
@@ -110,40 +102,6 @@ impl<'m> GpuSlots<'m> {
         for (&(slot, _), row) in decode.iter().zip(out.chunks_exact(vocab)) {
             self.logits[slot].clear();
             self.logits[slot].extend_from_slice(row);
-        }
-        Ok(())
-    }
-}
-
-impl GpuSlots<'_> {
-    /// Prompt chunks and decode tokens as one batched prefill step. A step with prompts stages
-    /// every spilled layer in VRAM for them anyway (about 36 ms for the 16 spilled layers of
-    /// the synthetic Llama-3-8B on the H200 box); the decode rows then read the staged copy
-    /// beside the prompt rows instead of a second, split pass over the host weights after it
-    /// (about 34 ms at 8 sequences), so an arriving prompt stalls the running streams for one
-    /// pass, not two (docs/perf-checkpoints/2026-12-02-batched-split-h200).
-    fn run_together(
-        &mut self,
-        prompts: &[(usize, &[u32], bool)],
-        decode: &[(usize, u32)],
-        vocab: usize,
-    ) -> Result<(), ModelError> {
-        let tokens: Vec<[u32; 1]> = decode.iter().map(|&(_, t)| [t]).collect();
-        let segs: Vec<(usize, &[u32])> = prompts
-            .iter()
-            .map(|p| (p.0, p.1))
-            .chain(decode.iter().zip(&tokens).map(|(d, t)| (d.0, &t[..])))
-            .collect();
-        let out = self.dec.prefill_slots(&segs)?;
-        let wants = prompts
-            .iter()
-            .map(|p| (p.0, p.2))
-            .chain(decode.iter().map(|d| (d.0, true)));
-        for ((slot, want), row) in wants.zip(out.chunks_exact(vocab)) {
-            if want {
-                self.logits[slot].clear();
-                self.logits[slot].extend_from_slice(row);
-            }
         }
         Ok(())
     }

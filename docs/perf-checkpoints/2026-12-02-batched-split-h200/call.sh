@@ -85,5 +85,5 @@ tail -2 /root/llama-build.log >> $OUT/synth.log
 COMMIT=$(head -1 $B/MANIFEST) bash docs/perf-checkpoints/2026-12-01-serve-gpu-h200/run.sh \
   $B/bin/hipfire $src/build/bin/llama-server $L8B ${SECS:-15}
 echo "serve done $(el) s" >> $OUT/serve-env.txt
-(( $(el) < 480 )) && bench
+(( $(el) < 430 )) && bench
 echo "done $(el) s" >> $OUT/serve-env.txt
