@@ -30,7 +30,6 @@ use crate::gpu_attention::{AttnShape, SplitKvAttention};
 use crate::gpu_batch::{
     batch_head_dim_supported, BatchScratch, BatchWidths, PrefillKernels, PREFILL_SOURCE,
 };
-use crate::gpu_kv::GpuKvLayout;
 use crate::model::Decoder;
 use crate::model::GenerationStats;
 use crate::sampling::SamplingParams;
@@ -201,7 +200,7 @@ struct GpuLayer {
     gate: usize,
     up: usize,
     down: usize,
-    /// Per sequence slot, `ctx_len` positions in the decoder's [`GpuKvLayout`].
+    /// Per sequence slot, `ctx_len` positions in the decoder's [`crate::gpu_kv::GpuKvLayout`].
     k_cache: Vec<DeviceBuffer<u8>>,
     v_cache: Vec<DeviceBuffer<u8>>,
     /// Gemma's RMSNorms of the attention and FFN outputs before their residual adds.
@@ -275,8 +274,6 @@ pub struct GpuDecoder<'m> {
     /// whose steps need the host between kernels).
     graphs: Option<DecodeGraphs>,
     ctx_len: usize,
-    /// How every layer's cache is laid out (`model.cache_type`).
-    kv_layout: GpuKvLayout,
     summary: String,
 }
 
@@ -600,10 +597,7 @@ impl<'m> GpuDecoder<'m> {
         };
         let mut layers = Vec::with_capacity(c.n_layer);
         let (qd, kvd) = (c.q_dim(), c.kv_dim());
-        let kv_layout = GpuKvLayout {
-            cache_type: model.cache_type(),
-            kv_dim: kvd,
-        };
+        let kv_layout = attention.layout();
         for i in 0..c.n_layer {
             let spilled = i < n_spilled;
             let n = |s: &str| format!("blk.{i}.{s}");
@@ -846,7 +840,6 @@ impl<'m> GpuDecoder<'m> {
             decode_batch,
             graphs,
             ctx_len,
-            kv_layout,
             summary,
         })
     }
@@ -1059,25 +1052,18 @@ impl<'m> GpuDecoder<'m> {
     fn kv_store(&self, li: usize, k: u64, v: u64, pos: usize, m: usize) -> Result<(), GpuError> {
         let l = &self.layers[li];
         let (kc, vc) = (&l.k_cache[self.slot], &l.v_cache[self.slot]);
-        let cap = self.kv_layout.capacity(kc.len());
-        let (at, scale_at) = self.kv_layout.position_offsets(cap, pos);
+        let layout = self.attention.layout();
+        let (at, scale_at) = layout.position_offsets(layout.capacity(kc.len()), pos);
         let (kp, vp) = (kc.device_ptr(), vc.device_ptr());
-        let n = m * self.kv_layout.kv_dim;
-        match self.kv_layout.cache_type {
+        let n = m * layout.kv_dim;
+        let args = LaunchArgs::new().ptr(k).ptr(v).ptr(kp + at as u64);
+        match layout.cache_type {
             CacheType::F16 => {
-                let args = LaunchArgs::new()
-                    .ptr(k)
-                    .ptr(v)
-                    .ptr(kp + at as u64)
-                    .ptr(vp + at as u64)
-                    .i32(n as i32);
+                let args = args.ptr(vp + at as u64).i32(n as i32);
                 self.launch_1d(&self.k.kv_store, n, args)
             }
             CacheType::Q8_0 => {
-                let args = LaunchArgs::new()
-                    .ptr(k)
-                    .ptr(v)
-                    .ptr(kp + at as u64)
+                let args = args
                     .ptr(kp + scale_at as u64)
                     .ptr(vp + at as u64)
                     .ptr(vp + scale_at as u64)
@@ -1488,7 +1474,7 @@ impl<'m> GpuDecoder<'m> {
                 (
                     &l.k_cache[self.slot],
                     &l.v_cache[self.slot],
-                    self.kv_layout.cache_type,
+                    self.attention.layout().cache_type,
                 ),
                 r.att,
                 (c.n_head, c.n_head_kv, c.head_dim),

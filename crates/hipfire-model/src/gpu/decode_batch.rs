@@ -463,8 +463,14 @@ impl<'m> GpuDecoder<'m> {
         let kbase = caches + (8 * 2 * li * rows) as u64;
         let vbase = caches + (8 * (2 * li + 1) * rows) as u64;
         let per_row = (kvd as u32).div_ceil(super::DECODE_THREADS);
-        // Every slot's caches hold ctx_len positions; the q8_0 kernels find the scales past them.
-        let capacity = self.ctx_len;
+        // Every slot's caches are one length (ctx_len positions): the capacity from it, as the
+        // store and the one-sequence attention derive theirs; the q8_0 kernels find the scales
+        // past it.
+        let layout = self.attention.layout();
+        let capacity = self.layers[li]
+            .k_cache
+            .first()
+            .map_or(0, |kc| layout.capacity(kc.len()));
         let mut args = LaunchArgs::new()
             .ptr(r.k)
             .ptr(r.v)
@@ -473,7 +479,7 @@ impl<'m> GpuDecoder<'m> {
             .ptr(places)
             .i32(kvd as i32)
             .i32(per_row as i32);
-        let store = match self.kv_layout.cache_type {
+        let store = match layout.cache_type {
             CacheType::F16 => &self.k.kv_store_slots,
             CacheType::Q8_0 => {
                 // ctx_len × kv_dim fits an i32 (checked at creation), so ctx_len does.
