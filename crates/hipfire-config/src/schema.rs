@@ -263,7 +263,11 @@ pub static KEYS: &[KeySpec] = &[
               the projections that read one activation (q/k/v, gate/up) run as one split step. On the \
               H200 box, synthetic Llama-3-8B Q4_K decode with 8 and 16 of 32 layers spilled ran at \
               60.6 and 40.2 tok/s under flags, 52.6 and 29.3 under ordering, and (16 spilled) 37.9 \
-              under two-stream (docs/perf-checkpoints/2026-11-29-joins-vs-llamacpp-h200).",
+              under two-stream (docs/perf-checkpoints/2026-11-29-joins-vs-llamacpp-h200). A \
+              batched decode step (several sequences, `hipfire serve`) joins its own way \
+              whatever this says, since the mailbox holds one column: x down, the GPU arms \
+              queued at once, the host waiting for x alone, the CPU rows queued up without a \
+              host wait (docs/perf-checkpoints/2026-12-02-batched-split-h200).",
     },
     KeySpec {
         name: "memory.flags_x_publish",
