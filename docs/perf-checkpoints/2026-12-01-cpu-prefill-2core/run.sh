@@ -9,7 +9,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 L8B="$1"; SMOL="$2"; LB="$3"; BASE="$4"; ROUNDS="${5:-3}"; B="${6:-1}"
-OUT="docs/perf-checkpoints/2026-12-01-cpu-prefill-2core"
+# hipfire's --json: llama-bench-style rows (the pp row's avg_ts), or the older object of modes.
+# RECORD_DIR: where the files go (a later record reruns this script into its own folder).
+OUT="${RECORD_DIR:-docs/perf-checkpoints/2026-12-01-cpu-prefill-2core}"
 NEW=target/release/hipfire
 PROMPT=200
 {
@@ -24,7 +26,7 @@ PROMPT=200
 hf() { # label binary model
   local j; j=$("$2" bench "$3" --device cpu --threads 2 --prompt-tokens "$PROMPT" --gen-tokens 1 \
       --rounds 1 --json 2>>"$OUT/hipfire-$B.log")
-  python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print(json.dumps({"label":sys.argv[2],"round":int(sys.argv[3]),"load":sys.argv[4],"prefill_tok_s":d["modes"][0]["prefill_tok_s"]["median"],"raw":d}))' \
+  python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print(json.dumps({"label":sys.argv[2],"round":int(sys.argv[3]),"load":sys.argv[4],"prefill_tok_s":(next(x["avg_ts"] for x in d if x["test"].startswith("pp")) if isinstance(d,list) else d["modes"][0]["prefill_tok_s"]["median"]),"raw":d}))' \
       "$j" "$1" "$r" "$(cut -d' ' -f1 /proc/loadavg)" | tee -a "$OUT/raw-$B.jsonl" | cut -c1-120
 }
 lc() { # label model
