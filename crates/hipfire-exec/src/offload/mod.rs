@@ -160,6 +160,12 @@ impl Drop for OffloadExecutor {
         if let Some(join) = &mut self.join {
             join.before_drop(&mut self.core);
         }
+        // A batched split returns with its CPU rows still queued up from the pinned staging
+        // (`offload/batch.rs`); a step that failed after queuing some leaves them there. Freeing
+        // pinned memory under a pending copy is undefined, so let the device finish first.
+        if let Err(e) = self.core.ctx.synchronize() {
+            tracing::warn!(cause = %e, "synchronise before freeing the offload staging");
+        }
     }
 }
 
