@@ -8,13 +8,11 @@
 //! Gated by `HIPFIRE_GPU_TESTS=1` and `HIPFIRE_GEMMA3_SLIM_GGUF` (the slim file's path); skipped
 //! with a printed reason otherwise.
 
-use std::sync::Arc;
-
 use hipfire_exec::flags::FlagsTuning;
 use hipfire_exec::offload::{JoinStrategy, OffloadMode};
 use hipfire_exec::share::ShareSetting;
 use hipfire_model::gpu::GpuDecoder;
-use hipfire_model::{CpuBackend, LoadOptions, Model};
+use hipfire_model::LoadOptions;
 use hipfire_quant::Format;
 
 #[path = "common/gpu_harness.rs"]
@@ -57,17 +55,11 @@ fn gpu_decoder_matches_cpu_on_real_gemma3_weights() {
         );
         return;
     };
-    let pool = hipfire_exec::offload::offload_pool(0).expect("pool");
     let opts = LoadOptions {
         ctx_len: Some(1024),
         ..LoadOptions::default()
     };
-    let model = Model::load_with_backend(
-        std::path::Path::new(&path),
-        &opts,
-        Arc::new(CpuBackend::with_pool(pool.clone())),
-    )
-    .expect("the slim Gemma 3 loads");
+    let (model, pool) = gpu_harness::load_on_offload_pool(std::path::Path::new(&path), &opts);
     let vocab = model.config().vocab;
     let tokens = gpu_harness::tokens(POSITIONS, 3, vocab);
     let want: Vec<Vec<f32>> = {

@@ -12,7 +12,7 @@ use hipfire_exec::offload::{JoinStrategy, OffloadMode};
 use hipfire_exec::share::ShareSetting;
 use hipfire_exec::CpuPool;
 use hipfire_model::gpu::GpuDecoder;
-use hipfire_model::{CpuBackend, LoadOptions, Model};
+use hipfire_model::{LoadOptions, Model};
 use serde_json::Value;
 
 #[path = "common/gpu_harness.rs"]
@@ -53,10 +53,8 @@ fn setup() -> Option<(Model, CpuPool, Value)> {
     let Ok(path) = std::env::var("HIPFIRE_SMOLLM2_GGUF") else {
         panic!("HIPFIRE_GPU_TESTS=1 but HIPFIRE_SMOLLM2_GGUF is not set");
     };
-    let pool = hipfire_exec::offload::offload_pool(0).expect("cpu pool");
-    let backend = std::sync::Arc::new(CpuBackend::with_pool(pool.clone()));
-    let model =
-        Model::load_with_backend(&path, &LoadOptions::default(), backend).expect("SmolLM2 loads");
+    let (model, pool) =
+        gpu_harness::load_on_offload_pool(std::path::Path::new(&path), &LoadOptions::default());
     // The build tree's path where it exists; on a GPU box that received only the executable, the
     // repository root it runs from.
     let rel = "tests/fixtures/smollm2_llamacpp.json";

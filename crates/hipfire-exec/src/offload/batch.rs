@@ -158,7 +158,6 @@ impl OffloadExecutor {
         self.core.trace.total_steps += n;
         self.core.trace.window_steps += n;
         let stat_key = (format, m_total, k, residual);
-        let whole_cpu = vec![0usize; steps.len()];
         match self.core.mode.clone() {
             crate::offload::OffloadMode::Pcie => {
                 for st in steps.iter_mut() {
@@ -180,7 +179,7 @@ impl OffloadExecutor {
                 return Ok(());
             }
             crate::offload::OffloadMode::Cpu => {
-                let (d2h, cpu, up) = self.core.cpu_cols(stream, steps, &whole_cpu)?;
+                let (d2h, cpu, up) = self.core.cpu_cols(stream, steps)?;
                 self.core.note(stat_key, d2h, cpu, 0.0, up, t0, None, false);
                 return Ok(());
             }
@@ -216,7 +215,7 @@ impl OffloadExecutor {
             }
         };
         let Some(gs) = cuts else {
-            let (d2h, cpu, up) = self.core.cpu_cols(stream, steps, &whole_cpu)?;
+            let (d2h, cpu, up) = self.core.cpu_cols(stream, steps)?;
             self.core.note(
                 stat_key,
                 d2h,
@@ -311,23 +310,23 @@ impl PlannerCore {
         Ok(offs)
     }
 
-    /// Every step on the CPU, rows `[g, m)` of each (`g = 0`: the whole step): x (and,
-    /// residual, those rows of y) down, the pool's multi-token GEMV into the staging, then up.
-    /// Returns (d2h, multiply, h2d) ns.
+    /// Every step wholly on the CPU: x (and, residual, y) down, the pool's multi-token GEMV into
+    /// the staging, then up. Returns (d2h, multiply, h2d) ns.
     fn cpu_cols(
         &mut self,
         stream: &Stream,
         steps: &mut [SpilledBatch<'_>],
-        gs: &[usize],
     ) -> Result<(f64, f64, f64), ExecError> {
-        let offs = self.staging_offsets(steps, gs)?;
+        // The CPU's rows start at row 0 of every step.
+        let gs = vec![0usize; steps.len()];
+        let offs = self.staging_offsets(steps, &gs)?;
         let t = Instant::now();
-        self.fetch_cols(stream, steps, gs, &offs)?;
+        self.fetch_cols(stream, steps, &gs, &offs)?;
         self.await_cols()?;
         let d2h = t.elapsed().as_nanos() as f64;
-        let cpu = self.multiply_cols(steps, gs, &offs)?;
+        let cpu = self.multiply_cols(steps, &gs, &offs)?;
         let t = Instant::now();
-        self.rows_up(stream, steps, gs, &offs)?;
+        self.rows_up(stream, steps, &gs, &offs)?;
         self.timer.account.steps += 1;
         self.timer.account.arm_ns += cpu;
         self.timer.break_chain();

@@ -567,14 +567,14 @@ impl<'m> GpuDecoder<'m> {
         let mut spilled = Vec::new();
         for &(id, y, len) in outs {
             let w = &self.model.weights()[id];
+            let mut yv = DeviceView {
+                ptr: y,
+                bytes: b * len * 4,
+                ctx: &self.ctx,
+            };
             match &self.weights[id] {
                 Some(GpuWeight::Device(buf)) => {
                     let wr = WeightRef::new(buf, 0, w.format, w.m, w.k)?;
-                    let mut yv = DeviceView {
-                        ptr: y,
-                        bytes: b * len * 4,
-                        ctx: &self.ctx,
-                    };
                     self.gemv.gemv_cols(
                         &self.stream,
                         &wr,
@@ -588,12 +588,7 @@ impl<'m> GpuDecoder<'m> {
                 }
                 Some(GpuWeight::Host(host)) => {
                     let wr = WeightRef::new(host.as_ref(), 0, w.format, w.m, w.k)?;
-                    let yv = DeviceView {
-                        ptr: y,
-                        bytes: b * len * 4,
-                        ctx: &self.ctx,
-                    };
-                    spilled.push((wr, host.clone(), yv));
+                    spilled.push((wr, host, yv));
                 }
                 None => {
                     return Err(ModelError::Unsupported(format!(
@@ -610,7 +605,7 @@ impl<'m> GpuDecoder<'m> {
             .iter_mut()
             .map(|(wr, host, yv)| SpilledBatch {
                 weight: wr,
-                host: host.clone(),
+                host: (*host).clone(),
                 x: &xv,
                 y: yv,
                 form,

@@ -77,13 +77,15 @@ pub fn tmp(test: &str, name: &str) -> PathBuf {
 /// the CPU backend over the offload pool, which the GPU decoder shares.
 pub fn load_synth(path: &Path, spec: &SynthSpec, fmt: Format, seed: u64) -> (Model, CpuPool) {
     write_synthetic(path, spec, fmt, seed, None).expect("synth");
+    load_on_offload_pool(path, &LoadOptions::default())
+}
+
+/// Loads the GGUF at `path` on the CPU backend over the offload pool, which the GPU decoder
+/// shares.
+pub fn load_on_offload_pool(path: &Path, opts: &LoadOptions) -> (Model, CpuPool) {
     let pool = hipfire_exec::offload::offload_pool(0).expect("pool");
-    let model = Model::load_with_backend(
-        path,
-        &LoadOptions::default(),
-        Arc::new(CpuBackend::with_pool(pool.clone())),
-    )
-    .expect("load");
+    let model = Model::load_with_backend(path, opts, Arc::new(CpuBackend::with_pool(pool.clone())))
+        .unwrap_or_else(|e| panic!("{} loads: {e}", path.display()));
     (model, pool)
 }
 
