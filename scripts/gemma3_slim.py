@@ -5,7 +5,7 @@ its first LAYERS blocks and first VOCAB tokens, every kept tensor's bytes unchan
 file's own Q5_0 / Q8_0 / Q4_K / Q6_K mix and scales), the metadata told so (block count,
 tokenizer arrays cut to VOCAB).
 
-    python3 scripts/gemma3_slim.py "$(scripts/gemma3-path.sh)" /tmp/gemma3-slim.gguf [--layers 9] [--vocab 8192]
+    python3 scripts/gemma3_slim.py "$(scripts/gemma3-path.sh)" /tmp/gemma3-slim.gguf [--layers 6] [--vocab 8192]
 
 The model it makes is not Gemma-3-270M (fewer layers, a cut vocabulary): the GPU tier checks the
 GPU decoder against the CPU engine on it (crates/hipfire-model/tests/gpu_gemma3_slim.rs), and
@@ -29,7 +29,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("src")
     ap.add_argument("dst")
-    ap.add_argument("--layers", type=int, default=9)
+    ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--vocab", type=int, default=8192)
     a = ap.parse_args()
     r = GGUFReader(a.src)

@@ -111,8 +111,8 @@ pub static OTHER_ENV: &[EnvVarDoc] = &[
     EnvVarDoc {
         name: "HIPFIRE_GEMMA3_SLIM_GGUF",
         read_by: "tests",
-        doc: "Path of the slim Gemma 3 GGUF (`scripts/gemma3_slim.py`: the real file's first 9 \
-              layers and 8192 tokens) for the GPU tier's real-weights test \
+        doc: "Path of the slim Gemma 3 GGUF (`scripts/gemma3_slim.py`: the real file's first 6 \
+              layers, a global one among them, and 8192 tokens: 29 MB) for the GPU tier's real-weights test \
               (`tests/gpu_gemma3_slim.rs`, with `HIPFIRE_GPU_TESTS=1`); unset, that test skips \
               and says why.",
     },
