@@ -37,8 +37,8 @@ use crate::{Model, ModelError, Weight};
 
 mod decode_batch;
 mod decode_graph;
-pub use decode_batch::{MAX_SLOTS, RIDE_ALONG_ROWS};
 use decode_batch::{batch_rows, DecodeBatch, SlotRow, StepActs};
+pub use decode_batch::{MAX_SLOTS, RIDE_ALONG_ROWS};
 use decode_graph::DecodeGraphs;
 pub use decode_graph::DISABLE_GRAPHS_ENV;
 use hipfire_gpu::dequant::DequantKernels;

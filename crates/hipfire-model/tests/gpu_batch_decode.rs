@@ -26,6 +26,8 @@ use gpu_harness::{gated, rel, rel_bound};
 
 /// One decode step's feeds: (slot, token).
 type Feeds = Vec<(usize, u32)>;
+/// One batched decode step's segments: (slot, tokens).
+type Segs<'a> = Vec<(usize, &'a [u32])>;
 
 /// Sequence slots of the batched decoder.
 const SLOTS: usize = 5;
@@ -157,7 +159,11 @@ fn drive(dec: &mut GpuDecoder<'_>, sc: &Script, vocab: usize, how: How) -> Drive
                     .expect("prompts as decode rows")
                     .to_vec()
             };
-            assert_eq!(rows.len(), SLOTS * vocab, "{how:?}: one logits row per prompt");
+            assert_eq!(
+                rows.len(),
+                SLOTS * vocab,
+                "{how:?}: one logits row per prompt"
+            );
             for (s, row) in rows.chunks_exact(vocab).enumerate() {
                 prompts[s] = row.to_vec();
             }
@@ -314,7 +320,11 @@ fn run_case(spec: &SynthSpec, fmt: Format, failures: &mut Vec<String>) {
         let (mut ride_cpu, mut ride_apart) = (0f64, 0f64);
         for s in 0..SLOTS {
             assert_eq!(got[s].len(), cpu[s].len(), "{name}: slot {s} steps");
-            assert_eq!(ride.steps[s].len(), cpu[s].len(), "{name}: slot {s} ride steps");
+            assert_eq!(
+                ride.steps[s].len(),
+                cpu[s].len(),
+                "{name}: slot {s} ride steps"
+            );
             for (j, g) in got[s].iter().enumerate() {
                 worst_cpu = worst_cpu.max(rel(g, &cpu[s][j]));
                 worst_same = worst_same.max(rel(g, &single[s][j]));
@@ -337,8 +347,10 @@ fn run_case(spec: &SynthSpec, fmt: Format, failures: &mut Vec<String>) {
         // slots forms) where a prefill of 4 tokens or more runs the GEMM and chunk attention
         // (f16 weights and activations): the GPU-vs-CPU bound, as for prompts prefilled
         // together, far below what a wrong position, cache row or logits row would give.
-        for (what, worst) in [("ride along vs cpu", ride_cpu), ("ride along vs apart", ride_apart)]
-        {
+        for (what, worst) in [
+            ("ride along vs cpu", ride_cpu),
+            ("ride along vs apart", ride_apart),
+        ] {
             if worst >= rel_bound(fmt) {
                 failures.push(format!(
                     "{} {} {name}: {what} {worst:.3e}",
@@ -448,12 +460,19 @@ fn batched_decode_refuses_bad_feeds_and_leaves_every_slot_unchanged() {
     let cap = dec.decode_rows();
     assert_eq!(cap, 3 + hipfire_model::gpu::RIDE_ALONG_ROWS, "scratch rows");
     let long = vec![1u32; cap + 1];
-    let bad_segs: Vec<(&str, Vec<(usize, &[u32])>)> = vec![
+    let bad_last = [1, 2, vocab];
+    let bad_segs: Vec<(&str, Segs<'_>)> = vec![
         ("empty segment", vec![(0, &[1]), (1, &[])]),
-        ("slot in two segments", vec![(0, &[1, 2]), (1, &[1]), (0, &[3])]),
+        (
+            "slot in two segments",
+            vec![(0, &[1, 2]), (1, &[1]), (0, &[3])],
+        ),
         ("more rows than the scratch", vec![(0, &long[..])]),
-        ("bad token in a later row", vec![(0, &[1]), (1, &[1, 2, vocab])]),
-        ("past the context", vec![(0, &[1]), (1, &[1, 2, 3, 4, 5, 6])]),
+        ("bad token in a later row", vec![(0, &[1]), (1, &bad_last)]),
+        (
+            "past the context",
+            vec![(0, &[1]), (1, &[1, 2, 3, 4, 5, 6])],
+        ),
     ];
     for (what, segs) in bad_segs {
         let e = dec.decode_segments(&segs).expect_err(what);

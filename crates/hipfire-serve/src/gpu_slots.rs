@@ -343,7 +343,10 @@ mod tests {
                     ..at(decode, prompt)
                 };
                 let now = ride_along(&s);
-                assert!(rode || !now, "{decode} + {prompt}: rides after a shorter one did not");
+                assert!(
+                    rode || !now,
+                    "{decode} + {prompt}: rides after a shorter one did not"
+                );
                 rode = now;
             }
         }
