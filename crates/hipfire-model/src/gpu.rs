@@ -42,6 +42,8 @@ pub use decode_batch::{MAX_SLOTS, RIDE_ALONG_ROWS};
 use decode_graph::DecodeGraphs;
 pub use decode_graph::DISABLE_GRAPHS_ENV;
 use hipfire_gpu::dequant::DequantKernels;
+/// Columns the multi-column GEMV reads a weight once for (the serving planner's cost model).
+pub use hipfire_gpu::GEMV_MAX_COLS;
 use hipfire_gpu::{gemm_available, gemm_f16, GemmShape};
 
 /// `kernels/decode.cu`: RMSNorm, RoPE, the f16 and q8_0 KV stores, attention, SwiGLU, add.

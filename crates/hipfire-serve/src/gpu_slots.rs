@@ -23,9 +23,9 @@ pub const GPU_PREFILL_CHUNK: usize = 512;
 /// sees while prompts arrive.
 pub const GPU_PREFILL_PER_STEP: usize = 1024;
 
-/// Activation columns the GPU reads a spilled weight's rows once for (`GEMV_MAX_COLS` of
-/// hipfire-gpu): a batched step of more columns reads them again per further group.
-pub const GPU_COLS_PER_READ: usize = 16;
+/// Activation columns the GPU reads a spilled weight's rows once for: a batched step of more
+/// columns reads them again per further group.
+pub const GPU_COLS_PER_READ: usize = hipfire_model::gpu::GEMV_MAX_COLS;
 
 /// The cost model of [`ride_along`] counts time in units of one read of every spilled byte over
 /// PCIe: a staged prefill step copies the spilled layers into VRAM at the pinned H2D rate, and
@@ -61,7 +61,7 @@ pub struct RideAlong {
     pub spilled_bytes: u64,
 }
 
-/// Seconds (in units of one PCIe read of the spilled bytes) the spilled layers of a batched
+/// Time (in units of one PCIe read of the spilled bytes) the spilled layers of a batched
 /// decode step of `cols` columns take: the rows split between the GPU arm (one read per
 /// [`GPU_COLS_PER_READ`] columns) and the CPU arm (its DRAM read, or [`CPU_COL_COST`] per
 /// column once compute-bound) so that both finish together, as the share controller aims.
@@ -77,8 +77,8 @@ fn decode_cost(cols: usize) -> f64 {
 /// Whether the step's prompt chunks ride along as rows of its batched decode step instead of a
 /// staged prefill step before it. Only beside decode tokens (a prompt alone has no decode pass
 /// to share), only with spilled layers (with every layer resident a prefill step stages
-/// nothing, and its GEMMs beat the multi-column GEMV on prompt rows), only within the decoder's
-/// rows, and only while the extra columns cost the decode step less than a staged step
+/// nothing, so this model sees nothing to save; riding along there is unmeasured), only within
+/// the decoder's rows, and only while the extra columns cost the decode step less than a staged step
 /// ([`STAGED_STEP_COST`]). With the constants' figures 1 to 4 decode rows take up to 25 prompt
 /// rows, 8 up to 24 (a step of 32 columns: two GPU reads, one CPU pass), 16 up to 16.
 pub fn ride_along(s: &RideAlong) -> bool {
