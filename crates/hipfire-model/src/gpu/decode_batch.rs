@@ -31,10 +31,11 @@ pub const MAX_SLOTS: usize = 256;
 /// prompt chunks that ride along in the step as further rows ([`GpuDecoder::decode_segments`])
 /// instead of taking a batched prefill step of their own, which stages every spilled layer in
 /// VRAM. 32 is one pass of the CPU arm's tiled kernel (`TOKEN_GROUP` in hipfire-exec's pool: it
-/// takes up to 32 activation columns per pass over a tile of rows), so a step of up to 32 rows
-/// reads each CPU row from DRAM once; the GPU arm reads its rows once per 16 columns
-/// (`GEMV_MAX_COLS`). Each row costs the activations, its attention partials and its table
-/// entries (about 2 MB a row at Llama-3-8B's shape), counted in the placement budget.
+/// takes up to 32 activation columns per pass over a tile of rows): past it every further
+/// prompt row costs the CPU arm more while a staged step's cost does not grow with its tokens,
+/// and at its constants the serving planner's cost model puts at most 31 prompt rows beside
+/// decode rows (8 decode rows take up to 24). Each row costs the activations, its attention partials and its
+/// table entries (about 2 MB a row at Llama-3-8B's shape), counted in the placement budget.
 pub const RIDE_ALONG_ROWS: usize = 32;
 
 /// Rows of the batched decode scratch of a decoder with `slots` slots: one per slot, and
