@@ -145,6 +145,11 @@ impl<'m> GpuSlots<'m> {
         };
         if ride_along(&choice) {
             // One forward for the whole step: the decode tokens and the prompt chunks as rows.
+            tracing::debug!(
+                decode_rows = choice.decode_rows,
+                prompt_rows = choice.prompt_rows,
+                "prompt chunks ride along in the decode step"
+            );
             let toks: Vec<[u32; 1]> = decode.iter().map(|d| [d.1]).collect();
             let segs: Vec<(usize, &[u32])> = decode
                 .iter()
