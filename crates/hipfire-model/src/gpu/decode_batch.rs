@@ -713,3 +713,16 @@ fn no_batch() -> ModelError {
         message: "a batched decode step on a decoder built with one slot".into(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ride_along_rows_come_with_several_slots_only() {
+        // One slot's replayed steps: one row, no prompt to ride beside.
+        assert_eq!(batch_rows(1), 1);
+        assert_eq!(batch_rows(2), 2 + RIDE_ALONG_ROWS);
+        assert_eq!(batch_rows(MAX_SLOTS), MAX_SLOTS + RIDE_ALONG_ROWS);
+    }
+}
