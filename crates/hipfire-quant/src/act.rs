@@ -8,6 +8,10 @@
 //! - Q4_K's 64-byte load (two 32-byte chunks) yields sub-blocks (0, 2) from the low nibbles and
 //!   (1, 3) from the high ones, so per 256 the activation stores sub-blocks in
 //!   [`Q4K_ACT_ORDER`];
+//! - IQ4_XS's 64-byte load of nibbles covers four 32-element sub-blocks, the low nibbles being
+//!   each one's first 16 elements and the high nibbles its last 16, so per 128 elements the
+//!   activation stores [first halves of sub-blocks 0..4, second halves of sub-blocks 0..4]
+//!   ([`IQ4XS_ACT_SPAN`]): each 128-bit lane of a product then holds one sub-block;
 //! - Q4_0 and Q4_1 store element j of a block in the low nibble of byte j and element j + 16
 //!   in the high one; the 512-bit dot loads the 16 nibble bytes of four blocks into one vector, so per
 //!   four blocks the activation is stored as [first halves of blocks 0..4, second halves of
@@ -32,6 +36,17 @@ pub(crate) const HFQ_PERM_SPAN: usize = 128;
 pub(crate) const Q4_0_ACT_GROUP: usize = 4 * QK;
 /// Sub-block order of a Q4_K activation super-block (see the module docs).
 pub(crate) const Q4K_ACT_ORDER: [usize; 8] = [0, 2, 1, 3, 4, 6, 5, 7];
+/// IQ4_XS's activation permutation span: one 64-byte load of nibbles covers 128 elements.
+pub(crate) const IQ4XS_ACT_SPAN: usize = 128;
+/// Elements of an IQ4_XS sub-block half (one nibble plane of its 16 bytes).
+const IQ4XS_HALF: usize = QK / 2;
+
+/// Activation position of element `r` (< [`IQ4XS_ACT_SPAN`]) of an IQ4_XS span: sub-block
+/// `r / 32`'s half `(r % 32) / 16` goes to half `(r % 32) / 16` of the span, slot `r / 32`.
+pub(crate) const fn iq4xs_pos(r: usize) -> usize {
+    let (sb, half, j) = (r / QK, (r % QK) / IQ4XS_HALF, r % IQ4XS_HALF);
+    (IQ4XS_ACT_SPAN / 2) * half + IQ4XS_HALF * sb + j
+}
 
 /// The activation of one GEMV, prepared once and read by every worker (it is `Send + Sync`).
 ///
@@ -87,7 +102,8 @@ pub(crate) struct Q8x32 {
 /// `x` quantised per 256 elements (ggml's q8_K).
 #[derive(Debug, Clone)]
 pub(crate) struct Q8K {
-    /// Quants; Q4_K's and Q5_K's are in [`Q4K_ACT_ORDER`] sub-block order.
+    /// Quants; Q4_K's and Q5_K's are in [`Q4K_ACT_ORDER`] sub-block order, IQ4_XS's in
+    /// [`iq4xs_pos`] order per [`IQ4XS_ACT_SPAN`].
     pub qs: Vec<i8>,
     /// Scale per 256.
     pub d: Vec<f32>,
@@ -156,6 +172,11 @@ fn place_q8k_block(fmt: Format, natural: &[i8], dst: &mut [i8]) {
         for (t, &j) in Q4K_ACT_ORDER.iter().enumerate() {
             dst[Q4K_SUB * t..Q4K_SUB * (t + 1)]
                 .copy_from_slice(&natural[Q4K_SUB * j..Q4K_SUB * (j + 1)]);
+        }
+    } else if fmt == Format::Iq4Xs {
+        for (e, &v) in natural.iter().enumerate() {
+            let base = e - e % IQ4XS_ACT_SPAN;
+            dst[base + iq4xs_pos(e % IQ4XS_ACT_SPAN)] = v;
         }
     } else {
         dst.copy_from_slice(natural);
@@ -358,6 +379,13 @@ pub(crate) fn act_source(fmt: Format, p: usize, k: usize) -> usize {
         Format::Q4K | Format::Q5K => {
             let (base, r) = (p - p % QK_K, p % QK_K);
             base + Q4K_ACT_ORDER[r / Q4K_SUB] * Q4K_SUB + r % Q4K_SUB
+        }
+        Format::Iq4Xs => {
+            // Position r of a span: half r / 64, sub-block (r % 64) / 16, element r % 16.
+            let (base, r) = (p - p % IQ4XS_ACT_SPAN, p % IQ4XS_ACT_SPAN);
+            let half_len = IQ4XS_ACT_SPAN / 2;
+            let (half, sb, j) = (r / half_len, (r % half_len) / IQ4XS_HALF, r % IQ4XS_HALF);
+            base + QK * sb + IQ4XS_HALF * half + j
         }
         Format::Q4_0 | Format::Q4_1 if p - p % Q4_0_ACT_GROUP + Q4_0_ACT_GROUP <= k => {
             // Position r of a full group: half = r / 64, block = (r % 64) / 16, j = r % 16.
@@ -722,6 +750,16 @@ mod tests {
     /// Inverse of [`act_source`], by search (tests only).
     fn pos_of(fmt: Format, e: usize, k: usize) -> usize {
         (0..k).find(|&p| act_source(fmt, p, k) == e).unwrap()
+    }
+
+    #[test]
+    fn iq4xs_pos_inverts_act_source() {
+        let k = 512;
+        for p in 0..k {
+            let e = act_source(Format::Iq4Xs, p, k);
+            let span = e - e % IQ4XS_ACT_SPAN;
+            assert_eq!(span + iq4xs_pos(e % IQ4XS_ACT_SPAN), p, "p={p}");
+        }
     }
 
     #[test]

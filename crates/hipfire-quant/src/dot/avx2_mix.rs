@@ -7,7 +7,7 @@
 //! As in `avx2.rs`: the CPU supports AVX2, FMA and F16C, `row` is exactly `row_bytes(k)`
 //! bytes, and the activation was prepared for the same format and `k`.
 
-use crate::act::{Q8x32, Q8K};
+use crate::act::{Q8x32, IQ4XS_ACT_SPAN, Q8K};
 use crate::dot::avx2::{
     dp_u8i8_256, h2f, h2f_x4, hsum4, hsum8, nibbles32, prefetch_ahead, q6k_bsum_dot, rd16,
 };
@@ -168,21 +168,27 @@ const Q3K_OFFSET_SHIFT: i32 = 2;
 /// (mod 256): `code + 0xE0 = code − 32` as an i8.
 #[inline(always)]
 pub(crate) unsafe fn q3k_scales_i8(p: *const u8) -> [i8; K_GROUPS] {
+    let words = q3k_scale_words(p).map(u32::to_le);
+    // SAFETY: [u32; 4] and [i8; 16] have the same size and every bit pattern is valid; the
+    // words are little-endian, so byte i of the result is scale i.
+    unsafe { std::mem::transmute::<[u32; 4], [i8; K_GROUPS]>(words) }
+}
+
+/// [`q3k_scales_i8`] as four u32 values, byte i (little-endian) of word j being scale 4j + i.
+#[inline(always)]
+pub(crate) unsafe fn q3k_scale_words(p: *const u8) -> [u32; 4] {
     const LOW4: u32 = 0x0f0f_0f0f;
     const LOW2: u32 = 0x0303_0303;
     const ADD_LOW7: u32 = 0x6060_6060;
     const FLIP_BIT7: u32 = 0x8080_8080;
     let (a0, a1, t) = (rd32(p), rd32(p.add(4)), rd32(p.add(8)));
-    let words = [
+    [
         (a0 & LOW4) | ((t & LOW2) << 4),
         (a1 & LOW4) | (((t >> 2) & LOW2) << 4),
         ((a0 >> 4) & LOW4) | (((t >> 4) & LOW2) << 4),
         ((a1 >> 4) & LOW4) | (((t >> 6) & LOW2) << 4),
     ]
-    .map(|w| ((w + ADD_LOW7) ^ FLIP_BIT7).to_le());
-    // SAFETY: [u32; 4] and [i8; 16] have the same size and every bit pattern is valid; the
-    // words are little-endian, so byte i of the result is scale i.
-    unsafe { std::mem::transmute::<[u32; 4], [i8; K_GROUPS]>(words) }
+    .map(|w| (w + ADD_LOW7) ^ FLIP_BIT7)
 }
 
 /// Per 16-element group g of one 32-byte product: lanes 0..8 take scale g, 8..16 scale g+1.
@@ -366,13 +372,18 @@ pub(crate) unsafe fn iq4xs_scales(blk: *const u8) -> __m128i {
     _mm_sub_epi16(codes, _mm_set1_epi16(IQ4XS_SCALE_OFFSET as i16))
 }
 
-/// IQ4_XS row · q8_K activation: per sub-block of 32 the table values by `vpshufb`, the
-/// signed products by the sign trick, the sub-scale by `vpmaddwd`.
+/// IQ4_XS row · q8_K activation: two sub-blocks per 32-byte load of nibbles (their first
+/// halves from the low nibbles, their second from the high ones, matching the activation's
+/// [`crate::act::iq4xs_pos`] order), the table values by `vpshufb`, the signed products by the
+/// sign trick, the sub-scales (one per 128-bit lane) by `vpmaddwd`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_iq4xs_q8k_avx2(row: &[u8], a: &Q8K) -> f32 {
+    /// Sub-blocks per 128-element activation span.
+    const SPAN_SUBS: usize = IQ4XS_ACT_SPAN / QK;
     let nsb = row.len() / IQ4XS_BYTES;
     let p = row.as_ptr();
     let table = iq4_table256();
+    let m4 = _mm256_set1_epi8(0x0F);
     let mut acc = _mm256_setzero_ps();
     for s in 0..nsb {
         let blk = p.add(IQ4XS_BYTES * s);
@@ -381,16 +392,34 @@ pub(crate) unsafe fn dot_iq4xs_q8k_avx2(row: &[u8], a: &Q8K) -> f32 {
         _mm_storeu_si128(sc.as_mut_ptr() as *mut __m128i, iq4xs_scales(blk));
         let xq = a.qs.as_ptr().add(QK_K * s);
         let mut sumi = _mm256_setzero_si256();
-        for (ib, &scb) in sc.iter().enumerate() {
-            let w = iq4_values32(table, blk.add(IQ4XS_QS + 16 * ib));
-            let x = _mm256_loadu_si256(xq.add(QK * ib) as *const __m256i);
-            let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, _mm256_set1_epi16(scb)));
+        for ib in (0..IQ4XS_SUBS).step_by(2) {
+            let q = _mm256_loadu_si256(blk.add(IQ4XS_QS + 16 * ib) as *const __m256i);
+            let halves = [
+                _mm256_and_si256(q, m4),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4),
+            ];
+            // Activation positions of these two sub-blocks' halves inside their span.
+            let (span, slot) = (ib / SPAN_SUBS, ib % SPAN_SUBS);
+            let sc16 = pair_scales16(sc[ib], sc[ib + 1]);
+            for (half, codes) in halves.into_iter().enumerate() {
+                let w = _mm256_shuffle_epi8(table, codes);
+                let at = IQ4XS_ACT_SPAN * span + (IQ4XS_ACT_SPAN / 2) * half + (QK / 2) * slot;
+                let x = _mm256_loadu_si256(xq.add(at) as *const __m256i);
+                let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, sc16));
+            }
         }
         let d = _mm256_set1_ps(h2f(rd16(blk)) * a.d[s]);
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum8(acc)
+}
+
+/// 16-bit lanes 0..8 = `lo`, 8..16 = `hi`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pair_scales16(lo: i16, hi: i16) -> __m256i {
+    _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo))
 }
 
 #[cfg(test)]

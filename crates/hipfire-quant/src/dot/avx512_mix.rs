@@ -12,34 +12,97 @@
 //! `row_bytes(k)` bytes, and the activation was prepared for the same format and `k`.
 
 use crate::act::{Q8x32, Q8K};
-use crate::dot::avx2::{h2f, h2f_x4, hsum4, hsum8, nibbles32, prefetch_ahead, q6k_bsum_dot, rd16};
+use crate::dot::avx2::{h2f, h2f_pair, h2f_x4, hsum4, hsum8, nibbles32, prefetch_ahead, rd16};
 use crate::dot::avx2_mix::{
-    iq4_table256, iq4nl_block, iq4xs_scales, q2k_mins_dot, q3k_scales_i8, q5_0_block, q5_1_block,
-    rd32, IQ4NL_BYTES, IQ4NL_CORR_LANES, IQ4XS_BYTES, IQ4XS_QS, Q2K_BYTES, Q2K_D, Q2K_QS,
-    Q3K_BYTES, Q3K_D, Q3K_QS, Q3K_SCALES, Q5_0_BYTES, Q5_0_CORR_LANES, Q5_0_QH, Q5_0_QS,
-    Q5_1_BYTES, Q5_1_QH, Q5_1_QS, STEP4,
+    iq4_table256, iq4nl_block, iq4xs_scales, q5_0_block, q5_1_block, rd32, IQ4NL_BYTES,
+    IQ4NL_CORR_LANES, IQ4XS_BYTES, IQ4XS_QS, Q2K_BYTES, Q2K_D, Q2K_QS, Q3K_BYTES, Q3K_D, Q3K_QS,
+    Q3K_SCALES, Q5_0_BYTES, Q5_0_CORR_LANES, Q5_0_QH, Q5_0_QS, Q5_1_BYTES, Q5_1_QH, Q5_1_QS, STEP4,
 };
 use crate::dot::avx512::{
     dp_i8i8_plain, dp_i8i8_vnni, dp_scaled_plain, dp_scaled_vnni, dp_u8i8_plain, dp_u8i8_vnni,
-    idx16_pairs, join, ld_idx, ld_idx16, multi_rows, IDX16_Q6K, IDX_2BLK, IDX_2BLK_HI, MULTI_MAX,
+    dpwssd_plain, dpwssd_vnni, join, ld_idx, ld_idx16, multi_rows, IDX16_Q6K, IDX_2BLK,
+    IDX_2BLK_HI, MULTI_MAX,
 };
+use crate::formats::iq4::{IQ4NL_VALUES, IQ4XS_SUBS};
 use crate::formats::kquant::QK_K;
-use crate::formats::kquant_low::K_GROUPS;
+use crate::formats::kquant_low::{K_GROUPS, Q3K_SCALE_OFFSET};
 use crate::formats::legacy::QK;
 use std::arch::x86_64::*;
 
 /// Bit 4 of a 5-bit code, as a byte.
 const HIGH_BIT: i8 = 0x10;
-/// IQ4_XS: 16-bit lane i of product t covers sub-block 2t + i / 16.
-const IDX16_IQ4XS: [[u16; 32]; 4] = [
-    idx16_pairs(0, 1),
-    idx16_pairs(2, 3),
-    idx16_pairs(4, 5),
-    idx16_pairs(6, 7),
-];
+/// IQ4_XS: i32 lane l of a span's products covers sub-block l / 4 of the span (one per
+/// 128-bit lane); `IDX_SUB_LO` picks the first span's scales, `IDX_SUB_HI` the second's.
+const IDX_SUB_LO: [i32; 16] = [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3];
+const IDX_SUB_HI: [i32; 16] = [4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7];
+/// The IQ4 table plus 128 (1..=241): unsigned, as `vpdpbusd`'s first operand must be.
+const IQ4NL_BIASED: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (IQ4NL_VALUES[i] as i16 + IQ4_BIAS) as u8;
+        i += 1;
+    }
+    t
+};
+/// The bias of [`IQ4NL_BIASED`], and its log2 (the correction is a shift).
+const IQ4_BIAS: i16 = 128;
+const IQ4_BIAS_SHIFT: i32 = 7;
+const _: () = assert!(1 << IQ4_BIAS_SHIFT == IQ4_BIAS);
 
 /// Bit 2 of a 3-bit code, as a byte.
 const Q3_HIGH_BIT: i8 = 0x04;
+/// Bits of a 3-bit code, as a byte.
+const Q3_CODE_MASK: i8 = 0x07;
+/// `vpternlogd` truth table of c ? b : a.
+const SELECT_C: i32 = 0xD8;
+/// log2 of Q3_K's code offset 4 (`−4·Σ sc·bsum` is a shift).
+const Q3K_OFFSET_SHIFT: i32 = 2;
+/// Q3_K / Q2_K on VNNI ([`vnni::k16_sum`]): `vpackssdw` of the `vpdpbusd` sums of products
+/// 2h and 2h + 1 puts, in 128-bit lane c, four sums of product 2h (elements
+/// 128h + 16c..+16, group 8h + c) then four of product 2h + 1 (group 8h + 4 + c). These are the
+/// group indices of those 32 i16 lanes.
+const IDX16_K16_PACKED: [[u16; 32]; 2] = [idx16_k16_packed(0), idx16_k16_packed(1)];
+
+const fn idx16_k16_packed(h: usize) -> [u16; 32] {
+    let mut v = [0u16; 32];
+    let mut i = 0;
+    while i < 32 {
+        let (c, pos) = (i / 8, i % 8);
+        v[i] = (8 * h + c + 4 * (pos / 4)) as u16;
+        i += 1;
+    }
+    v
+}
+
+/// Q3_K's sixteen signed scales (code − 32) from their 12 packed bytes at `p` (see
+/// `kquant_low::q3k_scales`), as i16 lanes in the low 256 bits, all in one vector register:
+/// the low nibbles are bytes 0..8 (codes 0..8) and their high nibbles (codes 8..16), the top
+/// two bits of code i are bits 2·(i / 4).. of byte 8 + i % 4. 16-bit shifts leak bits of the
+/// neighbouring byte only above the bits kept.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(crate) unsafe fn q3k_scales16(p: *const u8) -> __m512i {
+    /// The 12 packed bytes (a masked load reads nothing past them).
+    const SCALE_BYTES: __mmask16 = 0x0FFF;
+    /// `vpternlogd` truth table of a | (b & c).
+    const OR_AND: i32 = 0xF8;
+    let v = _mm_maskz_loadu_epi8(SCALE_BYTES, p as *const i8);
+    let lo = _mm_shuffle_epi8(
+        v,
+        _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7),
+    );
+    let lo = _mm_srlv_epi16(lo, _mm_setr_epi16(0, 0, 0, 0, 4, 4, 4, 4));
+    let lo = _mm_and_si128(lo, _mm_set1_epi8(0x0F));
+    let hi = _mm_shuffle_epi8(
+        v,
+        _mm_setr_epi8(8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11),
+    );
+    let hi = _mm_slli_epi16::<4>(_mm_srlv_epi16(hi, _mm_setr_epi16(0, 0, 2, 2, 4, 4, 6, 6)));
+    let codes = _mm_ternarylogic_epi32::<OR_AND>(lo, hi, _mm_set1_epi8(0x30));
+    let sc = _mm_sub_epi8(codes, _mm_set1_epi8(Q3K_SCALE_OFFSET as i8));
+    _mm512_castsi256_si512(_mm256_cvtepi8_epi16(sc))
+}
 
 /// The 2-bit plane layout of Q3_K / Q2_K as 512-bit steps: product z (0..4) covers elements
 /// 64z..64z+64, i.e. plane z / 2 shifted by 2·(2·(z % 2)) in its low half and by 2 more in its
@@ -72,10 +135,22 @@ unsafe fn codes5_512(b0: *const u8, b1: *const u8, qs: usize, qh: usize) -> __m5
 }
 
 macro_rules! mix_kernels {
-    ($m:ident, $feat:literal, $dp:ident, $dpi8:ident, $dps:ident) => {
+    (
+        $m:ident,
+        $feat:literal,
+        $dp:ident,
+        $dpi8:ident,
+        $dps:ident,
+        $dpw:ident,
+        $biased:literal,
+        $packed:literal
+    ) => {
         /// Row dots of this flavour.
         pub(crate) mod $m {
             use super::*;
+
+            /// Whether Q3_K / Q2_K pack `vpdpbusd` sums to i16 (see [`k16_sum`]).
+            const PACKED: bool = $packed;
             use crate::dot::avx512::$m::dot_pairs4_multi;
 
             /// Q5_0 row · q8 activation ([`dot_q5_0_multi`] of one activation).
@@ -160,77 +235,113 @@ macro_rules! mix_kernels {
                 out
             }
 
-            /// Q3_K row · q8_K activation, 64 elements per product (Q6_K's scale lanes):
-            /// plane bits by a per-half variable shift, bit 2 from `hmask` by a per-half bit
-            /// test, the −4 offset through the `bsum` dot.
+            /// Σ_g sc_g·P_g of one super-block of Q3_K / Q2_K, product z holding the codes of
+            /// elements 64z..64z+64 (`w[z]`) and `sc16` the sixteen i16 group scales in its low
+            /// 256 bits. With VNNI (`PACKED`), one `vpdpbusd` per product gives i32 sums of four
+            /// code·x products (|Σ| ≤ 4·7·127 < 2^15), two products' sums are packed to i16 and
+            /// scaled by one `vpdpwssd`: 3 multiplies and 1 scale permute per 128 weights
+            /// instead of 4 and 2. Without, `vpmaddubsw` + `vpmaddwd` per product with Q6_K's
+            /// scale lanes. The integer sum is exact either way.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn k16_sum(w: &[__m512i; 4], xq: *const i8, sc16: __m512i) -> __m512i {
+                let x: [__m512i; 4] =
+                    std::array::from_fn(|z| _mm512_loadu_si512(xq.add(64 * z) as *const _));
+                let mut sumi = _mm512_setzero_si512();
+                if PACKED {
+                    let zero = _mm512_setzero_si512();
+                    for h in 0..2 {
+                        let p0 = $dp(zero, w[2 * h], x[2 * h]);
+                        let p1 = $dp(zero, w[2 * h + 1], x[2 * h + 1]);
+                        let sc = _mm512_permutexvar_epi16(ld_idx16(&IDX16_K16_PACKED[h]), sc16);
+                        sumi = $dpw(sumi, _mm512_packs_epi32(p0, p1), sc);
+                    }
+                } else {
+                    for z in 0..4 {
+                        let sc = _mm512_permutexvar_epi16(ld_idx16(&IDX16_Q6K[z]), sc16);
+                        sumi = $dps(sumi, w[z], x[z], sc);
+                    }
+                }
+                sumi
+            }
+
+            /// Q3_K row · q8_K activation: plane bits by a per-half variable shift, bit 2 from
+            /// `hmask` by a per-half bit test, the −4 offset through the `bsum` dot
+            /// ([`k16_sum`] for the rest).
             #[target_feature(enable = $feat)]
             pub(crate) unsafe fn dot_q3k_q8k_avx512(row: &[u8], a: &Q8K) -> f32 {
                 let nsb = row.len() / Q3K_BYTES;
                 let p = row.as_ptr();
                 let shifts = plane_shifts();
-                // Product z holds sub-blocks 2z (low half) and 2z + 1 (high half).
-                let bit_sel: [__m512i; 4] = std::array::from_fn(|z| {
+                // Product z holds 32-element chunks 2z (low half) and 2z + 1 (high half), whose
+                // bit 2 is bit j = 2z or 2z + 1 of each hmask byte: rotating each 32-bit lane
+                // right by j − 2 puts bit j of every byte at bit 2 of the same byte.
+                let rot: [__m512i; 4] = std::array::from_fn(|z| {
+                    let j = 2 * z as i32;
                     join(
-                        _mm256_set1_epi8((1u8 << (2 * z)) as i8),
-                        _mm256_set1_epi8((1u8 << (2 * z + 1)) as i8),
+                        _mm256_set1_epi32((j - 2).rem_euclid(32)),
+                        _mm256_set1_epi32((j - 1).rem_euclid(32)),
                     )
                 });
-                let m4 = _mm512_set1_epi8(Q3_HIGH_BIT);
+                let high = _mm512_set1_epi8(Q3_HIGH_BIT);
+                let low3 = _mm512_set1_epi8(Q3_CODE_MASK);
                 let mut acc = _mm512_setzero_ps();
                 for s in 0..nsb {
                     let blk = p.add(Q3K_BYTES * s);
                     prefetch_ahead::<Q3K_BYTES>(blk);
-                    let sc = q3k_scales_i8(blk.add(Q3K_SCALES));
-                    let sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128(
-                        sc.as_ptr() as *const __m128i,
-                    )));
-                    let xq = a.qs.as_ptr().add(QK_K * s);
-                    let corr =
-                        q6k_bsum_dot(sc.as_ptr() as *const u8, a.bsums.as_ptr().add(K_GROUPS * s));
-                    let corr = _mm512_zextsi256_si512(_mm256_slli_epi32::<2>(corr));
-                    let mut sumi = _mm512_sub_epi32(_mm512_setzero_si512(), corr);
+                    let sc16 = q3k_scales16(blk.add(Q3K_SCALES));
                     let hm = _mm512_broadcast_i64x4(_mm256_loadu_si256(blk as *const __m256i));
-                    for z in 0..4 {
-                        let w = plane_codes(blk.add(Q3K_QS + 32 * (z / 2)), shifts[z]);
-                        let k = _mm512_test_epi8_mask(hm, bit_sel[z]);
-                        let w = _mm512_mask_add_epi8(w, k, w, m4);
-                        let x = _mm512_loadu_si512(xq.add(64 * z) as *const _);
-                        let scz = _mm512_permutexvar_epi16(ld_idx16(&IDX16_Q6K[z]), sc16);
-                        sumi = $dps(sumi, w, x, scz);
-                    }
+                    let w: [__m512i; 4] = std::array::from_fn(|z| {
+                        let q = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                            blk.add(Q3K_QS + 32 * (z / 2)) as *const __m256i,
+                        ));
+                        // Bits 0..2 from the plane, bit 2 from hmask, then the higher bits off.
+                        let mixed = _mm512_ternarylogic_epi32::<SELECT_C>(
+                            _mm512_srlv_epi16(q, shifts[z]),
+                            _mm512_rorv_epi32(hm, rot[z]),
+                            high,
+                        );
+                        _mm512_and_si512(mixed, low3)
+                    });
+                    let sumi = k16_sum(&w, a.qs.as_ptr().add(QK_K * s), sc16);
+                    let bs = _mm256_loadu_si256(a.bsums.as_ptr().add(K_GROUPS * s) as *const _);
+                    let corr = _mm256_madd_epi16(_mm512_castsi512_si256(sc16), bs);
+                    let corr = _mm256_slli_epi32::<Q3K_OFFSET_SHIFT>(corr);
+                    let sumi = _mm512_sub_epi32(sumi, _mm512_zextsi256_si512(corr));
                     let d = _mm512_set1_ps(h2f(rd16(blk.add(Q3K_D))) * a.d[s]);
                     acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc);
                 }
                 _mm512_reduce_add_ps(acc)
             }
 
-            /// Q2_K row · q8_K activation: Q3_K's 64-element products without the high bit,
-            /// unsigned 4-bit scales, mins through the `bsum` dot.
+            /// Q2_K row · q8_K activation: Q3_K's products without the high bit, unsigned
+            /// 4-bit scales, mins through the `bsum` dot; d and dmin converted together.
             #[target_feature(enable = $feat)]
             pub(crate) unsafe fn dot_q2k_q8k_avx512(row: &[u8], a: &Q8K) -> f32 {
                 let nsb = row.len() / Q2K_BYTES;
                 let p = row.as_ptr();
                 let shifts = plane_shifts();
+                let low4 = _mm256_set1_epi16(0x0F);
+                let dmin_lane = _mm256_set1_epi32(1);
                 let mut acc = _mm512_setzero_ps();
                 let mut macc = _mm256_setzero_ps();
                 for s in 0..nsb {
                     let blk = p.add(Q2K_BYTES * s);
                     prefetch_ahead::<Q2K_BYTES>(blk);
-                    let scb =
-                        _mm_and_si128(_mm_loadu_si128(blk as *const __m128i), _mm_set1_epi8(0x0F));
-                    let sc16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(scb));
-                    let xq = a.qs.as_ptr().add(QK_K * s);
-                    let mut sumi = _mm512_setzero_si512();
-                    for z in 0..4 {
-                        let w = plane_codes(blk.add(Q2K_QS + 32 * (z / 2)), shifts[z]);
-                        let x = _mm512_loadu_si512(xq.add(64 * z) as *const _);
-                        let scz = _mm512_permutexvar_epi16(ld_idx16(&IDX16_Q6K[z]), sc16);
-                        sumi = $dps(sumi, w, x, scz);
-                    }
-                    let mn = q2k_mins_dot(blk, a.bsums.as_ptr().add(K_GROUPS * s));
-                    let dx = a.d[s];
-                    let d = _mm512_set1_ps(h2f(rd16(blk.add(Q2K_D))) * dx);
-                    let dmin = _mm256_set1_ps(h2f(rd16(blk.add(Q2K_D + 2))) * dx);
+                    // Scale (low nibble) and min (high nibble) per group, as i16 lanes.
+                    let sm = _mm256_cvtepu8_epi16(_mm_loadu_si128(blk as *const __m128i));
+                    let sc16 = _mm512_castsi256_si512(_mm256_and_si256(sm, low4));
+                    let mins = _mm256_srli_epi16::<4>(sm);
+                    let w: [__m512i; 4] = std::array::from_fn(|z| {
+                        plane_codes(blk.add(Q2K_QS + 32 * (z / 2)), shifts[z])
+                    });
+                    let sumi = k16_sum(&w, a.qs.as_ptr().add(QK_K * s), sc16);
+                    let bs = _mm256_loadu_si256(a.bsums.as_ptr().add(K_GROUPS * s) as *const _);
+                    let mn = _mm256_madd_epi16(mins, bs);
+                    // [d·dx, dmin·dx, 0, 0].
+                    let dd = _mm_mul_ps(h2f_pair(blk.add(Q2K_D)), _mm_set1_ps(a.d[s]));
+                    let d = _mm512_broadcastss_ps(dd);
+                    let dmin = _mm256_permutexvar_ps(dmin_lane, _mm256_castps128_ps256(dd));
                     acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc);
                     macc = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(mn), macc);
                 }
@@ -273,41 +384,89 @@ macro_rules! mix_kernels {
                 dot_iq4xs_multi::<1>(row, &[a])[0]
             }
 
-            /// IQ4_XS row against `N` activations: two sub-blocks per vector, |value| and the
-            /// activation with the value's sign into `vpmaddubsw` (|value| ≤ 127, so no
-            /// saturation), the sub-scales on the 16-bit products.
+            /// IQ4_XS row against `N` activations. One 64-byte load of nibbles is four
+            /// sub-blocks; its low nibbles are their first halves and its high nibbles their
+            /// second, which is the activation's order (`act::iq4xs_pos`), so 128-bit lane c
+            /// of both products is sub-block c of the span. Both products of a span go into
+            /// one i32 accumulator, scaled once per super-block by a 32-bit multiply.
+            ///
+            /// With VNNI the table holds value + 128 (unsigned, so `vpdpbusd` takes it as is)
+            /// and the bias comes off exactly as 128·Σ sc·Σx per sub-block from the
+            /// activation's `sums32`; without, |value| and the activation with the value's
+            /// sign go into `vpmaddubsw` (|value| ≤ 127, so no saturation).
             #[inline]
             #[target_feature(enable = $feat)]
             unsafe fn dot_iq4xs_multi<const N: usize>(row: &[u8], a: &[&Q8K; N]) -> [f32; N] {
                 let nsb = row.len() / IQ4XS_BYTES;
                 let p = row.as_ptr();
-                let table512 = _mm512_broadcast_i64x4(iq4_table256());
+                let table = _mm512_broadcast_i32x4(_mm_loadu_si128(if $biased {
+                    IQ4NL_BIASED.as_ptr() as *const __m128i
+                } else {
+                    IQ4NL_VALUES.as_ptr() as *const __m128i
+                }));
+                let m4 = _mm512_set1_epi8(0x0F);
+                let (sel_lo, sel_hi) = (ld_idx(&IDX_SUB_LO), ld_idx(&IDX_SUB_HI));
                 let mut acc = [_mm512_setzero_ps(); N];
                 for s in 0..nsb {
                     let blk = p.add(IQ4XS_BYTES * s);
                     prefetch_ahead::<IQ4XS_BYTES>(blk);
-                    let sc16 = _mm512_castsi128_si512(iq4xs_scales(blk));
-                    let qs = blk.add(IQ4XS_QS);
-                    let mut wabs = [_mm512_setzero_si512(); 4];
-                    let mut neg: [__mmask64; 4] = [0; 4];
-                    let mut sct = [_mm512_setzero_si512(); 4];
-                    for t in 0..4 {
-                        let w = _mm512_shuffle_epi8(
-                            table512,
-                            join(nibbles32(qs.add(32 * t)), nibbles32(qs.add(32 * t + 16))),
-                        );
-                        wabs[t] = _mm512_abs_epi8(w);
-                        neg[t] = _mm512_movepi8_mask(w);
-                        sct[t] = _mm512_permutexvar_epi16(ld_idx16(&IDX16_IQ4XS[t]), sc16);
-                    }
+                    let sc = iq4xs_scales(blk);
+                    let sc32 = _mm512_castsi256_si512(_mm256_cvtepi16_epi32(sc));
+                    let (sc_lo, sc_hi) = (
+                        _mm512_permutexvar_epi32(sel_lo, sc32),
+                        _mm512_permutexvar_epi32(sel_hi, sc32),
+                    );
+                    let q0 = _mm512_loadu_si512(blk.add(IQ4XS_QS) as *const _);
+                    let q1 = _mm512_loadu_si512(blk.add(IQ4XS_QS + 64) as *const _);
+                    let w = [
+                        _mm512_and_si512(q0, m4),
+                        _mm512_and_si512(_mm512_srli_epi16::<4>(q0), m4),
+                        _mm512_and_si512(q1, m4),
+                        _mm512_and_si512(_mm512_srli_epi16::<4>(q1), m4),
+                    ]
+                    .map(|c| _mm512_shuffle_epi8(table, c));
+                    // Without VNNI: |value| and the sign mask, once for every activation.
+                    let wabs = if $biased {
+                        w
+                    } else {
+                        w.map(|v| _mm512_abs_epi8(v))
+                    };
+                    let neg: [__mmask64; 4] = if $biased {
+                        [0; 4]
+                    } else {
+                        w.map(|v| _mm512_movepi8_mask(v))
+                    };
                     let wd = h2f(rd16(blk));
                     for j in 0..N {
                         let xq = a[j].qs.as_ptr().add(QK_K * s);
-                        let mut sumi = _mm512_setzero_si512();
-                        for t in 0..4 {
-                            let x = _mm512_loadu_si512(xq.add(64 * t) as *const _);
-                            let sx = _mm512_mask_sub_epi8(x, neg[t], _mm512_setzero_si512(), x);
-                            sumi = $dps(sumi, wabs[t], sx, sct[t]);
+                        let x: [__m512i; 4] =
+                            std::array::from_fn(|t| _mm512_loadu_si512(xq.add(64 * t) as *const _));
+                        let dp = |acc: __m512i, t: usize| {
+                            if $biased {
+                                $dp(acc, wabs[t], x[t])
+                            } else {
+                                let sx = _mm512_mask_sub_epi8(
+                                    x[t],
+                                    neg[t],
+                                    _mm512_setzero_si512(),
+                                    x[t],
+                                );
+                                $dp(acc, wabs[t], sx)
+                            }
+                        };
+                        let z = _mm512_setzero_si512();
+                        let lo = dp(dp(z, 0), 1);
+                        let hi = dp(dp(z, 2), 3);
+                        let mut sumi = _mm512_add_epi32(
+                            _mm512_mullo_epi32(lo, sc_lo),
+                            _mm512_mullo_epi32(hi, sc_hi),
+                        );
+                        if $biased {
+                            let sums = _mm_loadu_si128(
+                                a[j].sums32.as_ptr().add(IQ4XS_SUBS * s) as *const __m128i
+                            );
+                            let bias = _mm_slli_epi32::<IQ4_BIAS_SHIFT>(_mm_madd_epi16(sc, sums));
+                            sumi = _mm512_sub_epi32(sumi, _mm512_zextsi128_si512(bias));
                         }
                         let d = _mm512_set1_ps(wd * a[j].d[s]);
                         acc[j] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc[j]);
@@ -333,12 +492,43 @@ mix_kernels!(
     "avx512f,avx512bw,avx512vl,avx2,fma,f16c",
     dp_u8i8_plain,
     dp_i8i8_plain,
-    dp_scaled_plain
+    dp_scaled_plain,
+    dpwssd_plain,
+    false,
+    false
 );
 mix_kernels!(
     vnni,
     "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
     dp_u8i8_vnni,
     dp_i8i8_vnni,
-    dp_scaled_vnni
+    dp_scaled_vnni,
+    dpwssd_vnni,
+    true,
+    true
 );
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    #[test]
+    fn q3k_scale_vector_matches_the_reference_unpacking() {
+        if !crate::SimdTier::Avx512.is_supported() {
+            println!("SKIPPED: no AVX-512");
+            return;
+        }
+        let mut rng = ChaCha8Rng::seed_from_u64(8);
+        for _ in 0..1000 {
+            let b: [u8; 12] = std::array::from_fn(|_| rng.random());
+            // SAFETY: AVX-512 was detected; b is the 12 bytes the function reads.
+            let v = unsafe { _mm512_castsi512_si256(q3k_scales16(b.as_ptr())) };
+            // SAFETY: __m256i and [i16; 16] have the same size; every bit pattern is valid.
+            let got: [i16; 16] = unsafe { std::mem::transmute(v) };
+            let want = crate::formats::kquant_low::q3k_scales(&b).map(|c| i16::from(c) - 32);
+            assert_eq!(got, want, "{b:?}");
+        }
+    }
+}

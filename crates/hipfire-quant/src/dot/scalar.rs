@@ -1,7 +1,7 @@
 //! Scalar reference row dots. Safe code; the SIMD tiers must agree with these within the
 //! bounds stated in `tests/formats.rs`.
 
-use crate::act::{Q8x32, Q4K_ACT_ORDER, Q8K};
+use crate::act::{iq4xs_pos, Q8x32, IQ4XS_ACT_SPAN, Q4K_ACT_ORDER, Q8K};
 use crate::formats::float::bf16_to_f32;
 use crate::formats::hfq::{BlockHfq4G256, HFQ_GROUP};
 use crate::formats::iq4::{BlockIq4Nl, BlockIq4Xs, IQ4XS_SCALE_OFFSET};
@@ -257,7 +257,8 @@ pub(crate) fn dot_iq4nl_q8_0_scalar(row: &[u8], a: &Q8x32) -> f32 {
     acc as f32
 }
 
-/// IQ4_XS row · q8_K activation: Σ d·dx·Σ_ib (sc_ib − 32)·Σ table(q)·xq over sub-blocks of 32.
+/// IQ4_XS row · q8_K activation: Σ d·dx·Σ_ib (sc_ib − 32)·Σ table(q)·xq over sub-blocks of 32
+/// (the activation in [`iq4xs_pos`] order per span).
 pub(crate) fn dot_iq4xs_q8k_scalar(row: &[u8], a: &Q8K) -> f32 {
     let mut acc = 0f64;
     for (s, blk) in row.chunks_exact(136).enumerate() {
@@ -266,8 +267,12 @@ pub(crate) fn dot_iq4xs_q8k_scalar(row: &[u8], a: &Q8K) -> f32 {
         let xq = &a.qs[QK_K * s..QK_K * (s + 1)];
         let mut isum = 0i32;
         for (ib, &c) in sc.iter().enumerate() {
-            let r = QK * ib..QK * (ib + 1);
-            let p = isum32(v[r.clone()].iter().map(|&q| i32::from(q)), &xq[r]);
+            let p: i32 = (QK * ib..QK * (ib + 1))
+                .map(|e| {
+                    let pos = e - e % IQ4XS_ACT_SPAN + iq4xs_pos(e % IQ4XS_ACT_SPAN);
+                    i32::from(v[e]) * i32::from(xq[pos])
+                })
+                .sum();
             isum += (i32::from(c) - IQ4XS_SCALE_OFFSET) * p;
         }
         acc += f64::from(f16_to_f32(w.d) * a.d[s]) * f64::from(isum);
