@@ -52,10 +52,6 @@ const _: () = assert!(1 << IQ4_BIAS_SHIFT == IQ4_BIAS);
 
 /// Bit 2 of a 3-bit code, as a byte.
 const Q3_HIGH_BIT: i8 = 0x04;
-/// Bits of a 3-bit code, as a byte.
-const Q3_CODE_MASK: i8 = 0x07;
-/// `vpternlogd` truth table of c ? b : a.
-const SELECT_C: i32 = 0xD8;
 /// log2 of Q3_K's code offset 4 (`−4·Σ sc·bsum` is a shift).
 const Q3K_OFFSET_SHIFT: i32 = 2;
 /// Q3_K / Q2_K on VNNI ([`vnni::k16_sum`]): `vpackssdw` of the `vpdpbusd` sums of products
@@ -102,6 +98,28 @@ pub(crate) unsafe fn q3k_scales16(p: *const u8) -> __m512i {
     let codes = _mm_ternarylogic_epi32::<OR_AND>(lo, hi, _mm_set1_epi8(0x30));
     let sc = _mm_sub_epi8(codes, _mm_set1_epi8(Q3K_SCALE_OFFSET as i8));
     _mm512_castsi256_si512(_mm256_cvtepi8_epi16(sc))
+}
+
+/// `src` + `b` in the bytes `k` selects, `src` elsewhere: one `vpaddb` with a merge mask.
+///
+/// Inline asm on purpose: LLVM rewrites the masked add of Q3_K's bit 2 (disjoint from the
+/// code bits) into `vpor` + a masked `vmovdqu8`, one vector µop more per 64 weights.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn add_epi8_masked(src: __m512i, k: __mmask64, b: __m512i) -> __m512i {
+    let mut r = src;
+    // SAFETY: register-only instruction (no memory, stack or flags); AVX-512 BW is enabled for
+    // every caller by this function's target features.
+    unsafe {
+        std::arch::asm!(
+            "vpaddb {r}{{{k}}}, {r}, {b}",
+            r = inout(zmm_reg) r,
+            k = in(kreg) k,
+            b = in(zmm_reg) b,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    r
 }
 
 /// The 2-bit plane layout of Q3_K / Q2_K as 512-bit steps: product z (0..4) covers elements
@@ -274,17 +292,14 @@ macro_rules! mix_kernels {
                 let p = row.as_ptr();
                 let shifts = plane_shifts();
                 // Product z holds 32-element chunks 2z (low half) and 2z + 1 (high half), whose
-                // bit 2 is bit j = 2z or 2z + 1 of each hmask byte: rotating each 32-bit lane
-                // right by j − 2 puts bit j of every byte at bit 2 of the same byte.
-                let rot: [__m512i; 4] = std::array::from_fn(|z| {
-                    let j = 2 * z as i32;
+                // bit 2 is bit 2z or 2z + 1 of each hmask byte.
+                let bit_sel: [__m512i; 4] = std::array::from_fn(|z| {
                     join(
-                        _mm256_set1_epi32((j - 2).rem_euclid(32)),
-                        _mm256_set1_epi32((j - 1).rem_euclid(32)),
+                        _mm256_set1_epi8((1u8 << (2 * z)) as i8),
+                        _mm256_set1_epi8((1u8 << (2 * z + 1)) as i8),
                     )
                 });
                 let high = _mm512_set1_epi8(Q3_HIGH_BIT);
-                let low3 = _mm512_set1_epi8(Q3_CODE_MASK);
                 let mut acc = _mm512_setzero_ps();
                 for s in 0..nsb {
                     let blk = p.add(Q3K_BYTES * s);
@@ -292,16 +307,9 @@ macro_rules! mix_kernels {
                     let sc16 = q3k_scales16(blk.add(Q3K_SCALES));
                     let hm = _mm512_broadcast_i64x4(_mm256_loadu_si256(blk as *const __m256i));
                     let w: [__m512i; 4] = std::array::from_fn(|z| {
-                        let q = _mm512_broadcast_i64x4(_mm256_loadu_si256(
-                            blk.add(Q3K_QS + 32 * (z / 2)) as *const __m256i,
-                        ));
-                        // Bits 0..2 from the plane, bit 2 from hmask, then the higher bits off.
-                        let mixed = _mm512_ternarylogic_epi32::<SELECT_C>(
-                            _mm512_srlv_epi16(q, shifts[z]),
-                            _mm512_rorv_epi32(hm, rot[z]),
-                            high,
-                        );
-                        _mm512_and_si512(mixed, low3)
+                        let w = plane_codes(blk.add(Q3K_QS + 32 * (z / 2)), shifts[z]);
+                        let k = _mm512_test_epi8_mask(hm, bit_sel[z]);
+                        add_epi8_masked(w, k, high)
                     });
                     let sumi = k16_sum(&w, a.qs.as_ptr().add(QK_K * s), sc16);
                     let bs = _mm256_loadu_si256(a.bsums.as_ptr().add(K_GROUPS * s) as *const _);
