@@ -164,6 +164,52 @@ fn every_format_every_tier_matches_reference() {
     }
 }
 
+/// Super-blocks in a row of [`long_rows_match_scalar`]: past the 16-super-block chunks some
+/// kernels work their f32 scales out in, and not a multiple of them.
+const LONG_ROW_SUPER_BLOCKS: usize = 37;
+
+/// Rows longer than [`ks`] covers, for the super-block formats whose kernels work in chunks of
+/// super-blocks: every tier within the SIMD-vs-scalar bound.
+#[test]
+fn long_rows_match_scalar() {
+    let mut rng = ChaCha8Rng::seed_from_u64(SEED ^ 2);
+    let tiers = tiers();
+    for fmt in [Format::Q3K, Format::Q2K, Format::Iq4Xs, Format::Q4K] {
+        let k = fmt.block_elems() * LONG_ROW_SUPER_BLOCKS;
+        let m = 3;
+        let mut w_bytes = Vec::new();
+        let mut w64 = vec![0f64; m * k];
+        for r in 0..m {
+            let q = quantize_row(fmt, &random_vec(&mut rng, k, fmt.block_elems())).unwrap();
+            dequantize_row_f64(fmt, &q, &mut w64[r * k..(r + 1) * k]).unwrap();
+            w_bytes.extend_from_slice(&q);
+        }
+        let x = random_vec(&mut rng, k, 32);
+        let act = ActivationBuf::prepare(fmt, &x).unwrap();
+        let mut y_scalar = vec![f32::NAN; m];
+        gemv_rows_scalar(fmt, &w_bytes, k, &act, &mut y_scalar, false).unwrap();
+        for &tier in &tiers {
+            let mut y = vec![f32::NAN; m];
+            gemv_rows_with(tier, fmt, &w_bytes, k, &act, &mut y, false).unwrap();
+            for r in 0..m {
+                let mag: f64 = w64[r * k..(r + 1) * k]
+                    .iter()
+                    .zip(&x)
+                    .map(|(a, &b)| (a * f64::from(b)).abs())
+                    .sum();
+                let gap = (f64::from(y[r]) - f64::from(y_scalar[r])).abs();
+                let tol = SIMD_VS_SCALAR_REL * mag + ABS_FLOOR;
+                assert!(
+                    gap <= tol,
+                    "{fmt} {tier} k={k} row {r}: {} vs scalar {}",
+                    y[r],
+                    y_scalar[r]
+                );
+            }
+        }
+    }
+}
+
 /// Per-element quantisation error of each quantiser stays inside its format's step.
 #[test]
 fn quantisers_round_trip_within_step() {
