@@ -8,6 +8,8 @@
 //! - Q4_K's 64-byte load (two 32-byte chunks) yields sub-blocks (0, 2) from the low nibbles and
 //!   (1, 3) from the high ones, so per 256 the activation stores sub-blocks in
 //!   [`Q4K_ACT_ORDER`];
+//! - Q3_K's and Q2_K's 64-byte load of 2-bit planes holds, per shift, 32-element chunks j and
+//!   j + 4 of the super-block, so per 256 the activation stores chunks in [`K16_ACT_ORDER`];
 //! - IQ4_XS's 64-byte load of nibbles covers four 32-element sub-blocks, the low nibbles being
 //!   each one's first 16 elements and the high nibbles its last 16, so per 128 elements the
 //!   activation stores [first halves of sub-blocks 0..4, second halves of sub-blocks 0..4]
@@ -36,6 +38,17 @@ pub(crate) const HFQ_PERM_SPAN: usize = 128;
 pub(crate) const Q4_0_ACT_GROUP: usize = 4 * QK;
 /// Sub-block order of a Q4_K activation super-block (see the module docs).
 pub(crate) const Q4K_ACT_ORDER: [usize; 8] = [0, 2, 1, 3, 4, 6, 5, 7];
+/// 32-element chunk order of a Q3_K / Q2_K activation super-block (see the module docs).
+pub(crate) const K16_ACT_ORDER: [usize; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
+/// Elements of one [`K16_ACT_ORDER`] chunk.
+pub(crate) const K16_CHUNK: usize = 32;
+
+/// Activation position, inside its super-block, of chunk `j`'s element 0 for Q3_K / Q2_K (the
+/// inverse of [`K16_ACT_ORDER`]).
+pub(crate) const fn k16_chunk_pos(j: usize) -> usize {
+    K16_CHUNK * (2 * (j % 4) + j / 4)
+}
+
 /// IQ4_XS's activation permutation span: one 64-byte load of nibbles covers 128 elements.
 pub(crate) const IQ4XS_ACT_SPAN: usize = 128;
 /// Elements of an IQ4_XS sub-block half (one nibble plane of its 16 bytes).
@@ -102,7 +115,8 @@ pub(crate) struct Q8x32 {
 /// `x` quantised per 256 elements (ggml's q8_K).
 #[derive(Debug, Clone)]
 pub(crate) struct Q8K {
-    /// Quants; Q4_K's and Q5_K's are in [`Q4K_ACT_ORDER`] sub-block order, IQ4_XS's in
+    /// Quants; Q4_K's and Q5_K's are in [`Q4K_ACT_ORDER`] sub-block order, Q3_K's and Q2_K's
+    /// in [`K16_ACT_ORDER`] chunk order, IQ4_XS's in
     /// [`iq4xs_pos`] order per [`IQ4XS_ACT_SPAN`].
     pub qs: Vec<i8>,
     /// Scale per 256.
@@ -172,6 +186,11 @@ fn place_q8k_block(fmt: Format, natural: &[i8], dst: &mut [i8]) {
         for (t, &j) in Q4K_ACT_ORDER.iter().enumerate() {
             dst[Q4K_SUB * t..Q4K_SUB * (t + 1)]
                 .copy_from_slice(&natural[Q4K_SUB * j..Q4K_SUB * (j + 1)]);
+        }
+    } else if matches!(fmt, Format::Q3K | Format::Q2K) {
+        for (t, &j) in K16_ACT_ORDER.iter().enumerate() {
+            dst[K16_CHUNK * t..K16_CHUNK * (t + 1)]
+                .copy_from_slice(&natural[K16_CHUNK * j..K16_CHUNK * (j + 1)]);
         }
     } else if fmt == Format::Iq4Xs {
         for (e, &v) in natural.iter().enumerate() {
@@ -379,6 +398,10 @@ pub(crate) fn act_source(fmt: Format, p: usize, k: usize) -> usize {
         Format::Q4K | Format::Q5K => {
             let (base, r) = (p - p % QK_K, p % QK_K);
             base + Q4K_ACT_ORDER[r / Q4K_SUB] * Q4K_SUB + r % Q4K_SUB
+        }
+        Format::Q3K | Format::Q2K => {
+            let (base, r) = (p - p % QK_K, p % QK_K);
+            base + K16_ACT_ORDER[r / K16_CHUNK] * K16_CHUNK + r % K16_CHUNK
         }
         Format::Iq4Xs => {
             // Position r of a span: half r / 64, sub-block (r % 64) / 16, element r % 16.
@@ -750,6 +773,15 @@ mod tests {
     /// Inverse of [`act_source`], by search (tests only).
     fn pos_of(fmt: Format, e: usize, k: usize) -> usize {
         (0..k).find(|&p| act_source(fmt, p, k) == e).unwrap()
+    }
+
+    #[test]
+    fn k16_chunk_pos_inverts_act_source() {
+        for j in 0..QK_K / K16_CHUNK {
+            for f in [Format::Q3K, Format::Q2K] {
+                assert_eq!(act_source(f, k16_chunk_pos(j) + 5, 512), K16_CHUNK * j + 5);
+            }
+        }
     }
 
     #[test]

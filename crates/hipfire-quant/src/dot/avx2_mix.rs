@@ -7,7 +7,7 @@
 //! As in `avx2.rs`: the CPU supports AVX2, FMA and F16C, `row` is exactly `row_bytes(k)`
 //! bytes, and the activation was prepared for the same format and `k`.
 
-use crate::act::{Q8x32, IQ4XS_ACT_SPAN, Q8K};
+use crate::act::{k16_chunk_pos, Q8x32, IQ4XS_ACT_SPAN, Q8K};
 use crate::dot::avx2::{
     dp_u8i8_256, h2f, h2f_x4, hsum4, hsum8, nibbles32, prefetch_ahead, q6k_bsum_dot, rd16,
 };
@@ -199,7 +199,8 @@ unsafe fn pair_scales(lo: i8, hi: i8) -> __m256i {
 }
 
 /// Q3_K row · q8_K activation: codes 0..7 (two plane bits plus the hmask bit), per group of 16
-/// `(sc − 32)·(Σ c·xq − 4·Σxq)`, the offset through Q6_K's `bsum` dot.
+/// `(sc − 32)·(Σ c·xq − 4·Σxq)`, the offset through Q6_K's `bsum` dot; chunk j's activation
+/// sits at [`k16_chunk_pos`].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_q3k_q8k_avx2(row: &[u8], a: &Q8K) -> f32 {
     let nsb = row.len() / Q3K_BYTES;
@@ -229,7 +230,7 @@ pub(crate) unsafe fn dot_q3k_q8k_avx2(row: &[u8], a: &Q8K) -> f32 {
                 );
                 q = _mm256_srli_epi16(q, 2);
                 h = _mm256_srli_epi16(h, 1);
-                let x = _mm256_loadu_si256(xq.add(32 * j) as *const __m256i);
+                let x = _mm256_loadu_si256(xq.add(k16_chunk_pos(j)) as *const __m256i);
                 let p16 = _mm256_maddubs_epi16(w, x);
                 let sc16 = pair_scales(sc[2 * j], sc[2 * j + 1]);
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, sc16));
@@ -253,7 +254,8 @@ pub(crate) unsafe fn q2k_mins_dot(scales: *const u8, bsums: *const i16) -> __m25
     )
 }
 
-/// Q2_K row · q8_K activation: dx·(d·Σ sc·P − dmin·Σ m·S) per super-block.
+/// Q2_K row · q8_K activation: dx·(d·Σ sc·P − dmin·Σ m·S) per super-block (activation chunks
+/// as Q3_K's).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_q2k_q8k_avx2(row: &[u8], a: &Q8K) -> f32 {
     let nsb = row.len() / Q2K_BYTES;
@@ -271,7 +273,7 @@ pub(crate) unsafe fn dot_q2k_q8k_avx2(row: &[u8], a: &Q8K) -> f32 {
                 let j = 4 * plane + sft;
                 let w = _mm256_and_si256(q, m3);
                 q = _mm256_srli_epi16(q, 2);
-                let x = _mm256_loadu_si256(xq.add(32 * j) as *const __m256i);
+                let x = _mm256_loadu_si256(xq.add(k16_chunk_pos(j)) as *const __m256i);
                 let p16 = _mm256_maddubs_epi16(w, x);
                 let (s0, s1) = (*blk.add(2 * j) & 0x0F, *blk.add(2 * j + 1) & 0x0F);
                 let sc16 = pair_scales(s0 as i8, s1 as i8);

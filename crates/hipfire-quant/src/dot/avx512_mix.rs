@@ -20,8 +20,8 @@ use crate::dot::avx2_mix::{
 };
 use crate::dot::avx512::{
     dp_i8i8_plain, dp_i8i8_vnni, dp_scaled_plain, dp_scaled_vnni, dp_u8i8_plain, dp_u8i8_vnni,
-    dpwssd_plain, dpwssd_vnni, join, ld_idx, ld_idx16, multi_rows, IDX16_Q6K, IDX_2BLK,
-    IDX_2BLK_HI, MULTI_MAX,
+    dpwssd_plain, dpwssd_vnni, join, ld_idx, ld_idx16, multi_rows, IDX_2BLK, IDX_2BLK_HI,
+    MULTI_MAX,
 };
 use crate::formats::iq4::{IQ4NL_VALUES, IQ4XS_SUBS};
 use crate::formats::kquant::QK_K;
@@ -56,21 +56,59 @@ const DD_CHUNK: usize = 16;
 const Q3_HIGH_BIT: i8 = 0x04;
 /// log2 of Q3_K's code offset 4 (`−4·Σ sc·bsum` is a shift).
 const Q3K_OFFSET_SHIFT: i32 = 2;
+/// Group (of 16 elements, 0..16) of i32 lane `l` of Q3_K / Q2_K product `s`: the product's
+/// low half is 32-element chunk s, its high half chunk s + 4 (`act::K16_ACT_ORDER`).
+const fn k16_group(s: usize, l: usize) -> usize {
+    if l < 8 {
+        2 * s + l / 4
+    } else {
+        8 + 2 * s + (l - 8) / 4
+    }
+}
+
 /// Q3_K / Q2_K on VNNI ([`vnni::k16_sum`]): `vpackssdw` of the `vpdpbusd` sums of products
-/// 2h and 2h + 1 puts, in 128-bit lane c, four sums of product 2h (elements
-/// 128h + 16c..+16, group 8h + c) then four of product 2h + 1 (group 8h + 4 + c). These are the
-/// group indices of those 32 i16 lanes.
+/// 2h and 2h + 1 puts, in 128-bit lane c, four sums of product 2h (i32 lanes 4c..4c+4) then four
+/// of product 2h + 1. These are the group indices of those 32 i16 lanes.
 const IDX16_K16_PACKED: [[u16; 32]; 2] = [idx16_k16_packed(0), idx16_k16_packed(1)];
+/// Without VNNI: i16 lane i of product s after `vpmaddubsw` covers bytes 2i, 2i + 1, i.e. i32
+/// lane i / 2.
+const IDX16_K16: [[u16; 32]; 4] = [idx16_k16(0), idx16_k16(1), idx16_k16(2), idx16_k16(3)];
 
 const fn idx16_k16_packed(h: usize) -> [u16; 32] {
     let mut v = [0u16; 32];
     let mut i = 0;
     while i < 32 {
         let (c, pos) = (i / 8, i % 8);
-        v[i] = (8 * h + c + 4 * (pos / 4)) as u16;
+        v[i] = k16_group(2 * h + pos / 4, 4 * c) as u16;
         i += 1;
     }
     v
+}
+
+const fn idx16_k16(s: usize) -> [u16; 32] {
+    let mut v = [0u16; 32];
+    let mut i = 0;
+    while i < 32 {
+        v[i] = k16_group(s, i / 2) as u16;
+        i += 1;
+    }
+    v
+}
+
+/// The four 64-byte code vectors of one Q3_K / Q2_K super-block from its 64 plane bytes at
+/// `qs` (plane 0 then plane 1): vector s is bits 2s..2s+2 of every byte, i.e. chunks s (low
+/// half) and s + 4 (high half). 16-bit shifts leak bits of the next byte only above the two kept.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn k16_planes(qs: *const u8) -> [__m512i; 4] {
+    let q = _mm512_loadu_si512(qs as *const _);
+    let m3 = _mm512_set1_epi8(3);
+    [
+        _mm512_and_si512(q, m3),
+        _mm512_and_si512(_mm512_srli_epi16::<2>(q), m3),
+        _mm512_and_si512(_mm512_srli_epi16::<4>(q), m3),
+        _mm512_and_si512(_mm512_srli_epi16::<6>(q), m3),
+    ]
 }
 
 /// Q3_K's sixteen signed scales (code − 32) from their 12 packed bytes at `p` (see
@@ -122,26 +160,6 @@ unsafe fn add_epi8_masked(src: __m512i, k: __mmask64, b: __m512i) -> __m512i {
         );
     }
     r
-}
-
-/// The 2-bit plane layout of Q3_K / Q2_K as 512-bit steps: product z (0..4) covers elements
-/// 64z..64z+64, i.e. plane z / 2 shifted by 2·(2·(z % 2)) in its low half and by 2 more in its
-/// high half. Returns the per-16-bit-lane shift counts of each z.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn plane_shifts() -> [__m512i; 4] {
-    std::array::from_fn(|z| {
-        let s0 = (4 * (z % 2)) as i16;
-        join(_mm256_set1_epi16(s0), _mm256_set1_epi16(s0 + 2))
-    })
-}
-
-/// Codes 0..=3 of product z from the 32 plane bytes at `plane` (broadcast to both halves).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn plane_codes(plane: *const u8, shift: __m512i) -> __m512i {
-    let q = _mm512_broadcast_i64x4(_mm256_loadu_si256(plane as *const __m256i));
-    _mm512_and_si512(_mm512_srlv_epi16(q, shift), _mm512_set1_epi8(3))
 }
 
 /// The 64 unsigned 5-bit codes of two Q5 blocks at `b0`, `b1` (block 0's in the low half),
@@ -256,12 +274,12 @@ macro_rules! mix_kernels {
             }
 
             /// Σ_g sc_g·P_g of one super-block of Q3_K / Q2_K, product z holding the codes of
-            /// elements 64z..64z+64 (`w[z]`) and `sc16` the sixteen i16 group scales in its low
-            /// 256 bits. With VNNI (`PACKED`), one `vpdpbusd` per product gives i32 sums of four
-            /// code·x products (|Σ| ≤ 4·7·127 < 2^15), two products' sums are packed to i16 and
-            /// scaled by one `vpdpwssd`: 3 multiplies and 1 scale permute per 128 weights
-            /// instead of 4 and 2. Without, `vpmaddubsw` + `vpmaddwd` per product with Q6_K's
-            /// scale lanes. The integer sum is exact either way.
+            /// chunks z and z + 4 (`w[z]`, see [`k16_planes`]) and `sc16` the sixteen i16 group
+            /// scales in its low 256 bits. With VNNI (`PACKED`), one `vpdpbusd` per product
+            /// gives i32 sums of four code·x products (|Σ| ≤ 4·7·127 < 2^15), two products'
+            /// sums are packed to i16 and scaled by one `vpdpwssd`: 3 multiplies and 1 scale
+            /// permute per 128 weights instead of 4 and 2. Without, `vpmaddubsw` + `vpmaddwd`
+            /// per product. The integer sum is exact either way.
             #[inline]
             #[target_feature(enable = $feat)]
             unsafe fn k16_sum(w: &[__m512i; 4], xq: *const i8, sc16: __m512i) -> __m512i {
@@ -278,27 +296,26 @@ macro_rules! mix_kernels {
                     }
                 } else {
                     for z in 0..4 {
-                        let sc = _mm512_permutexvar_epi16(ld_idx16(&IDX16_Q6K[z]), sc16);
+                        let sc = _mm512_permutexvar_epi16(ld_idx16(&IDX16_K16[z]), sc16);
                         sumi = $dps(sumi, w[z], x[z], sc);
                     }
                 }
                 sumi
             }
 
-            /// Q3_K row · q8_K activation: plane bits by a per-half variable shift, bit 2 from
-            /// `hmask` by a per-half bit test, the −4 offset through the `bsum` dot
+            /// Q3_K row · q8_K activation: plane bits by shifts of both planes at once, bit 2
+            /// from `hmask` by a per-half bit test, the −4 offset through the `bsum` dot
             /// ([`k16_sum`] for the rest).
             #[target_feature(enable = $feat)]
             pub(crate) unsafe fn dot_q3k_q8k_avx512(row: &[u8], a: &Q8K) -> f32 {
                 let nsb = row.len() / Q3K_BYTES;
                 let p = row.as_ptr();
-                let shifts = plane_shifts();
-                // Product z holds 32-element chunks 2z (low half) and 2z + 1 (high half), whose
-                // bit 2 is bit 2z or 2z + 1 of each hmask byte.
+                // Product z holds 32-element chunks z (low half) and z + 4 (high half), whose
+                // bit 2 is bit z or z + 4 of each hmask byte.
                 let bit_sel: [__m512i; 4] = std::array::from_fn(|z| {
                     join(
-                        _mm256_set1_epi8((1u8 << (2 * z)) as i8),
-                        _mm256_set1_epi8((1u8 << (2 * z + 1)) as i8),
+                        _mm256_set1_epi8((1u8 << z) as i8),
+                        _mm256_set1_epi8((1u8 << (z + 4)) as i8),
                     )
                 });
                 let high = _mm512_set1_epi8(Q3_HIGH_BIT);
@@ -308,10 +325,10 @@ macro_rules! mix_kernels {
                     prefetch_ahead::<Q3K_BYTES>(blk);
                     let sc16 = q3k_scales16(blk.add(Q3K_SCALES));
                     let hm = _mm512_broadcast_i64x4(_mm256_loadu_si256(blk as *const __m256i));
+                    let planes = k16_planes(blk.add(Q3K_QS));
                     let w: [__m512i; 4] = std::array::from_fn(|z| {
-                        let w = plane_codes(blk.add(Q3K_QS + 32 * (z / 2)), shifts[z]);
                         let k = _mm512_test_epi8_mask(hm, bit_sel[z]);
-                        add_epi8_masked(w, k, high)
+                        add_epi8_masked(planes[z], k, high)
                     });
                     let sumi = k16_sum(&w, a.qs.as_ptr().add(QK_K * s), sc16);
                     let bs = _mm256_loadu_si256(a.bsums.as_ptr().add(K_GROUPS * s) as *const _);
@@ -331,7 +348,6 @@ macro_rules! mix_kernels {
             pub(crate) unsafe fn dot_q2k_q8k_avx512(row: &[u8], a: &Q8K) -> f32 {
                 let nsb = row.len() / Q2K_BYTES;
                 let p = row.as_ptr();
-                let shifts = plane_shifts();
                 let low4 = _mm256_set1_epi16(0x0F);
                 let mut acc = _mm512_setzero_ps();
                 let mut macc = _mm256_setzero_ps();
@@ -357,9 +373,7 @@ macro_rules! mix_kernels {
                         let sm = _mm256_cvtepu8_epi16(_mm_loadu_si128(blk as *const __m128i));
                         let sc16 = _mm512_castsi256_si512(_mm256_and_si256(sm, low4));
                         let mins = _mm256_srli_epi16::<4>(sm);
-                        let w: [__m512i; 4] = std::array::from_fn(|z| {
-                            plane_codes(blk.add(Q2K_QS + 32 * (z / 2)), shifts[z])
-                        });
+                        let w = k16_planes(blk.add(Q2K_QS));
                         let sumi = k16_sum(&w, a.qs.as_ptr().add(QK_K * s), sc16);
                         let bs = _mm256_loadu_si256(a.bsums.as_ptr().add(K_GROUPS * s) as *const _);
                         let mn = _mm256_madd_epi16(mins, bs);

@@ -1,7 +1,7 @@
 //! Scalar reference row dots. Safe code; the SIMD tiers must agree with these within the
 //! bounds stated in `tests/formats.rs`.
 
-use crate::act::{iq4xs_pos, Q8x32, IQ4XS_ACT_SPAN, Q4K_ACT_ORDER, Q8K};
+use crate::act::{iq4xs_pos, k16_chunk_pos, Q8x32, IQ4XS_ACT_SPAN, K16_CHUNK, Q4K_ACT_ORDER, Q8K};
 use crate::formats::float::bf16_to_f32;
 use crate::formats::hfq::{BlockHfq4G256, HFQ_GROUP};
 use crate::formats::iq4::{BlockIq4Nl, BlockIq4Xs, IQ4XS_SCALE_OFFSET};
@@ -206,6 +206,17 @@ pub(crate) fn dot_q6k_q8k_scalar(row: &[u8], a: &Q8K) -> f32 {
     acc as f32
 }
 
+/// Σ over the 16 elements of group `g` of code · activation quant, the activation of one
+/// super-block (`xq`) in Q3_K / Q2_K's chunk order (`act::K16_ACT_ORDER`).
+fn k16_group_dot(codes: &[u8; QK_K], xq: &[i8], g: usize) -> i32 {
+    (Q6K_SUB * g..Q6K_SUB * (g + 1))
+        .map(|e| {
+            let pos = k16_chunk_pos(e / K16_CHUNK) + e % K16_CHUNK;
+            i32::from(codes[e]) * i32::from(xq[pos])
+        })
+        .sum()
+}
+
 /// Q3_K row · q8_K activation: Σ d·dx·Σ_g (sc_g − 32)·(P_g − 4·S_g) over groups of 16.
 pub(crate) fn dot_q3k_q8k_scalar(row: &[u8], a: &Q8K) -> f32 {
     let mut acc = 0f64;
@@ -215,8 +226,7 @@ pub(crate) fn dot_q3k_q8k_scalar(row: &[u8], a: &Q8K) -> f32 {
         let xq = &a.qs[QK_K * s..QK_K * (s + 1)];
         let mut isum = 0i32;
         for (g, &scg) in sc.iter().enumerate() {
-            let r = Q6K_SUB * g..Q6K_SUB * (g + 1);
-            let p = isum32(c[r.clone()].iter().map(|&v| i32::from(v)), &xq[r]);
+            let p = k16_group_dot(&c, xq, g);
             let bs = i32::from(a.bsums[16 * s + g]);
             isum += (i32::from(scg) - Q3K_SCALE_OFFSET) * (p - Q3K_OFFSET * bs);
         }
@@ -234,8 +244,7 @@ pub(crate) fn dot_q2k_q8k_scalar(row: &[u8], a: &Q8K) -> f32 {
         let xq = &a.qs[QK_K * s..QK_K * (s + 1)];
         let (mut isc, mut imn) = (0i32, 0i32);
         for g in 0..QK_K / Q6K_SUB {
-            let r = Q6K_SUB * g..Q6K_SUB * (g + 1);
-            let p = isum32(c[r.clone()].iter().map(|&v| i32::from(v)), &xq[r]);
+            let p = k16_group_dot(&c, xq, g);
             isc += i32::from(w.scales[g] & 0x0F) * p;
             imn += i32::from(w.scales[g] >> 4) * i32::from(a.bsums[16 * s + g]);
         }
