@@ -70,6 +70,7 @@
 #![deny(missing_docs)]
 
 mod act;
+mod amx;
 mod dispatch;
 mod dot;
 pub mod formats;
@@ -77,6 +78,10 @@ mod read;
 mod shared_act;
 
 pub use act::{quantise_q8k, ActivationBuf, Q8K_BLOCK};
+pub use amx::{
+    amx_available, amx_rows_used, amx_status, error_bound as amx_error_bound, gemm_bf16, AmxEngine,
+    Bf16Tokens, AMX_MIN_TOKENS,
+};
 pub use dispatch::{
     dequantize_row, dequantize_row_f64, gemv_rows, gemv_rows_multi, gemv_rows_multi_with,
     gemv_rows_scalar, gemv_rows_with, multi_matches_single, quantize_row, simd_tier, SimdTier,
@@ -146,6 +151,9 @@ pub enum QuantError {
     /// A SIMD tier was requested explicitly that this CPU does not support.
     #[error("SIMD tier {0} is not supported by this CPU")]
     TierUnavailable(SimdTier),
+    /// The AMX engine was requested on a CPU or OS without AMX bf16 tiles (the reason).
+    #[error("AMX is not available: {0}")]
+    AmxUnavailable(&'static str),
 }
 
 /// A weight format. GGUF formats use GGUF's exact byte layout.

@@ -1,0 +1,424 @@
+//! Prompt-token GEMM on Intel AMX (`tdpbf16ps`): many tokens against the same rows, in bf16.
+//!
+//! The row dots of [`crate::gemv_rows_multi`] multiply 8-bit integers and pay each weight
+//! block's unpacking and scaling per few activations; at 16 threads on the H200 box's Xeon that
+//! held CPU prefill of a Llama-3-8B Q4_K at 52.7 tok/s against llama.cpp's 178
+//! (`docs/perf-checkpoints/2026-12-01-gpu-prefill-h200`). Here each worker instead dequantises
+//! a panel of [`PANEL_ROWS`] weight rows once to bf16 (exact f32 dequantisation, then
+//! round-to-nearest-even), the tokens are packed once per call to bf16 in the AMX B layout, and
+//! the tile unit multiplies 16 × 16 × 32 per instruction with 2 × 2 register blocking, summing
+//! the whole row in f32. No per-sub-block integer post-processing: any format with a
+//! dequantiser runs here (Q4_K and Q6_K through AVX-512 dequantisers, the others through
+//! [`crate::dequantize_row`]).
+//!
+//! # Accuracy (the contract the callers state)
+//! Rounding a weight and an activation to bf16 (8 significant bits) moves each by at most 2⁻⁸
+//! of itself, so a product by at most 2⁻⁷ + 2⁻¹⁶ of itself; the f32 sums add at most `k·2⁻²⁴`
+//! of `Σ|w·x|`. A row's
+//! result is therefore within [`error_bound`]`(k) · Σ_i |w_i · x_i|` of the exact dot of the
+//! dequantised row with the unquantised activation (the q8 row dots are within `amax/254` per
+//! element, a bound of the same order). Results are not bit-identical to the q8 row dots.
+//!
+//! # Layouts
+//! A [`Line`] is one tile row: 64 bytes, 32 bf16. A panel (A operand) holds, per k-step `s` of
+//! 32 elements, [`PANEL_ROWS`] lines: line `32·s + r` = row r's elements `32·s..32·s + 32`, so
+//! the A tiles of a k-step are 16 consecutive lines. A token group (B operand) of 16 tokens
+//! holds per k-step 16 lines: line `16·s + p` has, for each token n, its elements `32·s + 2p`
+//! and `32·s + 2p + 1` at bf16 positions `2n` and `2n + 1` (AMX's pair layout). Rows past the
+//! matrix, tokens past the last and elements past `k` are zeros.
+
+mod dequant;
+mod tiles;
+
+use crate::{Format, QuantError};
+use std::cell::{RefCell, UnsafeCell};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use tiles::{CBlock, Engine};
+
+/// Rows of an A tile and tokens of a B tile (and the C tile's 16 × 16).
+const TILE_ROWS: usize = 16;
+/// Elements of one k-step: a tile row of 64 bytes of bf16.
+const TILE_K: usize = 32;
+/// Weight rows dequantised together: two A tiles, the 2 × 2 blocking's rows.
+const PANEL_ROWS: usize = 2 * TILE_ROWS;
+
+/// Fewest tokens of one call for which the prefill GEMM runs on AMX where the CPU has it
+/// (hipfire-exec's `gemv_tokens` checks [`amx_rows_used`]); fewer tokens go to the q8 row dots,
+/// which also keeps decode (one token) and small batches exactly as before.
+/// Provisional (16 = one B tile): to be set from the H200 box's `prefill_gemm --amx` sweep.
+pub const AMX_MIN_TOKENS: usize = 16;
+
+/// One tile row: 32 bf16 (64 bytes, one cache line).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C, align(64))]
+pub struct Line(pub(crate) [u16; TILE_K]);
+
+impl Line {
+    const ZERO: Line = Line([0; TILE_K]);
+}
+
+/// Which engine [`gemm_bf16`] runs the tile multiply on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AmxEngine {
+    /// A scalar emulation of `tdpbf16ps` on the same packed buffers (any CPU; for tests).
+    Emulated,
+    /// The AMX tile unit ([`amx_available`] must be true).
+    Hardware,
+}
+
+impl AmxEngine {
+    fn engine(self) -> Result<Engine, QuantError> {
+        match self {
+            AmxEngine::Emulated => Ok(Engine::Emulated),
+            #[cfg(target_arch = "x86_64")]
+            AmxEngine::Hardware if amx_available() => Ok(Engine::Hardware),
+            AmxEngine::Hardware => Err(QuantError::AmxUnavailable(
+                amx_status().err().unwrap_or("AMX unavailable"),
+            )),
+        }
+    }
+}
+
+static AMX: OnceLock<Result<(), &'static str>> = OnceLock::new();
+
+/// Whether this CPU and OS run AMX bf16 tiles (CPUID AMX-TILE + AMX-BF16 + AVX-512 BF16, and
+/// Linux granted the process the tile data state). Checked once per process; the permission
+/// request is made then.
+pub fn amx_available() -> bool {
+    amx_status().is_ok()
+}
+
+/// [`amx_available`] with the reason when not.
+pub fn amx_status() -> Result<(), &'static str> {
+    *AMX.get_or_init(|| {
+        let r = tiles::detect();
+        match r {
+            Ok(()) => tracing::info!("hipfire-quant: AMX bf16 tiles available for prefill"),
+            Err(why) => tracing::debug!(why, "hipfire-quant: no AMX, prefill uses the row dots"),
+        }
+        r
+    })
+}
+
+/// Whether a prefill GEMM of `tokens` tokens over `fmt` rows runs on AMX on this machine
+/// (hipfire-exec's `gemv_tokens` routes by it; its results are then within [`error_bound`]
+/// rather than bit-identical to the single-token row dots).
+pub fn amx_rows_used(fmt: Format, tokens: usize) -> bool {
+    let _ = fmt;
+    tokens >= AMX_MIN_TOKENS && amx_available()
+}
+
+/// The bound on a row's error relative to `Σ|w_i·x_i|` (see the module docs): 2⁻⁷ + 2⁻¹⁶ from
+/// the two bf16 roundings of each product, plus `k·2⁻²⁴` of f32 summation. A worst case (every
+/// rounding the same way); on random data the error is far smaller (the tests print it).
+pub fn error_bound(k: usize) -> f64 {
+    2f64.powi(-7) + 2f64.powi(-16) + k as f64 * 2f64.powi(-24)
+}
+
+/// f32 → bf16 bits, round to nearest even (finite input; what `vcvtneps2bf16` does for every
+/// value that is not an f32 denormal).
+#[inline]
+pub(crate) fn f32_to_bf16(v: f32) -> u16 {
+    let b = v.to_bits();
+    (b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16) as u16
+}
+
+/// Several tokens' activations in bf16, in the B layout of the module docs, packed token by
+/// token, possibly from several threads at once; [`gemm_bf16`] reads it once every token is.
+pub struct Bf16Tokens {
+    lines: UnsafeCell<Vec<Line>>,
+    /// `lines`' start, taken once: the vector never grows, and packing writes go through this.
+    base: *mut Line,
+    tokens: usize,
+    k: usize,
+    ksteps: usize,
+    /// Per token, whether a thread has taken it (so each column is written by one thread).
+    taken: Vec<AtomicBool>,
+    /// Tokens packed; the release/acquire pair orders their writes before [`gemm_bf16`]'s reads.
+    packed: AtomicUsize,
+}
+
+// SAFETY: writes through `base` go to the columns of one token each, claimed once through
+// `taken`; reads happen only after `packed` (acquire) counted every token (release).
+unsafe impl Send for Bf16Tokens {}
+// SAFETY: as above.
+unsafe impl Sync for Bf16Tokens {}
+
+impl Bf16Tokens {
+    /// Room for `tokens` activations of `k` elements, none packed yet.
+    ///
+    /// Errors: `k == 0` or a size that overflows.
+    pub fn new(tokens: usize, k: usize) -> Result<Bf16Tokens, QuantError> {
+        let ksteps = k.div_ceil(TILE_K);
+        let groups = tokens.div_ceil(TILE_ROWS);
+        let n = groups
+            .checked_mul(ksteps)
+            .and_then(|v| v.checked_mul(TILE_ROWS))
+            .filter(|_| k > 0)
+            .ok_or(QuantError::ShortBuffer {
+                what: "bf16 tokens (k > 0, tokens × k within usize)",
+                need: 1,
+                got: k,
+            })?;
+        // Zeroed: padding tokens and elements past k must read as zeros.
+        let mut lines = vec![Line::ZERO; n];
+        let base = lines.as_mut_ptr();
+        Ok(Bf16Tokens {
+            lines: UnsafeCell::new(lines),
+            base,
+            tokens,
+            k,
+            ksteps,
+            taken: (0..tokens).map(|_| AtomicBool::new(false)).collect(),
+            packed: AtomicUsize::new(0),
+        })
+    }
+
+    /// Tokens it holds.
+    pub fn tokens(&self) -> usize {
+        self.tokens
+    }
+
+    /// Elements per token.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Pack token `t` from its `k` values `x` (round to nearest even).
+    ///
+    /// Errors (nothing written): `t` out of range or already taken, `x` not `k` long, or a
+    /// non-finite value in `x`.
+    pub fn pack_token(&self, t: usize, x: &[f32]) -> Result<(), QuantError> {
+        if x.len() != self.k || t >= self.tokens {
+            return Err(QuantError::ShortBuffer {
+                what: "bf16 token (t < tokens, k values)",
+                need: self.k,
+                got: x.len(),
+            });
+        }
+        if let Some(i) = x.iter().position(|v| !v.is_finite()) {
+            return Err(QuantError::NonFinite {
+                format: Format::BF16,
+                what: "activation value",
+                block: i,
+            });
+        }
+        if self.taken[t].swap(true, Ordering::Relaxed) {
+            return Err(QuantError::ShortBuffer {
+                what: "bf16 token packed twice",
+                need: 1,
+                got: 2,
+            });
+        }
+        let (g, n) = (t / TILE_ROWS, t % TILE_ROWS);
+        for (s, chunk) in x.chunks(TILE_K).enumerate() {
+            let first = (g * self.ksteps + s) * TILE_ROWS;
+            for (p, pair) in chunk.chunks(2).enumerate() {
+                let lo = f32_to_bf16(pair[0]);
+                let hi = pair.get(1).map_or(0, |&v| f32_to_bf16(v));
+                // SAFETY: line `first + p` is inside the buffer (g < groups, s < ksteps,
+                // p < 16), and its dword n (token t's column) is written by this thread only:
+                // token t was claimed once just above; no reader runs before `packed` counts it.
+                unsafe {
+                    let line = self.base.add(first + p) as *mut u32;
+                    line.add(n).write(u32::from(lo) | (u32::from(hi) << 16));
+                }
+            }
+        }
+        self.packed.fetch_add(1, Ordering::Release);
+        Ok(())
+    }
+
+    /// Token group `g`'s lines, if every token has been packed.
+    fn group(&self, g: usize) -> Option<&[Line]> {
+        if self.packed.load(Ordering::Acquire) != self.tokens {
+            return None;
+        }
+        // SAFETY: every token is packed (acquire above pairs with each packer's release), so no
+        // write through `base` happens any more; the vector is never resized.
+        let lines = unsafe { &*self.lines.get() };
+        let per = self.ksteps * TILE_ROWS;
+        lines.get(g * per..(g + 1) * per)
+    }
+}
+
+/// A worker's dequantised panel and its f32 row buffer, kept per thread between calls.
+#[derive(Default)]
+struct Scratch {
+    panel: Vec<Line>,
+    row: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// `ys[t][i] (+)= row_i · x_t` for every token `t` of `acts` and `i` in `0..ys[t].len()`, in
+/// bf16 on `engine` (see the module docs for the accuracy). Rows are taken contiguously from
+/// `w_rows` (`row_bytes(k)` each).
+///
+/// Errors: `k` not a block multiple or not `acts.k()`, `ys` not one output per token or of
+/// different lengths, `w_rows` too short, a token not packed, or [`AmxEngine::Hardware`]
+/// without AMX.
+pub fn gemm_bf16(
+    engine: AmxEngine,
+    fmt: Format,
+    w_rows: &[u8],
+    k: usize,
+    acts: &Bf16Tokens,
+    ys: &mut [&mut [f32]],
+    accumulate: bool,
+) -> Result<(), QuantError> {
+    gemm_inner(
+        engine.engine()?,
+        dequant::fast_available(),
+        fmt,
+        w_rows,
+        k,
+        acts,
+        ys,
+        accumulate,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemm_inner(
+    engine: Engine,
+    fast: bool,
+    fmt: Format,
+    w_rows: &[u8],
+    k: usize,
+    acts: &Bf16Tokens,
+    ys: &mut [&mut [f32]],
+    accumulate: bool,
+) -> Result<(), QuantError> {
+    let rb = fmt.row_bytes(k)?;
+    if acts.k != k {
+        return Err(QuantError::ActivationMismatch {
+            format: fmt,
+            k,
+            act_format: Format::BF16,
+            act_k: acts.k,
+        });
+    }
+    if ys.len() != acts.tokens {
+        return Err(QuantError::ShortBuffer {
+            what: "ys (one output per token)",
+            need: acts.tokens,
+            got: ys.len(),
+        });
+    }
+    let m = ys.first().map_or(0, |y| y.len());
+    if let Some(y) = ys.iter().find(|y| y.len() != m) {
+        return Err(QuantError::ShortBuffer {
+            what: "ys[t] (every output as long as the first)",
+            need: m,
+            got: y.len(),
+        });
+    }
+    let need = m.checked_mul(rb).filter(|&n| n <= w_rows.len());
+    let Some(need) = need else {
+        return Err(QuantError::ShortBuffer {
+            what: "w_rows",
+            need: m.saturating_mul(rb),
+            got: w_rows.len(),
+        });
+    };
+    if m == 0 || acts.tokens == 0 {
+        return Ok(());
+    }
+    let groups: Vec<&[Line]> = (0..acts.tokens.div_ceil(TILE_ROWS))
+        .map(|g| acts.group(g))
+        .collect::<Option<_>>()
+        .ok_or(QuantError::ShortBuffer {
+            what: "bf16 tokens packed",
+            need: acts.tokens,
+            got: acts.packed.load(Ordering::Relaxed),
+        })?;
+    let mut run = |s: &mut Scratch| {
+        run_panels(
+            engine,
+            fast,
+            fmt,
+            &w_rows[..need],
+            rb,
+            k,
+            acts,
+            &groups,
+            ys,
+            accumulate,
+            s,
+        )
+    };
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut s) => run(&mut s),
+        // Re-entered on this thread (not done today): a scratch of its own.
+        Err(_) => run(&mut Scratch::default()),
+    })
+}
+
+/// The panels of `w` (whole rows of `rb` bytes, as many as `ys[t].len()`), each dequantised
+/// once and multiplied by every token group.
+#[allow(clippy::too_many_arguments)]
+fn run_panels(
+    engine: Engine,
+    fast: bool,
+    fmt: Format,
+    w: &[u8],
+    rb: usize,
+    k: usize,
+    acts: &Bf16Tokens,
+    groups: &[&[Line]],
+    ys: &mut [&mut [f32]],
+    accumulate: bool,
+    s: &mut Scratch,
+) -> Result<(), QuantError> {
+    let ksteps = acts.ksteps;
+    s.panel.resize(ksteps * PANEL_ROWS, Line::ZERO);
+    s.row.resize(k, 0.0);
+    let mut c = CBlock([[0.0; tiles::C_TILE]; 4]);
+    for (pi, rows) in w.chunks(PANEL_ROWS * rb).enumerate() {
+        let r0 = pi * PANEL_ROWS;
+        let n_rows = rows.len() / rb;
+        dequant::fill_panel(fast, fmt, rows, rb, k, &mut s.panel, &mut s.row)?;
+        for (gp, pair) in groups.chunks(2).enumerate() {
+            if !tiles::dot_panel(
+                engine,
+                &s.panel,
+                (pair[0], pair.get(1).copied()),
+                ksteps,
+                &mut c,
+            ) {
+                return Err(QuantError::ShortBuffer {
+                    what: "AMX panel or token group",
+                    need: ksteps * PANEL_ROWS,
+                    got: s.panel.len(),
+                });
+            }
+            for (gi, _) in pair.iter().enumerate() {
+                let t0 = (2 * gp + gi) * TILE_ROWS;
+                let nt = TILE_ROWS.min(acts.tokens - t0);
+                for rt in 0..2 {
+                    let ct = &c.0[2 * rt + gi];
+                    let rr0 = rt * TILE_ROWS;
+                    let nr = TILE_ROWS.min(n_rows.saturating_sub(rr0));
+                    if nr == 0 {
+                        continue;
+                    }
+                    for (n, y) in ys[t0..t0 + nt].iter_mut().enumerate() {
+                        let y = &mut y[r0 + rr0..r0 + rr0 + nr];
+                        for (i, yi) in y.iter_mut().enumerate() {
+                            let v = ct[i * TILE_ROWS + n];
+                            *yi = if accumulate { *yi + v } else { v };
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;
