@@ -80,7 +80,7 @@ mod shared_act;
 pub use act::{quantise_q8k, ActivationBuf, Q8K_BLOCK};
 pub use amx::{
     amx_available, amx_rows_used, amx_status, error_bound as amx_error_bound, gemm_bf16, AmxEngine,
-    Bf16Tokens, AMX_MIN_TOKENS,
+    Bf16Tokens, AMX_MIN_TOKENS, PANEL_ROWS as AMX_PANEL_ROWS,
 };
 pub use dispatch::{
     dequantize_row, dequantize_row_f64, gemv_rows, gemv_rows_multi, gemv_rows_multi_with,

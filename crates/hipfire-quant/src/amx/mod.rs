@@ -40,8 +40,9 @@ use tiles::{CBlock, Engine};
 const TILE_ROWS: usize = 16;
 /// Elements of one k-step: a tile row of 64 bytes of bf16.
 const TILE_K: usize = 32;
-/// Weight rows dequantised together: two A tiles, the 2 × 2 blocking's rows.
-const PANEL_ROWS: usize = 2 * TILE_ROWS;
+/// Weight rows dequantised together: two A tiles, the 2 × 2 blocking's rows. A caller that
+/// splits rows among threads should cut at multiples of it (a partial panel is zero-padded).
+pub const PANEL_ROWS: usize = 2 * TILE_ROWS;
 
 /// Fewest tokens of one call for which the prefill GEMM runs on AMX where the CPU has it
 /// (hipfire-exec's `gemv_tokens` checks [`amx_rows_used`]); fewer tokens go to the q8 row dots,
