@@ -1041,10 +1041,12 @@ mod tests {
 
     /// Whether `model`'s multi-token steps on the CPU pool are bit-identical to one token at a
     /// time: its weights' row dots over a prefill chunk's tokens match each token's alone
-    /// (`hipfire_quant::multi_matches_single`; not so for the tiled AVX-512 VNNI Q4_K kernel).
+    /// (`hipfire_quant::multi_matches_single`; not so for the tiled AVX-512 VNNI Q4_K kernel,
+    /// nor where a chunk goes to the AMX bf16 GEMM, `hipfire_quant::amx_rows_used`).
     pub(super) fn multi_token_exact(model: &Model) -> bool {
         model.weights().iter().all(|w| {
             hipfire_quant::multi_matches_single(hipfire_quant::simd_tier(), w.format, PREFILL_CHUNK)
+                && !hipfire_quant::amx_rows_used(w.format, PREFILL_CHUNK)
         })
     }
 

@@ -9,15 +9,19 @@
 //! ```text
 //! cargo run --release -p hipfire-quant --example prefill_gemm -- [--k 4096,14336] [--m 2048]
 //!     [--tokens 32,512] [--tile-kib 16] [--group 16] [--reps 7] [--formats q4_k,q6_k]
-//!     [--amx off|hw|emu]
+//!     [--amx off|hw|emu] [--amx-kblock 8,16,0]
+//! ```
+//! `--amx-kblock` lists k-steps (of 32) per dequantised block to try, 0 = the library's default;
+//! each AMX line also gives the time of the dequantisation alone (`dequant`).
+//! ```text
 //! ```
 //! Time is this thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`), not wall time:
 //! the dev VM's two cores are shared with other builds, and time spent descheduled would
 //! otherwise dominate. The figure is the fastest of `--reps` passes.
 
 use hipfire_quant::{
-    amx_status, gemm_bf16, gemv_rows_multi, quantize_row, simd_tier, ActivationBuf, AmxEngine,
-    Bf16Tokens, Format,
+    amx_status, dequant_panels_for_bench, gemm_bf16, gemm_bf16_kblock, gemv_rows_multi,
+    quantize_row, simd_tier, ActivationBuf, AmxEngine, Bf16Tokens, Format,
 };
 use std::error::Error;
 use std::hint::black_box;
@@ -30,6 +34,7 @@ struct Args {
     m: usize,
     tokens: Vec<usize>,
     amx: Option<AmxEngine>,
+    kblocks: Vec<usize>,
     tile: usize,
     group: usize,
     reps: usize,
@@ -42,6 +47,7 @@ fn parse() -> Result<Args, Box<dyn Error>> {
         m: 2048,
         tokens: vec![32],
         amx: None,
+        kblocks: vec![0],
         tile: 16 << 10,
         group: 16,
         reps: 7,
@@ -56,6 +62,7 @@ fn parse() -> Result<Args, Box<dyn Error>> {
             "--k" => a.ks = list(val)?,
             "--m" => a.m = val.parse()?,
             "--tokens" => a.tokens = list(val)?,
+            "--amx-kblock" => a.kblocks = list(val)?,
             "--amx" => {
                 a.amx = match val.as_str() {
                     "off" => None,
@@ -141,13 +148,26 @@ fn main() -> Result<(), Box<dyn Error>> {
                     macs / q8 / 1e9
                 );
                 if let Some(engine) = a.amx {
-                    let (total, pack) = run_amx(&a, engine, fmt, &w, k, &xs)?;
+                    for &kb in &a.kblocks {
+                        let (total, pack) = run_amx(&a, engine, kb, fmt, &w, k, &xs)?;
+                        print!(
+                            "\n    AMX {:?} kblock {}: {:.1} GMAC/s ({:.2} x; packing {:.1} %)",
+                            engine,
+                            if kb == 0 {
+                                "default".into()
+                            } else {
+                                kb.to_string()
+                            },
+                            macs / total / 1e9,
+                            q8 / total,
+                            100.0 * pack / total
+                        );
+                    }
+                    let dq = run_dequant(&a, fmt, &w, k)?;
                     print!(
-                        ", AMX {:?} {:.1} GMAC/s ({:.2} x; packing {:.1} % of it)",
-                        engine,
-                        macs / total / 1e9,
-                        q8 / total,
-                        100.0 * pack / total
+                        "\n    dequant alone {:.2} ms = {:.2} ns/weight",
+                        dq * 1e3,
+                        dq * 1e9 / (a.m * k) as f64
                     );
                 }
                 println!(" (best of {})", a.reps);
@@ -196,6 +216,7 @@ fn run_q8(
 fn run_amx(
     a: &Args,
     engine: AmxEngine,
+    kblock: usize,
     fmt: Format,
     w: &[u8],
     k: usize,
@@ -211,11 +232,26 @@ fn run_amx(
         }
         let t1 = cpu_ns()?;
         let mut yv: Vec<&mut [f32]> = ys.iter_mut().map(|y| &mut y[..]).collect();
-        gemm_bf16(engine, fmt, w, k, &acts, &mut yv, false)?;
+        if kblock == 0 {
+            gemm_bf16(engine, fmt, w, k, &acts, &mut yv, false)?;
+        } else {
+            gemm_bf16_kblock(engine, kblock, fmt, w, k, &acts, &mut yv, false)?;
+        }
         let t2 = cpu_ns()?;
         best = best.min((t2 - t0) as f64 * 1e-9);
         best_pack = best_pack.min((t1 - t0) as f64 * 1e-9);
         black_box(&ys);
     }
     Ok((best, best_pack))
+}
+
+/// Best seconds of dequantising every panel alone (the AMX GEMM's share that is not tiles).
+fn run_dequant(a: &Args, fmt: Format, w: &[u8], k: usize) -> Result<f64, Box<dyn Error>> {
+    let mut best = f64::INFINITY;
+    for _ in 0..a.reps {
+        let t0 = cpu_ns()?;
+        black_box(dequant_panels_for_bench(fmt, w, k, a.m)?);
+        best = best.min((cpu_ns()? - t0) as f64 * 1e-9);
+    }
+    Ok(best)
 }

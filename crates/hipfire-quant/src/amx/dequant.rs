@@ -31,44 +31,58 @@ pub(super) fn fast_available() -> bool {
     })
 }
 
-/// Dequantise `rows` (whole rows of `rb` bytes, at most [`PANEL_ROWS`]) into `panel`
-/// (`ksteps × PANEL_ROWS` lines); rows past the last and elements past `k` are zeros. `fast`
-/// (only if [`fast_available`]) takes the AVX-512 dequantisers where the format has one.
+/// Dequantise k-steps `s0..s0 + ns` of `rows` (whole rows of `rb` bytes of `k` elements, at
+/// most [`PANEL_ROWS`]) into `panel` (line `PANEL_ROWS·(s − s0) + r`); rows past the last and
+/// elements past `k` are zeros. `s0` and `s0 + ns` (unless it is the last k-step) must be
+/// multiples of 8 (256 elements: whole blocks of every format). `fast` (only if
+/// [`fast_available`]) takes the AVX-512 dequantisers where the format has one.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn fill_panel(
     fast: bool,
     fmt: Format,
     rows: &[u8],
     rb: usize,
     k: usize,
+    s0: usize,
+    ns: usize,
     panel: &mut [Line],
     row_f32: &mut [f32],
 ) -> Result<(), QuantError> {
-    let ksteps = k.div_ceil(TILE_K);
-    if panel.len() < ksteps * PANEL_ROWS || row_f32.len() < k || rows.len() > PANEL_ROWS * rb {
+    let (e0, e1) = (s0 * TILE_K, ((s0 + ns) * TILE_K).min(k));
+    let be = fmt.block_elems();
+    let bad_cut = e0 % be != 0 || (e1 % be != 0 && e1 != k) || e0 >= e1;
+    if bad_cut
+        || panel.len() < ns * PANEL_ROWS
+        || row_f32.len() < e1 - e0
+        || rows.len() > PANEL_ROWS * rb
+    {
         return Err(QuantError::ShortBuffer {
-            what: "AMX panel scratch",
-            need: ksteps * PANEL_ROWS,
+            what: "AMX panel scratch or k-block cut",
+            need: ns * PANEL_ROWS,
             got: panel.len(),
         });
     }
+    // The blocks of elements e0..e1 within a row.
+    let bb = fmt.row_bytes(be)?;
+    let (b0, b1) = (e0 / be * bb, e1.div_ceil(be) * bb);
     let n_rows = rows.len() / rb;
     for r in 0..PANEL_ROWS {
         if r >= n_rows {
-            for s in 0..ksteps {
+            for s in 0..ns {
                 panel[s * PANEL_ROWS + r] = Line::ZERO;
             }
             continue;
         }
-        let row = &rows[r * rb..(r + 1) * rb];
+        let row = &rows[r * rb + b0..r * rb + b1];
         #[cfg(target_arch = "x86_64")]
         if fast && fast_available() {
-            // SAFETY: AVX-512 F/BW/VL/BF16 are present (fast_available); `row` is one whole
-            // row of `k` elements of its format and `panel` holds `ksteps × PANEL_ROWS` lines
-            // (checked above), r < PANEL_ROWS.
+            // SAFETY: AVX-512 F/BW/VL/BF16 are present (fast_available); `row` is the whole
+            // blocks of `e1 − e0` elements of its format and `panel` holds `ns × PANEL_ROWS`
+            // lines (checked above), r < PANEL_ROWS.
             let done = unsafe {
                 match fmt {
-                    Format::Q4K => x86::q4k_row(row, k, panel, r),
-                    Format::Q6K => x86::q6k_row(row, k, panel, r),
+                    Format::Q4K => x86::q4k_row(row, e1 - e0, panel, r),
+                    Format::Q6K => x86::q6k_row(row, e1 - e0, panel, r),
                     _ => false,
                 }
             };
@@ -77,21 +91,29 @@ pub(super) fn fill_panel(
             }
         }
         let _ = fast;
-        dequantize_row(fmt, row, &mut row_f32[..k])?;
-        convert_row(&row_f32[..k], panel, r);
+        dequantize_row(fmt, row, &mut row_f32[..e1 - e0])?;
+        convert_row(&row_f32[..e1 - e0], &mut panel[..ns * PANEL_ROWS], r);
     }
     Ok(())
 }
 
 /// `x` (a row's f32 values) to bf16 into line `PANEL_ROWS·s + r` for every k-step s, zeros past
-/// the end.
+/// the end. Whole lines as a plain zip, which the compiler vectorises (a chained zero tail in
+/// the same loop kept it scalar).
 fn convert_row(x: &[f32], panel: &mut [Line], r: usize) {
-    for (s, chunk) in x.chunks(TILE_K).enumerate() {
+    let mut chunks = x.chunks_exact(TILE_K);
+    for (s, chunk) in chunks.by_ref().enumerate() {
         let line = &mut panel[s * PANEL_ROWS + r].0;
-        for (o, &v) in line
-            .iter_mut()
-            .zip(chunk.iter().chain(std::iter::repeat(&0.0)))
-        {
+        for (o, &v) in line.iter_mut().zip(chunk) {
+            *o = f32_to_bf16(v);
+        }
+    }
+    let tail = chunks.remainder();
+    if !tail.is_empty() {
+        let s = x.len() / TILE_K;
+        let line = &mut panel[s * PANEL_ROWS + r].0;
+        line.fill(0);
+        for (o, &v) in line.iter_mut().zip(tail) {
             *o = f32_to_bf16(v);
         }
     }
@@ -239,8 +261,9 @@ pub(super) fn fill_panel_for_test(
     k: usize,
 ) -> Result<Vec<Line>, QuantError> {
     let rb = fmt.row_bytes(k)?;
-    let mut panel = vec![Line([0xFFFF; TILE_K]); k.div_ceil(TILE_K) * PANEL_ROWS];
+    let ksteps = k.div_ceil(TILE_K);
+    let mut panel = vec![Line([0xFFFF; TILE_K]); ksteps * PANEL_ROWS];
     let mut row = vec![f32::NAN; k];
-    fill_panel(fast, fmt, rows, rb, k, &mut panel, &mut row)?;
+    fill_panel(fast, fmt, rows, rb, k, 0, ksteps, &mut panel, &mut row)?;
     Ok(panel)
 }

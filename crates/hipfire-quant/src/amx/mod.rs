@@ -50,6 +50,14 @@ pub const PANEL_ROWS: usize = 2 * TILE_ROWS;
 /// Provisional (16 = one B tile): to be set from the H200 box's `prefill_gemm --amx` sweep.
 pub const AMX_MIN_TOKENS: usize = 16;
 
+/// [`AMX_MIN_TOKENS`] for the formats without an AVX-512 panel dequantiser (all but Q4_K and
+/// Q6_K), which go through `dequantize_row` and a conversion: 0.5 (Q8_0) to 4.6 (IQ4_XS) ns a
+/// weight single-threaded on the dev VM (`prefill_gemm --amx emu`, k 4096, 2026-12-02), against
+/// 0.1–0.2 for Q4_K / Q6_K. At 2 ns a weight the dequantisation alone caps a 256-token GEMM at
+/// 128 GMAC/s, about twice the q8 row dots' 40–60 there, so those formats take AMX from 256
+/// tokens (never within the model's 32-token prefill chunks). Provisional: the H200 sweep.
+pub const AMX_MIN_TOKENS_GENERIC: usize = 256;
+
 /// One tile row: 32 bf16 (64 bytes, one cache line).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(C, align(64))]
@@ -90,10 +98,18 @@ pub fn amx_available() -> bool {
     amx_status().is_ok()
 }
 
+/// Set to anything but `0` or empty, [`amx_available`] says no (docs/env-vars.md).
+pub const DISABLE_AMX_ENV: &str = "HIPFIRE_DISABLE_AMX";
+
 /// [`amx_available`] with the reason when not.
 pub fn amx_status() -> Result<(), &'static str> {
     *AMX.get_or_init(|| {
-        let r = tiles::detect();
+        let off = std::env::var(DISABLE_AMX_ENV).is_ok_and(|v| !v.is_empty() && v != "0");
+        let r = if off {
+            Err("disabled by HIPFIRE_DISABLE_AMX")
+        } else {
+            tiles::detect()
+        };
         match r {
             Ok(()) => tracing::info!("hipfire-quant: AMX bf16 tiles available for prefill"),
             Err(why) => tracing::debug!(why, "hipfire-quant: no AMX, prefill uses the row dots"),
@@ -106,8 +122,11 @@ pub fn amx_status() -> Result<(), &'static str> {
 /// (hipfire-exec's `gemv_tokens` routes by it; its results are then within [`error_bound`]
 /// rather than bit-identical to the single-token row dots).
 pub fn amx_rows_used(fmt: Format, tokens: usize) -> bool {
-    let _ = fmt;
-    tokens >= AMX_MIN_TOKENS && amx_available()
+    let min = match fmt {
+        Format::Q4K | Format::Q6K => AMX_MIN_TOKENS,
+        _ => AMX_MIN_TOKENS_GENERIC,
+    };
+    tokens >= min && amx_available()
 }
 
 /// The bound on a row's error relative to `Σ|w_i·x_i|` (see the module docs): 2⁻⁷ + 2⁻¹⁶ from
@@ -244,10 +263,20 @@ impl Bf16Tokens {
     }
 }
 
-/// A worker's dequantised panel and its f32 row buffer, kept per thread between calls.
+/// k-steps of 32 dequantised per panel before the tiles run over them: 8 steps are 256
+/// elements (one K-quant super-block) of 32 rows, 16 KiB of bf16, which stays in L1 (48 KiB a
+/// core on the H200 box's Xeon) next to the two token groups' 16 KiB of B, instead of going to
+/// L2 and back as a whole-row panel (up to 896 KiB at k = 14336) would; the C tiles are loaded
+/// and stored once per block (8 tile moves per 32 tile products).
+/// Provisional, to be set by `prefill_gemm --amx hw --amx-kblock` on the H200 box.
+pub const KBLOCK_STEPS: usize = 8;
+
+/// A worker's dequantised panel block, C accumulators and f32 row buffer, kept per thread
+/// between calls.
 #[derive(Default)]
 struct Scratch {
     panel: Vec<Line>,
+    c: Vec<CBlock>,
     row: Vec<f32>,
 }
 
@@ -274,6 +303,7 @@ pub fn gemm_bf16(
     gemm_inner(
         engine.engine()?,
         dequant::fast_available(),
+        KBLOCK_STEPS,
         fmt,
         w_rows,
         k,
@@ -283,10 +313,73 @@ pub fn gemm_bf16(
     )
 }
 
+/// [`gemm_bf16`] with `kblock` k-steps per dequantised block (rounded up to a multiple of 8)
+/// instead of [`KBLOCK_STEPS`]: the `prefill_gemm` example's sweep.
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_bf16_kblock(
+    engine: AmxEngine,
+    kblock: usize,
+    fmt: Format,
+    w_rows: &[u8],
+    k: usize,
+    acts: &Bf16Tokens,
+    ys: &mut [&mut [f32]],
+    accumulate: bool,
+) -> Result<(), QuantError> {
+    let kblock = kblock.max(1).div_ceil(KBLOCK_ALIGN) * KBLOCK_ALIGN;
+    gemm_inner(
+        engine.engine()?,
+        dequant::fast_available(),
+        kblock,
+        fmt,
+        w_rows,
+        k,
+        acts,
+        ys,
+        accumulate,
+    )
+}
+
+/// Dequantise every panel of `w_rows` (`m` rows) as [`gemm_bf16`] does, without multiplying:
+/// the `prefill_gemm` example's split of the GEMM's time. Returns a checksum of the last panel.
+#[doc(hidden)]
+pub fn dequant_panels_for_bench(
+    fmt: Format,
+    w_rows: &[u8],
+    k: usize,
+    m: usize,
+) -> Result<u64, QuantError> {
+    let rb = fmt.row_bytes(k)?;
+    let w = w_rows.get(..m * rb).ok_or(QuantError::ShortBuffer {
+        what: "w_rows",
+        need: m * rb,
+        got: w_rows.len(),
+    })?;
+    let ksteps = k.div_ceil(TILE_K);
+    let kblock = KBLOCK_STEPS.min(ksteps);
+    let mut panel = vec![Line::ZERO; kblock * PANEL_ROWS];
+    let mut row = vec![0.0; kblock * TILE_K];
+    let fast = dequant::fast_available();
+    for rows in w.chunks(PANEL_ROWS * rb) {
+        for s0 in (0..ksteps).step_by(kblock) {
+            let ns = kblock.min(ksteps - s0);
+            dequant::fill_panel(fast, fmt, rows, rb, k, s0, ns, &mut panel, &mut row)?;
+        }
+    }
+    Ok(panel.iter().map(|l| u64::from(l.0[0])).sum())
+}
+
+/// k-blocks are whole multiples of 8 k-steps: 256 elements, a whole block of every format
+/// (1, 32 or 256 elements), so each k-block dequantises whole blocks.
+const KBLOCK_ALIGN: usize = 8;
+const _: () = assert!(KBLOCK_STEPS % KBLOCK_ALIGN == 0);
+
 #[allow(clippy::too_many_arguments)]
 fn gemm_inner(
     engine: Engine,
     fast: bool,
+    kblock: usize,
     fmt: Format,
     w_rows: &[u8],
     k: usize,
@@ -341,6 +434,7 @@ fn gemm_inner(
         run_panels(
             engine,
             fast,
+            kblock,
             fmt,
             &w_rows[..need],
             rb,
@@ -359,12 +453,14 @@ fn gemm_inner(
     })
 }
 
-/// The panels of `w` (whole rows of `rb` bytes, as many as `ys[t].len()`), each dequantised
-/// once and multiplied by every token group.
+/// The panels of `w` (whole rows of `rb` bytes, as many as `ys[t].len()`): each dequantised
+/// `kblock` k-steps at a time, every pair of token groups multiplied over that block into its C
+/// tiles, which are scattered into the outputs after the last block.
 #[allow(clippy::too_many_arguments)]
 fn run_panels(
     engine: Engine,
     fast: bool,
+    kblock: usize,
     fmt: Format,
     w: &[u8],
     rb: usize,
@@ -376,28 +472,33 @@ fn run_panels(
     s: &mut Scratch,
 ) -> Result<(), QuantError> {
     let ksteps = acts.ksteps;
-    s.panel.resize(ksteps * PANEL_ROWS, Line::ZERO);
-    s.row.resize(k, 0.0);
-    let mut c = CBlock([[0.0; tiles::C_TILE]; 4]);
+    let kblock = kblock.min(ksteps);
+    let pairs = groups.len().div_ceil(2);
+    s.panel.resize(kblock * PANEL_ROWS, Line::ZERO);
+    s.row.resize(kblock * TILE_K, 0.0);
+    s.c.resize_with(pairs, || CBlock([[0.0; tiles::C_TILE]; 4]));
     for (pi, rows) in w.chunks(PANEL_ROWS * rb).enumerate() {
         let r0 = pi * PANEL_ROWS;
         let n_rows = rows.len() / rb;
-        dequant::fill_panel(fast, fmt, rows, rb, k, &mut s.panel, &mut s.row)?;
-        for (gp, pair) in groups.chunks(2).enumerate() {
-            if !tiles::dot_panel(
-                engine,
-                &s.panel,
-                (pair[0], pair.get(1).copied()),
-                ksteps,
-                &mut c,
-            ) {
-                return Err(QuantError::ShortBuffer {
-                    what: "AMX panel or token group",
-                    need: ksteps * PANEL_ROWS,
-                    got: s.panel.len(),
-                });
+        s.c.iter_mut()
+            .for_each(|c| c.0.iter_mut().for_each(|t| t.fill(0.0)));
+        for s0 in (0..ksteps).step_by(kblock) {
+            let ns = kblock.min(ksteps - s0);
+            dequant::fill_panel(fast, fmt, rows, rb, k, s0, ns, &mut s.panel, &mut s.row)?;
+            for (pair, c) in groups.chunks(2).zip(s.c.iter_mut()) {
+                let b0 = &pair[0][s0 * TILE_ROWS..];
+                let b1 = pair.get(1).map(|b| &b[s0 * TILE_ROWS..]);
+                if !tiles::dot_panel(engine, &s.panel, (b0, b1), ns, c) {
+                    return Err(QuantError::ShortBuffer {
+                        what: "AMX panel or token group",
+                        need: ns * PANEL_ROWS,
+                        got: s.panel.len(),
+                    });
+                }
             }
-            for (gi, _) in pair.iter().enumerate() {
+        }
+        for (gp, (pair, c)) in groups.chunks(2).zip(&s.c).enumerate() {
+            for gi in 0..pair.len() {
                 let t0 = (2 * gp + gi) * TILE_ROWS;
                 let nt = TILE_ROWS.min(acts.tokens - t0);
                 for rt in 0..2 {

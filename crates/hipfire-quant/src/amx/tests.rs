@@ -73,7 +73,10 @@ fn gemm_bf16_matches_f64_reference_within_bound() {
                         .map(|_| rng.random_range(-2.0f32..2.0))
                         .collect();
                     let acts = pack(tokens, k, &xs);
-                    for accumulate in [false, true] {
+                    // The default k-block (two blocks at k = 512) and one block of the whole k.
+                    for (accumulate, kblock) in
+                        [(false, KBLOCK_STEPS), (true, KBLOCK_STEPS), (false, 64)]
+                    {
                         let base: Vec<Vec<f32>> = (0..tokens)
                             .map(|_| {
                                 (0..m)
@@ -89,7 +92,8 @@ fn gemm_bf16_matches_f64_reference_within_bound() {
                             .collect();
                         let mut got = base.clone();
                         let mut ys: Vec<&mut [f32]> = got.iter_mut().map(|y| &mut y[..]).collect();
-                        gemm_bf16(engine, fmt, &w, k, &acts, &mut ys, accumulate).expect("gemm");
+                        gemm_bf16_kblock(engine, kblock, fmt, &w, k, &acts, &mut ys, accumulate)
+                            .expect("gemm");
                         for t in 0..tokens {
                             let x = &xs[t * k..(t + 1) * k];
                             for (i, row) in wf.iter().enumerate() {

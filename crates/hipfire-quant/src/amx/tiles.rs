@@ -30,7 +30,7 @@ pub(crate) enum Engine {
     Hardware,
 }
 
-/// `c[2·rt + g] = Σ_s A(s, rt) · B_g(s)` over `ksteps` k-steps of 32, for row tiles
+/// `c[2·rt + g] += Σ_s A(s, rt) · B_g(s)` over `ksteps` k-steps of 32, for row tiles
 /// `rt ∈ {0, 1}` of the panel `a` and the token groups `b[0]` and (if present) `b[1]`; with one
 /// group, `c[1]` and `c[3]` are left as they were.
 ///
@@ -78,7 +78,6 @@ fn emulate(a: &[Line], b: (&[Line], Option<&[Line]>), ksteps: usize, c: &mut CBl
         for (g, bg) in groups.iter().enumerate() {
             let Some(bg) = bg else { continue };
             let ct = &mut c.0[2 * rt + g];
-            ct.fill(0.0);
             for s in 0..ksteps {
                 let at = &a[s * A_STEP_LINES + rt * TILE_ROWS..][..TILE_ROWS];
                 let bt = &bg[s * B_STEP_LINES..][..B_STEP_LINES];
@@ -130,12 +129,13 @@ mod hw {
     const STRIDE: usize = 64;
 
     /// Four C tiles (tmm0–3), two A tiles (tmm4–5: rows 0–15 and 16–31 of the panel), two B
-    /// tiles (tmm6–7: groups 0 and 1); C tile `2·rt + g` stored at `c + 1024·(2·rt + g)`.
+    /// tiles (tmm6–7: groups 0 and 1); C tile `2·rt + g` loaded from and stored back to
+    /// `c + 1024·(2·rt + g)`.
     ///
     /// # Safety
     /// AMX-TILE and AMX-BF16 are present and XTILEDATA is permitted for this process;
     /// `ksteps ≥ 1`; `a` is readable for `ksteps × 2048` bytes, `b0` and `b1` for
-    /// `ksteps × 1024` each, and `c` is writable for 4096. The tiles are configured, used and
+    /// `ksteps × 1024` each, and `c` is readable and writable for 4096. The tiles are configured, used and
     /// released inside the one `asm!` block, so no tile state lives across Rust code.
     pub(super) unsafe fn dot_2x2(
         a: *const Line,
@@ -148,10 +148,10 @@ mod hw {
         unsafe {
             asm!(
                 "ldtilecfg [{cfg}]",
-                "tilezero tmm0",
-                "tilezero tmm1",
-                "tilezero tmm2",
-                "tilezero tmm3",
+                "tileloadd tmm0, [{c} + {st}*1]",
+                "tileloadd tmm1, [{c} + {st}*1 + 1024]",
+                "tileloadd tmm2, [{c} + {st}*1 + 2048]",
+                "tileloadd tmm3, [{c} + {st}*1 + 3072]",
                 "2:",
                 "tileloadd tmm4, [{a} + {st}*1]",
                 "tileloadd tmm5, [{a} + {st}*1 + 1024]",
@@ -192,8 +192,8 @@ mod hw {
         unsafe {
             asm!(
                 "ldtilecfg [{cfg}]",
-                "tilezero tmm0",
-                "tilezero tmm2",
+                "tileloadd tmm0, [{c} + {st}*1]",
+                "tileloadd tmm2, [{c} + {st}*1 + 2048]",
                 "2:",
                 "tileloadd tmm4, [{a} + {st}*1]",
                 "tileloadd tmm5, [{a} + {st}*1 + 1024]",
