@@ -34,7 +34,7 @@ use crate::{Format, QuantError};
 use std::cell::{RefCell, UnsafeCell};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::OnceLock;
-use tiles::{CBlock, Engine};
+use tiles::{CBlock, Engine, TileSession};
 
 /// Rows of an A tile and tokens of a B tile (and the C tile's 16 × 16).
 const TILE_ROWS: usize = 16;
@@ -263,13 +263,14 @@ impl Bf16Tokens {
     }
 }
 
-/// k-steps of 32 dequantised per panel before the tiles run over them: 8 steps are 256
-/// elements (one K-quant super-block) of 32 rows, 16 KiB of bf16, which stays in L1 (48 KiB a
-/// core on the H200 box's Xeon) next to the two token groups' 16 KiB of B, instead of going to
-/// L2 and back as a whole-row panel (up to 896 KiB at k = 14336) would; the C tiles are loaded
-/// and stored once per block (8 tile moves per 32 tile products).
-/// Provisional, to be set by `prefill_gemm --amx hw --amx-kblock` on the H200 box.
-pub const KBLOCK_STEPS: usize = 8;
+/// k-steps of 32 dequantised per panel before the tiles run over them (32 rows × 1024 elements,
+/// 64 KiB of bf16, from L1/L2 while the next block is dequantised). Against whole-row panels
+/// (up to 896 KiB at k = 14336, out to L2 and back) and 8-step blocks, on the H200 box's Xeon,
+/// one thread (`prefill_gemm --amx hw --amx-kblock 0,32,512`, 2026-12-02, GMAC/s for 8 / 32 /
+/// whole k, with the tile configuration then still reloaded per block): Q4_K k 14336 32 tokens
+/// 49 / 55 / 52, Q6_K k 14336 32 tokens 75 / 79 / 55, 512 tokens 132 / 166 / 130; Q4_K k 4096
+/// 32 tokens 95 / 93 / 130 (whole k paid the reload once).
+pub const KBLOCK_STEPS: usize = 32;
 
 /// A worker's dequantised panel block, C accumulators and f32 row buffer, kept per thread
 /// between calls.
@@ -477,6 +478,7 @@ fn run_panels(
     s.panel.resize(kblock * PANEL_ROWS, Line::ZERO);
     s.row.resize(kblock * TILE_K, 0.0);
     s.c.resize_with(pairs, || CBlock([[0.0; tiles::C_TILE]; 4]));
+    let session = TileSession::start(engine);
     for (pi, rows) in w.chunks(PANEL_ROWS * rb).enumerate() {
         let r0 = pi * PANEL_ROWS;
         let n_rows = rows.len() / rb;
@@ -488,7 +490,7 @@ fn run_panels(
             for (pair, c) in groups.chunks(2).zip(s.c.iter_mut()) {
                 let b0 = &pair[0][s0 * TILE_ROWS..];
                 let b1 = pair.get(1).map(|b| &b[s0 * TILE_ROWS..]);
-                if !tiles::dot_panel(engine, &s.panel, (b0, b1), ns, c) {
+                if !tiles::dot_panel(&session, &s.panel, (b0, b1), ns, c) {
                     return Err(QuantError::ShortBuffer {
                         what: "AMX panel or token group",
                         need: ns * PANEL_ROWS,

@@ -73,10 +73,8 @@ fn gemm_bf16_matches_f64_reference_within_bound() {
                         .map(|_| rng.random_range(-2.0f32..2.0))
                         .collect();
                     let acts = pack(tokens, k, &xs);
-                    // The default k-block (two blocks at k = 512) and one block of the whole k.
-                    for (accumulate, kblock) in
-                        [(false, KBLOCK_STEPS), (true, KBLOCK_STEPS), (false, 64)]
-                    {
+                    // Two k-blocks of 8 steps at k = 512, and the default (one block of the whole k there).
+                    for (accumulate, kblock) in [(false, 8), (true, 8), (false, KBLOCK_STEPS)] {
                         let base: Vec<Vec<f32>> = (0..tokens)
                             .map(|_| {
                                 (0..m)
@@ -136,8 +134,9 @@ fn gemm_bf16_matches_f64_reference_within_bound() {
 }
 
 /// The hardware engine against the emulation on the same buffers (where there is AMX): within
-/// the bound, and how many bits differ is printed (Intel documents the per-pair order the
-/// emulation follows).
+/// the bound of each against f64, counted relative to `Σ|w·x|`. They are not bit-identical: on
+/// the H200 box's Xeon the tile unit's sums differed from the emulation's sequential pair order
+/// by up to ~1e-4 of a ~0.02 output (2026-12-02); how many bits agree is printed.
 #[test]
 fn amx_hardware_matches_emulation() {
     if !amx_available() {
@@ -163,15 +162,31 @@ fn amx_hardware_matches_emulation() {
             let mut ys: Vec<&mut [f32]> = o.iter_mut().map(|y| &mut y[..]).collect();
             gemm_bf16(e, fmt, &w, k, &acts, &mut ys, false).expect("gemm");
         }
-        let (mut same, mut worst) = (0usize, 0.0f32);
-        for (a, b) in out[0].iter().flatten().zip(out[1].iter().flatten()) {
-            assert!(a.is_finite() && b.is_finite());
-            same += usize::from(a.to_bits() == b.to_bits());
-            worst = worst.max((a - b).abs() / (1.0 + a.abs()));
-            assert!((a - b).abs() <= 1e-4 * (1.0 + a.abs()), "{fmt}: {a} vs {b}");
+        let rb = fmt.row_bytes(k).expect("rb");
+        let (mut same, mut worst) = (0usize, 0.0f64);
+        for (i, row) in w.chunks_exact(rb).enumerate() {
+            let mut wf = vec![0.0f64; k];
+            dequantize_row_f64(fmt, row, &mut wf).expect("dequant");
+            for t in 0..tokens {
+                let x = &xs[t * k..(t + 1) * k];
+                let mag: f64 = wf
+                    .iter()
+                    .zip(x)
+                    .map(|(a, &b)| (a * f64::from(b)).abs())
+                    .sum();
+                let (a, b) = (out[0][t][i], out[1][t][i]);
+                assert!(a.is_finite() && b.is_finite(), "{fmt}: unwritten output");
+                same += usize::from(a.to_bits() == b.to_bits());
+                let d = f64::from((a - b).abs());
+                worst = worst.max(d / mag);
+                assert!(
+                    d <= 2.0 * error_bound(k) * mag,
+                    "{fmt} t {t} row {i}: {a} vs {b}"
+                );
+            }
         }
         println!(
-            "{fmt}: {same} of {} outputs bit-identical, worst rel diff {worst:e}",
+            "{fmt}: {same} of {} outputs bit-identical, worst difference {worst:.2e} of Σ|w·x|",
             m * tokens
         );
     }

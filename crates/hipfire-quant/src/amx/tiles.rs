@@ -7,6 +7,8 @@
 //! has AMX. All the `unsafe` AMX code of the crate is in this file.
 
 use super::{Line, PANEL_ROWS, TILE_ROWS};
+use std::cell::Cell;
+use std::marker::PhantomData;
 
 /// f32 values of one 16 × 16 C tile (row-major, 64 bytes a row, as `tilestored` writes it).
 pub(crate) const C_TILE: usize = TILE_ROWS * TILE_ROWS;
@@ -40,7 +42,7 @@ pub(crate) enum Engine {
 /// Lengths are checked: too short a buffer, or `ksteps == 0`, leaves `c` untouched and returns
 /// false (the callers size them exactly, so this is a bug guard, not a path).
 pub(crate) fn dot_panel(
-    engine: Engine,
+    tiles: &TileSession,
     a: &[Line],
     b: (&[Line], Option<&[Line]>),
     ksteps: usize,
@@ -52,13 +54,14 @@ pub(crate) fn dot_panel(
     if ksteps == 0 || a.len() < need_a || !b_ok(b.0) || !b.1.is_none_or(b_ok) {
         return false;
     }
-    match engine {
+    match tiles.engine {
         Engine::Emulated => emulate(a, b, ksteps, c),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Engine::Hardware` exists only after `amx_available()` (CPUID AMX-TILE and
-        // AMX-BF16, and the kernel's XTILEDATA permission for this process); the lengths were
-        // checked above against exactly what the loops read (`ksteps` steps of 2 KiB of `a` and
-        // 1 KiB of each `b`), and `c` holds the 4 KiB the stores write.
+        // AMX-BF16, and the kernel's XTILEDATA permission for this process), and a live
+        // `TileSession` of it has configured the tiles on this thread (it is not `Send`); the
+        // lengths were checked above against exactly what the loops read (`ksteps` steps of
+        // 2 KiB of `a` and 1 KiB of each `b`), and `c` holds the 4 KiB the stores write.
         Engine::Hardware => unsafe {
             match b.1 {
                 Some(b1) => hw::dot_2x2(a.as_ptr(), b.0.as_ptr(), b1.as_ptr(), ksteps, c),
@@ -67,6 +70,57 @@ pub(crate) fn dot_panel(
         },
     }
     true
+}
+
+thread_local! {
+    /// Live [`TileSession`]s of the hardware engine on this thread (the tiles are configured
+    /// while it is above zero).
+    static SESSIONS: Cell<usize> = const { Cell::new(0) };
+}
+
+/// The tile unit configured for this thread, for the life of the value: `ldtilecfg` and
+/// `tilerelease` cost hundreds of cycles each, which paid per micro-kernel call held the GEMM
+/// at 95 against 130 GMAC/s (H200 box, Q4_K k 4096, 32 tokens, 8 against 128 k-steps per call,
+/// `prefill_gemm --amx hw`, 2026-12-02). Not `Send`: the configuration is the thread's. The OS
+/// keeps it across context switches (XSAVE of the tile state the process was granted).
+pub(crate) struct TileSession {
+    engine: Engine,
+    _thread: PhantomData<*const ()>,
+}
+
+impl TileSession {
+    /// Configure the tiles (hardware engine; nested sessions share one configuration).
+    pub(crate) fn start(engine: Engine) -> TileSession {
+        #[cfg(target_arch = "x86_64")]
+        if engine == Engine::Hardware {
+            SESSIONS.with(|n| {
+                if n.get() == 0 {
+                    // SAFETY: `Engine::Hardware` exists only once AMX is present and permitted.
+                    unsafe { hw::configure() };
+                }
+                n.set(n.get() + 1);
+            });
+        }
+        TileSession {
+            engine,
+            _thread: PhantomData,
+        }
+    }
+}
+
+impl Drop for TileSession {
+    fn drop(&mut self) {
+        #[cfg(target_arch = "x86_64")]
+        if self.engine == Engine::Hardware {
+            SESSIONS.with(|n| {
+                n.set(n.get().saturating_sub(1));
+                if n.get() == 0 {
+                    // SAFETY: as in `start`; no session of this thread is left to use the tiles.
+                    unsafe { hw::release() };
+                }
+            });
+        }
+    }
 }
 
 /// `tdpbf16ps` in scalar code: per element, the two products of a bf16 pair (exact in f32) are
@@ -133,10 +187,11 @@ mod hw {
     /// `c + 1024·(2·rt + g)`.
     ///
     /// # Safety
-    /// AMX-TILE and AMX-BF16 are present and XTILEDATA is permitted for this process;
-    /// `ksteps ≥ 1`; `a` is readable for `ksteps × 2048` bytes, `b0` and `b1` for
-    /// `ksteps × 1024` each, and `c` is readable and writable for 4096. The tiles are configured, used and
-    /// released inside the one `asm!` block, so no tile state lives across Rust code.
+    /// AMX-TILE and AMX-BF16 are present, XTILEDATA is permitted for this process and
+    /// [`configure`] ran on this thread since the last [`release`]; `ksteps ≥ 1`; `a` is
+    /// readable for `ksteps × 2048` bytes, `b0` and `b1` for `ksteps × 1024` each, and `c` is
+    /// readable and writable for 4096. Every tile register it uses is loaded inside the one
+    /// `asm!` block, so no tile data lives across Rust code (only the configuration).
     pub(super) unsafe fn dot_2x2(
         a: *const Line,
         b0: *const Line,
@@ -147,7 +202,6 @@ mod hw {
         // SAFETY: the function's contract.
         unsafe {
             asm!(
-                "ldtilecfg [{cfg}]",
                 "tileloadd tmm0, [{c} + {st}*1]",
                 "tileloadd tmm1, [{c} + {st}*1 + 1024]",
                 "tileloadd tmm2, [{c} + {st}*1 + 2048]",
@@ -170,8 +224,6 @@ mod hw {
                 "tilestored [{c} + {st}*1 + 1024], tmm1",
                 "tilestored [{c} + {st}*1 + 2048], tmm2",
                 "tilestored [{c} + {st}*1 + 3072], tmm3",
-                "tilerelease",
-                cfg = in(reg) &CONFIG,
                 a = inout(reg) a => _,
                 b0 = inout(reg) b0 => _,
                 b1 = inout(reg) b1 => _,
@@ -191,7 +243,6 @@ mod hw {
         // SAFETY: the function's contract.
         unsafe {
             asm!(
-                "ldtilecfg [{cfg}]",
                 "tileloadd tmm0, [{c} + {st}*1]",
                 "tileloadd tmm2, [{c} + {st}*1 + 2048]",
                 "2:",
@@ -206,8 +257,6 @@ mod hw {
                 "jnz 2b",
                 "tilestored [{c} + {st}*1], tmm0",
                 "tilestored [{c} + {st}*1 + 2048], tmm2",
-                "tilerelease",
-                cfg = in(reg) &CONFIG,
                 a = inout(reg) a => _,
                 b0 = inout(reg) b0 => _,
                 n = inout(reg) ksteps => _,
@@ -216,6 +265,24 @@ mod hw {
                 options(nostack),
             );
         }
+    }
+
+    /// Load the tile configuration (every tile 16 rows of 64 bytes) on this thread.
+    ///
+    /// # Safety
+    /// AMX-TILE is present and XTILEDATA is permitted for this process.
+    pub(super) unsafe fn configure() {
+        // SAFETY: the function's contract; `CONFIG` is a valid 64-byte palette-1 configuration.
+        unsafe { asm!("ldtilecfg [{cfg}]", cfg = in(reg) &CONFIG, options(nostack)) };
+    }
+
+    /// Return the tiles to their initial state (cheap context switches again).
+    ///
+    /// # Safety
+    /// As [`configure`].
+    pub(super) unsafe fn release() {
+        // SAFETY: the function's contract.
+        unsafe { asm!("tilerelease", options(nostack)) };
     }
 
     /// `arch_prctl` request: permission for a dynamically enabled XSAVE feature (Linux
