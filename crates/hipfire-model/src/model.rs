@@ -422,6 +422,21 @@ impl Model {
         &self.tokenizer
     }
 
+    /// Prompt tokens [`Session::prefill`] pushes through the layers at once:
+    /// [`PREFILL_CHUNK_AMX`] where this CPU runs any of the model's weights at that many tokens
+    /// on AMX, else [`PREFILL_CHUNK`].
+    pub fn prefill_chunk(&self) -> usize {
+        let amx = self
+            .weights()
+            .iter()
+            .any(|w| hipfire_quant::amx_rows_used(w.format, PREFILL_CHUNK_AMX));
+        if amx {
+            PREFILL_CHUNK_AMX
+        } else {
+            PREFILL_CHUNK
+        }
+    }
+
     /// Every weight matrix, indexed by [`Weight::id`].
     pub fn weights(&self) -> &[Weight] {
         &self.weights
@@ -754,6 +769,14 @@ unsafe impl Sync for PartsOut {}
 /// row-tile by row-tile), while SmolLM2's is under 1 MiB. Chosen, not tuned.
 pub const PREFILL_CHUNK: usize = 32;
 
+/// [`PREFILL_CHUNK`] where the chunk's GEMMs run on AMX (`hipfire_quant::amx_rows_used`): there
+/// each weight is dequantised to bf16 once per chunk, which at 32 tokens costs as much as the
+/// tile products. One thread of the H200 box's Xeon (`prefill_gemm --amx hw`, 2026-12-02,
+/// GMAC/s at 32 / 64 / 512 tokens): Q4_K k 4096 130 / 194 / 199, k 14336 55 / 81 / 143, Q6_K
+/// k 14336 79 / 119 / 166. 128 tokens take most of that; the per-layer scratch of an 8B model
+/// is then ~24 MiB. Provisional: to be set by `hipfire bench -p 512` on that box.
+pub const PREFILL_CHUNK_AMX: usize = 128;
+
 /// Timings and counts of one [`Session::generate`] call.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct GenerationStats {
@@ -830,12 +853,13 @@ impl<'m> Session<'m> {
 
     /// Feed `tokens`; returns the logits after the last one.
     ///
-    /// Tokens go through the layers [`PREFILL_CHUNK`] at a time (each weight read once per
+    /// Tokens go through the layers [`Model::prefill_chunk`] at a time (each weight read once per
     /// chunk through [`Backend::gemv_tokens`]), with the same arithmetic in the same order as
     /// feeding them one by one with [`Session::step`]: the logits and the KV cache are
-    /// bit-identical. Only the last token's logits are computed. A token outside the vocabulary
-    /// is refused before its chunk changes anything; on any error the session keeps the chunks
-    /// completed before it.
+    /// bit-identical (except where the chunk's GEMMs sum in another order or in bf16 on AMX,
+    /// `hipfire_quant::multi_matches_single` / `amx_rows_used`). Only the last token's logits
+    /// are computed. A token outside the vocabulary is refused before its chunk changes
+    /// anything; on any error the session keeps the chunks completed before it.
     pub fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32], ModelError> {
         if self.pos + tokens.len() > self.model.ctx_len {
             return Err(ModelError::ContextFull {
@@ -843,8 +867,9 @@ impl<'m> Session<'m> {
                 ctx: self.model.ctx_len,
             });
         }
-        let n_chunks = tokens.len().div_ceil(PREFILL_CHUNK);
-        for (i, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
+        let size = self.model.prefill_chunk();
+        let n_chunks = tokens.len().div_ceil(size);
+        for (i, chunk) in tokens.chunks(size).enumerate() {
             let last = i + 1 == n_chunks;
             let pos0 = self.pos;
             let done = self.forward_chunk(chunk, last);
@@ -1045,8 +1070,9 @@ mod tests {
     /// nor where a chunk goes to the AMX bf16 GEMM, `hipfire_quant::amx_rows_used`).
     pub(super) fn multi_token_exact(model: &Model) -> bool {
         model.weights().iter().all(|w| {
-            hipfire_quant::multi_matches_single(hipfire_quant::simd_tier(), w.format, PREFILL_CHUNK)
-                && !hipfire_quant::amx_rows_used(w.format, PREFILL_CHUNK)
+            let chunk = model.prefill_chunk();
+            hipfire_quant::multi_matches_single(hipfire_quant::simd_tier(), w.format, chunk)
+                && !hipfire_quant::amx_rows_used(w.format, chunk)
         })
     }
 
@@ -1251,8 +1277,10 @@ mod tests {
             s.prefill(&prompt),
             Err(ModelError::BadToken { id, .. }) if id == vocab
         ));
-        assert_eq!(s.position(), PREFILL_CHUNK);
-        assert!(s.kv.iter().all(|c| c.n_pos() == PREFILL_CHUNK));
+        // The chunks wholly before token 35 are kept.
+        let kept = 35 / model.prefill_chunk() * model.prefill_chunk();
+        assert_eq!(s.position(), kept);
+        assert!(s.kv.iter().all(|c| c.n_pos() == kept));
         s.step(1).expect("session still usable");
     }
 }

@@ -119,6 +119,24 @@ fn convert_row(x: &[f32], panel: &mut [Line], r: usize) {
     }
 }
 
+/// 32 f32 → 16 bf16 pairs with `vcvtne2ps2bf16` (round to nearest even; the same bits as
+/// [`f32_to_bf16`] for every value but f32 denormals, which it flushes).
+///
+/// # Safety
+/// AVX-512 F and BF16 present ([`fast_available`]); `x` holds at least 32 values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+pub(super) unsafe fn pairs_avx512(x: &[f32], out: &mut [u32; 16]) {
+    use std::arch::x86_64::*;
+    // SAFETY: 32 readable values (the caller's), 64 writable bytes in `out`.
+    unsafe {
+        let lo = _mm512_loadu_ps(x.as_ptr());
+        let hi = _mm512_loadu_ps(x.as_ptr().add(16));
+        let v: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+        _mm512_storeu_si512(out.as_mut_ptr() as *mut _, v);
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{Line, PANEL_ROWS};

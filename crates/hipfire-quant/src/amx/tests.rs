@@ -293,3 +293,37 @@ fn gemm_bf16_refuses_bad_input() {
     }
     assert!(Bf16Tokens::new(3, 0).is_err());
 }
+
+/// Token packing (AVX-512 where present) gives `f32_to_bf16` of each value in AMX's pair order,
+/// also into a reused buffer holding another call's tokens (stale columns rewritten, padding
+/// tokens and elements past k zero).
+#[test]
+fn packing_matches_scalar_rounding_in_pair_layout() {
+    let mut rng = ChaCha8Rng::seed_from_u64(0x9AC4);
+    for (tokens, k) in [(40usize, 100usize), (17, 512), (40, 100)] {
+        let xs: Vec<f32> = (0..tokens * k)
+            .map(|_| rng.random_range(-3.0f32..3.0))
+            .collect();
+        let acts = pack(tokens, k, &xs);
+        let ksteps = k.div_ceil(TILE_K);
+        for g in 0..tokens.div_ceil(TILE_ROWS) {
+            let lines = acts.group(g).expect("packed");
+            for s in 0..ksteps {
+                for p in 0..TILE_ROWS {
+                    for n in 0..TILE_ROWS {
+                        for e in 0..2 {
+                            let (t, i) = (g * TILE_ROWS + n, s * TILE_K + 2 * p + e);
+                            let want = if t < tokens && i < k {
+                                f32_to_bf16(xs[t * k + i])
+                            } else {
+                                0
+                            };
+                            let got = lines[s * TILE_ROWS + p].0[2 * n + e];
+                            assert_eq!(got, want, "tokens {tokens} k {k}: t {t} i {i}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
