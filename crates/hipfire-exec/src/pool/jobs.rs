@@ -189,7 +189,7 @@ impl CpuPool {
         xs: &[f32],
         segs: &mut [GemvSegment<'_>],
     ) -> Result<(), ExecError> {
-        let tokens = if k == 0 { 0 } else { xs.len() / k };
+        let tokens = xs.len().checked_div(k).unwrap_or(0);
         let engine = hipfire_quant::amx_rows_used(fmt, tokens).then_some(AmxEngine::Hardware);
         self.gemv_tokens_on(fmt, k, xs, segs, engine)
     }

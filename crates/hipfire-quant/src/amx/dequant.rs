@@ -50,7 +50,7 @@ pub(super) fn fill_panel(
 ) -> Result<(), QuantError> {
     let (e0, e1) = (s0 * TILE_K, ((s0 + ns) * TILE_K).min(k));
     let be = fmt.block_elems();
-    let bad_cut = e0 % be != 0 || (e1 % be != 0 && e1 != k) || e0 >= e1;
+    let bad_cut = !e0.is_multiple_of(be) || (!e1.is_multiple_of(be) && e1 != k) || e0 >= e1;
     if bad_cut
         || panel.len() < ns * PANEL_ROWS
         || row_f32.len() < e1 - e0
@@ -177,7 +177,10 @@ mod x86 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
     pub(super) unsafe fn q4k_row(row: &[u8], k: usize, panel: &mut [Line], r: usize) -> bool {
         const BB: usize = size_of::<BlockQ4K>();
-        if k % QK_K != 0 || row.len() != k / QK_K * BB || panel.len() < k / 32 * PANEL_ROWS {
+        if !k.is_multiple_of(QK_K)
+            || row.len() != k / QK_K * BB
+            || panel.len() < k / 32 * PANEL_ROWS
+        {
             return false;
         }
         let base = panel.as_mut_ptr();
@@ -218,7 +221,10 @@ mod x86 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
     pub(super) unsafe fn q6k_row(row: &[u8], k: usize, panel: &mut [Line], r: usize) -> bool {
         const BB: usize = size_of::<BlockQ6K>();
-        if k % QK_K != 0 || row.len() != k / QK_K * BB || panel.len() < k / 32 * PANEL_ROWS {
+        if !k.is_multiple_of(QK_K)
+            || row.len() != k / QK_K * BB
+            || panel.len() < k / 32 * PANEL_ROWS
+        {
             return false;
         }
         let base = panel.as_mut_ptr();

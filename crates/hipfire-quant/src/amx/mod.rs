@@ -191,7 +191,7 @@ impl Bf16Tokens {
             .and_then(|mut v| v.pop())
             .unwrap_or_default();
         lines.resize(n, Line::ZERO);
-        if tokens % TILE_ROWS != 0 {
+        if !tokens.is_multiple_of(TILE_ROWS) {
             let g = groups - 1;
             for line in &mut lines[g * ksteps * TILE_ROWS..] {
                 line.0[2 * (tokens % TILE_ROWS)..].fill(0);
@@ -438,7 +438,7 @@ pub fn dequant_panels_for_bench(
 /// k-blocks are whole multiples of 8 k-steps: 256 elements, a whole block of every format
 /// (1, 32 or 256 elements), so each k-block dequantises whole blocks.
 const KBLOCK_ALIGN: usize = 8;
-const _: () = assert!(KBLOCK_STEPS % KBLOCK_ALIGN == 0);
+const _: () = assert!(KBLOCK_STEPS.is_multiple_of(KBLOCK_ALIGN));
 
 #[allow(clippy::too_many_arguments)]
 fn gemm_inner(
