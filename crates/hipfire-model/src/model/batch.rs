@@ -285,7 +285,7 @@ mod tests {
                     crate::model::tests::assert_same(
                         sessions[s].logits(),
                         want,
-                        crate::model::tests::multi_token_exact(model),
+                        crate::model::tests::prefill_tol(model),
                         &format!("{what}: seq {s} output {} at step {step}", checked[s]),
                     );
                     checked[s] += 1;
