@@ -562,50 +562,82 @@ impl Model {
             .gemv_tokens(&self.weights_with_bytes(ids), xs, ys, accumulate)
     }
 
-    /// Attention of one query position of layer `li`: every head of `q` (`n_head × head_dim`)
-    /// over the first `n_pos` positions of the layer's cache — the last `window` of them on a
-    /// sliding-window layer — into `att`. The work is cut into KV head × chunk of positions
-    /// items ([`attention`](crate::attention)), split over the backend's threads, and the
-    /// chunks' partial softmaxes merged in order: a long context made this, not the weights, the
-    /// bulk of a token.
-    fn attention(
+    /// Attention of query positions of layer `li`, `qs[t] = (q, cache, n_pos)` into
+    /// `att[t·n..(t + 1)·n]` (`n = n_head × head_dim`): every head of `q` over the first `n_pos`
+    /// positions of the layer's cache — the last `window` of them on a sliding-window layer. The
+    /// work is cut into KV head × chunk of positions items ([`attention`](crate::attention)),
+    /// split over the backend's threads, and the chunks' partial softmaxes merged in order: a
+    /// long context made this, not the weights, the bulk of a token. Every query's items go in
+    /// one `parallel_for`, each item and each merge the same arithmetic as one query alone (so
+    /// the same bits whatever the batch). A prefill chunk's or a batched step's tokens used to take one `parallel_for`
+    /// each; at 16 threads on the H200 box the chunk's GEMMs on AMX were left at ~2.5 s of a
+    /// 10.5 s 512-token prefill of an 8B model, and 8 threads ran it as fast as 16 (2026-12-02),
+    /// which a per-token dispatch of 16 workers over a few microseconds of work explains.
+    pub(crate) fn attention_many(
         &self,
         li: usize,
-        q: &[f32],
-        kv: &KvCache,
-        n_pos: usize,
+        qs: &[(&[f32], &KvCache, usize)],
         att: &mut [f32],
     ) -> Result<(), ModelError> {
         let c = &self.config;
         let hd = c.head_dim;
         let n = c.n_head * hd;
-        if q.len() < n || att.len() < n || n_pos == 0 || kv.n_pos() < n_pos {
+        if att.len() != qs.len() * n {
             return Err(ModelError::Shape {
-                name: "attention operands (q, att, cached positions)".into(),
-                want: [n, n, n_pos.max(1)].map(|v| v as u64).to_vec(),
-                got: [q.len(), att.len(), kv.n_pos()].map(|v| v as u64).to_vec(),
+                name: "attention outputs (queries × n_head × head_dim)".into(),
+                want: vec![(qs.len() * n) as u64],
+                got: vec![att.len() as u64],
             });
+        }
+        for &(q, kv, n_pos) in qs {
+            if q.len() < n || n_pos == 0 || kv.n_pos() < n_pos {
+                return Err(ModelError::Shape {
+                    name: "attention operands (q, att, cached positions)".into(),
+                    want: [n, n, n_pos.max(1)].map(|v| v as u64).to_vec(),
+                    got: [q.len(), n, kv.n_pos()].map(|v| v as u64).to_vec(),
+                });
+            }
         }
         let group = c.n_head / c.n_head_kv;
         let scale = c.attn_scale;
-        let first = c.layer_window(li).map_or(0, |w| n_pos.saturating_sub(w));
-        let split = attention::Split::new(first, n_pos, c.n_head_kv);
-        let (chunk, n_chunks) = (split.chunk, split.n_chunks);
         let pl = attention::partial_len(hd);
         let item_len = group * pl;
-        let mut parts = vec![0f32; c.n_head_kv * n_chunks * item_len];
+        // Per query: its split and its first item; items of query t are
+        // `first[t]..first[t] + n_head_kv · n_chunks`, KV head major.
+        let splits: Vec<attention::Split> = qs
+            .iter()
+            .map(|&(_, _, n_pos)| {
+                let first = c.layer_window(li).map_or(0, |w| n_pos.saturating_sub(w));
+                attention::Split::new(first, n_pos, c.n_head_kv)
+            })
+            .collect();
+        let mut first = Vec::with_capacity(qs.len() + 1);
+        first.push(0usize);
+        for sp in &splits {
+            let last = first.last().copied().unwrap_or(0);
+            first.push(last + c.n_head_kv * sp.n_chunks);
+        }
+        let total = first.last().copied().unwrap_or(0);
+        let longest = splits.iter().map(|sp| sp.chunk).max().unwrap_or(0);
+        let mut parts = vec![0f32; total * item_len];
         let out = PartsOut(parts.as_mut_ptr());
         let out = &out;
+        let (splits, first) = (&splits, &first);
         self.backend
-            .parallel_for(c.n_head_kv * n_chunks, &|items: std::ops::Range<usize>| {
-                let mut scores = Vec::with_capacity(group * chunk);
+            .parallel_for(total, &|items: std::ops::Range<usize>| {
+                let mut scores = Vec::with_capacity(group * longest);
                 // A q8_0 cache's positions of one item, dequantised for the f16 kernels (empty,
                 // and never filled, for an f16 cache).
                 let mut staged = KvLayer::new(1, hd);
                 let mut staging = (Vec::new(), Vec::new());
                 for item in items {
-                    let (h, ci) = (item / n_chunks, item % n_chunks);
-                    // SAFETY: `parts` holds `n_items × item_len` values and outlives the call
+                    // The query of this item: the last t with first[t] <= item.
+                    let t = first.partition_point(|&f| f <= item) - 1;
+                    let (split, (q, kv, _)) = (&splits[t], qs[t]);
+                    let n_chunks = split.n_chunks;
+                    let local = item - first[t];
+                    let (h, ci) = (local / n_chunks, local % n_chunks);
+                    // SAFETY: `parts` holds `total × item_len` values and outlives the call
                     // (`parallel_for` returns after every part); parts are disjoint ranges of
                     // items, so this item's slice is written by this part alone.
                     let part = unsafe {
@@ -637,14 +669,17 @@ impl Model {
                     }
                 }
             })?;
-        for (qh, o) in att[..n].chunks_exact_mut(hd).enumerate() {
-            let (h, j) = (qh / group, qh % group);
-            let parts = &parts;
-            let it = (0..n_chunks).map(move |ci| {
-                let base = (h * n_chunks + ci) * item_len + j * pl;
-                &parts[base..base + pl]
-            });
-            attention::combine(it, o);
+        for (t, att_t) in att.chunks_exact_mut(n).enumerate() {
+            let n_chunks = splits[t].n_chunks;
+            let tparts = &parts[first[t] * item_len..first[t + 1] * item_len];
+            for (qh, o) in att_t.chunks_exact_mut(hd).enumerate() {
+                let (h, j) = (qh / group, qh % group);
+                let it = (0..n_chunks).map(move |ci| {
+                    let base = (h * n_chunks + ci) * item_len + j * pl;
+                    &tparts[base..base + pl]
+                });
+                attention::combine(it, o);
+            }
         }
         Ok(())
     }
@@ -755,11 +790,13 @@ impl Model {
     }
 }
 
-/// The partial softmaxes of [`Model::attention`], written item by item from several threads.
+/// The partial softmaxes of [`Model::attention_many`], written item by item from several
+/// threads (and the rows of `batch::par_rows`).
 struct PartsOut(*mut f32);
 
-// SAFETY: only dereferenced inside `Model::attention`, where every part writes its own disjoint
-// items of a buffer the caller keeps borrowed mutably for the whole call.
+// SAFETY: only dereferenced inside `Model::attention_many` and `batch::par_rows`, where every
+// part writes its own disjoint items of a buffer the caller keeps borrowed mutably for the whole
+// call.
 unsafe impl Sync for PartsOut {}
 
 /// Prompt tokens pushed through the layers together by [`Session::prefill`]. Each weight is
