@@ -809,9 +809,10 @@ pub const PREFILL_CHUNK: usize = 32;
 /// [`PREFILL_CHUNK`] where the chunk's GEMMs run on AMX (`hipfire_quant::amx_rows_used`): there
 /// each weight is dequantised to bf16 once per chunk, which at 32 tokens costs as much as the
 /// tile products. One thread of the H200 box's Xeon (`prefill_gemm --amx hw`, 2026-12-02,
-/// GMAC/s at 32 / 64 / 512 tokens): Q4_K k 4096 130 / 194 / 199, k 14336 55 / 81 / 143, Q6_K
-/// k 14336 79 / 119 / 166. 128 tokens take most of that; the per-layer scratch of an 8B model
-/// is then ~24 MiB. Provisional: to be set by `hipfire bench -p 512` on that box.
+/// GMAC/s at 32 / 128 / 512 tokens): Q4_K k 4096 76–130 / 117–122 / 199, k 14336 55–75 / 110 /
+/// 143; Q6_K k 14336 79–88 / 107–118 / 166. 128 tokens take most of it; the per-layer scratch of
+/// an 8B model is then ~24 MiB. The whole 8B prefill at 16 threads did not move with it (48.4
+/// tok/s at 32, 48.6 at 128, same box, 2026-12-02): its time was outside the GEMMs then.
 pub const PREFILL_CHUNK_AMX: usize = 128;
 
 /// Timings and counts of one [`Session::generate`] call.

@@ -11,6 +11,9 @@
 //! - `shared_act.rs` — [`SharedActivation`]: one q8_K activation that several threads prepare
 //!   together and all read (the `flags` join's CPU workers).
 //! - `read.rs` — [`read_sum`], the plain read that GEMV bandwidth is measured against.
+//! - `amx/` — [`gemm_bf16`], the prompt-token GEMM on Intel AMX bf16 tiles ([`Bf16Tokens`] the
+//!   packed tokens, [`amx_rows_used`] the route hipfire-exec's `gemv_tokens` takes); the tile op
+//!   in `asm!` and a scalar emulation of it on the same buffers (`amx/tiles.rs`).
 //! - `dot/` — scalar reference + AVX2 + AVX-512 row dots (`avx2_mix.rs` / `avx512_mix.rs`
 //!   hold those of the formats K_M / IQ4 files fall back to: Q5_0, Q5_1, Q3_K, Q2_K, IQ4_NL,
 //!   IQ4_XS); `dispatch.rs` picks the tier once.

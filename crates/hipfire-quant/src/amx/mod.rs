@@ -46,16 +46,18 @@ pub const PANEL_ROWS: usize = 2 * TILE_ROWS;
 
 /// Fewest tokens of one call for which the prefill GEMM runs on AMX where the CPU has it
 /// (hipfire-exec's `gemv_tokens` checks [`amx_rows_used`]); fewer tokens go to the q8 row dots,
-/// which also keeps decode (one token) and small batches exactly as before.
-/// Provisional (16 = one B tile): to be set from the H200 box's `prefill_gemm --amx` sweep.
+/// which also keeps decode (one token) and small batches exactly as before. 16 tokens (one B
+/// tile) already beat the row dots on the H200 box's Xeon, one thread (`prefill_gemm --amx hw`,
+/// 2026-12-02, AMX / row dots): Q4_K 1.28 × (k 4096) and 1.22 × (k 14336), Q6_K 2.55 × and
+/// 2.16 ×; fewer tokens would pad the tile.
 pub const AMX_MIN_TOKENS: usize = 16;
 
 /// [`AMX_MIN_TOKENS`] for the formats without an AVX-512 panel dequantiser (all but Q4_K and
-/// Q6_K), which go through `dequantize_row` and a conversion: 0.5 (Q8_0) to 4.6 (IQ4_XS) ns a
-/// weight single-threaded on the dev VM (`prefill_gemm --amx emu`, k 4096, 2026-12-02), against
-/// 0.1–0.2 for Q4_K / Q6_K. At 2 ns a weight the dequantisation alone caps a 256-token GEMM at
-/// 128 GMAC/s, about twice the q8 row dots' 40–60 there, so those formats take AMX from 256
-/// tokens (never within the model's 32-token prefill chunks). Provisional: the H200 sweep.
+/// Q6_K), which go through `dequantize_row` and a conversion: 0.6 (Q8_0), 2.3 (Q4_0) and 3.1
+/// (Q5_K) ns a weight on one thread of the H200 box's Xeon, against 0.2 for Q4_K / Q6_K. There
+/// (`prefill_gemm --amx hw`, k 4096, 2026-12-02, AMX / row dots) 32 tokens gave Q8_0 1.30 ×,
+/// Q4_0 0.45 ×, Q5_K 0.24 ×, and 256 tokens 5.2 ×, 2.5 × and 1.34 ×: those formats take AMX
+/// from 256 tokens (never within the model's prefill chunks).
 pub const AMX_MIN_TOKENS_GENERIC: usize = 256;
 
 /// One tile row: 32 bf16 (64 bytes, one cache line).
@@ -298,12 +300,12 @@ impl Bf16Tokens {
 }
 
 /// k-steps of 32 dequantised per panel before the tiles run over them (32 rows × 1024 elements,
-/// 64 KiB of bf16, from L1/L2 while the next block is dequantised). Against whole-row panels
-/// (up to 896 KiB at k = 14336, out to L2 and back) and 8-step blocks, on the H200 box's Xeon,
-/// one thread (`prefill_gemm --amx hw --amx-kblock 0,32,512`, 2026-12-02, GMAC/s for 8 / 32 /
-/// whole k, with the tile configuration then still reloaded per block): Q4_K k 14336 32 tokens
-/// 49 / 55 / 52, Q6_K k 14336 32 tokens 75 / 79 / 55, 512 tokens 132 / 166 / 130; Q4_K k 4096
-/// 32 tokens 95 / 93 / 130 (whole k paid the reload once).
+/// 64 KiB of bf16, from L1/L2 while the next block is dequantised, instead of whole-row panels
+/// of up to 896 KiB at k = 14336 going out to L2 and back). On one thread of the H200 box's Xeon
+/// (`prefill_gemm --amx hw --amx-kblock 0,8,128`, 2026-12-02, GMAC/s for 32 / 8 / 128 steps) at
+/// 128 tokens, the model's AMX chunk: Q4_K k 4096 117 / 111 / 122, k 14336 110 / 105 / 108,
+/// Q6_K 122 / 117 / 124 and 107 / 111 / 118 — within noise of each other; at 32 tokens the
+/// runs scattered more (Q4_K k 4096 76 / 72 / 117, k 14336 75 / 102 / 73).
 pub const KBLOCK_STEPS: usize = 32;
 
 /// Buffers of dropped [`Bf16Tokens`], reused by the next (one per call in flight is plenty).
