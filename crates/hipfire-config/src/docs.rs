@@ -67,6 +67,13 @@ pub static OTHER_ENV: &[EnvVarDoc] = &[
               `GGML_CUDA_DISABLE_GRAPHS`).",
     },
     EnvVarDoc {
+        name: "HIPFIRE_DISABLE_AMX",
+        read_by: "hipfire-quant (CPU prefill)",
+        doc: "Set to anything but `0` or empty: CPU prompt chunks run on the AVX-512 / AVX2 \
+              row dots even where the CPU has AMX, instead of the bf16 tile GEMM (read once \
+              per process; a diagnostic and A/B switch).",
+    },
+    EnvVarDoc {
         name: "HIPFIRE_HIP_ARCH",
         read_by: "hipfire-gpu (hip)",
         doc: "HIP backend only: the `gfx…` target to compile kernels for, instead of the one \

@@ -15,7 +15,7 @@
 //!   for the projections that share an activation, `gemv_tokens` for a prefill chunk,
 //!   `parallel_for` for attention heads); [`CpuBackend`] over hipfire-exec's pool;
 //!   [`ReferenceBackend`], the independent f64 path the tests compare against.
-//! - [`model`] — [`Model::load`], [`Session`] (`prefill` in chunks of [`model::PREFILL_CHUNK`]
+//! - [`model`] — [`Model::load`], [`Session`] (`prefill` in chunks of [`Model::prefill_chunk`]
 //!   tokens, `step`, `generate`) and
 //!   [`forward_batch`]: one forward over tokens of several sessions (continuous batching;
 //!   chunked prefill is its one-session case, a decode step its one-token case): the CPU

@@ -2,15 +2,27 @@
 //! hipfire-exec's `CpuPool::gemv_tokens` drives it: the rows cut into tiles of
 //! `--tile-kib` of weight, every token run over a tile (in groups of `--group`) before the next.
 //!
+//! With `--amx hw` (or `emu`, the scalar emulation) each shape also runs `gemm_bf16`, the AMX
+//! bf16 GEMM, over all rows at once as each `gemv_tokens` worker does (tokens packed once per
+//! call, timed apart and included in its figure); `--k` and `--tokens` take lists.
+//!
 //! ```text
-//! cargo run --release -p hipfire-quant --example prefill_gemm -- [--k 4096] [--m 2048]
-//!     [--tokens 32] [--tile-kib 16] [--group 16] [--reps 7] [--formats q4_k,q6_k]
+//! cargo run --release -p hipfire-quant --example prefill_gemm -- [--k 4096,14336] [--m 2048]
+//!     [--tokens 32,512] [--tile-kib 16] [--group 16] [--reps 7] [--formats q4_k,q6_k]
+//!     [--amx off|hw|emu] [--amx-kblock 8,16,0]
+//! ```
+//! `--amx-kblock` lists k-steps (of 32) per dequantised block to try, 0 = the library's default;
+//! each AMX line also gives the time of the dequantisation alone (`dequant`).
+//! ```text
 //! ```
 //! Time is this thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`), not wall time:
 //! the dev VM's two cores are shared with other builds, and time spent descheduled would
 //! otherwise dominate. The figure is the fastest of `--reps` passes.
 
-use hipfire_quant::{gemv_rows_multi, quantize_row, simd_tier, ActivationBuf, Format};
+use hipfire_quant::{
+    amx_status, dequant_panels_for_bench, gemm_bf16, gemm_bf16_kblock, gemv_rows_multi,
+    quantize_row, simd_tier, ActivationBuf, AmxEngine, Bf16Tokens, Format,
+};
 use std::error::Error;
 use std::hint::black_box;
 
@@ -18,9 +30,11 @@ use std::hint::black_box;
 const DISTINCT_ROWS: usize = 64;
 
 struct Args {
-    k: usize,
+    ks: Vec<usize>,
     m: usize,
-    tokens: usize,
+    tokens: Vec<usize>,
+    amx: Option<AmxEngine>,
+    kblocks: Vec<usize>,
     tile: usize,
     group: usize,
     reps: usize,
@@ -29,9 +43,11 @@ struct Args {
 
 fn parse() -> Result<Args, Box<dyn Error>> {
     let mut a = Args {
-        k: 4096,
+        ks: vec![4096],
         m: 2048,
-        tokens: 32,
+        tokens: vec![32],
+        amx: None,
+        kblocks: vec![0],
         tile: 16 << 10,
         group: 16,
         reps: 7,
@@ -43,9 +59,18 @@ fn parse() -> Result<Args, Box<dyn Error>> {
             return Err(format!("{} needs a value", pair[0]).into());
         };
         match flag.as_str() {
-            "--k" => a.k = val.parse()?,
+            "--k" => a.ks = list(val)?,
             "--m" => a.m = val.parse()?,
-            "--tokens" => a.tokens = val.parse()?,
+            "--tokens" => a.tokens = list(val)?,
+            "--amx-kblock" => a.kblocks = list(val)?,
+            "--amx" => {
+                a.amx = match val.as_str() {
+                    "off" => None,
+                    "hw" => Some(AmxEngine::Hardware),
+                    "emu" => Some(AmxEngine::Emulated),
+                    _ => return Err(format!("--amx {val}: off, hw or emu").into()),
+                }
+            }
             "--tile-kib" => a.tile = val.parse::<usize>()? << 10,
             "--group" => a.group = val.parse()?,
             "--reps" => a.reps = val.parse()?,
@@ -59,6 +84,10 @@ fn parse() -> Result<Args, Box<dyn Error>> {
         }
     }
     Ok(a)
+}
+
+fn list(v: &str) -> Result<Vec<usize>, Box<dyn Error>> {
+    Ok(v.split(',').map(str::parse).collect::<Result<_, _>>()?)
 }
 
 /// Deterministic pseudo-random values in [-1, 1) (no rand dependency in an example).
@@ -92,51 +121,137 @@ fn cpu_ns() -> Result<u64, Box<dyn Error>> {
 fn main() -> Result<(), Box<dyn Error>> {
     let a = parse()?;
     println!(
-        "tier {}, k {}, m {}, tokens {}, tile {} KiB, group {}",
+        "tier {}, AMX {:?}, m {}, tile {} KiB, group {}",
         simd_tier(),
-        a.k,
+        amx_status(),
         a.m,
-        a.tokens,
         a.tile >> 10,
         a.group
     );
-    for &fmt in &a.formats {
-        let rb = fmt.row_bytes(a.k)?;
-        let distinct: Vec<Vec<u8>> = (0..DISTINCT_ROWS)
-            .map(|r| quantize_row(fmt, &lcg_values(r as u64, a.k)))
-            .collect::<Result<_, _>>()?;
-        let w: Vec<u8> = (0..a.m)
-            .flat_map(|r| distinct[r % DISTINCT_ROWS].iter().copied())
-            .collect();
-        let acts: Vec<ActivationBuf> = (0..a.tokens)
-            .map(|t| ActivationBuf::prepare(fmt, &lcg_values(1000 + t as u64, a.k)))
-            .collect::<Result<_, _>>()?;
-        let refs: Vec<&ActivationBuf> = acts.iter().collect();
-        let mut ys = vec![vec![0f32; a.m]; a.tokens];
-        let tile_rows = (a.tile / rb).max(1);
-        let mut best = f64::INFINITY;
-        for _ in 0..a.reps {
-            let t0 = cpu_ns()?;
-            let mut r0 = 0;
-            while r0 < a.m {
-                let r1 = (r0 + tile_rows).min(a.m);
-                let wt = &w[r0 * rb..r1 * rb];
-                for (g, ys_g) in refs.chunks(a.group).zip(ys.chunks_mut(a.group)) {
-                    let mut yv: Vec<&mut [f32]> = ys_g.iter_mut().map(|y| &mut y[r0..r1]).collect();
-                    gemv_rows_multi(fmt, wt, a.k, g, &mut yv, false)?;
+    for &k in &a.ks {
+        for &fmt in &a.formats {
+            let rb = fmt.row_bytes(k)?;
+            let distinct: Vec<Vec<u8>> = (0..DISTINCT_ROWS)
+                .map(|r| quantize_row(fmt, &lcg_values(r as u64, k)))
+                .collect::<Result<_, _>>()?;
+            let w: Vec<u8> = (0..a.m)
+                .flat_map(|r| distinct[r % DISTINCT_ROWS].iter().copied())
+                .collect();
+            for &tokens in &a.tokens {
+                let xs: Vec<Vec<f32>> = (0..tokens)
+                    .map(|t| lcg_values(1000 + t as u64, k))
+                    .collect();
+                let macs = (a.m * k * tokens) as f64;
+                let q8 = run_q8(&a, fmt, &w, rb, k, &xs)?;
+                print!(
+                    "{fmt:?} k {k} tokens {tokens}: q8 row dots {:.1} GMAC/s",
+                    macs / q8 / 1e9
+                );
+                if let Some(engine) = a.amx {
+                    for &kb in &a.kblocks {
+                        let (total, pack) = run_amx(&a, engine, kb, fmt, &w, k, &xs)?;
+                        print!(
+                            "\n    AMX {:?} kblock {}: {:.1} GMAC/s ({:.2} x; packing {:.1} %)",
+                            engine,
+                            if kb == 0 {
+                                "default".into()
+                            } else {
+                                kb.to_string()
+                            },
+                            macs / total / 1e9,
+                            q8 / total,
+                            100.0 * pack / total
+                        );
+                    }
+                    let dq = run_dequant(&a, fmt, &w, k)?;
+                    print!(
+                        "\n    dequant alone {:.2} ms = {:.2} ns/weight",
+                        dq * 1e3,
+                        dq * 1e9 / (a.m * k) as f64
+                    );
                 }
-                r0 = r1;
+                println!(" (best of {})", a.reps);
             }
-            best = best.min((cpu_ns()? - t0) as f64 * 1e-9);
-            black_box(&ys);
         }
-        let macs = (a.m * a.k * a.tokens) as f64;
-        println!(
-            "{fmt:?}: {:.2} ms, {:.1} GMAC/s (best of {})",
-            best * 1e3,
-            macs / best / 1e9,
-            a.reps
-        );
     }
     Ok(())
+}
+
+/// Best seconds of the q8 row dots (`gemv_rows_multi` over tiles, as `gemv_tokens` before AMX).
+fn run_q8(
+    a: &Args,
+    fmt: Format,
+    w: &[u8],
+    rb: usize,
+    k: usize,
+    xs: &[Vec<f32>],
+) -> Result<f64, Box<dyn Error>> {
+    let acts: Vec<ActivationBuf> = xs
+        .iter()
+        .map(|x| ActivationBuf::prepare(fmt, x))
+        .collect::<Result<_, _>>()?;
+    let refs: Vec<&ActivationBuf> = acts.iter().collect();
+    let mut ys = vec![vec![0f32; a.m]; xs.len()];
+    let tile_rows = (a.tile / rb).max(1);
+    let mut best = f64::INFINITY;
+    for _ in 0..a.reps {
+        let t0 = cpu_ns()?;
+        let mut r0 = 0;
+        while r0 < a.m {
+            let r1 = (r0 + tile_rows).min(a.m);
+            let wt = &w[r0 * rb..r1 * rb];
+            for (g, ys_g) in refs.chunks(a.group).zip(ys.chunks_mut(a.group)) {
+                let mut yv: Vec<&mut [f32]> = ys_g.iter_mut().map(|y| &mut y[r0..r1]).collect();
+                gemv_rows_multi(fmt, wt, k, g, &mut yv, false)?;
+            }
+            r0 = r1;
+        }
+        best = best.min((cpu_ns()? - t0) as f64 * 1e-9);
+        black_box(&ys);
+    }
+    Ok(best)
+}
+
+/// Best seconds of the AMX GEMM (packing included) and of its packing alone.
+fn run_amx(
+    a: &Args,
+    engine: AmxEngine,
+    kblock: usize,
+    fmt: Format,
+    w: &[u8],
+    k: usize,
+    xs: &[Vec<f32>],
+) -> Result<(f64, f64), Box<dyn Error>> {
+    let mut ys = vec![vec![0f32; a.m]; xs.len()];
+    let (mut best, mut best_pack) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..a.reps {
+        let t0 = cpu_ns()?;
+        let acts = Bf16Tokens::new(xs.len(), k)?;
+        for (t, x) in xs.iter().enumerate() {
+            acts.pack_token(t, x)?;
+        }
+        let t1 = cpu_ns()?;
+        let mut yv: Vec<&mut [f32]> = ys.iter_mut().map(|y| &mut y[..]).collect();
+        if kblock == 0 {
+            gemm_bf16(engine, fmt, w, k, &acts, &mut yv, false)?;
+        } else {
+            gemm_bf16_kblock(engine, kblock, fmt, w, k, &acts, &mut yv, false)?;
+        }
+        let t2 = cpu_ns()?;
+        best = best.min((t2 - t0) as f64 * 1e-9);
+        best_pack = best_pack.min((t1 - t0) as f64 * 1e-9);
+        black_box(&ys);
+    }
+    Ok((best, best_pack))
+}
+
+/// Best seconds of dequantising every panel alone (the AMX GEMM's share that is not tiles).
+fn run_dequant(a: &Args, fmt: Format, w: &[u8], k: usize) -> Result<f64, Box<dyn Error>> {
+    let mut best = f64::INFINITY;
+    for _ in 0..a.reps {
+        let t0 = cpu_ns()?;
+        black_box(dequant_panels_for_bench(fmt, w, k, a.m)?);
+        best = best.min((cpu_ns()? - t0) as f64 * 1e-9);
+    }
+    Ok(best)
 }

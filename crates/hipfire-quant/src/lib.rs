@@ -11,6 +11,9 @@
 //! - `shared_act.rs` — [`SharedActivation`]: one q8_K activation that several threads prepare
 //!   together and all read (the `flags` join's CPU workers).
 //! - `read.rs` — [`read_sum`], the plain read that GEMV bandwidth is measured against.
+//! - `amx/` — [`gemm_bf16`], the prompt-token GEMM on Intel AMX bf16 tiles ([`Bf16Tokens`] the
+//!   packed tokens, [`amx_rows_used`] the route hipfire-exec's `gemv_tokens` takes); the tile op
+//!   in `asm!` and a scalar emulation of it on the same buffers (`amx/tiles.rs`).
 //! - `dot/` — scalar reference + AVX2 + AVX-512 row dots (`avx2_mix.rs` / `avx512_mix.rs`
 //!   hold those of the formats K_M / IQ4 files fall back to: Q5_0, Q5_1, Q3_K, Q2_K, IQ4_NL,
 //!   IQ4_XS); `dispatch.rs` picks the tier once.
@@ -70,6 +73,7 @@
 #![deny(missing_docs)]
 
 mod act;
+mod amx;
 mod dispatch;
 mod dot;
 pub mod formats;
@@ -77,6 +81,11 @@ mod read;
 mod shared_act;
 
 pub use act::{quantise_q8k, ActivationBuf, Q8K_BLOCK};
+pub use amx::{
+    amx_available, amx_rows_used, amx_status, dequant_panels_for_bench,
+    error_bound as amx_error_bound, gemm_bf16, gemm_bf16_kblock, AmxEngine, Bf16Tokens,
+    AMX_MIN_TOKENS, PANEL_ROWS as AMX_PANEL_ROWS,
+};
 pub use dispatch::{
     dequantize_row, dequantize_row_f64, gemv_rows, gemv_rows_multi, gemv_rows_multi_with,
     gemv_rows_scalar, gemv_rows_with, multi_matches_single, quantize_row, simd_tier, SimdTier,
@@ -146,6 +155,9 @@ pub enum QuantError {
     /// A SIMD tier was requested explicitly that this CPU does not support.
     #[error("SIMD tier {0} is not supported by this CPU")]
     TierUnavailable(SimdTier),
+    /// The AMX engine was requested on a CPU or OS without AMX bf16 tiles (the reason).
+    #[error("AMX is not available: {0}")]
+    AmxUnavailable(&'static str),
 }
 
 /// A weight format. GGUF formats use GGUF's exact byte layout.

@@ -7,7 +7,7 @@ use crate::error::ExecError;
 use crate::kernel::{gemv_rows, ActivationBuf};
 use crate::pool::{CpuPool, PoolJob};
 use crossbeam_utils::CachePadded;
-use hipfire_quant::Format;
+use hipfire_quant::{AmxEngine, Bf16Tokens, Format};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -172,14 +172,37 @@ impl CpuPool {
     /// [`TOKEN_TILE_BYTES`] of weight, running every token over a tile before moving on, so
     /// each weight byte is read from memory once per call instead of once per token.
     ///
-    /// Every output row is bit-identical to [`CpuPool::gemv`] of that token on that matrix (same
-    /// prepared activation, same row dot, same accumulate).
+    /// Below `hipfire_quant::AMX_MIN_TOKENS` tokens, or on a CPU without AMX, every output row
+    /// is bit-identical to [`CpuPool::gemv`] of that token on that matrix (same prepared
+    /// activation, same row dot, same accumulate; except where
+    /// `hipfire_quant::multi_matches_single` says the multi-token kernel sums in another order).
+    /// From that many tokens on a CPU with AMX (`hipfire_quant::amx_rows_used`), the tokens are
+    /// packed to bf16 instead and each worker multiplies its rows on the tile unit
+    /// (`hipfire_quant::gemm_bf16`): every output is then within
+    /// `hipfire_quant::amx_error_bound(k) · Σ_i |w_i·x_i|` of the exact dot of the dequantised
+    /// row with the unquantised token (the q8 row dots' own error is of the same order), not
+    /// bit-identical to [`CpuPool::gemv`].
     pub fn gemv_tokens(
         &self,
         fmt: Format,
         k: usize,
         xs: &[f32],
         segs: &mut [GemvSegment<'_>],
+    ) -> Result<(), ExecError> {
+        let tokens = xs.len().checked_div(k).unwrap_or(0);
+        let engine = hipfire_quant::amx_rows_used(fmt, tokens).then_some(AmxEngine::Hardware);
+        self.gemv_tokens_on(fmt, k, xs, segs, engine)
+    }
+
+    /// [`CpuPool::gemv_tokens`] with the route given: the q8 row dots (`None`) or the bf16 GEMM
+    /// on `engine` (the tests run the emulated engine on CPUs without AMX).
+    pub(crate) fn gemv_tokens_on(
+        &self,
+        fmt: Format,
+        k: usize,
+        xs: &[f32],
+        segs: &mut [GemvSegment<'_>],
+        engine: Option<AmxEngine>,
     ) -> Result<(), ExecError> {
         if k == 0 {
             return Err(ExecError::Shape {
@@ -220,15 +243,25 @@ impl CpuPool {
         if start == 0 || tokens == 0 {
             return Ok(());
         }
+        let bf16 = match engine {
+            Some(_) => Some(Bf16Tokens::new(tokens, k)?),
+            None => None,
+        };
         let job = TokenGemvJob {
             fmt,
             k,
             row_bytes,
             tile_rows: token_tile_rows(row_bytes),
-            acts: TokenActs::new(fmt, k, xs),
+            acts: TokenActs::new(fmt, k, xs, bf16),
+            engine,
             parts,
         };
-        self.run_job(&job, 0..start).map(|_| ())
+        match engine {
+            // Whole panels per worker: a cut inside one would dequantise it twice, padded.
+            Some(_) => self.run_job_aligned(&job, 0..start, hipfire_quant::AMX_PANEL_ROWS),
+            None => self.run_job(&job, 0..start),
+        }
+        .map(|_| ())
     }
 }
 
@@ -390,6 +423,8 @@ struct TokenGemvJob<'a> {
     tile_rows: usize,
     /// One activation per token, prepared by the job's workers.
     acts: TokenActs<'a>,
+    /// The bf16 GEMM's engine when the tokens go to AMX (then `acts` packs them to bf16).
+    engine: Option<AmxEngine>,
     parts: Vec<TokenPart<'a>>,
 }
 
@@ -413,7 +448,11 @@ struct TokenActs<'a> {
     k: usize,
     /// `tokens × k`.
     xs: &'a [f32],
+    tokens: usize,
+    /// The q8 activations (empty when the tokens are packed to bf16 instead).
     slots: Vec<OnceLock<ActivationBuf>>,
+    /// The tokens in bf16 for the AMX GEMM, packed by the workers.
+    bf16: Option<Bf16Tokens>,
     /// The next token to take, and the tokens taken and finished (each on its own line: every
     /// worker updates both).
     next: CachePadded<AtomicUsize>,
@@ -433,12 +472,16 @@ impl Drop for CountDone<'_> {
 }
 
 impl<'a> TokenActs<'a> {
-    fn new(fmt: Format, k: usize, xs: &'a [f32]) -> TokenActs<'a> {
+    fn new(fmt: Format, k: usize, xs: &'a [f32], bf16: Option<Bf16Tokens>) -> TokenActs<'a> {
+        let tokens = xs.len() / k.max(1);
+        let q8 = if bf16.is_some() { 0 } else { tokens };
         TokenActs {
             fmt,
             k,
             xs,
-            slots: (0..xs.len() / k.max(1)).map(|_| OnceLock::new()).collect(),
+            tokens,
+            slots: (0..q8).map(|_| OnceLock::new()).collect(),
+            bf16,
             next: CachePadded::new(AtomicUsize::new(0)),
             done: CachePadded::new(AtomicUsize::new(0)),
             failed: AtomicBool::new(false),
@@ -447,9 +490,10 @@ impl<'a> TokenActs<'a> {
     }
 
     /// Prepare tokens off the counter until none is left, wait for the other workers' tokens,
-    /// and return every token's activation in token order.
+    /// and return every token's q8 activation in token order (none when they are packed to
+    /// bf16: [`TokenActs::bf16`] holds them then).
     fn ready(&self) -> Result<Vec<&ActivationBuf>, ExecError> {
-        let n = self.slots.len();
+        let n = self.tokens;
         loop {
             let t = self.next.fetch_add(1, Ordering::Relaxed);
             if t >= n {
@@ -457,11 +501,15 @@ impl<'a> TokenActs<'a> {
             }
             let _count = CountDone(&self.done);
             let x = &self.xs[t * self.k..(t + 1) * self.k];
-            match ActivationBuf::prepare(self.fmt, x) {
+            let prepared = match &self.bf16 {
+                Some(b) => b.pack_token(t, x),
                 // The counter hands token t out once, so its slot is empty.
-                Ok(act) => {
+                None => ActivationBuf::prepare(self.fmt, x).map(|act| {
                     let _ = self.slots[t].set(act);
-                }
+                }),
+            };
+            match prepared {
+                Ok(()) => {}
                 Err(e) => {
                     self.failed.store(true, Ordering::Relaxed);
                     if let Ok(mut slot) = self.error.lock() {
@@ -508,6 +556,9 @@ unsafe impl Sync for TokenGemvJob<'_> {}
 impl PoolJob for TokenGemvJob<'_> {
     fn run(&self, rows: Range<usize>) -> Result<u64, ExecError> {
         let acts = self.acts.ready()?;
+        if let (Some(engine), Some(bf16)) = (self.engine, &self.acts.bf16) {
+            return self.run_bf16(engine, bf16, rows);
+        }
         for p in &self.parts {
             let lo = rows.start.max(p.start);
             let hi = rows.end.min(p.start + p.m);
@@ -546,6 +597,40 @@ impl PoolJob for TokenGemvJob<'_> {
                 }
                 a = e;
             }
+        }
+        Ok(0)
+    }
+}
+
+impl TokenGemvJob<'_> {
+    /// This worker's rows of every segment through the bf16 GEMM, all tokens at once (it
+    /// walks the rows in panels itself).
+    fn run_bf16(
+        &self,
+        engine: AmxEngine,
+        bf16: &Bf16Tokens,
+        rows: Range<usize>,
+    ) -> Result<u64, ExecError> {
+        let tokens = self.acts.tokens;
+        for p in &self.parts {
+            let lo = rows.start.max(p.start);
+            let hi = rows.end.min(p.start + p.m);
+            if lo >= hi {
+                continue;
+            }
+            let (a, b) = (lo - p.start, hi - p.start);
+            let mut ys: Vec<&mut [f32]> = (0..tokens)
+                .map(|t| {
+                    // SAFETY: rows `a..b` lie inside the segment and inside this worker's
+                    // disjoint range, so `t·m + a .. t·m + b` is inside the `tokens × m` output,
+                    // written by no other worker and aliased by no other `ys[t]` (distinct t);
+                    // the pointer comes from a live `&mut [f32]` of that length held by the
+                    // blocked caller.
+                    unsafe { std::slice::from_raw_parts_mut(p.y.add(t * p.m + a), b - a) }
+                })
+                .collect();
+            let w = &p.w[a * self.row_bytes..b * self.row_bytes];
+            hipfire_quant::gemm_bf16(engine, self.fmt, w, self.k, bf16, &mut ys, p.accumulate)?;
         }
         Ok(0)
     }

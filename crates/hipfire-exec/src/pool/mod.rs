@@ -307,7 +307,7 @@ impl CpuPool {
     }
 
     /// [`CpuPool::run_job`] with cut points at multiples of `align`.
-    fn run_job_aligned(
+    pub(crate) fn run_job_aligned(
         &self,
         job: &(dyn PoolJob + '_),
         rows: Range<usize>,
