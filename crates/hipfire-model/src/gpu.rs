@@ -37,13 +37,11 @@ use crate::{Model, ModelError, Weight};
 
 mod decode_batch;
 mod decode_graph;
-use decode_batch::{batch_rows, DecodeBatch, SlotRow, StepActs};
-pub use decode_batch::{MAX_SLOTS, RIDE_ALONG_ROWS};
+pub use decode_batch::MAX_SLOTS;
+use decode_batch::{DecodeBatch, StepActs};
 use decode_graph::DecodeGraphs;
 pub use decode_graph::DISABLE_GRAPHS_ENV;
 use hipfire_gpu::dequant::DequantKernels;
-/// Columns the multi-column GEMV reads a weight once for (the serving planner's cost model).
-pub use hipfire_gpu::GEMV_MAX_COLS;
 use hipfire_gpu::{gemm_available, gemm_f16, GemmShape};
 
 /// `kernels/decode.cu`: RMSNorm, RoPE, the f16 and q8_0 KV stores, attention, SwiGLU, add.
@@ -276,9 +274,6 @@ pub struct GpuDecoder<'m> {
     /// whose steps need the host between kernels).
     graphs: Option<DecodeGraphs>,
     ctx_len: usize,
-    /// Bytes of the spilled layers' weights (pinned host memory): what a batched prefill step
-    /// copies into VRAM.
-    spilled_bytes: u64,
     summary: String,
 }
 
@@ -433,7 +428,7 @@ impl<'m> GpuDecoder<'m> {
         let want_graphs = decode_graph::graphs_enabled();
         let kv = model.kv_cache_bytes() * slots as u64
             + if slots > 1 || want_graphs {
-                DecodeBatch::vram_bytes(&c, batch_rows(slots))
+                DecodeBatch::vram_bytes(&c, slots)
             } else {
                 0
             };
@@ -742,11 +737,10 @@ impl<'m> GpuDecoder<'m> {
         let graphs = (want_graphs && n_spilled == 0 && ctx.backend().has_graphs())
             .then(DecodeGraphs::default);
         let decode_batch = if slots > 1 || graphs.is_some() {
-            let rows = batch_rows(slots);
-            offload.reserve_columns(rows)?;
-            Some(DecodeBatch::new(&ctx, &c, rows).map_err(|e| {
+            offload.reserve_columns(slots)?;
+            Some(DecodeBatch::new(&ctx, &c, slots).map_err(|e| {
                 at_step(e, || {
-                    format!("allocating the batched decode scratch for {slots} slots ({rows} rows)")
+                    format!("allocating the batched decode scratch for {slots} slots")
                 })
             })?)
         } else {
@@ -846,7 +840,6 @@ impl<'m> GpuDecoder<'m> {
             decode_batch,
             graphs,
             ctx_len,
-            spilled_bytes,
             summary,
         })
     }
@@ -854,13 +847,6 @@ impl<'m> GpuDecoder<'m> {
     /// One line: what was placed where.
     pub fn placement_summary(&self) -> &str {
         &self.summary
-    }
-
-    /// Bytes of the spilled layers' weights, 0 with every layer resident: what a batched
-    /// prefill step copies into VRAM before its GEMMs (the serving planner weighs it against
-    /// letting a short prompt ride along in a decode step, [`GpuDecoder::decode_segments`]).
-    pub fn spilled_bytes(&self) -> u64 {
-        self.spilled_bytes
     }
 
     /// The offload executor (trace and share state).
@@ -1850,9 +1836,8 @@ impl<'m> GpuDecoder<'m> {
 enum LayerRows<'f> {
     /// `m` tokens of the selected slot at positions `pos ..`; `batched`: the GEMM forms.
     Run { m: usize, pos: usize, batched: bool },
-    /// Rows of a batched decode step, each a token of a slot at its own position (a decode
-    /// token, or one of a prompt chunk riding along).
-    Slots(&'f [SlotRow]),
+    /// One token of each `(slot, token)` feed, each at its slot's position.
+    Slots(&'f [(usize, u32)]),
 }
 
 impl LayerRows<'_> {

@@ -27,37 +27,6 @@ use crate::ModelError;
 /// gaining (each step's weights are read once; attention and the CPU arm grow per sequence).
 pub const MAX_SLOTS: usize = 256;
 
-/// Rows a batched decode step over several slots holds beyond one per slot: the tokens of short
-/// prompt chunks that ride along in the step as further rows ([`GpuDecoder::decode_segments`])
-/// instead of taking a batched prefill step of their own, which stages every spilled layer in
-/// VRAM. 32 is one pass of the CPU arm's tiled kernel (`TOKEN_GROUP` in hipfire-exec's pool: it
-/// takes up to 32 activation columns per pass over a tile of rows): past it every further
-/// prompt row costs the CPU arm more while a staged step's cost does not grow with its tokens,
-/// and at its constants the serving planner's cost model puts at most 31 prompt rows beside
-/// decode rows (8 decode rows take up to 24). Each row costs the activations, its attention partials and its
-/// table entries (about 2 MB a row at Llama-3-8B's shape), counted in the placement budget.
-pub const RIDE_ALONG_ROWS: usize = 32;
-
-/// Rows of the batched decode scratch of a decoder with `slots` slots: one per slot, and
-/// [`RIDE_ALONG_ROWS`] more with several slots (a prompt rides along beside other sequences'
-/// decode tokens); one slot's replayed steps take one row.
-pub(crate) fn batch_rows(slots: usize) -> usize {
-    if slots > 1 {
-        slots + RIDE_ALONG_ROWS
-    } else {
-        slots
-    }
-}
-
-/// One row of a batched decode step: a token of `slot` at position `pos` (a slot's rows are at
-/// consecutive positions, so each row's KV store precedes the attention that reads it in the
-/// same step: every row's store is one launch before the attention launch).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct SlotRow {
-    pub(super) slot: usize,
-    pub(super) pos: usize,
-}
-
 /// The device activations of a step of `rows` tokens (row-major), their quantised forms for the
 /// GEMV, and the pinned staging of the embedding rows up and the logits down: one row for a
 /// decode step ([`super::Scratch`]), one per sequence for a batched one ([`DecodeBatch`]).
@@ -124,11 +93,11 @@ impl StepActs {
     }
 }
 
-/// The activations of a batched decode step: up to `rows` tokens ([`batch_rows`]).
+/// The activations of a batched decode step: `rows` tokens (one per slot).
 pub(crate) struct DecodeBatch {
     rows: usize,
     a: StepActs,
-    /// The step's logits on the host, one row per segment in feed order.
+    /// The step's logits on the host, `rows × vocab` in feed order.
     host_logits: Vec<f32>,
     /// Per layer, each row's K then V cache address: `[layer][k | v][row]`.
     caches: DeviceBuffer<u64>,
@@ -185,35 +154,16 @@ impl<'m> GpuDecoder<'m> {
     /// over their tokens: each weight is read once for all of them. Returns the next-token
     /// logits, `feeds.len() × vocab` in feed order. On error no slot has advanced.
     pub fn decode_slots(&mut self, feeds: &[(usize, u32)]) -> Result<&[f32], ModelError> {
-        let toks: Vec<[u32; 1]> = feeds.iter().map(|f| [f.1]).collect();
-        let segs: Vec<(usize, &[u32])> = feeds
-            .iter()
-            .zip(&toks)
-            .map(|(f, t)| (f.0, &t[..]))
-            .collect();
-        self.decode_segments(&segs)
-    }
-
-    /// One batched decode step over `segs` — `(slot, tokens)`, each slot at most once, every
-    /// segment's tokens at its slot's next positions — as one forward over all their tokens,
-    /// each a row of the step: a decode token is a one-token segment, a short prompt chunk a
-    /// longer one riding along in the same step (at most [`GpuDecoder::decode_rows`] rows in
-    /// all). Every weight is read once per step for all the rows (per 16 columns on the GPU),
-    /// and each row's RoPE, KV store and attention run at its own position, its attention over
-    /// its own depth, so a prompt row sees the rows before it in the same step. Returns the
-    /// logits after each segment's last token, `segs.len() × vocab` in order (the head runs
-    /// over those rows only). On error no slot has advanced.
-    pub fn decode_segments(&mut self, segs: &[(usize, &[u32])]) -> Result<&[f32], ModelError> {
         let c = self.model.config().clone();
-        let n: usize = segs.iter().map(|s| s.1.len()).sum();
-        let cap = self.decode_rows();
-        if segs.is_empty() || n > cap {
+        let b = feeds.len();
+        let rows = self.decode_batch.as_ref().map_or(1, |db| db.rows);
+        if b == 0 || b > rows {
             return Err(ModelError::InvalidOption(format!(
-                "a batched decode step of {n} rows (1 to {cap})"
+                "a batched decode step of {b} sequences (1 to {rows})"
             )));
         }
         let mut seen = vec![false; self.slot_pos.len()];
-        for &(slot, tokens) in segs {
+        for &(slot, token) in feeds {
             match seen.get_mut(slot) {
                 Some(s @ false) => *s = true,
                 _ => {
@@ -223,26 +173,21 @@ impl<'m> GpuDecoder<'m> {
                     )))
                 }
             }
-            if tokens.is_empty() {
-                return Err(ModelError::InvalidOption(format!(
-                    "an empty decode segment for slot {slot}"
-                )));
-            }
-            if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab) {
+            if token as usize >= c.vocab {
                 return Err(ModelError::BadToken {
-                    id: bad,
+                    id: token,
                     vocab: c.vocab,
                 });
             }
-            if self.slot_pos[slot] + tokens.len() > self.ctx_len {
+            if self.slot_pos[slot] + 1 > self.ctx_len {
                 return Err(ModelError::ContextFull {
-                    need: self.slot_pos[slot] + tokens.len(),
+                    need: self.slot_pos[slot] + 1,
                     ctx: self.ctx_len,
                 });
             }
         }
-        if let ([(slot, [token])], None) = (segs, &self.graphs) {
-            let (slot, token) = (*slot, *token);
+        if b == 1 && self.graphs.is_none() {
+            let (slot, token) = feeds[0];
             let keep = self.slot;
             self.slot = slot;
             let r = self.forward_at_step(&[token], "decoding");
@@ -250,47 +195,29 @@ impl<'m> GpuDecoder<'m> {
             r?;
             return Ok(&self.logits);
         }
-        let mut rows = Vec::with_capacity(n);
-        let mut tokens = Vec::with_capacity(n);
-        let mut ends = Vec::with_capacity(segs.len());
-        for &(slot, toks) in segs {
-            let pos = self.slot_pos[slot];
-            rows.extend((0..toks.len()).map(|i| SlotRow { slot, pos: pos + i }));
-            tokens.extend_from_slice(toks);
-            ends.push(rows.len() - 1);
-        }
-        self.batch_forward(&rows, &tokens, &ends, &c).map_err(|e| {
-            at_step(e, || match segs {
-                [(slot, [token])] => format!(
+        self.batch_forward(feeds, &c).map_err(|e| {
+            at_step(e, || match feeds {
+                [(slot, token)] => format!(
                     "decoding position {} of slot {slot} (token {token})",
                     self.slot_pos[*slot]
                 ),
                 _ => format!(
-                    "decoding {} sequences ({n} rows) in one batched step (slots at {:?})",
-                    segs.len(),
-                    segs.iter()
-                        .map(|s| (s.0, self.slot_pos[s.0], s.1.len()))
-                        .collect::<Vec<_>>()
+                    "decoding {b} sequences in one batched step (slots {:?})",
+                    feeds.iter().map(|f| f.0).collect::<Vec<_>>()
                 ),
             })
         })?;
-        for &(slot, toks) in segs {
-            self.slot_pos[slot] += toks.len();
+        for &(slot, _) in feeds {
+            self.slot_pos[slot] += 1;
         }
-        if segs.len() == 1 {
+        if b == 1 {
             return Ok(&self.logits);
         }
-        let n = segs.len() * c.vocab;
+        let n = b * c.vocab;
         Ok(self
             .decode_batch
             .as_ref()
             .map_or(&[][..], |db| &db.host_logits[..n]))
-    }
-
-    /// Most rows one batched decode step holds ([`GpuDecoder::decode_segments`]): one per slot
-    /// plus [`RIDE_ALONG_ROWS`] with several slots; 1 for a decoder without batched steps.
-    pub fn decode_rows(&self) -> usize {
-        self.decode_batch.as_ref().map_or(1, |db| db.rows)
     }
 
     /// One token of the selected slot as a one-row batched step, so that it can be replayed
@@ -310,11 +237,7 @@ impl<'m> GpuDecoder<'m> {
                 ctx: self.ctx_len,
             });
         }
-        let row = SlotRow {
-            slot,
-            pos: self.slot_pos[slot],
-        };
-        self.batch_forward(&[row], &[token], &[0], &c)?;
+        self.batch_forward(&[(slot, token)], &c)?;
         self.slot_pos[slot] += 1;
         Ok(())
     }
@@ -334,27 +257,25 @@ impl<'m> GpuDecoder<'m> {
         })
     }
 
-    /// One batched decode step over `rows` (`tokens[i]` at `rows[i]`), logits wanted after the
-    /// rows `ends` lists (each segment's last, ascending): the host stages the tokens' embedding
-    /// rows and the slot tables, then the step's work is queued — replayed from its captured
-    /// graph where [`GpuDecoder::graphs`] holds one, captured first where it is on, launched
-    /// kernel by kernel otherwise — and the logits come back: into `self.logits` for one
-    /// segment, the batch's `host_logits` for more.
+    /// One batched decode step over `feeds`: the host stages the tokens' embedding rows and
+    /// the slot tables, then the step's work is queued — replayed from its captured graph where
+    /// [`GpuDecoder::graphs`] holds one, captured first where it is on, launched kernel by
+    /// kernel otherwise — and the logits come back: into `self.logits` for one row, the
+    /// batch's `host_logits` for more.
     pub(super) fn batch_forward(
         &mut self,
-        rows: &[SlotRow],
-        tokens: &[u32],
-        ends: &[usize],
+        feeds: &[(usize, u32)],
         c: &ModelConfig,
     ) -> Result<(), ModelError> {
-        self.stage_embeddings(tokens)?;
-        self.stage_slot_tables(rows)?;
-        self.run_batch_step(rows, ends)?;
+        let b = feeds.len();
+        let tokens: Vec<u32> = feeds.iter().map(|f| f.1).collect();
+        self.stage_embeddings(&tokens)?;
+        self.stage_slot_tables(feeds)?;
+        self.run_batch_step(feeds)?;
         self.stream.synchronize()?;
-        let outs = ends.len();
-        let n = outs * c.vocab;
+        let n = b * c.vocab;
         let db = self.decode_batch.as_mut().ok_or_else(no_batch)?;
-        let dst = if outs == 1 {
+        let dst = if b == 1 {
             &mut self.logits[..]
         } else {
             &mut db.host_logits[..n]
@@ -370,17 +291,11 @@ impl<'m> GpuDecoder<'m> {
 
     /// Queues the device part of a batched decode step (after the host staged its inputs): a
     /// replay of the captured graph for its key, else a capture and its replay, else (graphs
-    /// off, or a capture that failed, which turns them off for good) each kernel. A step with a
-    /// prompt riding along (more rows than segments) is launched kernel by kernel: its head
-    /// reads the segments' last rows, which a graph would bake in, and such steps are rare
-    /// beside the decode steps a graph serves.
-    fn run_batch_step(&mut self, rows: &[SlotRow], ends: &[usize]) -> Result<(), ModelError> {
-        if ends.len() != rows.len() {
-            return self.enqueue_batch_step(rows, ends);
-        }
-        let key = GraphKey::new(rows.len(), &self.slots_plan(rows));
+    /// off, or a capture that failed, which turns them off for good) each kernel.
+    fn run_batch_step(&mut self, feeds: &[(usize, u32)]) -> Result<(), ModelError> {
+        let key = GraphKey::new(feeds.len(), &self.slots_plan(feeds));
         let Some(graphs) = self.graphs.as_mut() else {
-            return self.enqueue_batch_step(rows, ends);
+            return self.enqueue_batch_step(feeds);
         };
         if let Some(g) = graphs.get(&key) {
             // SAFETY: the graph was captured from this decoder's step with this key: it touches
@@ -394,7 +309,7 @@ impl<'m> GpuDecoder<'m> {
             .begin_capture()
             .map_err(ModelError::from)
             .and_then(|()| {
-                let queued = self.enqueue_batch_step(rows, ends);
+                let queued = self.enqueue_batch_step(feeds);
                 let graph = self.stream.end_capture();
                 queued?;
                 Ok(graph?)
@@ -415,67 +330,62 @@ impl<'m> GpuDecoder<'m> {
                     tracing::warn!(target: "hipfire::model", cause = %e, "capturing a decode step failed; decode steps launch kernel by kernel from now on");
                 }
                 self.graphs = None;
-                self.enqueue_batch_step(rows, ends)
+                self.enqueue_batch_step(feeds)
             }
         }
     }
 
     /// The device work of a batched decode step, queued on the stream with no host step in it
     /// (so that it can be captured): the staged embeddings and tables copied up, every layer,
-    /// the head over the rows `ends` lists, their logits copied down to pinned staging.
-    fn enqueue_batch_step(&mut self, rows: &[SlotRow], ends: &[usize]) -> Result<(), ModelError> {
+    /// the head, the logits copied down to pinned staging.
+    fn enqueue_batch_step(&mut self, feeds: &[(usize, u32)]) -> Result<(), ModelError> {
         let c = self.model.config().clone();
-        let (b, outs, d) = (rows.len(), ends.len(), c.d_model);
+        let b = feeds.len();
         let r = self.batch_rows()?;
         self.enqueue_staged(b, r.x)?;
         for li in 0..self.layers.len() {
-            self.layer(li, &r, r.x, LayerRows::Slots(rows))?;
+            self.layer(li, &r, r.x, LayerRows::Slots(feeds))?;
         }
-        if outs == b {
-            self.rms_norm(r.x, &self.output_norm, r.xn, b, d)?;
-        } else {
-            // Only each segment's last row goes through the head: its normed row packed into
-            // row `o` of xn (a prompt's other rows need no logits).
-            for (o, &e) in ends.iter().enumerate() {
-                let (x, xn) = (r.x + (e * d * 4) as u64, r.xn + (o * d * 4) as u64);
-                self.rms_norm(x, &self.output_norm, xn, 1, d)?;
-            }
-        }
+        self.rms_norm(r.x, &self.output_norm, r.xn, b, c.d_model)?;
         let db = self.decode_batch.as_ref().ok_or_else(no_batch)?;
         let logits = db.a.logits.device_ptr();
         self.project_cols(
             &[(self.head, logits, c.vocab)],
             r.xn,
-            (d, outs),
+            (c.d_model, b),
             ActSlot::Model,
             GemvForm::Plain,
         )?;
         if let Some(cap) = c.final_logit_softcap {
-            let n = outs * c.vocab;
+            let n = b * c.vocab;
             let args = LaunchArgs::new().ptr(logits).f32(cap).i32(n as i32);
             self.launch_1d(&self.k.softcap, n, args)?;
         }
         let db = self.decode_batch.as_mut().ok_or_else(no_batch)?;
-        let n = outs * c.vocab;
+        let n = b * c.vocab;
         self.stream
             .memcpy_dtoh_async(&mut db.a.stage_logits, 0, &db.a.logits, 0, n * 4)?;
         Ok(())
     }
 
-    /// The attention plan of a batched step over `rows` (from the deepest row).
-    fn slots_plan(&self, rows: &[SlotRow]) -> SplitPlan {
-        let max_pos = rows.iter().map(|r| r.pos + 1).max().unwrap_or(1);
-        self.attention.plan_slots(max_pos, rows.len())
+    /// The attention plan of a batched step over `feeds` (from the deepest row).
+    fn slots_plan(&self, feeds: &[(usize, u32)]) -> SplitPlan {
+        let max_pos = feeds
+            .iter()
+            .map(|&(slot, _)| self.slot_pos[slot] + 1)
+            .max()
+            .unwrap_or(1);
+        self.attention.plan_slots(max_pos, feeds.len())
     }
 
-    /// Writes the slot tables of `rows` into their pinned staging: each row's caches per layer,
+    /// Writes the slot tables of `feeds` into their pinned staging: each row's caches per layer,
     /// its position and depth, and per layer its first attended position.
-    fn stage_slot_tables(&mut self, step_rows: &[SlotRow]) -> Result<(), ModelError> {
+    fn stage_slot_tables(&mut self, feeds: &[(usize, u32)]) -> Result<(), ModelError> {
         let db = self.decode_batch.as_mut().ok_or_else(no_batch)?;
         let rows = db.rows;
         let caches = db.stage_caches.as_mut_slice();
         for (li, l) in self.layers.iter().enumerate() {
-            for (i, &SlotRow { slot, .. }) in step_rows.iter().enumerate() {
+            for (i, &(slot, _)) in feeds.iter().enumerate() {
                 let at = |half: usize| 8 * ((2 * li + half) * rows + i);
                 let (kp, vp) = (l.k_cache[slot].device_ptr(), l.v_cache[slot].device_ptr());
                 caches[at(0)..at(0) + 8].copy_from_slice(&kp.to_ne_bytes());
@@ -487,7 +397,8 @@ impl<'m> GpuDecoder<'m> {
             // Positions are below the context length, which fits an i32 (checked at load).
             places[4 * entry..4 * entry + 4].copy_from_slice(&(v as i32).to_ne_bytes());
         };
-        for (i, &SlotRow { pos, .. }) in step_rows.iter().enumerate() {
+        for (i, &(slot, _)) in feeds.iter().enumerate() {
+            let pos = self.slot_pos[slot];
             put(i, pos);
             put(rows + i, pos + 1);
             for (li, l) in self.layers.iter().enumerate() {
@@ -526,12 +437,12 @@ impl<'m> GpuDecoder<'m> {
         &mut self,
         li: usize,
         r: &StepRows,
-        step_rows: &[SlotRow],
+        feeds: &[(usize, u32)],
     ) -> Result<(), ModelError> {
         let c = self.model.config();
         let (n_head, n_kv_head, hd, kvd) = (c.n_head, c.n_head_kv, c.head_dim, c.kv_dim());
         let (rope_dim, neox) = (c.rope_dim, c.rope_neox);
-        let b = step_rows.len();
+        let b = feeds.len();
         let db = self.decode_batch.as_ref().ok_or_else(no_batch)?;
         let rows = db.rows;
         // `places` starts with each row's position.
@@ -578,7 +489,7 @@ impl<'m> GpuDecoder<'m> {
             }
         };
         self.launch(store, b as u32 * per_row, super::DECODE_THREADS, 0, args)?;
-        let plan = self.slots_plan(step_rows);
+        let plan = self.slots_plan(feeds);
         let tables = SlotTables {
             kcs: kbase,
             vcs: vbase,
@@ -587,9 +498,9 @@ impl<'m> GpuDecoder<'m> {
             capacity,
         };
         // SAFETY: q and att hold `rows ≥ b` rows of n_head × head_dim f32 (StepActs); the tables
-        // were staged by `stage_slot_tables` for these rows and copied up earlier on this stream
+        // were staged by `stage_slot_tables` for these feeds and copied up earlier on this stream
         // (`enqueue_staged`): each row's caches hold ctx_len ≥ npos rows of this shape
-        // (decode_segments refused a slot it would overfill) and firsts < npos; the kernel cuts each row's span
+        // (decode_slots refused a full slot) and firsts < npos; the kernel cuts each row's span
         // into the plan's chunks.
         unsafe {
             self.attention
@@ -711,18 +622,5 @@ fn no_batch() -> ModelError {
     ModelError::Backend {
         backend: "gpu",
         message: "a batched decode step on a decoder built with one slot".into(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ride_along_rows_come_with_several_slots_only() {
-        // One slot's replayed steps: one row, no prompt to ride beside.
-        assert_eq!(batch_rows(1), 1);
-        assert_eq!(batch_rows(2), 2 + RIDE_ALONG_ROWS);
-        assert_eq!(batch_rows(MAX_SLOTS), MAX_SLOTS + RIDE_ALONG_ROWS);
     }
 }
