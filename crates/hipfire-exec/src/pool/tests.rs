@@ -103,20 +103,7 @@ fn gemv_tokens_is_bit_identical_to_per_token_gemv() {
                     .map(|_| rng.random_range(-1.0f32..1.0))
                     .collect();
                 for accumulate in [false, true] {
-                    let base: Vec<Vec<f32>> = ms
-                        .iter()
-                        .map(|&m| {
-                            (0..tokens * m)
-                                .map(|_| {
-                                    if accumulate {
-                                        rng.random_range(-1.0f32..1.0)
-                                    } else {
-                                        f32::NAN
-                                    }
-                                })
-                                .collect()
-                        })
-                        .collect();
+                    let base = starting_outputs(&ms, tokens, accumulate, &mut rng);
                     let mut want = base.clone();
                     for ((w, y), &m) in ws.iter().zip(want.iter_mut()).zip(&ms) {
                         for (x, yt) in xs.chunks_exact(k).zip(y.chunks_exact_mut(m)) {
@@ -231,20 +218,7 @@ fn gemv_tokens_on_amx_is_within_bound_of_f64() {
                         .map(|_| rng.random_range(-1.0f32..1.0))
                         .collect();
                     for accumulate in [false, true] {
-                        let base: Vec<Vec<f32>> = ms
-                            .iter()
-                            .map(|&m| {
-                                (0..tokens * m)
-                                    .map(|_| {
-                                        if accumulate {
-                                            rng.random_range(-1.0f32..1.0)
-                                        } else {
-                                            f32::NAN
-                                        }
-                                    })
-                                    .collect()
-                            })
-                            .collect();
+                        let base = starting_outputs(&ms, tokens, accumulate, &mut rng);
                         let mut got = base.clone();
                         let mut segs: Vec<GemvSegment<'_>> = ws
                             .iter()
@@ -329,6 +303,29 @@ fn test_formats() -> Vec<Format> {
 }
 
 /// Seeded random weight of `m` rows in `fmt` (random f32 rows quantised, or raw f32 bytes).
+/// Each segment's output before a `gemv_tokens` call (`tokens × m` values for each `m` of
+/// `ms`): random values to accumulate onto, or NaN where the call must write every value.
+fn starting_outputs(
+    ms: &[usize],
+    tokens: usize,
+    accumulate: bool,
+    rng: &mut ChaCha8Rng,
+) -> Vec<Vec<f32>> {
+    ms.iter()
+        .map(|&m| {
+            (0..tokens * m)
+                .map(|_| {
+                    if accumulate {
+                        rng.random_range(-1.0f32..1.0)
+                    } else {
+                        f32::NAN
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
 fn random_weight(fmt: Format, k: usize, m: usize, rng: &mut ChaCha8Rng) -> Vec<u8> {
     let rb = fmt.row_bytes(k).expect("k fits");
     let mut w = Vec::with_capacity(m * rb);

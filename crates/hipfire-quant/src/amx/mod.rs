@@ -366,17 +366,7 @@ pub fn gemm_bf16(
     ys: &mut [&mut [f32]],
     accumulate: bool,
 ) -> Result<(), QuantError> {
-    gemm_inner(
-        engine.engine()?,
-        dequant::fast_available(),
-        KBLOCK_STEPS,
-        fmt,
-        w_rows,
-        k,
-        acts,
-        ys,
-        accumulate,
-    )
+    gemm_bf16_kblock(engine, KBLOCK_STEPS, fmt, w_rows, k, acts, ys, accumulate)
 }
 
 /// [`gemm_bf16`] with `kblock` k-steps per dequantised block (rounded up to a multiple of 8)
