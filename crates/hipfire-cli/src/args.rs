@@ -151,7 +151,7 @@ pub enum Command {
         hipfire config explain memory.join_strategy\n  \
         HIPFIRE_CONFIG=/tmp/c.toml hipfire config set device cpu")]
     Config(ConfigArgs),
-    /// Print version, commit, CPU SIMD tier and GPU found.
+    /// Print version, commit, CPU SIMD tier, whether prompt chunks run on AMX tiles, GPU found.
     Version(VersionArgs),
 }
 

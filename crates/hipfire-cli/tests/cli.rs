@@ -114,7 +114,7 @@ fn help_teaches() {
 }
 
 #[test]
-fn version_reports_simd_and_gpu_without_crashing() {
+fn version_reports_simd_amx_and_gpu_without_crashing() {
     let s = Scratch::new("version");
     let o = s.run(&["version"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
@@ -124,12 +124,21 @@ fn version_reports_simd_and_gpu_without_crashing() {
         "{t}"
     );
     assert!(t.contains("cpu simd: "), "{t}");
+    assert!(t.contains("cpu amx: "), "{t}");
     assert!(t.contains("gpu: "), "{t}");
     let o = s.run(&["version", "--json"]);
     assert_eq!(code(&o), 0);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
     assert!(
-        v["simd"].is_string() && v["gpu"]["found"].is_boolean(),
+        v["simd"].is_string() && v["gpu"]["found"].is_boolean() && v["amx"]["used"].is_boolean(),
+        "{v}"
+    );
+    // The switch is reported as the reason, whatever the CPU has.
+    let o = s.run_env(&["version", "--json"], &[("HIPFIRE_DISABLE_AMX", "1")]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(v["amx"]["used"], false, "{v}");
+    assert_eq!(
+        v["amx"]["why_not"], "disabled by HIPFIRE_DISABLE_AMX",
         "{v}"
     );
 }
