@@ -290,7 +290,7 @@ impl Backend for CpuBackend {
     fn describe(&self) -> String {
         let workers = self.pool.threads();
         format!(
-            "cpu pool, {} threads ({} pinned worker{}{}), simd {:?}",
+            "cpu pool, {} threads ({} pinned worker{}{}), simd {:?}{}",
             self.pool.compute_threads(),
             workers,
             if workers == 1 { "" } else { "s" },
@@ -299,7 +299,12 @@ impl Backend for CpuBackend {
             } else {
                 ""
             },
-            hipfire_quant::simd_tier()
+            hipfire_quant::simd_tier(),
+            if hipfire_quant::amx_available() {
+                ", prompt chunks on AMX bf16 tiles"
+            } else {
+                ""
+            }
         )
     }
 }
