@@ -63,6 +63,14 @@ const PLANE_MASK: i8 = 0x03;
 /// `vgf2p8affineqb` computes output bit i of a byte from matrix byte 7 − i (the byte at bit
 /// offset 8·(7 − i) of the qword); Q3_K puts its `hmask` bit at code bit 2.
 const GF_ROW_BIT2: u32 = 8 * (7 - 2);
+/// `vgf2p8affineqb` matrices (the same in every qword) that take bits 2z, 2z + 1 of a byte to
+/// bits 0, 1 (output bit i reads matrix byte 7 − i) and clear the rest: plane z of
+/// [`k16_planes`] in one op.
+const K16_GF_PLANE: [u64; 4] = [gf_plane(0), gf_plane(1), gf_plane(2), gf_plane(3)];
+
+const fn gf_plane(z: u32) -> u64 {
+    ((1u64 << (2 * z)) << (8 * 7)) | ((1u64 << (2 * z + 1)) << (8 * 6))
+}
 /// Qwords of a 256-bit half.
 const QWORDS_PER_HALF: usize = 4;
 /// Q3_K on GFNI: the matrices (one per qword) that take product z's `hmask` bit (z in the
@@ -497,9 +505,49 @@ macro_rules! mix_kernels {
 
             /// Q2_K row · q8_K activation: Q3_K's products without the high bit, unsigned
             /// 4-bit scales, mins through the `bsum` dot; d and dmin converted together, ahead
-            /// of the loop.
+            /// of the loop. Where the CPU has GFNI, the planes come from [`dot_q2k_gfni`].
             #[target_feature(enable = $feat)]
             pub(crate) unsafe fn dot_q2k_q8k_avx512(row: &[u8], a: &Q8K) -> f32 {
+                // One cached-flag test per row (`std` caches the CPUID bits).
+                if std::arch::is_x86_feature_detected!("gfni") {
+                    return dot_q2k_gfni(row, a);
+                }
+                dot_q2k_shift(row, a)
+            }
+
+            /// [`dot_q2k_q8k_avx512`] without GFNI: planes by shifts and masks.
+            #[target_feature(enable = $feat)]
+            pub(crate) unsafe fn dot_q2k_shift(row: &[u8], a: &Q8K) -> f32 {
+                q2k_loop(row, a, |qs| k16_planes(qs))
+            }
+
+            /// [`dot_q2k_q8k_avx512`] with GFNI: planes 1..4 by one `vgf2p8affineqb` each
+            /// (bits 2z, 2z + 1 of every byte to bits 0, 1, the rest zero) where a shift and
+            /// a mask took two ops.
+            #[target_feature(enable = $feat_gfni)]
+            pub(crate) unsafe fn dot_q2k_gfni(row: &[u8], a: &Q8K) -> f32 {
+                let sel: [__m512i; 3] =
+                    std::array::from_fn(|z| _mm512_set1_epi64(K16_GF_PLANE[z + 1] as i64));
+                let m3 = _mm512_set1_epi8(PLANE_MASK);
+                q2k_loop(row, a, |qs| {
+                    let q = _mm512_loadu_si512(qs as *const _);
+                    [
+                        _mm512_and_si512(q, m3),
+                        _mm512_gf2p8affine_epi64_epi8::<0>(q, sel[0]),
+                        _mm512_gf2p8affine_epi64_epi8::<0>(q, sel[1]),
+                        _mm512_gf2p8affine_epi64_epi8::<0>(q, sel[2]),
+                    ]
+                })
+            }
+
+            /// The Q2_K super-block loop, `planes` giving [`k16_planes`] from the plane bytes.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn q2k_loop(
+                row: &[u8],
+                a: &Q8K,
+                planes: impl Fn(*const u8) -> [__m512i; 4],
+            ) -> f32 {
                 let nsb = row.len() / Q2K_BYTES;
                 let p = row.as_ptr();
                 let low4 = _mm256_set1_epi16(0x0F);
@@ -527,7 +575,7 @@ macro_rules! mix_kernels {
                         let sm = _mm256_cvtepu8_epi16(_mm_loadu_si128(blk as *const __m128i));
                         let sc16 = _mm512_castsi256_si512(_mm256_and_si256(sm, low4));
                         let mins = _mm256_srli_epi16::<4>(sm);
-                        let w = k16_planes(blk.add(Q2K_QS));
+                        let w = planes(blk.add(Q2K_QS));
                         let sumi = k16_sum(&w, a.qs.as_ptr().add(QK_K * s), sc16);
                         let bs = _mm256_loadu_si256(a.bsums.as_ptr().add(K_GROUPS * s) as *const _);
                         let mn = _mm256_madd_epi16(mins, bs);
@@ -731,6 +779,43 @@ mod tests {
                 // SAFETY: as above.
                 let got: [i16; 16] = unsafe { std::mem::transmute(v) };
                 assert_eq!(got, want, "VBMI, {b:?}");
+            }
+        }
+    }
+
+    /// The GFNI Q2_K kernels build the same planes as the shift kernels: the same bits.
+    #[test]
+    fn q2k_gfni_kernels_match_the_shift_kernels_bit_for_bit() {
+        if !crate::SimdTier::Avx512.is_supported() || !std::arch::is_x86_feature_detected!("gfni") {
+            println!("SKIPPED: no AVX-512 with GFNI");
+            return;
+        }
+        let vnni = crate::SimdTier::Avx512Vnni.is_supported();
+        let mut rng = ChaCha8Rng::seed_from_u64(10);
+        for k in [QK_K, 4096] {
+            for _ in 0..50 {
+                let mut row: Vec<u8> = (0..k / QK_K * Q2K_BYTES).map(|_| rng.random()).collect();
+                for blk in row.chunks_exact_mut(Q2K_BYTES) {
+                    for o in [Q2K_D, Q2K_D + 2] {
+                        let d = crate::formats::f32_to_f16(rng.random_range(1e-4f32..1.0));
+                        blk[o..o + 2].copy_from_slice(&d);
+                    }
+                }
+                let x: Vec<f32> = (0..k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+                let act = crate::ActivationBuf::prepare(crate::Format::Q2K, &x).expect("act");
+                let crate::act::ActKind::Q8K(a) = &act.kind else {
+                    panic!("Q2_K takes a q8_K activation")
+                };
+                // SAFETY: AVX-512 (and VNNI where called) and GFNI were detected; the row is
+                // whole super-blocks and the activation was prepared for Q2_K and k.
+                unsafe {
+                    let want = plain::dot_q2k_shift(&row, a);
+                    assert_eq!(plain::dot_q2k_gfni(&row, a).to_bits(), want.to_bits());
+                    if vnni {
+                        let want = vnni::dot_q2k_shift(&row, a);
+                        assert_eq!(vnni::dot_q2k_gfni(&row, a).to_bits(), want.to_bits());
+                    }
+                }
             }
         }
     }
