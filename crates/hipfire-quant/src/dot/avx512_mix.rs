@@ -7,8 +7,12 @@
 //! Each 512-bit step covers two 32-element blocks. A Q5 block's high bits are one `u32`, so
 //! two blocks' are one 64-bit mask and a masked byte add puts bit 4 into the codes.
 //!
+//! Q3_K and Q2_K have a second body for CPUs with GFNI (Q3_K: and VBMI), which the table's
+//! kernel picks per row; both bodies give the same bits.
+//!
 //! # Safety (every `unsafe fn` here)
-//! As in `avx512.rs`: the CPU supports the module's features, `row` is exactly
+//! As in `avx512.rs`: the CPU supports the module's features (for the `*_gfni` kernels and
+//! `q3k_scales16_vbmi`, also those their `target_feature` names), `row` is exactly
 //! `row_bytes(k)` bytes, and the activation was prepared for the same format and `k`.
 
 use crate::act::{Q8x32, Q8K};
@@ -54,6 +58,40 @@ const _: () = assert!(1 << IQ4_BIAS_SHIFT == IQ4_BIAS);
 const DD_CHUNK: usize = 16;
 /// Bit 2 of a 3-bit code, as a byte.
 const Q3_HIGH_BIT: i8 = 0x04;
+/// The two bits of a plane code, as a byte mask.
+const PLANE_MASK: i8 = 0x03;
+/// `vgf2p8affineqb` computes output bit i of a byte from matrix byte 7 − i (the byte at bit
+/// offset 8·(7 − i) of the qword); Q3_K puts its `hmask` bit at code bit 2.
+const GF_ROW_BIT2: u32 = 8 * (7 - 2);
+/// `vgf2p8affineqb` matrices (the same in every qword) that take bits 2z, 2z + 1 of a byte to
+/// bits 0, 1 (output bit i reads matrix byte 7 − i) and clear the rest: plane z of
+/// [`k16_planes`] in one op.
+const K16_GF_PLANE: [u64; 4] = [gf_plane(0), gf_plane(1), gf_plane(2), gf_plane(3)];
+
+const fn gf_plane(z: u32) -> u64 {
+    ((1u64 << (2 * z)) << (8 * 7)) | ((1u64 << (2 * z + 1)) << (8 * 6))
+}
+/// Qwords of a 256-bit half.
+const QWORDS_PER_HALF: usize = 4;
+/// Q3_K on GFNI: the matrices (one per qword) that take product z's `hmask` bit (z in the
+/// low half, z + 4 in the high half, as [`k16_planes`] pairs chunks) to bit 2, all else 0.
+const Q3K_GF_HBIT: [[u64; 8]; 4] = [
+    q3k_gf_hbit(0),
+    q3k_gf_hbit(1),
+    q3k_gf_hbit(2),
+    q3k_gf_hbit(3),
+];
+
+const fn q3k_gf_hbit(z: usize) -> [u64; 8] {
+    let mut v = [0u64; 8];
+    let mut i = 0;
+    while i < 8 {
+        let bit = if i < QWORDS_PER_HALF { z } else { z + 4 };
+        v[i] = (1u64 << bit) << GF_ROW_BIT2;
+        i += 1;
+    }
+    v
+}
 /// log2 of Q3_K's code offset 4 (`−4·Σ sc·bsum` is a shift).
 const Q3K_OFFSET_SHIFT: i32 = 2;
 /// Group (of 16 elements, 0..16) of i32 lane `l` of Q3_K / Q2_K product `s`: the product's
@@ -102,7 +140,7 @@ const fn idx16_k16(s: usize) -> [u16; 32] {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn k16_planes(qs: *const u8) -> [__m512i; 4] {
     let q = _mm512_loadu_si512(qs as *const _);
-    let m3 = _mm512_set1_epi8(3);
+    let m3 = _mm512_set1_epi8(PLANE_MASK);
     [
         _mm512_and_si512(q, m3),
         _mm512_and_si512(_mm512_srli_epi16::<2>(q), m3),
@@ -139,6 +177,75 @@ pub(crate) unsafe fn q3k_scales16(p: *const u8) -> __m512i {
     let sc = _mm_sub_epi8(codes, _mm_set1_epi8(Q3K_SCALE_OFFSET as i8));
     _mm512_castsi256_si512(_mm256_cvtepi8_epi16(sc))
 }
+
+/// [`q3k_scales16`] with VBMI and GFNI, in fewer ops (five where that takes eleven, one on
+/// port 0 of Intel's vector ports where it had three): one `vpmultishiftqb` puts each code's
+/// low nibble at bits 2..6 of its byte, another its top two bits at bits 6..8, and a bit
+/// select joins them: the byte is 4·code + g (g: two leftover bits below). One
+/// `vgf2p8affineqb` ([`Q3K_GF_SCALE`]) then gives code − 32 in the byte, which sign-extends to
+/// i16. Reads bytes 0..12 only (a qword and a dword broadcast).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,gfni,avx2,fma,f16c")]
+pub(crate) unsafe fn q3k_scales16_vbmi(p: *const u8) -> __m512i {
+    /// `vpternlogd` truth table of c ? a : b.
+    const BITSEL: i32 = 0xE4;
+    /// The bits of each byte taken from the nibble pick (the rest from the top-bits pick).
+    const NIBBLE_BITS: i8 = 0x3C;
+    let lo_src = _mm_set1_epi64x(std::ptr::read_unaligned(p as *const i64));
+    let hi_src = _mm_set1_epi32(std::ptr::read_unaligned(p.add(8) as *const i32));
+    let lo = _mm_multishift_epi64_epi8(_mm_loadu_si128(Q3K_MS_LOW.as_ptr() as *const _), lo_src);
+    let hi = _mm_multishift_epi64_epi8(_mm_loadu_si128(Q3K_MS_HIGH.as_ptr() as *const _), hi_src);
+    let v = _mm_ternarylogic_epi32::<BITSEL>(lo, hi, _mm_set1_epi8(NIBBLE_BITS));
+    let sc = _mm_gf2p8affine_epi64_epi8::<{ Q3K_GF_SCALE_XOR as i32 }>(
+        v,
+        _mm_set1_epi64x(Q3K_GF_SCALE as i64),
+    );
+    _mm512_castsi256_si512(_mm256_cvtepi8_epi16(sc))
+}
+
+/// The byte 4·c + g (c a 6-bit code, g < 4) to c − 32 as i8, as one GF(2) affine map: c − 32
+/// is c with its top bit (byte bit 7) flipped, sign-extended from 6 bits, so output bits 0..5
+/// are input bits 2..7 and output bits 5..8 all read input bit 7, flipped by the constant
+/// [`Q3K_GF_SCALE_XOR`]. Output bit i reads matrix byte 7 − i.
+const Q3K_GF_SCALE: u64 = {
+    let mut m = 0u64;
+    let mut i = 0;
+    while i < 8 {
+        let src = if i < 5 { i + 2 } else { 7 };
+        m |= (1u64 << src) << (8 * (7 - i));
+        i += 1;
+    }
+    m
+};
+/// [`Q3K_GF_SCALE`]'s constant: flips output bits 5..8 (the top code bit, inverted).
+const Q3K_GF_SCALE_XOR: u8 = 0xE0;
+const _: () = assert!(Q3K_SCALE_OFFSET == 32, "the flip of code bit 5 is the −32");
+
+/// [`q3k_scales16_vbmi`]'s `vpmultishiftqb` controls (a control byte is the bit offset, within
+/// its qword, of the 8 bits its byte takes, wrapping). Nibbles: code i's low nibble starts at
+/// bit 8i (i < 8) or 8(i − 8) + 4 of bytes 0..8 and goes to bit 2.
+const Q3K_MS_LOW: [u8; 16] = {
+    let mut v = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        let n = if i < 8 { 8 * i } else { 8 * (i - 8) + 4 };
+        v[i] = ((n + 64 - 2) % 64) as u8;
+        i += 1;
+    }
+    v
+};
+/// Top bits: code i's start at bit 8·(i % 4) + 2·(i / 4) of the dword of bytes 8..12 (repeated
+/// in both halves of the qword, so wrapping reads it again) and go to bit 6.
+const Q3K_MS_HIGH: [u8; 16] = {
+    let mut v = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        let t = 8 * (i % 4) + 2 * (i / 4);
+        v[i] = ((t + 64 - 6) % 64) as u8;
+        i += 1;
+    }
+    v
+};
 
 /// `src` + `b` in the bytes `k` selects, `src` elsewhere: one `vpaddb` with a merge mask.
 ///
@@ -181,7 +288,8 @@ macro_rules! mix_kernels {
         $dps:ident,
         $dpw:ident,
         $biased:literal,
-        $packed:literal
+        $packed:literal,
+        $feat_gfni:literal
     ) => {
         /// Row dots of this flavour.
         pub(crate) mod $m {
@@ -305,11 +413,22 @@ macro_rules! mix_kernels {
 
             /// Q3_K row · q8_K activation: plane bits by shifts of both planes at once, bit 2
             /// from `hmask` by a per-half bit test, the −4 offset through the `bsum` dot
-            /// ([`k16_sum`] for the rest).
+            /// ([`k16_sum`] for the rest). Where the CPU has GFNI, [`dot_q3k_gfni`] instead.
             #[target_feature(enable = $feat)]
             pub(crate) unsafe fn dot_q3k_q8k_avx512(row: &[u8], a: &Q8K) -> f32 {
-                let nsb = row.len() / Q3K_BYTES;
-                let p = row.as_ptr();
+                // One cached-flag test per row (`std` caches the CPUID bits).
+                if std::arch::is_x86_feature_detected!("gfni")
+                    && std::arch::is_x86_feature_detected!("avx512vbmi")
+                {
+                    return dot_q3k_gfni(row, a);
+                }
+                dot_q3k_test(row, a)
+            }
+
+            /// [`dot_q3k_q8k_avx512`] without GFNI: bit 2 of each code by `vptestmb` of its
+            /// `hmask` bit and a masked byte add.
+            #[target_feature(enable = $feat)]
+            pub(crate) unsafe fn dot_q3k_test(row: &[u8], a: &Q8K) -> f32 {
                 // Product z holds 32-element chunks z (low half) and z + 4 (high half), whose
                 // bit 2 is bit z or z + 4 of each hmask byte.
                 let bit_sel: [__m512i; 4] = std::array::from_fn(|z| {
@@ -319,17 +438,74 @@ macro_rules! mix_kernels {
                     )
                 });
                 let high = _mm512_set1_epi8(Q3_HIGH_BIT);
+                q3k_loop(
+                    row,
+                    a,
+                    |sp| q3k_scales16(sp),
+                    |blk| {
+                        let hm = _mm512_broadcast_i64x4(_mm256_loadu_si256(blk as *const __m256i));
+                        let planes = k16_planes(blk.add(Q3K_QS));
+                        std::array::from_fn(|z| {
+                            let k = _mm512_test_epi8_mask(hm, bit_sel[z]);
+                            add_epi8_masked(planes[z], k, high)
+                        })
+                    },
+                )
+            }
+
+            /// [`dot_q3k_q8k_avx512`] with GFNI: one `vgf2p8affineqb` per product moves the
+            /// code's `hmask` bit (bit z of the byte in the low half, z + 4 in the high half:
+            /// the matrix is per qword) to bit 2 with every other bit zero, and one
+            /// `vpternlogd` merges it with the masked plane bits: 2 ops per 64 codes where
+            /// `vptestmb`, the masked add and the `vpand` took 3.
+            #[target_feature(enable = $feat_gfni)]
+            pub(crate) unsafe fn dot_q3k_gfni(row: &[u8], a: &Q8K) -> f32 {
+                /// `vpternlogd` truth table of (a & b) | c.
+                const AND_OR: i32 = 0xEA;
+                let hsel: [__m512i; 4] =
+                    std::array::from_fn(
+                        |z| _mm512_loadu_si512(Q3K_GF_HBIT[z].as_ptr() as *const _),
+                    );
+                let m3 = _mm512_set1_epi8(PLANE_MASK);
+                q3k_loop(
+                    row,
+                    a,
+                    |sp| q3k_scales16_vbmi(sp),
+                    |blk| {
+                        let hm = _mm512_broadcast_i64x4(_mm256_loadu_si256(blk as *const __m256i));
+                        let q = _mm512_loadu_si512(blk.add(Q3K_QS) as *const _);
+                        let planes = [
+                            q,
+                            _mm512_srli_epi16::<2>(q),
+                            _mm512_srli_epi16::<4>(q),
+                            _mm512_srli_epi16::<6>(q),
+                        ];
+                        std::array::from_fn(|z| {
+                            let hb = _mm512_gf2p8affine_epi64_epi8::<0>(hm, hsel[z]);
+                            _mm512_ternarylogic_epi32::<AND_OR>(planes[z], m3, hb)
+                        })
+                    },
+                )
+            }
+
+            /// The Q3_K super-block loop, `codes` giving the four code vectors of a block
+            /// (see [`k16_planes`]) from its address.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn q3k_loop(
+                row: &[u8],
+                a: &Q8K,
+                scales: impl Fn(*const u8) -> __m512i,
+                codes: impl Fn(*const u8) -> [__m512i; 4],
+            ) -> f32 {
+                let nsb = row.len() / Q3K_BYTES;
+                let p = row.as_ptr();
                 let mut acc = _mm512_setzero_ps();
                 for s in 0..nsb {
                     let blk = p.add(Q3K_BYTES * s);
                     prefetch_ahead::<Q3K_BYTES>(blk);
-                    let sc16 = q3k_scales16(blk.add(Q3K_SCALES));
-                    let hm = _mm512_broadcast_i64x4(_mm256_loadu_si256(blk as *const __m256i));
-                    let planes = k16_planes(blk.add(Q3K_QS));
-                    let w: [__m512i; 4] = std::array::from_fn(|z| {
-                        let k = _mm512_test_epi8_mask(hm, bit_sel[z]);
-                        add_epi8_masked(planes[z], k, high)
-                    });
+                    let sc16 = scales(blk.add(Q3K_SCALES));
+                    let w = codes(blk);
                     let sumi = k16_sum(&w, a.qs.as_ptr().add(QK_K * s), sc16);
                     let bs = _mm256_loadu_si256(a.bsums.as_ptr().add(K_GROUPS * s) as *const _);
                     let corr = _mm256_madd_epi16(_mm512_castsi512_si256(sc16), bs);
@@ -343,9 +519,49 @@ macro_rules! mix_kernels {
 
             /// Q2_K row · q8_K activation: Q3_K's products without the high bit, unsigned
             /// 4-bit scales, mins through the `bsum` dot; d and dmin converted together, ahead
-            /// of the loop.
+            /// of the loop. Where the CPU has GFNI, the planes come from [`dot_q2k_gfni`].
             #[target_feature(enable = $feat)]
             pub(crate) unsafe fn dot_q2k_q8k_avx512(row: &[u8], a: &Q8K) -> f32 {
+                // One cached-flag test per row (`std` caches the CPUID bits).
+                if std::arch::is_x86_feature_detected!("gfni") {
+                    return dot_q2k_gfni(row, a);
+                }
+                dot_q2k_shift(row, a)
+            }
+
+            /// [`dot_q2k_q8k_avx512`] without GFNI: planes by shifts and masks.
+            #[target_feature(enable = $feat)]
+            pub(crate) unsafe fn dot_q2k_shift(row: &[u8], a: &Q8K) -> f32 {
+                q2k_loop(row, a, |qs| k16_planes(qs))
+            }
+
+            /// [`dot_q2k_q8k_avx512`] with GFNI: planes 1..4 by one `vgf2p8affineqb` each
+            /// (bits 2z, 2z + 1 of every byte to bits 0, 1, the rest zero) where a shift and
+            /// a mask took two ops.
+            #[target_feature(enable = $feat_gfni)]
+            pub(crate) unsafe fn dot_q2k_gfni(row: &[u8], a: &Q8K) -> f32 {
+                let sel: [__m512i; 3] =
+                    std::array::from_fn(|z| _mm512_set1_epi64(K16_GF_PLANE[z + 1] as i64));
+                let m3 = _mm512_set1_epi8(PLANE_MASK);
+                q2k_loop(row, a, |qs| {
+                    let q = _mm512_loadu_si512(qs as *const _);
+                    [
+                        _mm512_and_si512(q, m3),
+                        _mm512_gf2p8affine_epi64_epi8::<0>(q, sel[0]),
+                        _mm512_gf2p8affine_epi64_epi8::<0>(q, sel[1]),
+                        _mm512_gf2p8affine_epi64_epi8::<0>(q, sel[2]),
+                    ]
+                })
+            }
+
+            /// The Q2_K super-block loop, `planes` giving [`k16_planes`] from the plane bytes.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn q2k_loop(
+                row: &[u8],
+                a: &Q8K,
+                planes: impl Fn(*const u8) -> [__m512i; 4],
+            ) -> f32 {
                 let nsb = row.len() / Q2K_BYTES;
                 let p = row.as_ptr();
                 let low4 = _mm256_set1_epi16(0x0F);
@@ -373,7 +589,7 @@ macro_rules! mix_kernels {
                         let sm = _mm256_cvtepu8_epi16(_mm_loadu_si128(blk as *const __m128i));
                         let sc16 = _mm512_castsi256_si512(_mm256_and_si256(sm, low4));
                         let mins = _mm256_srli_epi16::<4>(sm);
-                        let w = k16_planes(blk.add(Q2K_QS));
+                        let w = planes(blk.add(Q2K_QS));
                         let sumi = k16_sum(&w, a.qs.as_ptr().add(QK_K * s), sc16);
                         let bs = _mm256_loadu_si256(a.bsums.as_ptr().add(K_GROUPS * s) as *const _);
                         let mn = _mm256_madd_epi16(mins, bs);
@@ -534,7 +750,8 @@ mix_kernels!(
     dp_scaled_plain,
     dpwssd_plain,
     false,
-    false
+    false,
+    "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c,gfni"
 );
 mix_kernels!(
     vnni,
@@ -544,7 +761,8 @@ mix_kernels!(
     dp_scaled_vnni,
     dpwssd_vnni,
     true,
-    true
+    true,
+    "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c,gfni"
 );
 
 #[cfg(test)]
@@ -559,6 +777,8 @@ mod tests {
             println!("SKIPPED: no AVX-512");
             return;
         }
+        let has_vbmi = std::arch::is_x86_feature_detected!("avx512vbmi")
+            && std::arch::is_x86_feature_detected!("gfni");
         let mut rng = ChaCha8Rng::seed_from_u64(8);
         for _ in 0..1000 {
             let b: [u8; 12] = std::array::from_fn(|_| rng.random());
@@ -568,6 +788,89 @@ mod tests {
             let got: [i16; 16] = unsafe { std::mem::transmute(v) };
             let want = crate::formats::kquant_low::q3k_scales(&b).map(|c| i16::from(c) - 32);
             assert_eq!(got, want, "{b:?}");
+            if has_vbmi {
+                // SAFETY: AVX-512 VBMI and GFNI were detected; b is the 12 bytes it reads.
+                let v = unsafe { _mm512_castsi512_si256(q3k_scales16_vbmi(b.as_ptr())) };
+                // SAFETY: as above.
+                let got: [i16; 16] = unsafe { std::mem::transmute(v) };
+                assert_eq!(got, want, "VBMI, {b:?}");
+            }
+        }
+    }
+
+    /// The GFNI Q2_K kernels build the same planes as the shift kernels: the same bits.
+    #[test]
+    fn q2k_gfni_kernels_match_the_shift_kernels_bit_for_bit() {
+        if !crate::SimdTier::Avx512.is_supported() || !std::arch::is_x86_feature_detected!("gfni") {
+            println!("SKIPPED: no AVX-512 with GFNI");
+            return;
+        }
+        let vnni = crate::SimdTier::Avx512Vnni.is_supported();
+        let mut rng = ChaCha8Rng::seed_from_u64(10);
+        for k in [QK_K, 4096] {
+            for _ in 0..50 {
+                let mut row: Vec<u8> = (0..k / QK_K * Q2K_BYTES).map(|_| rng.random()).collect();
+                for blk in row.chunks_exact_mut(Q2K_BYTES) {
+                    for o in [Q2K_D, Q2K_D + 2] {
+                        let d = crate::formats::f32_to_f16(rng.random_range(1e-4f32..1.0));
+                        blk[o..o + 2].copy_from_slice(&d);
+                    }
+                }
+                let x: Vec<f32> = (0..k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+                let act = crate::ActivationBuf::prepare(crate::Format::Q2K, &x).expect("act");
+                let crate::act::ActKind::Q8K(a) = &act.kind else {
+                    panic!("Q2_K takes a q8_K activation")
+                };
+                // SAFETY: AVX-512 (and VNNI where called) and GFNI were detected; the row is
+                // whole super-blocks and the activation was prepared for Q2_K and k.
+                unsafe {
+                    let want = plain::dot_q2k_shift(&row, a);
+                    assert_eq!(plain::dot_q2k_gfni(&row, a).to_bits(), want.to_bits());
+                    if vnni {
+                        let want = vnni::dot_q2k_shift(&row, a);
+                        assert_eq!(vnni::dot_q2k_gfni(&row, a).to_bits(), want.to_bits());
+                    }
+                }
+            }
+        }
+    }
+
+    /// The GFNI + VBMI Q3_K kernels build the same code and scale vectors as the others, so
+    /// their results are the same bits. Random bytes cover every code, `hmask` and scale
+    /// pattern; d is set to a finite f16.
+    #[test]
+    fn q3k_gfni_kernels_match_the_test_kernels_bit_for_bit() {
+        let gfni = std::arch::is_x86_feature_detected!("gfni")
+            && std::arch::is_x86_feature_detected!("avx512vbmi");
+        if !crate::SimdTier::Avx512.is_supported() || !gfni {
+            println!("SKIPPED: no AVX-512 with GFNI and VBMI");
+            return;
+        }
+        let vnni = crate::SimdTier::Avx512Vnni.is_supported();
+        let mut rng = ChaCha8Rng::seed_from_u64(9);
+        for k in [QK_K, 4096] {
+            for _ in 0..50 {
+                let mut row: Vec<u8> = (0..k / QK_K * Q3K_BYTES).map(|_| rng.random()).collect();
+                for blk in row.chunks_exact_mut(Q3K_BYTES) {
+                    let d = crate::formats::f32_to_f16(rng.random_range(1e-4f32..1.0));
+                    blk[Q3K_D..Q3K_D + 2].copy_from_slice(&d);
+                }
+                let x: Vec<f32> = (0..k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+                let act = crate::ActivationBuf::prepare(crate::Format::Q3K, &x).expect("act");
+                let crate::act::ActKind::Q8K(a) = &act.kind else {
+                    panic!("Q3_K takes a q8_K activation")
+                };
+                // SAFETY: AVX-512 (and VNNI where called), GFNI and VBMI were detected; the row
+                // is whole super-blocks and the activation was prepared for Q3_K and k.
+                unsafe {
+                    let want = plain::dot_q3k_test(&row, a);
+                    assert_eq!(plain::dot_q3k_gfni(&row, a).to_bits(), want.to_bits());
+                    if vnni {
+                        let want = vnni::dot_q3k_test(&row, a);
+                        assert_eq!(vnni::dot_q3k_gfni(&row, a).to_bits(), want.to_bits());
+                    }
+                }
+            }
         }
     }
 }
