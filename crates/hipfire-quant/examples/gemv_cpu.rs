@@ -10,12 +10,13 @@
 //! [`PASS_BYTES`] have been dotted, and the time is `CLOCK_THREAD_CPUTIME_ID`. The figure is the
 //! fastest of `--reps` passes.
 
-use hipfire_quant::{gemv_rows, quantize_row, simd_tier, ActivationBuf, Format};
+use hipfire_quant::{gemv_rows, simd_tier, ActivationBuf, Format};
+#[path = "support/mod.rs"]
+mod support;
 use std::error::Error;
 use std::hint::black_box;
+use support::{distinct_rows, thread_cpu_ns, tiled};
 
-/// Distinct quantised rows tiled into the matrix (quantising K-quants row by row is slow).
-const DISTINCT_ROWS: usize = 64;
 /// Weight bytes one timed pass dots (about 10–20 ms at the rates measured).
 const PASS_BYTES: usize = 256 << 20;
 
@@ -54,19 +55,6 @@ fn parse() -> Result<Args, Box<dyn Error>> {
     Ok(a)
 }
 
-/// This thread's CPU time in nanoseconds.
-fn cpu_ns() -> Result<u64, Box<dyn Error>> {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec for the call's duration.
-    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
-        return Err("clock_gettime(CLOCK_THREAD_CPUTIME_ID) failed".into());
-    }
-    Ok(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
-}
-
 fn main() -> Result<(), Box<dyn Error>> {
     let a = parse()?;
     println!(
@@ -83,28 +71,19 @@ fn main() -> Result<(), Box<dyn Error>> {
         .collect();
     for &fmt in &a.formats {
         let rb = fmt.row_bytes(a.k)?;
-        let distinct: Vec<Vec<u8>> = (0..DISTINCT_ROWS)
-            .map(|r| {
-                let src: Vec<f32> = (0..a.k)
-                    .map(|i| (((i + 31 * r) * 2654435761usize % 2001) as f32 / 1000.0) - 1.0)
-                    .collect();
-                quantize_row(fmt, &src)
-            })
-            .collect::<Result<_, _>>()?;
+        let distinct = distinct_rows(fmt, a.k)?;
         let m = (a.bytes / rb).max(1);
-        let w: Vec<u8> = (0..m)
-            .flat_map(|i| distinct[i % DISTINCT_ROWS].iter().copied())
-            .collect();
+        let w = tiled(&distinct, m);
         let act = ActivationBuf::prepare(fmt, &x)?;
         let mut y = vec![0f32; m];
         let walks = (PASS_BYTES / w.len()).max(1);
         let mut best = f64::MAX;
         for _ in 0..a.reps {
-            let t0 = cpu_ns()?;
+            let t0 = thread_cpu_ns()?;
             for _ in 0..walks {
                 gemv_rows(fmt, black_box(&w), a.k, &act, &mut y, false)?;
             }
-            best = best.min((cpu_ns()? - t0) as f64 * 1e-9);
+            best = best.min((thread_cpu_ns()? - t0) as f64 * 1e-9);
         }
         black_box(&y);
         let gbs = (walks * w.len()) as f64 / best * 1e-9;

@@ -17,13 +17,13 @@
 //! prepared once per pass; its time is reported separately ("prepare µs", not in GB/s).
 //! Each figure is the best of `--reps` passes.
 
-use hipfire_quant::{gemv_rows, gemv_rows_multi, quantize_row, simd_tier, ActivationBuf, Format};
+use hipfire_quant::{gemv_rows, gemv_rows_multi, simd_tier, ActivationBuf, Format};
+#[path = "support/mod.rs"]
+mod support;
 use std::error::Error;
 use std::hint::black_box;
 use std::time::Instant;
-
-/// Distinct quantised rows tiled into each copy (quantising K-quants row by row is slow).
-const DISTINCT_ROWS: usize = 64;
+use support::{distinct_rows, tiled};
 
 struct Args {
     k: usize,
@@ -101,23 +101,10 @@ fn main() -> Result<(), Box<dyn Error>> {
         .collect();
     for &fmt in &a.formats {
         let rb = fmt.row_bytes(a.k)?;
-        let distinct: Vec<Vec<u8>> = (0..DISTINCT_ROWS)
-            .map(|r| {
-                let src: Vec<f32> = (0..a.k)
-                    .map(|i| (((i + 31 * r) * 2654435761usize % 2001) as f32 / 1000.0) - 1.0)
-                    .collect();
-                quantize_row(fmt, &src)
-            })
-            .collect::<Result<_, _>>()?;
+        let distinct = distinct_rows(fmt, a.k)?;
         let mat_bytes = a.m * rb;
         let copies = a.footprint.div_ceil(mat_bytes).max(1);
-        let mats: Vec<Vec<u8>> = (0..copies)
-            .map(|_| {
-                (0..a.m)
-                    .flat_map(|i| distinct[i % DISTINCT_ROWS].iter().copied())
-                    .collect()
-            })
-            .collect();
+        let mats: Vec<Vec<u8>> = (0..copies).map(|_| tiled(&distinct, a.m)).collect();
         let total = (copies * mat_bytes * a.repeat) as f64;
         for &t in &a.threads {
             let ranges = split(a.m, t);

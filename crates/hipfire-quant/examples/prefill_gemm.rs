@@ -25,9 +25,9 @@ use hipfire_quant::{
 };
 use std::error::Error;
 use std::hint::black_box;
-
-/// Distinct quantised rows tiled into the matrix (quantising K-quants row by row is slow).
-const DISTINCT_ROWS: usize = 64;
+#[path = "support/mod.rs"]
+mod support;
+use support::{thread_cpu_ns, tiled, DISTINCT_ROWS};
 
 struct Args {
     ks: Vec<usize>,
@@ -105,19 +105,6 @@ fn lcg_values(seed: u64, n: usize) -> Vec<f32> {
         .collect()
 }
 
-/// This thread's CPU time in nanoseconds.
-fn cpu_ns() -> Result<u64, Box<dyn Error>> {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec for the call's duration.
-    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
-        return Err("clock_gettime(CLOCK_THREAD_CPUTIME_ID) failed".into());
-    }
-    Ok(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
-}
-
 fn main() -> Result<(), Box<dyn Error>> {
     let a = parse()?;
     println!(
@@ -134,9 +121,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             let distinct: Vec<Vec<u8>> = (0..DISTINCT_ROWS)
                 .map(|r| quantize_row(fmt, &lcg_values(r as u64, k)))
                 .collect::<Result<_, _>>()?;
-            let w: Vec<u8> = (0..a.m)
-                .flat_map(|r| distinct[r % DISTINCT_ROWS].iter().copied())
-                .collect();
+            let w = tiled(&distinct, a.m);
             for &tokens in &a.tokens {
                 let xs: Vec<Vec<f32>> = (0..tokens)
                     .map(|t| lcg_values(1000 + t as u64, k))
@@ -195,7 +180,7 @@ fn run_q8(
     let tile_rows = (a.tile / rb).max(1);
     let mut best = f64::INFINITY;
     for _ in 0..a.reps {
-        let t0 = cpu_ns()?;
+        let t0 = thread_cpu_ns()?;
         let mut r0 = 0;
         while r0 < a.m {
             let r1 = (r0 + tile_rows).min(a.m);
@@ -206,7 +191,7 @@ fn run_q8(
             }
             r0 = r1;
         }
-        best = best.min((cpu_ns()? - t0) as f64 * 1e-9);
+        best = best.min((thread_cpu_ns()? - t0) as f64 * 1e-9);
         black_box(&ys);
     }
     Ok(best)
@@ -225,19 +210,19 @@ fn run_amx(
     let mut ys = vec![vec![0f32; a.m]; xs.len()];
     let (mut best, mut best_pack) = (f64::INFINITY, f64::INFINITY);
     for _ in 0..a.reps {
-        let t0 = cpu_ns()?;
+        let t0 = thread_cpu_ns()?;
         let acts = Bf16Tokens::new(xs.len(), k)?;
         for (t, x) in xs.iter().enumerate() {
             acts.pack_token(t, x)?;
         }
-        let t1 = cpu_ns()?;
+        let t1 = thread_cpu_ns()?;
         let mut yv: Vec<&mut [f32]> = ys.iter_mut().map(|y| &mut y[..]).collect();
         if kblock == 0 {
             gemm_bf16(engine, fmt, w, k, &acts, &mut yv, false)?;
         } else {
             gemm_bf16_kblock(engine, kblock, fmt, w, k, &acts, &mut yv, false)?;
         }
-        let t2 = cpu_ns()?;
+        let t2 = thread_cpu_ns()?;
         best = best.min((t2 - t0) as f64 * 1e-9);
         best_pack = best_pack.min((t1 - t0) as f64 * 1e-9);
         black_box(&ys);
@@ -249,9 +234,9 @@ fn run_amx(
 fn run_dequant(a: &Args, fmt: Format, w: &[u8], k: usize) -> Result<f64, Box<dyn Error>> {
     let mut best = f64::INFINITY;
     for _ in 0..a.reps {
-        let t0 = cpu_ns()?;
+        let t0 = thread_cpu_ns()?;
         black_box(dequant_panels_for_bench(fmt, w, k, a.m)?);
-        best = best.min((cpu_ns()? - t0) as f64 * 1e-9);
+        best = best.min((thread_cpu_ns()? - t0) as f64 * 1e-9);
     }
     Ok(best)
 }

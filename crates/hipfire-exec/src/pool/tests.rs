@@ -302,7 +302,6 @@ fn test_formats() -> Vec<Format> {
     Format::ALL.to_vec()
 }
 
-/// Seeded random weight of `m` rows in `fmt` (random f32 rows quantised, or raw f32 bytes).
 /// Each segment's output before a `gemv_tokens` call (`tokens × m` values for each `m` of
 /// `ms`): random values to accumulate onto, or NaN where the call must write every value.
 fn starting_outputs(
@@ -326,6 +325,7 @@ fn starting_outputs(
         .collect()
 }
 
+/// Seeded random weight of `m` rows in `fmt` (random f32 rows quantised, or raw f32 bytes).
 fn random_weight(fmt: Format, k: usize, m: usize, rng: &mut ChaCha8Rng) -> Vec<u8> {
     let rb = fmt.row_bytes(k).expect("k fits");
     let mut w = Vec::with_capacity(m * rb);

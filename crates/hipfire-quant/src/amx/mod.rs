@@ -384,66 +384,8 @@ pub fn gemm_bf16_kblock(
     accumulate: bool,
 ) -> Result<(), QuantError> {
     let kblock = kblock.max(1).div_ceil(KBLOCK_ALIGN) * KBLOCK_ALIGN;
-    gemm_inner(
-        engine.engine()?,
-        dequant::fast_available(),
-        kblock,
-        fmt,
-        w_rows,
-        k,
-        acts,
-        ys,
-        accumulate,
-    )
-}
-
-/// Dequantise every panel of `w_rows` (`m` rows) as [`gemm_bf16`] does, without multiplying:
-/// the `prefill_gemm` example's split of the GEMM's time. Returns a checksum of the last panel.
-#[doc(hidden)]
-pub fn dequant_panels_for_bench(
-    fmt: Format,
-    w_rows: &[u8],
-    k: usize,
-    m: usize,
-) -> Result<u64, QuantError> {
-    let rb = fmt.row_bytes(k)?;
-    let w = w_rows.get(..m * rb).ok_or(QuantError::ShortBuffer {
-        what: "w_rows",
-        need: m * rb,
-        got: w_rows.len(),
-    })?;
-    let ksteps = k.div_ceil(TILE_K);
-    let kblock = KBLOCK_STEPS.min(ksteps);
-    let mut panel = vec![Line::ZERO; kblock * PANEL_ROWS];
-    let mut row = vec![0.0; kblock * TILE_K];
+    let engine = engine.engine()?;
     let fast = dequant::fast_available();
-    for (pi, rows) in w.chunks(PANEL_ROWS * rb).enumerate() {
-        for s0 in (0..ksteps).step_by(kblock) {
-            let ns = kblock.min(ksteps - s0);
-            prefetch_next(w, pi * PANEL_ROWS, rows.len() / rb, rb, k, s0 + ns, kblock);
-            dequant::fill_panel(fast, fmt, rows, rb, k, s0, ns, &mut panel, &mut row)?;
-        }
-    }
-    Ok(panel.iter().map(|l| u64::from(l.0[0])).sum())
-}
-
-/// k-blocks are whole multiples of 8 k-steps: 256 elements, a whole block of every format
-/// (1, 32 or 256 elements), so each k-block dequantises whole blocks.
-const KBLOCK_ALIGN: usize = 8;
-const _: () = assert!(KBLOCK_STEPS.is_multiple_of(KBLOCK_ALIGN));
-
-#[allow(clippy::too_many_arguments)]
-fn gemm_inner(
-    engine: Engine,
-    fast: bool,
-    kblock: usize,
-    fmt: Format,
-    w_rows: &[u8],
-    k: usize,
-    acts: &Bf16Tokens,
-    ys: &mut [&mut [f32]],
-    accumulate: bool,
-) -> Result<(), QuantError> {
     let rb = fmt.row_bytes(k)?;
     if acts.k != k {
         return Err(QuantError::ActivationMismatch {
@@ -509,6 +451,41 @@ fn gemm_inner(
         Err(_) => run(&mut Scratch::default()),
     })
 }
+
+/// Dequantise every panel of `w_rows` (`m` rows) as [`gemm_bf16`] does, without multiplying:
+/// the `prefill_gemm` example's split of the GEMM's time. Returns a checksum of the last panel.
+#[doc(hidden)]
+pub fn dequant_panels_for_bench(
+    fmt: Format,
+    w_rows: &[u8],
+    k: usize,
+    m: usize,
+) -> Result<u64, QuantError> {
+    let rb = fmt.row_bytes(k)?;
+    let w = w_rows.get(..m * rb).ok_or(QuantError::ShortBuffer {
+        what: "w_rows",
+        need: m * rb,
+        got: w_rows.len(),
+    })?;
+    let ksteps = k.div_ceil(TILE_K);
+    let kblock = KBLOCK_STEPS.min(ksteps);
+    let mut panel = vec![Line::ZERO; kblock * PANEL_ROWS];
+    let mut row = vec![0.0; kblock * TILE_K];
+    let fast = dequant::fast_available();
+    for (pi, rows) in w.chunks(PANEL_ROWS * rb).enumerate() {
+        for s0 in (0..ksteps).step_by(kblock) {
+            let ns = kblock.min(ksteps - s0);
+            prefetch_next(w, pi * PANEL_ROWS, rows.len() / rb, rb, k, s0 + ns, kblock);
+            dequant::fill_panel(fast, fmt, rows, rb, k, s0, ns, &mut panel, &mut row)?;
+        }
+    }
+    Ok(panel.iter().map(|l| u64::from(l.0[0])).sum())
+}
+
+/// k-blocks are whole multiples of 8 k-steps: 256 elements, a whole block of every format
+/// (1, 32 or 256 elements), so each k-block dequantises whole blocks.
+const KBLOCK_ALIGN: usize = 8;
+const _: () = assert!(KBLOCK_STEPS.is_multiple_of(KBLOCK_ALIGN));
 
 /// The panels of `w` (whole rows of `rb` bytes, as many as `ys[t].len()`): each dequantised
 /// `kblock` k-steps at a time, every pair of token groups multiplied over that block into its C
