@@ -13,8 +13,8 @@ use hipfire_exec::share::ShareSetting;
 use hipfire_model::gpu::{GpuDecoder, GpuOptions};
 use hipfire_model::{write_synthetic_to, Overwrite, RopeScaling, RopeScalingKind, SynthSpec};
 use hipfire_model::{
-    ChatMessage, GenerationStats, LoadOptions, LoadProgress, Model, ProgressFn, ReferenceBackend,
-    SamplingParams, StreamDecoder,
+    ChatMessage, GenerationStats, LoadOptions, LoadProgress, Model, ProgressFn, SamplingParams,
+    StreamDecoder,
 };
 
 use crate::args::{RunArgs, SynthArgs, SynthRopeScaling};
@@ -115,6 +115,9 @@ fn progress(ctx: &Ctx, enabled: bool) -> Option<ProgressFn> {
 pub(crate) struct Loaded {
     pub(crate) model: Model,
     pub(crate) engine: Engine,
+    /// The GPU engine's CPU workers (its offload pool), also the model's CPU backend: one set of
+    /// pinned workers serves both. `None` on the CPU engine.
+    pub(crate) gpu_pool: Option<hipfire_exec::CpuPool>,
 }
 
 pub(crate) fn load(
@@ -137,13 +140,22 @@ pub(crate) fn load(
     };
     let file = hipfire_model::gguf::GgufFile::open(path)
         .with_context(|| format!("loading {}", path.display()))?;
-    let model = match engine {
-        Engine::Cpu => Arc::new(hipfire_model::CpuBackend::new(threads)?) as Arc<_>,
-        // The GPU decoder brings its own pool and never calls the model's backend, so the
-        // model gets the pool-free reference backend instead of a second set of pinned workers.
-        Engine::Gpu => Arc::new(ReferenceBackend) as Arc<dyn hipfire_model::Backend>,
+    // On the GPU engine the offload pool is also the model's backend, so there is one set of
+    // pinned workers; `auto` is 0 there so the pool leaves one core to the thread driving the
+    // GPU.
+    let gpu_pool = match engine {
+        Engine::Cpu => None,
+        Engine::Gpu => Some(hipfire_exec::offload::offload_pool(pool_threads(
+            s.threads,
+        ))?),
     };
-    let model = Model::from_gguf(file, &opts, model)
+    let backend = match &gpu_pool {
+        None => {
+            Arc::new(hipfire_model::CpuBackend::new(threads)?) as Arc<dyn hipfire_model::Backend>
+        }
+        Some(pool) => Arc::new(hipfire_model::CpuBackend::with_pool(pool.clone())) as Arc<_>,
+    };
+    let model = Model::from_gguf(file, &opts, backend)
         .with_context(|| format!("loading {}", path.display()))?;
     // The CPU session's cache grows as positions fill; refuse up front a context whose full
     // cache would not fit in RAM. (On the GPU the cache is in VRAM: GpuDecoder counts it.)
@@ -154,7 +166,11 @@ pub(crate) fn load(
                 .with_context(|| format!("loading {}", path.display()))?;
         }
     }
-    Ok(Loaded { model, engine })
+    Ok(Loaded {
+        model,
+        engine,
+        gpu_pool,
+    })
 }
 
 pub(crate) fn gpu_decoder<'m>(
@@ -173,8 +189,10 @@ pub(crate) fn gpu_decoder_slots<'m>(
     slots: usize,
 ) -> anyhow::Result<GpuDecoder<'m>> {
     let opts = gpu_options(s, mode);
-    // `auto` is 0 here so the offload pool leaves one core to the thread driving the GPU.
-    let pool = hipfire_exec::offload::offload_pool(pool_threads(s.threads))?;
+    let pool = match &l.gpu_pool {
+        Some(pool) => pool.clone(),
+        None => hipfire_exec::offload::offload_pool(pool_threads(s.threads))?,
+    };
     GpuDecoder::with_slots(&l.model, pool, &opts, slots).context("placing the model on GPU 0")
 }
 

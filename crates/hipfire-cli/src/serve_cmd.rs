@@ -44,7 +44,7 @@ pub fn run(ctx: &Ctx, a: &ServeArgs) -> anyhow::Result<ExitCode> {
         Engine::Cpu => None,
     };
     let loaded = crate::model_cmd::load(ctx, engine, &a.model, &s, s.ctx_size.tokens(), false)?;
-    let model = loaded.model;
+    let (model, gpu_pool) = (loaded.model, loaded.gpu_pool);
     if mode.is_none() {
         ctx.note(format!("serve: {}", model.placement_summary()));
     }
@@ -77,9 +77,12 @@ pub fn run(ctx: &Ctx, a: &ServeArgs) -> anyhow::Result<ExitCode> {
         None => hipfire_serve::serve(model, &cfg, on_ready)?,
         Some(mode) => {
             let opts = crate::model_cmd::gpu_options(&s, mode);
-            // `auto` is 0 here so the offload pool leaves one core to the thread driving the GPU.
-            let pool =
-                hipfire_exec::offload::offload_pool(crate::model_cmd::pool_threads(s.threads))?;
+            let pool = match gpu_pool {
+                Some(pool) => pool,
+                None => {
+                    hipfire_exec::offload::offload_pool(crate::model_cmd::pool_threads(s.threads))?
+                }
+            };
             // Built on the engine thread, which then drives its stream; the placement line goes
             // to the log there.
             hipfire_serve::serve_with(

@@ -26,6 +26,7 @@ use hipfire_gpu::{
 use hipfire_quant::Format;
 
 use crate::attention::CacheType;
+use crate::block::{self, LayerTensors};
 use crate::gpu_attention::{AttnShape, SplitKvAttention};
 use crate::gpu_batch::{
     batch_head_dim_supported, BatchScratch, BatchWidths, PrefillKernels, PREFILL_SOURCE,
@@ -35,8 +36,10 @@ use crate::model::GenerationStats;
 use crate::sampling::SamplingParams;
 use crate::{Model, ModelError, Weight};
 
+mod block_ops;
 mod decode_batch;
 mod decode_graph;
+use block_ops::GpuStep;
 pub use decode_batch::MAX_SLOTS;
 use decode_batch::{DecodeBatch, StepActs};
 use decode_graph::DecodeGraphs;
@@ -186,26 +189,11 @@ impl GpuWeight {
 }
 
 struct GpuLayer {
-    attn_norm: DeviceBuffer<f32>,
-    ffn_norm: DeviceBuffer<f32>,
-    q_norm: Option<DeviceBuffer<f32>>,
-    k_norm: Option<DeviceBuffer<f32>>,
-    bq: Option<DeviceBuffer<f32>>,
-    bk: Option<DeviceBuffer<f32>>,
-    bv: Option<DeviceBuffer<f32>>,
-    wq: usize,
-    wk: usize,
-    wv: usize,
-    wo: usize,
-    gate: usize,
-    up: usize,
-    down: usize,
+    /// The block's tensors ([`Model`]'s table): projection ids, norms and biases in VRAM.
+    t: LayerTensors<usize, DeviceBuffer<f32>>,
     /// Per sequence slot, `ctx_len` positions in the decoder's [`crate::gpu_kv::GpuKvLayout`].
     k_cache: Vec<DeviceBuffer<u8>>,
     v_cache: Vec<DeviceBuffer<u8>>,
-    /// Gemma's RMSNorms of the attention and FFN outputs before their residual adds.
-    post_attn_norm: Option<DeviceBuffer<f32>>,
-    post_ffn_norm: Option<DeviceBuffer<f32>>,
     /// Positions a sliding-window (local) layer's query sees; `None` for a global layer.
     window: Option<usize>,
 }
@@ -396,22 +384,10 @@ impl<'m> GpuDecoder<'m> {
         let ctx_len = model.ctx_len();
 
         // Budget: bytes of one layer's projections, and of what stays resident regardless.
-        let layer_names = |i: usize| {
-            [
-                "attn_q",
-                "attn_k",
-                "attn_v",
-                "attn_output",
-                "ffn_gate",
-                "ffn_up",
-                "ffn_down",
-            ]
-            .map(|s| format!("blk.{i}.{s}.weight"))
-        };
         let mut layer_bytes = vec![0u64; c.n_layer];
         for (i, lb) in layer_bytes.iter_mut().enumerate() {
-            for n in layer_names(i) {
-                *lb += model.weights()[weight_id(model, &n)?].n_bytes as u64;
+            for id in model.layer_tensors(i).projections() {
+                *lb += model.weights()[id].n_bytes as u64;
             }
         }
         // The kernels index a cache with 32-bit ints (row × kv_dim).
@@ -464,8 +440,8 @@ impl<'m> GpuDecoder<'m> {
         let mut max_proj_bytes = 0usize;
         for i in 0..c.n_layer {
             let mut sizes = Vec::with_capacity(7);
-            for n in layer_names(i) {
-                let w = &model.weights()[weight_id(model, &n)?];
+            for id in model.layer_tensors(i).projections() {
+                let w = &model.weights()[id];
                 widths.max_k = widths.max_k.max(w.k);
                 widths.max_weight_elems = widths.max_weight_elems.max(w.m * w.k);
                 sizes.push(w.n_bytes);
@@ -600,19 +576,10 @@ impl<'m> GpuDecoder<'m> {
         let kv_layout = attention.layout();
         for i in 0..c.n_layer {
             let spilled = i < n_spilled;
-            let n = |s: &str| format!("blk.{i}.{s}");
-            let ids = layer_names(i).map(|nm| weight_id(model, &nm));
-            let [wq, wk, wv, wo, gate, up, down] = ids;
-            let (wq, wk, wv, wo, gate, up, down) = (wq?, wk?, wv?, wo?, gate?, up?, down?);
-            for id in [wq, wk, wv, wo, gate, up, down] {
+            let host = model.layer_tensors(i);
+            for id in host.projections() {
                 place(id, spilled)?;
             }
-            let opt = |name: &str, len: usize| -> Result<Option<DeviceBuffer<f32>>, ModelError> {
-                read_vector(model, &n(name), len)?
-                    .map(|v| upload_f32(&ctx, &stream, &v))
-                    .transpose()
-                    .map_err(Into::into)
-            };
             // Rounded up to whole 32-bit words so the zero fill covers every byte.
             let cache_len = kv_layout.alloc_bytes(ctx_len);
             let kv_step = || format!("allocating layer {i}'s KV cache ({ctx_len} positions)");
@@ -630,48 +597,9 @@ impl<'m> GpuDecoder<'m> {
                 }
             }
             layers.push(GpuLayer {
-                attn_norm: upload_f32(
-                    &ctx,
-                    &stream,
-                    &need_vector(model, &n("attn_norm.weight"), c.d_model)?,
-                )?,
-                ffn_norm: upload_f32(
-                    &ctx,
-                    &stream,
-                    &need_vector(model, &n("ffn_norm.weight"), c.d_model)?,
-                )?,
-                q_norm: opt("attn_q_norm.weight", c.head_dim)?,
-                k_norm: opt("attn_k_norm.weight", c.head_dim)?,
-                bq: opt("attn_q.bias", qd)?,
-                bk: opt("attn_k.bias", kvd)?,
-                bv: opt("attn_v.bias", kvd)?,
-                wq,
-                wk,
-                wv,
-                wo,
-                gate,
-                up,
-                down,
+                t: host.map_vectors(|v| upload_f32(&ctx, &stream, v))?,
                 k_cache,
                 v_cache,
-                post_attn_norm: if c.arch.post_norms() {
-                    Some(upload_f32(
-                        &ctx,
-                        &stream,
-                        &need_vector(model, &n("post_attention_norm.weight"), c.d_model)?,
-                    )?)
-                } else {
-                    None
-                },
-                post_ffn_norm: if c.arch.post_norms() {
-                    Some(upload_f32(
-                        &ctx,
-                        &stream,
-                        &need_vector(model, &n("post_ffw_norm.weight"), c.d_model)?,
-                    )?)
-                } else {
-                    None
-                },
                 window: c.layer_window(i),
             });
         }
@@ -763,7 +691,7 @@ impl<'m> GpuDecoder<'m> {
                     let mut order = Vec::new();
                     for (li, l) in layers[..n_spilled].iter().enumerate() {
                         let mut ws = Vec::new();
-                        for id in [l.wq, l.wk, l.wv, l.wo, l.gate, l.up, l.down] {
+                        for id in l.t.projections() {
                             if let Some(GpuWeight::Host(h)) = &weights[id] {
                                 ws.push((id, h.clone()));
                             }
@@ -1006,17 +934,10 @@ impl<'m> GpuDecoder<'m> {
         )
     }
 
-    fn rms_norm(
-        &self,
-        x: u64,
-        w: &DeviceBuffer<f32>,
-        y: u64,
-        rows: usize,
-        n: usize,
-    ) -> Result<(), GpuError> {
+    fn rms_norm(&self, x: u64, w: u64, y: u64, rows: usize, n: usize) -> Result<(), GpuError> {
         let args = LaunchArgs::new()
             .ptr(x)
-            .buf(w)
+            .ptr(w)
             .ptr(y)
             .i32(n as i32)
             .f32(self.model.config().rms_eps);
@@ -1074,9 +995,10 @@ impl<'m> GpuDecoder<'m> {
         }
     }
 
-    fn add(&self, y: u64, b: &DeviceBuffer<f32>) -> Result<(), GpuError> {
-        let args = LaunchArgs::new().ptr(y).buf(b).i32(b.len() as i32);
-        self.launch_1d(&self.k.add, b.len(), args)
+    /// `y += b` over one row of `len` values.
+    fn add(&self, y: u64, b: u64, len: usize) -> Result<(), GpuError> {
+        let args = LaunchArgs::new().ptr(y).ptr(b).i32(len as i32);
+        self.launch_1d(&self.k.add, len, args)
     }
 
     /// `y (+)= W·act` for weight `id`: resident weights on the GPU, spilled ones through the
@@ -1387,17 +1309,26 @@ impl<'m> GpuDecoder<'m> {
         Ok(())
     }
 
-    /// `y += b` over `n` rows.
+    /// `y += b` (`len` values) over the rows `rows` describes: one launch over a run, one per
+    /// row of a batched decode step.
     fn add_bias(
         &self,
         y: u64,
-        b: &DeviceBuffer<f32>,
-        (n, batched): (usize, bool),
+        (b, len): (u64, usize),
+        rows: LayerRows<'_>,
     ) -> Result<(), ModelError> {
-        match (&self.batch, batched) {
-            (_, false) => self.add(y, b)?,
-            (Some(bt), true) => bt.kernels.add_rows(&self.ctx, &self.stream, y, b, n)?,
-            (None, true) => unreachable_batch()?,
+        match (&self.batch, rows) {
+            (_, LayerRows::Run { batched: false, .. }) => self.add(y, b, len)?,
+            (Some(bt), LayerRows::Run { m, .. }) => {
+                bt.kernels
+                    .add_rows(&self.ctx, &self.stream, y, (b, len), m)?
+            }
+            (None, LayerRows::Run { .. }) => unreachable_batch()?,
+            (_, LayerRows::Slots(feeds)) => {
+                for i in 0..feeds.len() {
+                    self.add(y + (i * len * 4) as u64, b, len)?;
+                }
+            }
         }
         Ok(())
     }
@@ -1488,9 +1419,10 @@ impl<'m> GpuDecoder<'m> {
 
     /// Layer `li` over the rows `rows` describes, whose residual rows start at `x`; the other
     /// activations are `r`'s (the decode scratch, one micro-batch's, or a batched decode step's).
-    /// The layer is written once: each operation asks `rows` for its form — a run of one
+    /// The block is [`block::layer`]'s; each operation asks `rows` for its form — a run of one
     /// sequence's positions (the GEMV or GEMM, split-KV or chunk attention) or one token of each
-    /// of several sequences (the multi-column GEMV, the slots forms of RoPE, the KV store and attention).
+    /// of several sequences (the multi-column GEMV, the slots forms of RoPE, the KV store and
+    /// attention).
     fn layer(
         &mut self,
         li: usize,
@@ -1498,71 +1430,22 @@ impl<'m> GpuDecoder<'m> {
         x: u64,
         rows: LayerRows<'_>,
     ) -> Result<(), ModelError> {
-        let c = self.model.config().clone();
-        let (qd, kvd, hd, d) = (c.q_dim(), c.kv_dim(), c.head_dim, c.d_model);
-        let m = rows.len();
-        let l = &self.layers[li];
-        let (wq, wk, wv, wo, wg, wu, wd) = (l.wq, l.wk, l.wv, l.wo, l.gate, l.up, l.down);
-        self.rms_norm(x, &self.layers[li].attn_norm, r.xn, m, d)?;
-        self.project_any(
-            &[(wq, r.q, qd), (wk, r.k, kvd), (wv, r.v, kvd)],
-            r.xn,
-            d,
-            rows,
-            ActSlot::Model,
-            GemvForm::Plain,
-        )?;
-        let l = &self.layers[li];
-        for (bias, y, len) in [(&l.bq, r.q, qd), (&l.bk, r.k, kvd), (&l.bv, r.v, kvd)] {
-            let Some(b) = bias else { continue };
-            match rows {
-                LayerRows::Run { batched, .. } => self.add_bias(y, b, (m, batched))?,
-                LayerRows::Slots(_) => {
-                    for i in 0..m {
-                        self.add(y + (i * len * 4) as u64, b)?;
-                    }
-                }
-            }
-        }
-        if let Some(w) = &l.q_norm {
-            self.rms_norm(r.q, w, r.q, m * c.n_head, hd)?;
-        }
-        if let Some(w) = &l.k_norm {
-            self.rms_norm(r.k, w, r.k, m * c.n_head_kv, hd)?;
-        }
-        match rows {
-            LayerRows::Run { pos, batched, .. } => {
-                self.rope_rows(li, r.q, c.n_head, (m, pos, batched))?;
-                self.rope_rows(li, r.k, c.n_head_kv, (m, pos, batched))?;
-                self.kv_store(li, r.k, r.v, pos, m)?;
-                self.attend(li, r, (m, pos, batched))?;
-            }
-            LayerRows::Slots(feeds) => self.slots_rows(li, r, feeds)?,
-        }
-        self.residual_project(li, wo, r.att, qd, rows, ActSlot::Q, x, r.xn, false)?;
-
-        self.rms_norm(x, &self.layers[li].ffn_norm, r.xn, m, d)?;
-        self.project_any(
-            &[(wg, r.gate, c.n_ff), (wu, r.up, c.n_ff)],
-            r.xn,
-            d,
-            rows,
-            ActSlot::Model,
-            GemvForm::Plain,
-        )?;
-        {
-            let args = LaunchArgs::new()
-                .ptr(r.gate)
-                .ptr(r.up)
-                .ptr(r.gate)
-                .i32((m * c.n_ff) as i32);
-            let act = match c.arch.ffn_activation() {
-                crate::config::FfnActivation::Silu => &self.k.swiglu,
-                crate::config::FfnActivation::GeluTanh => &self.k.geglu,
-            };
-            self.launch_1d(act, m * c.n_ff, args)?;
-        }
-        self.residual_project(li, wd, r.gate, c.n_ff, rows, ActSlot::Ff, x, r.xn, true)
+        let t = self.layers[li]
+            .t
+            .map_vectors(|b| Ok::<_, std::convert::Infallible>(b.device_ptr()));
+        let Ok(t) = t;
+        let c = self.model.config();
+        block::layer(
+            &mut GpuStep {
+                dec: self,
+                r,
+                x,
+                rows,
+            },
+            c,
+            li,
+            &t,
+        )
     }
 
     /// Projections of activation `x` (rows of `k`) in the form `rows` asks for: a run's GEMV or
@@ -1583,51 +1466,6 @@ impl<'m> GpuDecoder<'m> {
             }
             LayerRows::Slots(feeds) => self.project_cols(outs, x, (k, feeds.len()), slot, form),
         }
-    }
-
-    /// `x += W·a` for layer `li`'s output projection `wo` (or `down`, `ffn`): folded into the GEMV
-    /// / GEMM as its residual form, or — where the architecture normalises the output first
-    /// (Gemma's post-attention / post-FFN norm) — projected into `tmp`, then
-    /// `x += rms_norm(tmp) · w` per row.
-    #[allow(clippy::too_many_arguments)] // the projection's operands
-    fn residual_project(
-        &mut self,
-        li: usize,
-        id: usize,
-        a: u64,
-        k: usize,
-        rows: LayerRows<'_>,
-        slot: ActSlot,
-        x: u64,
-        tmp: u64,
-        ffn: bool,
-    ) -> Result<(), ModelError> {
-        let d = self.model.config().d_model;
-        let l = &self.layers[li];
-        let post = if ffn {
-            &l.post_ffn_norm
-        } else {
-            &l.post_attn_norm
-        };
-        // The norm's address, taken now: the projection below borrows `self` mutably.
-        let Some(w) = post.as_ref().map(|b| b.device_ptr()) else {
-            return self.project_any(&[(id, x, d)], a, k, rows, slot, GemvForm::Residual);
-        };
-        self.project_any(&[(id, tmp, d)], a, k, rows, slot, GemvForm::Plain)?;
-        let args = LaunchArgs::new()
-            .ptr(tmp)
-            .ptr(w)
-            .ptr(x)
-            .i32(d as i32)
-            .f32(self.model.config().rms_eps);
-        self.launch(
-            &self.k.rms_norm_add,
-            rows.len() as u32,
-            DECODE_THREADS,
-            0,
-            args,
-        )?;
-        Ok(())
     }
 
     /// One step over `tokens` of the selected slot: [`GpuDecoder::forward_segments`] with one
@@ -1747,7 +1585,7 @@ impl<'m> GpuDecoder<'m> {
             row_end += tokens.len();
             let x_last = r.x + ((row_end - 1) * d * 4) as u64;
             let xn = self.s.a.xn.device_ptr();
-            self.rms_norm(x_last, &self.output_norm, xn, 1, d)?;
+            self.rms_norm(x_last, self.output_norm.device_ptr(), xn, 1, d)?;
             self.prepare(ActSlot::Model, xn, d)?;
             let logits = self.s.a.logits.device_ptr();
             self.project(

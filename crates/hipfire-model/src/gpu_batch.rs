@@ -157,20 +157,20 @@ impl PrefillKernels {
         )
     }
 
-    /// `y[r][i] += b[i]` over `rows` rows of `b.len()`.
+    /// `y[r][i] += b[i]` over `rows` rows of `len` (`b` holds `len` values).
     pub(crate) fn add_rows(
         &self,
         ctx: &Arc<Context>,
         stream: &Stream,
         y: u64,
-        b: &DeviceBuffer<f32>,
+        (b, len): (u64, usize),
         rows: usize,
     ) -> Result<(), GpuError> {
-        let total = b.len() * rows;
+        let total = len * rows;
         let args = LaunchArgs::new()
             .ptr(y)
-            .buf(b)
-            .i32(b.len() as i32)
+            .ptr(b)
+            .i32(len as i32)
             .i32(rows as i32);
         launch(
             ctx,

@@ -7,8 +7,12 @@
 //!   SentencePiece BPE), streaming detokenisation.
 //! - [`chat_template`] — the GGUF's own Jinja chat template rendered as HF transformers
 //!   renders it (minijinja), ChatML when the file has none or it fails.
-//! - [`config`] — architecture hyper-parameters (llama, qwen2, qwen3).
+//! - [`config`] — architecture hyper-parameters (llama, qwen2, qwen3, gemma3).
 //! - [`rope`] — RoPE frequencies and scaling (linear, YaRN, llama-3 factors) for both engines.
+//! - [`block`] — the transformer block, once for both engines: [`block::LayerTensors`] (every
+//!   GGUF tensor name of a layer, read in one place) and the block's forward pass over the rows
+//!   of a step, written against the operations each engine implements (the CPU's in
+//!   `model/batch.rs`, the GPU's in `gpu/block_ops.rs`).
 //! - [`attention`] — the CPU KV cache (per KV head, keys transposed in blocks of 16) and
 //!   split-KV decode attention.
 //! - [`backend`] — the engine seam of the CPU forward pass: [`Backend`] (`gemv`, `gemv_batch`
@@ -33,12 +37,14 @@
 //! - [`gpu_kv`] — the GPU's K/V cache layout per cache type (f16, q8_0).
 //!
 //! # The one design decision
-//! The CPU forward pass is written against an engine trait (matrix products over a [`Weight`]
-//! that knows its format, shape and file offset), not against the CPU pool: the host runs
-//! norms, RoPE, attention and sampling, and hands every matrix product to the backend. The GPU
-//! decoder is a second forward pass over the same weight table, because its activations never
-//! leave the device and the trait's operands are host slices; one forward pass over a backend
-//! trait that both engines implement is issue 16.
+//! The block is written once ([`block`]), against operations over all rows of a step (one
+//! decode token, a prompt chunk, one token of each sequence of a batch), and each engine
+//! implements those operations on its own activations: the CPU on host vectors, its matrix
+//! products through [`Backend`] (a weight that knows its format, shape and file offset); the GPU
+//! on device buffers, its products as GEMV, GEMM or a row split through hipfire-exec's planner.
+//! So an architecture's hook or a change of order is made in one place and both engines follow,
+//! while each keeps its own form of every operation (the GPU's activations never leave the
+//! device; its decode steps replay as CUDA graphs).
 //!
 //! # Errors
 //! [`ModelError`] for everything; GGUF parsing keeps its own [`gguf::GgufError`] (wrapped) so
@@ -47,6 +53,7 @@
 
 pub mod attention;
 pub mod backend;
+pub mod block;
 pub mod chat_template;
 pub mod config;
 mod error;

@@ -12,7 +12,8 @@ use hipfire_quant::Format;
 
 use crate::attention::{self, CacheType, KvCache, KvLayer};
 use crate::backend::{Backend, CpuBackend, Weight};
-use crate::config::{Arch, FfnActivation, ModelConfig};
+use crate::block::{LayerTensors, TensorSource};
+use crate::config::ModelConfig;
 use crate::gguf::{GgufFile, Quoted, TensorInfo};
 use crate::ops::{self, Rope};
 use crate::sampling::{Sampler, SamplingParams};
@@ -91,28 +92,9 @@ impl std::fmt::Debug for LoadOptions {
     }
 }
 
-/// One transformer block: indices into [`Model::weights`] plus its small vectors.
-#[derive(Debug, Clone)]
-struct Layer {
-    attn_norm: Vec<f32>,
-    wq: usize,
-    wk: usize,
-    wv: usize,
-    wo: usize,
-    bq: Option<Vec<f32>>,
-    bk: Option<Vec<f32>>,
-    bv: Option<Vec<f32>>,
-    q_norm: Option<Vec<f32>>,
-    k_norm: Option<Vec<f32>>,
-    ffn_norm: Vec<f32>,
-    gate: usize,
-    up: usize,
-    down: usize,
-    /// RMSNorm of the attention output before the residual add (Gemma's `post_attention_norm`).
-    post_attn_norm: Option<Vec<f32>>,
-    /// RMSNorm of the FFN output before the residual add (Gemma's `post_ffw_norm`).
-    post_ffn_norm: Option<Vec<f32>>,
-}
+/// One transformer block on the host: [`Model::weights`] ids plus its small vectors, named by
+/// the one tensor table ([`LayerTensors::load`]).
+pub(crate) type Layer = LayerTensors<usize, Vec<f32>>;
 
 /// A loaded model.
 pub struct Model {
@@ -155,7 +137,7 @@ struct Loader<'a> {
     weights: Vec<Weight>,
 }
 
-impl Loader<'_> {
+impl TensorSource<usize> for Loader<'_> {
     fn matrix(&mut self, name: &str, k: usize, m: usize) -> Result<usize, ModelError> {
         let (t, _) = self.file.tensor(name)?;
         if t.dims != [k as u64, m as u64] {
@@ -242,54 +224,7 @@ impl Model {
         let token_embd = ld.matrix("token_embd.weight", c.d_model, c.vocab)?;
         let mut layers = Vec::with_capacity(c.n_layer);
         for i in 0..c.n_layer {
-            let n = |s: &str| format!("blk.{i}.{s}");
-            let (qd, kvd) = (c.q_dim(), c.kv_dim());
-            let biases = c.arch == Arch::Qwen2;
-            layers.push(Layer {
-                attn_norm: ld.vector(&n("attn_norm.weight"), c.d_model)?,
-                wq: ld.matrix(&n("attn_q.weight"), c.d_model, qd)?,
-                wk: ld.matrix(&n("attn_k.weight"), c.d_model, kvd)?,
-                wv: ld.matrix(&n("attn_v.weight"), c.d_model, kvd)?,
-                wo: ld.matrix(&n("attn_output.weight"), qd, c.d_model)?,
-                // Optional everywhere (some llama fine-tunes carry biases too); Qwen2 requires them.
-                bq: if biases {
-                    Some(ld.vector(&n("attn_q.bias"), qd)?)
-                } else {
-                    ld.opt_vector(&n("attn_q.bias"), qd)?
-                },
-                bk: if biases {
-                    Some(ld.vector(&n("attn_k.bias"), kvd)?)
-                } else {
-                    ld.opt_vector(&n("attn_k.bias"), kvd)?
-                },
-                bv: if biases {
-                    Some(ld.vector(&n("attn_v.bias"), kvd)?)
-                } else {
-                    ld.opt_vector(&n("attn_v.bias"), kvd)?
-                },
-                q_norm: ld.opt_vector(&n("attn_q_norm.weight"), c.head_dim)?,
-                k_norm: ld.opt_vector(&n("attn_k_norm.weight"), c.head_dim)?,
-                ffn_norm: ld.vector(&n("ffn_norm.weight"), c.d_model)?,
-                gate: ld.matrix(&n("ffn_gate.weight"), c.d_model, c.n_ff)?,
-                up: ld.matrix(&n("ffn_up.weight"), c.d_model, c.n_ff)?,
-                down: ld.matrix(&n("ffn_down.weight"), c.n_ff, c.d_model)?,
-                post_attn_norm: if c.arch.post_norms() {
-                    Some(ld.vector(&n("post_attention_norm.weight"), c.d_model)?)
-                } else {
-                    None
-                },
-                post_ffn_norm: if c.arch.post_norms() {
-                    Some(ld.vector(&n("post_ffw_norm.weight"), c.d_model)?)
-                } else {
-                    None
-                },
-            });
-            if c.arch.qk_norms() && (layers[i].q_norm.is_none() || layers[i].k_norm.is_none()) {
-                return Err(ModelError::Unsupported(format!(
-                    "{} layer {i} lacks q/k norms",
-                    c.arch.name()
-                )));
-            }
+            layers.push(LayerTensors::load(&mut ld, c, i)?);
         }
         let output_norm = ld.vector("output_norm.weight", c.d_model)?;
         // Tied embeddings: no output.weight means the head reuses token_embd (SmolLM2, Qwen small).
@@ -435,6 +370,12 @@ impl Model {
         } else {
             PREFILL_CHUNK
         }
+    }
+
+    /// Layer `i`'s tensors (projection ids into [`Model::weights`], host norms and biases):
+    /// what the GPU decoder places and uploads. Panics if `i` is not below `n_layer`.
+    pub(crate) fn layer_tensors(&self, i: usize) -> &Layer {
+        &self.layers[i]
     }
 
     /// Every weight matrix, indexed by [`Weight::id`].
@@ -707,68 +648,6 @@ impl Model {
         Ok(())
     }
 
-    /// Layer `l`'s q/k/v biases and per-head q/k RMSNorms, over any number of tokens (`q` is
-    /// `T × q_dim`, `k` and `v` are `T × kv_dim`).
-    fn qkv_extras(&self, l: &Layer, q: &mut [f32], k: &mut [f32], v: &mut [f32]) {
-        let c = &self.config;
-        for (buf, b) in [(&mut *q, &l.bq), (&mut *k, &l.bk), (&mut *v, &l.bv)] {
-            if let Some(b) = b {
-                for bt in buf.chunks_exact_mut(b.len()) {
-                    bt.iter_mut().zip(b).for_each(|(y, &bb)| *y += bb);
-                }
-            }
-        }
-        for (buf, w) in [(q, &l.q_norm), (k, &l.k_norm)] {
-            if let Some(w) = w {
-                buf.chunks_exact_mut(c.head_dim)
-                    .for_each(|h| ops::rms_norm_inplace(h, w, c.rms_eps));
-            }
-        }
-    }
-
-    /// `x += post(W·act)` for every token (`act` is `T × k`, `x` is `T × d_model`), `post` the
-    /// block's RMSNorm of its output (Gemma) or none, when the residual add is folded into the
-    /// GEMV. One token goes through [`Backend::gemv`], more through [`Backend::gemv_tokens`]
-    /// (bit-identical per token). `scratch` holds the projection before its norm.
-    fn residual_add(
-        &self,
-        id: usize,
-        post: Option<&[f32]>,
-        act: &[f32],
-        x: &mut [f32],
-        scratch: &mut Vec<f32>,
-    ) -> Result<(), ModelError> {
-        let c = &self.config;
-        let one = x.len() == c.d_model;
-        let Some(w) = post else {
-            return match one {
-                true => self.gemv(id, act, x, true),
-                false => self.gemv_tokens(&[id], act, &mut [x], true),
-            };
-        };
-        scratch.resize(x.len(), 0.0);
-        match one {
-            true => self.gemv(id, act, scratch, false)?,
-            false => self.gemv_tokens(&[id], act, &mut [&mut scratch[..]], false)?,
-        }
-        for (xt, ot) in x
-            .chunks_exact_mut(c.d_model)
-            .zip(scratch.chunks_exact_mut(c.d_model))
-        {
-            ops::rms_norm_inplace(ot, w, c.rms_eps);
-            xt.iter_mut().zip(ot.iter()).for_each(|(a, &b)| *a += b);
-        }
-        Ok(())
-    }
-
-    /// `gate = act(gate) · up`, the architecture's gated FFN (SwiGLU or GeGLU).
-    fn gated_activation(&self, gate: &mut [f32], up: &[f32]) {
-        match self.config.arch.ffn_activation() {
-            FfnActivation::Silu => ops::swiglu(gate, up),
-            FfnActivation::GeluTanh => ops::geglu_tanh(gate, up),
-        }
-    }
-
     /// The head's post-processing of raw logits: Gemma's soft-cap `c · tanh(z / c)` if the file
     /// sets one (as llama.cpp: scale, tanh, scale, in f32).
     fn finish_logits(&self, logits: &mut [f32]) {
@@ -810,10 +689,11 @@ pub const PREFILL_CHUNK: usize = 32;
 /// each weight is dequantised to bf16 once per chunk, which at 32 tokens costs as much as the
 /// tile products. One thread of the H200 box's Xeon (`prefill_gemm --amx hw`, 2026-12-02,
 /// GMAC/s at 32 / 128 / 512 tokens): Q4_K k 4096 76–130 / 117–122 / 199, k 14336 55–75 / 110 /
-/// 143; Q6_K k 14336 79–88 / 107–118 / 166. 128 tokens take most of it; the per-layer scratch of
-/// an 8B model is then ~24 MiB. The whole 8B prefill at 16 threads did not move with it (48.4
-/// tok/s at 32, 48.6 at 128, same box, 2026-12-02): its time was outside the GEMMs then.
-pub const PREFILL_CHUNK_AMX: usize = 128;
+/// 143; Q6_K k 14336 79–88 / 107–118 / 166. The whole 8B pp512 at 16 threads, interleaved
+/// (docs/perf-checkpoints/2026-12-02-formats-cpu-prefill-chunk-h200): 169.6 / 139.7 tok/s at
+/// 128, 166.3 / 154.8 at 256, 163.1 / 163.4 at 512 — the largest chunk the steadiest and the
+/// best mean; the per-layer scratch of an 8B model is then ~96 MiB.
+pub const PREFILL_CHUNK_AMX: usize = 512;
 
 /// Timings and counts of one [`Session::generate`] call.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -1053,6 +933,7 @@ pub fn generate<D: Decoder + ?Sized>(
 mod tests {
     use super::*;
     use crate::backend::ReferenceBackend;
+    use crate::config::Arch;
     use crate::synth::{write_synthetic, SynthSpec};
 
     fn bits(v: &[f32]) -> Vec<u32> {

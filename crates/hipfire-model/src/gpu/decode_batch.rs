@@ -346,7 +346,7 @@ impl<'m> GpuDecoder<'m> {
         for li in 0..self.layers.len() {
             self.layer(li, &r, r.x, LayerRows::Slots(feeds))?;
         }
-        self.rms_norm(r.x, &self.output_norm, r.xn, b, c.d_model)?;
+        self.rms_norm(r.x, self.output_norm.device_ptr(), r.xn, b, c.d_model)?;
         let db = self.decode_batch.as_ref().ok_or_else(no_batch)?;
         let logits = db.a.logits.device_ptr();
         self.project_cols(

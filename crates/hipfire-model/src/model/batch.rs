@@ -16,6 +16,8 @@
 //! produces exactly the logits it would produce alone.
 
 use super::{Model, Session};
+use crate::block::{self, Act, BlockOps};
+use crate::config::FfnActivation;
 use crate::{ops, ModelError};
 
 /// One session's share of a [`forward_batch`] step.
@@ -112,7 +114,7 @@ fn par_rows(
 /// [`forward_batch`] after its checks.
 fn forward_checked(m: &Model, items: &mut [BatchItem<'_, '_>]) -> Result<(), ModelError> {
     let c = &m.config;
-    let (d, qd, hd, kvd, ff) = (c.d_model, c.q_dim(), c.head_dim, c.kv_dim(), c.n_ff);
+    let (d, qd, kvd, ff) = (c.d_model, c.q_dim(), c.kv_dim(), c.n_ff);
     // Row r of the step's activations: (item, position); an item's rows are contiguous.
     let rows: Vec<(usize, usize)> = items
         .iter()
@@ -125,61 +127,28 @@ fn forward_checked(m: &Model, items: &mut [BatchItem<'_, '_>]) -> Result<(), Mod
     for (&t, xt) in tokens.zip(x.chunks_exact_mut(d)) {
         m.embed(t, xt)?;
     }
-    let mut xn = vec![0f32; n * d];
-    let mut q = vec![0f32; n * qd];
-    let mut k = vec![0f32; n * kvd];
-    let mut v = vec![0f32; n * kvd];
-    let mut att = vec![0f32; n * qd];
-    let mut gate = vec![0f32; n * ff];
-    let mut up = vec![0f32; n * ff];
-    let mut out = Vec::new();
+    let mut step = CpuStep {
+        m,
+        items,
+        rows: &rows,
+        bufs: [
+            x,
+            vec![0f32; n * d],
+            vec![0f32; n * qd],
+            vec![0f32; n * kvd],
+            vec![0f32; n * kvd],
+            vec![0f32; n * qd],
+            vec![0f32; n * ff],
+            vec![0f32; n * ff],
+        ],
+    };
     for (li, l) in m.layers.iter().enumerate() {
-        par_rows(m, &mut xn, d, &|i, xnt| {
-            ops::rms_norm(&x[i * d..(i + 1) * d], &l.attn_norm, c.rms_eps, xnt)
-        })?;
-        m.project(&[l.wq, l.wk, l.wv], &xn, &mut [&mut q, &mut k, &mut v], n)?;
-        m.qkv_extras(l, &mut q, &mut k, &mut v);
-        let rope = m.layer_rope(li);
-        for (&(_, pos), (qt, kt)) in rows
-            .iter()
-            .zip(q.chunks_exact_mut(qd).zip(k.chunks_exact_mut(kvd)))
-        {
-            rope.apply(qt, hd, pos);
-            rope.apply(kt, hd, pos);
-        }
-        // Each item's new keys/values go into its own cache before any of its tokens attend,
-        // so token j of an item sees positions 0..=pos0 + j, as a step at that position would.
-        let mut r0 = 0;
-        for it in items.iter_mut() {
-            let r1 = r0 + it.tokens.len();
-            let s = &mut *it.session;
-            let kvl = &mut s.kv[li];
-            for (kt, vt) in k[r0 * kvd..r1 * kvd]
-                .chunks_exact(kvd)
-                .zip(v[r0 * kvd..r1 * kvd].chunks_exact(kvd))
-            {
-                kvl.push(kt, vt);
-            }
-            r0 = r1;
-        }
-        // Every token's attention in one dispatch (per token, the same bits as alone).
-        let queries: Vec<(&[f32], &crate::attention::KvCache, usize)> = rows
-            .iter()
-            .zip(q.chunks_exact(qd))
-            .map(|(&(i, pos), qt)| (qt, &items[i].session.kv[li], pos + 1))
-            .collect();
-        m.attention_many(li, &queries, &mut att[..rows.len() * qd])?;
-        m.residual_add(l.wo, l.post_attn_norm.as_deref(), &att, &mut x, &mut out)?;
-
-        par_rows(m, &mut xn, d, &|i, xnt| {
-            ops::rms_norm(&x[i * d..(i + 1) * d], &l.ffn_norm, c.rms_eps, xnt)
-        })?;
-        m.project(&[l.gate, l.up], &xn, &mut [&mut gate, &mut up], n)?;
-        par_rows(m, &mut gate, ff, &|i, g| {
-            m.gated_activation(g, &up[i * ff..(i + 1) * ff])
-        })?;
-        m.residual_add(l.down, l.post_ffn_norm.as_deref(), &gate, &mut x, &mut out)?;
+        let t = l.map_vectors(|v| Ok::<_, std::convert::Infallible>(v.as_slice()));
+        let Ok(t) = t;
+        block::layer(&mut step, c, li, &t)?;
     }
+    let [x, ..] = step.bufs;
+    let items = step.items;
 
     // The head over the last row of every item that wants logits, in one multi-token GEMV.
     let mut last_rows = Vec::with_capacity(items.len());
@@ -215,6 +184,156 @@ fn forward_checked(m: &Model, items: &mut [BatchItem<'_, '_>]) -> Result<(), Mod
         s.pos += it.tokens.len();
     }
     Ok(())
+}
+
+/// The CPU's [`BlockOps`]: a step's activations in host vectors (one row per token, items'
+/// rows contiguous), projections through the model's [`crate::Backend`], element-wise work over
+/// the pool ([`par_rows`]), attention per token against its own session's cache.
+struct CpuStep<'a, 'b, 's, 'm> {
+    m: &'a Model,
+    items: &'b mut [BatchItem<'s, 'm>],
+    /// Row r of the step: (item, position).
+    rows: &'a [(usize, usize)],
+    /// The activations, indexed by [`Act`] in its declaration order.
+    bufs: [Vec<f32>; 8],
+}
+
+impl CpuStep<'_, '_, '_, '_> {
+    fn buf(&self, a: Act) -> &[f32] {
+        &self.bufs[a as usize]
+    }
+
+    /// Activation `a` taken out of the step (put back with [`CpuStep::put`]), so that an
+    /// operation can write it while it reads others.
+    fn take(&mut self, a: Act) -> Vec<f32> {
+        std::mem::take(&mut self.bufs[a as usize])
+    }
+
+    fn put(&mut self, a: Act, v: Vec<f32>) {
+        self.bufs[a as usize] = v;
+    }
+}
+
+impl<'a> BlockOps for CpuStep<'a, '_, '_, '_> {
+    type Vector = &'a [f32];
+
+    fn rms_norm(&mut self, src: Act, w: &[f32], dst: Act, width: usize) -> Result<(), ModelError> {
+        let eps = self.m.config.rms_eps;
+        if src == dst {
+            // Per-head norms (q/k): a few hundred values a row, not worth a dispatch.
+            self.bufs[dst as usize]
+                .chunks_exact_mut(width)
+                .for_each(|h| ops::rms_norm_inplace(h, w, eps));
+            return Ok(());
+        }
+        let mut out = self.take(dst);
+        let s = self.buf(src);
+        let done = par_rows(self.m, &mut out, width, &|i, r| {
+            ops::rms_norm(&s[i * width..(i + 1) * width], w, eps, r)
+        });
+        self.put(dst, out);
+        done
+    }
+
+    fn add_bias(&mut self, dst: Act, b: &[f32]) -> Result<(), ModelError> {
+        for bt in self.bufs[dst as usize].chunks_exact_mut(b.len()) {
+            bt.iter_mut().zip(b).for_each(|(y, &bb)| *y += bb);
+        }
+        Ok(())
+    }
+
+    fn project(&mut self, outs: &[(usize, Act)], input: Act) -> Result<(), ModelError> {
+        let ids: Vec<usize> = outs.iter().map(|o| o.0).collect();
+        let mut ys: Vec<Vec<f32>> = outs.iter().map(|o| self.take(o.1)).collect();
+        let done = {
+            let mut refs: Vec<&mut [f32]> = ys.iter_mut().map(|y| &mut y[..]).collect();
+            self.m
+                .project(&ids, self.buf(input), &mut refs, self.rows.len())
+        };
+        for (o, y) in outs.iter().zip(ys) {
+            self.put(o.1, y);
+        }
+        done
+    }
+
+    fn project_residual(&mut self, w: usize, input: Act) -> Result<(), ModelError> {
+        let mut x = self.take(Act::X);
+        let done = match self.rows.len() {
+            1 => self.m.gemv(w, self.buf(input), &mut x, true),
+            _ => self
+                .m
+                .gemv_tokens(&[w], self.buf(input), &mut [&mut x[..]], true),
+        };
+        self.put(Act::X, x);
+        done
+    }
+
+    fn attention(&mut self, li: usize) -> Result<(), ModelError> {
+        let c = &self.m.config;
+        let (qd, kvd, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
+        let rope = self.m.layer_rope(li);
+        let [_, _, q, k, v, att, ..] = &mut self.bufs;
+        for (&(_, pos), (qt, kt)) in self
+            .rows
+            .iter()
+            .zip(q.chunks_exact_mut(qd).zip(k.chunks_exact_mut(kvd)))
+        {
+            rope.apply(qt, hd, pos);
+            rope.apply(kt, hd, pos);
+        }
+        // Each item's new keys/values go into its own cache before any of its tokens attend,
+        // so token j of an item sees positions 0..=pos0 + j, as a step at that position would.
+        let mut r0 = 0;
+        for it in self.items.iter_mut() {
+            let r1 = r0 + it.tokens.len();
+            let kvl = &mut it.session.kv[li];
+            for (kt, vt) in k[r0 * kvd..r1 * kvd]
+                .chunks_exact(kvd)
+                .zip(v[r0 * kvd..r1 * kvd].chunks_exact(kvd))
+            {
+                kvl.push(kt, vt);
+            }
+            r0 = r1;
+        }
+        // Every token's attention in one dispatch (per token, the same bits as alone).
+        let queries: Vec<(&[f32], &crate::attention::KvCache, usize)> = self
+            .rows
+            .iter()
+            .zip(q.chunks_exact(qd))
+            .map(|(&(i, pos), qt)| (qt, &self.items[i].session.kv[li], pos + 1))
+            .collect();
+        self.m
+            .attention_many(li, &queries, &mut att[..self.rows.len() * qd])
+    }
+
+    fn rms_norm_add(&mut self, src: Act, w: &[f32]) -> Result<(), ModelError> {
+        let (d, eps) = (self.m.config.d_model, self.m.config.rms_eps);
+        let mut o = self.take(src);
+        for (xt, ot) in self.bufs[Act::X as usize]
+            .chunks_exact_mut(d)
+            .zip(o.chunks_exact_mut(d))
+        {
+            ops::rms_norm_inplace(ot, w, eps);
+            xt.iter_mut().zip(ot.iter()).for_each(|(a, &b)| *a += b);
+        }
+        self.put(src, o);
+        Ok(())
+    }
+
+    fn gated_activation(&mut self, f: FfnActivation) -> Result<(), ModelError> {
+        let ff = self.m.config.n_ff;
+        let mut gate = self.take(Act::Gate);
+        let up = self.buf(Act::Up);
+        let done = par_rows(self.m, &mut gate, ff, &|i, g| {
+            let u = &up[i * ff..(i + 1) * ff];
+            match f {
+                FfnActivation::Silu => ops::swiglu(g, u),
+                FfnActivation::GeluTanh => ops::geglu_tanh(g, u),
+            }
+        });
+        self.put(Act::Gate, gate);
+        done
+    }
 }
 
 /// Bytes of K/V cache one position of a session holds (keys and values in the model's

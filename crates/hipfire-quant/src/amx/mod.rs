@@ -186,7 +186,7 @@ impl Bf16Tokens {
         // A buffer of an earlier call: every token's column is rewritten whole by
         // `pack_token` (elements past k as zeros), and the padding tokens' columns are zeroed
         // here, so stale contents are never read; a fresh zeroed one cost the caller a memset
-        // of up to 3.5 MiB per call (128 tokens at k = 14336).
+        // of up to 14 MiB per call (512 tokens at k = 14336).
         let mut lines = SPARE
             .lock()
             .ok()

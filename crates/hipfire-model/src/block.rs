@@ -1,0 +1,283 @@
+//! The transformer block, defined once for every engine.
+//!
+//! [`LayerTensors`] is the block's tensor table: every GGUF name a layer reads is written here
+//! and nowhere else ([`LayerTensors::load`]). [`layer`] is the block's forward pass over the
+//! rows of one step, written against [`BlockOps`]: the CPU path (`model/batch.rs`, its
+//! activations in host vectors, its projections on the pinned pool) and the GPU decoder
+//! (`gpu.rs`, device activations, GEMV / GEMM / row splits) each implement the operations, and
+//! neither says in which order they run or which an architecture needs. So an architecture's hook
+//! (Qwen2's biases, Qwen3's q/k norms, Gemma's post-norms and GeGLU), a new operation or a new
+//! order is written here once and both engines follow.
+//!
+//! An operation works on every row of the step at once — one token of a decode step, a prompt
+//! chunk, or one token of each sequence of a batched decode step — so the engines choose the
+//! form (GEMV or GEMM, split-KV or chunk attention, one slot or several) from their rows, not
+//! from the block.
+
+use crate::config::{Arch, FfnActivation, ModelConfig};
+use crate::ModelError;
+
+/// One layer's tensors: `W` is how an engine refers to a projection (a [`crate::Weight`] id),
+/// `V` how it holds a norm or bias vector (host `Vec<f32>`, a device buffer, an address).
+#[derive(Debug, Clone)]
+pub struct LayerTensors<W, V> {
+    /// RMSNorm before attention.
+    pub attn_norm: V,
+    /// Query, key, value and output projections.
+    pub wq: W,
+    /// See [`LayerTensors::wq`].
+    pub wk: W,
+    /// See [`LayerTensors::wq`].
+    pub wv: W,
+    /// See [`LayerTensors::wq`].
+    pub wo: W,
+    /// q/k/v biases (Qwen2 requires them; optional elsewhere, some llama fine-tunes carry them).
+    pub bq: Option<V>,
+    /// See [`LayerTensors::bq`].
+    pub bk: Option<V>,
+    /// See [`LayerTensors::bq`].
+    pub bv: Option<V>,
+    /// Per-head RMSNorms of q and k (Qwen3, Gemma 3).
+    pub q_norm: Option<V>,
+    /// See [`LayerTensors::q_norm`].
+    pub k_norm: Option<V>,
+    /// RMSNorm before the FFN.
+    pub ffn_norm: V,
+    /// Gated FFN projections.
+    pub gate: W,
+    /// See [`LayerTensors::gate`].
+    pub up: W,
+    /// See [`LayerTensors::gate`].
+    pub down: W,
+    /// RMSNorm of the attention output before its residual add (Gemma's `post_attention_norm`).
+    pub post_attn_norm: Option<V>,
+    /// RMSNorm of the FFN output before its residual add (Gemma's `post_ffw_norm`).
+    pub post_ffn_norm: Option<V>,
+}
+
+/// How [`LayerTensors::load`] reads the file: a matrix's id by name and shape (`k` elements a
+/// row, `m` rows), a vector by name and length.
+pub(crate) trait TensorSource<W> {
+    /// The matrix `name` of `m` rows of `k`, or an error naming it.
+    fn matrix(&mut self, name: &str, k: usize, m: usize) -> Result<W, ModelError>;
+    /// The vector `name` of `n` values, or an error naming it.
+    fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>, ModelError>;
+    /// The vector `name` of `n` values, `None` when the file lacks it.
+    fn opt_vector(&self, name: &str, n: usize) -> Result<Option<Vec<f32>>, ModelError>;
+}
+
+impl<W: Copy> LayerTensors<W, Vec<f32>> {
+    /// Layer `i`'s tensors for `c`'s architecture, by their GGUF names (`blk.{i}.…`): what is
+    /// required is refused by name when absent, what an architecture lacks stays `None`. The
+    /// matrices are read in the block's order, so their ids are too.
+    pub(crate) fn load(
+        src: &mut impl TensorSource<W>,
+        c: &ModelConfig,
+        i: usize,
+    ) -> Result<Self, ModelError> {
+        let n = |s: &str| format!("blk.{i}.{s}");
+        let (d, qd, kvd) = (c.d_model, c.q_dim(), c.kv_dim());
+        // Optional everywhere (some llama fine-tunes carry biases too); Qwen2 requires them.
+        let biases = c.arch == Arch::Qwen2;
+        let read_bias = |s: &str, len: usize| match biases {
+            true => src.vector(&n(s), len).map(Some),
+            false => src.opt_vector(&n(s), len),
+        };
+        let (bq, bk, bv) = (
+            read_bias("attn_q.bias", qd)?,
+            read_bias("attn_k.bias", kvd)?,
+            read_bias("attn_v.bias", kvd)?,
+        );
+        let q_norm = src.opt_vector(&n("attn_q_norm.weight"), c.head_dim)?;
+        let k_norm = src.opt_vector(&n("attn_k_norm.weight"), c.head_dim)?;
+        if c.arch.qk_norms() && (q_norm.is_none() || k_norm.is_none()) {
+            return Err(ModelError::Unsupported(format!(
+                "{} layer {i} lacks q/k norms",
+                c.arch.name()
+            )));
+        }
+        let (post_attn_norm, post_ffn_norm) = match c.arch.post_norms() {
+            true => (
+                Some(src.vector(&n("post_attention_norm.weight"), d)?),
+                Some(src.vector(&n("post_ffw_norm.weight"), d)?),
+            ),
+            false => (None, None),
+        };
+        Ok(LayerTensors {
+            attn_norm: src.vector(&n("attn_norm.weight"), d)?,
+            wq: src.matrix(&n("attn_q.weight"), d, qd)?,
+            wk: src.matrix(&n("attn_k.weight"), d, kvd)?,
+            wv: src.matrix(&n("attn_v.weight"), d, kvd)?,
+            wo: src.matrix(&n("attn_output.weight"), qd, d)?,
+            bq,
+            bk,
+            bv,
+            q_norm,
+            k_norm,
+            ffn_norm: src.vector(&n("ffn_norm.weight"), d)?,
+            gate: src.matrix(&n("ffn_gate.weight"), d, c.n_ff)?,
+            up: src.matrix(&n("ffn_up.weight"), d, c.n_ff)?,
+            down: src.matrix(&n("ffn_down.weight"), c.n_ff, d)?,
+            post_attn_norm,
+            post_ffn_norm,
+        })
+    }
+}
+
+impl<W: Copy, V> LayerTensors<W, V> {
+    /// The seven projections, in the order the block multiplies them.
+    pub fn projections(&self) -> [W; 7] {
+        [
+            self.wq, self.wk, self.wv, self.wo, self.gate, self.up, self.down,
+        ]
+    }
+
+    /// The same table with every vector mapped by `f` (uploaded to a device, borrowed, …).
+    pub fn map_vectors<'s, V2, E>(
+        &'s self,
+        mut f: impl FnMut(&'s V) -> Result<V2, E>,
+    ) -> Result<LayerTensors<W, V2>, E> {
+        let mut opt = |v: &'s Option<V>| v.as_ref().map(&mut f).transpose();
+        Ok(LayerTensors {
+            bq: opt(&self.bq)?,
+            bk: opt(&self.bk)?,
+            bv: opt(&self.bv)?,
+            q_norm: opt(&self.q_norm)?,
+            k_norm: opt(&self.k_norm)?,
+            post_attn_norm: opt(&self.post_attn_norm)?,
+            post_ffn_norm: opt(&self.post_ffn_norm)?,
+            attn_norm: f(&self.attn_norm)?,
+            ffn_norm: f(&self.ffn_norm)?,
+            wq: self.wq,
+            wk: self.wk,
+            wv: self.wv,
+            wo: self.wo,
+            gate: self.gate,
+            up: self.up,
+            down: self.down,
+        })
+    }
+}
+
+/// The activations of a step that the block's operations name. Each holds one row per row of
+/// the step: `X` (the residual stream) and `Xn` `d_model` values a row, `Q` and `Att`
+/// `n_head × head_dim`, `K` and `V` `n_head_kv × head_dim`, `Gate` and `Up` `n_ff`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Act {
+    /// The residual stream.
+    X,
+    /// A normalised copy of `X` (and the scratch of a post-normed projection).
+    Xn,
+    /// Queries.
+    Q,
+    /// Keys.
+    K,
+    /// Values.
+    V,
+    /// Attention output.
+    Att,
+    /// FFN gate (then the gated activation).
+    Gate,
+    /// FFN up.
+    Up,
+}
+
+impl Act {
+    /// Values a row of this activation holds under `c`.
+    pub fn width(self, c: &ModelConfig) -> usize {
+        match self {
+            Act::X | Act::Xn => c.d_model,
+            Act::Q | Act::Att => c.q_dim(),
+            Act::K | Act::V => c.kv_dim(),
+            Act::Gate | Act::Up => c.n_ff,
+        }
+    }
+}
+
+/// The operations of the block, over every row of one step. An engine implements them on its
+/// own activations; [`layer`] calls them in the block's order. Each must compute the same
+/// arithmetic for a row whatever the other rows are (the tests compare a batch against its
+/// sequences alone).
+pub(crate) trait BlockOps {
+    /// How the engine passes a norm or bias vector (`&[f32]`, a device address).
+    type Vector: Copy;
+
+    /// `dst[r] = rms_norm(src[r]) · w` for every row of `width` values (`width` divides the
+    /// activation's row: `head_dim` normalises each head); `src == dst` works in place.
+    fn rms_norm(
+        &mut self,
+        src: Act,
+        w: Self::Vector,
+        dst: Act,
+        width: usize,
+    ) -> Result<(), ModelError>;
+
+    /// `dst[r] += b` for every row.
+    fn add_bias(&mut self, dst: Act, b: Self::Vector) -> Result<(), ModelError>;
+
+    /// `out = W · input` for each `(W, out)`, all over the same activation (q/k/v, gate/up: an
+    /// engine may run them as one step).
+    fn project(&mut self, outs: &[(usize, Act)], input: Act) -> Result<(), ModelError>;
+
+    /// `X += W · input`: the residual add folded into the projection.
+    fn project_residual(&mut self, w: usize, input: Act) -> Result<(), ModelError>;
+
+    /// Layer `li`'s attention: RoPE on `Q` and `K` at each row's position (the layer's own
+    /// table on a sliding-window layer), `K` and `V` into the layer's cache of the row's
+    /// sequence, then each row's query over its sequence's cached positions (its window on a
+    /// sliding-window layer) into `Att`.
+    fn attention(&mut self, li: usize) -> Result<(), ModelError>;
+
+    /// `X[r] += rms_norm(src[r]) · w` for every row (`d_model` values).
+    fn rms_norm_add(&mut self, src: Act, w: Self::Vector) -> Result<(), ModelError>;
+
+    /// `Gate = f(Gate) · Up`, element-wise.
+    fn gated_activation(&mut self, f: FfnActivation) -> Result<(), ModelError>;
+}
+
+/// Layer `li` over the rows `ops` holds: the pre-norm block with the architecture's hooks.
+pub(crate) fn layer<O: BlockOps>(
+    ops: &mut O,
+    c: &ModelConfig,
+    li: usize,
+    t: &LayerTensors<usize, O::Vector>,
+) -> Result<(), ModelError> {
+    ops.rms_norm(Act::X, t.attn_norm, Act::Xn, c.d_model)?;
+    ops.project(&[(t.wq, Act::Q), (t.wk, Act::K), (t.wv, Act::V)], Act::Xn)?;
+    for (b, a) in [(t.bq, Act::Q), (t.bk, Act::K), (t.bv, Act::V)] {
+        if let Some(b) = b {
+            ops.add_bias(a, b)?;
+        }
+    }
+    if let Some(w) = t.q_norm {
+        ops.rms_norm(Act::Q, w, Act::Q, c.head_dim)?;
+    }
+    if let Some(w) = t.k_norm {
+        ops.rms_norm(Act::K, w, Act::K, c.head_dim)?;
+    }
+    ops.attention(li)?;
+    residual(ops, t.wo, Act::Att, t.post_attn_norm)?;
+
+    ops.rms_norm(Act::X, t.ffn_norm, Act::Xn, c.d_model)?;
+    ops.project(&[(t.gate, Act::Gate), (t.up, Act::Up)], Act::Xn)?;
+    ops.gated_activation(c.arch.ffn_activation())?;
+    residual(ops, t.down, Act::Gate, t.post_ffn_norm)
+}
+
+/// `X += post(W · input)`: folded into the projection, or — where the architecture normalises
+/// the output first (Gemma) — projected into `Xn` (free once the block's projections of it are
+/// done), then normalised and added.
+fn residual<O: BlockOps>(
+    ops: &mut O,
+    w: usize,
+    input: Act,
+    post: Option<O::Vector>,
+) -> Result<(), ModelError> {
+    match post {
+        None => ops.project_residual(w, input),
+        Some(n) => {
+            ops.project(&[(w, Act::Xn)], input)?;
+            ops.rms_norm_add(Act::Xn, n)
+        }
+    }
+}
