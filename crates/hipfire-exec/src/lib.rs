@@ -16,6 +16,9 @@
 //! - [`flags`] — the host half of the `flags` join: the mailbox layout and memory, the pool job
 //!   whose workers wait on the device's words, prepare x (alone or together), multiply their
 //!   chunks and publish per-chunk done words, and the join's knobs ([`flags::FlagsTuning`]).
+//! - [`engine`] — the GPU engine, [`GpuEngine`]: queue one projection's row range (one or
+//!   several activation columns) on a stream; hipfire-gpu's `GemvKernels` implements it on CUDA
+//!   and HIP alike.
 //! - [`pool`] — the CPU engine: pinned worker actors ([`CpuPool`] handle, `CpuWorker` task) that
 //!   multiply row ranges of any format through hipfire-quant's row dot; also the CPU decode's
 //!   batched (`gemv_batch`) and multi-token (`gemv_tokens`) calls.
@@ -44,6 +47,7 @@
 #![deny(missing_docs)]
 
 pub mod bench;
+pub mod engine;
 pub mod error;
 pub mod flags;
 pub mod join;
@@ -54,6 +58,7 @@ pub mod refusal;
 pub mod share;
 pub mod topology;
 
+pub use engine::GpuEngine;
 pub use error::ExecError;
 pub use join::JoinStrategy;
 pub use kernel::ActivationBuf;

@@ -165,7 +165,7 @@ impl Join for FlagsJoin {
             }
             for (st, &(g, _)) in steps.iter_mut().zip(&split.cuts) {
                 let w = st.weight;
-                kernels.gemv(stream, w, act, &mut *st.y, RowRange::new(0, g), st.form)?;
+                kernels.enqueue_rows(stream, w, act, &mut *st.y, RowRange::new(0, g), st.form)?;
             }
             gpu_end.record(stream)?;
             let targets = steps

@@ -22,7 +22,8 @@ pub mod two_stream;
 use std::sync::Arc;
 use std::time::Instant;
 
-use hipfire_gpu::{Activation, Context, GemvKernels, RowRange, Stream};
+use crate::engine::GpuEngine;
+use hipfire_gpu::{Activation, Context, RowRange, Stream};
 use hipfire_quant::{ActivationBuf, Format};
 
 use crate::flags::FlagsTuning;
@@ -106,7 +107,7 @@ pub(crate) struct SplitPlan {
 #[derive(Clone, Copy)]
 pub(crate) struct DeviceArgs<'a> {
     pub(crate) stream: &'a Stream,
-    pub(crate) kernels: &'a GemvKernels,
+    pub(crate) kernels: &'a dyn GpuEngine,
     pub(crate) act: &'a Activation,
 }
 
@@ -196,7 +197,7 @@ pub(crate) fn staged_split(
     let (gpu_start, gpu_end) = &core.timer.arm_events[slot];
     gpu_start.record(stream).map_err(gpu_err)?;
     kernels
-        .gemv(stream, w, act, step.y, RowRange::new(0, g), step.form)
+        .enqueue_rows(stream, w, act, step.y, RowRange::new(0, g), step.form)
         .map_err(gpu_err)?;
     gpu_end.record(stream).map_err(gpu_err)?;
 

@@ -26,7 +26,8 @@
 
 use std::time::Instant;
 
-use hipfire_gpu::{Activation, DeviceMemory, GemvForm, GemvKernels, RowRange, Stream, WeightRef};
+use crate::engine::GpuEngine;
+use hipfire_gpu::{Activation, DeviceMemory, GemvForm, RowRange, Stream, WeightRef};
 
 use crate::offload::{
     f32s, f32s_mut, gpu_err, share_form, OffloadExecutor, PendingSplit, PlannerCore, SpilledStep,
@@ -84,7 +85,7 @@ impl OffloadExecutor {
     pub fn run_cols(
         &mut self,
         stream: &Stream,
-        kernels: &GemvKernels,
+        kernels: &dyn GpuEngine,
         act: &Activation,
         mut step: SpilledBatch<'_>,
     ) -> Result<(), ExecError> {
@@ -99,7 +100,7 @@ impl OffloadExecutor {
     pub fn run_cols_shared(
         &mut self,
         stream: &Stream,
-        kernels: &GemvKernels,
+        kernels: &dyn GpuEngine,
         act: &Activation,
         steps: &mut [SpilledBatch<'_>],
     ) -> Result<(), ExecError> {
@@ -145,7 +146,7 @@ impl OffloadExecutor {
     fn run_cols_group(
         &mut self,
         stream: &Stream,
-        kernels: &GemvKernels,
+        kernels: &dyn GpuEngine,
         act: &Activation,
         steps: &mut [SpilledBatch<'_>],
     ) -> Result<(), ExecError> {
@@ -163,7 +164,7 @@ impl OffloadExecutor {
                 for st in steps.iter_mut() {
                     let m = st.weight.m();
                     kernels
-                        .gemv_cols(
+                        .enqueue_rows_cols(
                             stream,
                             st.weight,
                             act,
@@ -440,7 +441,7 @@ impl PlannerCore {
     fn split_cols(
         &mut self,
         stream: &Stream,
-        kernels: &GemvKernels,
+        kernels: &dyn GpuEngine,
         act: &Activation,
         steps: &mut [SpilledBatch<'_>],
         gs: &[usize],
@@ -457,7 +458,7 @@ impl PlannerCore {
         for (st, &g) in steps.iter_mut().zip(gs) {
             let (m, rb) = (st.weight.m(), st.weight.row_bytes());
             kernels
-                .gemv_cols(
+                .enqueue_rows_cols(
                     stream,
                     st.weight,
                     act,
@@ -497,7 +498,7 @@ impl PlannerCore {
     fn probe_cols(
         &mut self,
         stream: &Stream,
-        kernels: &GemvKernels,
+        kernels: &dyn GpuEngine,
         act: &Activation,
         step: &SpilledBatch<'_>,
     ) -> Result<Vec<ArmSample>, ExecError> {
@@ -511,7 +512,7 @@ impl PlannerCore {
                 &self.probe_start,
                 &self.probe_end,
                 || {
-                    kernels.gemv_cols(
+                    kernels.enqueue_rows_cols(
                         stream,
                         w,
                         act,

@@ -4,7 +4,8 @@
 
 use std::time::Instant;
 
-use hipfire_gpu::{Activation, GemvForm, GemvKernels, Stream, FOLD_MAX_TARGETS};
+use crate::engine::GpuEngine;
+use hipfire_gpu::{Activation, GemvForm, Stream, FOLD_MAX_TARGETS};
 
 use crate::join::{DeviceArgs, SplitPlan};
 use crate::offload::{share_form, OffloadExecutor, SpilledStep};
@@ -22,7 +23,7 @@ impl OffloadExecutor {
     pub fn run_shared(
         &mut self,
         stream: &Stream,
-        kernels: &GemvKernels,
+        kernels: &dyn GpuEngine,
         act: &Activation,
         steps: &mut [SpilledStep<'_>],
     ) -> Result<(), ExecError> {

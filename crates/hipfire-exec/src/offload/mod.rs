@@ -26,9 +26,10 @@ mod trace;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::engine::GpuEngine;
 use hipfire_gpu::{
-    Activation, Context, DeviceMemory, Event, GemvForm, GemvKernels, GpuError, HostMappedBuffer,
-    RowRange, Stream, WeightRef,
+    Activation, Context, DeviceMemory, Event, GemvForm, GpuError, HostMappedBuffer, RowRange,
+    Stream, WeightRef,
 };
 use hipfire_quant::Format;
 
@@ -337,7 +338,7 @@ impl OffloadExecutor {
     pub fn run(
         &mut self,
         stream: &Stream,
-        kernels: &GemvKernels,
+        kernels: &dyn GpuEngine,
         act: &Activation,
         step: SpilledStep<'_>,
     ) -> Result<(), ExecError> {
@@ -354,7 +355,7 @@ impl OffloadExecutor {
         match self.core.mode.clone() {
             OffloadMode::Pcie => {
                 kernels
-                    .gemv(stream, w, act, step.y, RowRange::all(w.m()), step.form)
+                    .enqueue_rows(stream, w, act, step.y, RowRange::all(w.m()), step.form)
                     .map_err(gpu_err)?;
                 self.core.trace.stats.entry(key).or_default().calls += 1;
                 return Ok(());
@@ -374,7 +375,7 @@ impl OffloadExecutor {
     fn run_passback(
         &mut self,
         stream: &Stream,
-        kernels: &GemvKernels,
+        kernels: &dyn GpuEngine,
         act: &Activation,
         step: SpilledStep<'_>,
         t0: Instant,
@@ -566,7 +567,7 @@ impl PlannerCore {
     fn probe(
         &mut self,
         stream: &Stream,
-        kernels: &GemvKernels,
+        kernels: &dyn GpuEngine,
         act: &Activation,
         step: &SpilledStep<'_>,
     ) -> Result<Vec<ArmSample>, ExecError> {
@@ -577,7 +578,7 @@ impl PlannerCore {
         let mut gpu = Vec::with_capacity(PROBE_REPS);
         for _ in 0..PROBE_REPS {
             gpu.push(event_timed_ns(stream, start, end, || {
-                kernels.gemv(
+                kernels.enqueue_rows(
                     stream,
                     w,
                     act,
