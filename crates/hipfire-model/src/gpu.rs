@@ -39,6 +39,7 @@ use crate::{Model, ModelError, Weight};
 mod block_ops;
 mod decode_batch;
 mod decode_graph;
+mod placement;
 use block_ops::GpuStep;
 pub use decode_batch::MAX_SLOTS;
 use decode_batch::{DecodeBatch, StepActs};
@@ -46,6 +47,7 @@ use decode_graph::DecodeGraphs;
 pub use decode_graph::DISABLE_GRAPHS_ENV;
 use hipfire_gpu::dequant::DequantKernels;
 use hipfire_gpu::{gemm_available, gemm_f16, GemmShape};
+use placement::{LayerPlacement, VramBudget};
 
 /// `kernels/decode.cu`: RMSNorm, RoPE, the f16 and q8_0 KV stores, attention, SwiGLU, add.
 pub const DECODE_SOURCE: KernelSource = KernelSource {
@@ -467,77 +469,19 @@ impl<'m> GpuDecoder<'m> {
         // Free memory now, not the card's total: another process may hold some of it.
         let (free_now, _) = ctx.mem_info()?;
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-        let budget = match opts.gpu_layer_budget {
-            Some(b) => {
-                let b = b.min(c.n_layer);
-                let resident: u64 = layer_bytes[c.n_layer - b..].iter().sum();
-                let scratch = batch_bytes(b < c.n_layer);
-                let need = resident + kv + fixed + scratch;
-                if need > free_now {
-                    return Err(ModelError::OutOfMemory {
-                        memory: "VRAM",
-                        what: format!(
-                            "{b} resident layers ({:.2} GiB), the KV cache for {ctx_len} positions ({:.2} GiB), the embeddings and head ({:.2} GiB) and the prefill scratch for {ubatch} tokens ({:.2} GiB)",
-                            gib(resident),
-                            gib(kv),
-                            gib(fixed),
-                            gib(scratch)
-                        ),
-                        need,
-                        free: free_now,
-                        hint: "lower memory.gpu_layer_budget, --ctx-size (model.ctx_size) or --ubatch-size (model.ubatch)",
-                    });
-                }
-                b
-            }
-            None => {
-                let base = VRAM_MARGIN_BYTES + fixed + kv + batch_bytes(true);
-                if base > free_now {
-                    return Err(ModelError::OutOfMemory {
-                        memory: "VRAM",
-                        what: format!(
-                            "with every layer spilled, the KV cache for {ctx_len} positions ({:.2} GiB), the embeddings and head ({:.2} GiB), the prefill scratch for {ubatch} tokens ({:.2} GiB) and the {:.0} GiB margin `auto` keeps",
-                            gib(kv),
-                            gib(fixed),
-                            gib(batch_bytes(true)),
-                            gib(VRAM_MARGIN_BYTES)
-                        ),
-                        need: base,
-                        free: free_now,
-                        hint: "lower --ctx-size (model.ctx_size) or --ubatch-size (model.ubatch)",
-                    });
-                }
-                let free = free_now - base;
-                let mut n = 0;
-                let mut used = 0u64;
-                for lb in layer_bytes.iter().rev() {
-                    if used + lb > free {
-                        break;
-                    }
-                    used += lb;
-                    n += 1;
-                }
-                n
-            }
+        let vram = VramBudget {
+            free: free_now,
+            kv,
+            fixed,
+            scratch_spilled: batch_bytes(true),
+            scratch_resident: batch_bytes(false),
+            auto_margin: VRAM_MARGIN_BYTES,
+            ctx_len,
+            ubatch,
         };
-        let n_spilled = c.n_layer - budget;
-        let spilled_bytes: u64 = layer_bytes[..n_spilled].iter().sum();
-        if let Some(avail) = hipfire_gpu::mem_available_bytes() {
-            let margin = opts.ram_margin_bytes;
-            if spilled_bytes + margin > avail {
-                return Err(ModelError::OutOfMemory {
-                    memory: "RAM",
-                    what: format!(
-                        "pinning {n_spilled} spilled layers ({:.2} GiB) plus the {:.1} GiB margin (memory.ram_margin_mib)",
-                        gib(spilled_bytes),
-                        gib(margin)
-                    ),
-                    need: spilled_bytes + margin,
-                    free: avail,
-                    hint: "raise memory.gpu_layer_budget or lower the margin",
-                });
-            }
-        }
+        let placement = LayerPlacement::new(layer_bytes, opts.gpu_layer_budget, &vram)?;
+        placement.check_pinned_ram(hipfire_gpu::mem_available_bytes(), opts.ram_margin_bytes)?;
+        let n_spilled = placement.spilled();
 
         let mut weights: Vec<Option<GpuWeight>> =
             (0..model.weights().len()).map(|_| None).collect();
@@ -575,7 +519,7 @@ impl<'m> GpuDecoder<'m> {
         let (qd, kvd) = (c.q_dim(), c.kv_dim());
         let kv_layout = attention.layout();
         for i in 0..c.n_layer {
-            let spilled = i < n_spilled;
+            let spilled = placement.is_spilled(i);
             let host = model.layer_tensors(i);
             for id in host.projections() {
                 place(id, spilled)?;
@@ -716,8 +660,7 @@ impl<'m> GpuDecoder<'m> {
             ),
             Some(why) => format!("prefill token by token ({why})"),
         };
-        let resident_gib =
-            layer_bytes[n_spilled..].iter().sum::<u64>() as f64 / (1u64 << 30) as f64;
+        let resident_gib = gib(placement.resident_bytes());
         let graph_text = if graphs.is_some() {
             "; decode steps replayed from CUDA graphs"
         } else {
@@ -736,11 +679,11 @@ impl<'m> GpuDecoder<'m> {
             c.arch.name(),
             ctx.info().name,
             ctx.info().arch,
-            budget,
+            placement.resident(),
             c.n_layer,
             resident_gib,
             n_spilled,
-            gib(spilled_bytes),
+            gib(placement.spilled_bytes()),
             offload.describe(),
             gib(kv),
         );
