@@ -47,7 +47,7 @@ use decode_graph::DecodeGraphs;
 pub use decode_graph::DISABLE_GRAPHS_ENV;
 use hipfire_gpu::dequant::DequantKernels;
 use hipfire_gpu::{gemm_available, gemm_f16, GemmShape};
-use placement::{LayerPlacement, VramBudget};
+use placement::{gib, LayerPlacement, VramBudget};
 
 /// `kernels/decode.cu`: RMSNorm, RoPE, the f16 and q8_0 KV stores, attention, SwiGLU, add.
 pub const DECODE_SOURCE: KernelSource = KernelSource {
@@ -311,11 +311,6 @@ fn read_vector(model: &Model, name: &str, n: usize) -> Result<Option<Vec<f32>>, 
     Ok(Some(v))
 }
 
-fn need_vector(model: &Model, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {
-    read_vector(model, name, n)?
-        .ok_or_else(|| ModelError::Unsupported(format!("missing tensor {name}")))
-}
-
 fn weight_id(model: &Model, name: &str) -> Result<usize, ModelError> {
     model
         .weights()
@@ -468,7 +463,6 @@ impl<'m> GpuDecoder<'m> {
             .sum();
         // Free memory now, not the card's total: another process may hold some of it.
         let (free_now, _) = ctx.mem_info()?;
-        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         let vram = VramBudget {
             free: free_now,
             kv,
@@ -557,11 +551,7 @@ impl<'m> GpuDecoder<'m> {
         };
         place(head, false)?;
         let token_embd = weight_id(model, "token_embd.weight")?;
-        let output_norm = upload_f32(
-            &ctx,
-            &stream,
-            &need_vector(model, "output_norm.weight", c.d_model)?,
-        )?;
+        let output_norm = upload_f32(&ctx, &stream, model.output_norm())?;
 
         let factors = read_vector(model, "rope_freqs.weight", c.rope_dim / 2)?;
         // The frequencies and magnitude come from the CPU engine's own table (one place for

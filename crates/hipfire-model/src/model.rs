@@ -378,6 +378,11 @@ impl Model {
         &self.layers[i]
     }
 
+    /// The final RMSNorm's weights (`output_norm.weight`), as the GPU decoder uploads them.
+    pub(crate) fn output_norm(&self) -> &[f32] {
+        &self.output_norm
+    }
+
     /// Every weight matrix, indexed by [`Weight::id`].
     pub fn weights(&self) -> &[Weight] {
         &self.weights

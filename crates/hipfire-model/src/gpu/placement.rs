@@ -7,8 +7,8 @@
 
 use crate::ModelError;
 
-/// Bytes as GiB, for the refusals' text.
-fn gib(b: u64) -> f64 {
+/// Bytes as GiB, for the refusals' and the placement line's text.
+pub(super) fn gib(b: u64) -> f64 {
     b as f64 / (1u64 << 30) as f64
 }
 
