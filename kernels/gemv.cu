@@ -1331,6 +1331,163 @@ HF_GEMV_DEV_ENTRY(q4_k, TQ4K, direct, residual, true)
 HF_GEMV_DEV_ENTRY(q6_k, TQ6K, tiled, plain, false)
 HF_GEMV_DEV_ENTRY(q6_k, TQ6K, tiled, residual, true)
 
+// ---------------------------------------------------------------------------------------------
+// Multi-column Q4_K GEMV on the tensor cores (CUDA sm_80 and later, device-resident weights):
+// gemv_q4_k_<plain|residual>_mma<8|16>, for 2 to 8 (resp. 16) activation columns.
+//
+// Why: the multi-column kernels above redo each column's dot on the CUDA cores (dp4a), so 8
+// resident columns cost ~3 × one column (748.6 against 283.4 tok/s over the 32 layers of the
+// synthetic Llama-3-8B Q4_K, docs/perf-checkpoints/2026-12-01-multi-column-kernels-h200) where a
+// weight read once should make them nearly free. Here the integer sums of a 32-element sub-block
+// are one `mma.m16n8k32` (int8 × int8 → int32) for 16 rows × 8 columns, as ggml-cuda's MMQ does:
+// the nibbles are the A operand as they are (0..15), the columns' int8 activations (the q8 form
+// quantize_x_q8 writes) the B operand, and each int32 sum is scaled per (row, sub-block, column)
+// exactly as dot_d scales it: d·sc·d_x·Σ(q·q_x) − dmin·m·(d_x·Σq_x).
+//
+// Shape: a block of HF_MMA_WARPS warps owns 16 rows; its warps split the row's 256-element blocks
+// (warp w takes blocks w, w + HF_MMA_WARPS, ...) and are summed through shared memory at the end.
+// Lane (g = lane / 4, t = lane % 4) holds the A fragment of rows g and g + 8 and the B fragment of
+// column g of each n-tile. The mma's k order is a free choice as long as A and B agree: its k slots
+// 4t..4t+3 carry the sub-block's elements 8t..8t+3 and slots 16+4t..16+4t+3 elements 8t+4..8t+7,
+// so each lane reads 8 contiguous bytes of the weights (a row's 32-byte group is one sector across
+// the lane's quad) and 8 of each activation column.
+//
+// Not bit-identical to the dp4a kernels (the per-sub-block int32 sums are the same, the float
+// scaling and sums are ordered differently): tests/gpu_gemv.rs bounds it against them and against
+// the f64 reference.
+// ---------------------------------------------------------------------------------------------
+#if defined(HF_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#ifndef HF_MMA_WARPS
+#define HF_MMA_WARPS 8
+#endif
+#define HF_MMA_ROWS 16
+
+// c = A · B over one k32 step (A 16 × 32 rows × k, B 32 × 8 k × columns, int8; c int32).
+__device__ __forceinline__ void hf_mma_s8(int (&c)[4], const int (&a)[4], int b0, int b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%10, %11, %12, %13};\n"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0), "r"(0), "r"(0), "r"(0));
+}
+
+// Sub-block j's 6-bit scale and min of a Q4_K block from its head's scale words (y: bytes 0..3,
+// z: 4..7, w: 8..11): ggml's get_scale_min_k4 on registers.
+__device__ __forceinline__ void hf_q4k_scale_min(const int4& h, int j, float& sc, float& m) {
+    const int i = j & 3, sh = 8 * i;
+    const int y = (int)(((hf_u32)h.y >> sh) & 0xFFu);
+    const int z = (int)(((hf_u32)h.z >> sh) & 0xFFu);
+    if (j < 4) {
+        sc = (float)(y & 63);
+        m = (float)(z & 63);
+    } else {
+        const int w = (int)(((hf_u32)h.w >> sh) & 0xFFu);
+        sc = (float)((w & 0xF) | ((y >> 6) << 4));
+        m = (float)((w >> 4) | ((z >> 6) << 4));
+    }
+}
+
+// NT n-tiles of 8 columns (ncols <= 8 * NT).
+template <int NT, bool RESIDUAL>
+__device__ __forceinline__ void hf_gemv_q4k_mma(const hf_u8* __restrict__ W, hf_u64 row_bytes,
+                                                const signed char* __restrict__ qs, const float2* __restrict__ ds,
+                                                hf_u64 xstride, float* __restrict__ y, hf_u64 ldy, int nrows,
+                                                int nblocks, int ncols) {
+    __shared__ float part[HF_MMA_WARPS][NT * 4][HF_WARP];
+    const int warp = threadIdx.x / HF_WARP, lane = threadIdx.x % HF_WARP;
+    const int g = lane >> 2, t = lane & 3;
+    const int row0 = blockIdx.x * HF_MMA_ROWS;
+    // Rows past the end read the last row (their sums are never stored).
+    const hf_u8* wa = W + (hf_u64)min(row0 + g, nrows - 1) * row_bytes;
+    const hf_u8* wb = W + (hf_u64)min(row0 + g + 8, nrows - 1) * row_bytes;
+    const hf_u64 xblocks = xstride / HF_QX_BLOCK;
+    // Per n-tile: this lane's B column (nt*8 + g) and the activation scales of its C columns
+    // (nt*8 + 2t, nt*8 + 2t + 1); columns past ncols read the last one and are never stored.
+    const signed char* xcol[NT];
+    const float2* dcol[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        xcol[nt] = qs + (hf_u64)min(nt * 8 + g, ncols - 1) * xstride + 8 * t;
+        dcol[nt][0] = ds + (hf_u64)min(nt * 8 + 2 * t, ncols - 1) * xblocks;
+        dcol[nt][1] = ds + (hf_u64)min(nt * 8 + 2 * t + 1, ncols - 1) * xblocks;
+    }
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+
+    for (int b = warp; b < nblocks; b += HF_MMA_WARPS) {
+        const hf_u8* ba = wa + (hf_u64)b * 144;
+        const hf_u8* bb = wb + (hf_u64)b * 144;
+        const int4 ha = hf_ldw16(ba), hb = hf_ldw16(bb);
+        uint2 qa[4], qb[4];
+#pragma unroll
+        for (int G = 0; G < 4; ++G) {
+            qa[G] = __ldcs((const uint2*)(ba + HF_Q4K_QS + 32 * G + 8 * t));
+            qb[G] = __ldcs((const uint2*)(bb + HF_Q4K_QS + 32 * G + 8 * t));
+        }
+        const float da = hf_h2f((hf_u16)((hf_u32)ha.x & 0xFFFFu)), mna = hf_h2f((hf_u16)((hf_u32)ha.x >> 16));
+        const float db = hf_h2f((hf_u16)((hf_u32)hb.x & 0xFFFFu)), mnb = hf_h2f((hf_u16)((hf_u32)hb.x >> 16));
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int G = j >> 1, h = 4 * (j & 1);
+            int a[4];
+            a[0] = (int)((qa[G].x >> h) & 0x0F0F0F0Fu); // row g, elements 8t..8t+3
+            a[1] = (int)((qb[G].x >> h) & 0x0F0F0F0Fu); // row g + 8
+            a[2] = (int)((qa[G].y >> h) & 0x0F0F0F0Fu); // row g, elements 8t+4..8t+7
+            a[3] = (int)((qb[G].y >> h) & 0x0F0F0F0Fu);
+            float sca, ma, scb, mb;
+            hf_q4k_scale_min(ha, j, sca, ma);
+            hf_q4k_scale_min(hb, j, scb, mb);
+            const float fa = da * sca, ga = mna * ma, fb = db * scb, gb = mnb * mb;
+            const int xj = b * 8 + j;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const int2 xv = *(const int2*)(xcol[nt] + (hf_u64)xj * HF_QX_BLOCK);
+                int c[4];
+                hf_mma_s8(c, a, xv.x, xv.y);
+                const float2 x0 = dcol[nt][0][xj], x1 = dcol[nt][1][xj];
+                acc[nt][0] += fa * x0.x * (float)c[0] - ga * x0.y;
+                acc[nt][1] += fa * x1.x * (float)c[1] - ga * x1.y;
+                acc[nt][2] += fb * x0.x * (float)c[2] - gb * x0.y;
+                acc[nt][3] += fb * x1.x * (float)c[3] - gb * x1.y;
+            }
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) part[warp][nt * 4 + i][lane] = acc[nt][i];
+    }
+    __syncthreads();
+    // One (n-tile, C element, lane) value per thread, summed over the warps.
+    for (int v = threadIdx.x; v < NT * 4 * HF_WARP; v += HF_MMA_WARPS * HF_WARP) {
+        const int e = v / HF_WARP, l = v % HF_WARP, nt = e / 4, i = e % 4;
+        float s = 0.0f;
+#pragma unroll
+        for (int p = 0; p < HF_MMA_WARPS; ++p) s += part[p][e][l];
+        const int row = row0 + (l >> 2) + (i >= 2 ? 8 : 0);
+        const int col = nt * 8 + 2 * (l & 3) + (i & 1);
+        if (row < nrows && col < ncols) {
+            float* yc = y + (hf_u64)col * ldy + row;
+            *yc = RESIDUAL ? *yc + s : s;
+        }
+    }
+}
+
+// Exported entry points: gemv_q4_k_<plain|residual>_mma<COLS>; nblocks = k / 256, xstride = k,
+// 1 <= ncols <= COLS, row_bytes and W 16-byte aligned.
+#define HF_GEMV_MMA_ENTRY(NT, COLS, FORM, RES)                                                         \
+    extern "C" __global__ void __launch_bounds__(HF_MMA_WARPS * HF_WARP)                               \
+        gemv_q4_k_##FORM##_mma##COLS(const hf_u8* __restrict__ W, hf_u64 row_bytes, const signed char* qs, \
+                                     const float2* ds, hf_u64 xstride, float* __restrict__ y, hf_u64 ldy,  \
+                                     int nrows, int nblocks, int ncols) {                              \
+        hf_gemv_q4k_mma<NT, RES>(W, row_bytes, qs, ds, xstride, y, ldy, nrows, nblocks, ncols);        \
+    }
+HF_GEMV_MMA_ENTRY(1, 8, plain, false)
+HF_GEMV_MMA_ENTRY(1, 8, residual, true)
+HF_GEMV_MMA_ENTRY(2, 16, plain, false)
+HF_GEMV_MMA_ENTRY(2, 16, residual, true)
+#endif // tensor-core kernels
+
 // Prepare the activation: a copy of x for the float formats, and for the integer dots one warp per
 // block of 32: d = max|x| / 127, q = round(x / d), s = d * sum(q) (ggml quantize_q8_1).
 // Launch with k threads in total (k a multiple of 32).

@@ -3,8 +3,11 @@
 //! and their ratios. Event-timed, warmed up, median of repetitions; every timed pass rotates over
 //! enough weight copies that the bytes exceed the L2 cache.
 //!
-//! `gpu_bench [--json PATH] [--reps N] [--config WxRxKxB[:nodev|:devWxR{s|r}][+DEFINE]...]...
+//! `gpu_bench [--json PATH] [--reps N] [--config WxRxKxB[:nodev|:devWxR{s|r}][:notc][+DEFINE]...]...
 //! [--host-configs N] [--formats f1,f2] [--shapes MxK,...] [--pool-mib N] [--cols N]`
+//!
+//! A trailing `:notc` keeps multi-column launches over device-resident Q4_K weights on the dp4a
+//! kernel instead of the tensor-core one (the A/B baseline of `--cols`).
 //!
 //! `:nodev` runs device-resident Q4_K/Q6_K weights through the general kernel (the A/B baseline);
 //! `:dev8x2s` through the device-resident kernel with 8 warps × 2 rows and x staged in shared memory
@@ -36,7 +39,7 @@ const WARMUP_PASSES: usize = 3;
 /// Default timed passes per measurement; the median is reported.
 const DEFAULT_REPS: usize = 15;
 
-const USAGE: &str = "gpu_bench [--json PATH] [--reps N] [--config WxRxKxB[:nodev|:devWxR{s|r}][+DEFINE]...]... [--host-configs N] [--formats f1,f2] [--shapes MxK,...] [--pool-mib N] [--cols N]";
+const USAGE: &str = "gpu_bench [--json PATH] [--reps N] [--config WxRxKxB[:nodev|:devWxR{s|r}][:notc][+DEFINE]...]... [--host-configs N] [--formats f1,f2] [--shapes MxK,...] [--pool-mib N] [--cols N]";
 
 struct Args {
     json: Option<String>,
@@ -78,6 +81,10 @@ fn parse_args() -> Result<Args, String> {
                 let mut parts = full.split('+');
                 let head = parts.next().unwrap_or_default().to_string();
                 let defines: Vec<String> = parts.map(|d| format!("-D{d}")).collect();
+                let (head, tensor_cores) = match head.strip_suffix(":notc") {
+                    Some(h) => (h.to_string(), false),
+                    None => (head.to_string(), true),
+                };
                 let (v, dev) = head.split_once(':').unwrap_or((&head, "default"));
                 let n: Vec<u32> = v
                     .split('x')
@@ -93,6 +100,7 @@ fn parse_args() -> Result<Args, String> {
                         ksplit,
                         min_blocks,
                         device: parse_device(dev)?,
+                        tensor_cores,
                     },
                     defines,
                 ));

@@ -47,6 +47,15 @@ const DEV_X_BYTES_PER_BLOCK: usize = 320;
 /// Shared bytes of one Q6_K row tile in the device-resident kernel (8 blocks of 210 bytes + 16 pad:
 /// kernels/gemv.cu `hf_gemv_dev_tiled`, `STRIDE`).
 const DEV_Q6K_TILE_BYTES: usize = 8 * 210 + 16;
+/// Rows one block of the tensor-core multi-column kernel computes (kernels/gemv.cu
+/// `HF_MMA_ROWS`: the 16 rows of an `mma.m16n8k32` A tile).
+const MMA_ROWS: u32 = 16;
+/// Warps per block of the tensor-core multi-column kernel (kernels/gemv.cu `HF_MMA_WARPS`): they
+/// split the row's blocks and are summed at the end.
+const MMA_WARPS: u32 = 8;
+/// Columns of the two tensor-core kernels (one and two 8-column n-tiles:
+/// `gemv_q4_k_<form>_mma<8|16>`).
+const MMA_COLS: [usize; 2] = [8, 16];
 /// Dynamic shared memory a launch may use without opting in (48 KiB on CUDA; AMD LDS is 64 KiB).
 const MAX_DYNAMIC_SHARED: usize = 48 << 10;
 /// Thread blocks per multiprocessor the device-resident launch aims for before it shrinks blocks
@@ -400,6 +409,10 @@ pub struct GemvConfig {
     pub min_blocks: u32,
     /// The device-resident Q4_K/Q6_K kernel; `None`: device weights use the general kernel too.
     pub device: Option<DeviceGemv>,
+    /// Multi-column launches over device-resident Q4_K weights on the tensor cores (CUDA, sm_80
+    /// and later; kernels/gemv.cu `gemv_q4_k_<form>_mma<8|16>`) instead of the dp4a kernel, whose
+    /// columns are bit-identical to one-column launches; these are within float rounding of them.
+    pub tensor_cores: bool,
 }
 
 impl GemvConfig {
@@ -407,11 +420,13 @@ impl GemvConfig {
     pub fn rows_per_block(&self) -> u32 {
         self.rows_per_warp * (self.warps / self.ksplit.max(1))
     }
-    /// `WxRxKxB:devWxR{s|r}` (or `WxRxKxB:nodev`) as on the bench's command line.
+    /// `WxRxKxB:devWxR{s|r}` (or `WxRxKxB:nodev`), `:notc` appended without the tensor-core
+    /// kernels, as on the bench's command line.
     pub fn label(&self) -> String {
         let dev = self.device.map_or("nodev".to_string(), |d| d.label());
+        let tc = if self.tensor_cores { "" } else { ":notc" };
         format!(
-            "{}x{}x{}x{}:{dev}",
+            "{}x{}x{}x{}:{dev}{tc}",
             self.warps, self.rows_per_warp, self.ksplit, self.min_blocks
         )
     }
@@ -428,6 +443,7 @@ impl Default for GemvConfig {
             ksplit: 1,
             min_blocks: 1,
             device: Some(DeviceGemv::default()),
+            tensor_cores: true,
         }
     }
 }
@@ -442,6 +458,9 @@ pub struct GemvKernels {
     cols: HashMap<(Format, GemvForm, usize), Function>,
     /// The device-resident kernels (empty when the config has none or a k-split).
     dev: HashMap<(Format, GemvForm), Function>,
+    /// The tensor-core multi-column Q4_K kernels by form and column capacity (empty where the
+    /// config turns them off or the module has none: HIP, CUDA before sm_80).
+    mma: HashMap<(GemvForm, usize), Function>,
     quantize: Function,
 }
 
@@ -518,6 +537,18 @@ impl GemvKernels {
                 }
             }
         }
+        let mut mma = HashMap::new();
+        if config.tensor_cores {
+            for form in [GemvForm::Plain, GemvForm::Residual] {
+                for n in MMA_COLS {
+                    // Compiled only for CUDA sm_80+ (kernels/gemv.cu guards them): elsewhere the
+                    // multi-column launches keep the dp4a kernel.
+                    if let Ok(f) = module.function(&format!("gemv_q4_k_{}_mma{n}", form.name())) {
+                        mma.insert((form, n), f);
+                    }
+                }
+            }
+        }
         let quantize = module.function("quantize_x_q8")?;
         Ok(GemvKernels {
             ctx: registry.context().clone(),
@@ -525,6 +556,7 @@ impl GemvKernels {
             gemv,
             cols,
             dev,
+            mma,
             quantize,
         })
     }
@@ -532,6 +564,12 @@ impl GemvKernels {
     /// The shape compiled in.
     pub fn config(&self) -> GemvConfig {
         self.config
+    }
+
+    /// Whether multi-column launches over device-resident Q4_K weights run on the tensor cores
+    /// (the config asks for it and the device has the kernels).
+    pub fn has_tensor_core_kernels(&self) -> bool {
+        self.mma.len() == 2 * MMA_COLS.len()
     }
 
     /// Queues the preparation of `act` from `x` (`act.k()` f32 values at the start of `x`): its
@@ -771,7 +809,9 @@ impl GemvKernels {
     /// [`GemvKernels::prepare_cols`] with at least `cols` columns. `cols > GEMV_MAX_COLS` runs in
     /// groups; `cols == 1` is [`GemvKernels::gemv`] (the same kernels, so the same bits), and
     /// every other column count gives each column the bits `gemv` gives it alone (the
-    /// multi-column kernel sums as the general kernel does, which the device-resident one matches).
+    /// multi-column kernel sums as the general kernel does, which the device-resident one
+    /// matches) — except device-resident Q4_K rows with the tensor-core kernels
+    /// ([`GemvConfig::tensor_cores`]), within float rounding of them.
     #[allow(clippy::too_many_arguments)]
     pub fn gemv_cols<Y: DeviceMemory + ?Sized>(
         &self,
@@ -790,6 +830,13 @@ impl GemvKernels {
             return self.gemv(stream, w, act, y, rows, form);
         }
         let p = self.plan(stream, w, act, y, rows, y_floats)?;
+        if w.format == Format::Q4K
+            && w.location == WeightLocation::Device
+            && p.width == 16
+            && !self.mma.is_empty()
+        {
+            return self.gemv_cols_mma(stream, &p, w, act, y, ldy, rows, form, cols);
+        }
         let Some(f) = self.cols.get(&(w.format, form, p.width)) else {
             return Err(GpuError::Unsupported {
                 format: w.format,
@@ -824,6 +871,71 @@ impl GemvKernels {
             // hold act.cols columns). It writes y[(c0+c)*ldy + start .. (c0+c)*ldy + end) for
             // c < ncols: at most (cols-1)*ldy + m floats, which y holds (checked in `plan`). All
             // memory is owned by borrowed live objects whose Drop frees synchronously.
+            unsafe {
+                self.ctx
+                    .backend()
+                    .launch(f.raw(), dims, stream.raw(), params)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// [`GemvKernels::gemv_cols`] on the tensor cores: device-resident Q4_K rows with 16-byte
+    /// alignment (checked by the caller), `cols` ≥ 2, in groups of [`GEMV_MAX_COLS`] columns.
+    #[allow(clippy::too_many_arguments)]
+    fn gemv_cols_mma<Y: DeviceMemory + ?Sized>(
+        &self,
+        stream: &Stream,
+        p: &GemvPlan,
+        w: &WeightRef<'_>,
+        act: &Activation,
+        y: &mut Y,
+        ldy: usize,
+        rows: RowRange,
+        form: GemvForm,
+        cols: usize,
+    ) -> Result<(), GpuError> {
+        let dims = LaunchDims {
+            grid: (p.nrows as u32).div_ceil(MMA_ROWS),
+            block: MMA_WARPS * WARP,
+            shared_bytes: 0,
+        };
+        for c0 in (0..cols).step_by(GEMV_MAX_COLS) {
+            let ncols = (cols - c0).min(GEMV_MAX_COLS);
+            let Some(f) = MMA_COLS
+                .into_iter()
+                .find(|&n| ncols <= n)
+                .and_then(|n| self.mma.get(&(form, n)))
+            else {
+                return Err(GpuError::Unsupported {
+                    format: w.format,
+                    why: format!("no tensor-core kernel for {ncols} columns"),
+                });
+            };
+            let x_off = (c0 * act.k) as u64;
+            let mut args = LaunchArgs::new()
+                .ptr(p.base)
+                .u64(w.row_bytes as u64)
+                .ptr(act.qs.device_ptr() + x_off)
+                .ptr(act.ds.device_ptr() + x_off / QX_BLOCK as u64 * 8)
+                .u64(act.k as u64)
+                .ptr(y.device_ptr() + ((c0 * ldy + rows.start) * 4) as u64)
+                .u64(ldy as u64)
+                .i32(p.nrows)
+                .i32(p.nblocks)
+                .i32(ncols as i32);
+            let params = args.params()?;
+            // SAFETY: kernel `gemv_q4_k_<form>_mma<8|16>(const u8* W, u64 row_bytes, const i8* qs,
+            // const float2* ds, u64 xstride, float* y, u64 ldy, int nrows, int nblocks, int
+            // ncols)`: ten parameters of these types, in order, ncols within the kernel's 8 or 16.
+            // It reads rows [0, nrows) of 144-byte Q4_K blocks at W + i*row_bytes (16-byte loads
+            // of each block's head, 8-byte loads of its quants: base and row_bytes are 16-byte
+            // aligned, `plan` chose width 16), bytes [start*row_bytes, end*row_bytes) of the
+            // weight (end <= m: WeightRef::new and `plan`). It reads activation columns
+            // c0..c0+ncols (k int8 and k/32 float2 each at qs + c*k and ds + c*k/32, c0 + ncols <=
+            // cols <= act.cols, checked) and writes y[(c0+c)*ldy + start .. (c0+c)*ldy + end) for
+            // c < ncols, within the (cols-1)*ldy + m floats `plan` checked y holds. All memory is
+            // owned by borrowed live objects whose Drop frees synchronously.
             unsafe {
                 self.ctx
                     .backend()
