@@ -832,7 +832,8 @@ fn gpu_multi_column_gemv_equals_per_column_gemv_bit_for_bit() {
                         let f64_check = cols == most || (tensor_cores && cols == 8);
                         if f64_check && !host && std::ptr::eq(kern, &kernels[0]) {
                             let out = (&y0[..], &y[..], ldy);
-                            check_cols_f64(&g, format, &wbytes, k, &xs, &singles, out, rows, form);
+                            let (xc, sc) = (&xs[..cols * k], &singles[..cols]);
+                            check_cols_f64(&g, format, &wbytes, k, xc, sc, out, rows, form);
                         }
                     }
                     let how = if kern.has_tensor_core_kernels() && format == Format::Q4K && !host {
