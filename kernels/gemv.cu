@@ -1386,6 +1386,33 @@ __device__ __forceinline__ void hf_q4k_scale_min(const int4& h, int j, float& sc
     }
 }
 
+// The end of the tensor-core kernels: each warp's C fragments (lane (g, t) holds rows g and g + 8,
+// columns 2t and 2t + 1 of each n-tile) summed over the block's warps through shared memory, one
+// (n-tile, element, lane) value per thread, and stored (added in the residual form).
+template <int NT, bool RESIDUAL>
+__device__ __forceinline__ void hf_mma_finish(float (&part)[HF_MMA_WARPS][NT * 4][HF_WARP], const float (&acc)[NT][4],
+                                              float* __restrict__ y, hf_u64 ldy, int row0, int nrows, int ncols) {
+    const int warp = threadIdx.x / HF_WARP, lane = threadIdx.x % HF_WARP;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) part[warp][nt * 4 + i][lane] = acc[nt][i];
+    }
+    __syncthreads();
+    for (int v = threadIdx.x; v < NT * 4 * HF_WARP; v += HF_MMA_WARPS * HF_WARP) {
+        const int e = v / HF_WARP, l = v % HF_WARP, nt = e / 4, i = e % 4;
+        float s = 0.0f;
+#pragma unroll
+        for (int p = 0; p < HF_MMA_WARPS; ++p) s += part[p][e][l];
+        const int row = row0 + (l >> 2) + (i >= 2 ? 8 : 0);
+        const int col = nt * 8 + 2 * (l & 3) + (i & 1);
+        if (row < nrows && col < ncols) {
+            float* yc = y + (hf_u64)col * ldy + row;
+            *yc = RESIDUAL ? *yc + s : s;
+        }
+    }
+}
+
 // NT n-tiles of 8 columns (ncols <= 8 * NT).
 template <int NT, bool RESIDUAL>
 __device__ __forceinline__ void hf_gemv_q4k_mma(const hf_u8* __restrict__ W, hf_u64 row_bytes,
@@ -1452,40 +1479,114 @@ __device__ __forceinline__ void hf_gemv_q4k_mma(const hf_u8* __restrict__ W, hf_
             }
         }
     }
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) part[warp][nt * 4 + i][lane] = acc[nt][i];
-    }
-    __syncthreads();
-    // One (n-tile, C element, lane) value per thread, summed over the warps.
-    for (int v = threadIdx.x; v < NT * 4 * HF_WARP; v += HF_MMA_WARPS * HF_WARP) {
-        const int e = v / HF_WARP, l = v % HF_WARP, nt = e / 4, i = e % 4;
-        float s = 0.0f;
-#pragma unroll
-        for (int p = 0; p < HF_MMA_WARPS; ++p) s += part[p][e][l];
-        const int row = row0 + (l >> 2) + (i >= 2 ? 8 : 0);
-        const int col = nt * 8 + 2 * (l & 3) + (i & 1);
-        if (row < nrows && col < ncols) {
-            float* yc = y + (hf_u64)col * ldy + row;
-            *yc = RESIDUAL ? *yc + s : s;
-        }
-    }
+    hf_mma_finish<NT, RESIDUAL>(part, acc, y, ldy, row0, nrows, ncols);
 }
 
-// Exported entry points: gemv_q4_k_<plain|residual>_mma<COLS>; nblocks = k / 256, xstride = k,
-// 1 <= ncols <= COLS, row_bytes and W 16-byte aligned.
-#define HF_GEMV_MMA_ENTRY(NT, COLS, FORM, RES)                                                         \
-    extern "C" __global__ void __launch_bounds__(HF_MMA_WARPS * HF_WARP)                               \
-        gemv_q4_k_##FORM##_mma##COLS(const hf_u8* __restrict__ W, hf_u64 row_bytes, const signed char* qs, \
-                                     const float2* ds, hf_u64 xstride, float* __restrict__ y, hf_u64 ldy,  \
-                                     int nrows, int nblocks, int ncols) {                              \
-        hf_gemv_q4k_mma<NT, RES>(W, row_bytes, qs, ds, xstride, y, ldy, nrows, nblocks, ncols);        \
+// c = A · B over one k16 step (A 16 × 16, B 16 × 8, int8; c int32): Q6_K's scales are per 16.
+__device__ __forceinline__ void hf_mma_s8_k16(int (&c)[4], int a0, int a1, int b0) {
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%7, %8, %9, %10};\n"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a0), "r"(a1), "r"(b0), "r"(0), "r"(0), "r"(0), "r"(0));
+}
+
+// 4 bytes at a 2-byte aligned address (Q6_K blocks are 210 bytes): two aligned loads and a funnel
+// shift. Used at offsets below the block's scales, so the second word stays inside the block.
+__device__ __forceinline__ hf_u32 hf_ld32_b2(const hf_u8* p) {
+    const hf_u64 a = (hf_u64)p;
+    const hf_u32* w = (const hf_u32*)(a & ~(hf_u64)3);
+    return __funnelshift_r(w[0], w[1], (hf_u32)(a & 2) * 8);
+}
+
+// The Q6_K form: per 16 elements one `mma.m16n8k16` (Q6_K scales each 16 elements), the weights
+// rebuilt as signed int8 (ql nibble | qh pair << 4, minus 32) and scaled by d·sc·d_x as the dp4a dot
+// scales them. Lane (g, t) holds elements 4t..4t+3 of each 16 (the natural k order of the k16 form)
+// of rows g and g + 8, and of column g of each n-tile. Block layout (ggml block_q6_K): sub-block s of
+// half n (elements 128n + 32s + l, l < 32) takes ql[64n + 32(s & 1) + l]'s nibble s >> 1, qh[32n + l]'s
+// bits 2s..2s+1 and scale sc[8n + 2s + l / 16].
+template <int NT, bool RESIDUAL>
+__device__ __forceinline__ void hf_gemv_q6k_mma(const hf_u8* __restrict__ W, hf_u64 row_bytes,
+                                                const signed char* __restrict__ qs, const float2* __restrict__ ds,
+                                                hf_u64 xstride, float* __restrict__ y, hf_u64 ldy, int nrows,
+                                                int nblocks, int ncols) {
+    __shared__ float part[HF_MMA_WARPS][NT * 4][HF_WARP];
+    const int warp = threadIdx.x / HF_WARP, lane = threadIdx.x % HF_WARP;
+    const int g = lane >> 2, t = lane & 3;
+    const int row0 = blockIdx.x * HF_MMA_ROWS;
+    const hf_u8* wa = W + (hf_u64)min(row0 + g, nrows - 1) * row_bytes;
+    const hf_u8* wb = W + (hf_u64)min(row0 + g + 8, nrows - 1) * row_bytes;
+    const hf_u64 xblocks = xstride / HF_QX_BLOCK;
+    const signed char* xcol[NT];
+    const float2* dcol[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        xcol[nt] = qs + (hf_u64)min(nt * 8 + g, ncols - 1) * xstride + 4 * t;
+        dcol[nt][0] = ds + (hf_u64)min(nt * 8 + 2 * t, ncols - 1) * xblocks;
+        dcol[nt][1] = ds + (hf_u64)min(nt * 8 + 2 * t + 1, ncols - 1) * xblocks;
     }
-HF_GEMV_MMA_ENTRY(1, 8, plain, false)
-HF_GEMV_MMA_ENTRY(1, 8, residual, true)
-HF_GEMV_MMA_ENTRY(2, 16, plain, false)
-HF_GEMV_MMA_ENTRY(2, 16, residual, true)
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+
+    for (int b = warp; b < nblocks; b += HF_MMA_WARPS) {
+        const hf_u8* ba = wa + (hf_u64)b * 210;
+        const hf_u8* bb = wb + (hf_u64)b * 210;
+        const float da = hf_h2f(hf_ld16(ba + HF_Q6K_D)), db = hf_h2f(hf_ld16(bb + HF_Q6K_D));
+        const signed char* sa = (const signed char*)(ba + HF_Q6K_SC);
+        const signed char* sb = (const signed char*)(bb + HF_Q6K_SC);
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int off = 16 * h + 4 * t;
+                const hf_u32 la0 = hf_ld32_b2(ba + 64 * n + off), la1 = hf_ld32_b2(ba + 64 * n + 32 + off);
+                const hf_u32 lb0 = hf_ld32_b2(bb + 64 * n + off), lb1 = hf_ld32_b2(bb + 64 * n + 32 + off);
+                const hf_u32 ha = hf_ld32_b2(ba + HF_Q6K_QH + 32 * n + off);
+                const hf_u32 hb = hf_ld32_b2(bb + HF_Q6K_QH + 32 * n + off);
+#pragma unroll
+                for (int s = 0; s < 4; ++s) {
+                    const int nib = 4 * (s >> 1);
+                    const hf_u32 qa = (((s & 1) ? la1 : la0) >> nib) & 0x0F0F0F0Fu;
+                    const hf_u32 qb = (((s & 1) ? lb1 : lb0) >> nib) & 0x0F0F0F0Fu;
+                    const int a0 = (int)__vsub4(qa | (((ha >> (2 * s)) & 0x03030303u) << 4), 0x20202020u);
+                    const int a1 = (int)__vsub4(qb | (((hb >> (2 * s)) & 0x03030303u) << 4), 0x20202020u);
+                    const int si = 8 * n + 2 * s + h;
+                    const float fa = da * (float)sa[si], fb = db * (float)sb[si];
+                    const int xj = b * 8 + 4 * n + s;
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) {
+                        const int xv = *(const int*)(xcol[nt] + (hf_u64)xj * HF_QX_BLOCK + 16 * h);
+                        int c[4];
+                        hf_mma_s8_k16(c, a0, a1, xv);
+                        const float x0 = dcol[nt][0][xj].x, x1 = dcol[nt][1][xj].x;
+                        acc[nt][0] += fa * x0 * (float)c[0];
+                        acc[nt][1] += fa * x1 * (float)c[1];
+                        acc[nt][2] += fb * x0 * (float)c[2];
+                        acc[nt][3] += fb * x1 * (float)c[3];
+                    }
+                }
+            }
+        }
+    }
+    hf_mma_finish<NT, RESIDUAL>(part, acc, y, ldy, row0, nrows, ncols);
+}
+
+// Exported entry points: gemv_<q4_k|q6_k>_<plain|residual>_mma<COLS>; nblocks = k / 256,
+// xstride = k, 1 <= ncols <= COLS; W and row_bytes 16-byte aligned for Q4_K, 2-byte for Q6_K.
+#define HF_GEMV_MMA_ENTRY(NAME, FN, NT, COLS, FORM, RES)                                               \
+    extern "C" __global__ void __launch_bounds__(HF_MMA_WARPS * HF_WARP)                               \
+        gemv_##NAME##_##FORM##_mma##COLS(const hf_u8* __restrict__ W, hf_u64 row_bytes, const signed char* qs, \
+                                         const float2* ds, hf_u64 xstride, float* __restrict__ y,      \
+                                         hf_u64 ldy, int nrows, int nblocks, int ncols) {              \
+        FN<NT, RES>(W, row_bytes, qs, ds, xstride, y, ldy, nrows, nblocks, ncols);                     \
+    }
+HF_GEMV_MMA_ENTRY(q4_k, hf_gemv_q4k_mma, 1, 8, plain, false)
+HF_GEMV_MMA_ENTRY(q4_k, hf_gemv_q4k_mma, 1, 8, residual, true)
+HF_GEMV_MMA_ENTRY(q4_k, hf_gemv_q4k_mma, 2, 16, plain, false)
+HF_GEMV_MMA_ENTRY(q4_k, hf_gemv_q4k_mma, 2, 16, residual, true)
+HF_GEMV_MMA_ENTRY(q6_k, hf_gemv_q6k_mma, 1, 8, plain, false)
+HF_GEMV_MMA_ENTRY(q6_k, hf_gemv_q6k_mma, 1, 8, residual, true)
+HF_GEMV_MMA_ENTRY(q6_k, hf_gemv_q6k_mma, 2, 16, plain, false)
+HF_GEMV_MMA_ENTRY(q6_k, hf_gemv_q6k_mma, 2, 16, residual, true)
 #endif // tensor-core kernels
 
 // Prepare the activation: a copy of x for the float formats, and for the integer dots one warp per

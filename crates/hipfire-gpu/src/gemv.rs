@@ -53,9 +53,11 @@ const MMA_ROWS: u32 = 16;
 /// Warps per block of the tensor-core multi-column kernel (kernels/gemv.cu `HF_MMA_WARPS`): they
 /// split the row's blocks and are summed at the end.
 const MMA_WARPS: u32 = 8;
-/// Columns of the two tensor-core kernels (one and two 8-column n-tiles:
-/// `gemv_q4_k_<form>_mma<8|16>`).
+/// Columns of the two tensor-core kernels of each format (one and two 8-column n-tiles:
+/// `gemv_<fmt>_<form>_mma<8|16>`).
 const MMA_COLS: [usize; 2] = [8, 16];
+/// Formats with tensor-core multi-column kernels (kernels/gemv.cu `HF_GEMV_MMA_ENTRY`).
+const MMA_FORMATS: [Format; 2] = [Format::Q4K, Format::Q6K];
 /// Dynamic shared memory a launch may use without opting in (48 KiB on CUDA; AMD LDS is 64 KiB).
 const MAX_DYNAMIC_SHARED: usize = 48 << 10;
 /// Thread blocks per multiprocessor the device-resident launch aims for before it shrinks blocks
@@ -409,9 +411,10 @@ pub struct GemvConfig {
     pub min_blocks: u32,
     /// The device-resident Q4_K/Q6_K kernel; `None`: device weights use the general kernel too.
     pub device: Option<DeviceGemv>,
-    /// Multi-column launches over device-resident Q4_K weights on the tensor cores (CUDA, sm_80
-    /// and later; kernels/gemv.cu `gemv_q4_k_<form>_mma<8|16>`) instead of the dp4a kernel, whose
-    /// columns are bit-identical to one-column launches; these are within float rounding of them.
+    /// Multi-column launches over device-resident Q4_K and Q6_K weights on the tensor cores
+    /// (CUDA, sm_80 and later; kernels/gemv.cu `gemv_<fmt>_<form>_mma<8|16>`) instead of the
+    /// dp4a kernel, whose columns are bit-identical to one-column launches; these are within
+    /// float rounding of them.
     pub tensor_cores: bool,
 }
 
@@ -458,9 +461,9 @@ pub struct GemvKernels {
     cols: HashMap<(Format, GemvForm, usize), Function>,
     /// The device-resident kernels (empty when the config has none or a k-split).
     dev: HashMap<(Format, GemvForm), Function>,
-    /// The tensor-core multi-column Q4_K kernels by form and column capacity (empty where the
+    /// The tensor-core multi-column kernels by format, form and column capacity (empty where the
     /// config turns them off or the module has none: HIP, CUDA before sm_80).
-    mma: HashMap<(GemvForm, usize), Function>,
+    mma: HashMap<(Format, GemvForm, usize), Function>,
     quantize: Function,
 }
 
@@ -539,12 +542,15 @@ impl GemvKernels {
         }
         let mut mma = HashMap::new();
         if config.tensor_cores {
-            for form in [GemvForm::Plain, GemvForm::Residual] {
-                for n in MMA_COLS {
-                    // Compiled only for CUDA sm_80+ (kernels/gemv.cu guards them): elsewhere the
-                    // multi-column launches keep the dp4a kernel.
-                    if let Ok(f) = module.function(&format!("gemv_q4_k_{}_mma{n}", form.name())) {
-                        mma.insert((form, n), f);
+            for format in MMA_FORMATS {
+                for form in [GemvForm::Plain, GemvForm::Residual] {
+                    for n in MMA_COLS {
+                        // Compiled only for CUDA sm_80+ (kernels/gemv.cu guards them): elsewhere
+                        // the multi-column launches keep the dp4a kernel.
+                        let name = format!("gemv_{}_{}_mma{n}", format.name(), form.name());
+                        if let Ok(f) = module.function(&name) {
+                            mma.insert((format, form, n), f);
+                        }
                     }
                 }
             }
@@ -566,10 +572,14 @@ impl GemvKernels {
         self.config
     }
 
-    /// Whether multi-column launches over device-resident Q4_K weights run on the tensor cores
-    /// (the config asks for it and the device has the kernels).
-    pub fn has_tensor_core_kernels(&self) -> bool {
-        self.mma.len() == 2 * MMA_COLS.len()
+    /// Whether multi-column launches over device-resident weights of `format` run on the tensor
+    /// cores (a format that has them, the config asks for it and the device has the kernels).
+    pub fn has_tensor_core_kernels(&self, format: Format) -> bool {
+        MMA_COLS.into_iter().all(|n| {
+            [GemvForm::Plain, GemvForm::Residual]
+                .into_iter()
+                .all(|form| self.mma.contains_key(&(format, form, n)))
+        })
     }
 
     /// Queues the preparation of `act` from `x` (`act.k()` f32 values at the start of `x`): its
@@ -810,7 +820,7 @@ impl GemvKernels {
     /// groups; `cols == 1` is [`GemvKernels::gemv`] (the same kernels, so the same bits), and
     /// every other column count gives each column the bits `gemv` gives it alone (the
     /// multi-column kernel sums as the general kernel does, which the device-resident one
-    /// matches) — except device-resident Q4_K rows with the tensor-core kernels
+    /// matches) — except device-resident Q4_K and Q6_K rows with the tensor-core kernels
     /// ([`GemvConfig::tensor_cores`]), within float rounding of them.
     #[allow(clippy::too_many_arguments)]
     pub fn gemv_cols<Y: DeviceMemory + ?Sized>(
@@ -830,10 +840,9 @@ impl GemvKernels {
             return self.gemv(stream, w, act, y, rows, form);
         }
         let p = self.plan(stream, w, act, y, rows, y_floats)?;
-        if w.format == Format::Q4K
-            && w.location == WeightLocation::Device
-            && p.width == 16
-            && !self.mma.is_empty()
+        // Q4_K's kernel loads 16-byte block heads; Q6_K's (210-byte blocks) reads 2-byte aligned.
+        let aligned = w.format != Format::Q4K || p.width == 16;
+        if w.location == WeightLocation::Device && aligned && self.has_tensor_core_kernels(w.format)
         {
             return self.gemv_cols_mma(stream, &p, w, act, y, ldy, rows, form, cols);
         }
@@ -881,7 +890,8 @@ impl GemvKernels {
     }
 
     /// [`GemvKernels::gemv_cols`] on the tensor cores: device-resident Q4_K rows with 16-byte
-    /// alignment (checked by the caller), `cols` ≥ 2, in groups of [`GEMV_MAX_COLS`] columns.
+    /// alignment or Q6_K rows (checked by the caller), `cols` ≥ 2, in groups of
+    /// [`GEMV_MAX_COLS`] columns.
     #[allow(clippy::too_many_arguments)]
     fn gemv_cols_mma<Y: DeviceMemory + ?Sized>(
         &self,
@@ -905,7 +915,7 @@ impl GemvKernels {
             let Some(f) = MMA_COLS
                 .into_iter()
                 .find(|&n| ncols <= n)
-                .and_then(|n| self.mma.get(&(form, n)))
+                .and_then(|n| self.mma.get(&(w.format, form, n)))
             else {
                 return Err(GpuError::Unsupported {
                     format: w.format,
@@ -925,12 +935,13 @@ impl GemvKernels {
                 .i32(p.nblocks)
                 .i32(ncols as i32);
             let params = args.params()?;
-            // SAFETY: kernel `gemv_q4_k_<form>_mma<8|16>(const u8* W, u64 row_bytes, const i8* qs,
-            // const float2* ds, u64 xstride, float* y, u64 ldy, int nrows, int nblocks, int
-            // ncols)`: ten parameters of these types, in order, ncols within the kernel's 8 or 16.
-            // It reads rows [0, nrows) of 144-byte Q4_K blocks at W + i*row_bytes (16-byte loads
-            // of each block's head, 8-byte loads of its quants: base and row_bytes are 16-byte
-            // aligned, `plan` chose width 16), bytes [start*row_bytes, end*row_bytes) of the
+            // SAFETY: kernel `gemv_<q4_k|q6_k>_<form>_mma<8|16>(const u8* W, u64 row_bytes, const
+            // i8* qs, const float2* ds, u64 xstride, float* y, u64 ldy, int nrows, int nblocks,
+            // int ncols)`: ten parameters of these types, in order, ncols within the kernel's 8
+            // or 16. It reads rows [0, nrows) of the format's blocks at W + i*row_bytes (Q4_K:
+            // 16-byte loads of each 144-byte block's head and 8-byte loads of its quants, base and
+            // row_bytes 16-byte aligned, `plan` chose width 16; Q6_K: 2-byte and aligned 4-byte
+            // loads within each 210-byte block), bytes [start*row_bytes, end*row_bytes) of the
             // weight (end <= m: WeightRef::new and `plan`). It reads activation columns
             // c0..c0+ncols (k int8 and k/32 float2 each at qs + c*k and ds + c*k/32, c0 + ncols <=
             // cols <= act.cols, checked) and writes y[(c0+c)*ldy + start .. (c0+c)*ldy + end) for

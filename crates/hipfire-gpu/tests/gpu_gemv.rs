@@ -753,8 +753,8 @@ fn check_cols_f64(
 
 /// gemv_cols over 1..16 columns, on device and host-mapped weights, a row sub-range and an output
 /// stride past m, for every compiled shape: each column bit-identical to `gemv` of that column
-/// alone (within [`TENSOR_CORE_REL`] where the tensor-core kernel runs: device-resident Q4_K,
-/// 2 columns or more), nothing written outside the rows and columns asked for, and (16 columns,
+/// alone (within [`TENSOR_CORE_REL`] where the tensor-core kernel runs: device-resident Q4_K
+/// and Q6_K, 2 columns or more), nothing written outside the rows and columns asked for, and (16 columns,
 /// plain and residual; 8 too on the tensor cores) every column within the f64 bound of
 /// `check_rows`.
 #[test]
@@ -766,7 +766,8 @@ fn gpu_multi_column_gemv_equals_per_column_gemv_bit_for_bit() {
     let sm: u32 = info.arch.trim_start_matches("sm_").parse().unwrap_or(0);
     if g.ctx.backend().name() == "cuda" && sm >= 80 {
         assert!(
-            kernels[0].has_tensor_core_kernels(),
+            kernels[0].has_tensor_core_kernels(Format::Q4K)
+                && kernels[0].has_tensor_core_kernels(Format::Q6K),
             "no tensor-core kernels on {} ({})",
             info.name,
             info.arch
@@ -822,8 +823,7 @@ fn gpu_multi_column_gemv_equals_per_column_gemv_bit_for_bit() {
                             })
                             .collect();
                         let y = run_cols(&g, kern, &w, &act, &start, ldy, rows, form, cols);
-                        let tensor_cores =
-                            kern.has_tensor_core_kernels() && format == Format::Q4K && !host;
+                        let tensor_cores = kern.has_tensor_core_kernels(format) && !host;
                         if tensor_cores && cols > 1 {
                             check_cols_close(&y, &want, ldy, rows, cols, &what);
                         } else {
@@ -836,7 +836,7 @@ fn gpu_multi_column_gemv_equals_per_column_gemv_bit_for_bit() {
                             check_cols_f64(&g, format, &wbytes, k, xc, sc, out, rows, form);
                         }
                     }
-                    let how = if kern.has_tensor_core_kernels() && format == Format::Q4K && !host {
+                    let how = if kern.has_tensor_core_kernels(format) && !host {
                         "within the tensor-core bound of"
                     } else {
                         "bit-identical to"
