@@ -58,11 +58,38 @@ const MMA_WARPS: u32 = 8;
 const MMA_COLS: [usize; 2] = [8, 16];
 /// Formats with tensor-core multi-column kernels (kernels/gemv.cu `HF_GEMV_MMA_ENTRY`).
 const MMA_FORMATS: [Format; 2] = [Format::Q4K, Format::Q6K];
+/// Fewest columns from which the tensor-core kernels beat the dp4a multi-column kernel, measured
+/// with `gpu_bench --cols N` (HBM, H200 box, docs/perf-checkpoints/2026-12-02-tensor-core-cols-serve-h200):
+/// Q4_K from 2 (4096×4096: 1134 against 842 GB/s), Q6_K from 4 (4096×4096 at 4: 1107 against
+/// 859; at 2 the dp4a kernel, which unpacks Q6_K once for all columns, won on two of the three
+/// large shapes, at 3 they were level).
+const MMA_MIN_COLS_Q4K: usize = 2;
+const MMA_MIN_COLS_Q6K: usize = 4;
+/// Below this many rows a tensor-core launch has fewer 16-row blocks than the H200 has SMs (132)
+/// and takes over from 8 columns ([`MMA_MIN_COLS_FEW_ROWS`]): at 1024 rows Q4_K ran 323 against
+/// 416 GB/s at 2 columns and 313 against 234 at 8, Q6_K 357 against 413 at 4 and 350 against
+/// 299 at 8 (same record).
+const MMA_FULL_ROWS: i32 = 2048;
+const MMA_MIN_COLS_FEW_ROWS: usize = 8;
 /// Dynamic shared memory a launch may use without opting in (48 KiB on CUDA; AMD LDS is 64 KiB).
 const MAX_DYNAMIC_SHARED: usize = 48 << 10;
 /// Thread blocks per multiprocessor the device-resident launch aims for before it shrinks blocks
 /// (two full blocks of the default shape are resident per SM).
 const DEV_BLOCKS_PER_SM: u32 = 2;
+
+/// Fewest columns of a launch over `nrows` rows of `format` that take the tensor-core kernel.
+fn mma_min_cols(format: Format, nrows: i32) -> usize {
+    let by_format = if format == Format::Q4K {
+        MMA_MIN_COLS_Q4K
+    } else {
+        MMA_MIN_COLS_Q6K
+    };
+    if nrows < MMA_FULL_ROWS {
+        by_format.max(MMA_MIN_COLS_FEW_ROWS)
+    } else {
+        by_format
+    }
+}
 
 /// Where a weight's bytes live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -842,7 +869,10 @@ impl GemvKernels {
         let p = self.plan(stream, w, act, y, rows, y_floats)?;
         // Q4_K's kernel loads 16-byte block heads; Q6_K's (210-byte blocks) reads 2-byte aligned.
         let aligned = w.format != Format::Q4K || p.width == 16;
-        if w.location == WeightLocation::Device && aligned && self.has_tensor_core_kernels(w.format)
+        if w.location == WeightLocation::Device
+            && aligned
+            && self.has_tensor_core_kernels(w.format)
+            && cols.min(GEMV_MAX_COLS) >= mma_min_cols(w.format, p.nrows)
         {
             return self.gemv_cols_mma(stream, &p, w, act, y, ldy, rows, form, cols);
         }

@@ -775,10 +775,11 @@ fn gpu_multi_column_gemv_equals_per_column_gemv_bit_for_bit() {
     }
     let mut r = rng(0x5EED_0007);
     let most = *COLS_COUNTS.iter().max().expect("counts");
-    // m = 1000: not a multiple of any shape's rows per block; ldy = m + 13: columns start at odd
-    // offsets; rows [37, 901): both ends inside a block.
-    let (m, ldy) = (1000, 1013);
-    let rows = RowRange::new(37, 901);
+    // m = 2500: not a multiple of any shape's rows per block; ldy = m + 13: columns start at odd
+    // offsets; rows [37, 2401): both ends inside a block, and enough rows (2364) that the
+    // tensor-core kernels take launches from their fewest columns (gemv.rs `mma_min_cols`).
+    let (m, ldy) = (2500, 2513);
+    let rows = RowRange::new(37, 2401);
     for format in COLS_FORMATS {
         for k in [256, 4096] {
             let wbytes = random_weights(format, m, k, &mut r);

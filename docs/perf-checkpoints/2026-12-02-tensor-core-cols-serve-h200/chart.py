@@ -8,6 +8,7 @@ raw-engine/kernel-c<N>.json: `gpu_bench --cols N` (Q4_K in HBM; config 4x2x1x1 =
   once per pass.
 raw-engine/bench.jsonl: `hipfire bench --batch 1,4,8,16 -p 0 -n 32 -r 2`, f6661a0 ("base") and
   this change ("new") interleaved, 32 and 16 of 32 layers on the GPU.
+raw-q6k/kernel-q6-c<N>.json: the same bench for the Q6_K kernel (a later call).
 raw-serve/serve-raw.jsonl and serve-rounds.jsonl: scripts/serve_load.py objects labelled
   "<server> c<streams>".
 The SVGs are written by hand (no plotting dependency).
@@ -37,6 +38,26 @@ def kernel_table():
         cells = [f"{rows[(n, s, True)]:.0f} / {rows[(n, s, False)]:.0f}" for s in shapes]
         out.append(f"| {n} | " + " | ".join(cells) + " |")
     return "\n".join(out), rows, shapes
+
+
+def q6k_table():
+    q6 = HERE / "raw-q6k"
+    shapes, rows = [], {}
+    counts = (2, 3, 4, 5, 8, 16)
+    for n in counts:
+        for r in json.loads((q6 / f"kernel-q6-c{n}.json").read_text())["rows"]:
+            if r["format"] != "q6_k":
+                continue
+            shape = (r["m"], r["k"])
+            if shape not in shapes:
+                shapes.append(shape)
+            rows[(n, shape, not r["config"].endswith(":notc"))] = r["device_gemv_gbps"]
+    head = "| columns | " + " | ".join(f"{m}×{k} tensor cores / dp4a" for m, k in shapes) + " |"
+    out = [head, "|---|" + "---|" * len(shapes)]
+    for n in counts:
+        cells = [f"{rows[(n, s, True)]:.0f} / {rows[(n, s, False)]:.0f}" for s in shapes]
+        out.append(f"| {n} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
 
 
 def engine_table():
@@ -128,6 +149,7 @@ def svg_lines(path, title, xlab, ylab, xs, series):
 if __name__ == "__main__":
     kt, krows, shapes = kernel_table()
     print("## Kernel: HBM GEMV GB/s (Q4_K)\n\n" + kt + "\n")
+    print("## Kernel: HBM GEMV GB/s (Q6_K)\n\n" + q6k_table() + "\n")
     et, runs = engine_table()
     print("## Engine: bench --batch tok/s\n\n" + et + "\n")
     rows = serve_rows()
