@@ -1121,6 +1121,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn tensor_cores_take_launches_from_the_measured_column_counts() {
+        // Large matrices: Q4_K from 2 columns, Q6_K from 4; under 2048 rows both from 8.
+        assert_eq!(mma_min_cols(Format::Q4K, 4096), 2);
+        assert_eq!(mma_min_cols(Format::Q6K, 4096), 4);
+        assert_eq!(mma_min_cols(Format::Q4K, MMA_FULL_ROWS), 2);
+        assert_eq!(mma_min_cols(Format::Q4K, MMA_FULL_ROWS - 1), 8);
+        assert_eq!(mma_min_cols(Format::Q6K, 1024), 8);
+        // Every threshold is a column count one launch can carry.
+        for rows in [1, 1024, 2048, 14336] {
+            for f in MMA_FORMATS {
+                assert!((2..=GEMV_MAX_COLS).contains(&mma_min_cols(f, rows)));
+            }
+        }
+    }
+
+    #[test]
     fn column_counts_outside_one_to_the_activations_are_refused() {
         assert!(matches!(
             check_columns(0, 4),
