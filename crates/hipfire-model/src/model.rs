@@ -565,7 +565,13 @@ impl Model {
         }
         let total = first.last().copied().unwrap_or(0);
         let longest = splits.iter().map(|sp| sp.chunk).max().unwrap_or(0);
-        let mut parts = vec![0f32; total * item_len];
+        // Every item writes its whole partial (max, sum and every value), so a buffer of an
+        // earlier call is reused as it is: fresh, a 512-token chunk's 17 MiB were zeroed and
+        // faulted in on this thread alone, per layer.
+        let mut parts = PARTS.with(|p| p.take());
+        if parts.len() < total * item_len {
+            parts.resize(total * item_len, 0.0);
+        }
         let out = PartsOut(parts.as_mut_ptr());
         let out = &out;
         let (splits, first) = (&splits, &first);
@@ -615,19 +621,32 @@ impl Model {
                     }
                 }
             })?;
-        for (t, att_t) in att.chunks_exact_mut(n).enumerate() {
-            let n_chunks = splits[t].n_chunks;
-            let tparts = &parts[first[t] * item_len..first[t + 1] * item_len];
-            for (qh, o) in att_t.chunks_exact_mut(hd).enumerate() {
-                let (h, j) = (qh / group, qh % group);
-                let it = (0..n_chunks).map(move |ci| {
-                    let base = (h * n_chunks + ci) * item_len + j * pl;
-                    &tparts[base..base + pl]
-                });
-                attention::combine(it, o);
-            }
-        }
-        Ok(())
+        // Each query's partials merged into its heads, queries split over the threads too.
+        let parts_ro = &parts[..total * item_len];
+        let att_out = PartsOut(att.as_mut_ptr());
+        let att_out = &att_out;
+        let merged = self
+            .backend
+            .parallel_for(qs.len(), &|ts: std::ops::Range<usize>| {
+                for t in ts {
+                    // SAFETY: query t's `n` outputs lie inside `att` (checked: `qs.len() × n`), which
+                    // the caller keeps borrowed mutably for the whole call; each query is handed to
+                    // one part only.
+                    let att_t = unsafe { std::slice::from_raw_parts_mut(att_out.0.add(t * n), n) };
+                    let n_chunks = splits[t].n_chunks;
+                    let tparts = &parts_ro[first[t] * item_len..first[t + 1] * item_len];
+                    for (qh, o) in att_t.chunks_exact_mut(hd).enumerate() {
+                        let (h, j) = (qh / group, qh % group);
+                        let it = (0..n_chunks).map(move |ci| {
+                            let base = (h * n_chunks + ci) * item_len + j * pl;
+                            &tparts[base..base + pl]
+                        });
+                        attention::combine(it, o);
+                    }
+                }
+            });
+        PARTS.with(|p| p.replace(parts));
+        merged
     }
 
     /// RoPE of layer `li`: a sliding-window layer's own when the model has one.
@@ -674,8 +693,14 @@ impl Model {
     }
 }
 
+thread_local! {
+    /// [`Model::attention_many`]'s partials of the last call on this thread, reused by the
+    /// next: at most a prefill chunk's queries × about 16 items × the heads of a group.
+    static PARTS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// The partial softmaxes of [`Model::attention_many`], written item by item from several
-/// threads (and the rows of `batch::par_rows`).
+/// threads (and the rows of `batch::par_rows`, and the merged outputs).
 struct PartsOut(*mut f32);
 
 // SAFETY: only dereferenced inside `Model::attention_many` and `batch::par_rows`, where every

@@ -9,9 +9,10 @@
 //! ```text
 //! cargo run --release -p hipfire-quant --example prefill_gemm -- [--k 4096,14336] [--m 2048]
 //!     [--tokens 32,512] [--tile-kib 16] [--group 16] [--reps 7] [--formats q4_k,q6_k]
-//!     [--amx off|hw|emu] [--amx-kblock 8,16,0]
+//!     [--amx off|hw|emu] [--amx-kblock 8,16,0] [--amx-group 1,4,0]
 //! ```
-//! `--amx-kblock` lists k-steps (of 32) per dequantised block to try, 0 = the library's default;
+//! `--amx-kblock` lists k-steps (of 32) per dequantised block to try, `--amx-group` panels
+//! per group, 0 = the library's default for either;
 //! each AMX line also gives the time of the dequantisation alone (`dequant`).
 //! ```text
 //! ```
@@ -21,7 +22,8 @@
 
 use hipfire_quant::{
     amx_status, dequant_panels_for_bench, gemm_bf16, gemm_bf16_kblock, gemv_rows_multi,
-    quantize_row, simd_tier, ActivationBuf, AmxEngine, Bf16Tokens, Format,
+    quantize_row, simd_tier, tiles_peak_for_bench, ActivationBuf, AmxEngine, Bf16Tokens, Format,
+    AMX_KBLOCK_STEPS, AMX_PANEL_GROUP,
 };
 use std::error::Error;
 use std::hint::black_box;
@@ -35,6 +37,7 @@ struct Args {
     tokens: Vec<usize>,
     amx: Option<AmxEngine>,
     kblocks: Vec<usize>,
+    groups: Vec<usize>,
     tile: usize,
     group: usize,
     reps: usize,
@@ -48,6 +51,7 @@ fn parse() -> Result<Args, Box<dyn Error>> {
         tokens: vec![32],
         amx: None,
         kblocks: vec![0],
+        groups: vec![0],
         tile: 16 << 10,
         group: 16,
         reps: 7,
@@ -63,6 +67,7 @@ fn parse() -> Result<Args, Box<dyn Error>> {
             "--m" => a.m = val.parse()?,
             "--tokens" => a.tokens = list(val)?,
             "--amx-kblock" => a.kblocks = list(val)?,
+            "--amx-group" => a.groups = list(val)?,
             "--amx" => {
                 a.amx = match val.as_str() {
                     "off" => None,
@@ -115,6 +120,24 @@ fn main() -> Result<(), Box<dyn Error>> {
         a.tile >> 10,
         a.group
     );
+    if let Some(engine) = a.amx {
+        // The micro-kernel's ceiling with B from L1, L2 and beyond (A always from L1).
+        for b_kib in [16usize, 1024, 16384] {
+            let passes = (256 << 20) / (b_kib << 10);
+            let mut best = f64::INFINITY;
+            let mut macs = 0;
+            for _ in 0..a.reps {
+                let t0 = thread_cpu_ns()?;
+                macs = tiles_peak_for_bench(engine, b_kib << 10, passes)?;
+                best = best.min((thread_cpu_ns()? - t0) as f64 * 1e-9);
+            }
+            println!(
+                "tiles alone, B {b_kib} KiB: {:.1} GMAC/s (best of {})",
+                macs as f64 / best / 1e9,
+                a.reps
+            );
+        }
+    }
     for &k in &a.ks {
         for &fmt in &a.formats {
             let rb = fmt.row_bytes(k)?;
@@ -134,19 +157,18 @@ fn main() -> Result<(), Box<dyn Error>> {
                 );
                 if let Some(engine) = a.amx {
                     for &kb in &a.kblocks {
-                        let (total, pack) = run_amx(&a, engine, kb, fmt, &w, k, &xs)?;
-                        print!(
-                            "\n    AMX {:?} kblock {}: {:.1} GMAC/s ({:.2} x; packing {:.1} %)",
-                            engine,
-                            if kb == 0 {
-                                "default".into()
-                            } else {
-                                kb.to_string()
-                            },
-                            macs / total / 1e9,
-                            q8 / total,
-                            100.0 * pack / total
-                        );
+                        for &g in &a.groups {
+                            let (total, pack) = run_amx(&a, engine, kb, g, fmt, &w, k, &xs)?;
+                            let kb = if kb == 0 { AMX_KBLOCK_STEPS } else { kb };
+                            let g = if g == 0 { AMX_PANEL_GROUP } else { g };
+                            print!(
+                                "\n    AMX {engine:?} kblock {kb} group {g}: {:.1} GMAC/s \
+                                 ({:.2} x; packing {:.1} %)",
+                                macs / total / 1e9,
+                                q8 / total,
+                                100.0 * pack / total
+                            );
+                        }
                     }
                     let dq = run_dequant(&a, fmt, &w, k)?;
                     print!(
@@ -198,10 +220,12 @@ fn run_q8(
 }
 
 /// Best seconds of the AMX GEMM (packing included) and of its packing alone.
+#[allow(clippy::too_many_arguments)]
 fn run_amx(
     a: &Args,
     engine: AmxEngine,
     kblock: usize,
+    group: usize,
     fmt: Format,
     w: &[u8],
     k: usize,
@@ -217,10 +241,16 @@ fn run_amx(
         }
         let t1 = thread_cpu_ns()?;
         let mut yv: Vec<&mut [f32]> = ys.iter_mut().map(|y| &mut y[..]).collect();
-        if kblock == 0 {
+        if kblock == 0 && group == 0 {
             gemm_bf16(engine, fmt, w, k, &acts, &mut yv, false)?;
         } else {
-            gemm_bf16_kblock(engine, kblock, fmt, w, k, &acts, &mut yv, false)?;
+            let kb = if kblock == 0 {
+                AMX_KBLOCK_STEPS
+            } else {
+                kblock
+            };
+            let g = if group == 0 { AMX_PANEL_GROUP } else { group };
+            gemm_bf16_kblock(engine, kb, g, fmt, w, k, &acts, &mut yv, false)?;
         }
         let t2 = thread_cpu_ns()?;
         best = best.min((t2 - t0) as f64 * 1e-9);

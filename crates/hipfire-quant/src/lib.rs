@@ -83,8 +83,9 @@ mod shared_act;
 pub use act::{quantise_q8k, ActivationBuf, Q8K_BLOCK};
 pub use amx::{
     amx_available, amx_rows_used, amx_status, dequant_panels_for_bench,
-    error_bound as amx_error_bound, gemm_bf16, gemm_bf16_kblock, AmxEngine, Bf16Tokens,
-    AMX_MIN_TOKENS, PANEL_ROWS as AMX_PANEL_ROWS,
+    error_bound as amx_error_bound, gemm_bf16, gemm_bf16_kblock, tiles_peak_for_bench, AmxEngine,
+    Bf16Tokens, AMX_MIN_TOKENS, CLAIM_ROWS as AMX_CLAIM_ROWS, KBLOCK_STEPS as AMX_KBLOCK_STEPS,
+    PANEL_GROUP as AMX_PANEL_GROUP, PANEL_ROWS as AMX_PANEL_ROWS,
 };
 pub use dispatch::{
     dequantize_row, dequantize_row_f64, gemv_rows, gemv_rows_multi, gemv_rows_multi_with,

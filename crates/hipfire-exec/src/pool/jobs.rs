@@ -256,12 +256,19 @@ impl CpuPool {
             engine,
             parts,
         };
-        match engine {
-            // Whole panels per worker: a cut inside one would dequantise it twice, padded.
-            Some(_) => self.run_job_aligned(&job, 0..start, hipfire_quant::AMX_PANEL_ROWS),
-            None => self.run_job(&job, 0..start),
-        }
-        .map(|_| ())
+        // On AMX, claims of whole panel groups (a cut inside a panel would dequantise it twice,
+        // padded; a group shares each block of the tokens among its panels). On the row dots,
+        // about TOKEN_CLAIMS_PER_THREAD claims a thread of whole row tiles, each on whole cache
+        // lines of every output.
+        let grain = match engine {
+            Some(_) => hipfire_quant::AMX_CLAIM_ROWS,
+            None => {
+                let align = job.tile_rows.next_multiple_of(super::WORKER_ROW_ALIGN);
+                let per_claim = start.div_ceil(self.compute_threads() * TOKEN_CLAIMS_PER_THREAD);
+                per_claim.div_ceil(align).max(1) * align
+            }
+        };
+        self.run_job_claimed(&job, 0..start, grain).map(|_| ())
     }
 }
 
@@ -381,6 +388,12 @@ impl PoolJob for BatchGemvJob<'_> {
         Ok(0)
     }
 }
+
+/// Row chunks per computing thread that [`CpuPool::gemv_tokens`] offers on the row dots
+/// (claimed off a shared cursor, [`CpuPool::run_job_claimed`]): enough that a thread slowed by
+/// a neighbour hands its remaining chunks to the others, few enough that a chunk (at least one
+/// row tile, times every token of the call) still costs far more than its claim.
+const TOKEN_CLAIMS_PER_THREAD: usize = 8;
 
 /// Weight bytes per row tile of [`CpuPool::gemv_tokens`]: every token runs over one tile before
 /// the next, so the tile should stay in L1 (32–48 KiB per core on current x86) next to the
@@ -548,9 +561,9 @@ impl<'a> TokenActs<'a> {
     }
 }
 
-// SAFETY: a worker writes, for every token, only the rows of each segment that fall in its own
-// disjoint range of the job's row space (`partition`), and only reads `w`/`acts`; the caller's
-// `&mut` borrows of every `y` last the whole call.
+// SAFETY: a worker writes, for every token, only the rows of each segment that fall in the
+// chunks of the job's row space it claimed (each chunk is claimed once), and only reads
+// `w`/`acts`; the caller's `&mut` borrows of every `y` last the whole call.
 unsafe impl Sync for TokenGemvJob<'_> {}
 
 impl PoolJob for TokenGemvJob<'_> {
@@ -576,9 +589,9 @@ impl PoolJob for TokenGemvJob<'_> {
                             return &mut [][..];
                         }
                         // SAFETY: rows `a..e` lie inside the segment (`lo`/`hi` clamped to it)
-                        // and inside this worker's disjoint range, so `t·m + a .. t·m + e`
-                        // (t = t0 + i < tokens) is inside the `tokens × m` output and written by
-                        // no other worker, nor aliased by another `ys[i]` (distinct t); the
+                        // and inside this run's rows (each claimed once), so `t·m + a ..
+                        // t·m + e` (t = t0 + i < tokens) is inside the `tokens × m` output and
+                        // written by no other worker, nor aliased by another `ys[i]` (distinct t); the
                         // pointer comes from a live `&mut [f32]` of that length held by the
                         // blocked caller.
                         unsafe {
@@ -621,9 +634,9 @@ impl TokenGemvJob<'_> {
             let (a, b) = (lo - p.start, hi - p.start);
             let mut ys: Vec<&mut [f32]> = (0..tokens)
                 .map(|t| {
-                    // SAFETY: rows `a..b` lie inside the segment and inside this worker's
-                    // disjoint range, so `t·m + a .. t·m + b` is inside the `tokens × m` output,
-                    // written by no other worker and aliased by no other `ys[t]` (distinct t);
+                    // SAFETY: rows `a..b` lie inside the segment and inside this run's rows
+                    // (each claimed once), so `t·m + a .. t·m + b` is inside the `tokens × m`
+                    // output, written by no other worker and aliased by no other `ys[t]` (distinct t);
                     // the pointer comes from a live `&mut [f32]` of that length held by the
                     // blocked caller.
                     unsafe { std::slice::from_raw_parts_mut(p.y.add(t * p.m + a), b - a) }

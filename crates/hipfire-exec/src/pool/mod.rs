@@ -30,8 +30,10 @@ use crate::error::ExecError;
 use crate::topology;
 use actor::{panic_message, recv_spinning, JobPtr, Reply, WorkerMsg};
 use crossbeam_channel::{bounded, Receiver, Sender};
+use crossbeam_utils::CachePadded;
 use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -43,6 +45,12 @@ use std::time::Duration;
 /// 30–50 µs), while a futex wake-up of a blocked thread costs tens of µs; 50 µs of spinning keeps
 /// workers awake through those gaps and bounds the wasted core time between tokens.
 pub const SPIN_WINDOW: Duration = Duration::from_micros(50);
+
+/// Chunks per computing thread that [`CpuPool::parallel_for`] offers. A prompt chunk's
+/// attention items grow with their query's position, so one contiguous part per thread left
+/// the thread with the last queries about twice the average work (512 tokens, 16 threads);
+/// with 8 claims a thread the last claim is a small share of the call. Chosen, not tuned.
+pub const FOR_CLAIMS_PER_THREAD: usize = 8;
 
 /// Row alignment of each worker's slice of the output: 16 f32 = one 64-byte cache line, so two
 /// workers never write the same line (no false sharing). Cut points are multiples of this
@@ -236,9 +244,11 @@ impl CpuPool {
     pub fn cores(&self) -> &[Option<usize>] {
         &self.inner.cores
     }
-    /// Run `f` over `0..n` cut into one contiguous part per computing thread (no alignment:
-    /// for per-head or per-item work that is not a GEMV, such as attention). Waits for every
-    /// part; an error only when the pool itself failed (a part that panicked, a stopped worker).
+    /// Run `f` over `0..n` in contiguous chunks that the computing threads claim
+    /// ([`CpuPool::run_job_claimed`], about [`FOR_CLAIMS_PER_THREAD`] a thread; no alignment:
+    /// for per-head or per-item work that is not a GEMV, such as attention, whose items need
+    /// not cost the same). Waits for every chunk; an error only when the pool itself failed (a
+    /// chunk that panicked, a stopped worker).
     pub fn parallel_for(
         &self,
         n: usize,
@@ -251,7 +261,8 @@ impl CpuPool {
                 Ok(0)
             }
         }
-        self.run_job_aligned(&ForJob(f), 0..n, 1).map(|_| ())
+        let grain = n.div_ceil(self.compute_threads() * FOR_CLAIMS_PER_THREAD);
+        self.run_job_claimed(&ForJob(f), 0..n, grain).map(|_| ())
     }
 
     /// Send an owned job's `parts` (at most one per worker) without waiting; collect with
@@ -304,6 +315,36 @@ impl CpuPool {
         rows: Range<usize>,
     ) -> Result<u64, ExecError> {
         self.run_job_aligned(job, rows, WORKER_ROW_ALIGN)
+    }
+
+    /// Run `job` over `rows` with the rows claimed, not cut: every computing thread takes
+    /// chunks of `grain` rows (aligned to `grain` from `rows.start`) off a shared cursor until
+    /// none is left, so a thread that is slowed (another process on its core, a slower
+    /// cache) takes fewer chunks instead of holding the whole call. For jobs whose chunks cost
+    /// far more than a claim (an atomic add): the prompt GEMMs of [`CpuPool::gemv_tokens`].
+    /// Rows are still disjoint, so each output row is computed exactly as a static cut would.
+    ///
+    /// Returns the XOR of every chunk's value, or the first error (the others stop claiming).
+    pub(crate) fn run_job_claimed(
+        &self,
+        job: &(dyn PoolJob + '_),
+        rows: Range<usize>,
+        grain: usize,
+    ) -> Result<u64, ExecError> {
+        if rows.is_empty() {
+            return Ok(0);
+        }
+        let claimed = ClaimedRows {
+            job,
+            next: CachePadded::new(AtomicUsize::new(rows.start)),
+            end: rows.end,
+            grain: grain.max(1),
+        };
+        // One part per computing thread (at most one per grain); each part's own range only
+        // says that a thread takes part.
+        let chunks = rows.len().div_ceil(claimed.grain);
+        let takers = self.compute_threads().min(chunks).max(1);
+        self.run_job_aligned(&claimed, 0..takers, 1)
     }
 
     /// [`CpuPool::run_job`] with cut points at multiples of `align`.
@@ -431,6 +472,35 @@ impl Pending {
         match self.first_err {
             Some(e) => Err(e),
             None => Ok(()),
+        }
+    }
+}
+
+/// [`CpuPool::run_job_claimed`]'s job: the inner job over chunks taken off a shared cursor.
+struct ClaimedRows<'j> {
+    job: &'j (dyn PoolJob + 'j),
+    /// The first row not yet claimed (may run past `end`: then nothing is left).
+    next: CachePadded<AtomicUsize>,
+    end: usize,
+    grain: usize,
+}
+
+impl PoolJob for ClaimedRows<'_> {
+    fn run(&self, _taker: Range<usize>) -> Result<u64, ExecError> {
+        let mut acc = 0u64;
+        loop {
+            let a = self.next.fetch_add(self.grain, Ordering::Relaxed);
+            if a >= self.end {
+                return Ok(acc);
+            }
+            match self.job.run(a..(a + self.grain).min(self.end)) {
+                Ok(v) => acc ^= v,
+                Err(e) => {
+                    // The call fails anyway: the other threads stop at their next claim.
+                    self.next.store(self.end, Ordering::Relaxed);
+                    return Err(e);
+                }
+            }
         }
     }
 }

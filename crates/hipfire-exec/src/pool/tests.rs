@@ -665,3 +665,90 @@ fn token_tiles_are_whole_row_groups_of_about_the_tile_bytes() {
         );
     }
 }
+
+/// Counts every row a claimed run visits, and fails on one chosen row.
+struct VisitJob {
+    visits: Vec<AtomicUsize>,
+    /// Largest chunk seen, to check the grain.
+    widest: AtomicUsize,
+    fail_row: Option<usize>,
+}
+
+impl PoolJob for VisitJob {
+    fn run(&self, rows: Range<usize>) -> Result<u64, ExecError> {
+        self.widest.fetch_max(rows.len(), Ordering::SeqCst);
+        if self.fail_row.is_some_and(|r| rows.contains(&r)) {
+            return Err(ExecError::Invalid {
+                what: "row",
+                value: format!("{rows:?}"),
+                rule: "injected failure",
+            });
+        }
+        for r in rows.clone() {
+            self.visits[r].fetch_add(1, Ordering::SeqCst);
+        }
+        Ok(rows.start as u64 * 2654435761)
+    }
+}
+
+#[test]
+fn claimed_rows_visit_every_row_exactly_once() {
+    for (threads, caller) in [(1, true), (3, false), (4, true)] {
+        let pool = CpuPool::with_config(PoolConfig {
+            threads,
+            caller_computes: caller,
+            ..PoolConfig::default()
+        })
+        .expect("pool");
+        for (rows, grain) in [
+            (0..1000, 32),
+            (7..1000, 32),
+            (5..6, 64),
+            (0..97, 1),
+            (3..50, 100),
+        ] {
+            let job = VisitJob {
+                visits: (0..rows.end).map(|_| AtomicUsize::new(0)).collect(),
+                widest: AtomicUsize::new(0),
+                fail_row: None,
+            };
+            let got = pool
+                .run_job_claimed(&job, rows.clone(), grain)
+                .expect("claimed run");
+            let want = (rows.start..rows.end)
+                .step_by(grain)
+                .fold(0u64, |acc, a| acc ^ (a as u64 * 2654435761));
+            assert_eq!(
+                got, want,
+                "XOR of the chunks' values, {rows:?} grain {grain}"
+            );
+            for (r, v) in job.visits.iter().enumerate() {
+                let want = usize::from(rows.contains(&r));
+                assert_eq!(v.load(Ordering::SeqCst), want, "row {r} of {rows:?}");
+            }
+            assert!(job.widest.load(Ordering::SeqCst) <= grain);
+        }
+    }
+}
+
+#[test]
+fn a_failed_claim_fails_the_call_and_the_pool_goes_on() {
+    let pool = CpuPool::new(3).expect("pool");
+    let job = VisitJob {
+        visits: (0..4096).map(|_| AtomicUsize::new(0)).collect(),
+        widest: AtomicUsize::new(0),
+        fail_row: Some(2000),
+    };
+    let err = pool
+        .run_job_claimed(&job, 0..4096, 16)
+        .expect_err("injected");
+    assert!(err.to_string().contains("injected failure"), "{err}");
+    let again = VisitJob {
+        visits: (0..64).map(|_| AtomicUsize::new(0)).collect(),
+        widest: AtomicUsize::new(0),
+        fail_row: None,
+    };
+    pool.run_job_claimed(&again, 0..64, 16)
+        .expect("the pool still runs");
+    assert!(again.visits.iter().all(|v| v.load(Ordering::SeqCst) == 1));
+}

@@ -19,6 +19,7 @@ use super::{Model, Session};
 use crate::block::{self, Act, BlockOps};
 use crate::config::FfnActivation;
 use crate::{ops, ModelError};
+use std::time::{Duration, Instant};
 
 /// One session's share of a [`forward_batch`] step.
 #[derive(Debug)]
@@ -141,11 +142,25 @@ fn forward_checked(m: &Model, items: &mut [BatchItem<'_, '_>]) -> Result<(), Mod
             vec![0f32; n * ff],
             vec![0f32; n * ff],
         ],
+        times: StepTimes::default(),
     };
+    let started = Instant::now();
     for (li, l) in m.layers.iter().enumerate() {
         let t = l.map_vectors(|v| Ok::<_, std::convert::Infallible>(v.as_slice()));
         let Ok(t) = t;
         block::layer(&mut step, c, li, &t)?;
+    }
+    if n > 1 {
+        let t = step.times;
+        tracing::debug!(
+            target: "hipfire::prefill",
+            tokens = n,
+            layers_s = started.elapsed().as_secs_f64(),
+            project_s = t.project.as_secs_f64(),
+            attention_s = t.attention.as_secs_f64(),
+            elementwise_s = t.elementwise.as_secs_f64(),
+            "cpu batched step"
+        );
     }
     let [x, ..] = step.bufs;
     let items = step.items;
@@ -196,6 +211,20 @@ struct CpuStep<'a, 'b, 's, 'm> {
     rows: &'a [(usize, usize)],
     /// The activations, indexed by [`Act`] in its declaration order.
     bufs: [Vec<f32>; 8],
+    /// Where the step's time went (logged at debug level for multi-token steps).
+    times: StepTimes,
+}
+
+/// Wall time of a [`CpuStep`] by kind of operation: the breakdown a prefill's speed is read
+/// from (`RUST_LOG=hipfire::prefill=debug`), at the cost of two clock reads per operation.
+#[derive(Debug, Default, Clone, Copy)]
+struct StepTimes {
+    /// The projections (the pool's GEMMs, their activation preparation included).
+    project: Duration,
+    /// RoPE, the cache writes and attention.
+    attention: Duration,
+    /// Norms, biases, residual adds and the gated activation.
+    elementwise: Duration,
 }
 
 impl CpuStep<'_, '_, '_, '_> {
@@ -218,121 +247,173 @@ impl<'a> BlockOps for CpuStep<'a, '_, '_, '_> {
     type Vector = &'a [f32];
 
     fn rms_norm(&mut self, src: Act, w: &[f32], dst: Act, width: usize) -> Result<(), ModelError> {
-        let eps = self.m.config.rms_eps;
-        if src == dst {
-            // Per-head norms (q/k): a few hundred values a row, not worth a dispatch.
-            self.bufs[dst as usize]
-                .chunks_exact_mut(width)
-                .for_each(|h| ops::rms_norm_inplace(h, w, eps));
-            return Ok(());
-        }
-        let mut out = self.take(dst);
-        let s = self.buf(src);
-        let done = par_rows(self.m, &mut out, width, &|i, r| {
-            ops::rms_norm(&s[i * width..(i + 1) * width], w, eps, r)
-        });
-        self.put(dst, out);
-        done
+        let t0 = Instant::now();
+        let r = (|| {
+            let eps = self.m.config.rms_eps;
+            if src == dst {
+                // Per-head norms (q/k): a few hundred values a row, not worth a dispatch.
+                self.bufs[dst as usize]
+                    .chunks_exact_mut(width)
+                    .for_each(|h| ops::rms_norm_inplace(h, w, eps));
+                return Ok(());
+            }
+            let mut out = self.take(dst);
+            let s = self.buf(src);
+            let done = par_rows(self.m, &mut out, width, &|i, r| {
+                ops::rms_norm(&s[i * width..(i + 1) * width], w, eps, r)
+            });
+            self.put(dst, out);
+            done
+        })();
+        self.times.elementwise += t0.elapsed();
+        r
     }
 
     fn add_bias(&mut self, dst: Act, b: &[f32]) -> Result<(), ModelError> {
-        for bt in self.bufs[dst as usize].chunks_exact_mut(b.len()) {
-            bt.iter_mut().zip(b).for_each(|(y, &bb)| *y += bb);
-        }
-        Ok(())
+        let t0 = Instant::now();
+        let r = (|| {
+            for bt in self.bufs[dst as usize].chunks_exact_mut(b.len()) {
+                bt.iter_mut().zip(b).for_each(|(y, &bb)| *y += bb);
+            }
+            Ok(())
+        })();
+        self.times.elementwise += t0.elapsed();
+        r
     }
 
     fn project(&mut self, outs: &[(usize, Act)], input: Act) -> Result<(), ModelError> {
-        let ids: Vec<usize> = outs.iter().map(|o| o.0).collect();
-        let mut ys: Vec<Vec<f32>> = outs.iter().map(|o| self.take(o.1)).collect();
-        let done = {
-            let mut refs: Vec<&mut [f32]> = ys.iter_mut().map(|y| &mut y[..]).collect();
-            self.m
-                .project(&ids, self.buf(input), &mut refs, self.rows.len())
-        };
-        for (o, y) in outs.iter().zip(ys) {
-            self.put(o.1, y);
-        }
-        done
+        let t0 = Instant::now();
+        let r = (|| {
+            let ids: Vec<usize> = outs.iter().map(|o| o.0).collect();
+            let mut ys: Vec<Vec<f32>> = outs.iter().map(|o| self.take(o.1)).collect();
+            let done = {
+                let mut refs: Vec<&mut [f32]> = ys.iter_mut().map(|y| &mut y[..]).collect();
+                self.m
+                    .project(&ids, self.buf(input), &mut refs, self.rows.len())
+            };
+            for (o, y) in outs.iter().zip(ys) {
+                self.put(o.1, y);
+            }
+            done
+        })();
+        self.times.project += t0.elapsed();
+        r
     }
 
     fn project_residual(&mut self, w: usize, input: Act) -> Result<(), ModelError> {
-        let mut x = self.take(Act::X);
-        let done = match self.rows.len() {
-            1 => self.m.gemv(w, self.buf(input), &mut x, true),
-            _ => self
-                .m
-                .gemv_tokens(&[w], self.buf(input), &mut [&mut x[..]], true),
-        };
-        self.put(Act::X, x);
-        done
+        let t0 = Instant::now();
+        let r = (|| {
+            let mut x = self.take(Act::X);
+            let done = match self.rows.len() {
+                1 => self.m.gemv(w, self.buf(input), &mut x, true),
+                _ => self
+                    .m
+                    .gemv_tokens(&[w], self.buf(input), &mut [&mut x[..]], true),
+            };
+            self.put(Act::X, x);
+            done
+        })();
+        self.times.project += t0.elapsed();
+        r
     }
 
     fn attention(&mut self, li: usize) -> Result<(), ModelError> {
-        let c = &self.m.config;
-        let (qd, kvd, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
-        let rope = self.m.layer_rope(li);
-        let [_, _, q, k, v, att, ..] = &mut self.bufs;
-        for (&(_, pos), (qt, kt)) in self
-            .rows
-            .iter()
-            .zip(q.chunks_exact_mut(qd).zip(k.chunks_exact_mut(kvd)))
-        {
-            rope.apply(qt, hd, pos);
-            rope.apply(kt, hd, pos);
-        }
-        // Each item's new keys/values go into its own cache before any of its tokens attend,
-        // so token j of an item sees positions 0..=pos0 + j, as a step at that position would.
-        let mut r0 = 0;
-        for it in self.items.iter_mut() {
-            let r1 = r0 + it.tokens.len();
-            let kvl = &mut it.session.kv[li];
-            for (kt, vt) in k[r0 * kvd..r1 * kvd]
-                .chunks_exact(kvd)
-                .zip(v[r0 * kvd..r1 * kvd].chunks_exact(kvd))
-            {
-                kvl.push(kt, vt);
+        let t0 = Instant::now();
+        let r = (|| {
+            let c = &self.m.config;
+            let (qd, kvd, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
+            let rope = self.m.layer_rope(li);
+            let [_, _, q, k, v, att, ..] = &mut self.bufs;
+            // RoPE of every token's q and k, tokens split over the threads (a 512-token
+            // chunk's rotations were milliseconds a layer on this thread alone).
+            let rows = self.rows;
+            let (q_out, k_out) = (
+                super::PartsOut(q.as_mut_ptr()),
+                super::PartsOut(k.as_mut_ptr()),
+            );
+            let (q_out, k_out) = (&q_out, &k_out);
+            self.m
+                .backend
+                .parallel_for(rows.len(), &|ts: std::ops::Range<usize>| {
+                    for t in ts {
+                        // SAFETY: token t's q (`qd` values) and k (`kvd`) lie inside `q` and `k`
+                        // (one row per token), borrowed mutably for the whole call; each token is
+                        // handed to one part only.
+                        let (qt, kt) = unsafe {
+                            (
+                                std::slice::from_raw_parts_mut(q_out.0.add(t * qd), qd),
+                                std::slice::from_raw_parts_mut(k_out.0.add(t * kvd), kvd),
+                            )
+                        };
+                        rope.apply(qt, hd, rows[t].1);
+                        rope.apply(kt, hd, rows[t].1);
+                    }
+                })?;
+            // Each item's new keys/values go into its own cache before any of its tokens attend,
+            // so token j of an item sees positions 0..=pos0 + j, as a step at that position would.
+            let mut r0 = 0;
+            for it in self.items.iter_mut() {
+                let r1 = r0 + it.tokens.len();
+                let kvl = &mut it.session.kv[li];
+                for (kt, vt) in k[r0 * kvd..r1 * kvd]
+                    .chunks_exact(kvd)
+                    .zip(v[r0 * kvd..r1 * kvd].chunks_exact(kvd))
+                {
+                    kvl.push(kt, vt);
+                }
+                r0 = r1;
             }
-            r0 = r1;
-        }
-        // Every token's attention in one dispatch (per token, the same bits as alone).
-        let queries: Vec<(&[f32], &crate::attention::KvCache, usize)> = self
-            .rows
-            .iter()
-            .zip(q.chunks_exact(qd))
-            .map(|(&(i, pos), qt)| (qt, &self.items[i].session.kv[li], pos + 1))
-            .collect();
-        self.m
-            .attention_many(li, &queries, &mut att[..self.rows.len() * qd])
+            // Every token's attention in one dispatch (per token, the same bits as alone).
+            let queries: Vec<(&[f32], &crate::attention::KvCache, usize)> = self
+                .rows
+                .iter()
+                .zip(q.chunks_exact(qd))
+                .map(|(&(i, pos), qt)| (qt, &self.items[i].session.kv[li], pos + 1))
+                .collect();
+            self.m
+                .attention_many(li, &queries, &mut att[..self.rows.len() * qd])
+        })();
+        self.times.attention += t0.elapsed();
+        r
     }
 
     fn rms_norm_add(&mut self, src: Act, w: &[f32]) -> Result<(), ModelError> {
-        let (d, eps) = (self.m.config.d_model, self.m.config.rms_eps);
-        let mut o = self.take(src);
-        for (xt, ot) in self.bufs[Act::X as usize]
-            .chunks_exact_mut(d)
-            .zip(o.chunks_exact_mut(d))
-        {
-            ops::rms_norm_inplace(ot, w, eps);
-            xt.iter_mut().zip(ot.iter()).for_each(|(a, &b)| *a += b);
-        }
-        self.put(src, o);
-        Ok(())
+        let t0 = Instant::now();
+        let r = (|| {
+            let (d, eps) = (self.m.config.d_model, self.m.config.rms_eps);
+            let mut o = self.take(src);
+            for (xt, ot) in self.bufs[Act::X as usize]
+                .chunks_exact_mut(d)
+                .zip(o.chunks_exact_mut(d))
+            {
+                ops::rms_norm_inplace(ot, w, eps);
+                xt.iter_mut().zip(ot.iter()).for_each(|(a, &b)| *a += b);
+            }
+            self.put(src, o);
+            Ok(())
+        })();
+        self.times.elementwise += t0.elapsed();
+        r
     }
 
     fn gated_activation(&mut self, f: FfnActivation) -> Result<(), ModelError> {
-        let ff = self.m.config.n_ff;
-        let mut gate = self.take(Act::Gate);
-        let up = self.buf(Act::Up);
-        let done = par_rows(self.m, &mut gate, ff, &|i, g| {
-            let u = &up[i * ff..(i + 1) * ff];
-            match f {
-                FfnActivation::Silu => ops::swiglu(g, u),
-                FfnActivation::GeluTanh => ops::geglu_tanh(g, u),
-            }
-        });
-        self.put(Act::Gate, gate);
-        done
+        let t0 = Instant::now();
+        let r = (|| {
+            let ff = self.m.config.n_ff;
+            let mut gate = self.take(Act::Gate);
+            let up = self.buf(Act::Up);
+            let done = par_rows(self.m, &mut gate, ff, &|i, g| {
+                let u = &up[i * ff..(i + 1) * ff];
+                match f {
+                    FfnActivation::Silu => ops::swiglu(g, u),
+                    FfnActivation::GeluTanh => ops::geglu_tanh(g, u),
+                }
+            });
+            self.put(Act::Gate, gate);
+            done
+        })();
+        self.times.elementwise += t0.elapsed();
+        r
     }
 }
 

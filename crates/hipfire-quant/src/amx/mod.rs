@@ -308,6 +308,18 @@ impl Bf16Tokens {
 /// runs scattered more (Q4_K k 4096 76 / 72 / 117, k 14336 75 / 102 / 73).
 pub const KBLOCK_STEPS: usize = 32;
 
+/// Panels multiplied together per k-block: the token groups' block of B (`kblock` k-steps of
+/// every token: 1 MiB at 512 tokens and 32 steps) is then read from L2 by every panel of the
+/// group instead of once per panel, where a whole row walk per panel had pushed it out (B
+/// spans `k` elements of every token: 4–14 MiB at 512 tokens). The group's C tiles stay
+/// alive meanwhile (4 KiB per panel and pair of token groups). Rows claimed together by
+/// hipfire-exec's `gemv_tokens` are whole groups ([`CLAIM_ROWS`]).
+/// Value: provisional, the sweep of `prefill_gemm --amx-group` decides it (H200 box).
+pub const PANEL_GROUP: usize = 4;
+
+/// Rows a `gemv_tokens` worker should take at a time on the AMX route: whole panel groups.
+pub const CLAIM_ROWS: usize = PANEL_GROUP * PANEL_ROWS;
+
 /// Buffers of dropped [`Bf16Tokens`], reused by the next (one per call in flight is plenty).
 static SPARE: Mutex<Vec<Vec<Line>>> = Mutex::new(Vec::new());
 /// Spare buffers kept at most.
@@ -366,16 +378,28 @@ pub fn gemm_bf16(
     ys: &mut [&mut [f32]],
     accumulate: bool,
 ) -> Result<(), QuantError> {
-    gemm_bf16_kblock(engine, KBLOCK_STEPS, fmt, w_rows, k, acts, ys, accumulate)
+    gemm_bf16_kblock(
+        engine,
+        KBLOCK_STEPS,
+        PANEL_GROUP,
+        fmt,
+        w_rows,
+        k,
+        acts,
+        ys,
+        accumulate,
+    )
 }
 
 /// [`gemm_bf16`] with `kblock` k-steps per dequantised block (rounded up to a multiple of 8)
-/// instead of [`KBLOCK_STEPS`]: the `prefill_gemm` example's sweep.
+/// instead of [`KBLOCK_STEPS`] and `panel_group` panels per group instead of [`PANEL_GROUP`]:
+/// the `prefill_gemm` example's sweep.
 #[doc(hidden)]
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_bf16_kblock(
     engine: AmxEngine,
     kblock: usize,
+    panel_group: usize,
     fmt: Format,
     w_rows: &[u8],
     k: usize,
@@ -434,6 +458,7 @@ pub fn gemm_bf16_kblock(
             engine,
             fast,
             kblock,
+            panel_group.max(1),
             fmt,
             &w_rows[..need],
             rb,
@@ -482,19 +507,60 @@ pub fn dequant_panels_for_bench(
     Ok(panel.iter().map(|l| u64::from(l.0[0])).sum())
 }
 
+/// The tile micro-kernel alone, for the `prefill_gemm` example's ceiling: `passes` sweeps of
+/// one panel of [`PEAK_KSTEPS`] k-steps (16 KiB, from L1) against token groups filling
+/// `b_bytes` of B (from L1, L2 or beyond, as the size says), each pair of groups one
+/// micro-kernel call into the same C block. Returns the multiply-accumulates done.
+#[doc(hidden)]
+pub fn tiles_peak_for_bench(
+    engine: AmxEngine,
+    b_bytes: usize,
+    passes: usize,
+) -> Result<u64, QuantError> {
+    let engine = engine.engine()?;
+    let pair_lines = 2 * PEAK_KSTEPS * TILE_ROWS;
+    let pairs = (b_bytes / (pair_lines * std::mem::size_of::<Line>())).max(1);
+    let fill = |i: usize| {
+        let mut l = Line::ZERO;
+        l.0.iter_mut()
+            .enumerate()
+            .for_each(|(j, v)| *v = f32_to_bf16(((i * 31 + j) % 17) as f32 / 17.0 - 0.5));
+        l
+    };
+    let a: Vec<Line> = (0..PEAK_KSTEPS * PANEL_ROWS).map(fill).collect();
+    let b: Vec<Line> = (0..pairs * pair_lines).map(fill).collect();
+    let mut c = CBlock([[0.0; tiles::C_TILE]; 4]);
+    let session = TileSession::start(engine);
+    let half = PEAK_KSTEPS * TILE_ROWS;
+    for _ in 0..passes {
+        for pair in b.chunks_exact(pair_lines) {
+            let (b0, b1) = pair.split_at(half);
+            tiles::dot_panel(&session, &a, (b0, Some(b1)), PEAK_KSTEPS, &mut c);
+        }
+    }
+    std::hint::black_box(&c);
+    Ok((passes * pairs * PEAK_KSTEPS * PANEL_ROWS * 2 * TILE_ROWS * TILE_K) as u64)
+}
+
+/// k-steps of [`tiles_peak_for_bench`]'s panel.
+const PEAK_KSTEPS: usize = 8;
+
 /// k-blocks are whole multiples of 8 k-steps: 256 elements, a whole block of every format
 /// (1, 32 or 256 elements), so each k-block dequantises whole blocks.
 const KBLOCK_ALIGN: usize = 8;
 const _: () = assert!(KBLOCK_STEPS.is_multiple_of(KBLOCK_ALIGN));
 
-/// The panels of `w` (whole rows of `rb` bytes, as many as `ys[t].len()`): each dequantised
-/// `kblock` k-steps at a time, every pair of token groups multiplied over that block into its C
-/// tiles, which are scattered into the outputs after the last block.
+/// The panels of `w` (whole rows of `rb` bytes, as many as `ys[t].len()`), in groups of
+/// `panel_group`: for each k-block of `kblock` steps, every panel of the group is dequantised
+/// over that block and every pair of token groups multiplied into the panel's C tiles; after
+/// the last k-block the group's C tiles are scattered into the outputs. Each C tile still sums
+/// its k-steps in order, so the grouping changes no result bit.
 #[allow(clippy::too_many_arguments)]
 fn run_panels(
     engine: Engine,
     fast: bool,
     kblock: usize,
+    panel_group: usize,
     fmt: Format,
     w: &[u8],
     rb: usize,
@@ -510,52 +576,90 @@ fn run_panels(
     let pairs = groups.len().div_ceil(2);
     s.panel.resize(kblock * PANEL_ROWS, Line::ZERO);
     s.row.resize(kblock * TILE_K, 0.0);
-    s.c.resize_with(pairs, || CBlock([[0.0; tiles::C_TILE]; 4]));
+    s.c.resize_with(panel_group * pairs, || CBlock([[0.0; tiles::C_TILE]; 4]));
     let session = TileSession::start(engine);
-    for (pi, rows) in w.chunks(PANEL_ROWS * rb).enumerate() {
-        let r0 = pi * PANEL_ROWS;
-        let n_rows = rows.len() / rb;
-        s.c.iter_mut()
+    let group_bytes = panel_group * PANEL_ROWS * rb;
+    for (gi, gw) in w.chunks(group_bytes).enumerate() {
+        let panels: Vec<&[u8]> = gw.chunks(PANEL_ROWS * rb).collect();
+        let cs = &mut s.c[..panels.len() * pairs];
+        cs.iter_mut()
             .for_each(|c| c.0.iter_mut().for_each(|t| t.fill(0.0)));
         for s0 in (0..ksteps).step_by(kblock) {
             let ns = kblock.min(ksteps - s0);
-            prefetch_next(w, r0, n_rows, rb, k, s0 + ns, kblock);
-            dequant::fill_panel(fast, fmt, rows, rb, k, s0, ns, &mut s.panel, &mut s.row)?;
-            for (pair, c) in groups.chunks(2).zip(s.c.iter_mut()) {
-                let b0 = &pair[0][s0 * TILE_ROWS..];
-                let b1 = pair.get(1).map(|b| &b[s0 * TILE_ROWS..]);
-                if !tiles::dot_panel(&session, &s.panel, (b0, b1), ns, c) {
-                    return Err(QuantError::ShortBuffer {
-                        what: "AMX panel or token group",
-                        need: ns * PANEL_ROWS,
-                        got: s.panel.len(),
-                    });
+            for (pi, rows) in panels.iter().enumerate() {
+                // The next panel's block of this k-step range, or the first panel's next block.
+                match panels.get(pi + 1) {
+                    Some(next) => prefetch_block(next, rb, k, s0, ns),
+                    None => prefetch_block(panels[0], rb, k, s0 + ns, kblock),
+                }
+                dequant::fill_panel(fast, fmt, rows, rb, k, s0, ns, &mut s.panel, &mut s.row)?;
+                let pc = &mut cs[pi * pairs..(pi + 1) * pairs];
+                for (pair, c) in groups.chunks(2).zip(pc.iter_mut()) {
+                    let b0 = &pair[0][s0 * TILE_ROWS..];
+                    let b1 = pair.get(1).map(|b| &b[s0 * TILE_ROWS..]);
+                    if !tiles::dot_panel(&session, &s.panel, (b0, b1), ns, c) {
+                        return Err(QuantError::ShortBuffer {
+                            what: "AMX panel or token group",
+                            need: ns * PANEL_ROWS,
+                            got: s.panel.len(),
+                        });
+                    }
                 }
             }
         }
-        for (gp, (pair, c)) in groups.chunks(2).zip(&s.c).enumerate() {
-            for gi in 0..pair.len() {
-                let t0 = (2 * gp + gi) * TILE_ROWS;
-                let nt = TILE_ROWS.min(acts.tokens - t0);
-                for rt in 0..2 {
-                    let ct = &c.0[2 * rt + gi];
-                    let rr0 = rt * TILE_ROWS;
-                    let nr = TILE_ROWS.min(n_rows.saturating_sub(rr0));
-                    if nr == 0 {
-                        continue;
-                    }
-                    for (n, y) in ys[t0..t0 + nt].iter_mut().enumerate() {
-                        let y = &mut y[r0 + rr0..r0 + rr0 + nr];
-                        for (i, yi) in y.iter_mut().enumerate() {
-                            let v = ct[i * TILE_ROWS + n];
-                            *yi = if accumulate { *yi + v } else { v };
-                        }
+        for (pi, rows) in panels.iter().enumerate() {
+            let r0 = (gi * panel_group + pi) * PANEL_ROWS;
+            let n_rows = rows.len() / rb;
+            let pc = &cs[pi * pairs..(pi + 1) * pairs];
+            scatter_panel(pc, r0, n_rows, acts.tokens, ys, accumulate);
+        }
+    }
+    Ok(())
+}
+
+/// Write (or add) one panel's C tiles, rows `r0..r0 + n_rows`, into every token's output.
+fn scatter_panel(
+    cs: &[CBlock],
+    r0: usize,
+    n_rows: usize,
+    tokens: usize,
+    ys: &mut [&mut [f32]],
+    accumulate: bool,
+) {
+    for (gp, c) in cs.iter().enumerate() {
+        for gi in 0..2 {
+            let t0 = (2 * gp + gi) * TILE_ROWS;
+            if t0 >= tokens {
+                continue;
+            }
+            let nt = TILE_ROWS.min(tokens - t0);
+            for rt in 0..2 {
+                let ct = &c.0[2 * rt + gi];
+                let rr0 = rt * TILE_ROWS;
+                let nr = TILE_ROWS.min(n_rows.saturating_sub(rr0));
+                if nr == 0 {
+                    continue;
+                }
+                for (n, y) in ys[t0..t0 + nt].iter_mut().enumerate() {
+                    let y = &mut y[r0 + rr0..r0 + rr0 + nr];
+                    for (i, yi) in y.iter_mut().enumerate() {
+                        let v = ct[i * TILE_ROWS + n];
+                        *yi = if accumulate { *yi + v } else { v };
                     }
                 }
             }
         }
     }
-    Ok(())
+}
+
+/// Prefetch k-steps `s..s + ns` of a panel's rows (nothing past the last step).
+fn prefetch_block(rows: &[u8], rb: usize, k: usize, s: usize, ns: usize) {
+    let (e0, e1) = (s * TILE_K, ((s + ns) * TILE_K).min(k));
+    if e0 >= k {
+        return;
+    }
+    let bytes = |e: usize| e * rb / k;
+    prefetch_rows(rows, bytes(e0), rows.len() / rb, rb, bytes(e1) - bytes(e0));
 }
 
 /// Prefetch the block of `kblock` k-steps from step `s` of the panel's rows from `r0`, or the

@@ -57,7 +57,8 @@ fn gemm_bf16_matches_f64_reference_within_bound() {
                 &[512]
             };
             for &k in ks {
-                let m = 45;
+                // Four panels, the last a 5-row tail: several panel groups, the last partial.
+                let m = 101;
                 let w = random_rows(fmt, k, m, &mut rng);
                 let rb = fmt.row_bytes(k).expect("rb");
                 let wf: Vec<Vec<f64>> = w
@@ -73,8 +74,14 @@ fn gemm_bf16_matches_f64_reference_within_bound() {
                         .map(|_| rng.random_range(-2.0f32..2.0))
                         .collect();
                     let acts = pack(tokens, k, &xs);
-                    // Two k-blocks of 8 steps at k = 512, and the default (one block of the whole k there).
-                    for (accumulate, kblock) in [(false, 8), (true, 8), (false, KBLOCK_STEPS)] {
+                    // Two k-blocks of 8 steps at k = 512, and the default (one block of the whole
+                    // k there); one, three and the default number of panels per group.
+                    let cases = [
+                        (false, 8, 1),
+                        (true, 8, 3),
+                        (false, KBLOCK_STEPS, PANEL_GROUP),
+                    ];
+                    for (accumulate, kblock, group) in cases {
                         let base: Vec<Vec<f32>> = (0..tokens)
                             .map(|_| {
                                 (0..m)
@@ -90,8 +97,10 @@ fn gemm_bf16_matches_f64_reference_within_bound() {
                             .collect();
                         let mut got = base.clone();
                         let mut ys: Vec<&mut [f32]> = got.iter_mut().map(|y| &mut y[..]).collect();
-                        gemm_bf16_kblock(engine, kblock, fmt, &w, k, &acts, &mut ys, accumulate)
-                            .expect("gemm");
+                        gemm_bf16_kblock(
+                            engine, kblock, group, fmt, &w, k, &acts, &mut ys, accumulate,
+                        )
+                        .expect("gemm");
                         for t in 0..tokens {
                             let x = &xs[t * k..(t + 1) * k];
                             for (i, row) in wf.iter().enumerate() {
@@ -130,6 +139,42 @@ fn gemm_bf16_matches_f64_reference_within_bound() {
             "{engine:?}: worst error {worst:.3e} of Σ|w·x| (bound at k=512: {:.3e})",
             error_bound(512)
         );
+    }
+}
+
+/// Grouping panels only reorders which panel's tiles run when: every output has the same bits
+/// for 1, 2, 3 and the default number of panels per group, and for two k-block sizes.
+#[test]
+fn panel_grouping_changes_no_bit() {
+    let mut rng = ChaCha8Rng::seed_from_u64(0x6A0F);
+    let (fmt, k, m, tokens) = (Format::Q4K, 1024, 230, 37);
+    let w = random_rows(fmt, k, m, &mut rng);
+    let xs: Vec<f32> = (0..tokens * k)
+        .map(|_| rng.random_range(-2.0f32..2.0))
+        .collect();
+    for engine in engines() {
+        let acts = pack(tokens, k, &xs);
+        let run = |kblock: usize, group: usize| {
+            let mut got = vec![vec![f32::NAN; m]; tokens];
+            let mut ys: Vec<&mut [f32]> = got.iter_mut().map(|y| &mut y[..]).collect();
+            gemm_bf16_kblock(engine, kblock, group, fmt, &w, k, &acts, &mut ys, false)
+                .expect("gemm");
+            let bits: Vec<u32> = got.iter().flatten().map(|v| v.to_bits()).collect();
+            assert!(
+                got.iter().flatten().all(|v| v.is_finite()),
+                "a row unwritten"
+            );
+            bits
+        };
+        for kblock in [8, KBLOCK_STEPS] {
+            let one = run(kblock, 1);
+            for group in [2, 3, PANEL_GROUP] {
+                assert!(
+                    run(kblock, group) == one,
+                    "{engine:?}: kblock {kblock}, {group} panels a group differ from 1"
+                );
+            }
+        }
     }
 }
 
