@@ -256,19 +256,17 @@ impl CpuPool {
             engine,
             parts,
         };
-        // On AMX, claims of whole panel groups (a cut inside a panel would dequantise it twice,
-        // padded; a group shares each block of the tokens among its panels). On the row dots,
-        // about TOKEN_CLAIMS_PER_THREAD claims a thread of whole row tiles, each on whole cache
-        // lines of every output.
-        let grain = match engine {
-            Some(_) => hipfire_quant::AMX_CLAIM_ROWS,
-            None => {
-                let align = job.tile_rows.next_multiple_of(super::WORKER_ROW_ALIGN);
-                let per_claim = start.div_ceil(self.compute_threads() * TOKEN_CLAIMS_PER_THREAD);
-                per_claim.div_ceil(align).max(1) * align
-            }
+        // Guided claims: on AMX of whole panels (a cut inside one would dequantise it twice,
+        // padded), up to a panel group (whose panels share each block of the tokens); on the
+        // row dots of whole row tiles, each on whole cache lines of every output.
+        let (unit, max) = match engine {
+            Some(_) => (hipfire_quant::AMX_PANEL_ROWS, hipfire_quant::AMX_CLAIM_ROWS),
+            None => (
+                job.tile_rows.next_multiple_of(super::WORKER_ROW_ALIGN),
+                usize::MAX,
+            ),
         };
-        self.run_job_claimed(&job, 0..start, grain).map(|_| ())
+        self.run_job_claimed(&job, 0..start, unit, max).map(|_| ())
     }
 }
 
@@ -388,12 +386,6 @@ impl PoolJob for BatchGemvJob<'_> {
         Ok(0)
     }
 }
-
-/// Row chunks per computing thread that [`CpuPool::gemv_tokens`] offers on the row dots
-/// (claimed off a shared cursor, [`CpuPool::run_job_claimed`]): enough that a thread slowed by
-/// a neighbour hands its remaining chunks to the others, few enough that a chunk (at least one
-/// row tile, times every token of the call) still costs far more than its claim.
-const TOKEN_CLAIMS_PER_THREAD: usize = 8;
 
 /// Weight bytes per row tile of [`CpuPool::gemv_tokens`]: every token runs over one tile before
 /// the next, so the tile should stay in L1 (32–48 KiB per core on current x86) next to the

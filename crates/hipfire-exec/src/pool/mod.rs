@@ -46,11 +46,14 @@ use std::time::Duration;
 /// workers awake through those gaps and bounds the wasted core time between tokens.
 pub const SPIN_WINDOW: Duration = Duration::from_micros(50);
 
-/// Chunks per computing thread that [`CpuPool::parallel_for`] offers. A prompt chunk's
-/// attention items grow with their query's position, so one contiguous part per thread left
-/// the thread with the last queries about twice the average work (512 tokens, 16 threads);
-/// with 8 claims a thread the last claim is a small share of the call. Chosen, not tuned.
-pub const FOR_CLAIMS_PER_THREAD: usize = 8;
+/// A guided claim ([`CpuPool::run_job_claimed`]) takes 1/(`GUIDED_SHARE` × threads) of the
+/// rows left: the first chunks are half a thread's fair share, and the sizes halve towards the
+/// end, so the thread that finishes last waits for little. A prompt chunk's attention items
+/// grow with their query's position, and one contiguous part per thread had left the thread
+/// with the last queries about twice the average work (512 tokens, 16 threads). The classic
+/// guided schedule takes 1/threads; half that keeps a slowed thread's first chunk from being
+/// an eighth of the call at 16 threads. Chosen, not tuned.
+pub const GUIDED_SHARE: usize = 2;
 
 /// Row alignment of each worker's slice of the output: 16 f32 = one 64-byte cache line, so two
 /// workers never write the same line (no false sharing). Cut points are multiples of this
@@ -244,8 +247,8 @@ impl CpuPool {
     pub fn cores(&self) -> &[Option<usize>] {
         &self.inner.cores
     }
-    /// Run `f` over `0..n` in contiguous chunks that the computing threads claim
-    /// ([`CpuPool::run_job_claimed`], about [`FOR_CLAIMS_PER_THREAD`] a thread; no alignment:
+    /// Run `f` over `0..n` in contiguous chunks that the computing threads claim, guided
+    /// ([`CpuPool::run_job_claimed`]; no alignment:
     /// for per-head or per-item work that is not a GEMV, such as attention, whose items need
     /// not cost the same). Waits for every chunk; an error only when the pool itself failed (a
     /// chunk that panicked, a stopped worker).
@@ -261,8 +264,8 @@ impl CpuPool {
                 Ok(0)
             }
         }
-        let grain = n.div_ceil(self.compute_threads() * FOR_CLAIMS_PER_THREAD);
-        self.run_job_claimed(&ForJob(f), 0..n, grain).map(|_| ())
+        self.run_job_claimed(&ForJob(f), 0..n, 1, usize::MAX)
+            .map(|_| ())
     }
 
     /// Send an owned job's `parts` (at most one per worker) without waiting; collect with
@@ -318,32 +321,39 @@ impl CpuPool {
     }
 
     /// Run `job` over `rows` with the rows claimed, not cut: every computing thread takes
-    /// chunks of `grain` rows (aligned to `grain` from `rows.start`) off a shared cursor until
-    /// none is left, so a thread that is slowed (another process on its core, a slower
-    /// cache) takes fewer chunks instead of holding the whole call. For jobs whose chunks cost
-    /// far more than a claim (an atomic add): the prompt GEMMs of [`CpuPool::gemv_tokens`].
-    /// Rows are still disjoint, so each output row is computed exactly as a static cut would.
+    /// chunks off a shared cursor until none is left, so a thread that is slowed (another
+    /// process on its core, a slower cache) takes fewer chunks instead of holding the whole
+    /// call. Chunks are guided: each takes about half of what is left divided among the
+    /// threads, as a multiple of `unit` rows between `unit` and `max` (so early chunks are
+    /// large — an AMX panel group shares its block of the tokens among more rows — and the
+    /// last ones small, which evens out the finish). For jobs whose chunks cost far more than
+    /// a claim (a compare-and-swap): the prompt GEMMs of [`CpuPool::gemv_tokens`], attention
+    /// items. Chunks start at multiples of `unit` from `rows.start` and are disjoint, so each
+    /// output row is computed exactly as a static cut would.
     ///
     /// Returns the XOR of every chunk's value, or the first error (the others stop claiming).
     pub(crate) fn run_job_claimed(
         &self,
         job: &(dyn PoolJob + '_),
         rows: Range<usize>,
-        grain: usize,
+        unit: usize,
+        max: usize,
     ) -> Result<u64, ExecError> {
         if rows.is_empty() {
             return Ok(0);
         }
+        let unit = unit.max(1);
+        let chunks = rows.len().div_ceil(unit);
+        let takers = self.compute_threads().min(chunks).max(1);
         let claimed = ClaimedRows {
             job,
             next: CachePadded::new(AtomicUsize::new(rows.start)),
             end: rows.end,
-            grain: grain.max(1),
+            unit,
+            max: max.max(unit) / unit * unit,
+            share: GUIDED_SHARE * takers,
         };
-        // One part per computing thread (at most one per grain); each part's own range only
-        // says that a thread takes part.
-        let chunks = rows.len().div_ceil(claimed.grain);
-        let takers = self.compute_threads().min(chunks).max(1);
+        // One part per taking thread; each part's own range only says that a thread takes part.
         self.run_job_aligned(&claimed, 0..takers, 1)
     }
 
@@ -479,21 +489,43 @@ impl Pending {
 /// [`CpuPool::run_job_claimed`]'s job: the inner job over chunks taken off a shared cursor.
 struct ClaimedRows<'j> {
     job: &'j (dyn PoolJob + 'j),
-    /// The first row not yet claimed (may run past `end`: then nothing is left).
+    /// The first row not yet claimed (`end` once nothing is left).
     next: CachePadded<AtomicUsize>,
     end: usize,
-    grain: usize,
+    /// Chunk sizes are multiples of `unit`, at most `max` (itself a multiple).
+    unit: usize,
+    max: usize,
+    /// A chunk takes 1/`share` of the rows left (see [`GUIDED_SHARE`]).
+    share: usize,
+}
+
+impl ClaimedRows<'_> {
+    /// Claim the next chunk, or `None` when every row is taken.
+    fn claim(&self) -> Option<Range<usize>> {
+        let mut a = self.next.load(Ordering::Relaxed);
+        loop {
+            if a >= self.end {
+                return None;
+            }
+            let left = self.end - a;
+            let size = (left / self.share / self.unit * self.unit).clamp(self.unit, self.max);
+            let b = (a + size).min(self.end);
+            match self
+                .next
+                .compare_exchange_weak(a, b, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return Some(a..b),
+                Err(now) => a = now,
+            }
+        }
+    }
 }
 
 impl PoolJob for ClaimedRows<'_> {
     fn run(&self, _taker: Range<usize>) -> Result<u64, ExecError> {
         let mut acc = 0u64;
-        loop {
-            let a = self.next.fetch_add(self.grain, Ordering::Relaxed);
-            if a >= self.end {
-                return Ok(acc);
-            }
-            match self.job.run(a..(a + self.grain).min(self.end)) {
+        while let Some(rows) = self.claim() {
+            match self.job.run(rows) {
                 Ok(v) => acc ^= v,
                 Err(e) => {
                     // The call fails anyway: the other threads stop at their next claim.
@@ -502,6 +534,7 @@ impl PoolJob for ClaimedRows<'_> {
                 }
             }
         }
+        Ok(acc)
     }
 }
 

@@ -669,14 +669,16 @@ fn token_tiles_are_whole_row_groups_of_about_the_tile_bytes() {
 /// Counts every row a claimed run visits, and fails on one chosen row.
 struct VisitJob {
     visits: Vec<AtomicUsize>,
-    /// Largest chunk seen, to check the grain.
+    /// Largest chunk seen, and every chunk's first row.
     widest: AtomicUsize,
+    starts: std::sync::Mutex<Vec<usize>>,
     fail_row: Option<usize>,
 }
 
 impl PoolJob for VisitJob {
     fn run(&self, rows: Range<usize>) -> Result<u64, ExecError> {
         self.widest.fetch_max(rows.len(), Ordering::SeqCst);
+        self.starts.lock().expect("starts").push(rows.start);
         if self.fail_row.is_some_and(|r| rows.contains(&r)) {
             return Err(ExecError::Invalid {
                 what: "row",
@@ -700,33 +702,38 @@ fn claimed_rows_visit_every_row_exactly_once() {
             ..PoolConfig::default()
         })
         .expect("pool");
-        for (rows, grain) in [
-            (0..1000, 32),
-            (7..1000, 32),
-            (5..6, 64),
-            (0..97, 1),
-            (3..50, 100),
-        ] {
+        let cases = [
+            (0..1000, 32, 32),
+            (7..1000, 32, 128),
+            (5..6, 64, 64),
+            (0..97, 1, usize::MAX),
+            (3..50, 100, 100),
+            (0..4096, 16, 256),
+        ];
+        for (rows, unit, max) in cases {
             let job = VisitJob {
                 visits: (0..rows.end).map(|_| AtomicUsize::new(0)).collect(),
                 widest: AtomicUsize::new(0),
+                starts: Default::default(),
                 fail_row: None,
             };
             let got = pool
-                .run_job_claimed(&job, rows.clone(), grain)
+                .run_job_claimed(&job, rows.clone(), unit, max)
                 .expect("claimed run");
-            let want = (rows.start..rows.end)
-                .step_by(grain)
-                .fold(0u64, |acc, a| acc ^ (a as u64 * 2654435761));
-            assert_eq!(
-                got, want,
-                "XOR of the chunks' values, {rows:?} grain {grain}"
-            );
             for (r, v) in job.visits.iter().enumerate() {
                 let want = usize::from(rows.contains(&r));
                 assert_eq!(v.load(Ordering::SeqCst), want, "row {r} of {rows:?}");
             }
-            assert!(job.widest.load(Ordering::SeqCst) <= grain);
+            let starts = job.starts.lock().expect("starts").clone();
+            let want = starts
+                .iter()
+                .fold(0u64, |acc, &a| acc ^ (a as u64 * 2654435761));
+            assert_eq!(got, want, "XOR of the chunks' values, {rows:?}");
+            assert!(
+                starts.iter().all(|&a| (a - rows.start) % unit == 0),
+                "a chunk off the unit grid: {starts:?}"
+            );
+            assert!(job.widest.load(Ordering::SeqCst) <= max.max(unit));
         }
     }
 }
@@ -737,18 +744,20 @@ fn a_failed_claim_fails_the_call_and_the_pool_goes_on() {
     let job = VisitJob {
         visits: (0..4096).map(|_| AtomicUsize::new(0)).collect(),
         widest: AtomicUsize::new(0),
+        starts: Default::default(),
         fail_row: Some(2000),
     };
     let err = pool
-        .run_job_claimed(&job, 0..4096, 16)
+        .run_job_claimed(&job, 0..4096, 16, 64)
         .expect_err("injected");
     assert!(err.to_string().contains("injected failure"), "{err}");
     let again = VisitJob {
         visits: (0..64).map(|_| AtomicUsize::new(0)).collect(),
         widest: AtomicUsize::new(0),
+        starts: Default::default(),
         fail_row: None,
     };
-    pool.run_job_claimed(&again, 0..64, 16)
+    pool.run_job_claimed(&again, 0..64, 16, 16)
         .expect("the pool still runs");
     assert!(again.visits.iter().all(|v| v.load(Ordering::SeqCst) == 1));
 }

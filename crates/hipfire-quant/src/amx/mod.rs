@@ -299,25 +299,29 @@ impl Bf16Tokens {
     }
 }
 
-/// k-steps of 32 dequantised per panel before the tiles run over them (32 rows × 1024 elements,
-/// 64 KiB of bf16, from L1/L2 while the next block is dequantised, instead of whole-row panels
-/// of up to 896 KiB at k = 14336 going out to L2 and back). On one thread of the H200 box's Xeon
-/// (`prefill_gemm --amx hw --amx-kblock 0,8,128`, 2026-12-02, GMAC/s for 32 / 8 / 128 steps) at
-/// 128 tokens, the model's AMX chunk: Q4_K k 4096 117 / 111 / 122, k 14336 110 / 105 / 108,
-/// Q6_K 122 / 117 / 124 and 107 / 111 / 118 — within noise of each other; at 32 tokens the
-/// runs scattered more (Q4_K k 4096 76 / 72 / 117, k 14336 75 / 102 / 73).
-pub const KBLOCK_STEPS: usize = 32;
+/// k-steps of 32 dequantised per panel before the tiles run over them: 8 steps (256 elements,
+/// one K-quant block) make a panel block of 16 KiB that stays in L1 while every pair of token
+/// groups runs over it, and a block of the tokens of 256 KiB at 512 tokens that the panels of
+/// a group read from L2. One thread of the H200 box's Xeon at 512 tokens (`prefill_gemm --amx
+/// hw --amx-kblock 8,32 --amx-group 1,2,4,8`, 2026-12-03,
+/// docs/perf-checkpoints/2026-12-03-cpu-prefill-claims-h200), GMAC/s with 8 panels a group,
+/// 8 against 32 steps: Q4_K k 4096 242.5 / 213.3, k 14336 241.5 / 235.6; Q6_K 230.8 / 201.2
+/// and 234.7 / 194.7.
+pub const KBLOCK_STEPS: usize = 8;
 
-/// Panels multiplied together per k-block: the token groups' block of B (`kblock` k-steps of
-/// every token: 1 MiB at 512 tokens and 32 steps) is then read from L2 by every panel of the
-/// group instead of once per panel, where a whole row walk per panel had pushed it out (B
-/// spans `k` elements of every token: 4–14 MiB at 512 tokens). The group's C tiles stay
-/// alive meanwhile (4 KiB per panel and pair of token groups). Rows claimed together by
-/// hipfire-exec's `gemv_tokens` are whole groups ([`CLAIM_ROWS`]).
-/// Value: provisional, the sweep of `prefill_gemm --amx-group` decides it (H200 box).
-pub const PANEL_GROUP: usize = 4;
+/// Panels multiplied together per k-block (at most; a claim of fewer panels is one group):
+/// the block of the tokens (`kblock` k-steps of every token) is then read from L2 by every
+/// panel of the group instead of being fetched again per panel, where a whole row walk per
+/// panel had pushed it out (the tokens span `k` elements each: 4–14 MiB at 512 tokens, and
+/// from beyond L2 the tile unit ran at 162–167 GMAC/s against 660–677 from L2 and 826–889
+/// from L1, `prefill_gemm`'s "tiles alone"). The group's C tiles stay alive meanwhile (4 KiB
+/// per panel and pair of token groups: 512 KiB for 8 panels at 512 tokens). Same sweep as
+/// [`KBLOCK_STEPS`], 8-step blocks, 1 / 2 / 4 / 8 panels: Q4_K k 4096 192.7 / 149.3 / 214.0 /
+/// 242.5, k 14336 150.5 / 194.2 / 232.0 / 241.5; Q6_K k 4096 191.1 / 203.5 / 225.0 / 230.8,
+/// k 14336 185.8 / 200.9 / 227.2 / 234.7.
+pub const PANEL_GROUP: usize = 8;
 
-/// Rows a `gemv_tokens` worker should take at a time on the AMX route: whole panel groups.
+/// Most rows a `gemv_tokens` worker should claim at a time on the AMX route: a panel group.
 pub const CLAIM_ROWS: usize = PANEL_GROUP * PANEL_ROWS;
 
 /// Buffers of dropped [`Bf16Tokens`], reused by the next (one per call in flight is plenty).
