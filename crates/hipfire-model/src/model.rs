@@ -625,26 +625,32 @@ impl Model {
         let parts_ro = &parts[..total * item_len];
         let att_out = PartsOut(att.as_mut_ptr());
         let att_out = &att_out;
-        let merged = self
-            .backend
-            .parallel_for(qs.len(), &|ts: std::ops::Range<usize>| {
-                for t in ts {
-                    // SAFETY: query t's `n` outputs lie inside `att` (checked: `qs.len() × n`), which
-                    // the caller keeps borrowed mutably for the whole call; each query is handed to
-                    // one part only.
-                    let att_t = unsafe { std::slice::from_raw_parts_mut(att_out.0.add(t * n), n) };
-                    let n_chunks = splits[t].n_chunks;
-                    let tparts = &parts_ro[first[t] * item_len..first[t + 1] * item_len];
-                    for (qh, o) in att_t.chunks_exact_mut(hd).enumerate() {
-                        let (h, j) = (qh / group, qh % group);
-                        let it = (0..n_chunks).map(move |ci| {
-                            let base = (h * n_chunks + ci) * item_len + j * pl;
-                            &tparts[base..base + pl]
-                        });
-                        attention::combine(it, o);
-                    }
+        let merge = |ts: std::ops::Range<usize>| {
+            for t in ts {
+                // SAFETY: query t's `n` outputs lie inside `att` (checked: `qs.len() × n`), which
+                // the caller keeps borrowed mutably for the whole call; each query is handed to
+                // one part only.
+                let att_t = unsafe { std::slice::from_raw_parts_mut(att_out.0.add(t * n), n) };
+                let n_chunks = splits[t].n_chunks;
+                let tparts = &parts_ro[first[t] * item_len..first[t + 1] * item_len];
+                for (qh, o) in att_t.chunks_exact_mut(hd).enumerate() {
+                    let (h, j) = (qh / group, qh % group);
+                    let it = (0..n_chunks).map(move |ci| {
+                        let base = (h * n_chunks + ci) * item_len + j * pl;
+                        &tparts[base..base + pl]
+                    });
+                    attention::combine(it, o);
                 }
-            });
+            }
+        };
+        let merged = match qs.len() {
+            // A decode step, or a small model's chunk: no dispatch.
+            n if n * self.config.q_dim() < PAR_MIN_VALUES => {
+                merge(0..n);
+                Ok(())
+            }
+            n => self.backend.parallel_for(n, &merge),
+        };
         PARTS.with(|p| p.replace(parts));
         merged
     }
@@ -692,6 +698,13 @@ impl Model {
             .collect()
     }
 }
+
+/// Fewest values an element-wise pass over a step's rows (RoPE, the attention merge) must touch
+/// before it is split over the pool: a dispatch costs tens of microseconds (the workers' wake-up
+/// and replies), about what one core takes over this many values. A 512-token chunk of an 8B
+/// model (2.6 M values of q and k) is split; a decode step, or SmolLM2's 32-token chunk (25 K),
+/// stays on the calling thread. Chosen, not tuned.
+const PAR_MIN_VALUES: usize = 1 << 16;
 
 thread_local! {
     /// [`Model::attention_many`]'s partials of the last call on this thread, reused by the

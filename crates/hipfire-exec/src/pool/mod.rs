@@ -2,8 +2,9 @@
 //!
 //! Actor split (Ryhl): [`CpuWorker`] is the task — it owns its receiver and its loop, runs on
 //! its own pinned thread and only executes; [`CpuPool`] is the cloneable handle — it owns the
-//! senders, cuts a row range into one contiguous slice per worker, sends, and waits for every
-//! reply. When the last handle is dropped the senders go, each worker's loop ends, and the
+//! senders, cuts a row range into one contiguous slice per worker (decode's GEMVs) or lets the
+//! workers claim chunks of it off a shared cursor (prompt GEMMs, `parallel_for`), sends, and
+//! waits for every reply. When the last handle is dropped the senders go, each worker's loop ends, and the
 //! drop guard joins the threads.
 //!
 //! Why not rayon: a decode step is a few hundred microseconds of GEMV; rayon's work stealing

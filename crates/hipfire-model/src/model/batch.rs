@@ -243,98 +243,108 @@ impl CpuStep<'_, '_, '_, '_> {
     }
 }
 
+impl CpuStep<'_, '_, '_, '_> {
+    /// `f(self)`, its wall time added to the counter `which` picks.
+    fn timed<R>(
+        &mut self,
+        which: fn(&mut StepTimes) -> &mut Duration,
+        f: impl FnOnce(&mut Self) -> R,
+    ) -> R {
+        let t0 = Instant::now();
+        let r = f(self);
+        *which(&mut self.times) += t0.elapsed();
+        r
+    }
+}
+
 impl<'a> BlockOps for CpuStep<'a, '_, '_, '_> {
     type Vector = &'a [f32];
 
     fn rms_norm(&mut self, src: Act, w: &[f32], dst: Act, width: usize) -> Result<(), ModelError> {
-        let t0 = Instant::now();
-        let r = (|| {
-            let eps = self.m.config.rms_eps;
-            if src == dst {
-                // Per-head norms (q/k): a few hundred values a row, not worth a dispatch.
-                self.bufs[dst as usize]
-                    .chunks_exact_mut(width)
-                    .for_each(|h| ops::rms_norm_inplace(h, w, eps));
-                return Ok(());
-            }
-            let mut out = self.take(dst);
-            let s = self.buf(src);
-            let done = par_rows(self.m, &mut out, width, &|i, r| {
-                ops::rms_norm(&s[i * width..(i + 1) * width], w, eps, r)
-            });
-            self.put(dst, out);
-            done
-        })();
-        self.times.elementwise += t0.elapsed();
-        r
+        self.timed(
+            |t| &mut t.elementwise,
+            |s| {
+                let eps = s.m.config.rms_eps;
+                if src == dst {
+                    // Per-head norms (q/k): a few hundred values a row, not worth a dispatch.
+                    s.bufs[dst as usize]
+                        .chunks_exact_mut(width)
+                        .for_each(|h| ops::rms_norm_inplace(h, w, eps));
+                    return Ok(());
+                }
+                let mut out = s.take(dst);
+                let x = s.buf(src);
+                let done = par_rows(s.m, &mut out, width, &|i, r| {
+                    ops::rms_norm(&x[i * width..(i + 1) * width], w, eps, r)
+                });
+                s.put(dst, out);
+                done
+            },
+        )
     }
 
     fn add_bias(&mut self, dst: Act, b: &[f32]) -> Result<(), ModelError> {
-        let t0 = Instant::now();
-        let r = (|| {
-            for bt in self.bufs[dst as usize].chunks_exact_mut(b.len()) {
-                bt.iter_mut().zip(b).for_each(|(y, &bb)| *y += bb);
-            }
-            Ok(())
-        })();
-        self.times.elementwise += t0.elapsed();
-        r
+        self.timed(
+            |t| &mut t.elementwise,
+            |s| {
+                for bt in s.bufs[dst as usize].chunks_exact_mut(b.len()) {
+                    bt.iter_mut().zip(b).for_each(|(y, &bb)| *y += bb);
+                }
+                Ok(())
+            },
+        )
     }
 
     fn project(&mut self, outs: &[(usize, Act)], input: Act) -> Result<(), ModelError> {
-        let t0 = Instant::now();
-        let r = (|| {
-            let ids: Vec<usize> = outs.iter().map(|o| o.0).collect();
-            let mut ys: Vec<Vec<f32>> = outs.iter().map(|o| self.take(o.1)).collect();
-            let done = {
-                let mut refs: Vec<&mut [f32]> = ys.iter_mut().map(|y| &mut y[..]).collect();
-                self.m
-                    .project(&ids, self.buf(input), &mut refs, self.rows.len())
-            };
-            for (o, y) in outs.iter().zip(ys) {
-                self.put(o.1, y);
-            }
-            done
-        })();
-        self.times.project += t0.elapsed();
-        r
+        self.timed(
+            |t| &mut t.project,
+            |s| {
+                let ids: Vec<usize> = outs.iter().map(|o| o.0).collect();
+                let mut ys: Vec<Vec<f32>> = outs.iter().map(|o| s.take(o.1)).collect();
+                let done = {
+                    let mut refs: Vec<&mut [f32]> = ys.iter_mut().map(|y| &mut y[..]).collect();
+                    s.m.project(&ids, s.buf(input), &mut refs, s.rows.len())
+                };
+                for (o, y) in outs.iter().zip(ys) {
+                    s.put(o.1, y);
+                }
+                done
+            },
+        )
     }
 
     fn project_residual(&mut self, w: usize, input: Act) -> Result<(), ModelError> {
-        let t0 = Instant::now();
-        let r = (|| {
-            let mut x = self.take(Act::X);
-            let done = match self.rows.len() {
-                1 => self.m.gemv(w, self.buf(input), &mut x, true),
-                _ => self
-                    .m
-                    .gemv_tokens(&[w], self.buf(input), &mut [&mut x[..]], true),
-            };
-            self.put(Act::X, x);
-            done
-        })();
-        self.times.project += t0.elapsed();
-        r
+        self.timed(
+            |t| &mut t.project,
+            |s| {
+                let mut x = s.take(Act::X);
+                let done = match s.rows.len() {
+                    1 => s.m.gemv(w, s.buf(input), &mut x, true),
+                    _ => s.m.gemv_tokens(&[w], s.buf(input), &mut [&mut x[..]], true),
+                };
+                s.put(Act::X, x);
+                done
+            },
+        )
     }
 
     fn attention(&mut self, li: usize) -> Result<(), ModelError> {
-        let t0 = Instant::now();
-        let r = (|| {
-            let c = &self.m.config;
-            let (qd, kvd, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
-            let rope = self.m.layer_rope(li);
-            let [_, _, q, k, v, att, ..] = &mut self.bufs;
-            // RoPE of every token's q and k, tokens split over the threads (a 512-token
-            // chunk's rotations were milliseconds a layer on this thread alone).
-            let rows = self.rows;
-            let (q_out, k_out) = (
-                super::PartsOut(q.as_mut_ptr()),
-                super::PartsOut(k.as_mut_ptr()),
-            );
-            let (q_out, k_out) = (&q_out, &k_out);
-            self.m
-                .backend
-                .parallel_for(rows.len(), &|ts: std::ops::Range<usize>| {
+        self.timed(
+            |t| &mut t.attention,
+            |s| {
+                let c = &s.m.config;
+                let (qd, kvd, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
+                let rope = s.m.layer_rope(li);
+                let [_, _, q, k, v, att, ..] = &mut s.bufs;
+                // RoPE of every token's q and k, tokens split over the threads (a 512-token
+                // chunk's rotations were milliseconds a layer on this thread alone).
+                let rows = s.rows;
+                let (q_out, k_out) = (
+                    super::PartsOut(q.as_mut_ptr()),
+                    super::PartsOut(k.as_mut_ptr()),
+                );
+                let (q_out, k_out) = (&q_out, &k_out);
+                let rotate = |ts: std::ops::Range<usize>| {
                     for t in ts {
                         // SAFETY: token t's q (`qd` values) and k (`kvd`) lie inside `q` and `k`
                         // (one row per token), borrowed mutably for the whole call; each token is
@@ -348,72 +358,74 @@ impl<'a> BlockOps for CpuStep<'a, '_, '_, '_> {
                         rope.apply(qt, hd, rows[t].1);
                         rope.apply(kt, hd, rows[t].1);
                     }
-                })?;
-            // Each item's new keys/values go into its own cache before any of its tokens attend,
-            // so token j of an item sees positions 0..=pos0 + j, as a step at that position would.
-            let mut r0 = 0;
-            for it in self.items.iter_mut() {
-                let r1 = r0 + it.tokens.len();
-                let kvl = &mut it.session.kv[li];
-                for (kt, vt) in k[r0 * kvd..r1 * kvd]
-                    .chunks_exact(kvd)
-                    .zip(v[r0 * kvd..r1 * kvd].chunks_exact(kvd))
-                {
-                    kvl.push(kt, vt);
+                };
+                match rows.len() {
+                    n if n * (qd + kvd) < super::PAR_MIN_VALUES => rotate(0..n),
+                    n => s.m.backend.parallel_for(n, &rotate)?,
                 }
-                r0 = r1;
-            }
-            // Every token's attention in one dispatch (per token, the same bits as alone).
-            let queries: Vec<(&[f32], &crate::attention::KvCache, usize)> = self
-                .rows
-                .iter()
-                .zip(q.chunks_exact(qd))
-                .map(|(&(i, pos), qt)| (qt, &self.items[i].session.kv[li], pos + 1))
-                .collect();
-            self.m
-                .attention_many(li, &queries, &mut att[..self.rows.len() * qd])
-        })();
-        self.times.attention += t0.elapsed();
-        r
+                // Each item's new keys/values go into its own cache before any of its tokens attend,
+                // so token j of an item sees positions 0..=pos0 + j, as a step at that position would.
+                let mut r0 = 0;
+                for it in s.items.iter_mut() {
+                    let r1 = r0 + it.tokens.len();
+                    let kvl = &mut it.session.kv[li];
+                    for (kt, vt) in k[r0 * kvd..r1 * kvd]
+                        .chunks_exact(kvd)
+                        .zip(v[r0 * kvd..r1 * kvd].chunks_exact(kvd))
+                    {
+                        kvl.push(kt, vt);
+                    }
+                    r0 = r1;
+                }
+                // Every token's attention in one dispatch (per token, the same bits as alone).
+                let queries: Vec<(&[f32], &crate::attention::KvCache, usize)> = s
+                    .rows
+                    .iter()
+                    .zip(q.chunks_exact(qd))
+                    .map(|(&(i, pos), qt)| (qt, &s.items[i].session.kv[li], pos + 1))
+                    .collect();
+                s.m.attention_many(li, &queries, &mut att[..s.rows.len() * qd])
+            },
+        )
     }
 
     fn rms_norm_add(&mut self, src: Act, w: &[f32]) -> Result<(), ModelError> {
-        let t0 = Instant::now();
-        let r = (|| {
-            let (d, eps) = (self.m.config.d_model, self.m.config.rms_eps);
-            let mut o = self.take(src);
-            for (xt, ot) in self.bufs[Act::X as usize]
-                .chunks_exact_mut(d)
-                .zip(o.chunks_exact_mut(d))
-            {
-                ops::rms_norm_inplace(ot, w, eps);
-                xt.iter_mut().zip(ot.iter()).for_each(|(a, &b)| *a += b);
-            }
-            self.put(src, o);
-            Ok(())
-        })();
-        self.times.elementwise += t0.elapsed();
-        r
+        self.timed(
+            |t| &mut t.elementwise,
+            |s| {
+                let (d, eps) = (s.m.config.d_model, s.m.config.rms_eps);
+                let mut o = s.take(src);
+                for (xt, ot) in s.bufs[Act::X as usize]
+                    .chunks_exact_mut(d)
+                    .zip(o.chunks_exact_mut(d))
+                {
+                    ops::rms_norm_inplace(ot, w, eps);
+                    xt.iter_mut().zip(ot.iter()).for_each(|(a, &b)| *a += b);
+                }
+                s.put(src, o);
+                Ok(())
+            },
+        )
     }
 
     fn gated_activation(&mut self, f: FfnActivation) -> Result<(), ModelError> {
-        let t0 = Instant::now();
-        let r = (|| {
-            let ff = self.m.config.n_ff;
-            let mut gate = self.take(Act::Gate);
-            let up = self.buf(Act::Up);
-            let done = par_rows(self.m, &mut gate, ff, &|i, g| {
-                let u = &up[i * ff..(i + 1) * ff];
-                match f {
-                    FfnActivation::Silu => ops::swiglu(g, u),
-                    FfnActivation::GeluTanh => ops::geglu_tanh(g, u),
-                }
-            });
-            self.put(Act::Gate, gate);
-            done
-        })();
-        self.times.elementwise += t0.elapsed();
-        r
+        self.timed(
+            |t| &mut t.elementwise,
+            |s| {
+                let ff = s.m.config.n_ff;
+                let mut gate = s.take(Act::Gate);
+                let up = s.buf(Act::Up);
+                let done = par_rows(s.m, &mut gate, ff, &|i, g| {
+                    let u = &up[i * ff..(i + 1) * ff];
+                    match f {
+                        FfnActivation::Silu => ops::swiglu(g, u),
+                        FfnActivation::GeluTanh => ops::geglu_tanh(g, u),
+                    }
+                });
+                s.put(Act::Gate, gate);
+                done
+            },
+        )
     }
 }
 
