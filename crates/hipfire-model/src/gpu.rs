@@ -113,10 +113,13 @@ pub struct GpuOptions {
 /// is ~0.6 GiB for that model.
 pub const DEFAULT_UBATCH: usize = 1024;
 
-/// Fewest prompt tokens that take the batched (GEMM) step; shorter runs go token by token through
-/// the GEMV. Measured there: 2 tokens 156 tok/s batched vs 276 token by token, 4 tokens 310 vs 283
-/// (a GEMM step expands every weight to f16 whatever the token count).
-pub const MIN_BATCH_TOKENS: usize = 4;
+/// Most tokens of a step whose projections run through the multi-column GEMV (each weight read
+/// once for all of them, spilled rows split with the CPU pool as a batched decode step's are)
+/// instead of the GEMM (each weight expanded to f16 first, spilled layers staged whole): the
+/// kernel's widest launch. A GEMM step expands every weight whatever the token count (2 tokens
+/// ran 156 tok/s through it against 276 token by token,
+/// docs/perf-checkpoints/2026-12-01-gpu-prefill-h200).
+pub const SHORT_RUN_MAX_TOKENS: usize = hipfire_gpu::gemv::GEMV_MAX_COLS;
 
 /// Default of [`GpuOptions::ram_margin_bytes`] (and of `memory.ram_margin_mib`): 4 GiB for the
 /// OS, the mapped GGUF's hot pages and the process itself — the reference system refused loads
@@ -257,14 +260,38 @@ pub struct GpuDecoder<'m> {
     /// Positions each sequence slot holds; `slot` is the one `prefill`/`step` feed.
     slot_pos: Vec<usize>,
     slot: usize,
-    /// Scratch of a batched decode step over several slots, or of one slot's replayed steps
-    /// (`None` with one slot and graphs off).
+    /// Scratch of a batched decode step over several slots, of one slot's replayed steps and of
+    /// short prompt runs' multi-column GEMV (`None` with one slot, graphs off and no batched
+    /// prefill).
     decode_batch: Option<DecodeBatch>,
+    /// Steps run so far, by form.
+    step_counts: StepCounts,
     /// Captured decode steps (`None`: each kernel launched; always so with spilled layers,
     /// whose steps need the host between kernels).
     graphs: Option<DecodeGraphs>,
     ctx_len: usize,
     summary: String,
+}
+
+/// Steps a decoder ran, by the form of their projections.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepCounts {
+    /// One token: the GEMV (or a replayed graph).
+    pub single: u64,
+    /// 2 to [`SHORT_RUN_MAX_TOKENS`] tokens: the multi-column GEMV.
+    pub cols: u64,
+    /// More (or a decoder without the multi-column scratch): the GEMM.
+    pub gemm: u64,
+}
+
+impl StepCounts {
+    fn count(&mut self, tokens: usize, cols: bool) {
+        match (tokens, cols) {
+            (1, _) => self.single += 1,
+            (_, true) => self.cols += 1,
+            _ => self.gemm += 1,
+        }
+    }
 }
 
 /// What a batched step needs beyond the decode step's kernels.
@@ -399,12 +426,6 @@ impl<'m> GpuDecoder<'m> {
         // The KV caches of every slot, and a batched (or replayed) decode step's activations
         // beside them.
         let want_graphs = decode_graph::graphs_enabled();
-        let kv = model.kv_cache_bytes() * slots as u64
-            + if slots > 1 || want_graphs {
-                DecodeBatch::vram_bytes(&c, slots)
-            } else {
-                0
-            };
         // Batched prefill: GEMMs through the vendor BLAS, so only where it loads; its scratch is
         // counted in the placement budget like the KV cache.
         let ubatch = opts.ubatch.clamp(1, ctx_len.max(1));
@@ -424,6 +445,15 @@ impl<'m> GpuDecoder<'m> {
         } else {
             None
         };
+        // Rows of the multi-column scratch: one per slot, and with batched prefill at least a
+        // short run's (SHORT_RUN_MAX_TOKENS); none for one slot without either.
+        let cols_rows = |graphs: bool| match (&batch_off, slots > 1 || graphs) {
+            (None, _) => Some(slots.max(SHORT_RUN_MAX_TOKENS)),
+            (Some(_), true) => Some(slots),
+            (Some(_), false) => None,
+        };
+        let kv = model.kv_cache_bytes() * slots as u64
+            + cols_rows(want_graphs).map_or(0, |rows| DecodeBatch::vram_bytes(&c, rows));
         let mut widths = BatchWidths {
             d_model: c.d_model,
             q_dim: c.q_dim(),
@@ -598,15 +628,16 @@ impl<'m> GpuDecoder<'m> {
         // tables), so one slot gets that scratch too when they are on.
         let graphs = (want_graphs && n_spilled == 0 && ctx.backend().has_graphs())
             .then(DecodeGraphs::default);
-        let decode_batch = if slots > 1 || graphs.is_some() {
-            offload.reserve_columns(slots)?;
-            Some(DecodeBatch::new(&ctx, &c, slots).map_err(|e| {
-                at_step(e, || {
-                    format!("allocating the batched decode scratch for {slots} slots")
-                })
-            })?)
-        } else {
-            None
+        let decode_batch = match cols_rows(graphs.is_some()) {
+            Some(rows) => {
+                offload.reserve_columns(rows)?;
+                Some(DecodeBatch::new(&ctx, &c, rows).map_err(|e| {
+                    at_step(e, || {
+                        format!("allocating the multi-column scratch for {rows} rows")
+                    })
+                })?)
+            }
+            None => None,
         };
         let batch = match &batch_off {
             Some(why) => {
@@ -645,8 +676,9 @@ impl<'m> GpuDecoder<'m> {
         };
         let prefill_text = match &batch_off {
             None => format!(
-                "prefill batched ({ubatch}-token GEMM micro-batches, {} per step)",
-                crate::gpu_batch::UBATCHES_PER_STEP
+                "prefill batched ({ubatch}-token GEMM micro-batches, {} per step; runs of 2–{} tokens through the multi-column GEMV)",
+                crate::gpu_batch::UBATCHES_PER_STEP,
+                SHORT_RUN_MAX_TOKENS.min(ubatch.max(2))
             ),
             Some(why) => format!("prefill token by token ({why})"),
         };
@@ -699,10 +731,16 @@ impl<'m> GpuDecoder<'m> {
             slot_pos: vec![0; slots],
             slot: 0,
             decode_batch,
+            step_counts: StepCounts::default(),
             graphs,
             ctx_len,
             summary,
         })
+    }
+
+    /// Steps run so far, by form (how a prompt's runs were routed).
+    pub fn step_counts(&self) -> StepCounts {
+        self.step_counts
     }
 
     /// One line: what was placed where.
@@ -782,13 +820,7 @@ impl<'m> GpuDecoder<'m> {
         }
         let step = self.batch.as_ref().map_or(1, |b| b.scratch.step_rows);
         for chunk in tokens.chunks(step) {
-            if chunk.len() < MIN_BATCH_TOKENS {
-                for &t in chunk {
-                    self.forward_at_step(&[t], "prefilling")?;
-                }
-            } else {
-                self.forward_at_step(chunk, "prefilling")?;
-            }
+            self.forward_at_step(chunk, "prefilling")?;
         }
         Ok(&self.logits)
     }
@@ -1394,6 +1426,7 @@ impl<'m> GpuDecoder<'m> {
         form: GemvForm,
     ) -> Result<(), ModelError> {
         match rows {
+            LayerRows::Run { m, cols: true, .. } => self.project_cols(outs, x, (k, m), slot, form),
             LayerRows::Run { m, batched, .. } => {
                 self.project_rows(outs, x, (k, m, batched), slot, form)
             }
@@ -1459,6 +1492,14 @@ impl<'m> GpuDecoder<'m> {
         }
         let r = self.rows(n)?;
         let batched = n > 1;
+        // A short run's projections through the multi-column GEMV (SHORT_RUN_MAX_TOKENS).
+        let cols = batched
+            && self.batch.is_some()
+            && self
+                .decode_batch
+                .as_ref()
+                .is_some_and(|db| n <= db.rows().min(SHORT_RUN_MAX_TOKENS));
+        self.step_counts.count(n, cols);
         let ubatch = match (&self.batch, batched) {
             (Some(b), true) => b.scratch.rows,
             _ => 1,
@@ -1472,7 +1513,7 @@ impl<'m> GpuDecoder<'m> {
         let keep = self.slot;
         for li in 0..self.layers.len() {
             let staged = match self.batch.as_mut().and_then(|b| b.scratch.spill.as_mut()) {
-                Some(spill) if batched => spill.fetch_layer(&self.stream, li)?,
+                Some(spill) if batched && !cols => spill.fetch_layer(&self.stream, li)?,
                 _ => false,
             };
             let mut row0 = 0usize;
@@ -1490,6 +1531,7 @@ impl<'m> GpuDecoder<'m> {
                             m,
                             pos: pos + c0,
                             batched,
+                            cols,
                         },
                     );
                     if done.is_err() {
@@ -1506,7 +1548,7 @@ impl<'m> GpuDecoder<'m> {
                 }
             }
         }
-        if batched {
+        if batched && !cols {
             if let Some(spill) = self.batch.as_mut().and_then(|b| b.scratch.spill.as_mut()) {
                 spill.prestage()?;
             }
@@ -1605,8 +1647,14 @@ impl<'m> GpuDecoder<'m> {
 /// The rows a layer runs over ([`GpuDecoder::layer`]).
 #[derive(Debug, Clone, Copy)]
 enum LayerRows<'f> {
-    /// `m` tokens of the selected slot at positions `pos ..`; `batched`: the GEMM forms.
-    Run { m: usize, pos: usize, batched: bool },
+    /// `m` tokens of the selected slot at positions `pos ..`; `batched`: the batched forms
+    /// (chunk attention; GEMM projections unless `cols`: the multi-column GEMV's).
+    Run {
+        m: usize,
+        pos: usize,
+        batched: bool,
+        cols: bool,
+    },
     /// One token of each `(slot, token)` feed, each at its slot's position.
     Slots(&'f [(usize, u32)]),
 }

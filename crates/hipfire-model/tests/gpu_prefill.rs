@@ -7,7 +7,8 @@
 use std::path::PathBuf;
 
 use hipfire_exec::flags::FlagsTuning;
-use hipfire_exec::offload::OffloadMode;
+use hipfire_exec::offload::{JoinStrategy, OffloadMode};
+use hipfire_exec::share::ShareSetting;
 use hipfire_model::gpu::{GpuDecoder, GpuOptions};
 use hipfire_model::synth::SynthSpec;
 use hipfire_model::{Arch, Model};
@@ -155,6 +156,80 @@ fn batched_prefill_matches_token_by_token_on_a_wide_model() {
             }
         }
         let _ = std::fs::remove_file(&path);
+    }
+    assert!(failures.is_empty(), "over the bound: {failures:?}");
+}
+
+/// Short runs (2 to `SHORT_RUN_MAX_TOKENS` tokens) take the multi-column GEMV, resident or
+/// spilled (the spilled rows split with the CPU pool under `passback`): after prompts of 2, 3,
+/// 9 and 16 tokens, each continuing the last, and two decode steps, the logits are within the
+/// bound of the CPU path's, in every architecture; 17 tokens take the GEMM. The step counts say
+/// which form ran, so a route that silently fell back would fail here.
+#[test]
+fn short_runs_take_the_multi_column_gemv_and_match_cpu() {
+    if !gated() {
+        return;
+    }
+    let mut failures = Vec::new();
+    for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3] {
+        let spec = SynthSpec::tiny(arch);
+        for fmt in [Format::Q4K, Format::Q8_0, Format::Q6K] {
+            let (path, model, pool) = load(&spec, fmt);
+            let runs: Vec<Vec<u32>> = [2usize, 3, 9, 16, 17]
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| tokens(n, 20 + i as u32, spec.vocab))
+                .collect();
+            let decode = tokens(2, 30, spec.vocab);
+            let want = {
+                let mut s = model.session();
+                let mut v: Vec<Vec<f32>> = runs
+                    .iter()
+                    .map(|r| s.prefill(r).expect("cpu").to_vec())
+                    .collect();
+                for &t in &decode {
+                    v.push(s.step(t).expect("cpu").to_vec());
+                }
+                v
+            };
+            let passback = OffloadMode::Passback {
+                share: ShareSetting::Pinned(0.5),
+                strategy: JoinStrategy::Flags,
+            };
+            for (budget, mode) in [(None, OffloadMode::Pcie), (Some(0), passback)] {
+                let o = gpu_harness::gpu_options(budget, mode, FlagsTuning::default(), 64);
+                let mut dec = GpuDecoder::new(&model, pool.clone(), &o).expect("decoder");
+                let mut got: Vec<Vec<f32>> = runs
+                    .iter()
+                    .map(|r| dec.prefill(r).expect("gpu prefill").to_vec())
+                    .collect();
+                for &t in &decode {
+                    got.push(dec.step(t).expect("gpu step").to_vec());
+                }
+                let counts = dec.step_counts();
+                assert_eq!(
+                    (counts.cols, counts.gemm),
+                    (4, 1),
+                    "{} {} budget {budget:?}: {counts:?}",
+                    spec.name,
+                    fmt.name()
+                );
+                let worst = max_rel(&got, &want);
+                eprintln!(
+                    "{} {} budget {budget:?}: short runs, max |gpu-cpu| / max|logit| = {worst:.2e}",
+                    spec.name,
+                    fmt.name()
+                );
+                if worst >= rel_bound(fmt) {
+                    failures.push(format!(
+                        "{} {} budget {budget:?}: {worst:.3e}",
+                        spec.name,
+                        fmt.name()
+                    ));
+                }
+            }
+            let _ = std::fs::remove_file(&path);
+        }
     }
     assert!(failures.is_empty(), "over the bound: {failures:?}");
 }

@@ -132,6 +132,11 @@ impl DecodeBatch {
         })
     }
 
+    /// Rows (columns of the GEMV) it holds.
+    pub(crate) fn rows(&self) -> usize {
+        self.rows
+    }
+
     /// Entries of the `caches` and `places` tables.
     fn table_lens(c: &ModelConfig, rows: usize) -> (usize, usize) {
         (2 * c.n_layer * rows, (2 + c.n_layer) * rows)

@@ -109,7 +109,8 @@ impl GpuDecoder<'_> {
     /// Turns the replay of captured decode steps on or off; returns whether it is on. It is on
     /// from the start unless [`DISABLE_GRAPHS_ENV`] is set, and cannot be turned on with
     /// spilled layers (their steps need the host between kernels) or on a decoder built with
-    /// graphs off and one slot (no batch scratch). Off drops every captured step.
+    /// graphs off, one slot and no batched prefill (no multi-column scratch). Off drops every
+    /// captured step.
     pub fn set_graphs(&mut self, on: bool) -> bool {
         let spilled = self
             .weights
