@@ -191,9 +191,10 @@ pub static KEYS: &[KeySpec] = &[
               micro-batches amortise the f16 expansion of each weight over more tokens but need \
               more VRAM scratch (about 0.6 GiB at 1024 for Llama-3-8B, counted before layers are \
               placed); 1024 measured fastest of 256/512/1024 on an H200 for 2048-token prompts. \
-              Prompts of fewer than 4 tokens, and `1` here, go token by token through the decode \
-              GEMV. The CPU path ignores it (its prefill runs in chunks of its \
-              own). Needs libcublas; without it prefill runs token by token and says so in the \
+              A step of 2 to 16 tokens runs its projections through the multi-column decode \
+              GEMV instead (each weight read once, spilled rows split with the CPU as in \
+              batched decode); `1` here feeds the prompt token by token through the decode \
+              GEMV. The CPU path ignores it (its prefill runs in chunks of its own). Needs libcublas; without it prefill runs token by token and says so in the \
               placement line.",
     },
     KeySpec {

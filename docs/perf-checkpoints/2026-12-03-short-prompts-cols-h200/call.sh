@@ -15,7 +15,9 @@ L8B=/root/l8b.gguf
 ( [[ -f $L8B ]] || $B/bin/hipfire synth --arch llama3-8b --format q4_k --out $L8B > /root/synth.log 2>&1 ) &
 SP=$!
 export HIPFIRE_GPU_TESTS=1
-for t in $B/tests/*; do echo "== $(basename $t)"; timeout 170 $t --test-threads 1 --nocapture 2>&1 | grep -E "test |test result|short runs|panicked|FAILED|over the bound" | tail -60; done > $OUT/tests.log 2>&1
+{ echo "== gpu_prefill"; timeout 150 $B/tests/gpu_prefill --test-threads 1 --nocapture short_runs batched_prefill_matches_token_by_token streamed 2>&1
+  echo "== gpu_batch_decode"; timeout 90 $B/tests/gpu_batch_decode --test-threads 1 --nocapture 2>&1; } |
+  grep -E "^== |test |test result|short runs|panicked|FAILED|over the bound" > $OUT/tests.log 2>&1
 echo "tests done $(el) s" > $OUT/log.txt
 wait $SP; echo "synth at $(el) s" >> $OUT/log.txt
 : > $OUT/short.jsonl
@@ -26,7 +28,7 @@ import sys,json
 for r in json.load(sys.stdin): print(json.dumps({'engine':'$bin','placement':'$place','round':$round,'test':r['test'],'avg_ts':r['avg_ts'],'samples_ts':r.get('samples_ts')}))" >> $OUT/short.jsonl
 }
 for round in 1 2; do
-  (( $(el) < 420 )) || break
+  (( $(el) < 200 )) || break
   hb hipfire resident $round; hb hipfire-prev resident $round
   hb hipfire spilled16 $round --gpu-layer-budget 16 --offload-exec passback
   hb hipfire-prev spilled16 $round --gpu-layer-budget 16 --offload-exec passback
