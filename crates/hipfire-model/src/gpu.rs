@@ -13,6 +13,7 @@
 //! the last `budget` stay resident; embeddings, output norm and head are always resident.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use hipfire_exec::flags::FlagsTuning;
 use hipfire_exec::offload::{OffloadExecutor, OffloadMode, SpilledStep};
@@ -40,6 +41,7 @@ mod block_ops;
 mod decode_batch;
 mod decode_graph;
 mod placement;
+mod short_runs;
 use block_ops::GpuStep;
 pub use decode_batch::MAX_SLOTS;
 use decode_batch::{DecodeBatch, StepActs};
@@ -48,6 +50,7 @@ pub use decode_graph::DISABLE_GRAPHS_ENV;
 use hipfire_gpu::dequant::DequantKernels;
 use hipfire_gpu::{gemm_available, gemm_f16, GemmShape};
 use placement::{gib, LayerPlacement, VramBudget};
+use short_runs::{ShortRunChooser, StepForm};
 
 /// `kernels/decode.cu`: RMSNorm, RoPE, the f16 and q8_0 KV stores, attention, SwiGLU, add.
 pub const DECODE_SOURCE: KernelSource = KernelSource {
@@ -113,10 +116,11 @@ pub struct GpuOptions {
 /// is ~0.6 GiB for that model.
 pub const DEFAULT_UBATCH: usize = 1024;
 
-/// Most tokens of a step whose projections run through the multi-column GEMV (each weight read
-/// once for all of them, spilled rows split with the CPU pool as a batched decode step's are)
-/// instead of the GEMM (each weight expanded to f16 first, spilled layers staged whole): the
-/// kernel's widest launch. A GEMM step expands every weight whatever the token count (2 tokens
+/// Most tokens of a step whose projections may run through the multi-column GEMV (each weight
+/// read once for all of them, spilled rows split with the CPU pool as a batched decode step's
+/// are) instead of the GEMM (each weight expanded to f16 first, spilled layers staged whole): the
+/// kernel's widest launch. Within it the decoder's measured step times choose
+/// ([`short_runs`]). A GEMM step expands every weight whatever the token count (2 tokens
 /// ran 156 tok/s through it against 276 token by token,
 /// docs/perf-checkpoints/2026-12-01-gpu-prefill-h200).
 pub const SHORT_RUN_MAX_TOKENS: usize = hipfire_gpu::gemv::GEMV_MAX_COLS;
@@ -266,6 +270,8 @@ pub struct GpuDecoder<'m> {
     decode_batch: Option<DecodeBatch>,
     /// Steps run so far, by form.
     step_counts: StepCounts,
+    /// Measured step times by form, which choose a short run's ([`SHORT_RUN_MAX_TOKENS`]).
+    short_runs: ShortRunChooser,
     /// Captured decode steps (`None`: each kernel launched; always so with spilled layers,
     /// whose steps need the host between kernels).
     graphs: Option<DecodeGraphs>,
@@ -732,6 +738,7 @@ impl<'m> GpuDecoder<'m> {
             slot: 0,
             decode_batch,
             step_counts: StepCounts::default(),
+            short_runs: ShortRunChooser::default(),
             graphs,
             ctx_len,
             summary,
@@ -1492,13 +1499,16 @@ impl<'m> GpuDecoder<'m> {
         }
         let r = self.rows(n)?;
         let batched = n > 1;
-        // A short run's projections through the multi-column GEMV (SHORT_RUN_MAX_TOKENS).
+        let started = Instant::now();
+        // A short run's projections through the multi-column GEMV (within its reach, and unless
+        // the measured step times say the GEMM is faster at this length: `short_runs`).
         let cols = batched
             && self.batch.is_some()
             && self
                 .decode_batch
                 .as_ref()
-                .is_some_and(|db| n <= db.rows().min(SHORT_RUN_MAX_TOKENS));
+                .is_some_and(|db| n <= db.rows().min(SHORT_RUN_MAX_TOKENS))
+            && self.short_runs.take_cols(n);
         self.step_counts.count(n, cols);
         let ubatch = match (&self.batch, batched) {
             (Some(b), true) => b.scratch.rows,
@@ -1593,6 +1603,21 @@ impl<'m> GpuDecoder<'m> {
         }
         for &(slot, tokens) in segs {
             self.slot_pos[slot] += tokens.len();
+        }
+        if batched && self.batch.is_some() {
+            let form = if cols { StepForm::Cols } else { StepForm::Gemm };
+            let seconds = started.elapsed().as_secs_f64();
+            self.short_runs.observe(form, n, seconds);
+            let (cols_s, gemm_s) = self.short_runs.predictions(n);
+            tracing::debug!(
+                target: "hipfire::prefill",
+                tokens = n,
+                ?form,
+                seconds,
+                ?cols_s,
+                ?gemm_s,
+                "gpu prompt step (the fitted step times of both forms at this length after it)"
+            );
         }
         Ok(())
     }
