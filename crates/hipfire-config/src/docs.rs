@@ -43,7 +43,10 @@ pub static OTHER_ENV: &[EnvVarDoc] = &[
     EnvVarDoc {
         name: "RUST_LOG",
         read_by: "hipfire CLI, single_layer example",
-        doc: "tracing filter (`info`, `hipfire_exec=debug`, ...); overrides `-v` / `--quiet`.",
+        doc: "tracing filter (`info`, `hipfire_exec=debug`, ...); overrides `-v` / `--quiet`. \
+              `hipfire::prefill=debug` logs each CPU batched step's time by kind (projections, \
+              attention, element-wise) and each GPU prompt step's form with both forms' fitted \
+              step times.",
     },
     EnvVarDoc {
         name: "HIPFIRE_GPU_TESTS",
