@@ -6,7 +6,8 @@
 raw-N/cpu-prefill.jsonl: pp512 at 16 threads, one line per engine and round (llama.cpp once with
 FlashAttention off and once on; avg_ts = the mean of 3 repetitions); raw-N/breakdown.tgz: hipfire's
 per-step `cpu batched step` debug lines; raw-N/prefill_gemm.log: one thread's GEMM per shape;
-raw-2core/ab.jsonl: the 2-core dev VM's A/B of this tree against the baseline.
+raw-2core/ab.jsonl: the 2-core dev VM's A/B of this tree against the baseline (prefill and decode);
+raw-2core/decode*.jsonl: its decode-only A/Bs (ab-decode-2core.sh).
 """
 import io
 import json
@@ -92,4 +93,14 @@ if __name__ == "__main__":
         print("\n2-core A/B (tok/s by round, median):")
         for (m, t, l), v in sorted(rows.items()):
             print(f"| {m} | {t} | {l} | {' / '.join(f'{x:.1f}' for x in v)} | {st.median(v):.1f} |")
+    for name in ("decode.jsonl", "decode-static-cut-variant.jsonl"):
+        path = HERE / "raw-2core" / name
+        if path.exists():
+            rows = {}
+            for line in path.read_text().splitlines():
+                d = json.loads(line)
+                rows.setdefault((d["model"], d["label"]), []).append(d["avg_ts"])
+            print(f"\n2-core decode, {name}:")
+            for (m, l), v in sorted(rows.items()):
+                print(f"| {m} | {l} | {' / '.join(f'{x:.1f}' for x in v)} | {st.median(v):.1f} |")
     (HERE / "cpu_prefill.svg").write_text(svg(data))
