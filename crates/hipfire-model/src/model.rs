@@ -621,36 +621,21 @@ impl Model {
                     }
                 }
             })?;
-        // Each query's partials merged into its heads, queries split over the threads too.
+        // Each query's partials merged into its heads, queries split over the threads too (a
+        // decode step, or a small model's chunk, in place).
         let parts_ro = &parts[..total * item_len];
-        let att_out = PartsOut(att.as_mut_ptr());
-        let att_out = &att_out;
-        let merge = |ts: std::ops::Range<usize>| {
-            for t in ts {
-                // SAFETY: query t's `n` outputs lie inside `att` (checked: `qs.len() × n`), which
-                // the caller keeps borrowed mutably for the whole call; each query is handed to
-                // one part only.
-                let att_t = unsafe { std::slice::from_raw_parts_mut(att_out.0.add(t * n), n) };
-                let n_chunks = splits[t].n_chunks;
-                let tparts = &parts_ro[first[t] * item_len..first[t + 1] * item_len];
-                for (qh, o) in att_t.chunks_exact_mut(hd).enumerate() {
-                    let (h, j) = (qh / group, qh % group);
-                    let it = (0..n_chunks).map(move |ci| {
-                        let base = (h * n_chunks + ci) * item_len + j * pl;
-                        &tparts[base..base + pl]
-                    });
-                    attention::combine(it, o);
-                }
+        let merged = batch::par_rows(self, att, n, PAR_MIN_VALUES, &|t, att_t| {
+            let n_chunks = splits[t].n_chunks;
+            let tparts = &parts_ro[first[t] * item_len..first[t + 1] * item_len];
+            for (qh, o) in att_t.chunks_exact_mut(hd).enumerate() {
+                let (h, j) = (qh / group, qh % group);
+                let it = (0..n_chunks).map(move |ci| {
+                    let base = (h * n_chunks + ci) * item_len + j * pl;
+                    &tparts[base..base + pl]
+                });
+                attention::combine(it, o);
             }
-        };
-        let merged = match qs.len() {
-            // A decode step, or a small model's chunk: no dispatch.
-            n if n * self.config.q_dim() < PAR_MIN_VALUES => {
-                merge(0..n);
-                Ok(())
-            }
-            n => self.backend.parallel_for(n, &merge),
-        };
+        });
         PARTS.with(|p| p.replace(parts));
         merged
     }
@@ -713,12 +698,12 @@ thread_local! {
 }
 
 /// The partial softmaxes of [`Model::attention_many`], written item by item from several
-/// threads (and the rows of `batch::par_rows`, and the merged outputs).
+/// threads (and the rows of `batch::par_rows`, and RoPE's q and k rows).
 struct PartsOut(*mut f32);
 
-// SAFETY: only dereferenced inside `Model::attention_many` and `batch::par_rows`, where every
-// part writes its own disjoint items of a buffer the caller keeps borrowed mutably for the whole
-// call.
+// SAFETY: only dereferenced inside `Model::attention_many`, `batch::par_rows` and the CPU
+// step's RoPE, where every part writes its own disjoint items of a buffer the caller keeps
+// borrowed mutably for the whole call.
 unsafe impl Sync for PartsOut {}
 
 /// Prompt tokens pushed through the layers together by [`Session::prefill`]. Each weight is

@@ -11,7 +11,7 @@ use hipfire_exec::offload::{JoinStrategy, OffloadMode};
 use hipfire_exec::share::ShareSetting;
 use hipfire_model::gpu::{GpuDecoder, GpuOptions};
 use hipfire_model::synth::SynthSpec;
-use hipfire_model::{Arch, Model};
+use hipfire_model::{Arch, Decoder, Model};
 use hipfire_quant::Format;
 
 #[path = "common/gpu_harness.rs"]
@@ -29,12 +29,14 @@ fn load(spec: &SynthSpec, fmt: Format) -> (PathBuf, Model, hipfire_exec::CpuPool
     (path, model, pool)
 }
 
-/// A prompt that starts at position 0 with `first` tokens, then continues with `second` more (so
-/// the second prefill's chunks start at a position > 0 and attend to the first's cache), then
-/// decodes `decode` tokens; returns the logits after each prefill and after each decode step.
-fn run(dec: &mut GpuDecoder<'_>, first: &[u32], second: &[u32], decode: &[u32]) -> Vec<Vec<f32>> {
-    let mut out = vec![dec.prefill(first).expect("prefill 1").to_vec()];
-    out.push(dec.prefill(second).expect("prefill 2").to_vec());
+/// A prompt fed in `prompts` one after the other (so each later prefill's chunks start at a
+/// position > 0 and attend to the earlier ones' cache), then `decode` tokens decoded, on the GPU
+/// or the CPU path; returns the logits after each prefill and after each decode step.
+fn run(dec: &mut impl Decoder, prompts: &[&[u32]], decode: &[u32]) -> Vec<Vec<f32>> {
+    let mut out: Vec<Vec<f32>> = prompts
+        .iter()
+        .map(|p| dec.prefill(p).expect("prefill").to_vec())
+        .collect();
     for &t in decode {
         out.push(dec.step(t).expect("step").to_vec());
     }
@@ -63,15 +65,7 @@ fn batched_prefill_matches_cpu_in_every_format() {
                 tokens(45, 2, spec.vocab),
                 tokens(3, 3, spec.vocab),
             );
-            let want = {
-                let mut s = model.session();
-                let mut v = vec![s.prefill(&a).expect("cpu").to_vec()];
-                v.push(s.prefill(&b).expect("cpu").to_vec());
-                for &t in &c {
-                    v.push(s.step(t).expect("cpu").to_vec());
-                }
-                v
-            };
+            let want = run(&mut model.session(), &[&a, &b], &c);
             for budget in [None, Some(0)] {
                 let mut dec = match GpuDecoder::new(&model, pool.clone(), &opts(budget, 16)) {
                     Ok(d) => d,
@@ -85,7 +79,7 @@ fn batched_prefill_matches_cpu_in_every_format() {
                     "{}",
                     dec.placement_summary()
                 );
-                let got = run(&mut dec, &a, &b, &c);
+                let got = run(&mut dec, &[&a, &b], &c);
                 let worst = max_rel(&got, &want);
                 eprintln!(
                     "{} {} budget {budget:?}: max |gpu-cpu| / max|logit| = {worst:.2e}",
@@ -139,12 +133,12 @@ fn batched_prefill_matches_token_by_token_on_a_wide_model() {
         );
         let mut slow = GpuDecoder::new(&model, pool.clone(), &opts(None, 1)).expect("ubatch 1");
         assert!(slow.placement_summary().contains("token by token"));
-        let want = run(&mut slow, &a, &b, &c);
+        let want = run(&mut slow, &[&a, &b], &c);
         drop(slow);
         for budget in [None, Some(1), Some(0)] {
             let mut fast =
                 GpuDecoder::new(&model, pool.clone(), &opts(budget, 128)).expect("ubatch 128");
-            let got = run(&mut fast, &a, &b, &c);
+            let got = run(&mut fast, &[&a, &b], &c);
             let worst = max_rel(&got, &want);
             eprintln!(
                 "{} {} budget {budget:?}: max |batched-token| / max|logit| = {worst:.2e}",
@@ -180,18 +174,9 @@ fn short_runs_take_the_multi_column_gemv_and_match_cpu() {
                 .enumerate()
                 .map(|(i, &n)| tokens(n, 20 + i as u32, spec.vocab))
                 .collect();
+            let runs: Vec<&[u32]> = runs.iter().map(|r| &r[..]).collect();
             let decode = tokens(2, 30, spec.vocab);
-            let want = {
-                let mut s = model.session();
-                let mut v: Vec<Vec<f32>> = runs
-                    .iter()
-                    .map(|r| s.prefill(r).expect("cpu").to_vec())
-                    .collect();
-                for &t in &decode {
-                    v.push(s.step(t).expect("cpu").to_vec());
-                }
-                v
-            };
+            let want = run(&mut model.session(), &runs, &decode);
             let passback = OffloadMode::Passback {
                 share: ShareSetting::Pinned(0.5),
                 strategy: JoinStrategy::Flags,
@@ -199,13 +184,7 @@ fn short_runs_take_the_multi_column_gemv_and_match_cpu() {
             for (budget, mode) in [(None, OffloadMode::Pcie), (Some(0), passback)] {
                 let o = gpu_harness::gpu_options(budget, mode, FlagsTuning::default(), 64);
                 let mut dec = GpuDecoder::new(&model, pool.clone(), &o).expect("decoder");
-                let mut got: Vec<Vec<f32>> = runs
-                    .iter()
-                    .map(|r| dec.prefill(r).expect("gpu prefill").to_vec())
-                    .collect();
-                for &t in &decode {
-                    got.push(dec.step(t).expect("gpu step").to_vec());
-                }
+                let got = run(&mut dec, &runs, &decode);
                 let counts = dec.step_counts();
                 assert_eq!(
                     (counts.cols, counts.gemm),

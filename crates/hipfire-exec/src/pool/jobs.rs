@@ -583,9 +583,9 @@ impl PoolJob for TokenGemvJob<'_> {
                         // SAFETY: rows `a..e` lie inside the segment (`lo`/`hi` clamped to it)
                         // and inside this run's rows (each claimed once), so `t·m + a ..
                         // t·m + e` (t = t0 + i < tokens) is inside the `tokens × m` output and
-                        // written by no other worker, nor aliased by another `ys[i]` (distinct t); the
-                        // pointer comes from a live `&mut [f32]` of that length held by the
-                        // blocked caller.
+                        // written by no other worker, nor aliased by another `ys[i]` (distinct
+                        // t); the pointer comes from a live `&mut [f32]` of that length held by
+                        // the blocked caller.
                         unsafe {
                             std::slice::from_raw_parts_mut(p.y.add((t0 + i) * p.m + a), e - a)
                         }
@@ -628,9 +628,9 @@ impl TokenGemvJob<'_> {
                 .map(|t| {
                     // SAFETY: rows `a..b` lie inside the segment and inside this run's rows
                     // (each claimed once), so `t·m + a .. t·m + b` is inside the `tokens × m`
-                    // output, written by no other worker and aliased by no other `ys[t]` (distinct t);
-                    // the pointer comes from a live `&mut [f32]` of that length held by the
-                    // blocked caller.
+                    // output, written by no other worker and aliased by no other `ys[t]`
+                    // (distinct t); the pointer comes from a live `&mut [f32]` of that length
+                    // held by the blocked caller.
                     unsafe { std::slice::from_raw_parts_mut(p.y.add(t * p.m + a), b - a) }
                 })
                 .collect();

@@ -4,8 +4,8 @@
 //! its own pinned thread and only executes; [`CpuPool`] is the cloneable handle — it owns the
 //! senders, cuts a row range into one contiguous slice per worker (decode's GEMVs) or lets the
 //! workers claim chunks of it off a shared cursor (prompt GEMMs, `parallel_for`), sends, and
-//! waits for every reply. When the last handle is dropped the senders go, each worker's loop ends, and the
-//! drop guard joins the threads.
+//! waits for every reply. When the last handle is dropped the senders go, each worker's loop
+//! ends, and the drop guard joins the threads.
 //!
 //! Why not rayon: a decode step is a few hundred microseconds of GEMV; rayon's work stealing
 //! and its wake-up of sleeping workers cost tens of microseconds and move rows between cores
@@ -249,10 +249,9 @@ impl CpuPool {
         &self.inner.cores
     }
     /// Run `f` over `0..n` in contiguous chunks that the computing threads claim, guided
-    /// ([`CpuPool::run_job_claimed`]; no alignment:
-    /// for per-head or per-item work that is not a GEMV, such as attention, whose items need
-    /// not cost the same). Waits for every chunk; an error only when the pool itself failed (a
-    /// chunk that panicked, a stopped worker).
+    /// ([`CpuPool::run_job_claimed`]; no alignment: for per-head or per-item work that is not a
+    /// GEMV, such as attention, whose items need not cost the same). Waits for every chunk; an
+    /// error only when the pool itself failed (a chunk that panicked, a stopped worker).
     pub fn parallel_for(
         &self,
         n: usize,

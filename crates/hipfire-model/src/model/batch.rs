@@ -81,18 +81,20 @@ pub fn forward_batch(items: &mut [BatchItem<'_, '_>]) -> Result<(), ModelError> 
 }
 
 /// `f(i, row i)` for every row of `buf` (`width` values each), split over the backend's threads
-/// when there are several rows (one token: in place, as before). The element-wise work of a
+/// when there are several rows and at least `min_values` values (one token, or less work than a
+/// dispatch is worth: in place). The element-wise work of a
 /// chunk (RMSNorm, the gated activation: 14336 `exp` a token and layer for an 8B model) ran on
 /// the calling thread alone; at 16 threads it was a second of a 512-token prefill whose GEMMs
 /// take ~2.5 s on AMX (estimate from the H200 box's single-thread figures, 2026-12-02).
-fn par_rows(
+pub(super) fn par_rows(
     m: &Model,
     buf: &mut [f32],
     width: usize,
+    min_values: usize,
     f: &(dyn Fn(usize, &mut [f32]) + Sync),
 ) -> Result<(), ModelError> {
     let rows = buf.len() / width.max(1);
-    if rows <= 1 {
+    if rows <= 1 || buf.len() < min_values {
         buf.chunks_exact_mut(width.max(1))
             .enumerate()
             .for_each(|(i, r)| f(i, r));
@@ -241,9 +243,7 @@ impl CpuStep<'_, '_, '_, '_> {
     fn put(&mut self, a: Act, v: Vec<f32>) {
         self.bufs[a as usize] = v;
     }
-}
 
-impl CpuStep<'_, '_, '_, '_> {
     /// `f(self)`, its wall time added to the counter `which` picks.
     fn timed<R>(
         &mut self,
@@ -274,7 +274,7 @@ impl<'a> BlockOps for CpuStep<'a, '_, '_, '_> {
                 }
                 let mut out = s.take(dst);
                 let x = s.buf(src);
-                let done = par_rows(s.m, &mut out, width, &|i, r| {
+                let done = par_rows(s.m, &mut out, width, 0, &|i, r| {
                     ops::rms_norm(&x[i * width..(i + 1) * width], w, eps, r)
                 });
                 s.put(dst, out);
@@ -415,7 +415,7 @@ impl<'a> BlockOps for CpuStep<'a, '_, '_, '_> {
                 let ff = s.m.config.n_ff;
                 let mut gate = s.take(Act::Gate);
                 let up = s.buf(Act::Up);
-                let done = par_rows(s.m, &mut gate, ff, &|i, g| {
+                let done = par_rows(s.m, &mut gate, ff, 0, &|i, g| {
                     let u = &up[i * ff..(i + 1) * ff];
                     match f {
                         FfnActivation::Silu => ops::swiglu(g, u),

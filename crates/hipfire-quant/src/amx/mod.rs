@@ -501,10 +501,16 @@ pub fn dequant_panels_for_bench(
     let mut panel = vec![Line::ZERO; kblock * PANEL_ROWS];
     let mut row = vec![0.0; kblock * TILE_K];
     let fast = dequant::fast_available();
-    for (pi, rows) in w.chunks(PANEL_ROWS * rb).enumerate() {
+    let panels: Vec<&[u8]> = w.chunks(PANEL_ROWS * rb).collect();
+    for (pi, rows) in panels.iter().enumerate() {
         for s0 in (0..ksteps).step_by(kblock) {
             let ns = kblock.min(ksteps - s0);
-            prefetch_next(w, pi * PANEL_ROWS, rows.len() / rb, rb, k, s0 + ns, kblock);
+            // This panel's next block, or the next panel's first.
+            match (s0 + ns < ksteps, panels.get(pi + 1)) {
+                (true, _) => prefetch_block(rows, rb, k, s0 + ns, kblock),
+                (false, Some(next)) => prefetch_block(next, rb, k, 0, kblock),
+                (false, None) => {}
+            }
             dequant::fill_panel(fast, fmt, rows, rb, k, s0, ns, &mut panel, &mut row)?;
         }
     }
@@ -664,19 +670,6 @@ fn prefetch_block(rows: &[u8], rb: usize, k: usize, s: usize, ns: usize) {
     }
     let bytes = |e: usize| e * rb / k;
     prefetch_rows(rows, bytes(e0), rows.len() / rb, rb, bytes(e1) - bytes(e0));
-}
-
-/// Prefetch the block of `kblock` k-steps from step `s` of the panel's rows from `r0`, or the
-/// next panel's first block after the last step.
-fn prefetch_next(w: &[u8], r0: usize, n_rows: usize, rb: usize, k: usize, s: usize, kblock: usize) {
-    let (e0, e1) = (s * TILE_K, ((s + kblock) * TILE_K).min(k));
-    let bytes = |e: usize| e * rb / k;
-    if e0 < k {
-        prefetch_rows(w, r0 * rb + bytes(e0), n_rows, rb, bytes(e1) - bytes(e0));
-    } else {
-        let next = (r0 + PANEL_ROWS) * rb;
-        prefetch_rows(w, next, PANEL_ROWS, rb, bytes(kblock * TILE_K).min(rb));
-    }
 }
 
 /// Software-prefetch `len` bytes from `start` of each of `n_rows` rows (`rb` apart) of `w` into

@@ -74,11 +74,11 @@ fn gemm_bf16_matches_f64_reference_within_bound() {
                         .map(|_| rng.random_range(-2.0f32..2.0))
                         .collect();
                     let acts = pack(tokens, k, &xs);
-                    // Two k-blocks of 8 steps at k = 512, and the default (one block of the whole
-                    // k there); one, three and the default number of panels per group.
+                    // Two k-blocks of 8 steps at k = 512, one of 16 (the whole k there), and the
+                    // defaults; one, three and the default number of panels per group.
                     let cases = [
                         (false, 8, 1),
-                        (true, 8, 3),
+                        (true, 16, 3),
                         (false, KBLOCK_STEPS, PANEL_GROUP),
                     ];
                     for (accumulate, kblock, group) in cases {
