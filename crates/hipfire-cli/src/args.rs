@@ -639,6 +639,18 @@ pub enum SynthArch {
     /// A tiny Qwen3-style model (q/k norms).
     #[value(name = "tiny-qwen3")]
     TinyQwen3,
+    /// Qwen3-30B-A3B shapes (48 layers, d 2048, GQA 32/4, 128 experts of 768, 8 a token).
+    #[value(name = "qwen3-30b-a3b")]
+    Qwen3_30bA3b,
+    /// A tiny Qwen3-MoE model (8 experts, 2 a token).
+    #[value(name = "tiny-qwen3moe")]
+    TinyQwen3Moe,
+    /// A tiny Qwen2-MoE model (8 experts, 2 a token, a gated shared expert).
+    #[value(name = "tiny-qwen2moe")]
+    TinyQwen2Moe,
+    /// A tiny Mixtral-style model (llama with 8 experts, 2 a token).
+    #[value(name = "tiny-mixtral")]
+    TinyMixtral,
 }
 
 impl SynthArch {
@@ -650,6 +662,10 @@ impl SynthArch {
             SynthArch::Tiny => "tiny-llama",
             SynthArch::TinyQwen2 => "tiny-qwen2",
             SynthArch::TinyQwen3 => "tiny-qwen3",
+            SynthArch::Qwen3_30bA3b => "qwen3-30b-a3b",
+            SynthArch::TinyQwen3Moe => "tiny-qwen3moe",
+            SynthArch::TinyQwen2Moe => "tiny-qwen2moe",
+            SynthArch::TinyMixtral => "tiny-mixtral",
         }
     }
 }

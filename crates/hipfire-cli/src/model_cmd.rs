@@ -157,6 +157,18 @@ pub(crate) fn load(
     };
     let model = Model::from_gguf(file, &opts, backend)
         .with_context(|| format!("loading {}", path.display()))?;
+    // The GPU engine refuses routed experts; `auto` runs such a model on the CPU instead.
+    let engine = match engine {
+        Engine::Gpu if model.config().moe.is_some() && s.device == Device::Auto => {
+            ctx.note(format!(
+                "gpu: the GPU engine does not run Mixture-of-Experts layers ({}) yet; running \
+                 on the CPU",
+                model.config().arch.name()
+            ));
+            Engine::Cpu
+        }
+        e => e,
+    };
     // The CPU session's cache grows as positions fill; refuse up front a context whose full
     // cache would not fit in RAM. (On the GPU the cache is in VRAM: GpuDecoder counts it.)
     if matches!(engine, Engine::Cpu) {

@@ -43,16 +43,86 @@ pub struct LayerTensors<W, V> {
     pub k_norm: Option<V>,
     /// RMSNorm before the FFN.
     pub ffn_norm: V,
-    /// Gated FFN projections.
-    pub gate: W,
-    /// See [`LayerTensors::gate`].
-    pub up: W,
-    /// See [`LayerTensors::gate`].
-    pub down: W,
+    /// The FFN: dense, or routed over experts.
+    pub ffn: Ffn<W, V>,
     /// RMSNorm of the attention output before its residual add (Gemma's `post_attention_norm`).
     pub post_attn_norm: Option<V>,
     /// RMSNorm of the FFN output before its residual add (Gemma's `post_ffw_norm`).
     pub post_ffn_norm: Option<V>,
+}
+
+/// A layer's FFN: the variant is chosen per layer from the file's metadata
+/// ([`ModelConfig::moe`]); each engine implements one [`BlockOps`] operation per variant.
+#[derive(Debug, Clone)]
+pub enum Ffn<W, V> {
+    /// `down · (act(gate · x) ⊙ up · x)`.
+    Dense {
+        /// Gate projection.
+        gate: W,
+        /// Up projection.
+        up: W,
+        /// Down projection.
+        down: W,
+    },
+    /// Routed experts (see [`crate::config::MoeConfig`]).
+    Moe(MoeTensors<W, V>),
+}
+
+/// A routed FFN's tensors: the router and, per expert, its own gate/up/down matrices (the
+/// slabs of the file's `ffn_*_exps` tensors, one [`crate::Weight`] an expert), plus the
+/// shared expert where the architecture has one.
+#[derive(Debug, Clone)]
+pub struct MoeTensors<W, V> {
+    /// `ffn_gate_inp`: `n_expert` rows of `d_model`, the routing logits.
+    pub router: W,
+    /// Expert `e`'s gate projection is `gate[e]`.
+    pub gate: Vec<W>,
+    /// Expert `e`'s up projection.
+    pub up: Vec<W>,
+    /// Expert `e`'s down projection.
+    pub down: Vec<W>,
+    /// The always-on shared expert (Qwen2-MoE).
+    pub shared: Option<SharedExpert<W, V>>,
+}
+
+/// An expert every token uses, its output scaled by `sigmoid(gate_inp · x)` where the file
+/// has `ffn_gate_inp_shexp`.
+#[derive(Debug, Clone)]
+pub struct SharedExpert<W, V> {
+    /// Gate projection.
+    pub gate: W,
+    /// Up projection.
+    pub up: W,
+    /// Down projection.
+    pub down: W,
+    /// The scalar gate's weights (`d_model` values).
+    pub gate_inp: Option<V>,
+}
+
+impl<W: Copy, V> Ffn<W, V> {
+    /// Every matrix of the FFN, in the order the block multiplies them (routed experts by
+    /// index, gate, up and down each).
+    pub fn projections(&self) -> Vec<W> {
+        match self {
+            Ffn::Dense { gate, up, down } => vec![*gate, *up, *down],
+            Ffn::Moe(m) => {
+                let mut v = vec![m.router];
+                v.extend(m.gate.iter().chain(&m.up).chain(&m.down).copied());
+                if let Some(sh) = &m.shared {
+                    v.extend([sh.gate, sh.up, sh.down]);
+                }
+                v
+            }
+        }
+    }
+
+    /// The routed part, `None` for a dense FFN.
+    pub fn moe(&self) -> Option<&MoeTensors<W, V>> {
+        match self {
+            Ffn::Moe(m) => Some(m),
+            Ffn::Dense { .. } => None,
+        }
+    }
 }
 
 /// How [`LayerTensors::load`] reads the file: a matrix's id by name and shape (`k` elements a
@@ -60,8 +130,13 @@ pub struct LayerTensors<W, V> {
 pub(crate) trait TensorSource<W> {
     /// The matrix `name` of `m` rows of `k`, or an error naming it.
     fn matrix(&mut self, name: &str, k: usize, m: usize) -> Result<W, ModelError>;
+    /// The 3-D tensor `name` of `n` stacked matrices of `m` rows of `k` (ggml dims
+    /// `{k, m, n}`), one id per matrix, or an error naming it.
+    fn matrices(&mut self, name: &str, k: usize, m: usize, n: usize) -> Result<Vec<W>, ModelError>;
     /// The vector `name` of `n` values, or an error naming it.
     fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>, ModelError>;
+    /// Whether the file has a tensor `name`.
+    fn has(&self, name: &str) -> bool;
     /// The vector `name` of `n` values, `None` when the file lacks it.
     fn opt_vector(&self, name: &str, n: usize) -> Result<Option<Vec<f32>>, ModelError>;
 }
@@ -77,7 +152,8 @@ impl<W: Copy> LayerTensors<W, Vec<f32>> {
     ) -> Result<Self, ModelError> {
         let n = |s: &str| format!("blk.{i}.{s}");
         let (d, qd, kvd) = (c.d_model, c.q_dim(), c.kv_dim());
-        // Optional everywhere (some llama fine-tunes carry biases too); Qwen2 requires them.
+        // Optional everywhere (some llama fine-tunes and Qwen2-MoE carry them); Qwen2 requires
+        // them.
         let biases = c.arch == Arch::Qwen2;
         let read_bias = |s: &str, len: usize| match biases {
             true => src.vector(&n(s), len).map(Some),
@@ -115,9 +191,38 @@ impl<W: Copy> LayerTensors<W, Vec<f32>> {
             q_norm,
             k_norm,
             ffn_norm: src.vector(&n("ffn_norm.weight"), d)?,
-            gate: src.matrix(&n("ffn_gate.weight"), d, c.n_ff)?,
-            up: src.matrix(&n("ffn_up.weight"), d, c.n_ff)?,
-            down: src.matrix(&n("ffn_down.weight"), c.n_ff, d)?,
+            ffn: match &c.moe {
+                None => Ffn::Dense {
+                    gate: src.matrix(&n("ffn_gate.weight"), d, c.n_ff)?,
+                    up: src.matrix(&n("ffn_up.weight"), d, c.n_ff)?,
+                    down: src.matrix(&n("ffn_down.weight"), c.n_ff, d)?,
+                },
+                Some(moe) => {
+                    if src.has(&n("ffn_gate_up_exps.weight")) {
+                        return Err(ModelError::Unsupported(format!(
+                            "layer {i}: fused ffn_gate_up_exps (hipfire reads ffn_gate_exps and \
+                             ffn_up_exps as separate tensors)"
+                        )));
+                    }
+                    let (e, ff) = (moe.n_expert, moe.n_ff_exp);
+                    let shared = match moe.n_ff_shared {
+                        None => None,
+                        Some(sf) => Some(SharedExpert {
+                            gate: src.matrix(&n("ffn_gate_shexp.weight"), d, sf)?,
+                            up: src.matrix(&n("ffn_up_shexp.weight"), d, sf)?,
+                            down: src.matrix(&n("ffn_down_shexp.weight"), sf, d)?,
+                            gate_inp: src.opt_vector(&n("ffn_gate_inp_shexp.weight"), d)?,
+                        }),
+                    };
+                    Ffn::Moe(MoeTensors {
+                        router: src.matrix(&n("ffn_gate_inp.weight"), d, e)?,
+                        gate: src.matrices(&n("ffn_gate_exps.weight"), d, ff, e)?,
+                        up: src.matrices(&n("ffn_up_exps.weight"), d, ff, e)?,
+                        down: src.matrices(&n("ffn_down_exps.weight"), ff, d, e)?,
+                        shared,
+                    })
+                }
+            },
             post_attn_norm,
             post_ffn_norm,
         })
@@ -125,11 +230,12 @@ impl<W: Copy> LayerTensors<W, Vec<f32>> {
 }
 
 impl<W: Copy, V> LayerTensors<W, V> {
-    /// The seven projections, in the order the block multiplies them.
-    pub fn projections(&self) -> [W; 7] {
-        [
-            self.wq, self.wk, self.wv, self.wo, self.gate, self.up, self.down,
-        ]
+    /// Every projection, in the order the block multiplies them: attention's four, then the
+    /// FFN's ([`Ffn::projections`]).
+    pub fn projections(&self) -> Vec<W> {
+        let mut v = vec![self.wq, self.wk, self.wv, self.wo];
+        v.extend(self.ffn.projections());
+        v
     }
 
     /// The same table with every vector mapped by `f` (uploaded to a device, borrowed, …).
@@ -152,9 +258,28 @@ impl<W: Copy, V> LayerTensors<W, V> {
             wk: self.wk,
             wv: self.wv,
             wo: self.wo,
-            gate: self.gate,
-            up: self.up,
-            down: self.down,
+            ffn: match &self.ffn {
+                Ffn::Dense { gate, up, down } => Ffn::Dense {
+                    gate: *gate,
+                    up: *up,
+                    down: *down,
+                },
+                Ffn::Moe(m) => Ffn::Moe(MoeTensors {
+                    router: m.router,
+                    gate: m.gate.clone(),
+                    up: m.up.clone(),
+                    down: m.down.clone(),
+                    shared: match &m.shared {
+                        None => None,
+                        Some(sh) => Some(SharedExpert {
+                            gate: sh.gate,
+                            up: sh.up,
+                            down: sh.down,
+                            gate_inp: sh.gate_inp.as_ref().map(&mut f).transpose()?,
+                        }),
+                    },
+                }),
+            },
         })
     }
 }
@@ -233,6 +358,12 @@ pub(crate) trait BlockOps {
 
     /// `Gate = f(Gate) · Up`, element-wise.
     fn gated_activation(&mut self, f: FfnActivation) -> Result<(), ModelError>;
+
+    /// `X += moe(Xn)` for every row: the router's softmax, each row's top
+    /// `n_expert_used` experts (weights renormalised where [`crate::config::MoeConfig`] says),
+    /// their gated FFNs weighted and summed, plus the shared expert (see
+    /// [`crate::config::MoeConfig`]).
+    fn moe(&mut self, t: &MoeTensors<usize, Self::Vector>) -> Result<(), ModelError>;
 }
 
 /// Layer `li` over the rows `ops` holds: the pre-norm block with the architecture's hooks.
@@ -259,9 +390,16 @@ pub(crate) fn layer<O: BlockOps>(
     residual(ops, t.wo, Act::Att, t.post_attn_norm)?;
 
     ops.rms_norm(Act::X, t.ffn_norm, Act::Xn, c.d_model)?;
-    ops.project(&[(t.gate, Act::Gate), (t.up, Act::Up)], Act::Xn)?;
-    ops.gated_activation(c.arch.ffn_activation())?;
-    residual(ops, t.down, Act::Gate, t.post_ffn_norm)
+    match &t.ffn {
+        Ffn::Dense { gate, up, down } => {
+            ops.project(&[(*gate, Act::Gate), (*up, Act::Up)], Act::Xn)?;
+            ops.gated_activation(c.arch.ffn_activation())?;
+            residual(ops, *down, Act::Gate, t.post_ffn_norm)
+        }
+        // No routed architecture normalises the FFN output (the loader reads no post-norm
+        // for them).
+        Ffn::Moe(m) => ops.moe(m),
+    }
 }
 
 /// `X += post(W · input)`: folded into the projection, or — where the architecture normalises

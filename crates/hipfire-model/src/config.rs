@@ -17,6 +17,13 @@ pub enum Arch {
     /// RMSNorms after attention and after the FFN as well as before, GeGLU (tanh GELU),
     /// interleaved sliding-window and global layers with their own RoPE bases, tied head.
     Gemma3,
+    /// Qwen1.5-MoE / Qwen2-MoE (llama.cpp `LLM_ARCH_QWEN2MOE`): Qwen2's attention (q/k/v
+    /// biases where the file has them), a routed FFN whose top-k weights are *not*
+    /// renormalised, and a shared expert scaled by `sigmoid(ffn_gate_inp_shexp · x)`.
+    Qwen2Moe,
+    /// Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B; llama.cpp `LLM_ARCH_QWEN3MOE`): Qwen3's
+    /// attention, a routed FFN with the top-k weights renormalised, no shared expert.
+    Qwen3Moe,
 }
 
 /// The FFN's gate activation (`act(gate) · up`).
@@ -36,8 +43,11 @@ impl Arch {
             "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
             "gemma3" => Ok(Arch::Gemma3),
+            "qwen2moe" => Ok(Arch::Qwen2Moe),
+            "qwen3moe" => Ok(Arch::Qwen3Moe),
             other => Err(ModelError::Unsupported(format!(
-                "architecture {} (supported: llama, qwen2, qwen3, gemma3)",
+                "architecture {} (supported: llama (Mixtral-style experts included), qwen2, \
+                 qwen3, gemma3, qwen2moe, qwen3moe)",
                 Quoted::new(other)
             ))),
         }
@@ -50,6 +60,8 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Gemma3 => "gemma3",
+            Arch::Qwen2Moe => "qwen2moe",
+            Arch::Qwen3Moe => "qwen3moe",
         }
     }
 
@@ -57,7 +69,9 @@ impl Arch {
     pub fn ffn_activation(self) -> FfnActivation {
         match self {
             Arch::Gemma3 => FfnActivation::GeluTanh,
-            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => FfnActivation::Silu,
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen2Moe | Arch::Qwen3Moe => {
+                FfnActivation::Silu
+            }
         }
     }
 
@@ -69,7 +83,13 @@ impl Arch {
 
     /// Whether the architecture needs per-head q/k RMSNorm weights in every block.
     pub fn qk_norms(self) -> bool {
-        matches!(self, Arch::Qwen3 | Arch::Gemma3)
+        matches!(self, Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe)
+    }
+
+    /// Whether every layer's FFN is a routed Mixture-of-Experts (the `llama` architecture is
+    /// routed only when its file declares `llama.expert_count`: Mixtral).
+    pub fn always_moe(self) -> bool {
+        matches!(self, Arch::Qwen2Moe | Arch::Qwen3Moe)
     }
 
     /// RoPE pairing, as llama.cpp's `llama_model_rope_type`: llama uses "normal" rope
@@ -101,6 +121,10 @@ pub const MAX_FEED_FORWARD_LENGTH: u64 = 1 << 20;
 pub const MAX_HEAD_COUNT: u64 = 1024;
 /// Widest head (`{arch}.attention.key_length`, `value_length`, `rope.dimension_count`).
 pub const MAX_HEAD_DIM: u64 = 1024;
+/// Most routed experts a layer may declare (`{arch}.expert_count`): the largest published
+/// MoE models route over 512 (Qwen3-Next) or 384 (Kimi K2); the count sizes per-token routing
+/// buffers and the weight table (three matrices an expert a layer).
+pub const MAX_EXPERT_COUNT: u64 = 1024;
 /// Longest training context (`{arch}.context_length`).
 pub const MAX_CONTEXT_LENGTH: u64 = 1 << 24;
 /// Largest vocabulary (`tokenizer.ggml.tokens` length, `{arch}.vocab_size`).
@@ -168,6 +192,30 @@ pub struct ModelConfig {
     pub sliding_window: Option<SlidingWindow>,
     /// Final logit soft-capping `c · tanh(z / c)` (`{arch}.final_logit_softcapping`).
     pub final_logit_softcap: Option<f32>,
+    /// The routed FFN of a Mixture-of-Experts model; `None`: every FFN is dense.
+    pub moe: Option<MoeConfig>,
+}
+
+/// A Mixture-of-Experts FFN's shape and routing rule (llama.cpp `build_moe_ffn` with
+/// softmax gating): `p = softmax(router · x)` over every expert, the `n_expert_used` largest
+/// taken, their weights optionally renormalised to sum to 1, and the FFN's output
+/// `Σ w_e · down_e(silu(gate_e · x) · up_e · x)`, plus the shared expert where there is one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeConfig {
+    /// Routed experts a layer (`{arch}.expert_count`).
+    pub n_expert: usize,
+    /// Experts each token uses (`{arch}.expert_used_count`), `1..=n_expert`.
+    pub n_expert_used: usize,
+    /// Hidden width of one routed expert (`{arch}.expert_feed_forward_length`; llama.cpp's
+    /// fallback `feed_forward_length / expert_used_count`; Mixtral: `feed_forward_length`).
+    pub n_ff_exp: usize,
+    /// Whether the selected weights are divided by their sum (Qwen3-MoE, Mixtral: yes;
+    /// Qwen2-MoE: no — llama.cpp's `norm_w`).
+    pub norm_topk: bool,
+    /// Hidden width of the always-on shared expert (Qwen2-MoE:
+    /// `{arch}.expert_shared_feed_forward_length`, else `feed_forward_length`), `None` where
+    /// the architecture has none. Its output is scaled by `sigmoid(ffn_gate_inp_shexp · x)`.
+    pub n_ff_shared: Option<usize>,
 }
 
 /// Which layers attend over a sliding window, and how.
@@ -275,7 +323,14 @@ impl ModelConfig {
         let n_layer = keys.size("block_count", MAX_BLOCK_COUNT)?;
         check_block_count(idx, &key("block_count"), n_layer)?;
         let d_model = keys.size("embedding_length", MAX_EMBEDDING_LENGTH)?;
-        let n_ff = keys.size("feed_forward_length", MAX_FEED_FORWARD_LENGTH)?;
+        let moe = moe_config(&keys, arch)?;
+        // A routed model's dense width is optional (llama.cpp reads it as a fallback only).
+        let n_ff = match &moe {
+            Some(m) => keys
+                .opt_size("feed_forward_length", MAX_FEED_FORWARD_LENGTH)?
+                .unwrap_or(m.n_ff_exp),
+            None => keys.size("feed_forward_length", MAX_FEED_FORWARD_LENGTH)?,
+        };
         let n_head = keys.size("attention.head_count", MAX_HEAD_COUNT)?;
         let n_head_kv = keys
             .opt_size("attention.head_count_kv", MAX_HEAD_COUNT)?
@@ -381,6 +436,7 @@ impl ModelConfig {
             attn_scale,
             sliding_window,
             final_logit_softcap,
+            moe,
         };
         config.check_widths(idx, &key)?;
         Ok(config)
@@ -411,7 +467,7 @@ impl ModelConfig {
                 ));
             }
         }
-        let checks = [
+        let mut checks = vec![
             (
                 "blk.0.attn_q.weight",
                 self.q_dim(),
@@ -441,6 +497,14 @@ impl ModelConfig {
                 format!("is {}", self.n_ff),
             ),
         ];
+        if let Some(m) = &self.moe {
+            checks.push((
+                "blk.0.ffn_gate_inp.weight",
+                m.n_expert,
+                "expert_count",
+                format!("is {}", m.n_expert),
+            ));
+        }
         for (tensor, want, k, what) in checks {
             if let Some(&[_, rows]) = dims(tensor) {
                 if rows != want as u64 {
@@ -473,6 +537,70 @@ impl ModelConfig {
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
     }
+}
+
+/// The routed FFN's shape from `{arch}.expert_*` keys, each bounded before it sizes anything:
+/// required for the MoE architectures, `None` for a `llama` file without experts (or with
+/// `expert_count` 0), refused for the other dense architectures if they declare experts.
+fn moe_config(keys: &Keys<'_>, arch: Arch) -> Result<Option<MoeConfig>, ModelError> {
+    let count_key = keys.key("expert_count");
+    let declared = match keys.idx.get(&count_key) {
+        None => 0,
+        Some(_) => keys.idx.get_u64(&count_key)?,
+    };
+    if declared == 0 {
+        return match arch.always_moe() {
+            true => Err(bad(
+                &count_key,
+                "is absent or 0, but the architecture routes every FFN over experts".into(),
+            )),
+            false => Ok(None),
+        };
+    }
+    if !arch.always_moe() && arch != Arch::Llama {
+        return Err(ModelError::Unsupported(format!(
+            "{} with routed experts ({count_key} = {declared})",
+            arch.name()
+        )));
+    }
+    let n_expert = bounded(&count_key, declared, MAX_EXPERT_COUNT)?;
+    let n_expert_used = keys.size("expert_used_count", n_expert as u64)?;
+    let n_ff_exp = match arch {
+        // Mixtral's experts are as wide as the model's FFN (llama.cpp `ffn_*_exps` {n_embd, n_ff}).
+        Arch::Llama => keys.size("feed_forward_length", MAX_FEED_FORWARD_LENGTH)?,
+        _ => match keys.opt_size("expert_feed_forward_length", MAX_FEED_FORWARD_LENGTH)? {
+            Some(w) => w,
+            None => {
+                let ff = keys.size("feed_forward_length", MAX_FEED_FORWARD_LENGTH)?;
+                if ff < n_expert_used {
+                    return Err(bad(
+                        &keys.key("feed_forward_length"),
+                        format!(
+                            "{ff} is narrower than expert_used_count {n_expert_used} (and \
+                             expert_feed_forward_length is absent)"
+                        ),
+                    ));
+                }
+                ff / n_expert_used
+            }
+        },
+    };
+    let n_ff_shared = match arch {
+        Arch::Qwen2Moe => Some(
+            match keys.opt_size("expert_shared_feed_forward_length", MAX_FEED_FORWARD_LENGTH)? {
+                Some(w) => w,
+                None => keys.size("feed_forward_length", MAX_FEED_FORWARD_LENGTH)?,
+            },
+        ),
+        _ => None,
+    };
+    Ok(Some(MoeConfig {
+        n_expert,
+        n_expert_used,
+        n_ff_exp,
+        norm_topk: arch != Arch::Qwen2Moe,
+        n_ff_shared,
+    }))
 }
 
 /// Gemma 3's sliding-window layout, as llama.cpp's `load_arch_hparams`: no window (absent or

@@ -377,6 +377,13 @@ impl<'m> GpuDecoder<'m> {
                 "{slots} sequence slots (1 to {MAX_SLOTS})"
             )));
         }
+        if model.config().moe.is_some() {
+            return Err(ModelError::Unsupported(format!(
+                "{}: the GPU engine does not run Mixture-of-Experts layers yet; run it on the \
+                 CPU (--device cpu)",
+                model.config().arch.name()
+            )));
+        }
         let c = model.config().clone();
         let ctx = Context::new(opts.ordinal)?;
         let stream = ctx.new_stream()?;

@@ -7,7 +7,10 @@
 //!   SentencePiece BPE), streaming detokenisation.
 //! - [`chat_template`] — the GGUF's own Jinja chat template rendered as HF transformers
 //!   renders it (minijinja), ChatML when the file has none or it fails.
-//! - [`config`] — architecture hyper-parameters (llama, qwen2, qwen3, gemma3).
+//! - [`config`] — architecture hyper-parameters (llama with or without Mixtral-style experts,
+//!   qwen2, qwen3, gemma3, qwen2moe, qwen3moe).
+//! - [`moe`] — Mixture-of-Experts routing (softmax, top-k, renormalisation) and the grouping
+//!   of a step's tokens by expert, shared by the engines.
 //! - [`rope`] — RoPE frequencies and scaling (linear, YaRN, llama-3 factors) for both engines.
 //! - [`block`] — the transformer block, once for both engines: [`block::LayerTensors`] (every
 //!   GGUF tensor name of a layer, read in one place) and the block's forward pass over the rows
@@ -64,6 +67,7 @@ pub mod gpu_batch;
 pub mod gpu_kv;
 pub mod kv_q8;
 pub mod model;
+pub mod moe;
 pub mod ops;
 pub mod rope;
 pub mod sampling;
@@ -72,7 +76,7 @@ pub mod tokenizer;
 
 pub use backend::{Backend, CpuBackend, ReferenceBackend, Weight};
 pub use chat_template::{ChatTemplate, Rendered, TemplateError, TemplateOrigin};
-pub use config::{Arch, FfnActivation, ModelConfig, SlidingWindow};
+pub use config::{Arch, FfnActivation, ModelConfig, MoeConfig, SlidingWindow};
 pub use error::ModelError;
 pub use model::{
     forward_batch, generate, kv_bytes_per_position, resolve_ctx_len, BatchItem, Decoder,
@@ -81,6 +85,7 @@ pub use model::{
 pub use rope::{Rope, RopeScaling, RopeScalingKind};
 pub use sampling::{Sampler, SamplingParams};
 pub use synth::{
-    write_synthetic, write_synthetic_to, Overwrite, SynthReport, SynthSpec, SYNTH_DESCRIPTION,
+    write_synthetic, write_synthetic_to, Overwrite, SynthMoe, SynthReport, SynthSpec,
+    SYNTH_DESCRIPTION,
 };
 pub use tokenizer::{ChatMessage, StreamDecoder, Tokenizer};

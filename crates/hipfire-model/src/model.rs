@@ -163,6 +163,45 @@ impl TensorSource<usize> for Loader<'_> {
         Ok(id)
     }
 
+    fn matrices(
+        &mut self,
+        name: &str,
+        k: usize,
+        m: usize,
+        n: usize,
+    ) -> Result<Vec<usize>, ModelError> {
+        let (t, _) = self.file.tensor(name)?;
+        let want = [k as u64, m as u64, n as u64];
+        if t.dims != want {
+            return Err(shape_err(t, &want));
+        }
+        let format = Format::from_ggml_type(t.ggml_type.0).map_err(|_| {
+            ModelError::Unsupported(format!("tensor {name} has type {}", t.ggml_type))
+        })?;
+        // The reader bounded the tensor's bytes by the file, so these products fit.
+        let slab = m * format.row_bytes(k)?;
+        if (slab * n) as u64 != t.n_bytes {
+            return Err(shape_err(t, &want));
+        }
+        let first = self.weights.len();
+        for e in 0..n {
+            self.weights.push(Weight {
+                id: first + e,
+                name: format!("{name}[{e}]"),
+                format,
+                m,
+                k,
+                offset: t.start as usize + e * slab,
+                n_bytes: slab,
+            });
+        }
+        Ok((first..first + n).collect())
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.file.index().tensor(name).is_some()
+    }
+
     fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {
         let (t, bytes) = self.file.tensor(name)?;
         if t.n_elements() != n as u64 || t.n_rows() != 1 {
@@ -1069,12 +1108,14 @@ mod tests {
     /// Architecture × format cases of the multi-token bit-identity tests (here and in
     /// `batch`): every architecture's extras (biases, q/k norms) and block formats with
     /// different activation preparation.
-    pub(super) const ARCH_FORMATS: [(Arch, Format); 5] = [
+    pub(super) const ARCH_FORMATS: [(Arch, Format); 7] = [
         (Arch::Llama, Format::Q4_1),
         (Arch::Llama, Format::Q4K),
         (Arch::Qwen2, Format::Q8_0),
         (Arch::Qwen3, Format::F32),
         (Arch::Gemma3, Format::Q8_0),
+        (Arch::Qwen3Moe, Format::Q4K),
+        (Arch::Qwen2Moe, Format::Q8_0),
     ];
 
     /// A tiny synthetic model of `arch` in `fmt` (also used by `batch`'s tests). Each call

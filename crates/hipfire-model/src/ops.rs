@@ -106,6 +106,27 @@ pub(crate) fn sum_f32(x: &[f32]) -> f32 {
 /// a serial chain of adds it may not reorder, which left attention scalar).
 const DOT_LANES: usize = 16;
 
+/// `Σ a_i·b_i` over the shorter of the two, in [`DOT_LANES`] partial sums (as [`sum_f32`]).
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let split = n - n % DOT_LANES;
+    let mut acc = [0f32; DOT_LANES];
+    for (ca, cb) in a[..split]
+        .chunks_exact(DOT_LANES)
+        .zip(b[..split].chunks_exact(DOT_LANES))
+    {
+        for i in 0..DOT_LANES {
+            acc[i] += ca[i] * cb[i];
+        }
+    }
+    acc.iter().sum::<f32>()
+        + a[split..n]
+            .iter()
+            .zip(&b[split..n])
+            .map(|(x, y)| x * y)
+            .sum::<f32>()
+}
+
 /// `gate = silu(gate) * up` (SwiGLU).
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {

@@ -50,6 +50,11 @@ pub const SYNTH_GEMMA3_WINDOW: usize = 24;
 /// Layer pattern of a synthetic Gemma 3: of every 2 blocks the first is local, so even the
 /// 2-block tiny model has one local and one global layer (real ones use 6).
 const SYNTH_GEMMA3_SWA_PATTERN: usize = 2;
+/// Experts a layer of the tiny MoE presets: enough that routing chooses (2 of 8), few
+/// enough that a test's handful of tokens reaches most of them.
+const TINY_EXPERTS: usize = 8;
+/// Experts a token uses in the tiny MoE presets.
+const TINY_EXPERTS_USED: usize = 2;
 /// GGML type id of f32 (norms and biases stay f32, as in converted models).
 const GGML_F32: u32 = 0;
 
@@ -83,6 +88,32 @@ pub struct SynthSpec {
     /// RoPE context-extension scaling written as `{arch}.rope.scaling.*` (nothing is written
     /// when its kind is `None`).
     pub rope_scaling: RopeScaling,
+    /// Routed experts in every layer's FFN (`None`: dense).
+    pub moe: Option<SynthMoe>,
+}
+
+/// The routed FFN of a synthetic Mixture-of-Experts model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SynthMoe {
+    /// Experts a layer.
+    pub n_expert: usize,
+    /// Experts a token uses.
+    pub n_expert_used: usize,
+    /// One expert's hidden width.
+    pub n_ff_exp: usize,
+    /// The shared expert's hidden width (Qwen2-MoE), `None` for none.
+    pub n_ff_shared: Option<usize>,
+}
+
+/// How a tensor of a synthetic file is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A matrix in the file's chosen format.
+    Quantised,
+    /// A matrix kept in f32, as converters keep MoE routers (`ffn_gate_inp`).
+    F32Matrix,
+    /// A norm or bias vector (f32).
+    Vector,
 }
 
 impl SynthSpec {
@@ -103,6 +134,33 @@ impl SynthSpec {
             rope_theta: 500_000.0,
             tied_embeddings: false,
             rope_scaling: RopeScaling::none(8192),
+            moe: None,
+        }
+    }
+
+    /// Qwen3-30B-A3B's shapes (Qwen's `config.json`: 48 layers, 2048, 32/4 heads of 128, 128
+    /// experts of width 768 with 8 a token, vocab 151936, rope θ 1e6, context 40960).
+    pub fn qwen3_30b_a3b() -> SynthSpec {
+        SynthSpec {
+            name: "qwen3-30b-a3b".into(),
+            arch: Arch::Qwen3Moe,
+            n_layer: 48,
+            d_model: 2048,
+            n_ff: 6144,
+            n_head: 32,
+            n_head_kv: 4,
+            head_dim: 128,
+            vocab: 151_936,
+            ctx_len: 40_960,
+            rope_theta: 1_000_000.0,
+            tied_embeddings: false,
+            rope_scaling: RopeScaling::none(40_960),
+            moe: Some(SynthMoe {
+                n_expert: 128,
+                n_expert_used: 8,
+                n_ff_exp: 768,
+                n_ff_shared: None,
+            }),
         }
     }
 
@@ -123,6 +181,7 @@ impl SynthSpec {
             rope_theta: 1_000_000.0,
             tied_embeddings: false,
             rope_scaling: RopeScaling::none(32768),
+            moe: None,
         }
     }
 
@@ -142,11 +201,32 @@ impl SynthSpec {
             rope_theta: 10_000.0,
             tied_embeddings: matches!(arch, Arch::Qwen2 | Arch::Gemma3),
             rope_scaling: RopeScaling::none(256),
+            moe: arch.always_moe().then(|| SynthMoe {
+                n_expert: TINY_EXPERTS,
+                n_expert_used: TINY_EXPERTS_USED,
+                n_ff_exp: 256,
+                n_ff_shared: (arch == Arch::Qwen2Moe).then_some(512),
+            }),
         }
     }
 
-    /// Preset by name: `llama3-8b`, `qwen-9b`, `tiny-llama`, `tiny-qwen2`, `tiny-qwen3`,
-    /// `tiny-gemma3`.
+    /// A tiny Mixtral-style model: the `llama` architecture with routed experts.
+    pub fn tiny_mixtral() -> SynthSpec {
+        SynthSpec {
+            name: "tiny-mixtral".into(),
+            n_ff: 256,
+            moe: Some(SynthMoe {
+                n_expert: TINY_EXPERTS,
+                n_expert_used: TINY_EXPERTS_USED,
+                n_ff_exp: 256,
+                n_ff_shared: None,
+            }),
+            ..SynthSpec::tiny(Arch::Llama)
+        }
+    }
+
+    /// Preset by name: `llama3-8b`, `qwen-9b`, `qwen3-30b-a3b`, `tiny-llama`, `tiny-qwen2`,
+    /// `tiny-qwen3`, `tiny-gemma3`, `tiny-qwen2moe`, `tiny-qwen3moe`, `tiny-mixtral`.
     pub fn preset(name: &str) -> Option<SynthSpec> {
         Some(match name {
             "llama3-8b" => SynthSpec::llama3_8b(),
@@ -155,12 +235,16 @@ impl SynthSpec {
             "tiny-qwen2" => SynthSpec::tiny(Arch::Qwen2),
             "tiny-qwen3" => SynthSpec::tiny(Arch::Qwen3),
             "tiny-gemma3" => SynthSpec::tiny(Arch::Gemma3),
+            "qwen3-30b-a3b" => SynthSpec::qwen3_30b_a3b(),
+            "tiny-qwen2moe" => SynthSpec::tiny(Arch::Qwen2Moe),
+            "tiny-qwen3moe" => SynthSpec::tiny(Arch::Qwen3Moe),
+            "tiny-mixtral" => SynthSpec::tiny_mixtral(),
             _ => return None,
         })
     }
 
-    /// Every tensor: (name, dims in ggml order, is a matrix in the chosen format).
-    fn tensors(&self) -> Vec<(String, Vec<u64>, bool)> {
+    /// Every tensor: (name, dims in ggml order, how it is stored).
+    fn tensors(&self) -> Vec<(String, Vec<u64>, Kind)> {
         let (d, ff, q, kv, hd) = (
             self.d_model as u64,
             self.n_ff as u64,
@@ -171,38 +255,60 @@ impl SynthSpec {
         let mut t = vec![(
             "token_embd.weight".to_owned(),
             vec![d, self.vocab as u64],
-            true,
+            Kind::Quantised,
         )];
         for i in 0..self.n_layer {
             let n = |s: &str| format!("blk.{i}.{s}");
-            t.push((n("attn_norm.weight"), vec![d], false));
-            t.push((n("attn_q.weight"), vec![d, q], true));
-            t.push((n("attn_k.weight"), vec![d, kv], true));
-            t.push((n("attn_v.weight"), vec![d, kv], true));
-            if self.arch == Arch::Qwen2 {
-                t.push((n("attn_q.bias"), vec![q], false));
-                t.push((n("attn_k.bias"), vec![kv], false));
-                t.push((n("attn_v.bias"), vec![kv], false));
+            t.push((n("attn_norm.weight"), vec![d], Kind::Vector));
+            t.push((n("attn_q.weight"), vec![d, q], Kind::Quantised));
+            t.push((n("attn_k.weight"), vec![d, kv], Kind::Quantised));
+            t.push((n("attn_v.weight"), vec![d, kv], Kind::Quantised));
+            if matches!(self.arch, Arch::Qwen2 | Arch::Qwen2Moe) {
+                t.push((n("attn_q.bias"), vec![q], Kind::Vector));
+                t.push((n("attn_k.bias"), vec![kv], Kind::Vector));
+                t.push((n("attn_v.bias"), vec![kv], Kind::Vector));
             }
             if self.arch.qk_norms() {
-                t.push((n("attn_q_norm.weight"), vec![hd], false));
-                t.push((n("attn_k_norm.weight"), vec![hd], false));
+                t.push((n("attn_q_norm.weight"), vec![hd], Kind::Vector));
+                t.push((n("attn_k_norm.weight"), vec![hd], Kind::Vector));
             }
-            t.push((n("attn_output.weight"), vec![q, d], true));
+            t.push((n("attn_output.weight"), vec![q, d], Kind::Quantised));
             if self.arch.post_norms() {
-                t.push((n("post_attention_norm.weight"), vec![d], false));
+                t.push((n("post_attention_norm.weight"), vec![d], Kind::Vector));
             }
-            t.push((n("ffn_norm.weight"), vec![d], false));
-            t.push((n("ffn_gate.weight"), vec![d, ff], true));
-            t.push((n("ffn_up.weight"), vec![d, ff], true));
-            t.push((n("ffn_down.weight"), vec![ff, d], true));
+            t.push((n("ffn_norm.weight"), vec![d], Kind::Vector));
+            match &self.moe {
+                None => {
+                    t.push((n("ffn_gate.weight"), vec![d, ff], Kind::Quantised));
+                    t.push((n("ffn_up.weight"), vec![d, ff], Kind::Quantised));
+                    t.push((n("ffn_down.weight"), vec![ff, d], Kind::Quantised));
+                }
+                Some(m) => {
+                    let (e, fe) = (m.n_expert as u64, m.n_ff_exp as u64);
+                    t.push((n("ffn_gate_inp.weight"), vec![d, e], Kind::F32Matrix));
+                    t.push((n("ffn_gate_exps.weight"), vec![d, fe, e], Kind::Quantised));
+                    t.push((n("ffn_up_exps.weight"), vec![d, fe, e], Kind::Quantised));
+                    t.push((n("ffn_down_exps.weight"), vec![fe, d, e], Kind::Quantised));
+                    if let Some(sf) = m.n_ff_shared {
+                        let sf = sf as u64;
+                        t.push((n("ffn_gate_inp_shexp.weight"), vec![d], Kind::Vector));
+                        t.push((n("ffn_gate_shexp.weight"), vec![d, sf], Kind::Quantised));
+                        t.push((n("ffn_up_shexp.weight"), vec![d, sf], Kind::Quantised));
+                        t.push((n("ffn_down_shexp.weight"), vec![sf, d], Kind::Quantised));
+                    }
+                }
+            }
             if self.arch.post_norms() {
-                t.push((n("post_ffw_norm.weight"), vec![d], false));
+                t.push((n("post_ffw_norm.weight"), vec![d], Kind::Vector));
             }
         }
-        t.push(("output_norm.weight".to_owned(), vec![d], false));
+        t.push(("output_norm.weight".to_owned(), vec![d], Kind::Vector));
         if !self.tied_embeddings {
-            t.push(("output.weight".to_owned(), vec![d, self.vocab as u64], true));
+            t.push((
+                "output.weight".to_owned(),
+                vec![d, self.vocab as u64],
+                Kind::Quantised,
+            ));
         }
         t
     }
@@ -250,6 +356,16 @@ impl SynthSpec {
             ),
             (format!("{a}.rope.dimension_count"), u(self.head_dim)),
         ];
+        if let Some(e) = &self.moe {
+            m.extend([
+                (format!("{a}.expert_count"), u(e.n_expert)),
+                (format!("{a}.expert_used_count"), u(e.n_expert_used)),
+                (format!("{a}.expert_feed_forward_length"), u(e.n_ff_exp)),
+            ]);
+            if let Some(sf) = e.n_ff_shared {
+                m.push((format!("{a}.expert_shared_feed_forward_length"), u(sf)));
+            }
+        }
         if self.arch == Arch::Gemma3 {
             m.extend([
                 (
@@ -485,10 +601,14 @@ fn write_file(
     let tensors = spec.tensors();
     let specs: Vec<TensorSpec> = tensors
         .iter()
-        .map(|(name, dims, mat)| TensorSpec {
+        .map(|(name, dims, kind)| TensorSpec {
             name: name.clone(),
             dims: dims.clone(),
-            ggml_type: GgmlType(if *mat { ggml } else { GGML_F32 }),
+            ggml_type: GgmlType(if *kind == Kind::Quantised {
+                ggml
+            } else {
+                GGML_F32
+            }),
         })
         .collect();
     let mut total = 0u64;
@@ -513,10 +633,25 @@ fn write_file(
         .collect::<Result<Vec<Vec<u8>>, ModelError>>()?
         .concat();
     let mut done = 0u64;
-    for (ti, (name, dims, mat)) in tensors.iter().enumerate() {
+    for (ti, (name, dims, kind)) in tensors.iter().enumerate() {
         let k = dims[0] as usize;
         let rows: usize = dims[1..].iter().product::<u64>() as usize;
-        if !*mat {
+        if *kind == Kind::F32Matrix {
+            // Small (a router: experts × d_model): every value drawn, row by row.
+            for r in 0..rows {
+                let mut rng = ChaCha8Rng::seed_from_u64(row_seed(seed, ti, r));
+                let v: Vec<u8> = (0..k)
+                    .flat_map(|_| {
+                        rng.random_range(-uniform_half_width..uniform_half_width)
+                            .to_le_bytes()
+                    })
+                    .collect();
+                w.write_data(&v)?;
+                done += v.len() as u64;
+            }
+            continue;
+        }
+        if *kind == Kind::Vector {
             // Norm weights near 1 (as trained models have), biases near 0.
             let mut rng = ChaCha8Rng::seed_from_u64(row_seed(seed, ti, 0));
             let base = if name.ends_with(".bias") { 0.0 } else { 1.0 };

@@ -45,6 +45,83 @@ fn rms(x: &[f64], w: &[f64], eps: f64) -> Vec<f64> {
     x.iter().zip(w).map(|(v, g)| v / s * g).collect()
 }
 
+/// A dequantised matrix (values, row length).
+type Mat = (Vec<f64>, usize);
+
+/// `down · (silu(gate · x) ⊙ up · x)`.
+fn swiglu_ffn(
+    gate: &(Vec<f64>, usize),
+    up: &(Vec<f64>, usize),
+    down: &(Vec<f64>, usize),
+    x: &[f64],
+) -> Vec<f64> {
+    let gt = matvec(gate, x);
+    let u = matvec(up, x);
+    let h: Vec<f64> = gt
+        .iter()
+        .zip(&u)
+        .map(|(a, b)| a / (1.0 + (-a).exp()) * b)
+        .collect();
+    matvec(down, &h)
+}
+
+/// Expert `e`'s matrix (`m` rows) out of a stacked `ffn_*_exps` tensor.
+fn expert(w: &(Vec<f64>, usize), e: usize, m: usize) -> (Vec<f64>, usize) {
+    let k = w.1;
+    (w.0[e * m * k..(e + 1) * m * k].to_vec(), k)
+}
+
+/// The routed FFN from the architectures' definitions (HF `Qwen3MoeSparseMoeBlock`,
+/// `Qwen2MoeSparseMoeBlock`, `MixtralSparseMoeBlock`): softmax of the router over all experts,
+/// the top k (ties to the lower index, as torch.topk's CPU sort), renormalised where the model
+/// does (Qwen3-MoE, Mixtral), weighted sum of the chosen experts' SwiGLU FFNs; Qwen2-MoE adds
+/// `sigmoid(w_shexp · x)` times the shared expert.
+fn moe_ffn(g: &dyn Fn(&str) -> Option<Mat>, moe: &hipfire_model::SynthMoe, x: &[f64]) -> Vec<f64> {
+    let logits = matvec(&g("ffn_gate_inp.weight").unwrap(), x);
+    let mx = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = logits.iter().map(|l| (l - mx).exp()).collect();
+    let z: f64 = e.iter().sum();
+    let p: Vec<f64> = e.iter().map(|v| v / z).collect();
+    let mut order: Vec<usize> = (0..p.len()).collect();
+    order.sort_by(|&a, &b| p[b].partial_cmp(&p[a]).unwrap().then(a.cmp(&b)));
+    let top = &order[..moe.n_expert_used];
+    let norm = match g("ffn_gate_inp_shexp.weight").is_some() {
+        // Qwen2-MoE keeps the softmax weights as they are (`norm_topk_prob = false`).
+        true => 1.0,
+        false => top.iter().map(|&i| p[i]).sum(),
+    };
+    let (gate, up, down) = (
+        g("ffn_gate_exps.weight").unwrap(),
+        g("ffn_up_exps.weight").unwrap(),
+        g("ffn_down_exps.weight").unwrap(),
+    );
+    let d = x.len();
+    let mut out = vec![0f64; d];
+    for &i in top {
+        let y = swiglu_ffn(
+            &expert(&gate, i, moe.n_ff_exp),
+            &expert(&up, i, moe.n_ff_exp),
+            &expert(&down, i, d),
+            x,
+        );
+        out.iter_mut()
+            .zip(&y)
+            .for_each(|(o, v)| *o += p[i] / norm * v);
+    }
+    if let Some(w) = g("ffn_gate_inp_shexp.weight") {
+        let s: f64 = w.0.iter().zip(x).map(|(a, b)| a * b).sum();
+        let y = swiglu_ffn(
+            &g("ffn_gate_shexp.weight").unwrap(),
+            &g("ffn_up_shexp.weight").unwrap(),
+            &g("ffn_down_shexp.weight").unwrap(),
+            x,
+        );
+        let gate = 1.0 / (1.0 + (-s).exp());
+        out.iter_mut().zip(&y).for_each(|(o, v)| *o += gate * v);
+    }
+    out
+}
+
 /// Independent forward over `tokens`, returning the last position's logits.
 fn reference_logits(f: &GgufFile, s: &SynthSpec, tokens: &[u32]) -> Vec<f64> {
     let (d, hd, nh, nkv) = (s.d_model, s.head_dim, s.n_head, s.n_head_kv);
@@ -134,14 +211,15 @@ fn reference_logits(f: &GgufFile, s: &SynthSpec, tokens: &[u32]) -> Vec<f64> {
             let o = matvec(&g("attn_output.weight").unwrap(), &att);
             x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
             let xn = rms(&x, &g("ffn_norm.weight").unwrap().0, eps);
-            let gt = matvec(&g("ffn_gate.weight").unwrap(), &xn);
-            let up = matvec(&g("ffn_up.weight").unwrap(), &xn);
-            let hmid: Vec<f64> = gt
-                .iter()
-                .zip(&up)
-                .map(|(a, b)| a / (1.0 + (-a).exp()) * b)
-                .collect();
-            let dn = matvec(&g("ffn_down.weight").unwrap(), &hmid);
+            let dn = match &s.moe {
+                None => swiglu_ffn(
+                    &g("ffn_gate.weight").unwrap(),
+                    &g("ffn_up.weight").unwrap(),
+                    &g("ffn_down.weight").unwrap(),
+                    &xn,
+                ),
+                Some(moe) => moe_ffn(&g, moe, &xn),
+            };
             x.iter_mut().zip(&dn).for_each(|(a, b)| *a += b);
         }
     }
@@ -151,9 +229,13 @@ fn reference_logits(f: &GgufFile, s: &SynthSpec, tokens: &[u32]) -> Vec<f64> {
 }
 
 fn check(arch: Arch, fmt: Format, rel_bound: f64) {
-    let spec = SynthSpec::tiny(arch);
-    let path = tmp(&format!("{}-{}.gguf", arch.name(), fmt.name()));
-    let rep = write_synthetic(&path, &spec, fmt, 42, None).unwrap();
+    check_spec(&SynthSpec::tiny(arch), fmt, rel_bound);
+}
+
+fn check_spec(spec: &SynthSpec, fmt: Format, rel_bound: f64) {
+    let arch = spec.arch;
+    let path = tmp(&format!("{}-{}.gguf", spec.name, fmt.name()));
+    let rep = write_synthetic(&path, spec, fmt, 42, None).unwrap();
     assert_eq!(rep.bytes, std::fs::metadata(&path).unwrap().len());
     let model = Model::load(
         &path,
@@ -179,7 +261,7 @@ fn check(arch: Arch, fmt: Format, rel_bound: f64) {
     s.prefill(&tokens[..1]).unwrap();
     let got = s.prefill(&tokens[1..]).unwrap().to_vec();
     let file = GgufFile::open(&path).unwrap();
-    let want = reference_logits(&file, &spec, &tokens);
+    let want = reference_logits(&file, spec, &tokens);
     let scale = want.iter().fold(0f64, |a, v| a.max(v.abs()));
     let err = got
         .iter()
@@ -213,6 +295,21 @@ fn qwen2_f32_matches_f64_reference() {
 #[test]
 fn qwen3_f32_matches_f64_reference() {
     check(Arch::Qwen3, Format::F32, 1e-4);
+}
+// Mixture-of-Experts (routed FFN; Qwen2-MoE's gated shared expert; Mixtral as llama with
+// experts), f32 weights: routing sees the same logits to ~1e-7, so the same experts.
+#[test]
+fn moe_f32_matches_f64_reference() {
+    check(Arch::Qwen3Moe, Format::F32, 1e-4);
+    check(Arch::Qwen2Moe, Format::F32, 1e-4);
+    check_spec(&SynthSpec::tiny_mixtral(), Format::F32, 1e-4);
+}
+// Quantised experts: as the dense quantised cases below.
+#[test]
+fn moe_quantised_matches_f64_reference() {
+    check(Arch::Qwen3Moe, Format::Q4K, 5e-2);
+    check(Arch::Qwen2Moe, Format::Q8_0, 5e-2);
+    check_spec(&SynthSpec::tiny_mixtral(), Format::Q4_0, 5e-2);
 }
 // Quantised weights: the reference uses the same dequantised weights, the pool quantises the
 // activation to 8 bits; measured max err 1.7e-2 (q4_k, of max |logit| 1.09) and 1.4e-2 (q8_0,
@@ -278,6 +375,9 @@ fn presets_have_the_published_sizes() {
     assert!((8_000_000_000..8_060_000_000).contains(&p), "{p}");
     let q = SynthSpec::qwen_9b().n_params();
     assert!((8_800_000_000..9_300_000_000).contains(&q), "{q}");
+    // Qwen3-30B-A3B: 30.5 B parameters (Qwen model card).
+    let m = SynthSpec::qwen3_30b_a3b().n_params();
+    assert!((30_300_000_000..30_700_000_000).contains(&m), "{m}");
 }
 
 /// An edit of a model's metadata and tensor list.
@@ -286,46 +386,50 @@ type Edit<'a> = &'a dyn Fn(
     &mut Vec<hipfire_model::gguf::TensorSpec>,
 );
 
+/// `f` rewritten with `edit` applied to its metadata and tensor list (data bytes filled with a
+/// constant: only sizes matter to the load checks), then loaded.
+fn rewrite(f: &GgufFile, name: &str, edit: Edit<'_>) -> Result<Model, hipfire_model::ModelError> {
+    use hipfire_model::gguf::{GgufWriter, TensorSpec};
+    let mut meta = f.index().metadata.clone();
+    let mut specs: Vec<TensorSpec> = f
+        .index()
+        .tensors
+        .iter()
+        .map(|t| TensorSpec {
+            name: t.name.clone(),
+            dims: t.dims.clone(),
+            ggml_type: t.ggml_type,
+        })
+        .collect();
+    edit(&mut meta, &mut specs);
+    let p = tmp(name);
+    let mut w = GgufWriter::new(std::fs::File::create(&p).unwrap(), &meta, &specs).unwrap();
+    for s in &specs {
+        w.write_data(&vec![0x3c; s.n_bytes().unwrap() as usize])
+            .unwrap();
+    }
+    w.finish().unwrap();
+    let r = Model::load(
+        &p,
+        &LoadOptions {
+            threads: 1,
+            ..Default::default()
+        },
+    );
+    std::fs::remove_file(&p).unwrap();
+    r
+}
+
 /// Rewrite a tiny model with one tensor changed, and check loading fails with a typed error.
 #[test]
 fn load_rejects_wrong_models_with_typed_errors() {
-    use hipfire_model::gguf::{GgufWriter, MetaValue, TensorSpec};
+    use hipfire_model::gguf::MetaValue;
     use hipfire_model::ModelError;
     let spec = SynthSpec::tiny(Arch::Llama);
     let good = tmp("good.gguf");
     write_synthetic(&good, &spec, Format::Q8_0, 3, None).unwrap();
     let f = GgufFile::open(&good).unwrap();
-    let rewrite = |name: &str, edit: Edit<'_>| -> Result<Model, ModelError> {
-        let mut meta = f.index().metadata.clone();
-        let mut specs: Vec<TensorSpec> = f
-            .index()
-            .tensors
-            .iter()
-            .map(|t| TensorSpec {
-                name: t.name.clone(),
-                dims: t.dims.clone(),
-                ggml_type: t.ggml_type,
-            })
-            .collect();
-        edit(&mut meta, &mut specs);
-        let p = tmp(name);
-        let mut w = GgufWriter::new(std::fs::File::create(&p).unwrap(), &meta, &specs).unwrap();
-        for s in &specs {
-            // Data content is irrelevant to these checks; only sizes must be right.
-            w.write_data(&vec![0x3c; s.n_bytes().unwrap() as usize])
-                .unwrap();
-        }
-        w.finish().unwrap();
-        let r = Model::load(
-            &p,
-            &LoadOptions {
-                threads: 1,
-                ..Default::default()
-            },
-        );
-        std::fs::remove_file(&p).unwrap();
-        r
-    };
+    let rewrite = |name: &str, edit: Edit<'_>| rewrite(&f, name, edit);
     let err = rewrite("missing.gguf", &|_, s| {
         s.retain(|t| t.name != "blk.1.ffn_up.weight")
     })
@@ -384,4 +488,105 @@ fn load_rejects_wrong_models_with_typed_errors() {
         Err(ModelError::BadToken { .. })
     ));
     std::fs::remove_file(&good).unwrap();
+}
+
+/// Every expert key is bounded before it sizes anything, and a malformed MoE file is refused
+/// naming the key or tensor: counts out of range, a count that disagrees with the router, a
+/// missing expert tensor, an expert tensor of the wrong shape, the fused gate+up form, and
+/// experts declared by a dense-only architecture.
+#[test]
+fn moe_files_with_bad_expert_metadata_are_refused_by_name() {
+    use hipfire_model::gguf::{GgufError, MetaValue};
+    use hipfire_model::ModelError;
+    let good = tmp("moe-good.gguf");
+    write_synthetic(
+        &good,
+        &SynthSpec::tiny(Arch::Qwen3Moe),
+        Format::Q8_0,
+        3,
+        None,
+    )
+    .unwrap();
+    let f = GgufFile::open(&good).unwrap();
+    let set = |key: &'static str, v: MetaValue| {
+        move |m: &mut Vec<(String, MetaValue)>, _: &mut Vec<hipfire_model::gguf::TensorSpec>| {
+            match m.iter_mut().find(|(k, _)| k == key) {
+                Some(e) => e.1 = v.clone(),
+                None => m.push((key.to_owned(), v.clone())),
+            }
+        }
+    };
+    let bad_key = |r: Result<Model, ModelError>| match r {
+        Err(ModelError::BadMetadata { key, .. }) => key,
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("accepted"),
+    };
+    for (key, v) in [
+        ("qwen3moe.expert_count", MetaValue::U32(1 << 30)),
+        ("qwen3moe.expert_count", MetaValue::U32(0)),
+        ("qwen3moe.expert_used_count", MetaValue::U32(9)),
+        ("qwen3moe.expert_used_count", MetaValue::U32(0)),
+        (
+            "qwen3moe.expert_feed_forward_length",
+            MetaValue::U32(u32::MAX),
+        ),
+    ] {
+        let got = bad_key(rewrite(&f, "moe-key.gguf", &set(key, v.clone())));
+        assert_eq!(got, key, "{key} = {v:?}");
+    }
+    // A count within bounds that disagrees with the router's rows.
+    let got = bad_key(rewrite(
+        &f,
+        "moe-count.gguf",
+        &set("qwen3moe.expert_count", MetaValue::U32(4)),
+    ));
+    assert_eq!(got, "qwen3moe.expert_count");
+    let err = rewrite(&f, "moe-missing.gguf", &|_, s| {
+        s.retain(|t| t.name != "blk.1.ffn_down_exps.weight")
+    })
+    .unwrap_err();
+    assert!(
+        matches!(err, ModelError::Gguf(GgufError::MissingTensor(_))),
+        "{err}"
+    );
+    let err = rewrite(&f, "moe-shape.gguf", &|_, s| {
+        let t = s
+            .iter_mut()
+            .find(|t| t.name == "blk.1.ffn_up_exps.weight")
+            .unwrap();
+        t.dims[2] = 7;
+    })
+    .unwrap_err();
+    assert!(matches!(err, ModelError::Shape { .. }), "{err}");
+    let err = rewrite(&f, "moe-fused.gguf", &|_, s| {
+        let mut t = s
+            .iter()
+            .find(|t| t.name == "blk.0.ffn_up_exps.weight")
+            .unwrap()
+            .clone();
+        t.name = "blk.0.ffn_gate_up_exps.weight".into();
+        s.push(t);
+    })
+    .unwrap_err();
+    assert!(
+        matches!(&err, ModelError::Unsupported(m) if m.contains("ffn_gate_up_exps")),
+        "{err}"
+    );
+    // A dense-only architecture declaring experts.
+    let dense = tmp("moe-dense.gguf");
+    write_synthetic(&dense, &SynthSpec::tiny(Arch::Qwen3), Format::Q8_0, 3, None).unwrap();
+    let fd = GgufFile::open(&dense).unwrap();
+    let err = rewrite(
+        &fd,
+        "moe-qwen3.gguf",
+        &set("qwen3.expert_count", MetaValue::U32(8)),
+    )
+    .unwrap_err();
+    assert!(matches!(err, ModelError::Unsupported(_)), "{err}");
+    // Sanity: the unedited MoE file loads and decodes a token.
+    let m = rewrite(&f, "moe-same.gguf", &|_, _| {}).unwrap();
+    assert_eq!(m.config().moe.as_ref().map(|c| c.n_expert), Some(8));
+    m.session().step(5).unwrap();
+    std::fs::remove_file(&good).unwrap();
+    std::fs::remove_file(&dense).unwrap();
 }

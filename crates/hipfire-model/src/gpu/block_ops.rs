@@ -6,7 +6,7 @@ use hipfire_gpu::gemv::GemvForm;
 use hipfire_gpu::LaunchArgs;
 
 use super::{ActSlot, GpuDecoder, LayerRows, StepRows, DECODE_THREADS};
-use crate::block::{Act, BlockOps};
+use crate::block::{Act, BlockOps, MoeTensors};
 use crate::config::FfnActivation;
 use crate::ModelError;
 
@@ -128,5 +128,12 @@ impl BlockOps for GpuStep<'_, '_, '_> {
             FfnActivation::GeluTanh => &dec.k.geglu,
         };
         Ok(dec.launch_1d(kernel, n, args)?)
+    }
+
+    fn moe(&mut self, _: &MoeTensors<usize, u64>) -> Result<(), ModelError> {
+        // `GpuDecoder::with_slots` refuses routed models before a step can reach here.
+        Err(ModelError::Unsupported(
+            "the GPU engine does not run Mixture-of-Experts layers".into(),
+        ))
     }
 }

@@ -16,8 +16,9 @@
 //! produces exactly the logits it would produce alone.
 
 use super::{Model, Session};
-use crate::block::{self, Act, BlockOps};
+use crate::block::{self, Act, BlockOps, MoeTensors};
 use crate::config::FfnActivation;
+use crate::moe::{self, ExpertRows, Routes};
 use crate::{ops, ModelError};
 use std::time::{Duration, Instant};
 
@@ -426,6 +427,159 @@ impl<'a> BlockOps for CpuStep<'a, '_, '_, '_> {
                 done
             },
         )
+    }
+
+    fn moe(&mut self, t: &MoeTensors<usize, &'a [f32]>) -> Result<(), ModelError> {
+        let m = self.m;
+        let cfg = m.config.moe.as_ref().ok_or_else(|| {
+            ModelError::Unsupported("a routed FFN in a model without expert metadata".into())
+        })?;
+        let (n, d) = (self.rows.len(), m.config.d_model);
+        let xn = self.take(Act::Xn);
+        let mut logits = vec![0f32; n * cfg.n_expert];
+        let done = self
+            .timed(
+                |s| &mut s.project,
+                |s| s.m.project(&[t.router], &xn, &mut [&mut logits], n),
+            )
+            .and_then(|()| Routes::from_logits(&logits, cfg));
+        let routes = match done {
+            Ok(r) => r,
+            Err(e) => {
+                self.put(Act::Xn, xn);
+                return Err(e);
+            }
+        };
+        let mut out = vec![0f32; n * d];
+        let mut done = self.routed_experts(t, &xn, &routes, &mut out);
+        if let (Ok(()), Some(sh)) = (&done, &t.shared) {
+            done = self.shared_expert(sh, &xn, &mut out);
+        }
+        self.put(Act::Xn, xn);
+        done?;
+        for (x, o) in self.bufs[Act::X as usize].iter_mut().zip(&out) {
+            *x += o;
+        }
+        Ok(())
+    }
+}
+
+impl CpuStep<'_, '_, '_, '_> {
+    /// `out[r] += s_r · down(silu(gate · xn_r) ⊙ up · xn_r)` with `s_r` the shared expert's
+    /// scalar gate `sigmoid(gate_inp · xn_r)` (1 where the file has none).
+    fn shared_expert(
+        &mut self,
+        sh: &crate::block::SharedExpert<usize, &[f32]>,
+        xn: &[f32],
+        out: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let m = self.m;
+        let (n, d) = (self.rows.len(), m.config.d_model);
+        let ff = m.weights[sh.gate].m;
+        let (mut g, mut u) = (vec![0f32; n * ff], vec![0f32; n * ff]);
+        self.timed(
+            |s| &mut s.project,
+            |_| m.project(&[sh.gate, sh.up], xn, &mut [&mut g, &mut u], n),
+        )?;
+        g.chunks_exact_mut(ff)
+            .zip(u.chunks_exact(ff))
+            .for_each(|(gr, ur)| ops::swiglu(gr, ur));
+        let mut y = vec![0f32; n * d];
+        self.timed(
+            |s| &mut s.project,
+            |_| m.project(&[sh.down], &g, &mut [&mut y], n),
+        )?;
+        for ((o, yr), xr) in out
+            .chunks_exact_mut(d)
+            .zip(y.chunks_exact(d))
+            .zip(xn.chunks_exact(d))
+        {
+            let s = match sh.gate_inp {
+                Some(w) => moe::sigmoid(ops::dot(w, xr)),
+                None => 1.0,
+            };
+            o.iter_mut().zip(yr).for_each(|(a, &v)| *a += s * v);
+        }
+        Ok(())
+    }
+}
+
+impl CpuStep<'_, '_, '_, '_> {
+    /// The routed experts of [`BlockOps::moe`] over `xn` (`n` rows of `d_model`), their
+    /// weighted outputs added into `out`, each row's experts in ascending id (the same order
+    /// whatever else the step holds, so a token's result does not depend on its batch).
+    fn routed_experts(
+        &mut self,
+        t: &MoeTensors<usize, &[f32]>,
+        xn: &[f32],
+        routes: &Routes,
+        out: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let m = self.m;
+        let d = m.config.d_model;
+        let n = self.rows.len();
+        let by_expert = ExpertRows::new(routes, t.gate.len());
+        if n == 1 {
+            // One token (decode): every chosen expert's gate and up in one dispatch over the
+            // same activation, then each down.
+            let ff = m.weights[t.gate[0]].m;
+            let k = by_expert.groups.len();
+            let ids: Vec<usize> = by_expert
+                .groups
+                .iter()
+                .flat_map(|&(x, _, _)| [t.gate[x], t.up[x]])
+                .collect();
+            let mut h = vec![0f32; 2 * k * ff];
+            {
+                let mut ys: Vec<&mut [f32]> = h.chunks_exact_mut(ff).collect();
+                self.timed(
+                    |s| &mut s.project,
+                    |_| m.gemv_batch(&ids, xn, &mut ys, false),
+                )?;
+            }
+            let mut y = vec![0f32; d];
+            for (j, &(x, a, _)) in by_expert.groups.iter().enumerate() {
+                let (g, u) = h[2 * j * ff..(2 * j + 2) * ff].split_at_mut(ff);
+                ops::swiglu(g, u);
+                self.timed(|s| &mut s.project, |_| m.gemv(t.down[x], g, &mut y, false))?;
+                let w = by_expert.weights[a];
+                out.iter_mut().zip(&y).for_each(|(o, &v)| *o += w * v);
+            }
+            return Ok(());
+        }
+        for &(x, a, b) in &by_expert.groups {
+            let rows = &by_expert.rows[a..b];
+            let cnt = rows.len();
+            let ff = m.weights[t.gate[x]].m;
+            let mut xs = vec![0f32; cnt * d];
+            for (dst, &r) in xs.chunks_exact_mut(d).zip(rows) {
+                dst.copy_from_slice(&xn[r * d..(r + 1) * d]);
+            }
+            let (mut g, mut u) = (vec![0f32; cnt * ff], vec![0f32; cnt * ff]);
+            self.timed(
+                |s| &mut s.project,
+                |_| m.project(&[t.gate[x], t.up[x]], &xs, &mut [&mut g, &mut u], cnt),
+            )?;
+            g.chunks_exact_mut(ff)
+                .zip(u.chunks_exact(ff))
+                .for_each(|(gr, ur)| ops::swiglu(gr, ur));
+            let mut y = vec![0f32; cnt * d];
+            self.timed(
+                |s| &mut s.project,
+                |_| m.project(&[t.down[x]], &g, &mut [&mut y], cnt),
+            )?;
+            for ((&r, &w), yr) in rows
+                .iter()
+                .zip(&by_expert.weights[a..b])
+                .zip(y.chunks_exact(d))
+            {
+                out[r * d..(r + 1) * d]
+                    .iter_mut()
+                    .zip(yr)
+                    .for_each(|(o, &v)| *o += w * v);
+            }
+        }
+        Ok(())
     }
 }
 

@@ -62,6 +62,7 @@ pub fn base_model(dir: &Path) -> Vec<u8> {
         rope_theta: 10_000.0,
         tied_embeddings: false,
         rope_scaling: hipfire_model::RopeScaling::none(64),
+        moe: None,
     };
     std::fs::create_dir_all(dir).expect("corpus dir");
     let path = dir.join("base.gguf");
