@@ -83,7 +83,7 @@ fn parse() -> Result<Args, Box<dyn Error>> {
             other => return Err(format!("unknown flag {other}").into()),
         }
     }
-    if a.cols.iter().any(|&c| c == 0) || a.threads.iter().any(|&t| t == 0) {
+    if a.cols.contains(&0) || a.threads.contains(&0) {
         return Err("--cols and --threads take positive counts".into());
     }
     for m in &a.modes {
