@@ -283,9 +283,9 @@ type MultiFn<A> = unsafe fn(&[u8], usize, &[&A], &mut [&mut [f32]], bool);
 /// A multi-activation driver of one activation shape.
 #[derive(Clone, Copy)]
 enum MultiDot {
-    /// Q8_0, Q4_1, Q5_0, Q5_1.
+    /// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL.
     Q8x32(MultiFn<Q8x32>),
-    /// Q4_K, Q5_K.
+    /// Q4_K, Q5_K, Q6_K, IQ4_XS.
     Q8K(MultiFn<Q8K>),
 }
 
@@ -318,6 +318,10 @@ fn multi_kernel(tier: SimdTier, fmt: Format) -> Option<MultiDot> {
             (SimdTier::Avx512Vnni, Format::Q5_1) => {
                 Some(MultiDot::Q8x32(mix::vnni::gemv_q5_1_multi))
             }
+            (SimdTier::Avx512, Format::Q4_0) => Some(MultiDot::Q8x32(plain::gemv_q4_0_multi)),
+            (SimdTier::Avx512Vnni, Format::Q4_0) => Some(MultiDot::Q8x32(vnni::gemv_q4_0_multi)),
+            (SimdTier::Avx512, Format::Q6K) => Some(MultiDot::Q8K(plain::gemv_q6k_multi)),
+            (SimdTier::Avx512Vnni, Format::Q6K) => Some(MultiDot::Q8K(vnni::gemv_q6k_multi)),
             (SimdTier::Avx512, Format::Q8_0) => Some(MultiDot::Q8x32(plain::gemv_q8_0_multi)),
             (SimdTier::Avx512, Format::Q4_1) => Some(MultiDot::Q8x32(plain::gemv_q4_1_multi)),
             (SimdTier::Avx512, Format::Q4K) => Some(MultiDot::Q8K(plain::gemv_q4k_multi)),
@@ -357,11 +361,13 @@ pub fn multi_matches_single(tier: SimdTier, fmt: Format, acts: usize) -> bool {
 /// `ys[j][i] (+)= row_i · acts[j]` for every activation `j` and `i` in `0..ys[j].len()`, on the
 /// detected tier: [`gemv_rows`] of several activations (prompt tokens) over the same rows.
 ///
-/// Where the tier has a multi-activation kernel for `fmt` (AVX-512 Q8_0, Q4_1, Q4_K, Q5_K, Q5_0,
-/// Q5_1, IQ4_NL, IQ4_XS), each weight block is unpacked once and dotted with up to eight
-/// activations (Q4_K: four, over two rows at a time, so each activation vector loaded also
+/// Where the tier has a multi-activation kernel for `fmt` (AVX-512 Q8_0, Q4_0, Q4_1, Q4_K, Q5_K,
+/// Q6_K, Q5_0, Q5_1, IQ4_NL, IQ4_XS), each weight block is unpacked once and dotted with up to
+/// eight activations (Q4_K: four, over two rows at a time, so each activation vector loaded also
 /// serves two rows; with VNNI and 5 or more activations, 16 rows transposed into the lanes and
-/// up to 32 activations); every other pair runs [`gemv_rows`] once per activation. `ys[j]` is
+/// up to 32 activations); every other pair runs [`gemv_rows`] once per activation. Either way
+/// the rows are walked in tiles of 16 KiB (`MULTI_TILE_BYTES`) with every activation run over a tile
+/// before the next, so each weight byte comes from DRAM once per call. `ys[j]` is
 /// bit-identical to `gemv_rows(fmt, w_rows, k, acts[j], ys[j], accumulate)` wherever
 /// [`multi_matches_single`] says so. Errors: those of [`gemv_rows`],
 /// `acts` and `ys` of different lengths, or `ys` slices of different lengths.
@@ -425,39 +431,62 @@ fn run_rows_multi(
             got: y.len(),
         });
     }
-    let Some(multi) = multi_kernel(tier, fmt) else {
-        for (act, y) in acts.iter().zip(ys.iter_mut()) {
-            run_rows(table, fmt, w_rows, k, act, y, accumulate)?;
-        }
-        return Ok(());
-    };
     let rb = fmt.row_bytes(k)?;
     let need = check_w_rows(w_rows, m, rb)?;
     let w = &w_rows[..need];
+    let tile = multi_tile_rows(rb);
+    let Some(multi) = multi_kernel(tier, fmt) else {
+        // Validate every activation before any output is written.
+        for act in acts {
+            if act.format() != fmt || act.k() != k {
+                return Err(QuantError::ActivationMismatch {
+                    format: fmt,
+                    k,
+                    act_format: act.format(),
+                    act_k: act.k(),
+                });
+            }
+        }
+        for (t, w_tile) in w.chunks(tile * rb).enumerate() {
+            let r0 = t * tile;
+            let r1 = r0 + w_tile.len() / rb;
+            for (act, y) in acts.iter().zip(ys.iter_mut()) {
+                run_rows(table, fmt, w_tile, k, act, &mut y[r0..r1], accumulate)?;
+            }
+        }
+        return Ok(());
+    };
     match multi {
         MultiDot::Q8x32(f) => {
-            run_groups(fmt, k, w, rb, acts, ys, accumulate, f, |a| match &a.kind {
-                ActKind::Q8x32(q) => Some(q),
-                _ => None,
+            run_groups(fmt, k, w, rb, tile, acts, ys, accumulate, f, |a| {
+                match &a.kind {
+                    ActKind::Q8x32(q) => Some(q),
+                    _ => None,
+                }
             })
         }
-        MultiDot::Q8K(f) => run_groups(fmt, k, w, rb, acts, ys, accumulate, f, |a| match &a.kind {
+        MultiDot::Q8K(f) => run_groups(fmt, k, w, rb, tile, acts, ys, accumulate, f, |a| match &a
+            .kind
+        {
             ActKind::Q8K(q) => Some(q),
             _ => None,
         }),
     }
 }
 
-/// Check every activation (format, `k`, shape via `get`) and hand them to `f` in groups of
-/// up to [`MULTI_GROUP`]. `w` holds exactly `ys[j].len()` rows of `rb = row_bytes(k)` bytes,
-/// every `ys[j]` has the same length, and `f` is a driver of a tier this CPU supports
-/// ([`run_rows_multi`] checked all three).
+/// Check every activation (format, `k`, shape via `get`), then, for each tile of `tile` rows,
+/// hand them to `f` in groups of up to [`MULTI_GROUP`]: every group of a tile runs before the
+/// next tile, so a tile's weight bytes come from DRAM once and from cache for the other groups.
+/// `w` holds exactly `ys[j].len()` rows of `rb = row_bytes(k)` bytes, every `ys[j]` has the
+/// same length, `tile` is a multiple of [`MULTI_ROW_TILE`], and `f` is a driver of a tier this
+/// CPU supports ([`run_rows_multi`] checked all four).
 #[allow(clippy::too_many_arguments)]
 fn run_groups<'a, A: 'a>(
     fmt: Format,
     k: usize,
     w: &[u8],
     rb: usize,
+    tile: usize,
     acts: &[&'a ActivationBuf],
     ys: &mut [&mut [f32]],
     accumulate: bool,
@@ -481,25 +510,49 @@ fn run_groups<'a, A: 'a>(
     for act in acts {
         prepared(act)?;
     }
-    for (group_acts, group_ys) in acts.chunks(MULTI_GROUP).zip(ys.chunks_mut(MULTI_GROUP)) {
-        // Fixed-size array of references: the hot path does not allocate.
-        let first = prepared(group_acts[0])?;
-        let mut group = [first; MULTI_GROUP];
-        for (g, act) in group.iter_mut().zip(group_acts) {
-            *g = prepared(act)?;
+    for (t, w_tile) in w.chunks(tile * rb).enumerate() {
+        let r0 = t * tile;
+        let r1 = r0 + w_tile.len() / rb;
+        for (group_acts, group_ys) in acts.chunks(MULTI_GROUP).zip(ys.chunks_mut(MULTI_GROUP)) {
+            // Fixed-size arrays: the hot path does not allocate.
+            let first = prepared(group_acts[0])?;
+            let mut group = [first; MULTI_GROUP];
+            for (g, act) in group.iter_mut().zip(group_acts) {
+                *g = prepared(act)?;
+            }
+            let mut sub: [&mut [f32]; MULTI_GROUP] = Default::default();
+            for (s, y) in sub.iter_mut().zip(group_ys.iter_mut()) {
+                *s = &mut y[r0..r1];
+            }
+            let n = group_acts.len();
+            // SAFETY: the tier of `f` is supported and `f` is its driver for `fmt`, every
+            // activation was prepared for `fmt` and `k` in `f`'s shape (checked just above),
+            // every output slice has `r1 - r0` elements and `w_tile` is exactly that many rows
+            // of `rb = row_bytes(k)` bytes (the caller's checks): the driver's whole contract.
+            unsafe { f(w_tile, rb, &group[..n], &mut sub[..n], accumulate) };
         }
-        // SAFETY: the tier of `f` is supported and `f` is its driver for `fmt`, every
-        // activation was prepared for `fmt` and `k` in `f`'s shape (checked just above), every
-        // output has `w.len() / rb` elements and `w` is exactly that many rows of
-        // `rb = row_bytes(k)` bytes (the caller's checks): the driver's whole contract.
-        unsafe { f(w, rb, &group[..group_acts.len()], group_ys, accumulate) };
     }
     Ok(())
 }
 
 /// Activations validated and handed to a multi-activation driver per call (it splits them
-/// further into its own register-sized groups); a fixed array so nothing is allocated.
-const MULTI_GROUP: usize = 16;
+/// further into its own register-sized groups); a fixed array so nothing is allocated. 32: the
+/// tiled AVX-512 VNNI Q4_K kernel's pass, which transposes each 16 rows once for all of them.
+const MULTI_GROUP: usize = 32;
+
+/// Weight bytes per row tile of [`gemv_rows_multi`]: every activation group runs over one tile
+/// before the next, so the tile is read from DRAM once per call whatever the activation count.
+/// hipfire-exec's `TOKEN_TILE_BYTES` (16 KiB, flat within noise from 4 to 64 KiB on the 2-core
+/// VM's prefill), so a pool tile is one tile here.
+const MULTI_TILE_BYTES: usize = 16 * 1024;
+
+/// Rows of one [`MULTI_TILE_BYTES`] tile of `rb`-byte rows, rounded up to whole
+/// [`MULTI_ROW_TILE`]s so the rows that reach the 16-row tiled kernel do not depend on the
+/// tiling.
+fn multi_tile_rows(rb: usize) -> usize {
+    let rows = (MULTI_TILE_BYTES / rb.max(1)).max(1);
+    rows.div_ceil(MULTI_ROW_TILE) * MULTI_ROW_TILE
+}
 
 /// Run `f` for `fmt`'s marker type.
 macro_rules! with_format {

@@ -328,3 +328,121 @@ fn tiled_columns_do_not_depend_on_the_count() {
         }
     }
 }
+
+/// Batched-decode column counts (every group edge of the drivers: 8, 16, 32) over row counts
+/// that span several of `gemv_rows_multi`'s row tiles plus a partial one (odd, so the paired and
+/// 16-row kernels have a tail too): every format and tier, poisoned outputs, each column against
+/// `gemv_rows` of that activation alone (bit for bit where `multi_matches_single` says so, else
+/// within the scalar reference's `1e-6·Σ|w·x|`), and against the f64 reference (dequantised
+/// weights, unquantised x) within the activation quantisation's bound `Σ|w_i|·amax(group)/254`
+/// (crate docs) times [`F64_SLACK`].
+#[test]
+fn batched_columns_over_row_tiles() {
+    /// The crate's bound is exact for the integer part; the slack covers the f32 scale products
+    /// and sums (relative ~1e-6 of Σ|w·x|, far below the quantisation term).
+    const F64_SLACK: f64 = 1.01;
+    const COLS: [usize; 10] = [1, 2, 3, 7, 8, 9, 16, 17, 33, 64];
+    let mut rng = ChaCha8Rng::seed_from_u64(SEED ^ 4);
+    for fmt in Format::ALL {
+        let k = match fmt.block_elems() {
+            1 => 96,
+            32 => 384,
+            _ => 512,
+        };
+        let rb = fmt.row_bytes(k).expect("row bytes");
+        // Rows of at least two 16 KiB tiles and a partial third, odd.
+        let m = (2 * 16 * 1024 / rb + MULTI_ROW_TILE + 3) | 1;
+        let mut w = Vec::new();
+        for _ in 0..m {
+            w.extend(quantize_row(fmt, &random_vec(&mut rng, k)).expect("quantise"));
+        }
+        let deq: Vec<Vec<f64>> = w
+            .chunks_exact(rb)
+            .map(|row| {
+                let mut o = vec![0f64; k];
+                hipfire_quant::dequantize_row_f64(fmt, row, &mut o).expect("deq");
+                o
+            })
+            .collect();
+        let nmax = COLS[COLS.len() - 1];
+        let xs: Vec<Vec<f32>> = (0..nmax).map(|_| random_vec(&mut rng, k)).collect();
+        let acts: Vec<ActivationBuf> = xs
+            .iter()
+            .map(|x| ActivationBuf::prepare(fmt, x))
+            .collect::<Result<_, _>>()
+            .expect("prepare");
+        // A span holding each of the activation's quantisation groups (crate docs): the block
+        // for the 32-blocks and the K-quants (q8_K: 256); HFQ4G256 quantises after permuting per
+        // 128, so its groups of 32 lie inside a 128-element span.
+        let group = match fmt {
+            Format::Hfq4G256 => 128,
+            _ if fmt.block_elems() == 1 => 0,
+            _ => fmt.block_elems(),
+        };
+        for tier in tiers() {
+            let single: Vec<Vec<f32>> = acts
+                .iter()
+                .map(|a| {
+                    let mut y = vec![POISON; m];
+                    gemv_rows_with(tier, fmt, &w, k, a, &mut y, false).expect("single");
+                    y
+                })
+                .collect();
+            for n in COLS {
+                let refs: Vec<&ActivationBuf> = acts[..n].iter().collect();
+                let mut got = vec![vec![POISON; m]; n];
+                let mut ys: Vec<&mut [f32]> = got.iter_mut().map(|y| y.as_mut_slice()).collect();
+                gemv_rows_multi_with(tier, fmt, &w, k, &refs, &mut ys, false).expect("multi");
+                let exact = multi_matches_single(tier, fmt, n);
+                for j in 0..n {
+                    let x = &xs[j];
+                    for i in 0..m {
+                        let g = got[j][i];
+                        assert!(g.is_finite() && g != POISON, "{tier} {fmt} n={n} unwritten");
+                        let s = single[j][i];
+                        let mag: f64 = deq[i]
+                            .iter()
+                            .zip(x)
+                            .map(|(a, &b)| (a * f64::from(b)).abs())
+                            .sum();
+                        if exact {
+                            assert_eq!(
+                                g.to_bits(),
+                                s.to_bits(),
+                                "{tier} {fmt} n={n} act {j} row {i}: {g} vs single {s}"
+                            );
+                        } else {
+                            let gap = (f64::from(g) - f64::from(s)).abs();
+                            assert!(
+                                gap <= 1e-6 * mag + 1e-6,
+                                "{tier} {fmt} n={n} act {j} row {i}: {g} vs single {s}"
+                            );
+                        }
+                        let exact_dot: f64 =
+                            deq[i].iter().zip(x).map(|(a, &b)| a * f64::from(b)).sum();
+                        let bound = if group == 0 {
+                            1e-5 * mag + 1e-6
+                        } else {
+                            let q: f64 = deq[i]
+                                .chunks(group)
+                                .zip(x.chunks(group))
+                                .map(|(wg, xg)| {
+                                    let amax =
+                                        xg.iter().fold(0f64, |a, &v| a.max(f64::from(v).abs()));
+                                    wg.iter().map(|v| v.abs()).sum::<f64>() * amax / 254.0
+                                })
+                                .sum();
+                            F64_SLACK * q + 1e-5 * mag + 1e-6
+                        };
+                        let err = (f64::from(g) - exact_dot).abs();
+                        assert!(
+                            err <= bound,
+                            "{tier} {fmt} n={n} act {j} row {i}: {g} vs f64 {exact_dot} \
+                             (err {err}, bound {bound})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

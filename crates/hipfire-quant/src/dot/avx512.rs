@@ -20,9 +20,9 @@ use crate::act::{Q8x32, Q8K};
 use crate::dispatch::{Kernels, RowDot};
 use crate::dot::avx2::{
     h2f, h2f_pair, h2f_x4, hsum4, hsum8, prefetch_ahead, q4_0_block, q4_1_block, q4k_mins_dot,
-    q4k_unpack_scales, q6k_bsum_dot, q8_0_block, rd16, HFQ_BYTES, HIGH_BIT, Q4K_BYTES, Q4K_QS,
-    Q4K_SCALES, Q4_0_BYTES, Q4_0_CORR_LANES, Q4_0_GROUP_BLOCKS, Q4_1_BYTES, Q5K_BYTES, Q5K_QH,
-    Q5K_QS, Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_SCALES, Q8_0_BYTES,
+    q4k_unpack_scales, q8_0_block, rd16, HFQ_BYTES, HIGH_BIT, Q4K_BYTES, Q4K_QS, Q4K_SCALES,
+    Q4_0_BYTES, Q4_0_CORR_LANES, Q4_0_GROUP_BLOCKS, Q4_1_BYTES, Q5K_BYTES, Q5K_QH, Q5K_QS,
+    Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_SCALES, Q8_0_BYTES,
 };
 use crate::dot::avx2_mix::STEP4;
 use crate::dot::avx512_mix as mix;
@@ -453,16 +453,27 @@ macro_rules! int_kernels {
                 dot_q8_0_multi::<1>(row, &[a])[0]
             }
 
-            /// Q4_0 row · q8 activation: four blocks per step, one per 128-bit lane (the
-            /// activation of each 4-block group is [first halves, second halves]).
+            /// Q4_0 row · q8 activation ([`dot_q4_0_multi`] of one activation).
             #[target_feature(enable = $feat)]
             pub(crate) unsafe fn dot_q4_0_q8_0_avx512(row: &[u8], a: &Q8x32) -> f32 {
+                dot_q4_0_multi::<1>(row, &[a])[0]
+            }
+
+            /// Q4_0 row against `N` activations at once: four blocks per step, one per 128-bit
+            /// lane (the activation of each 4-block group is [first halves, second halves]);
+            /// the nibbles and the four weight scales are unpacked once per step and dotted
+            /// with every activation. Each activation's arithmetic depends on nothing but that
+            /// activation, so `N = 1` is the single kernel and every result is bit-identical
+            /// to it.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn dot_q4_0_multi<const N: usize>(row: &[u8], a: &[&Q8x32; N]) -> [f32; N] {
                 let nb = row.len() / Q4_0_BYTES;
                 let nb_grouped = nb / Q4_0_GROUP_BLOCKS * Q4_0_GROUP_BLOCKS;
-                let (p, xq, corr) = (row.as_ptr(), a.qs.as_ptr(), a.corr.as_ptr());
+                let p = row.as_ptr();
                 let m4 = _mm512_set1_epi8(0x0F);
                 let idx4 = ld_idx(&IDX_4BLK);
-                let mut acc = _mm512_setzero_ps();
+                let mut acc = [_mm512_setzero_ps(); N];
                 let mut b = 0;
                 while b < nb_grouped {
                     let g = p.add(Q4_0_BYTES * b);
@@ -473,23 +484,31 @@ macro_rules! int_kernels {
                     let q = _mm512_inserti32x4::<3>(_mm512_inserti32x4::<2>(q01, ld(2)), ld(3));
                     let lo = _mm512_and_si512(q, m4);
                     let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
-                    let xlo = _mm512_loadu_si512(xq.add(QK * b) as *const _);
-                    let xhi = _mm512_loadu_si512(xq.add(QK * b + 64) as *const _);
-                    let c = _mm512_loadu_si512(corr.add(Q4_0_CORR_LANES * b) as *const _);
-                    let pi = $dp($dp(c, lo, xlo), hi, xhi);
-                    let s4 = _mm_mul_ps(h2f_x4(g, Q4_0_BYTES), _mm_loadu_ps(a.d.as_ptr().add(b)));
-                    let s = _mm512_permutexvar_ps(idx4, _mm512_castps128_ps512(s4));
-                    acc = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(pi), acc);
+                    let wd = h2f_x4(g, Q4_0_BYTES);
+                    for j in 0..N {
+                        let (xq, corr) = (a[j].qs.as_ptr(), a[j].corr.as_ptr());
+                        let xlo = _mm512_loadu_si512(xq.add(QK * b) as *const _);
+                        let xhi = _mm512_loadu_si512(xq.add(QK * b + 64) as *const _);
+                        let c = _mm512_loadu_si512(corr.add(Q4_0_CORR_LANES * b) as *const _);
+                        let pi = $dp($dp(c, lo, xlo), hi, xhi);
+                        let s4 = _mm_mul_ps(wd, _mm_loadu_ps(a[j].d.as_ptr().add(b)));
+                        let s = _mm512_permutexvar_ps(idx4, _mm512_castps128_ps512(s4));
+                        acc[j] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(pi), acc[j]);
+                    }
                     b += Q4_0_GROUP_BLOCKS;
                 }
-                let mut tail = _mm256_setzero_ps();
-                while b < nb {
-                    let b0 = p.add(Q4_0_BYTES * b);
-                    let s = _mm256_set1_ps(h2f(rd16(b0)) * a.d[b]);
-                    tail = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(q4_0_block(b0, a, b)), tail);
-                    b += 1;
+                let mut out = [0f32; N];
+                for j in 0..N {
+                    let mut tail = _mm256_setzero_ps();
+                    for bb in b..nb {
+                        let b0 = p.add(Q4_0_BYTES * bb);
+                        let s = _mm256_set1_ps(h2f(rd16(b0)) * a[j].d[bb]);
+                        let pi = _mm256_cvtepi32_ps(q4_0_block(b0, a[j], bb));
+                        tail = _mm256_fmadd_ps(s, pi, tail);
+                    }
+                    out[j] = _mm512_reduce_add_ps(acc[j]) + hsum8(tail);
                 }
-                _mm512_reduce_add_ps(acc) + hsum8(tail)
+                out
             }
 
             /// Q4_1 row · q8 activation: Q4_0's 4-block layout, plus the `m·s` term
@@ -852,49 +871,72 @@ macro_rules! int_kernels {
                 dot_q4k_multi::<1>(row, &[a])[0]
             }
 
-            /// Q6_K row · q8_K activation.
+            /// Q6_K row · q8_K activation ([`dot_q6k_multi`] of one activation).
             #[target_feature(enable = $feat)]
             pub(crate) unsafe fn dot_q6k_q8k_avx512(row: &[u8], a: &Q8K) -> f32 {
+                dot_q6k_multi::<1>(row, &[a])[0]
+            }
+
+            /// Q6_K row against `N` activations at once: each super-block's 6-bit codes and
+            /// their sub-block scale vectors are built once and dotted with every activation
+            /// (per activation four scaled products, the −32 offset through its `bsums`, one
+            /// f32 step). Each activation's arithmetic depends on nothing but that activation,
+            /// so `N = 1` is the single kernel and every result is bit-identical to it.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn dot_q6k_multi<const N: usize>(row: &[u8], a: &[&Q8K; N]) -> [f32; N] {
                 let nsb = row.len() / Q6K_BYTES;
                 let p = row.as_ptr();
                 let m4 = _mm512_set1_epi8(0x0F);
                 let m30 = _mm512_set1_epi8(0x30);
-                let mut acc = _mm512_setzero_ps();
+                let mut acc = [_mm512_setzero_ps(); N];
                 for s in 0..nsb {
                     let blk = p.add(Q6K_BYTES * s);
                     prefetch_ahead::<Q6K_BYTES>(blk);
                     let scales = blk.add(Q6K_SCALES);
-                    let sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128(
-                        scales as *const __m128i,
-                    )));
-                    let xq = a.qs.as_ptr().add(QK_K * s);
-                    let corr = q6k_bsum_dot(scales, a.bsums.as_ptr().add(16 * s));
-                    let corr = _mm512_zextsi256_si512(_mm256_slli_epi32::<5>(corr));
-                    let mut sumi = _mm512_sub_epi32(_mm512_setzero_si512(), corr);
+                    let sc16_256 = _mm256_cvtepi8_epi16(_mm_loadu_si128(scales as *const __m128i));
+                    let sc16 = _mm512_castsi256_si512(sc16_256);
+                    let mut w = [_mm512_setzero_si512(); 4];
                     for n in 0..2 {
                         let ql = _mm512_loadu_si512(blk.add(64 * n) as *const _);
                         let qh = _mm256_loadu_si256(blk.add(Q6K_QH + 32 * n) as *const __m256i);
                         let h_lo = join(_mm256_slli_epi16::<4>(qh), _mm256_slli_epi16::<2>(qh));
                         let h_hi = join(qh, _mm256_srli_epi16::<2>(qh));
-                        let w = [
-                            _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_and_si512(h_lo, m30)),
-                            _mm512_or_si512(
-                                _mm512_and_si512(_mm512_srli_epi16::<4>(ql), m4),
-                                _mm512_and_si512(h_hi, m30),
-                            ),
-                        ];
-                        for (hh, wt) in w.into_iter().enumerate() {
-                            let z = 2 * n + hh;
-                            let x = _mm512_loadu_si512(xq.add(64 * z) as *const _);
-                            let scz = _mm512_permutexvar_epi16(ld_idx16(&IDX16_Q6K[z]), sc16);
-                            sumi = $dps(sumi, wt, x, scz);
-                        }
+                        w[2 * n] =
+                            _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_and_si512(h_lo, m30));
+                        w[2 * n + 1] = _mm512_or_si512(
+                            _mm512_and_si512(_mm512_srli_epi16::<4>(ql), m4),
+                            _mm512_and_si512(h_hi, m30),
+                        );
                     }
-                    let d = _mm512_set1_ps(h2f(rd16(blk.add(Q6K_D))) * a.d[s]);
-                    acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc);
+                    let scz: [__m512i; 4] = std::array::from_fn(|z| {
+                        _mm512_permutexvar_epi16(ld_idx16(&IDX16_Q6K[z]), sc16)
+                    });
+                    let wd = h2f(rd16(blk.add(Q6K_D)));
+                    for j in 0..N {
+                        let xq = a[j].qs.as_ptr().add(QK_K * s);
+                        // q6k_bsum_dot with the scales' widening shared by every activation.
+                        let bs = _mm256_loadu_si256(a[j].bsums.as_ptr().add(16 * s) as *const _);
+                        let corr = _mm256_madd_epi16(sc16_256, bs);
+                        let corr = _mm512_zextsi256_si512(_mm256_slli_epi32::<5>(corr));
+                        let mut sumi = _mm512_sub_epi32(_mm512_setzero_si512(), corr);
+                        for z in 0..4 {
+                            let x = _mm512_loadu_si512(xq.add(64 * z) as *const _);
+                            sumi = $dps(sumi, w[z], x, scz[z]);
+                        }
+                        let d = _mm512_set1_ps(wd * a[j].d[s]);
+                        acc[j] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc[j]);
+                    }
                 }
-                _mm512_reduce_add_ps(acc)
+                let mut out = [0f32; N];
+                for j in 0..N {
+                    out[j] = _mm512_reduce_add_ps(acc[j]);
+                }
+                out
             }
+
+            multi_rows!($feat, Q8x32, gemv_q4_0_multi, rows_q4_0, dot_q4_0_multi);
+            multi_rows!($feat, Q8K, gemv_q6k_multi, rows_q6k, dot_q6k_multi);
         }
     };
 }
