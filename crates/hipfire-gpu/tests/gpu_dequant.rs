@@ -1,8 +1,8 @@
 //! GPU tier: the dequantiser (`kernels/dequant.cu`) for every GEMV format against hipfire-quant's
 //! CPU dequantiser rounded to f16 and the independent f64 reference, row ranges into poisoned
 //! outputs, device and host-mapped weights, the f32 → f16 conversion, typed errors, and the
-//! throughput of one large matrix per format (printed). Runs only with `HIPFIRE_GPU_TESTS=1`
-//! (each test prints why it skipped otherwise).
+//! throughput of one large matrix per format (printed). Each test is `#[ignore]`d, as it needs
+//! a GPU: `--include-ignored` runs them (`scripts/device-check.sh run`).
 
 mod common;
 
@@ -27,17 +27,17 @@ struct Gpu {
     kernels: DequantKernels,
 }
 
-fn setup() -> Option<Gpu> {
-    let ctx = gpu()?;
+fn setup() -> Gpu {
+    let ctx = gpu();
     let dir = std::env::temp_dir().join(format!("hipfire-gpu-dequant-{}", std::process::id()));
     let kernels = DequantKernels::new(&KernelRegistry::with_cache_dir(&ctx, dir))
         .expect("dequant module compiles and loads");
     let stream = ctx.new_stream().expect("stream");
-    Some(Gpu {
+    Gpu {
         ctx,
         stream,
         kernels,
-    })
+    }
 }
 
 /// Weight bytes in device memory, or in host-mapped (pinned) memory read over PCIe.
@@ -99,8 +99,9 @@ fn download(g: &Gpu, b: &DeviceBuffer<u16>, n: usize) -> Vec<u16> {
 }
 
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn gpu_dequant_rows_match_the_cpu_dequantiser_for_every_format() {
-    let Some(g) = setup() else { return };
+    let g = setup();
     let mut not_exact_total = 0usize;
     for (fi, format) in formats().into_iter().enumerate() {
         let mut not_exact = 0usize;
@@ -157,8 +158,9 @@ fn gpu_dequant_rows_match_the_cpu_dequantiser_for_every_format() {
 }
 
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn gpu_dequant_row_ranges_are_slices_of_the_whole_matrix() {
-    let Some(g) = setup() else { return };
+    let g = setup();
     let mut r = rng(0x5EED_D001);
     let (m, k) = (37, 4096);
     for format in formats() {
@@ -187,8 +189,9 @@ fn gpu_dequant_row_ranges_are_slices_of_the_whole_matrix() {
 }
 
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn gpu_convert_f32_to_f16_rounds_as_half_does() {
-    let Some(g) = setup() else { return };
+    let g = setup();
     // Whole vector chunks, a partial last chunk over several blocks, a single value.
     for (seed, n) in [1usize << 16, 2053 * 8 + 6, 3001, 1]
         .into_iter()
@@ -225,8 +228,9 @@ fn gpu_convert_f32_to_f16_rounds_as_half_does() {
 }
 
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn gpu_dequant_preconditions_are_typed_errors() {
-    let Some(g) = setup() else { return };
+    let g = setup();
     let mut r = rng(0x5EED_D002);
     let (m, k) = (37, 512);
     let bytes = random_weights(Format::Q4K, m, k, &mut r);
@@ -319,8 +323,9 @@ fn gpu_dequant_preconditions_are_typed_errors() {
 /// Prints, per format, the output rate of one Llama-3-8B FFN-sized matrix (14336 × 4096) in device
 /// memory: f16 bytes written per second and all bytes moved (weights read + f16 written).
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn gpu_dequant_throughput_prints() {
-    let Some(g) = setup() else { return };
+    let g = setup();
     /// Rows and columns of the timed matrix (Llama-3-8B's gate/up projection).
     const M: usize = 14336;
     const K: usize = 4096;
