@@ -20,7 +20,8 @@ GPU_EXAMPLES=${GPU_EXAMPLES:-"hipfire-gpu:gpu_bench"}
 GPU_BINS=${GPU_BINS:-""}
 # Bench commands to run on the box, one per line; {bin} expands to the bundle's bin folder,
 # {out} to $OUT.
-GPU_BENCHES=${GPU_BENCHES:-"{bin}/gpu_bench --json {out}/gpu_bench.json"}
+GPU_BENCHES=${GPU_BENCHES:-"{bin}/gpu_bench --json {out}/gpu_bench.json
+{bin}/gpu_bench --dequant --json {out}/gpu_dequant_bench.json"}
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUNDLE="$ROOT/device-bundle"

@@ -71,8 +71,8 @@
 //! as fibers: the multi-column GEMV against the general kernel column by column) (both skipped
 //! without g++). On the GPU box: `scripts/device-check.sh build` here, then
 //! `scripts/device-check.sh run` there (every test, the ignored ones included, and
-//! `examples/gpu_bench.rs`; logs under `$OUT`). Measured figures:
-//! docs/perf-checkpoints/2026-11-29-gpu-gemv.
+//! `examples/gpu_bench.rs` for the GEMV and the dequantiser; logs under `$OUT`). Measured
+//! figures: docs/perf-checkpoints/2026-11-29-gpu-gemv.
 #![deny(missing_docs)]
 
 pub mod backend;
