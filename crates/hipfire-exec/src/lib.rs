@@ -33,7 +33,9 @@
 //! Engines only execute; they never schedule. The planner (`OffloadExecutor`) asks the
 //! scheduler for a share, cuts rows, hands each engine its range through the join, and feeds
 //! the measured times back. So the scheduler is testable with a simulated host, and an engine
-//! or a join can be swapped (or a second GPU added) without touching the policy. On the decode path the thread that owns the CUDA stream enqueues the GPU arm itself
+//! or a join can be swapped without touching the policy. A split has two arms, one GPU (one
+//! device) and the CPU: more GPUs would need a planner that cuts rows more ways, which this one
+//! does not. On the decode path the thread that owns the CUDA stream enqueues the GPU arm itself
 //! (an actor hop per step would cost a thread wake-up); see docs/design.md.
 //!
 //! # Features

@@ -4,7 +4,12 @@
 //! enough weight copies that the bytes exceed the L2 cache.
 //!
 //! `gpu_bench [--json PATH] [--reps N] [--config WxRxKxB[:nodev|:devWxR{s|r}][:notc][+DEFINE]...]...
-//! [--host-configs N] [--formats f1,f2] [--shapes MxK,...] [--pool-mib N] [--cols N]`
+//! [--host-configs N] [--formats f1,f2] [--shapes MxK,...] [--pool-mib N] [--cols N] [--dequant]`
+//!
+//! `--dequant` times the dequantiser (`kernels/dequant.cu`, weights to f16, the batched steps'
+//! GEMM input) instead: per format, one Llama-3-8B FFN-sized matrix (14336 × 4096) in device
+//! memory unless `--shapes` says otherwise, as f16 GB/s written and all GB/s moved (weights read
+//! + f16 written).
 //!
 //! A trailing `:notc` keeps multi-column launches over device-resident Q4_K weights on the dp4a
 //! kernel instead of the tensor-core one (the A/B baseline of `--cols`).
@@ -19,8 +24,8 @@
 
 use hipfire_gpu::gemv::DeviceGemv;
 use hipfire_gpu::{
-    Activation, Context, DeviceBuffer, DeviceMemory, GemvConfig, GemvForm, GemvKernels,
-    HostMappedBuffer, KernelRegistry, ReadKernel, RowRange, Stream, WeightRef,
+    Activation, Context, DequantKernels, DeviceBuffer, DeviceMemory, GemvConfig, GemvForm,
+    GemvKernels, HostMappedBuffer, KernelRegistry, ReadKernel, RowRange, Stream, WeightRef,
 };
 use hipfire_quant::Format;
 use std::sync::Arc;
@@ -39,7 +44,10 @@ const WARMUP_PASSES: usize = 3;
 /// Default timed passes per measurement; the median is reported.
 const DEFAULT_REPS: usize = 15;
 
-const USAGE: &str = "gpu_bench [--json PATH] [--reps N] [--config WxRxKxB[:nodev|:devWxR{s|r}][:notc][+DEFINE]...]... [--host-configs N] [--formats f1,f2] [--shapes MxK,...] [--pool-mib N] [--cols N]";
+/// `--dequant`'s default shape: Llama-3-8B's gate/up projection.
+const DEQUANT_SHAPES: [(usize, usize); 1] = [(14336, 4096)];
+
+const USAGE: &str = "gpu_bench [--json PATH] [--reps N] [--config WxRxKxB[:nodev|:devWxR{s|r}][:notc][+DEFINE]...]... [--host-configs N] [--formats f1,f2] [--shapes MxK,...] [--pool-mib N] [--cols N] [--dequant]";
 
 struct Args {
     json: Option<String>,
@@ -53,6 +61,8 @@ struct Args {
     host_configs: usize,
     /// Activation columns per GEMV (1: `gemv`; more: `gemv_cols`).
     cols: usize,
+    /// Time the dequantiser instead of the GEMV.
+    dequant: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -68,7 +78,9 @@ fn parse_args() -> Result<Args, String> {
         pool_mib: DEFAULT_POOL_MIB,
         host_configs: usize::MAX,
         cols: 1,
+        dequant: false,
     };
+    let mut shapes_given = false;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut val = || it.next().ok_or(format!("{flag} needs a value"));
@@ -114,7 +126,9 @@ fn parse_args() -> Result<Args, String> {
             "--host-configs" => {
                 a.host_configs = val()?.parse().map_err(|e| format!("--host-configs: {e}"))?
             }
+            "--dequant" => a.dequant = true,
             "--shapes" => {
+                shapes_given = true;
                 a.shapes = val()?
                     .split(',')
                     .map(|mk| {
@@ -143,6 +157,9 @@ fn parse_args() -> Result<Args, String> {
     }
     if a.configs.is_empty() {
         a.configs.push((GemvConfig::default(), vec![]));
+    }
+    if a.dequant && !shapes_given {
+        a.shapes = DEQUANT_SHAPES.to_vec();
     }
     Ok(a)
 }
@@ -234,6 +251,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     let stream = ctx.new_stream()?;
     let registry = KernelRegistry::new(&ctx);
+    if args.dequant {
+        return dequant_bench(&args, &ctx, &stream, &registry);
+    }
     let read = ReadKernel::new(&registry)?;
     let pool = args.pool_mib << 20;
     let mut host = ctx.alloc_host_mapped(pool)?;
@@ -380,6 +400,69 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .collect();
         let doc = serde_json::json!({ "device": info.name, "arch": info.arch, "sms": info.multiprocessors, "reps": args.reps, "cols": args.cols, "rows": json });
         std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
+        eprintln!("wrote {path}");
+    }
+    Ok(())
+}
+
+/// `--dequant`: per shape and format, the dequantiser over the whole matrix into one f16 output,
+/// the weights rotated over device copies as the GEMV passes are.
+fn dequant_bench(
+    args: &Args,
+    ctx: &Arc<Context>,
+    stream: &Stream,
+    registry: &KernelRegistry,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let info = ctx.info().clone();
+    let kernels = DequantKernels::new(registry)?;
+    let pool = args.pool_mib << 20;
+    let mut host = vec![0u8; pool];
+    fill_random(&mut host, 0x9E37_79B9_7F4A_7C15);
+    let mut dev: DeviceBuffer<u8> = ctx.alloc(pool)?;
+    dev.upload(stream, &host)?;
+    drop(host);
+    let mut json = Vec::new();
+    println!("| format | m | k | MiB | copies | ms | f16 written GB/s | moved GB/s |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for &(m, k) in &args.shapes {
+        let mut out: DeviceBuffer<u16> = ctx.alloc(m * k)?;
+        for &format in &args.formats {
+            let bytes = m * format.row_bytes(k)?;
+            let stride = bytes.div_ceil(COPY_ALIGN) * COPY_ALIGN;
+            let copies = (pool / stride).min(MIN_PASS_BYTES.div_ceil(bytes).max(2));
+            if copies == 0 {
+                eprintln!("skip {format} {m}x{k}: larger than the pool");
+                continue;
+            }
+            let views: Vec<WeightRef<'_>> = (0..copies)
+                .map(|c| WeightRef::new(&dev, c * stride, format, m, k))
+                .collect::<Result<_, _>>()?;
+            let pass_ms = time_ms(ctx, stream, args.reps, || {
+                for w in &views {
+                    kernels.dequant_rows(stream, w, RowRange::all(m), &mut out)?;
+                }
+                Ok(())
+            })?;
+            let ms = pass_ms / copies as f64;
+            let written = (m * k * 2) as f64;
+            let (written_gbps, moved_gbps) = (
+                written / (ms * 1e-3) / 1e9,
+                (written + bytes as f64) / (ms * 1e-3) / 1e9,
+            );
+            println!(
+                "| {} | {m} | {k} | {:.1} | {copies} | {ms:.3} | {written_gbps:.0} | {moved_gbps:.0} |",
+                format.name(),
+                bytes as f64 / (1 << 20) as f64,
+            );
+            json.push(serde_json::json!({
+                "format": format.name(), "m": m, "k": k, "bytes": bytes, "copies": copies,
+                "ms": ms, "written_gbps": written_gbps, "moved_gbps": moved_gbps,
+            }));
+        }
+    }
+    if let Some(path) = &args.json {
+        let doc = serde_json::json!({ "mode": "dequant", "device": info.name, "arch": info.arch, "sms": info.multiprocessors, "reps": args.reps, "rows": json });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)?;
         eprintln!("wrote {path}");
     }
     Ok(())

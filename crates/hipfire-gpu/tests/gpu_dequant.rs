@@ -1,8 +1,9 @@
 //! GPU tier: the dequantiser (`kernels/dequant.cu`) for every GEMV format against hipfire-quant's
 //! CPU dequantiser rounded to f16 and the independent f64 reference, row ranges into poisoned
-//! outputs, device and host-mapped weights, the f32 → f16 conversion, typed errors, and the
-//! throughput of one large matrix per format (printed). Runs only with `HIPFIRE_GPU_TESTS=1`
-//! (each test prints why it skipped otherwise).
+//! outputs, device and host-mapped weights, the f32 → f16 conversion and typed errors. Each
+//! test is `#[ignore]`d, as it needs a GPU: `--include-ignored` runs them
+//! (`scripts/device-check.sh run`). The dequantiser's throughput is `gpu_bench --dequant`
+//! (`examples/gpu_bench.rs`).
 
 mod common;
 
@@ -27,17 +28,17 @@ struct Gpu {
     kernels: DequantKernels,
 }
 
-fn setup() -> Option<Gpu> {
-    let ctx = gpu()?;
+fn setup() -> Gpu {
+    let ctx = gpu();
     let dir = std::env::temp_dir().join(format!("hipfire-gpu-dequant-{}", std::process::id()));
     let kernels = DequantKernels::new(&KernelRegistry::with_cache_dir(&ctx, dir))
         .expect("dequant module compiles and loads");
     let stream = ctx.new_stream().expect("stream");
-    Some(Gpu {
+    Gpu {
         ctx,
         stream,
         kernels,
-    })
+    }
 }
 
 /// Weight bytes in device memory, or in host-mapped (pinned) memory read over PCIe.
@@ -99,8 +100,9 @@ fn download(g: &Gpu, b: &DeviceBuffer<u16>, n: usize) -> Vec<u16> {
 }
 
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn gpu_dequant_rows_match_the_cpu_dequantiser_for_every_format() {
-    let Some(g) = setup() else { return };
+    let g = setup();
     let mut not_exact_total = 0usize;
     for (fi, format) in formats().into_iter().enumerate() {
         let mut not_exact = 0usize;
@@ -157,8 +159,9 @@ fn gpu_dequant_rows_match_the_cpu_dequantiser_for_every_format() {
 }
 
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn gpu_dequant_row_ranges_are_slices_of_the_whole_matrix() {
-    let Some(g) = setup() else { return };
+    let g = setup();
     let mut r = rng(0x5EED_D001);
     let (m, k) = (37, 4096);
     for format in formats() {
@@ -187,8 +190,9 @@ fn gpu_dequant_row_ranges_are_slices_of_the_whole_matrix() {
 }
 
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn gpu_convert_f32_to_f16_rounds_as_half_does() {
-    let Some(g) = setup() else { return };
+    let g = setup();
     // Whole vector chunks, a partial last chunk over several blocks, a single value.
     for (seed, n) in [1usize << 16, 2053 * 8 + 6, 3001, 1]
         .into_iter()
@@ -225,8 +229,9 @@ fn gpu_convert_f32_to_f16_rounds_as_half_does() {
 }
 
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn gpu_dequant_preconditions_are_typed_errors() {
-    let Some(g) = setup() else { return };
+    let g = setup();
     let mut r = rng(0x5EED_D002);
     let (m, k) = (37, 512);
     let bytes = random_weights(Format::Q4K, m, k, &mut r);
@@ -314,49 +319,4 @@ fn gpu_dequant_preconditions_are_typed_errors() {
         .convert_f32_to_f16(&g.stream, &xs, &mut y, 10)
         .unwrap_err();
     assert!(matches!(e, GpuError::Misaligned { what: "x", .. }), "{e}");
-}
-
-/// Prints, per format, the output rate of one Llama-3-8B FFN-sized matrix (14336 × 4096) in device
-/// memory: f16 bytes written per second and all bytes moved (weights read + f16 written).
-#[test]
-fn gpu_dequant_throughput_prints() {
-    let Some(g) = setup() else { return };
-    /// Rows and columns of the timed matrix (Llama-3-8B's gate/up projection).
-    const M: usize = 14336;
-    const K: usize = 4096;
-    /// Timed launches after one warm-up; the median is printed.
-    const REPS: usize = 7;
-    let mut r = rng(0x5EED_D003);
-    let mut out = g.ctx.alloc::<u16>(M * K).expect("out");
-    let (e0, e1) = (
-        g.ctx.new_event().expect("e0"),
-        g.ctx.new_event().expect("e1"),
-    );
-    for format in formats() {
-        let bytes = random_weights(format, M, K, &mut r);
-        let placed = Weights::new(&g, &bytes, false);
-        let w = WeightRef::new(placed.mem(), 0, format, M, K).expect("view");
-        g.kernels
-            .dequant_rows(&g.stream, &w, RowRange::all(M), &mut out)
-            .expect("warm-up");
-        let mut ms = Vec::with_capacity(REPS);
-        for _ in 0..REPS {
-            e0.record(&g.stream).expect("record");
-            g.kernels
-                .dequant_rows(&g.stream, &w, RowRange::all(M), &mut out)
-                .expect("launch");
-            e1.record(&g.stream).expect("record");
-            e1.synchronize().expect("sync");
-            ms.push(f64::from(e0.elapsed_ms(&e1).expect("elapsed")));
-        }
-        ms.sort_by(f64::total_cmp);
-        let t = ms[REPS / 2] / 1e3;
-        let written = (M * K * 2) as f64;
-        println!(
-            "dequant {format:>8} {M}x{K}: {:.3} ms, {:.0} GB/s f16 written, {:.0} GB/s moved",
-            t * 1e3,
-            written / t / 1e9,
-            (written + bytes.len() as f64) / t / 1e9
-        );
-    }
 }

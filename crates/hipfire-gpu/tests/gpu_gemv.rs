@@ -1,6 +1,7 @@
 //! GPU tier: every GEMV kernel against an f64 reference, row-range parity, poisoned outputs,
 //! host-mapped vs device weights, typed errors, the registry and async copies.
-//! Runs only with `HIPFIRE_GPU_TESTS=1` (each test prints why it skipped otherwise).
+//! Each test is `#[ignore]`d, as it needs a GPU: `--include-ignored` runs them
+//! (`scripts/device-check.sh run`).
 
 mod common;
 
@@ -86,18 +87,18 @@ const NODEV_CONFIG: GemvConfig = GemvConfig {
     tensor_cores: false,
 };
 
-fn setup() -> Option<Gpu> {
-    let ctx = gpu()?;
+fn setup() -> Gpu {
+    let ctx = gpu();
     let dir = std::env::temp_dir().join(format!("hipfire-gpu-tests-{}", std::process::id()));
     let registry = KernelRegistry::with_cache_dir(&ctx, dir);
     let kernels = GemvKernels::new(&registry).expect("GEMV module compiles and loads");
     let stream = ctx.new_stream().expect("stream");
-    Some(Gpu {
+    Gpu {
         ctx,
         stream,
         kernels,
         registry,
-    })
+    }
 }
 
 /// The default kernels, the k-split shape and the other device-resident variant, all under test.
@@ -166,8 +167,9 @@ fn shapes(format: Format) -> Vec<(usize, usize)> {
 }
 
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn gpu_every_format_matches_f64_reference_on_both_memories() {
-    let Some(g) = setup() else { return };
+    let g = setup();
     let kernels = all_kernels(&g);
     let mut r = rng(0x5EED_0001);
     for format in Format::ALL.into_iter().filter(|f| f.has_gpu_kernel()) {
@@ -203,8 +205,9 @@ fn gpu_every_format_matches_f64_reference_on_both_memories() {
 }
 
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn gpu_row_ranges_are_bit_exact_and_write_only_their_rows() {
-    let Some(g) = setup() else { return };
+    let g = setup();
     let kernels = all_kernels(&g);
     let mut r = rng(0x5EED_0002);
     let m = 257;
@@ -296,8 +299,9 @@ fn gpu_row_ranges_are_bit_exact_and_write_only_their_rows() {
 }
 
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn gpu_bad_launches_are_typed_errors() {
-    let Some(g) = setup() else { return };
+    let g = setup();
     let mut r = rng(0x5EED_0003);
     let (m, k) = (64, 256);
     let format = Format::Q4K;
@@ -382,8 +386,9 @@ fn gpu_bad_launches_are_typed_errors() {
 }
 
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn gpu_registry_compiles_once_under_concurrency_and_caches_on_disk() {
-    let Some(ctx) = gpu() else { return };
+    let ctx = gpu();
     let dir = std::env::temp_dir().join(format!("hipfire-gpu-reg-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let registry = KernelRegistry::with_cache_dir(&ctx, &dir);
@@ -420,8 +425,9 @@ fn gpu_registry_compiles_once_under_concurrency_and_caches_on_disk() {
 }
 
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn gpu_async_copies_events_and_cross_stream_wait() {
-    let Some(ctx) = gpu() else { return };
+    let ctx = gpu();
     let mut r = rng(0x5EED_0004);
     let n = 1 << 20;
     let a = ctx.new_stream().expect("a");
@@ -446,8 +452,9 @@ fn gpu_async_copies_events_and_cross_stream_wait() {
 }
 
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn gpu_and_cpu_engines_agree_within_the_quantisation_bound() {
-    let Some(g) = setup() else { return };
+    let g = setup();
     let mut r = rng(0x5EED_0005);
     let (m, k) = (64, 4096);
     for format in Format::ALL.into_iter().filter(|f| f.has_gpu_kernel()) {
@@ -503,8 +510,9 @@ fn gpu_and_cpu_engines_agree_within_the_quantisation_bound() {
 /// kernel over the same device weights: bit-identical rows, at row counts large enough for
 /// multi-warp blocks with partial last blocks, for row ranges too, and within the f64 bound.
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn gpu_device_kernels_match_the_general_kernel_bit_for_bit() {
-    let Some(g) = setup() else { return };
+    let g = setup();
     let general = GemvKernels::with_config(&g.registry, NODEV_CONFIG).expect("general kernels");
     let mut devs = vec![GemvKernels::new(&g.registry).expect("default shape")];
     for (warps, rows_per_warp, x_in_shared) in [(3, 3, false), (8, 1, true), (4, 2, false)] {
@@ -758,8 +766,9 @@ fn check_cols_f64(
 /// plain and residual; 8 too on the tensor cores) every column within the f64 bound of
 /// `check_rows`.
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn gpu_multi_column_gemv_equals_per_column_gemv_bit_for_bit() {
-    let Some(g) = setup() else { return };
+    let g = setup();
     let kernels = cols_kernels(&g);
     // The tensor-core kernels exist wherever CUDA reports sm_80 or later (arch "sm_XY").
     let info = g.ctx.backend().info();
@@ -852,8 +861,9 @@ fn gpu_multi_column_gemv_equals_per_column_gemv_bit_for_bit() {
 /// The multi-column activation's columns are the single-column preparation of each column, bit
 /// for bit (the layout gemv_cols reads: column c at c*k values and c*k/32 scale pairs).
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn gpu_prepare_cols_lays_out_each_columns_preparation() {
-    let Some(g) = setup() else { return };
+    let g = setup();
     let mut r = rng(0x5EED_0008);
     let (k, cols, room) = (4096, 5, 7);
     let xs = random_x(cols * k, &mut r);
@@ -881,8 +891,9 @@ fn gpu_prepare_cols_lays_out_each_columns_preparation() {
 }
 
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn gpu_multi_column_bad_launches_are_typed_errors() {
-    let Some(g) = setup() else { return };
+    let g = setup();
     let mut r = rng(0x5EED_0009);
     let (m, k, ldy) = (64, 256, 70);
     let format = Format::Q4K;

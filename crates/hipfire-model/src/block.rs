@@ -6,8 +6,10 @@
 //! activations in host vectors, its projections on the pinned pool) and the GPU decoder
 //! (`gpu.rs`, device activations, GEMV / GEMM / row splits) each implement the operations, and
 //! neither says in which order they run or which an architecture needs. So an architecture's hook
-//! (Qwen2's biases, Qwen3's q/k norms, Gemma's post-norms and GeGLU), a new operation or a new
-//! order is written here once and both engines follow.
+//! made of existing operations (Qwen2's biases, Qwen3's q/k norms, Gemma's post-norms) or a new
+//! order is written here once and both engines follow; a new operation (Gemma's GeGLU was one)
+//! is added to [`BlockOps`] and implemented by each engine (`model/batch.rs`,
+//! `gpu/block_ops.rs` with its kernel in `kernels/decode.cu`).
 //!
 //! An operation works on every row of the step at once — one token of a decode step, a prompt
 //! chunk, or one token of each sequence of a batched decode step — so the engines choose the

@@ -997,21 +997,67 @@ mod tests {
 
     #[test]
     fn strftime_matches_python() {
-        // Python's `datetime.strftime` outputs recorded by scripts/record_chat_templates.py.
-        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../tests/fixtures/chat_templates.json");
-        let f: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
-        let at = chrono::NaiveDateTime::parse_from_str(
-            f["strftime"]["at"].as_str().unwrap(),
-            "%Y-%m-%dT%H:%M:%S",
-        )
-        .unwrap();
-        let formats = f["strftime"]["formats"].as_object().unwrap();
-        assert_eq!(formats.len(), 7);
-        for (fmt, want) in formats {
-            assert_eq!(strftime(&at, fmt).unwrap(), want.as_str().unwrap(), "{fmt}");
+        // Python's `datetime.strftime` outputs for fixed times, written down here so the test
+        // needs neither Python nor a fixture file where it runs: the fixture's time
+        // (scripts/record_chat_templates.py, Llama 3.2's "%d %b %Y" first), a leap day at
+        // midnight (12 AM, `%y` 00) and a one-digit day and day-of-year in the morning.
+        const FORMATS: [&str; 7] = [
+            "%d %b %Y",
+            "%Y-%m-%d",
+            "%B %d, %Y",
+            "%A %H:%M:%S",
+            "%-d %b %Y",
+            "%j %y %I %p",
+            "%%",
+        ];
+        let cases: [(&str, [&str; 7]); 3] = [
+            (
+                "2024-07-06T13:05:09",
+                [
+                    "06 Jul 2024",
+                    "2024-07-06",
+                    "July 06, 2024",
+                    "Saturday 13:05:09",
+                    "6 Jul 2024",
+                    "188 24 01 PM",
+                    "%",
+                ],
+            ),
+            (
+                "2000-02-29T00:07:03",
+                [
+                    "29 Feb 2000",
+                    "2000-02-29",
+                    "February 29, 2000",
+                    "Tuesday 00:07:03",
+                    "29 Feb 2000",
+                    "060 00 12 AM",
+                    "%",
+                ],
+            ),
+            (
+                "2025-01-05T09:00:00",
+                [
+                    "05 Jan 2025",
+                    "2025-01-05",
+                    "January 05, 2025",
+                    "Sunday 09:00:00",
+                    "5 Jan 2025",
+                    "005 25 09 AM",
+                    "%",
+                ],
+            ),
+        ];
+        for (at, wants) in cases {
+            let at = chrono::NaiveDateTime::parse_from_str(at, "%Y-%m-%dT%H:%M:%S").unwrap();
+            for (fmt, want) in FORMATS.iter().zip(wants) {
+                assert_eq!(strftime(&at, fmt).unwrap(), want, "{at} {fmt}");
+            }
         }
+        let at = chrono::NaiveDate::from_ymd_opt(2024, 7, 6)
+            .unwrap()
+            .and_hms_opt(13, 5, 9)
+            .unwrap();
         // `strftime_now` itself renders today's date in the same format.
         let today = strftime(&chrono::Local::now().naive_local(), "%Y").unwrap();
         let got = render_source("{{ strftime_now('%Y') }}", &[user("x")], true, "", "").unwrap();

@@ -6,7 +6,7 @@
 //! (prefilled one by one, and all together in one batched step),
 //! feeds that skip slots, and a slot reset and refilled mid-way.
 //!
-//! Gated by `HIPFIRE_GPU_TESTS=1`; skipped with a printed reason otherwise.
+//! Each test is `#[ignore]`d, as it needs a GPU: `--include-ignored` on the GPU box runs them.
 
 use std::sync::Arc;
 
@@ -20,7 +20,7 @@ use hipfire_quant::Format;
 
 #[path = "common/gpu_harness.rs"]
 mod gpu_harness;
-use gpu_harness::{gated, rel, rel_bound};
+use gpu_harness::{rel, rel_bound, require_gpu};
 
 /// One decode step's feeds: (slot, token).
 type Feeds = Vec<(usize, u32)>;
@@ -284,10 +284,9 @@ fn run_case(spec: &SynthSpec, fmt: Format, failures: &mut Vec<String>) {
 }
 
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn batched_decode_matches_each_sequence_alone_on_tiny_models() {
-    if !gated() {
-        return;
-    }
+    require_gpu();
     let mut failures = Vec::new();
     for arch in [Arch::Llama, Arch::Qwen2, Arch::Gemma3] {
         for fmt in [Format::Q4K, Format::Q8_0] {
@@ -298,10 +297,9 @@ fn batched_decode_matches_each_sequence_alone_on_tiny_models() {
 }
 
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn batched_decode_matches_each_sequence_alone_when_passback_splits() {
-    if !gated() {
-        return;
-    }
+    require_gpu();
     let spec = gpu_harness::split_llama();
     let mut failures = Vec::new();
     run_case(&spec, Format::Q4K, &mut failures);
@@ -309,10 +307,9 @@ fn batched_decode_matches_each_sequence_alone_when_passback_splits() {
 }
 
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn batched_decode_refuses_bad_feeds_and_leaves_every_slot_unchanged() {
-    if !gated() {
-        return;
-    }
+    require_gpu();
     let spec = SynthSpec::tiny(Arch::Llama);
     let path = tmp("refusals.gguf");
     write_synthetic(&path, &spec, Format::Q8_0, 3, None).expect("synth");

@@ -15,7 +15,8 @@
 //!
 //! Depths run from a few positions to past 600, across several attention chunk counts (the
 //! captured graphs' keys) and, for Gemma 3, past its local layers' window; one sequence, and
-//! three at different depths with a step that leaves one out. Gated by `HIPFIRE_GPU_TESTS=1`.
+//! three at different depths with a step that leaves one out. `#[ignore]`d, as it needs a GPU:
+//! `--include-ignored` on the GPU box runs it.
 
 use hipfire_exec::flags::FlagsTuning;
 use hipfire_exec::offload::OffloadMode;
@@ -27,7 +28,7 @@ use hipfire_quant::Format;
 
 #[path = "common/gpu_harness.rs"]
 mod gpu_harness;
-use gpu_harness::{gated, rel, tokens};
+use gpu_harness::{rel, require_gpu, tokens};
 
 /// One sequence, graphs off against graphs on (see the module docs): half the GPU-vs-CPU bound
 /// of the K-quants (tests/common/gpu_harness.rs), far below what a wrong position or cache row
@@ -205,10 +206,9 @@ fn three_sequences(arch: Arch, fmt: Format, worst: &mut Worst) {
 }
 
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn replayed_decode_steps_match_fresh_captures_and_launched_steps() {
-    if !gated() {
-        return;
-    }
+    require_gpu();
     let mut worst = Worst {
         launched: 0.0,
         failures: Vec::new(),

@@ -10,7 +10,7 @@
 //!   and V on both), resident with graphs and without, spilled, and with batched prefill; and
 //!   against the GPU's own f16 cache, the accuracy the docs quote.
 //!
-//! Gated by `HIPFIRE_GPU_TESTS=1`; skipped with a printed reason otherwise.
+//! Each test is `#[ignore]`d, as it needs a GPU: `--include-ignored` on the GPU box runs them.
 
 use std::sync::Arc;
 
@@ -32,7 +32,7 @@ use rand_chacha::ChaCha8Rng;
 
 #[path = "common/gpu_harness.rs"]
 mod gpu_harness;
-use gpu_harness::{decode_module, gated, gpu_options, rel};
+use gpu_harness::{decode_module, gpu_options, rel, require_gpu};
 
 /// Largest |gpu − f64| of the attention outputs: the GPU dequantises a value as an exact f32
 /// product (7-bit quant × 11-bit scale), so only the f32 arithmetic of the f16 cache's kernel
@@ -183,10 +183,9 @@ fn launch(module: &Arc<Module>, stream: &Stream, name: &str, grid: u32, args: La
 /// of a cache, and nothing outside them; `kv_store_slots_q8` the same for several caches at
 /// their own positions.
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn q8_stores_match_the_host_quantiser_bit_for_bit() {
-    let Some((_ctx, module, stream)) = decode_module() else {
-        return;
-    };
+    let (_ctx, module, stream) = decode_module();
     let mut r = ChaCha8Rng::seed_from_u64(0x98);
     for kvd in [1024usize, 192, 32] {
         let l = GpuKvLayout {
@@ -273,10 +272,9 @@ type Case = (AttnShape, usize, Option<(usize, usize)>);
 
 /// Split-KV attention over a q8_0 cache, planner and forced plans, against f64.
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn split_attention_over_q8_matches_f64() {
-    let Some((_ctx, module, stream)) = decode_module() else {
-        return;
-    };
+    let (_ctx, module, stream) = decode_module();
     let mut cases: Vec<Case> = Vec::new();
     for (s, depths) in [
         (shape(32, 8, 128), &[1usize, 2, 63, 777, 4096, 16384][..]),
@@ -353,10 +351,9 @@ fn split_attention_over_q8_matches_f64() {
 
 /// The slots form over q8_0 caches (one capacity for all, each row its own depth and window).
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn slots_attention_over_q8_matches_f64_per_row() {
-    let Some((_ctx, module, stream)) = decode_module() else {
-        return;
-    };
+    let (_ctx, module, stream) = decode_module();
     let rows: [(usize, usize); 4] = [(0, 1), (0, 37), (0, 777), (2488, 3000)];
     let max_pos = 3000;
     let cap = max_pos + POISON_ROWS;
@@ -484,10 +481,9 @@ const Q8_REL_BOUND: f64 = 8e-2;
 /// batched prefill (chunk attention over q8_0) then decode; and the GPU's q8_0 cache against
 /// its f16 cache at the same positions (argmax agreement and distance, printed for the record).
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn gpu_decoder_with_a_q8_cache_matches_the_cpu_q8_cache() {
-    if !gated() {
-        return;
-    }
+    require_gpu();
     let spec = SynthSpec {
         name: "q8kv-llama".into(),
         d_model: 512,

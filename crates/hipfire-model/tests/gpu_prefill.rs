@@ -2,7 +2,7 @@
 //! CPU path and against the GPU's own token-by-token prefill, on synthetic models of every
 //! architecture and weight format, resident and spilled.
 //!
-//! Gated by `HIPFIRE_GPU_TESTS=1`; skipped with a printed reason otherwise.
+//! Each test is `#[ignore]`d, as it needs a GPU: `--include-ignored` on the GPU box runs them.
 
 use std::path::PathBuf;
 
@@ -16,7 +16,7 @@ use hipfire_quant::Format;
 
 #[path = "common/gpu_harness.rs"]
 mod gpu_harness;
-use gpu_harness::{gated, max_rel, rel_bound, tokens};
+use gpu_harness::{max_rel, rel_bound, require_gpu, tokens};
 
 fn opts(budget: Option<usize>, ubatch: usize) -> GpuOptions {
     gpu_harness::gpu_options(budget, OffloadMode::Pcie, FlagsTuning::default(), ubatch)
@@ -50,10 +50,9 @@ fn run(dec: &mut impl Decoder, prompts: &[&[u32]], decode: &[u32]) -> Vec<Vec<f3
 /// steps that read its KV cache are within the GPU bound of the CPU path's, for resident and for
 /// all-spilled placements.
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn batched_prefill_matches_cpu_in_every_format() {
-    if !gated() {
-        return;
-    }
+    require_gpu();
     let mut failures = Vec::new();
     for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3] {
         let spec = SynthSpec::tiny(arch);
@@ -105,10 +104,9 @@ fn batched_prefill_matches_cpu_in_every_format() {
 /// are within the same bound of each other, and a batched step that skipped a row, a head or a
 /// position would not be.
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn batched_prefill_matches_token_by_token_on_a_wide_model() {
-    if !gated() {
-        return;
-    }
+    require_gpu();
     // 2048 wide, 16 heads of 128 over 4 kv heads (Llama-3's GQA 4), 3 layers, a 300-token
     // prompt in micro-batches of 128 (two full chunks and one of 44).
     let spec = SynthSpec {
@@ -160,10 +158,9 @@ fn batched_prefill_matches_token_by_token_on_a_wide_model() {
 /// bound of the CPU path's, in every architecture; 17 tokens take the GEMM. The step counts say
 /// which form ran, so a route that silently fell back would fail here.
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn short_runs_take_the_multi_column_gemv_and_match_cpu() {
-    if !gated() {
-        return;
-    }
+    require_gpu();
     let mut failures = Vec::new();
     for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3] {
         let spec = SynthSpec::tiny(arch);
@@ -218,10 +215,9 @@ fn short_runs_take_the_multi_column_gemv_and_match_cpu() {
 /// all-resident prefill's, for every placement (the copy of the next weight overlapping this
 /// one's GEMM must not change a value).
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn streamed_prefill_is_bit_identical_to_resident_prefill() {
-    if !gated() {
-        return;
-    }
+    require_gpu();
     let spec = SynthSpec {
         name: "stream-llama".into(),
         n_layer: 4,
@@ -270,10 +266,9 @@ fn streamed_prefill_is_bit_identical_to_resident_prefill() {
 /// Batched prefill stops at the context like the token path: a prompt longer than the cache
 /// is refused before anything runs, and the decoder keeps working afterwards.
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn batched_prefill_refuses_a_prompt_beyond_the_context() {
-    if !gated() {
-        return;
-    }
+    require_gpu();
     let spec = SynthSpec::tiny(Arch::Llama);
     let (path, model, pool) = load(&spec, Format::Q8_0);
     let mut dec = GpuDecoder::new(&model, pool, &opts(None, 64)).expect("decoder");

@@ -2,7 +2,7 @@
 //! architecture, in every offload mode — including a model wide enough that `passback` really
 //! splits its spilled projections (each over `MIN_SPLIT_BYTES`).
 //!
-//! Gated by `HIPFIRE_GPU_TESTS=1`; skipped with a printed reason otherwise.
+//! Each test is `#[ignore]`d, as it needs a GPU: `--include-ignored` on the GPU box runs them.
 
 use std::sync::Arc;
 
@@ -16,7 +16,7 @@ use hipfire_quant::Format;
 
 #[path = "common/gpu_harness.rs"]
 mod gpu_harness;
-use gpu_harness::{gated, gpu_options, max_rel, rel, rel_bound};
+use gpu_harness::{gpu_options, max_rel, rel, rel_bound, require_gpu};
 
 fn tmp(name: &str) -> std::path::PathBuf {
     gpu_harness::tmp("gpu-synth", name)
@@ -109,10 +109,9 @@ fn compare(
 }
 
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn gpu_decoder_matches_cpu_on_tiny_models() {
-    if !gated() {
-        return;
-    }
+    require_gpu();
     let mut failures = Vec::new();
     for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3] {
         for fmt in [Format::Q4K, Format::Q8_0, Format::F32] {
@@ -123,10 +122,9 @@ fn gpu_decoder_matches_cpu_on_tiny_models() {
 }
 
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn gpu_decoder_matches_cpu_when_passback_splits() {
-    if !gated() {
-        return;
-    }
+    require_gpu();
     let spec = gpu_harness::split_llama();
     let mut failures = Vec::new();
     for fmt in [Format::Q4K, Format::Q8_0] {
@@ -136,10 +134,9 @@ fn gpu_decoder_matches_cpu_when_passback_splits() {
 }
 
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn gpu_decoder_matches_cpu_at_depth() {
-    if !gated() {
-        return;
-    }
+    require_gpu();
     // Deep enough that split-KV attention runs with many chunks (1500 positions: 46 chunks of
     // 33 on an H200 with 2 kv heads) and across tiles; GQA 4 and head_dim 128 as Llama-3-8B.
     let spec = SynthSpec {
@@ -161,10 +158,9 @@ fn gpu_decoder_matches_cpu_at_depth() {
 }
 
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn gpu_decoder_refuses_a_kv_cache_beyond_vram_with_the_numbers() {
-    if !gated() {
-        return;
-    }
+    require_gpu();
     // Trained context 2^20 with 40 layers × 8 kv heads × 128: an f16 cache of 160 GiB, more
     // than any single GPU hipfire runs on holds; the weights themselves are a few MiB.
     let spec = SynthSpec {
@@ -245,10 +241,9 @@ fn cpu_logits(spec: &SynthSpec, tokens: &[u32]) -> (Model, Vec<Vec<f32>>) {
 /// the CPU than a quarter of the distance between the CPU's scaled and unscaled logits, so a
 /// kernel that ignored the frequencies or the magnitude fails.
 #[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn gpu_rope_scaling_matches_cpu() {
-    if !gated() {
-        return;
-    }
+    require_gpu();
     use hipfire_model::{RopeScaling, RopeScalingKind};
     let tokens = gpu_harness::tokens(96, 0, SynthSpec::tiny(Arch::Llama).vocab);
     let mut failures = Vec::new();
