@@ -196,11 +196,14 @@ pub enum Format {
     Iq4Nl,
     /// GGML IQ4_XS super-block (136 B / 256): IQ4_NL's table under eight 6-bit sub-scales.
     Iq4Xs,
+    /// GGML MXFP4 (OCP microscaling FP4): E8M0 exponent e + 16 B nibbles (17 B / 32),
+    /// value = table(q)·2^(e − 128) with the E2M1 table doubled to integers.
+    Mxfp4,
 }
 
 impl Format {
     /// Every format, in a stable order (tests and benches iterate this).
-    pub const ALL: [Format; 16] = [
+    pub const ALL: [Format; 17] = [
         Format::F32,
         Format::F16,
         Format::BF16,
@@ -217,6 +220,7 @@ impl Format {
         Format::Q2K,
         Format::Iq4Nl,
         Format::Iq4Xs,
+        Format::Mxfp4,
     ];
 
     /// Elements per block.
@@ -228,7 +232,8 @@ impl Format {
             | Format::Q4_1
             | Format::Q5_0
             | Format::Q5_1
-            | Format::Iq4Nl => 32,
+            | Format::Iq4Nl
+            | Format::Mxfp4 => 32,
             Format::Q4K
             | Format::Q6K
             | Format::Hfq4G256
@@ -257,6 +262,7 @@ impl Format {
             Format::Q2K => 84,
             Format::Iq4Nl => 18,
             Format::Iq4Xs => 136,
+            Format::Mxfp4 => 17,
         }
     }
 
@@ -291,6 +297,7 @@ impl Format {
             Format::Q3K => Some(11),
             Format::Iq4Nl => Some(20),
             Format::Iq4Xs => Some(23),
+            Format::Mxfp4 => Some(39),
             Format::Q6K => Some(14),
             Format::BF16 => Some(30),
             Format::Hfq4G256 => None,
@@ -324,6 +331,7 @@ impl Format {
             Format::Q2K => "q2_k",
             Format::Iq4Nl => "iq4_nl",
             Format::Iq4Xs => "iq4_xs",
+            Format::Mxfp4 => "mxfp4",
         }
     }
 
@@ -363,6 +371,7 @@ impl Format {
             | Format::Q2K
             | Format::Iq4Nl
             | Format::Iq4Xs => true,
+            Format::Mxfp4 => false,
         }
     }
 }

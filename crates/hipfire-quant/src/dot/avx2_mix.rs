@@ -15,6 +15,7 @@ use crate::formats::iq4::{IQ4NL_VALUES, IQ4XS_SCALE_OFFSET, IQ4XS_SUBS};
 use crate::formats::kquant::QK_K;
 use crate::formats::kquant_low::K_GROUPS;
 use crate::formats::legacy::QK;
+use crate::formats::mxfp4::{e8m0_half, e8m0_half_bits, MXFP4_VALUES};
 use std::arch::x86_64::*;
 
 /// Bytes per Q5_0 block: d, qh[4], qs[16].
@@ -343,6 +344,62 @@ pub(crate) unsafe fn dot_iq4nl_q8_0_avx2(row: &[u8], a: &Q8x32) -> f32 {
         }
         let s = _mm256_set1_ps(h2f(rd16(blk)) * a.d[b]);
         let pi = _mm256_cvtepi32_ps(iq4nl_block(table, blk, a, b));
+        acc[b % 2] = _mm256_fmadd_ps(s, pi, acc[b % 2]);
+    }
+    hsum8(_mm256_add_ps(acc[0], acc[1]))
+}
+
+/// Bytes per MXFP4 block: e, qs[16].
+pub(crate) const MXFP4_BYTES: usize = 17;
+/// Offset of MXFP4's nibbles (after the one-byte exponent).
+pub(crate) const MXFP4_QS: usize = 1;
+/// Lanes of `Q8x32::corr` per MXFP4 block (its VNNI bias, one block per 256 bits).
+pub(crate) const MXFP4_CORR_LANES: usize = 8;
+
+/// [`MXFP4_VALUES`] in both 128-bit lanes, for `vpshufb`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn mxfp4_table256() -> __m256i {
+    _mm256_broadcastsi128_si256(_mm_loadu_si128(MXFP4_VALUES.as_ptr() as *const __m128i))
+}
+
+/// The scale 2^(e − 128) of the MXFP4 block at `blk`, from its exponent byte's float bits.
+#[inline(always)]
+pub(crate) unsafe fn mxfp4_scale(blk: *const u8) -> f32 {
+    e8m0_half(*blk)
+}
+
+/// The scales of the four MXFP4 blocks at `p`, `p + stride`, .. as [d0, d1, d2, d3]: each
+/// built as f32 bits in a GPR (no table, no float conversion) and packed into one vector.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn mxfp4_scales_x4(p: *const u8, stride: usize) -> __m128 {
+    let bits = |o: usize| e8m0_half_bits(*p.add(stride * o)) as i32;
+    _mm_castsi128_ps(_mm_setr_epi32(bits(0), bits(1), bits(2), bits(3)))
+}
+
+/// One MXFP4 block's integer lanes Σ table(q)·xq.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn mxfp4_block(table: __m256i, blk: *const u8, a: &Q8x32, b: usize) -> __m256i {
+    let x = _mm256_loadu_si256(a.qs.as_ptr().add(QK * b) as *const __m256i);
+    dp_i8i8_256(iq4_values32(table, blk.add(MXFP4_QS)), x)
+}
+
+/// MXFP4 row · q8 activation, two blocks per step (IQ4_NL's loop with the E8M0 scale).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_mxfp4_q8_0_avx2(row: &[u8], a: &Q8x32) -> f32 {
+    let nb = row.len() / MXFP4_BYTES;
+    let p = row.as_ptr();
+    let table = mxfp4_table256();
+    let mut acc = [_mm256_setzero_ps(); 2];
+    for b in 0..nb {
+        let blk = p.add(MXFP4_BYTES * b);
+        if b % 2 == 0 {
+            prefetch_ahead::<{ 2 * MXFP4_BYTES }>(blk);
+        }
+        let s = _mm256_set1_ps(mxfp4_scale(blk) * a.d[b]);
+        let pi = _mm256_cvtepi32_ps(mxfp4_block(table, blk, a, b));
         acc[b % 2] = _mm256_fmadd_ps(s, pi, acc[b % 2]);
     }
     hsum8(_mm256_add_ps(acc[0], acc[1]))
