@@ -30,12 +30,12 @@ const _: () = {
 };
 
 /// Bits of an f32's mantissa: an exponent field goes in above them.
-const F32_MANTISSA_BITS: u32 = 23;
+pub(crate) const E8M0_MANTISSA_BITS: i32 = 23;
 /// f32 bits of 2^−128, the scale of e = 0: below the smallest normal (2^−126), so it is the
 /// subnormal with mantissa bit 21 set (2^−149 · 2^21), and e = 1 is that shifted once.
 const E8M0_HALF_SUBNORMAL: u32 = 0x0020_0000;
 /// The first e whose 2^(e − 128) is a normal f32 (exponent field e − 1 ≥ 1).
-const E8M0_FIRST_NORMAL: u8 = 2;
+pub(crate) const E8M0_FIRST_NORMAL: u8 = 2;
 /// E8M0 exponent bias (127) plus one, for the doubled table: the scale is 2^(e − 128).
 const E8M0_HALF_BIAS: i32 = 128;
 /// The quantiser's scale exponent sits this far below amax's: amax / 2^(⌊log2 amax⌋ − 2) is in
@@ -52,7 +52,7 @@ pub const fn e8m0_half_bits(e: u8) -> u32 {
     if e < E8M0_FIRST_NORMAL {
         E8M0_HALF_SUBNORMAL << e
     } else {
-        (e as u32 - 1) << F32_MANTISSA_BITS
+        (e as u32 - 1) << E8M0_MANTISSA_BITS
     }
 }
 
