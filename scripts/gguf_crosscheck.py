@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Cross-check hipfire-quant against gguf-py (an independent implementation of GGUF formats).
 
-- Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, F32, F16, BF16: our quantiser's bytes must equal
+- Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4, F32, F16, BF16: our quantiser's bytes must equal
   gguf.quants.quantize's byte for byte, and our dequantiser must equal gguf.quants.dequantize
   value for value.
 - The K-quants and IQ4 formats (gguf-py has no quantiser for them): our dequantiser must equal
@@ -26,7 +26,10 @@ from gguf.quants import GGMLQuantizationType as T, dequantize, quantize
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Formats whose gguf-py quantiser is the ggml reference one: compared byte for byte.
 QUANT_EXACT = {"f32": T.F32, "f16": T.F16, "bf16": T.BF16, "q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1,
-               "q5_0": T.Q5_0, "q5_1": T.Q5_1}
+               "q5_0": T.Q5_0, "q5_1": T.Q5_1, "mxfp4": T.MXFP4}
+# MXFP4 also on every exponent byte (e = 0, 1 subnormal scales, 255 decoded as 2^127 by both):
+# bytes per block.
+MXFP4_BLOCK_BYTES = 17
 # Formats compared on dequantisation only: (type, elements per block, bytes per block, offsets of
 # the f16 scale fields (given finite random values), bound on the quantiser's relative RMS error on
 # `random_rows` data: the 4- to 6-bit K-quants measured 0.02-0.07, so 0.12; Q3_K 0.148 and Q2_K
@@ -121,6 +124,28 @@ def main():
             deq = np.frombuffer(run_io(binary, "dequantize", fmt, args.k, theirs, tmp), "<f4")
             ref = dequantize(np.frombuffer(theirs, np.uint8), qt)
             record(f"{fmt} dequantise values", *same_f32(deq, ref))
+
+        # MXFP4: random blocks with every exponent byte, and a quantiser row whose block maxima sit
+        # one ulp either side of powers of two (where floor(log2f(amax)) picks the scale).
+        nblk = args.rows * args.k // 32
+        rand_q = rng.integers(0, 256, size=(nblk, MXFP4_BLOCK_BYTES), dtype=np.uint8)
+        rand_q[:, 0] = np.arange(nblk) % 256
+        data = rand_q.tobytes()
+        deq = np.frombuffer(run_io(binary, "dequantize", "mxfp4", args.k, data, tmp), "<f4")
+        with np.errstate(over="ignore"):  # large exponents overflow f32 in both decoders alike
+            ref = dequantize(rand_q, T.MXFP4)
+        record("mxfp4 dequantise values (every exponent)", *same_f32(deq, ref))
+        x = random_rows(rng, args.rows, args.k).reshape(-1, 32)
+        p2 = np.float32(2.0) ** rng.integers(-100, 100, size=x.shape[0]).astype(np.float32)
+        edge = np.where(np.arange(x.shape[0]) % 2 == 0, np.nextafter(p2, np.float32(0)), p2)
+        amax = np.abs(x).max(axis=1, keepdims=True)
+        x = np.where(amax > 0, x / np.where(amax > 0, amax, 1), 0) * edge[:, None]
+        x = x.astype(np.float32).reshape(args.rows, args.k)
+        ours = run_io(binary, "quantize", "mxfp4", args.k, x.astype("<f4").tobytes(), tmp)
+        theirs = np.ascontiguousarray(quantize(x, T.MXFP4)).tobytes()
+        record("mxfp4 quantise bytes (block maxima at powers of two)", ours == theirs,
+               f"{len(ours)} bytes" if ours == theirs else
+               f"{int((np.frombuffer(ours, np.uint8) != np.frombuffer(theirs, np.uint8)).sum())} bytes differ")
 
         for fmt, (qt, belems, bsize, f16_fields, rms_bound) in DEQUANT_ONLY.items():
             x = random_rows(rng, args.rows, args.k)

@@ -334,6 +334,7 @@ fn k_m_fallback_formats_match_f64_reference() {
         Format::Q2K,
         Format::Iq4Nl,
         Format::Iq4Xs,
+        Format::Mxfp4,
     ] {
         check(Arch::Llama, fmt, 5e-2);
     }

@@ -253,6 +253,8 @@ pub(crate) const fn corr_lanes(fmt: Format) -> (usize, i32) {
         Format::Q5_0 => (LANES8, Q5_0_OFFSET),
         // IQ4_NL's table values are signed, so VNNI biases them by +128 as Q8_0's.
         Format::Iq4Nl => (LANES8, Q8_0_VNNI_BIAS),
+        // MXFP4's (doubled) E2M1 values are signed: the 512-bit dots take them plus 12.
+        Format::Mxfp4 => (LANES8, crate::formats::mxfp4::MXFP4_BIAS as i32),
         _ => (0, 0),
     }
 }
@@ -455,7 +457,8 @@ impl ActivationBuf {
             | Format::Hfq4G256
             | Format::Q5_0
             | Format::Q5_1
-            | Format::Iq4Nl => ActKind::Q8x32(Self::q8x32(fmt, x)),
+            | Format::Iq4Nl
+            | Format::Mxfp4 => ActKind::Q8x32(Self::q8x32(fmt, x)),
             Format::Q4K | Format::Q6K | Format::Q5K | Format::Q3K | Format::Q2K | Format::Iq4Xs => {
                 ActKind::Q8K(Self::q8k(fmt, x))
             }
@@ -689,6 +692,7 @@ mod tests {
             Format::Q4_1,
             Format::Q5_0,
             Format::Q5_1,
+            Format::Mxfp4,
         ] {
             let a = ActivationBuf::prepare(fmt, &x).unwrap();
             let ActKind::Q8x32(q) = &a.kind else {

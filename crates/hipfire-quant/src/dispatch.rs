@@ -119,6 +119,7 @@ const fn format_index(fmt: Format) -> usize {
         Format::Q2K => 13,
         Format::Iq4Nl => 14,
         Format::Iq4Xs => 15,
+        Format::Mxfp4 => 16,
     }
 }
 
@@ -139,6 +140,7 @@ static SCALAR: Kernels = [
     RowDot::Q8K(scalar::dot_q2k_q8k_scalar),
     RowDot::Q8x32(scalar::dot_iq4nl_q8_0_scalar),
     RowDot::Q8K(scalar::dot_iq4xs_q8k_scalar),
+    RowDot::Q8x32(scalar::dot_mxfp4_q8_0_scalar),
 ];
 
 /// The table of `tier`, `None` where the tier is not compiled for this architecture.
@@ -283,7 +285,7 @@ type MultiFn<A> = unsafe fn(&[u8], usize, &[&A], &mut [&mut [f32]], bool);
 /// A multi-activation driver of one activation shape.
 #[derive(Clone, Copy)]
 enum MultiDot {
-    /// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL.
+    /// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4.
     Q8x32(MultiFn<Q8x32>),
     /// Q4_K, Q5_K, Q6_K, IQ4_XS.
     Q8K(MultiFn<Q8K>),
@@ -307,6 +309,12 @@ fn multi_kernel(tier: SimdTier, fmt: Format) -> Option<MultiDot> {
             }
             (SimdTier::Avx512Vnni, Format::Iq4Nl) => {
                 Some(MultiDot::Q8x32(mix::vnni::gemv_iq4nl_multi))
+            }
+            (SimdTier::Avx512, Format::Mxfp4) => {
+                Some(MultiDot::Q8x32(mix::plain::gemv_mxfp4_multi))
+            }
+            (SimdTier::Avx512Vnni, Format::Mxfp4) => {
+                Some(MultiDot::Q8x32(mix::vnni::gemv_mxfp4_multi))
             }
             (SimdTier::Avx512, Format::Iq4Xs) => Some(MultiDot::Q8K(mix::plain::gemv_iq4xs_multi)),
             (SimdTier::Avx512Vnni, Format::Iq4Xs) => {
@@ -362,8 +370,8 @@ pub fn multi_matches_single(tier: SimdTier, fmt: Format, acts: usize) -> bool {
 /// detected tier: [`gemv_rows`] of several activations (prompt tokens) over the same rows.
 ///
 /// Where the tier has a multi-activation kernel for `fmt` (AVX-512 Q8_0, Q4_0, Q4_1, Q4_K, Q5_K,
-/// Q6_K, Q5_0, Q5_1, IQ4_NL, IQ4_XS), each weight block is unpacked once and dotted with up to
-/// eight activations (Q4_K: four, over two rows at a time, so each activation vector loaded also
+/// Q6_K, Q5_0, Q5_1, IQ4_NL, IQ4_XS, MXFP4), each weight block is unpacked once and dotted with
+/// up to eight activations (Q4_K: four, over two rows at a time, so each activation vector loaded also
 /// serves two rows; with VNNI and 5 or more activations, 16 rows transposed into the lanes and
 /// up to 32 activations); every other pair runs [`gemv_rows`] once per activation. Either way
 /// the rows are walked in tiles of 16 KiB (`MULTI_TILE_BYTES`) with every activation run over a tile
@@ -620,6 +628,10 @@ macro_rules! with_format {
             }
             Format::Iq4Xs => {
                 type $t = formats::iq4::Iq4Xs;
+                $body
+            }
+            Format::Mxfp4 => {
+                type $t = formats::mxfp4::Mxfp4;
                 $body
             }
         }

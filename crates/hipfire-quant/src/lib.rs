@@ -4,9 +4,9 @@
 //! - `Format` — type-erased format enum (GGUF id ↔ variant, block geometry, row bytes,
 //!   `has_cpu_simd()`, `has_gpu_kernel()`).
 //! - `formats/` — one file per family with the exact GGUF byte layouts
-//!   (`float.rs`, `legacy.rs`, `kquant.rs`, `kquant_low.rs`, `iq4.rs`, `hfq.rs`), each block a
-//!   `#[repr(C)]` struct with a
-//!   compile-time size assertion, described by the [`formats::BlockFormat`] trait.
+//!   (`float.rs`, `legacy.rs`, `kquant.rs`, `kquant_low.rs`, `iq4.rs`, `mxfp4.rs`, `hfq.rs`), each
+//!   block a `#[repr(C)]` struct with a compile-time size assertion, described by the
+//!   [`formats::BlockFormat`] trait.
 //! - `act.rs` — [`ActivationBuf`], the activation in the form the row dots want.
 //! - `shared_act.rs` — [`SharedActivation`]: one q8_K activation that several threads prepare
 //!   together and all read (the `flags` join's CPU workers).
@@ -16,7 +16,7 @@
 //!   in `asm!` and a scalar emulation of it on the same buffers (`amx/tiles.rs`).
 //! - `dot/` — scalar reference + AVX2 + AVX-512 row dots (`avx2_mix.rs` / `avx512_mix.rs`
 //!   hold those of the formats K_M / IQ4 files fall back to: Q5_0, Q5_1, Q3_K, Q2_K, IQ4_NL,
-//!   IQ4_XS); `dispatch.rs` picks the tier once.
+//!   IQ4_XS, and MXFP4's); `dispatch.rs` picks the tier once.
 //!
 //! Public functions every other crate uses:
 //! - `Format::row_bytes(k) -> Result<usize, QuantError>`
@@ -30,10 +30,10 @@
 //! - `gemv_rows_multi(fmt, w_rows, k, acts: &[&ActivationBuf], ys: &mut [&mut [f32]], accumulate)`
 //!   — `gemv_rows` of several activations (prompt tokens) over the same rows, each `ys[j]`
 //!   bit-identical to `gemv_rows` of `acts[j]` where `multi_matches_single` says so; on AVX-512
-//!   Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_0 / Q5_1 / Q5_K / Q6_K / IQ4_NL / IQ4_XS each weight block is
-//!   unpacked once per eight activations, and on every tier the rows are walked in 16 KiB tiles
-//!   with all activations run over a tile before the next, so weight bytes are read from DRAM
-//!   once per call (`gemv_rows_multi_with(tier, ..)` for tests).
+//!   Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_0 / Q5_1 / Q5_K / Q6_K / IQ4_NL / IQ4_XS / MXFP4 each weight
+//!   block is unpacked once per eight activations, and on every tier the rows are walked in 16 KiB
+//!   tiles with all activations run over a tile before the next, so weight bytes are read from
+//!   DRAM once per call (`gemv_rows_multi_with(tier, ..)` for tests).
 //! - `simd_tier() -> SimdTier` — the detected path (printed by `hipfire version`).
 //!
 //! Also public: `gemv_rows_scalar` (same signature, scalar reference path) and
@@ -45,7 +45,7 @@
 //! # The one design decision: integer dots on a quantised activation
 //! CPU decode is memory-bound only if the row dot keeps up with DRAM (~6 GB/s of weight bytes
 //! per core). Like ggml, [`ActivationBuf::prepare`] therefore quantises `x` to 8 bits for the
-//! block formats (per 32 elements for Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/IQ4_NL/HFQ4G256 — ggml's
+//! block formats (per 32 elements for Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/IQ4_NL/MXFP4/HFQ4G256 — ggml's
 //! q8_0/q8_1 —, per 256 with per-16 sums for the K-quants and IQ4_XS — ggml's q8_K), and the
 //! row dots multiply integers
 //! (`vpmaddubsw` on AVX2, `vpdpbusd` on AVX-512 VNNI). Each element of `x` is then off by at
@@ -198,11 +198,14 @@ pub enum Format {
     Iq4Nl,
     /// GGML IQ4_XS super-block (136 B / 256): IQ4_NL's table under eight 6-bit sub-scales.
     Iq4Xs,
+    /// GGML MXFP4 (OCP microscaling FP4): E8M0 exponent e + 16 B nibbles (17 B / 32),
+    /// value = table(q)·2^(e − 128) with the E2M1 table doubled to integers.
+    Mxfp4,
 }
 
 impl Format {
     /// Every format, in a stable order (tests and benches iterate this).
-    pub const ALL: [Format; 16] = [
+    pub const ALL: [Format; 17] = [
         Format::F32,
         Format::F16,
         Format::BF16,
@@ -219,6 +222,7 @@ impl Format {
         Format::Q2K,
         Format::Iq4Nl,
         Format::Iq4Xs,
+        Format::Mxfp4,
     ];
 
     /// Elements per block.
@@ -230,7 +234,8 @@ impl Format {
             | Format::Q4_1
             | Format::Q5_0
             | Format::Q5_1
-            | Format::Iq4Nl => 32,
+            | Format::Iq4Nl
+            | Format::Mxfp4 => 32,
             Format::Q4K
             | Format::Q6K
             | Format::Hfq4G256
@@ -259,6 +264,7 @@ impl Format {
             Format::Q2K => 84,
             Format::Iq4Nl => 18,
             Format::Iq4Xs => 136,
+            Format::Mxfp4 => 17,
         }
     }
 
@@ -293,6 +299,7 @@ impl Format {
             Format::Q3K => Some(11),
             Format::Iq4Nl => Some(20),
             Format::Iq4Xs => Some(23),
+            Format::Mxfp4 => Some(39),
             Format::Q6K => Some(14),
             Format::BF16 => Some(30),
             Format::Hfq4G256 => None,
@@ -326,6 +333,7 @@ impl Format {
             Format::Q2K => "q2_k",
             Format::Iq4Nl => "iq4_nl",
             Format::Iq4Xs => "iq4_xs",
+            Format::Mxfp4 => "mxfp4",
         }
     }
 
@@ -345,8 +353,8 @@ impl Format {
         cfg!(target_arch = "x86_64")
     }
 
-    /// True if and only if the GPU crate ships a GEMV kernel for this format (all do today; a
-    /// format without one keeps its weights on the CPU and the GPU tests skip it).
+    /// True if and only if the GPU crate ships a GEMV kernel for this format (all but MXFP4 do
+    /// today; a format without one keeps its weights on the CPU and the GPU tests skip it).
     pub const fn has_gpu_kernel(self) -> bool {
         match self {
             Format::F32
@@ -365,6 +373,7 @@ impl Format {
             | Format::Q2K
             | Format::Iq4Nl
             | Format::Iq4Xs => true,
+            Format::Mxfp4 => false,
         }
     }
 }

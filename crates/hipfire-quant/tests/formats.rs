@@ -56,7 +56,8 @@ fn act_bound(fmt: Format, w: &[f64], x: &[f32]) -> f64 {
         | Format::Q4_1
         | Format::Q5_0
         | Format::Q5_1
-        | Format::Iq4Nl => 32,
+        | Format::Iq4Nl
+        | Format::Mxfp4 => 32,
         // HFQ4G256's activation blocks are permuted within 128 elements.
         Format::Hfq4G256 => 128,
         Format::Q4K | Format::Q6K | Format::Q5K | Format::Q3K | Format::Q2K | Format::Iq4Xs => 256,
@@ -263,6 +264,10 @@ fn quantisers_round_trip_within_step() {
                 // 6-bit sub-scale rounding for IQ4_XS.
                 Format::Iq4Nl => amax * 12.0 / 127.0 * 1.1,
                 Format::Iq4Xs => amax * 12.0 / 127.0 * 1.1 + amax / 32.0 * 2.0,
+                // The power-of-two scale d = 2^⌊log2 amax⌋ / 8 ≤ amax/8 puts amax in [8d, 16d)
+                // but the largest (doubled) value is 12·d: values past it clip by < 4·d < amax/4,
+                // and the widest gap (8 to 12) costs half of 4·d: amax/4 either way.
+                Format::Mxfp4 => amax / 4.0,
             };
             for (a, b) in sb.iter().zip(bb) {
                 assert!(
@@ -393,8 +398,8 @@ fn format_ids_and_names_round_trip() {
         if let Some(id) = fmt.ggml_type() {
             assert_eq!(Format::from_ggml_type(id), Ok(fmt));
         }
-        // Every format has a GPU kernel (kernels/gemv.cu `HF_GEMV_FORMATS`).
-        assert!(fmt.has_gpu_kernel(), "{fmt}");
+        // Every format but MXFP4 has a GPU kernel (kernels/gemv.cu `HF_GEMV_FORMATS`).
+        assert_eq!(fmt.has_gpu_kernel(), fmt != Format::Mxfp4, "{fmt}");
         assert_eq!(
             fmt.row_bytes(256).unwrap(),
             256 / fmt.block_elems() * fmt.block_bytes()
@@ -406,4 +411,65 @@ fn format_ids_and_names_round_trip() {
     );
     assert_eq!(hipfire_quant::simd_tier(), SimdTier::detect());
     assert!(hipfire_quant::simd_tier().is_supported());
+}
+
+/// MXFP4 exponents the quantiser does not reach on [`random_vec`]'s data: the subnormal scales
+/// (e = 0, 1), the first normal one and large ones, on raw random nibbles.
+const MXFP4_EXPONENTS: [u8; 8] = [0, 1, 2, 3, 100, 127, 128, 200];
+/// Bytes of an MXFP4 block (its exponent byte first).
+const MXFP4_BLOCK: usize = 17;
+/// Absolute floor for the rows of tiny (subnormal) scale: a few hundred f32 subnormal quanta
+/// (2^−149 ≈ 1.4e−45), far below every other row's result.
+const SUBNORMAL_FLOOR: f64 = 1e-40;
+
+/// Every tier builds each E8M0 scale as the scalar path does, subnormal ones included.
+#[test]
+fn mxfp4_every_exponent_every_tier() {
+    let mut rng = ChaCha8Rng::seed_from_u64(SEED ^ 3);
+    let tiers = tiers();
+    let fmt = Format::Mxfp4;
+    for &k in ks(fmt) {
+        for &e in &MXFP4_EXPONENTS {
+            let m = 3;
+            let mut w: Vec<u8> = (0..m * fmt.row_bytes(k).unwrap())
+                .map(|_| rng.random())
+                .collect();
+            for blk in w.chunks_exact_mut(MXFP4_BLOCK) {
+                blk[0] = e;
+            }
+            let x = random_vec(&mut rng, k, 32);
+            let act = ActivationBuf::prepare(fmt, &x).unwrap();
+            let mut y_scalar = vec![f32::NAN; m];
+            gemv_rows_scalar(fmt, &w, k, &act, &mut y_scalar, false).unwrap();
+            for (r, row) in w.chunks_exact(fmt.row_bytes(k).unwrap()).enumerate() {
+                let mut w64 = vec![0f64; k];
+                dequantize_row_f64(fmt, row, &mut w64).unwrap();
+                let exact: f64 = w64.iter().zip(&x).map(|(a, &b)| a * f64::from(b)).sum();
+                let mag: f64 = w64
+                    .iter()
+                    .zip(&x)
+                    .map(|(a, &b)| (a * f64::from(b)).abs())
+                    .sum();
+                let bound = act_bound(fmt, &w64, &x) + FLOAT_REL * mag + SUBNORMAL_FLOOR;
+                let err = (f64::from(y_scalar[r]) - exact).abs();
+                assert!(
+                    err <= bound,
+                    "e={e} k={k} row {r}: {} vs {exact}",
+                    y_scalar[r]
+                );
+                for &tier in &tiers {
+                    let mut y = vec![f32::NAN; m];
+                    gemv_rows_with(tier, fmt, &w, k, &act, &mut y, false).unwrap();
+                    let gap = (f64::from(y[r]) - f64::from(y_scalar[r])).abs();
+                    let tol = SIMD_VS_SCALAR_REL * mag + SUBNORMAL_FLOOR;
+                    assert!(
+                        gap <= tol,
+                        "{tier} e={e} k={k} row {r}: {} vs {}",
+                        y[r],
+                        y_scalar[r]
+                    );
+                }
+            }
+        }
+    }
 }

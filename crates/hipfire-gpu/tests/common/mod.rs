@@ -71,6 +71,8 @@ pub fn random_weights(format: Format, m: usize, k: usize, r: &mut ChaCha8Rng) ->
                         put_f16(b, r.random_range(0.0005f32..0.005));
                         put_f16(&mut b[2..], r.random_range(0.0005f32..0.005));
                     }
+                    // E8M0 exponents 118..=122: scales 2^-10..2^-6, the f16 scales' range.
+                    Format::Mxfp4 => b[0] = r.random_range(118u8..=122),
                     Format::Q3K => put_f16(&mut b[108..], r.random_range(0.0005f32..0.005)),
                     Format::Q2K => {
                         put_f16(&mut b[80..], r.random_range(0.0005f32..0.005));
@@ -96,6 +98,9 @@ fn h(b: &[u8]) -> f64 {
 const KVALUES_IQ4NL: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
+
+/// ggml kvalues_mxfp4: the doubled E2M1 values of MXFP4's codes.
+const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
 /// ggml get_scale_min_k4.
 fn scale_min_k4(j: usize, q: &[u8]) -> (f64, f64) {
@@ -251,6 +256,19 @@ pub fn dequant_f64(format: Format, row: &[u8], k: usize) -> Vec<f64> {
                 for j in 0..16 {
                     v[j] = d * KVALUES_IQ4NL[(qs[j] & 0xF) as usize] as f64;
                     v[j + 16] = d * KVALUES_IQ4NL[(qs[j] >> 4) as usize] as f64;
+                }
+                y.extend(v);
+            }
+        }
+        Format::Mxfp4 => {
+            // ggml dequantize_row_mxfp4: kvalues_mxfp4[q] · GGML_E8M0_TO_FP32_HALF(e) = 2^(e − 128).
+            for b in row.chunks_exact(17) {
+                let d = 2f64.powi(i32::from(b[0]) - 128);
+                let qs = &b[1..17];
+                let mut v = [0f64; 32];
+                for j in 0..16 {
+                    v[j] = d * KVALUES_MXFP4[(qs[j] & 0xF) as usize] as f64;
+                    v[j + 16] = d * KVALUES_MXFP4[(qs[j] >> 4) as usize] as f64;
                 }
                 y.extend(v);
             }

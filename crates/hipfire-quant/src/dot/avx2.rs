@@ -36,6 +36,7 @@ pub(crate) static KERNELS: Kernels = [
     RowDot::Q8K(mix::dot_q2k_q8k_avx2),
     RowDot::Q8x32(mix::dot_iq4nl_q8_0_avx2),
     RowDot::Q8K(mix::dot_iq4xs_q8k_avx2),
+    RowDot::Q8x32(mix::dot_mxfp4_q8_0_avx2),
 ];
 
 /// Bytes per block, as laid out in `formats::legacy` / `kquant` / `hfq`.

@@ -49,6 +49,7 @@ pub(crate) static KERNELS_512: Kernels = [
     RowDot::Q8K(mix::plain::dot_q2k_q8k_avx512),
     RowDot::Q8x32(mix::plain::dot_iq4nl_q8_0_avx512),
     RowDot::Q8K(mix::plain::dot_iq4xs_q8k_avx512),
+    RowDot::Q8x32(mix::plain::dot_mxfp4_q8_0_avx512),
 ];
 
 /// The AVX-512 VNNI tier's table (float dots are shared: they have no integer part).
@@ -69,6 +70,7 @@ pub(crate) static KERNELS_VNNI: Kernels = [
     RowDot::Q8K(mix::vnni::dot_q2k_q8k_avx512),
     RowDot::Q8x32(mix::vnni::dot_iq4nl_q8_0_avx512),
     RowDot::Q8K(mix::vnni::dot_iq4xs_q8k_avx512),
+    RowDot::Q8x32(mix::vnni::dot_mxfp4_q8_0_avx512),
 ];
 
 /// Lanes of `Q8x32::corr` per Q8_0 block (one block per 256-bit half).
@@ -562,6 +564,38 @@ macro_rules! int_kernels {
                 dot: impl Fn(__m512i, __m512i, __m512i) -> __m512i,
                 tail: impl Fn(*const u8, &Q8x32, usize) -> __m256i,
             ) -> [f32; N] {
+                dot_pairs4_scaled_multi::<N, BYTES, STEP_BYTES>(
+                    row,
+                    a,
+                    corr_lanes,
+                    codes,
+                    dot,
+                    tail,
+                    |g| h2f_x4(g, BYTES),
+                    |blk| h2f(rd16(blk)),
+                )
+            }
+
+            /// [`dot_pairs4_multi`] for a block scale other than a leading f16 (MXFP4's E8M0
+            /// byte): `scales4(g)` gives the four scales of the step at `g`, `scale(blk)` one
+            /// block's, and both must agree bit for bit.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            #[allow(clippy::too_many_arguments)]
+            pub(crate) unsafe fn dot_pairs4_scaled_multi<
+                const N: usize,
+                const BYTES: usize,
+                const STEP_BYTES: usize,
+            >(
+                row: &[u8],
+                a: &[&Q8x32; N],
+                corr_lanes: usize,
+                codes: impl Fn(*const u8) -> (__m512i, __m512i),
+                dot: impl Fn(__m512i, __m512i, __m512i) -> __m512i,
+                tail: impl Fn(*const u8, &Q8x32, usize) -> __m256i,
+                scales4: impl Fn(*const u8) -> __m128,
+                scale: impl Fn(*const u8) -> f32,
+            ) -> [f32; N] {
                 // `prefetch_ahead` takes the step's bytes as a constant, which cannot be
                 // computed from `BYTES` here.
                 const { assert!(STEP_BYTES == STEP4 * BYTES) };
@@ -575,7 +609,7 @@ macro_rules! int_kernels {
                     let g = p.add(BYTES * b);
                     prefetch_ahead::<STEP_BYTES>(g);
                     let (w01, w23) = codes(g);
-                    let wd = h2f_x4(g, BYTES);
+                    let wd = scales4(g);
                     for j in 0..N {
                         let (xq, corr) = (a[j].qs.as_ptr(), a[j].corr.as_ptr());
                         let x01 = _mm512_loadu_si512(xq.add(QK * b) as *const _);
@@ -598,7 +632,7 @@ macro_rules! int_kernels {
                     let mut tail_acc = _mm256_setzero_ps();
                     for bb in b..nb {
                         let b0 = p.add(BYTES * bb);
-                        let s = _mm256_set1_ps(h2f(rd16(b0)) * a[j].d[bb]);
+                        let s = _mm256_set1_ps(scale(b0) * a[j].d[bb]);
                         let pi = _mm256_cvtepi32_ps(tail(b0, a[j], bb));
                         tail_acc = _mm256_fmadd_ps(s, pi, tail_acc);
                     }

@@ -18,9 +18,11 @@
 use crate::act::{Q8x32, Q8K};
 use crate::dot::avx2::{h2f, h2f_pair, h2f_x4, hsum4, hsum8, nibbles32, prefetch_ahead, rd16};
 use crate::dot::avx2_mix::{
-    iq4_table256, iq4nl_block, iq4xs_scales, q5_0_block, q5_1_block, rd32, IQ4NL_BYTES,
-    IQ4NL_CORR_LANES, IQ4XS_BYTES, IQ4XS_QS, Q2K_BYTES, Q2K_D, Q2K_QS, Q3K_BYTES, Q3K_D, Q3K_QS,
-    Q3K_SCALES, Q5_0_BYTES, Q5_0_CORR_LANES, Q5_0_QH, Q5_0_QS, Q5_1_BYTES, Q5_1_QH, Q5_1_QS, STEP4,
+    iq4_table256, iq4nl_block, iq4xs_scales, mxfp4_block, mxfp4_scale, mxfp4_scales_x4,
+    mxfp4_table256, q5_0_block, q5_1_block, rd32, IQ4NL_BYTES, IQ4NL_CORR_LANES, IQ4XS_BYTES,
+    IQ4XS_QS, MXFP4_BYTES, MXFP4_CORR_LANES, MXFP4_QS, Q2K_BYTES, Q2K_D, Q2K_QS, Q3K_BYTES, Q3K_D,
+    Q3K_QS, Q3K_SCALES, Q5_0_BYTES, Q5_0_CORR_LANES, Q5_0_QH, Q5_0_QS, Q5_1_BYTES, Q5_1_QH,
+    Q5_1_QS, STEP4,
 };
 use crate::dot::avx512::{
     dp_i8i8_plain, dp_i8i8_vnni, dp_scaled_plain, dp_scaled_vnni, dp_u8i8_plain, dp_u8i8_vnni,
@@ -31,6 +33,7 @@ use crate::formats::iq4::{IQ4NL_VALUES, IQ4XS_SUBS};
 use crate::formats::kquant::QK_K;
 use crate::formats::kquant_low::{K_GROUPS, Q3K_SCALE_OFFSET};
 use crate::formats::legacy::QK;
+use crate::formats::mxfp4::{MXFP4_BIAS, MXFP4_VALUES};
 use std::arch::x86_64::*;
 
 /// Bit 4 of a 5-bit code, as a byte.
@@ -53,6 +56,16 @@ const IQ4NL_BIASED: [u8; 16] = {
 const IQ4_BIAS: i16 = 128;
 const IQ4_BIAS_SHIFT: i32 = 7;
 const _: () = assert!(1 << IQ4_BIAS_SHIFT == IQ4_BIAS);
+/// [`MXFP4_VALUES`] plus [`MXFP4_BIAS`] (0..=24).
+const MXFP4_BIASED: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (MXFP4_VALUES[i] + MXFP4_BIAS) as u8;
+        i += 1;
+    }
+    t
+};
 
 /// Super-blocks whose f32 scales the Q2_K row dot works out ahead of its loop (a stack array).
 const DD_CHUNK: usize = 16;
@@ -297,7 +310,7 @@ macro_rules! mix_kernels {
 
             /// Whether Q3_K / Q2_K pack `vpdpbusd` sums to i16 (see [`k16_sum`]).
             const PACKED: bool = $packed;
-            use crate::dot::avx512::$m::dot_pairs4_multi;
+            use crate::dot::avx512::$m::{dot_pairs4_multi, dot_pairs4_scaled_multi};
 
             /// Q5_0 row · q8 activation ([`dot_q5_0_multi`] of one activation).
             #[target_feature(enable = $feat)]
@@ -633,6 +646,41 @@ macro_rules! mix_kernels {
                 )
             }
 
+            /// MXFP4 row · q8 activation ([`dot_mxfp4_multi`] of one activation).
+            #[target_feature(enable = $feat)]
+            pub(crate) unsafe fn dot_mxfp4_q8_0_avx512(row: &[u8], a: &Q8x32) -> f32 {
+                dot_mxfp4_multi::<1>(row, &[a])[0]
+            }
+
+            /// MXFP4 row against `N` activations: IQ4_NL's loop with the table values plus
+            /// [`MXFP4_BIAS`] by `vpshufb` (unsigned, so one u8 × i8 dot in both flavours, and
+            /// `corr` = −12·Σx takes the bias off exactly) and each block's scale built from
+            /// its E8M0 byte; the tail blocks take the signed products as IQ4_NL's do.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn dot_mxfp4_multi<const N: usize>(row: &[u8], a: &[&Q8x32; N]) -> [f32; N] {
+                let table = mxfp4_table256();
+                let table512 = _mm512_broadcast_i32x4(_mm_loadu_si128(
+                    MXFP4_BIASED.as_ptr() as *const __m128i
+                ));
+                dot_pairs4_scaled_multi::<N, MXFP4_BYTES, { STEP4 * MXFP4_BYTES }>(
+                    row,
+                    a,
+                    MXFP4_CORR_LANES,
+                    |g| {
+                        let nib = |o: usize| nibbles32(g.add(MXFP4_BYTES * o + MXFP4_QS));
+                        (
+                            _mm512_shuffle_epi8(table512, join(nib(0), nib(1))),
+                            _mm512_shuffle_epi8(table512, join(nib(2), nib(3))),
+                        )
+                    },
+                    |c, w, x| $dp(c, w, x),
+                    |blk, a, b| mxfp4_block(table, blk, a, b),
+                    |g| mxfp4_scales_x4(g, MXFP4_BYTES),
+                    |blk| mxfp4_scale(blk),
+                )
+            }
+
             /// IQ4_XS row · q8_K activation ([`dot_iq4xs_multi`] of one activation).
             #[target_feature(enable = $feat)]
             pub(crate) unsafe fn dot_iq4xs_q8k_avx512(row: &[u8], a: &Q8K) -> f32 {
@@ -736,6 +784,7 @@ macro_rules! mix_kernels {
 
             multi_rows!($feat, Q8x32, gemv_iq4nl_multi, rows_iq4nl, dot_iq4nl_multi);
             multi_rows!($feat, Q8K, gemv_iq4xs_multi, rows_iq4xs, dot_iq4xs_multi);
+            multi_rows!($feat, Q8x32, gemv_mxfp4_multi, rows_mxfp4, dot_mxfp4_multi);
             multi_rows!($feat, Q8x32, gemv_q5_0_multi, rows_q5_0, dot_q5_0_multi);
             multi_rows!($feat, Q8x32, gemv_q5_1_multi, rows_q5_1, dot_q5_1_multi);
         }

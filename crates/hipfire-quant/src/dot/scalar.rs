@@ -12,7 +12,9 @@ use crate::formats::kquant_low::{q3k_scales, BlockQ2K, BlockQ3K, Q3K_OFFSET, Q3K
 use crate::formats::legacy::{
     nibble, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, Q4_0_OFFSET, Q5_0_OFFSET, QK,
 };
+use crate::formats::mxfp4::{e8m0_half, BlockMxfp4};
 use crate::formats::{arr, f16_to_f32};
+use std::mem::size_of;
 
 /// F32 row · x.
 pub(crate) fn dot_f32_f32_scalar(row: &[u8], x: &[f32]) -> f32 {
@@ -285,6 +287,17 @@ pub(crate) fn dot_iq4xs_q8k_scalar(row: &[u8], a: &Q8K) -> f32 {
             isum += (i32::from(c) - IQ4XS_SCALE_OFFSET) * p;
         }
         acc += f64::from(f16_to_f32(w.d) * a.d[s]) * f64::from(isum);
+    }
+    acc as f32
+}
+
+/// MXFP4 row · q8 activation: Σ 2^(e − 128)·dx·Σ table(q)·xq (ggml's `vec_dot_mxfp4_q8_0`).
+pub(crate) fn dot_mxfp4_q8_0_scalar(row: &[u8], a: &Q8x32) -> f32 {
+    let mut acc = 0f64;
+    for (b, blk) in row.chunks_exact(size_of::<BlockMxfp4>()).enumerate() {
+        let w = BlockMxfp4::read(blk);
+        let p = isum32(w.values().iter().map(|&v| i32::from(v)), &a.qs[QK * b..]);
+        acc += f64::from(e8m0_half(w.e) * a.d[b]) * f64::from(p);
     }
     acc as f32
 }

@@ -14,6 +14,7 @@ pub mod iq4;
 pub mod kquant;
 pub mod kquant_low;
 pub mod legacy;
+pub mod mxfp4;
 
 /// One block format: geometry plus reference per-block conversions.
 ///
