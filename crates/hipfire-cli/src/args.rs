@@ -651,6 +651,12 @@ pub enum SynthArch {
     /// A tiny Mixtral-style model (llama with 8 experts, 2 a token).
     #[value(name = "tiny-mixtral")]
     TinyMixtral,
+    /// A tiny Qwen3.5 hybrid (3 Gated DeltaNet layers, 1 gated attention layer).
+    #[value(name = "tiny-qwen35")]
+    TinyQwen35,
+    /// A tiny Qwen3.5-MoE hybrid (the same layers, 8 experts and a shared expert).
+    #[value(name = "tiny-qwen35moe")]
+    TinyQwen35Moe,
 }
 
 impl SynthArch {
@@ -666,6 +672,8 @@ impl SynthArch {
             SynthArch::TinyQwen3Moe => "tiny-qwen3moe",
             SynthArch::TinyQwen2Moe => "tiny-qwen2moe",
             SynthArch::TinyMixtral => "tiny-mixtral",
+            SynthArch::TinyQwen35 => "tiny-qwen35",
+            SynthArch::TinyQwen35Moe => "tiny-qwen35moe",
         }
     }
 }

@@ -157,16 +157,19 @@ pub(crate) fn load(
     };
     let model = Model::from_gguf(file, &opts, backend)
         .with_context(|| format!("loading {}", path.display()))?;
-    // The GPU engine refuses routed experts; `auto` runs such a model on the CPU instead.
+    // The GPU engine refuses routed experts and hybrid layers; `auto` runs such a model on the
+    // CPU instead.
     let engine = match engine {
-        Engine::Gpu if model.config().moe.is_some() && s.device == Device::Auto => {
-            ctx.note(format!(
-                "gpu: the GPU engine does not run Mixture-of-Experts layers ({}) yet; running \
-                 on the CPU",
-                model.config().arch.name()
-            ));
-            Engine::Cpu
-        }
+        Engine::Gpu if s.device == Device::Auto => match model.config().cpu_only_layers() {
+            Some(what) => {
+                ctx.note(format!(
+                    "gpu: the GPU engine does not run {what} ({}) yet; running on the CPU",
+                    model.config().arch.name()
+                ));
+                Engine::Cpu
+            }
+            None => Engine::Gpu,
+        },
         e => e,
     };
     // The CPU session's cache grows as positions fill; refuse up front a context whose full

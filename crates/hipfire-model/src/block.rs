@@ -20,30 +20,16 @@ use crate::config::{Arch, FfnActivation, ModelConfig};
 use crate::ModelError;
 
 /// One layer's tensors: `W` is how an engine refers to a projection (a [`crate::Weight`] id),
-/// `V` how it holds a norm or bias vector (host `Vec<f32>`, a device buffer, an address).
+/// `V` how it holds a norm or bias vector (host `Vec<f32>`, a device buffer, an address). A
+/// layer is `norms + mixer + ffn`, the mixer and FFN variants chosen per layer from the file's
+/// metadata.
 #[derive(Debug, Clone)]
 pub struct LayerTensors<W, V> {
-    /// RMSNorm before attention.
+    /// RMSNorm before the mixer.
     pub attn_norm: V,
-    /// Query, key, value and output projections.
-    pub wq: W,
-    /// See [`LayerTensors::wq`].
-    pub wk: W,
-    /// See [`LayerTensors::wq`].
-    pub wv: W,
-    /// See [`LayerTensors::wq`].
-    pub wo: W,
-    /// q/k/v biases (Qwen2 requires them; optional elsewhere, some llama fine-tunes carry them).
-    pub bq: Option<V>,
-    /// See [`LayerTensors::bq`].
-    pub bk: Option<V>,
-    /// See [`LayerTensors::bq`].
-    pub bv: Option<V>,
-    /// Per-head RMSNorms of q and k (Qwen3, Gemma 3).
-    pub q_norm: Option<V>,
-    /// See [`LayerTensors::q_norm`].
-    pub k_norm: Option<V>,
-    /// RMSNorm before the FFN.
+    /// The token mixer: attention, or a Gated DeltaNet.
+    pub mixer: Mixer<W, V>,
+    /// RMSNorm before the FFN (Qwen3.5's `post_attention_norm` plays this part).
     pub ffn_norm: V,
     /// The FFN: dense, or routed over experts.
     pub ffn: Ffn<W, V>,
@@ -51,6 +37,74 @@ pub struct LayerTensors<W, V> {
     pub post_attn_norm: Option<V>,
     /// RMSNorm of the FFN output before its residual add (Gemma's `post_ffw_norm`).
     pub post_ffn_norm: Option<V>,
+}
+
+/// A layer's token mixer; each engine implements one [`BlockOps`] operation per variant.
+#[derive(Debug, Clone)]
+pub enum Mixer<W, V> {
+    /// Softmax attention over the sequence's KV cache.
+    Attention(Attention<W, V>),
+    /// Gated DeltaNet: linear attention over a recurrent state ([`crate::DeltaNetConfig`]).
+    DeltaNet(DeltaNet<W, V>),
+}
+
+/// An attention layer's tensors.
+#[derive(Debug, Clone)]
+pub struct Attention<W, V> {
+    /// Query projection (with the output gate's rows interleaved per head when `gated`).
+    pub wq: W,
+    /// Key projection.
+    pub wk: W,
+    /// Value projection.
+    pub wv: W,
+    /// Output projection.
+    pub wo: W,
+    /// q/k/v biases (Qwen2 requires them; optional elsewhere, some llama fine-tunes carry them).
+    pub bq: Option<V>,
+    /// See [`Attention::bq`].
+    pub bk: Option<V>,
+    /// See [`Attention::bq`].
+    pub bv: Option<V>,
+    /// Per-head RMSNorms of q and k (Qwen3, Gemma 3, Qwen3.5).
+    pub q_norm: Option<V>,
+    /// See [`Attention::q_norm`].
+    pub k_norm: Option<V>,
+    /// Qwen3.5's gated attention: `wq` yields `[q_h, g_h]` per head and the attention output
+    /// is multiplied by `sigmoid(g)` before `wo`.
+    pub gated: bool,
+}
+
+/// A Gated DeltaNet layer's tensors (llama.cpp `ssm_*`, `attn_qkv`, `attn_gate`).
+#[derive(Debug, Clone)]
+pub struct DeltaNet<W, V> {
+    /// `attn_qkv`: the conv's input, q, k and v channels (`conv_dim` rows).
+    pub qkv: W,
+    /// `attn_gate`: z, the output gate (`value_dim` rows).
+    pub gate: W,
+    /// `ssm_beta`: the write strength's logits, one per value head.
+    pub beta: W,
+    /// `ssm_alpha`: the decay's input, one per value head.
+    pub alpha: W,
+    /// `ssm_out`: back to the residual width.
+    pub out: W,
+    /// `ssm_conv1d`: `conv_kernel` taps per channel (channel-major).
+    pub conv: V,
+    /// `ssm_dt.bias`: added to alpha before the softplus.
+    pub dt_bias: V,
+    /// `ssm_a`: `−exp(A_log)` per value head, the decay rate.
+    pub a: V,
+    /// `ssm_norm`: the gated RMSNorm's weights (`head_dim`).
+    pub norm: V,
+}
+
+impl<W: Copy, V> Mixer<W, V> {
+    /// Every matrix of the mixer, in the order the block multiplies them.
+    pub fn projections(&self) -> Vec<W> {
+        match self {
+            Mixer::Attention(t) => vec![t.wq, t.wk, t.wv, t.wo],
+            Mixer::DeltaNet(t) => vec![t.qkv, t.gate, t.beta, t.alpha, t.out],
+        }
+    }
 }
 
 /// A layer's FFN: the variant is chosen per layer from the file's metadata
@@ -137,6 +191,9 @@ pub(crate) trait TensorSource<W> {
     fn matrices(&mut self, name: &str, k: usize, m: usize, n: usize) -> Result<Vec<W>, ModelError>;
     /// The vector `name` of `n` values, or an error naming it.
     fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>, ModelError>;
+    /// The small 2-D tensor `name` of `m` rows of `k` (ggml dims `{k, m}`) as `m × k` f32
+    /// values, or an error naming it (a conv's taps).
+    fn table(&self, name: &str, k: usize, m: usize) -> Result<Vec<f32>, ModelError>;
     /// Whether the file has a tensor `name`.
     fn has(&self, name: &str) -> bool;
     /// The vector `name` of `n` values, `None` when the file lacks it.
@@ -153,27 +210,7 @@ impl<W: Copy> LayerTensors<W, Vec<f32>> {
         i: usize,
     ) -> Result<Self, ModelError> {
         let n = |s: &str| format!("blk.{i}.{s}");
-        let (d, qd, kvd) = (c.d_model, c.q_dim(), c.kv_dim());
-        // Optional everywhere (some llama fine-tunes and Qwen2-MoE carry them); Qwen2 requires
-        // them.
-        let biases = c.arch == Arch::Qwen2;
-        let read_bias = |s: &str, len: usize| match biases {
-            true => src.vector(&n(s), len).map(Some),
-            false => src.opt_vector(&n(s), len),
-        };
-        let (bq, bk, bv) = (
-            read_bias("attn_q.bias", qd)?,
-            read_bias("attn_k.bias", kvd)?,
-            read_bias("attn_v.bias", kvd)?,
-        );
-        let q_norm = src.opt_vector(&n("attn_q_norm.weight"), c.head_dim)?;
-        let k_norm = src.opt_vector(&n("attn_k_norm.weight"), c.head_dim)?;
-        if c.arch.qk_norms() && (q_norm.is_none() || k_norm.is_none()) {
-            return Err(ModelError::Unsupported(format!(
-                "{} layer {i} lacks q/k norms",
-                c.arch.name()
-            )));
-        }
+        let d = c.d_model;
         let (post_attn_norm, post_ffn_norm) = match c.arch.post_norms() {
             true => (
                 Some(src.vector(&n("post_attention_norm.weight"), d)?),
@@ -181,61 +218,155 @@ impl<W: Copy> LayerTensors<W, Vec<f32>> {
             ),
             false => (None, None),
         };
+        let attn_norm = src.vector(&n("attn_norm.weight"), d)?;
+        let mixer = match &c.delta_net {
+            Some(dn) if dn.is_recurrent(i) => Mixer::DeltaNet(load_delta_net(src, c, i)?),
+            _ => Mixer::Attention(load_attention(src, c, i)?),
+        };
+        // Qwen3.5 normalises the FFN's input with the tensor llama.cpp calls
+        // `attn_post_norm` (its output is the FFN's input, not added to the residual).
+        let ffn_norm_name = match c.arch.hybrid() {
+            true => "post_attention_norm.weight",
+            false => "ffn_norm.weight",
+        };
         Ok(LayerTensors {
-            attn_norm: src.vector(&n("attn_norm.weight"), d)?,
-            wq: src.matrix(&n("attn_q.weight"), d, qd)?,
-            wk: src.matrix(&n("attn_k.weight"), d, kvd)?,
-            wv: src.matrix(&n("attn_v.weight"), d, kvd)?,
-            wo: src.matrix(&n("attn_output.weight"), qd, d)?,
-            bq,
-            bk,
-            bv,
-            q_norm,
-            k_norm,
-            ffn_norm: src.vector(&n("ffn_norm.weight"), d)?,
-            ffn: match &c.moe {
-                None => Ffn::Dense {
-                    gate: src.matrix(&n("ffn_gate.weight"), d, c.n_ff)?,
-                    up: src.matrix(&n("ffn_up.weight"), d, c.n_ff)?,
-                    down: src.matrix(&n("ffn_down.weight"), c.n_ff, d)?,
-                },
-                Some(moe) => {
-                    if src.has(&n("ffn_gate_up_exps.weight")) {
-                        return Err(ModelError::Unsupported(format!(
-                            "layer {i}: fused ffn_gate_up_exps (hipfire reads ffn_gate_exps and \
-                             ffn_up_exps as separate tensors)"
-                        )));
-                    }
-                    let (e, ff) = (moe.n_expert, moe.n_ff_exp);
-                    let shared = match moe.n_ff_shared {
-                        None => None,
-                        Some(sf) => Some(SharedExpert {
-                            gate: src.matrix(&n("ffn_gate_shexp.weight"), d, sf)?,
-                            up: src.matrix(&n("ffn_up_shexp.weight"), d, sf)?,
-                            down: src.matrix(&n("ffn_down_shexp.weight"), sf, d)?,
-                            gate_inp: src.opt_vector(&n("ffn_gate_inp_shexp.weight"), d)?,
-                        }),
-                    };
-                    Ffn::Moe(MoeTensors {
-                        router: src.matrix(&n("ffn_gate_inp.weight"), d, e)?,
-                        gate: src.matrices(&n("ffn_gate_exps.weight"), d, ff, e)?,
-                        up: src.matrices(&n("ffn_up_exps.weight"), d, ff, e)?,
-                        down: src.matrices(&n("ffn_down_exps.weight"), ff, d, e)?,
-                        shared,
-                    })
-                }
-            },
+            attn_norm,
+            mixer,
+            ffn_norm: src.vector(&n(ffn_norm_name), d)?,
+            ffn: load_ffn(src, c, i)?,
             post_attn_norm,
             post_ffn_norm,
         })
     }
 }
 
+/// Layer `i`'s attention tensors.
+fn load_attention<W: Copy>(
+    src: &mut impl TensorSource<W>,
+    c: &ModelConfig,
+    i: usize,
+) -> Result<Attention<W, Vec<f32>>, ModelError> {
+    let n = |s: &str| format!("blk.{i}.{s}");
+    let (d, qd, kvd) = (c.d_model, c.q_dim(), c.kv_dim());
+    // Optional everywhere (some llama fine-tunes and Qwen2-MoE carry them); Qwen2 requires
+    // them.
+    let biases = c.arch == Arch::Qwen2;
+    let read_bias = |s: &str, len: usize| match biases {
+        true => src.vector(&n(s), len).map(Some),
+        false => src.opt_vector(&n(s), len),
+    };
+    let (bq, bk, bv) = (
+        read_bias("attn_q.bias", qd)?,
+        read_bias("attn_k.bias", kvd)?,
+        read_bias("attn_v.bias", kvd)?,
+    );
+    let q_norm = src.opt_vector(&n("attn_q_norm.weight"), c.head_dim)?;
+    let k_norm = src.opt_vector(&n("attn_k_norm.weight"), c.head_dim)?;
+    if c.arch.qk_norms() && (q_norm.is_none() || k_norm.is_none()) {
+        return Err(ModelError::Unsupported(format!(
+            "{} layer {i} lacks q/k norms",
+            c.arch.name()
+        )));
+    }
+    let gated = c.arch.hybrid();
+    if gated && bq.is_some() {
+        return Err(ModelError::Unsupported(format!(
+            "{} layer {i}: a query bias on a gated attention layer",
+            c.arch.name()
+        )));
+    }
+    Ok(Attention {
+        wq: src.matrix(&n("attn_q.weight"), d, if gated { 2 * qd } else { qd })?,
+        wk: src.matrix(&n("attn_k.weight"), d, kvd)?,
+        wv: src.matrix(&n("attn_v.weight"), d, kvd)?,
+        wo: src.matrix(&n("attn_output.weight"), qd, d)?,
+        bq,
+        bk,
+        bv,
+        q_norm,
+        k_norm,
+        gated,
+    })
+}
+
+/// Layer `i`'s Gated DeltaNet tensors.
+fn load_delta_net<W: Copy>(
+    src: &mut impl TensorSource<W>,
+    c: &ModelConfig,
+    i: usize,
+) -> Result<DeltaNet<W, Vec<f32>>, ModelError> {
+    let n = |s: &str| format!("blk.{i}.{s}");
+    let d = c.d_model;
+    let Some(dn) = &c.delta_net else {
+        return Err(ModelError::Unsupported(format!(
+            "layer {i}: a DeltaNet layer in a model without ssm metadata"
+        )));
+    };
+    if src.has(&n("ssm_ba.weight")) || src.has(&n("ssm_in.weight")) {
+        return Err(ModelError::Unsupported(format!(
+            "layer {i}: the fused ssm_ba / ssm_in form (qwen3next); hipfire reads ssm_beta, \
+             ssm_alpha, attn_qkv and attn_gate"
+        )));
+    }
+    let (hv, vd) = (dn.n_v_heads, dn.value_dim());
+    Ok(DeltaNet {
+        qkv: src.matrix(&n("attn_qkv.weight"), d, dn.conv_dim())?,
+        gate: src.matrix(&n("attn_gate.weight"), d, vd)?,
+        beta: src.matrix(&n("ssm_beta.weight"), d, hv)?,
+        alpha: src.matrix(&n("ssm_alpha.weight"), d, hv)?,
+        out: src.matrix(&n("ssm_out.weight"), vd, d)?,
+        conv: src.table(&n("ssm_conv1d.weight"), dn.conv_kernel, dn.conv_dim())?,
+        dt_bias: src.vector(&n("ssm_dt.bias"), hv)?,
+        a: src.vector(&n("ssm_a"), hv)?,
+        norm: src.vector(&n("ssm_norm.weight"), dn.head_dim)?,
+    })
+}
+
+/// Layer `i`'s FFN tensors: dense, or routed over experts.
+fn load_ffn<W: Copy>(
+    src: &mut impl TensorSource<W>,
+    c: &ModelConfig,
+    i: usize,
+) -> Result<Ffn<W, Vec<f32>>, ModelError> {
+    let n = |s: &str| format!("blk.{i}.{s}");
+    let d = c.d_model;
+    let Some(moe) = &c.moe else {
+        return Ok(Ffn::Dense {
+            gate: src.matrix(&n("ffn_gate.weight"), d, c.n_ff)?,
+            up: src.matrix(&n("ffn_up.weight"), d, c.n_ff)?,
+            down: src.matrix(&n("ffn_down.weight"), c.n_ff, d)?,
+        });
+    };
+    if src.has(&n("ffn_gate_up_exps.weight")) {
+        return Err(ModelError::Unsupported(format!(
+            "layer {i}: fused ffn_gate_up_exps (hipfire reads ffn_gate_exps and ffn_up_exps as \
+             separate tensors)"
+        )));
+    }
+    let (e, ff) = (moe.n_expert, moe.n_ff_exp);
+    let shared = match moe.n_ff_shared {
+        None => None,
+        Some(sf) => Some(SharedExpert {
+            gate: src.matrix(&n("ffn_gate_shexp.weight"), d, sf)?,
+            up: src.matrix(&n("ffn_up_shexp.weight"), d, sf)?,
+            down: src.matrix(&n("ffn_down_shexp.weight"), sf, d)?,
+            gate_inp: src.opt_vector(&n("ffn_gate_inp_shexp.weight"), d)?,
+        }),
+    };
+    Ok(Ffn::Moe(MoeTensors {
+        router: src.matrix(&n("ffn_gate_inp.weight"), d, e)?,
+        gate: src.matrices(&n("ffn_gate_exps.weight"), d, ff, e)?,
+        up: src.matrices(&n("ffn_up_exps.weight"), d, ff, e)?,
+        down: src.matrices(&n("ffn_down_exps.weight"), ff, d, e)?,
+        shared,
+    }))
+}
+
 impl<W: Copy, V> LayerTensors<W, V> {
-    /// Every projection, in the order the block multiplies them: attention's four, then the
+    /// Every projection, in the order the block multiplies them: the mixer's, then the
     /// FFN's ([`Ffn::projections`]).
     pub fn projections(&self) -> Vec<W> {
-        let mut v = vec![self.wq, self.wk, self.wv, self.wo];
+        let mut v = self.mixer.projections();
         v.extend(self.ffn.projections());
         v
     }
@@ -245,43 +376,64 @@ impl<W: Copy, V> LayerTensors<W, V> {
         &'s self,
         mut f: impl FnMut(&'s V) -> Result<V2, E>,
     ) -> Result<LayerTensors<W, V2>, E> {
+        let mixer = match &self.mixer {
+            Mixer::Attention(t) => {
+                let mut opt = |v: &'s Option<V>| v.as_ref().map(&mut f).transpose();
+                Mixer::Attention(Attention {
+                    wq: t.wq,
+                    wk: t.wk,
+                    wv: t.wv,
+                    wo: t.wo,
+                    bq: opt(&t.bq)?,
+                    bk: opt(&t.bk)?,
+                    bv: opt(&t.bv)?,
+                    q_norm: opt(&t.q_norm)?,
+                    k_norm: opt(&t.k_norm)?,
+                    gated: t.gated,
+                })
+            }
+            Mixer::DeltaNet(t) => Mixer::DeltaNet(DeltaNet {
+                qkv: t.qkv,
+                gate: t.gate,
+                beta: t.beta,
+                alpha: t.alpha,
+                out: t.out,
+                conv: f(&t.conv)?,
+                dt_bias: f(&t.dt_bias)?,
+                a: f(&t.a)?,
+                norm: f(&t.norm)?,
+            }),
+        };
+        let ffn = match &self.ffn {
+            Ffn::Dense { gate, up, down } => Ffn::Dense {
+                gate: *gate,
+                up: *up,
+                down: *down,
+            },
+            Ffn::Moe(m) => Ffn::Moe(MoeTensors {
+                router: m.router,
+                gate: m.gate.clone(),
+                up: m.up.clone(),
+                down: m.down.clone(),
+                shared: match &m.shared {
+                    None => None,
+                    Some(sh) => Some(SharedExpert {
+                        gate: sh.gate,
+                        up: sh.up,
+                        down: sh.down,
+                        gate_inp: sh.gate_inp.as_ref().map(&mut f).transpose()?,
+                    }),
+                },
+            }),
+        };
         let mut opt = |v: &'s Option<V>| v.as_ref().map(&mut f).transpose();
         Ok(LayerTensors {
-            bq: opt(&self.bq)?,
-            bk: opt(&self.bk)?,
-            bv: opt(&self.bv)?,
-            q_norm: opt(&self.q_norm)?,
-            k_norm: opt(&self.k_norm)?,
             post_attn_norm: opt(&self.post_attn_norm)?,
             post_ffn_norm: opt(&self.post_ffn_norm)?,
             attn_norm: f(&self.attn_norm)?,
+            mixer,
             ffn_norm: f(&self.ffn_norm)?,
-            wq: self.wq,
-            wk: self.wk,
-            wv: self.wv,
-            wo: self.wo,
-            ffn: match &self.ffn {
-                Ffn::Dense { gate, up, down } => Ffn::Dense {
-                    gate: *gate,
-                    up: *up,
-                    down: *down,
-                },
-                Ffn::Moe(m) => Ffn::Moe(MoeTensors {
-                    router: m.router,
-                    gate: m.gate.clone(),
-                    up: m.up.clone(),
-                    down: m.down.clone(),
-                    shared: match &m.shared {
-                        None => None,
-                        Some(sh) => Some(SharedExpert {
-                            gate: sh.gate,
-                            up: sh.up,
-                            down: sh.down,
-                            gate_inp: sh.gate_inp.as_ref().map(&mut f).transpose()?,
-                        }),
-                    },
-                }),
-            },
+            ffn,
         })
     }
 }
@@ -366,6 +518,21 @@ pub(crate) trait BlockOps {
     /// their gated FFNs weighted and summed, plus the shared expert (see
     /// [`crate::config::MoeConfig`]).
     fn moe(&mut self, t: &MoeTensors<usize, Self::Vector>) -> Result<(), ModelError>;
+
+    /// `X += wo · (attention(q) ⊙ sigmoid(g))` for every row, from `Xn`: Qwen3.5's gated
+    /// attention (its query projection yields `[q_h, g_h]` per head; q/k RMSNorm; RoPE, the
+    /// cache and the attention as [`BlockOps::attention`]).
+    fn gated_attention(
+        &mut self,
+        li: usize,
+        t: &Attention<usize, Self::Vector>,
+    ) -> Result<(), ModelError>;
+
+    /// `X += out · gated_norm(delta_rule(conv(qkv · Xn)))` for every row: layer `li`'s Gated
+    /// DeltaNet over each row's sequence state, rows of one sequence in position order (see
+    /// [`crate::DeltaNetConfig`]).
+    fn delta_net(&mut self, li: usize, t: &DeltaNet<usize, Self::Vector>)
+        -> Result<(), ModelError>;
 }
 
 /// Layer `li` over the rows `ops` holds: the pre-norm block with the architecture's hooks.
@@ -376,20 +543,26 @@ pub(crate) fn layer<O: BlockOps>(
     t: &LayerTensors<usize, O::Vector>,
 ) -> Result<(), ModelError> {
     ops.rms_norm(Act::X, t.attn_norm, Act::Xn, c.d_model)?;
-    ops.project(&[(t.wq, Act::Q), (t.wk, Act::K), (t.wv, Act::V)], Act::Xn)?;
-    for (b, a) in [(t.bq, Act::Q), (t.bk, Act::K), (t.bv, Act::V)] {
-        if let Some(b) = b {
-            ops.add_bias(a, b)?;
+    match &t.mixer {
+        Mixer::Attention(a) if a.gated => ops.gated_attention(li, a)?,
+        Mixer::Attention(a) => {
+            ops.project(&[(a.wq, Act::Q), (a.wk, Act::K), (a.wv, Act::V)], Act::Xn)?;
+            for (b, act) in [(a.bq, Act::Q), (a.bk, Act::K), (a.bv, Act::V)] {
+                if let Some(b) = b {
+                    ops.add_bias(act, b)?;
+                }
+            }
+            if let Some(w) = a.q_norm {
+                ops.rms_norm(Act::Q, w, Act::Q, c.head_dim)?;
+            }
+            if let Some(w) = a.k_norm {
+                ops.rms_norm(Act::K, w, Act::K, c.head_dim)?;
+            }
+            ops.attention(li)?;
+            residual(ops, a.wo, Act::Att, t.post_attn_norm)?;
         }
+        Mixer::DeltaNet(dn) => ops.delta_net(li, dn)?,
     }
-    if let Some(w) = t.q_norm {
-        ops.rms_norm(Act::Q, w, Act::Q, c.head_dim)?;
-    }
-    if let Some(w) = t.k_norm {
-        ops.rms_norm(Act::K, w, Act::K, c.head_dim)?;
-    }
-    ops.attention(li)?;
-    residual(ops, t.wo, Act::Att, t.post_attn_norm)?;
 
     ops.rms_norm(Act::X, t.ffn_norm, Act::Xn, c.d_model)?;
     match &t.ffn {

@@ -24,6 +24,14 @@ pub enum Arch {
     /// Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B; llama.cpp `LLM_ARCH_QWEN3MOE`): Qwen3's
     /// attention, a routed FFN with the top-k weights renormalised, no shared expert.
     Qwen3Moe,
+    /// Qwen3.5 dense (llama.cpp `LLM_ARCH_QWEN35`): a 3:1 hybrid — Gated DeltaNet layers
+    /// (linear attention with a recurrent state) and gated full-attention layers (the query
+    /// projection also yields a sigmoid output gate; q/k RMSNorm; partial NEOX RoPE) — each
+    /// layer's FFN input normalised by `post_attention_norm`.
+    Qwen35,
+    /// Qwen3.5 MoE (llama.cpp `LLM_ARCH_QWEN35MOE`): Qwen3.5's layers with a routed FFN
+    /// (renormalised top-k) and a sigmoid-gated shared expert.
+    Qwen35Moe,
 }
 
 /// The FFN's gate activation (`act(gate) · up`).
@@ -45,9 +53,11 @@ impl Arch {
             "gemma3" => Ok(Arch::Gemma3),
             "qwen2moe" => Ok(Arch::Qwen2Moe),
             "qwen3moe" => Ok(Arch::Qwen3Moe),
+            "qwen35" => Ok(Arch::Qwen35),
+            "qwen35moe" => Ok(Arch::Qwen35Moe),
             other => Err(ModelError::Unsupported(format!(
                 "architecture {} (supported: llama (Mixtral-style experts included), qwen2, \
-                 qwen3, gemma3, qwen2moe, qwen3moe)",
+                 qwen3, gemma3, qwen2moe, qwen3moe, qwen35, qwen35moe)",
                 Quoted::new(other)
             ))),
         }
@@ -62,6 +72,8 @@ impl Arch {
             Arch::Gemma3 => "gemma3",
             Arch::Qwen2Moe => "qwen2moe",
             Arch::Qwen3Moe => "qwen3moe",
+            Arch::Qwen35 => "qwen35",
+            Arch::Qwen35Moe => "qwen35moe",
         }
     }
 
@@ -69,9 +81,13 @@ impl Arch {
     pub fn ffn_activation(self) -> FfnActivation {
         match self {
             Arch::Gemma3 => FfnActivation::GeluTanh,
-            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen2Moe | Arch::Qwen3Moe => {
-                FfnActivation::Silu
-            }
+            Arch::Llama
+            | Arch::Qwen2
+            | Arch::Qwen3
+            | Arch::Qwen2Moe
+            | Arch::Qwen3Moe
+            | Arch::Qwen35
+            | Arch::Qwen35Moe => FfnActivation::Silu,
         }
     }
 
@@ -83,13 +99,21 @@ impl Arch {
 
     /// Whether the architecture needs per-head q/k RMSNorm weights in every block.
     pub fn qk_norms(self) -> bool {
-        matches!(self, Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe)
+        matches!(
+            self,
+            Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe | Arch::Qwen35 | Arch::Qwen35Moe
+        )
+    }
+
+    /// Whether the architecture interleaves Gated DeltaNet layers with gated attention ones.
+    pub fn hybrid(self) -> bool {
+        matches!(self, Arch::Qwen35 | Arch::Qwen35Moe)
     }
 
     /// Whether every layer's FFN is a routed Mixture-of-Experts (the `llama` architecture is
     /// routed only when its file declares `llama.expert_count`: Mixtral).
     pub fn always_moe(self) -> bool {
-        matches!(self, Arch::Qwen2Moe | Arch::Qwen3Moe)
+        matches!(self, Arch::Qwen2Moe | Arch::Qwen3Moe | Arch::Qwen35Moe)
     }
 
     /// RoPE pairing, as llama.cpp's `llama_model_rope_type`: llama uses "normal" rope
@@ -125,6 +149,9 @@ pub const MAX_HEAD_DIM: u64 = 1024;
 /// MoE models route over 512 (Qwen3-Next) or 384 (Kimi K2); the count sizes per-token routing
 /// buffers and the weight table (three matrices an expert a layer).
 pub const MAX_EXPERT_COUNT: u64 = 1024;
+/// Most taps of a DeltaNet conv (`{arch}.ssm.conv_kernel`): published models use 4; the
+/// window sizes per-sequence state.
+pub const MAX_CONV_KERNEL: u64 = 64;
 /// Longest training context (`{arch}.context_length`).
 pub const MAX_CONTEXT_LENGTH: u64 = 1 << 24;
 /// Largest vocabulary (`tokenizer.ggml.tokens` length, `{arch}.vocab_size`).
@@ -135,6 +162,9 @@ pub const MIN_ROPE_FREQ_BASE: f64 = 1.0;
 /// Largest RMSNorm epsilon accepted: trained models use 1e-6 … 1e-5, and an epsilon near the
 /// mean square of unit-scale activations (≥ 1) would swamp it and flatten every norm.
 pub const MAX_RMS_EPS: f64 = 1.0;
+/// Of every this many layers of a hybrid, the last is full attention and the others DeltaNet
+/// when the file has no `{arch}.full_attention_interval` (llama.cpp's default for qwen35).
+pub const DEFAULT_FULL_ATTENTION_INTERVAL: usize = 4;
 /// Gemma 3's default layer pattern: of every 6 blocks the first 5 are local (sliding-window)
 /// and the 6th global (llama.cpp `llama_model_gemma3::load_arch_hparams`:
 /// `load_swa_pattern(ml, 6)`; HF `Gemma3TextConfig.sliding_window_pattern = 6`).
@@ -194,6 +224,58 @@ pub struct ModelConfig {
     pub final_logit_softcap: Option<f32>,
     /// The routed FFN of a Mixture-of-Experts model; `None`: every FFN is dense.
     pub moe: Option<MoeConfig>,
+    /// The Gated DeltaNet layers of a hybrid model; `None`: every layer is attention.
+    pub delta_net: Option<DeltaNetConfig>,
+}
+
+/// The Gated DeltaNet (linear attention) layers of a hybrid model (llama.cpp
+/// `build_layer_attn_linear`, `build_delta_net_autoregressive`): per token, `qkv = W_qkv·x`
+/// through a causal depthwise conv of `conv_kernel` taps and SiLU, q and k L2-normalised per
+/// head, then per value head a `head_dim × head_dim` state `S ← e^g·S + k·(β(v − e^g·Sᵀk))ᵀ`
+/// read out as `o = Sᵀq/√head_dim`, gated RMSNorm by `silu(z)`, `z = W_gate·x`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeltaNetConfig {
+    /// Taps of the causal conv (`{arch}.ssm.conv_kernel`): the state keeps `conv_kernel − 1`
+    /// past inputs.
+    pub conv_kernel: usize,
+    /// Query/key heads (`{arch}.ssm.group_count`).
+    pub n_k_heads: usize,
+    /// Value heads (`{arch}.ssm.time_step_rank`), a multiple of `n_k_heads`: value head `h`
+    /// reads key head `h mod n_k_heads` (ggml's repeat; the converter orders the value heads so).
+    pub n_v_heads: usize,
+    /// Width of every q/k/v head (`{arch}.ssm.state_size`; `ssm.inner_size / time_step_rank`
+    /// must equal it).
+    pub head_dim: usize,
+    /// Per layer, whether it is a DeltaNet layer (the others are gated attention): every
+    /// `full_attention_interval`-th layer (default 4) is attention.
+    pub recurrent: Vec<bool>,
+}
+
+impl DeltaNetConfig {
+    /// Width of q (and of k): `n_k_heads × head_dim`.
+    pub fn key_dim(&self) -> usize {
+        self.n_k_heads * self.head_dim
+    }
+
+    /// Width of v, z and the output: `n_v_heads × head_dim`.
+    pub fn value_dim(&self) -> usize {
+        self.n_v_heads * self.head_dim
+    }
+
+    /// Channels of the conv (q, k and v together).
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+
+    /// f32 values of one layer's state: the conv window and the value heads' matrices.
+    pub fn state_values(&self) -> usize {
+        (self.conv_kernel - 1) * self.conv_dim() + self.n_v_heads * self.head_dim * self.head_dim
+    }
+
+    /// Whether layer `li` is a DeltaNet layer.
+    pub fn is_recurrent(&self, li: usize) -> bool {
+        self.recurrent.get(li).copied().unwrap_or(false)
+    }
 }
 
 /// A Mixture-of-Experts FFN's shape and routing rule (llama.cpp `build_moe_ffn` with
@@ -324,6 +406,7 @@ impl ModelConfig {
         check_block_count(idx, &key("block_count"), n_layer)?;
         let d_model = keys.size("embedding_length", MAX_EMBEDDING_LENGTH)?;
         let moe = moe_config(&keys, arch)?;
+        let delta_net = delta_net_config(&keys, arch, n_layer)?;
         // A routed model's dense width is optional (llama.cpp reads it as a fallback only).
         let n_ff = match &moe {
             Some(m) => keys
@@ -437,6 +520,7 @@ impl ModelConfig {
             sliding_window,
             final_logit_softcap,
             moe,
+            delta_net,
         };
         config.check_widths(idx, &key)?;
         Ok(config)
@@ -467,9 +551,15 @@ impl ModelConfig {
                 ));
             }
         }
+        let q_check = match self.delta_net {
+            // Block 0 of a hybrid is a DeltaNet layer, and its gated query is twice as wide:
+            // the loader checks those shapes by name.
+            Some(_) => "",
+            None => "blk.0.attn_q.weight",
+        };
         let mut checks = vec![
             (
-                "blk.0.attn_q.weight",
+                q_check,
                 self.q_dim(),
                 "attention.head_count",
                 format!(
@@ -480,7 +570,11 @@ impl ModelConfig {
                 ),
             ),
             (
-                "blk.0.attn_k.weight",
+                if self.delta_net.is_some() {
+                    ""
+                } else {
+                    "blk.0.attn_k.weight"
+                },
                 self.kv_dim(),
                 "attention.head_count_kv",
                 format!(
@@ -526,6 +620,35 @@ impl ModelConfig {
             .copied()
             .unwrap_or(false)
             .then_some(sw.window)
+    }
+
+    /// What in this model only the CPU engine runs (`None`: the GPU runs all of it).
+    pub fn cpu_only_layers(&self) -> Option<&'static str> {
+        match (&self.delta_net, &self.moe) {
+            (Some(_), _) => Some("hybrid Gated DeltaNet / gated attention layers"),
+            (None, Some(_)) => Some("Mixture-of-Experts layers"),
+            (None, None) => None,
+        }
+    }
+
+    /// Layers with a KV cache (all but a hybrid's DeltaNet layers).
+    pub fn n_attention_layers(&self) -> usize {
+        match &self.delta_net {
+            Some(dn) => (0..self.n_layer).filter(|&i| !dn.is_recurrent(i)).count(),
+            None => self.n_layer,
+        }
+    }
+
+    /// Bytes of recurrent state one sequence holds (f32, every DeltaNet layer), whatever its
+    /// length: counted beside the KV cache.
+    pub fn recurrent_bytes_per_sequence(&self) -> usize {
+        match &self.delta_net {
+            Some(dn) => {
+                let layers = self.n_layer - self.n_attention_layers();
+                layers * dn.state_values() * std::mem::size_of::<f32>()
+            }
+            None => 0,
+        }
     }
 
     /// Width of the concatenated query heads.
@@ -592,6 +715,9 @@ fn moe_config(keys: &Keys<'_>, arch: Arch) -> Result<Option<MoeConfig>, ModelErr
                 None => keys.size("feed_forward_length", MAX_FEED_FORWARD_LENGTH)?,
             },
         ),
+        Arch::Qwen35Moe => {
+            keys.opt_size("expert_shared_feed_forward_length", MAX_FEED_FORWARD_LENGTH)?
+        }
         _ => None,
     };
     Ok(Some(MoeConfig {
@@ -600,6 +726,62 @@ fn moe_config(keys: &Keys<'_>, arch: Arch) -> Result<Option<MoeConfig>, ModelErr
         n_ff_exp,
         norm_topk: arch != Arch::Qwen2Moe,
         n_ff_shared,
+    }))
+}
+
+/// The DeltaNet layers of a hybrid architecture from `{arch}.ssm.*` and
+/// `{arch}.full_attention_interval`, each bounded before it sizes anything; `None` for the
+/// other architectures.
+fn delta_net_config(
+    keys: &Keys<'_>,
+    arch: Arch,
+    n_layer: usize,
+) -> Result<Option<DeltaNetConfig>, ModelError> {
+    if !arch.hybrid() {
+        return Ok(None);
+    }
+    let conv_kernel = keys.size("ssm.conv_kernel", MAX_CONV_KERNEL)?;
+    if conv_kernel < 2 {
+        return Err(bad(
+            &keys.key("ssm.conv_kernel"),
+            format!("{conv_kernel} taps: a causal conv with state needs at least 2"),
+        ));
+    }
+    let head_dim = keys.size("ssm.state_size", MAX_HEAD_DIM)?;
+    let n_k_heads = keys.size("ssm.group_count", MAX_HEAD_COUNT)?;
+    let n_v_heads = keys.size("ssm.time_step_rank", MAX_HEAD_COUNT)?;
+    if n_v_heads % n_k_heads != 0 {
+        return Err(bad(
+            &keys.key("ssm.time_step_rank"),
+            format!("{n_v_heads} value heads are not a multiple of ssm.group_count {n_k_heads}"),
+        ));
+    }
+    let inner = keys.size("ssm.inner_size", MAX_HEAD_COUNT * MAX_HEAD_DIM)?;
+    if inner != n_v_heads * head_dim {
+        return Err(bad(
+            &keys.key("ssm.inner_size"),
+            format!(
+                "{inner} is not ssm.time_step_rank {n_v_heads} × ssm.state_size {head_dim} \
+                 (hipfire needs value heads as wide as the state)"
+            ),
+        ));
+    }
+    let interval_key = keys.key("full_attention_interval");
+    let interval = match keys.idx.get(&interval_key) {
+        None => DEFAULT_FULL_ATTENTION_INTERVAL,
+        Some(_) => bounded(
+            &interval_key,
+            keys.idx.get_u64(&interval_key)?,
+            MAX_BLOCK_COUNT,
+        )?,
+    };
+    let recurrent = (0..n_layer).map(|i| (i + 1) % interval != 0).collect();
+    Ok(Some(DeltaNetConfig {
+        conv_kernel,
+        n_k_heads,
+        n_v_heads,
+        head_dim,
+        recurrent,
     }))
 }
 

@@ -377,10 +377,9 @@ impl<'m> GpuDecoder<'m> {
                 "{slots} sequence slots (1 to {MAX_SLOTS})"
             )));
         }
-        if model.config().moe.is_some() {
+        if let Some(what) = model.config().cpu_only_layers() {
             return Err(ModelError::Unsupported(format!(
-                "{}: the GPU engine does not run Mixture-of-Experts layers yet; run it on the \
-                 CPU (--device cpu)",
+                "{}: the GPU engine does not run {what} yet; run it on the CPU (--device cpu)",
                 model.config().arch.name()
             )));
         }

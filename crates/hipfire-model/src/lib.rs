@@ -59,6 +59,7 @@ pub mod backend;
 pub mod block;
 pub mod chat_template;
 pub mod config;
+pub mod delta_net;
 mod error;
 pub mod gguf;
 pub mod gpu;
@@ -76,16 +77,16 @@ pub mod tokenizer;
 
 pub use backend::{Backend, CpuBackend, ReferenceBackend, Weight};
 pub use chat_template::{ChatTemplate, Rendered, TemplateError, TemplateOrigin};
-pub use config::{Arch, FfnActivation, ModelConfig, MoeConfig, SlidingWindow};
+pub use config::{Arch, DeltaNetConfig, FfnActivation, ModelConfig, MoeConfig, SlidingWindow};
 pub use error::ModelError;
 pub use model::{
     forward_batch, generate, kv_bytes_per_position, resolve_ctx_len, BatchItem, Decoder,
-    GenerationStats, LoadOptions, LoadProgress, Model, ProgressFn, Session,
+    GenerationStats, LoadOptions, LoadProgress, Model, ProgressFn, Session, SessionSnapshot,
 };
 pub use rope::{Rope, RopeScaling, RopeScalingKind};
 pub use sampling::{Sampler, SamplingParams};
 pub use synth::{
-    write_synthetic, write_synthetic_to, Overwrite, SynthMoe, SynthReport, SynthSpec,
-    SYNTH_DESCRIPTION,
+    write_synthetic, write_synthetic_to, Overwrite, SynthDeltaNet, SynthMoe, SynthReport,
+    SynthSpec, SYNTH_DESCRIPTION,
 };
 pub use tokenizer::{ChatMessage, StreamDecoder, Tokenizer};

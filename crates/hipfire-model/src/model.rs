@@ -14,6 +14,7 @@ use crate::attention::{self, CacheType, KvCache, KvLayer};
 use crate::backend::{Backend, CpuBackend, Weight};
 use crate::block::{LayerTensors, TensorSource};
 use crate::config::ModelConfig;
+use crate::delta_net::{DeltaNetState, LayerState};
 use crate::gguf::{GgufFile, Quoted, TensorInfo};
 use crate::ops::{self, Rope};
 use crate::sampling::{Sampler, SamplingParams};
@@ -196,6 +197,25 @@ impl TensorSource<usize> for Loader<'_> {
             });
         }
         Ok((first..first + n).collect())
+    }
+
+    fn table(&self, name: &str, k: usize, m: usize) -> Result<Vec<f32>, ModelError> {
+        let (t, bytes) = self.file.tensor(name)?;
+        if t.dims != [k as u64, m as u64] {
+            return Err(shape_err(t, &[k as u64, m as u64]));
+        }
+        let format = Format::from_ggml_type(t.ggml_type.0).map_err(|_| {
+            ModelError::Unsupported(format!("tensor {name} has type {}", t.ggml_type))
+        })?;
+        let rb = format.row_bytes(k)?;
+        if (rb * m) as u64 != t.n_bytes {
+            return Err(shape_err(t, &[k as u64, m as u64]));
+        }
+        let mut v = vec![0f32; k * m];
+        for (row, out) in bytes.chunks_exact(rb).zip(v.chunks_exact_mut(k)) {
+            ops::dequantize_row(format, row, out)?;
+        }
+        Ok(v)
     }
 
     fn has(&self, name: &str) -> bool {
@@ -460,7 +480,8 @@ impl Model {
     /// [`Model::cache_type`].
     pub fn kv_cache_bytes(&self) -> u64 {
         let c = &self.config;
-        (2 * c.n_layer * self.cache_type.bytes(c.kv_dim())) as u64 * self.ctx_len as u64
+        kv_bytes_per_position(self) as u64 * self.ctx_len as u64
+            + c.recurrent_bytes_per_sequence() as u64
     }
 
     /// How the K/V cache is stored (`model.cache_type`), by CPU sessions and the GPU decoder.
@@ -796,9 +817,51 @@ pub struct Session<'m> {
     /// added): half the bytes a long context reads every token, and llama.cpp's default cache
     /// type; laid out per KV head for [`attention`](crate::attention).
     kv: Vec<KvCache>,
+    /// Per layer, the recurrent state of a Gated DeltaNet layer (`None` for attention layers).
+    rec: Vec<Option<LayerState>>,
+    /// Which session this is (a snapshot restores only into the session it came from).
+    id: u64,
+    /// Counts snapshots and rewinds, so each is ordered against the others.
+    events: u64,
+    /// `(event, position)` of every rewind (reset, restore): a snapshot taken before a rewind
+    /// below its position no longer matches the cache.
+    rewinds: Vec<(u64, usize)>,
     /// The residual stream after the last position fed.
     x: Vec<f32>,
     logits: Vec<f32>,
+}
+
+/// Source of [`Session`] ids.
+static NEXT_SESSION_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A session's state at one position ([`Session::snapshot`]): restoring it puts the session
+/// back there bit for bit, the recurrent states included, without re-reading the prompt.
+#[derive(Debug, Clone)]
+pub struct SessionSnapshot {
+    session: u64,
+    event: u64,
+    pos: usize,
+    rec: Vec<Option<DeltaNetState>>,
+    x: Vec<f32>,
+    logits: Vec<f32>,
+}
+
+impl SessionSnapshot {
+    /// The position it was taken at.
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// Bytes it holds (the recurrent states dominate: Qwen3.5's ≈ 2 MiB a DeltaNet layer).
+    pub fn bytes(&self) -> usize {
+        let rec: usize = self
+            .rec
+            .iter()
+            .flatten()
+            .map(|s| s.conv.len() + s.s.len())
+            .sum();
+        4 * (rec + self.x.len() + self.logits.len())
+    }
 }
 
 impl std::fmt::Debug for Session<'_> {
@@ -820,9 +883,76 @@ impl<'m> Session<'m> {
                         .unwrap_or_else(|| KvCache::F16(KvLayer::new(c.n_head_kv, c.head_dim)))
                 })
                 .collect(),
+            rec: (0..c.n_layer)
+                .map(|li| match &c.delta_net {
+                    Some(dn) if dn.is_recurrent(li) => Some(LayerState::new(dn)),
+                    _ => None,
+                })
+                .collect(),
+            id: NEXT_SESSION_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            events: 0,
+            rewinds: Vec::new(),
             x: vec![0.0; c.d_model],
             logits: vec![0.0; c.vocab],
         }
+    }
+
+    /// Note a rewind to position `to`.
+    fn rewound(&mut self, to: usize) {
+        self.events += 1;
+        self.rewinds.push((self.events, to));
+    }
+
+    /// The session's state now, to [`Session::restore`] later (a second chat turn, a server
+    /// slot's prefix): the position, the recurrent states (copied) and the last logits; the KV
+    /// cache is kept by position, since positions are only ever appended.
+    pub fn snapshot(&mut self) -> SessionSnapshot {
+        self.events += 1;
+        SessionSnapshot {
+            session: self.id,
+            event: self.events,
+            pos: self.pos,
+            rec: self
+                .rec
+                .iter()
+                .map(|l| l.as_ref().map(|l| l.front().clone()))
+                .collect(),
+            x: self.x.clone(),
+            logits: self.logits.clone(),
+        }
+    }
+
+    /// Back to `snap`, taken from this session at a position it has not gone below since
+    /// (its cache still holds those positions); refused otherwise, or for another model's
+    /// snapshot. Continuing from here is bit-identical to never having gone past it.
+    pub fn restore(&mut self, snap: &SessionSnapshot) -> Result<(), ModelError> {
+        if snap.session != self.id {
+            return Err(ModelError::InvalidOption(
+                "a snapshot of another session".into(),
+            ));
+        }
+        let rewound_below = self
+            .rewinds
+            .iter()
+            .any(|&(event, to)| event > snap.event && to < snap.pos);
+        if snap.pos > self.pos || rewound_below {
+            return Err(ModelError::InvalidOption(format!(
+                "a snapshot at position {} of a session now at {}: only a position the \
+                 session has reached and not rewound below since can be restored",
+                snap.pos, self.pos
+            )));
+        }
+        self.kv.iter_mut().for_each(|c| c.truncate(snap.pos));
+        for (l, s) in self.rec.iter_mut().zip(&snap.rec) {
+            if let (Some(l), Some(s)) = (l, s) {
+                l.set_front(s);
+            }
+        }
+        self.x.copy_from_slice(&snap.x);
+        self.logits.copy_from_slice(&snap.logits);
+        self.pos = snap.pos;
+        self.rewound(snap.pos);
+        Ok(())
     }
 
     /// Positions filled so far.
@@ -834,6 +964,10 @@ impl<'m> Session<'m> {
     pub fn reset(&mut self) {
         self.pos = 0;
         self.kv.iter_mut().for_each(KvCache::clear);
+        self.rec.iter_mut().flatten().for_each(LayerState::clear);
+        // A rewind to 0 outdates every earlier snapshot but those at 0: one entry says so.
+        self.rewinds.clear();
+        self.rewound(0);
     }
 
     /// Feed `tokens`; returns the logits after the last one.
@@ -1108,7 +1242,7 @@ mod tests {
     /// Architecture × format cases of the multi-token bit-identity tests (here and in
     /// `batch`): every architecture's extras (biases, q/k norms) and block formats with
     /// different activation preparation.
-    pub(super) const ARCH_FORMATS: [(Arch, Format); 7] = [
+    pub(super) const ARCH_FORMATS: [(Arch, Format); 9] = [
         (Arch::Llama, Format::Q4_1),
         (Arch::Llama, Format::Q4K),
         (Arch::Qwen2, Format::Q8_0),
@@ -1116,6 +1250,8 @@ mod tests {
         (Arch::Gemma3, Format::Q8_0),
         (Arch::Qwen3Moe, Format::Q4K),
         (Arch::Qwen2Moe, Format::Q8_0),
+        (Arch::Qwen35, Format::Q8_0),
+        (Arch::Qwen35Moe, Format::F32),
     ];
 
     /// A tiny synthetic model of `arch` in `fmt` (also used by `batch`'s tests). Each call
@@ -1294,5 +1430,56 @@ mod tests {
         assert_eq!(s.position(), kept);
         assert!(s.kv.iter().all(|c| c.n_pos() == kept));
         s.step(1).expect("session still usable");
+    }
+
+    fn bits_of(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|f| f.to_bits()).collect()
+    }
+
+    /// Snapshot → go on → restore → go on again gives the same logits, bit for bit, as the
+    /// first time (a hybrid's recurrent states and the attention layers' cache alike); the
+    /// snapshot of another session, one from after a rewind below it, and one from ahead of
+    /// the session are refused without changing anything.
+    #[test]
+    fn snapshot_restore_continues_bit_identically() {
+        for (arch, fmt) in [(Arch::Qwen35, Format::Q8_0), (Arch::Llama, Format::Q4K)] {
+            let model = synth_model(arch, fmt, None);
+            let prompt: Vec<u32> = (0..19u32).map(|i| (i * 37 + 11) % 500 + 2).collect();
+            let turn: Vec<u32> = (0..7u32).map(|i| (i * 53 + 3) % 500 + 2).collect();
+            let mut s = model.session();
+            s.prefill(&prompt).expect("prefill");
+            let snap = s.snapshot();
+            assert!(snap.bytes() > 0);
+            let first = bits_of(s.prefill(&turn).expect("turn"));
+            let first_step = bits_of(s.step(9).expect("step"));
+            s.restore(&snap).expect("restore");
+            assert_eq!(s.position(), prompt.len());
+            let again = bits_of(s.prefill(&turn).expect("turn again"));
+            assert_eq!(first, again, "{arch:?}: turn after restore");
+            assert_eq!(
+                first_step,
+                bits_of(s.step(9).expect("step")),
+                "{arch:?}: step"
+            );
+            // The same prompt fed alone in a fresh session gives the same turn.
+            let mut fresh = model.session();
+            fresh.prefill(&prompt).expect("prefill");
+            assert_eq!(
+                first,
+                bits_of(fresh.prefill(&turn).expect("turn")),
+                "{arch:?}: fresh"
+            );
+            // Refusals.
+            assert!(fresh.restore(&snap).is_err(), "another session's snapshot");
+            let ahead = s.snapshot();
+            s.restore(&snap).expect("back to the prompt");
+            assert!(
+                s.restore(&ahead).is_err(),
+                "a snapshot ahead of the session"
+            );
+            s.reset();
+            assert!(s.restore(&snap).is_err(), "a snapshot from before a reset");
+            assert_eq!(s.position(), 0, "a refused restore changes nothing");
+        }
     }
 }

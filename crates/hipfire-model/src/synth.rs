@@ -90,6 +90,25 @@ pub struct SynthSpec {
     pub rope_scaling: RopeScaling,
     /// Routed experts in every layer's FFN (`None`: dense).
     pub moe: Option<SynthMoe>,
+    /// Gated DeltaNet layers of a hybrid (Qwen3.5) model (`None`: every layer attention).
+    pub delta_net: Option<SynthDeltaNet>,
+    /// Leading dims of each head that RoPE rotates (`None`: all of them).
+    pub rope_dim: Option<usize>,
+}
+
+/// The Gated DeltaNet layers of a synthetic hybrid model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SynthDeltaNet {
+    /// Conv taps.
+    pub conv_kernel: usize,
+    /// Query/key heads.
+    pub n_k_heads: usize,
+    /// Value heads (a multiple of `n_k_heads`).
+    pub n_v_heads: usize,
+    /// Width of every head.
+    pub head_dim: usize,
+    /// Every this many layers the last is attention.
+    pub interval: usize,
 }
 
 /// The routed FFN of a synthetic Mixture-of-Experts model.
@@ -135,6 +154,8 @@ impl SynthSpec {
             tied_embeddings: false,
             rope_scaling: RopeScaling::none(8192),
             moe: None,
+            delta_net: None,
+            rope_dim: None,
         }
     }
 
@@ -161,6 +182,8 @@ impl SynthSpec {
                 n_ff_exp: 768,
                 n_ff_shared: None,
             }),
+            delta_net: None,
+            rope_dim: None,
         }
     }
 
@@ -182,6 +205,8 @@ impl SynthSpec {
             tied_embeddings: false,
             rope_scaling: RopeScaling::none(32768),
             moe: None,
+            delta_net: None,
+            rope_dim: None,
         }
     }
 
@@ -190,7 +215,6 @@ impl SynthSpec {
         SynthSpec {
             name: format!("tiny-{}", arch.name()),
             arch,
-            n_layer: 2,
             d_model: 256,
             n_ff: 512,
             n_head: 4,
@@ -205,8 +229,19 @@ impl SynthSpec {
                 n_expert: TINY_EXPERTS,
                 n_expert_used: TINY_EXPERTS_USED,
                 n_ff_exp: 256,
-                n_ff_shared: (arch == Arch::Qwen2Moe).then_some(512),
+                n_ff_shared: matches!(arch, Arch::Qwen2Moe | Arch::Qwen35Moe).then_some(512),
             }),
+            // Three DeltaNet layers and one attention layer: Qwen3.5's 3:1 pattern once.
+            n_layer: if arch.hybrid() { 4 } else { 2 },
+            delta_net: arch.hybrid().then_some(SynthDeltaNet {
+                conv_kernel: 4,
+                n_k_heads: 2,
+                n_v_heads: 4,
+                head_dim: 64,
+                interval: 4,
+            }),
+            // Qwen3.5 rotates a quarter of each head.
+            rope_dim: arch.hybrid().then_some(16),
         }
     }
 
@@ -226,7 +261,8 @@ impl SynthSpec {
     }
 
     /// Preset by name: `llama3-8b`, `qwen-9b`, `qwen3-30b-a3b`, `tiny-llama`, `tiny-qwen2`,
-    /// `tiny-qwen3`, `tiny-gemma3`, `tiny-qwen2moe`, `tiny-qwen3moe`, `tiny-mixtral`.
+    /// `tiny-qwen3`, `tiny-gemma3`, `tiny-qwen2moe`, `tiny-qwen3moe`, `tiny-mixtral`,
+    /// `tiny-qwen35`, `tiny-qwen35moe`.
     pub fn preset(name: &str) -> Option<SynthSpec> {
         Some(match name {
             "llama3-8b" => SynthSpec::llama3_8b(),
@@ -239,6 +275,8 @@ impl SynthSpec {
             "tiny-qwen2moe" => SynthSpec::tiny(Arch::Qwen2Moe),
             "tiny-qwen3moe" => SynthSpec::tiny(Arch::Qwen3Moe),
             "tiny-mixtral" => SynthSpec::tiny_mixtral(),
+            "tiny-qwen35" => SynthSpec::tiny(Arch::Qwen35),
+            "tiny-qwen35moe" => SynthSpec::tiny(Arch::Qwen35Moe),
             _ => return None,
         })
     }
@@ -260,23 +298,56 @@ impl SynthSpec {
         for i in 0..self.n_layer {
             let n = |s: &str| format!("blk.{i}.{s}");
             t.push((n("attn_norm.weight"), vec![d], Kind::Vector));
-            t.push((n("attn_q.weight"), vec![d, q], Kind::Quantised));
-            t.push((n("attn_k.weight"), vec![d, kv], Kind::Quantised));
-            t.push((n("attn_v.weight"), vec![d, kv], Kind::Quantised));
-            if matches!(self.arch, Arch::Qwen2 | Arch::Qwen2Moe) {
-                t.push((n("attn_q.bias"), vec![q], Kind::Vector));
-                t.push((n("attn_k.bias"), vec![kv], Kind::Vector));
-                t.push((n("attn_v.bias"), vec![kv], Kind::Vector));
+            let recurrent = self
+                .delta_net
+                .as_ref()
+                .filter(|dn| (i + 1) % dn.interval != 0);
+            if let Some(dn) = recurrent {
+                let (kd, vd, hv) = (
+                    (dn.n_k_heads * dn.head_dim) as u64,
+                    (dn.n_v_heads * dn.head_dim) as u64,
+                    dn.n_v_heads as u64,
+                );
+                let cd = 2 * kd + vd;
+                t.push((n("attn_qkv.weight"), vec![d, cd], Kind::Quantised));
+                t.push((n("attn_gate.weight"), vec![d, vd], Kind::Quantised));
+                t.push((n("ssm_beta.weight"), vec![d, hv], Kind::Quantised));
+                t.push((n("ssm_alpha.weight"), vec![d, hv], Kind::Quantised));
+                t.push((
+                    n("ssm_conv1d.weight"),
+                    vec![dn.conv_kernel as u64, cd],
+                    Kind::F32Matrix,
+                ));
+                t.push((n("ssm_dt.bias"), vec![hv], Kind::Vector));
+                t.push((n("ssm_a"), vec![hv], Kind::Vector));
+                t.push((n("ssm_norm.weight"), vec![dn.head_dim as u64], Kind::Vector));
+                t.push((n("ssm_out.weight"), vec![vd, d], Kind::Quantised));
+            } else {
+                // A hybrid's attention query also yields the output gate, interleaved per head.
+                let qrows = if self.delta_net.is_some() { 2 * q } else { q };
+                t.push((n("attn_q.weight"), vec![d, qrows], Kind::Quantised));
+                t.push((n("attn_k.weight"), vec![d, kv], Kind::Quantised));
+                t.push((n("attn_v.weight"), vec![d, kv], Kind::Quantised));
+                if matches!(self.arch, Arch::Qwen2 | Arch::Qwen2Moe) {
+                    t.push((n("attn_q.bias"), vec![q], Kind::Vector));
+                    t.push((n("attn_k.bias"), vec![kv], Kind::Vector));
+                    t.push((n("attn_v.bias"), vec![kv], Kind::Vector));
+                }
+                if self.arch.qk_norms() {
+                    t.push((n("attn_q_norm.weight"), vec![hd], Kind::Vector));
+                    t.push((n("attn_k_norm.weight"), vec![hd], Kind::Vector));
+                }
+                t.push((n("attn_output.weight"), vec![q, d], Kind::Quantised));
+                if self.arch.post_norms() {
+                    t.push((n("post_attention_norm.weight"), vec![d], Kind::Vector));
+                }
             }
-            if self.arch.qk_norms() {
-                t.push((n("attn_q_norm.weight"), vec![hd], Kind::Vector));
-                t.push((n("attn_k_norm.weight"), vec![hd], Kind::Vector));
-            }
-            t.push((n("attn_output.weight"), vec![q, d], Kind::Quantised));
-            if self.arch.post_norms() {
-                t.push((n("post_attention_norm.weight"), vec![d], Kind::Vector));
-            }
-            t.push((n("ffn_norm.weight"), vec![d], Kind::Vector));
+            // Qwen3.5 names the FFN's input norm `post_attention_norm`.
+            let ffn_norm = match self.arch.hybrid() {
+                true => "post_attention_norm.weight",
+                false => "ffn_norm.weight",
+            };
+            t.push((n(ffn_norm), vec![d], Kind::Vector));
             match &self.moe {
                 None => {
                     t.push((n("ffn_gate.weight"), vec![d, ff], Kind::Quantised));
@@ -354,8 +425,33 @@ impl SynthSpec {
                 format!("{a}.rope.freq_base"),
                 MetaValue::F32(self.rope_theta),
             ),
-            (format!("{a}.rope.dimension_count"), u(self.head_dim)),
+            (
+                format!("{a}.rope.dimension_count"),
+                u(self.rope_dim.unwrap_or(self.head_dim)),
+            ),
         ];
+        if let Some(dn) = &self.delta_net {
+            let rope_pairs = self.rope_dim.unwrap_or(self.head_dim) / 2;
+            // M-RoPE sections (text, height, width, unused) as Qwen3.5's 11/11/10 of 32 pairs;
+            // for text every section sees the same position, so they change nothing here, but
+            // llama.cpp requires the key.
+            let (s0, s1) = (rope_pairs * 11 / 32, rope_pairs * 11 / 32);
+            let sections = [s0, s1, rope_pairs - s0 - s1, 0]
+                .map(|v| MetaValue::I32(v as i32))
+                .to_vec();
+            m.extend([
+                (format!("{a}.ssm.conv_kernel"), u(dn.conv_kernel)),
+                (format!("{a}.ssm.state_size"), u(dn.head_dim)),
+                (format!("{a}.ssm.group_count"), u(dn.n_k_heads)),
+                (format!("{a}.ssm.time_step_rank"), u(dn.n_v_heads)),
+                (format!("{a}.ssm.inner_size"), u(dn.n_v_heads * dn.head_dim)),
+                (format!("{a}.full_attention_interval"), u(dn.interval)),
+                (
+                    format!("{a}.rope.dimension_sections"),
+                    MetaValue::Array(MetaValueType::I32, sections),
+                ),
+            ]);
+        }
         if let Some(e) = &self.moe {
             m.extend([
                 (format!("{a}.expert_count"), u(e.n_expert)),
@@ -587,6 +683,26 @@ fn publish(tmp: &Path, path: &Path, overwrite: Overwrite) -> Result<(), ModelErr
     Ok(())
 }
 
+/// Largest |tap| of a synthetic DeltaNet conv: trained convs have taps of a few tenths, and
+/// taps as small as the matrices' would leave q, k and v near zero.
+const SYNTH_CONV_TAP: f32 = 0.5;
+
+/// A synthetic vector's values, by its name: norms near 1, biases near 0 (the bytes every
+/// earlier synthetic file had), and a DeltaNet's decay parameters where trained models keep
+/// them — `ssm_a = −exp(A_log)` with `A_log` of a few units (HF init `log(U(1, 16))`),
+/// `ssm_dt.bias` the inverse softplus of a step of 0.001–0.1 (HF `dt_bias` init) — so `e^g` is
+/// a decay in (0, 1).
+fn vector_value(name: &str, rng: &mut ChaCha8Rng) -> f32 {
+    if name.ends_with("ssm_a") {
+        rng.random_range(-8.0f32..-1.0)
+    } else if name.ends_with("ssm_dt.bias") {
+        rng.random_range(-6.0f32..-2.5)
+    } else {
+        let base = if name.ends_with(".bias") { 0.0 } else { 1.0 };
+        base + rng.random_range(-0.1f32..0.1)
+    }
+}
+
 /// The writing itself, into a new file at `path` (which must not exist).
 fn write_file(
     path: &Path,
@@ -637,14 +753,15 @@ fn write_file(
         let k = dims[0] as usize;
         let rows: usize = dims[1..].iter().product::<u64>() as usize;
         if *kind == Kind::F32Matrix {
-            // Small (a router: experts × d_model): every value drawn, row by row.
+            // Small (a router: experts × d_model; a conv's taps): every value drawn, row by row.
+            let half = match name.contains("ssm_conv1d") {
+                true => SYNTH_CONV_TAP,
+                false => uniform_half_width,
+            };
             for r in 0..rows {
                 let mut rng = ChaCha8Rng::seed_from_u64(row_seed(seed, ti, r));
                 let v: Vec<u8> = (0..k)
-                    .flat_map(|_| {
-                        rng.random_range(-uniform_half_width..uniform_half_width)
-                            .to_le_bytes()
-                    })
+                    .flat_map(|_| rng.random_range(-half..half).to_le_bytes())
                     .collect();
                 w.write_data(&v)?;
                 done += v.len() as u64;
@@ -654,9 +771,8 @@ fn write_file(
         if *kind == Kind::Vector {
             // Norm weights near 1 (as trained models have), biases near 0.
             let mut rng = ChaCha8Rng::seed_from_u64(row_seed(seed, ti, 0));
-            let base = if name.ends_with(".bias") { 0.0 } else { 1.0 };
             let v: Vec<u8> = (0..k)
-                .flat_map(|_| (base + rng.random_range(-0.1f32..0.1)).to_le_bytes())
+                .flat_map(|_| vector_value(name, &mut rng).to_le_bytes())
                 .collect();
             w.write_data(&v)?;
             done += v.len() as u64;

@@ -7,12 +7,12 @@
 //! in the fixture too: their logits must be far from the scaled ones (outside the bound), which
 //! shows the comparison would catch scaling being ignored.
 
-use std::path::PathBuf;
+#[path = "common/synth_fixture.rs"]
+mod synth_fixture;
 
-use hipfire_model::{write_synthetic, LoadOptions, Model, RopeScaling, RopeScalingKind, SynthSpec};
+use hipfire_model::{RopeScaling, RopeScalingKind, SynthSpec};
 use hipfire_quant::Format;
-use serde_json::Value;
-use sha2::{Digest, Sha256};
+use synth_fixture::{floats, row_err, top1_agreement};
 
 /// Largest |hipfire − llama.cpp| on a recorded logit row, as a fraction of that row's range
 /// (max − min). Both sides multiply f32 weights in f32; hipfire rounds K and V to f16, llama.cpp
@@ -27,12 +27,6 @@ const MIN_TOP1: f64 = 0.99;
 /// How many bounds apart llama.cpp's unscaled logits must be from its scaled ones, so a
 /// hipfire that ignored the scaling could not pass (measured: 7–20 bounds).
 const CONTROL_MARGIN: f64 = 4.0;
-
-fn fixture() -> Value {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/rope_scaling_llamacpp.json");
-    serde_json::from_str(&std::fs::read_to_string(p).expect("fixture")).expect("fixture json")
-}
 
 /// The spec `hipfire synth` builds from `flags` (the subset the recorder uses).
 fn spec_from_flags(flags: &[String]) -> (SynthSpec, u64) {
@@ -71,25 +65,8 @@ fn spec_from_flags(flags: &[String]) -> (SynthSpec, u64) {
 /// hipfire's logits at every position of `prompt`, one decode step each.
 fn hipfire_logits(name: &str, flags: &[String], sha: &str, prompt: &[u32]) -> Vec<Vec<f32>> {
     let dir = std::env::temp_dir().join(format!("hipfire-rope-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("tmp");
-    let path = dir.join(format!("{name}.gguf"));
     let (spec, seed) = spec_from_flags(flags);
-    write_synthetic(&path, &spec, Format::F32, seed, None).expect("synth");
-    let bytes = std::fs::read(&path).expect("read back");
-    let got_sha: String = Sha256::digest(&bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    assert_eq!(
-        got_sha, sha,
-        "{name}: regenerated file differs from the recorded one"
-    );
-    let opts = LoadOptions {
-        threads: 2,
-        ..LoadOptions::default()
-    };
-    let model = Model::load(&path, &opts).expect("load");
-    let _ = std::fs::remove_file(&path);
+    let model = synth_fixture::regenerate(&dir, name, &spec, Format::F32, seed, sha);
     let mut s = model.session();
     prompt
         .iter()
@@ -97,58 +74,18 @@ fn hipfire_logits(name: &str, flags: &[String], sha: &str, prompt: &[u32]) -> Ve
         .collect()
 }
 
-/// (max |a − b| / range(b), argmax of a == argmax of b) per row.
-fn row_err(a: &[f64], b: &[f64]) -> f64 {
-    let range = b.iter().copied().fold(f64::NEG_INFINITY, f64::max)
-        - b.iter().copied().fold(f64::INFINITY, f64::min);
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f64::max)
-        / range
-}
-
-fn floats(v: &Value) -> Vec<f64> {
-    v.as_array()
-        .expect("array")
-        .iter()
-        .map(|x| x.as_f64().expect("f64"))
-        .collect()
-}
-
 #[test]
 fn scaled_rope_logits_match_llama_cpp() {
-    let f = fixture();
-    let prompt: Vec<u32> = f["prompt_ids"]
-        .as_array()
-        .expect("prompt")
-        .iter()
-        .map(|v| v.as_u64().expect("id") as u32)
-        .collect();
+    let f = synth_fixture::fixture("rope_scaling_llamacpp.json");
+    let prompt = synth_fixture::ids(&f["prompt_ids"]);
     let cases = f["cases"].as_array().expect("cases");
     let by_name = |n: &str| cases.iter().find(|c| c["name"] == n).expect("case");
     let mut report = Vec::new();
     for case in cases {
         let name = case["name"].as_str().expect("name");
-        let flags: Vec<String> = case["synth_flags"]
-            .as_array()
-            .expect("flags")
-            .iter()
-            .map(|v| v.as_str().expect("flag").to_owned())
-            .collect();
+        let flags = synth_fixture::flags(case);
         let got = hipfire_logits(name, &flags, case["sha256"].as_str().expect("sha"), &prompt);
-        let want_top1: Vec<usize> = case["argmax"]
-            .as_array()
-            .expect("argmax")
-            .iter()
-            .map(|v| v.as_u64().expect("id") as usize)
-            .collect();
-        let agree = got
-            .iter()
-            .zip(&want_top1)
-            .filter(|(row, &w)| hipfire_model::sampling::argmax(row) as usize == w)
-            .count() as f64
-            / prompt.len() as f64;
+        let agree = top1_agreement(&got, &case["argmax"]);
         let mut worst = 0f64;
         for (pos, row) in case["logits"].as_object().expect("logits") {
             let p: usize = pos.parse().expect("position");

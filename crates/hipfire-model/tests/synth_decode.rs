@@ -76,7 +76,12 @@ fn expert(w: &(Vec<f64>, usize), e: usize, m: usize) -> (Vec<f64>, usize) {
 /// the top k (ties to the lower index, as torch.topk's CPU sort), renormalised where the model
 /// does (Qwen3-MoE, Mixtral), weighted sum of the chosen experts' SwiGLU FFNs; Qwen2-MoE adds
 /// `sigmoid(w_shexp · x)` times the shared expert.
-fn moe_ffn(g: &dyn Fn(&str) -> Option<Mat>, moe: &hipfire_model::SynthMoe, x: &[f64]) -> Vec<f64> {
+fn moe_ffn(
+    g: &dyn Fn(&str) -> Option<Mat>,
+    moe: &hipfire_model::SynthMoe,
+    renormalise: bool,
+    x: &[f64],
+) -> Vec<f64> {
     let logits = matvec(&g("ffn_gate_inp.weight").unwrap(), x);
     let mx = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
     let e: Vec<f64> = logits.iter().map(|l| (l - mx).exp()).collect();
@@ -85,10 +90,10 @@ fn moe_ffn(g: &dyn Fn(&str) -> Option<Mat>, moe: &hipfire_model::SynthMoe, x: &[
     let mut order: Vec<usize> = (0..p.len()).collect();
     order.sort_by(|&a, &b| p[b].partial_cmp(&p[a]).unwrap().then(a.cmp(&b)));
     let top = &order[..moe.n_expert_used];
-    let norm = match g("ffn_gate_inp_shexp.weight").is_some() {
+    let norm = match renormalise {
+        true => top.iter().map(|&i| p[i]).sum(),
         // Qwen2-MoE keeps the softmax weights as they are (`norm_topk_prob = false`).
-        true => 1.0,
-        false => top.iter().map(|&i| p[i]).sum(),
+        false => 1.0,
     };
     let (gate, up, down) = (
         g("ffn_gate_exps.weight").unwrap(),
@@ -122,18 +127,118 @@ fn moe_ffn(g: &dyn Fn(&str) -> Option<Mat>, moe: &hipfire_model::SynthMoe, x: &[
     out
 }
 
+/// `x += ffn(rms_norm(x) · w_norm)`: the layer's dense or routed FFN.
+fn ffn_residual(
+    g: &dyn Fn(&str) -> Option<Mat>,
+    s: &SynthSpec,
+    norm: &str,
+    x: &mut [f64],
+    eps: f64,
+) {
+    let xn = rms(x, &g(norm).unwrap().0, eps);
+    let y = match &s.moe {
+        None => swiglu_ffn(
+            &g("ffn_gate.weight").unwrap(),
+            &g("ffn_up.weight").unwrap(),
+            &g("ffn_down.weight").unwrap(),
+            &xn,
+        ),
+        Some(moe) => moe_ffn(g, moe, s.arch != Arch::Qwen2Moe, &xn),
+    };
+    x.iter_mut().zip(&y).for_each(|(a, b)| *a += b);
+}
+
+/// One sequence's DeltaNet state in f64: the conv's past inputs and each value head's
+/// `S[value][key]`.
+#[derive(Default)]
+struct DeltaNetRef {
+    window: Vec<Vec<f64>>,
+    s: Vec<Vec<Vec<f64>>>,
+}
+
+/// A Gated DeltaNet layer over one token, from the definition (HF `Qwen3NextGatedDeltaNet`
+/// with llama.cpp's tensor layout: `ssm_a` = −exp(A_log), value head `h` reads key head
+/// `h mod n_k`): causal conv + SiLU, L2-normalised q and k, β = σ(b), g = softplus(a + dt)·A,
+/// `S ← e^g S`, `S ← S + k (β (v − Sᵀ k))ᵀ`, `o = Sᵀ q / √d`, gated RMSNorm, output projection.
+fn delta_net_layer(
+    g: &dyn Fn(&str) -> Option<Mat>,
+    dn: &hipfire_model::SynthDeltaNet,
+    st: &mut DeltaNetRef,
+    x: &[f64],
+    eps: f64,
+) -> Vec<f64> {
+    let (hd, nk, nv) = (dn.head_dim, dn.n_k_heads, dn.n_v_heads);
+    let (kd, vd) = (nk * hd, nv * hd);
+    let cd = 2 * kd + vd;
+    let qkv = matvec(&g("attn_qkv.weight").unwrap(), x);
+    let z = matvec(&g("attn_gate.weight").unwrap(), x);
+    let b = matvec(&g("ssm_beta.weight").unwrap(), x);
+    let a = matvec(&g("ssm_alpha.weight").unwrap(), x);
+    let taps = g("ssm_conv1d.weight").unwrap().0;
+    let (dt, aa) = (g("ssm_dt.bias").unwrap().0, g("ssm_a").unwrap().0);
+    let norm_w = g("ssm_norm.weight").unwrap().0;
+    if st.window.is_empty() {
+        st.window = vec![vec![0.0; cd]; dn.conv_kernel - 1];
+        st.s = vec![vec![vec![0.0; hd]; hd]; nv];
+    }
+    let mut inputs = st.window.clone();
+    inputs.push(qkv);
+    let conv: Vec<f64> = (0..cd)
+        .map(|c| {
+            let v: f64 = (0..dn.conv_kernel)
+                .map(|j| inputs[j][c] * taps[c * dn.conv_kernel + j])
+                .sum();
+            v / (1.0 + (-v).exp())
+        })
+        .collect();
+    st.window = inputs[1..].to_vec();
+    let l2 = |v: &[f64]| -> Vec<f64> {
+        let n = v.iter().map(|a| a * a).sum::<f64>().sqrt().max(eps);
+        v.iter().map(|a| a / n).collect()
+    };
+    let mut o = vec![0f64; vd];
+    for h in 0..nv {
+        let kh = h % nk;
+        let q: Vec<f64> = l2(&conv[kh * hd..(kh + 1) * hd])
+            .iter()
+            .map(|v| v / (hd as f64).sqrt())
+            .collect();
+        let k = l2(&conv[kd + kh * hd..kd + (kh + 1) * hd]);
+        let v = &conv[2 * kd + h * hd..2 * kd + (h + 1) * hd];
+        let beta = 1.0 / (1.0 + (-b[h]).exp());
+        let sp = |u: f64| if u > 20.0 { u } else { u.exp().ln_1p() };
+        let decay = (sp(a[h] + dt[h]) * aa[h]).exp();
+        let s = &mut st.s[h];
+        for (r, row) in s.iter_mut().enumerate() {
+            row.iter_mut().for_each(|e| *e *= decay);
+            let sk: f64 = row.iter().zip(&k).map(|(e, kk)| e * kk).sum();
+            let d = beta * (v[r] - sk);
+            row.iter_mut().zip(&k).for_each(|(e, kk)| *e += kk * d);
+            o[h * hd + r] = row.iter().zip(&q).map(|(e, qq)| e * qq).sum();
+        }
+        let oh = rms(&o[h * hd..(h + 1) * hd], &norm_w, eps);
+        for (i, val) in oh.into_iter().enumerate() {
+            let zz = z[h * hd + i];
+            o[h * hd + i] = val * zz / (1.0 + (-zz).exp());
+        }
+    }
+    matvec(&g("ssm_out.weight").unwrap(), &o)
+}
+
 /// Independent forward over `tokens`, returning the last position's logits.
 fn reference_logits(f: &GgufFile, s: &SynthSpec, tokens: &[u32]) -> Vec<f64> {
     let (d, hd, nh, nkv) = (s.d_model, s.head_dim, s.n_head, s.n_head_kv);
     let eps = 1e-5;
     let emb = tensor(f, "token_embd.weight").unwrap();
     let neox = s.arch != Arch::Llama;
+    // Partial RoPE (Qwen3.5) rotates the first `rd` dims of each head with `rd`'s frequencies.
+    let rd = s.rope_dim.unwrap_or(hd);
     let rope = |v: &mut [f64], pos: usize| {
         for h in v.chunks_exact_mut(hd) {
-            for i in 0..hd / 2 {
-                let th = pos as f64 * f64::from(s.rope_theta).powf(-2.0 * i as f64 / hd as f64);
+            for i in 0..rd / 2 {
+                let th = pos as f64 * f64::from(s.rope_theta).powf(-2.0 * i as f64 / rd as f64);
                 let (a, b) = if neox {
-                    (i, i + hd / 2)
+                    (i, i + rd / 2)
                 } else {
                     (2 * i, 2 * i + 1)
                 };
@@ -143,6 +248,7 @@ fn reference_logits(f: &GgufFile, s: &SynthSpec, tokens: &[u32]) -> Vec<f64> {
             }
         }
     };
+    let mut dn_state: Vec<DeltaNetRef> = (0..s.n_layer).map(|_| DeltaNetRef::default()).collect();
     let mut kc: Vec<Vec<Vec<f64>>> = vec![vec![]; s.n_layer];
     let mut vc: Vec<Vec<Vec<f64>>> = vec![vec![]; s.n_layer];
     let mut x = vec![];
@@ -151,7 +257,28 @@ fn reference_logits(f: &GgufFile, s: &SynthSpec, tokens: &[u32]) -> Vec<f64> {
         for l in 0..s.n_layer {
             let g = |n: &str| tensor(f, &format!("blk.{l}.{n}"));
             let xn = rms(&x, &g("attn_norm.weight").unwrap().0, eps);
-            let mut q = matvec(&g("attn_q.weight").unwrap(), &xn);
+            if let Some(dn) = s.delta_net.as_ref().filter(|dn| (l + 1) % dn.interval != 0) {
+                let o = delta_net_layer(&g, dn, &mut dn_state[l], &xn, eps);
+                x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+                ffn_residual(&g, s, "post_attention_norm.weight", &mut x, eps);
+                continue;
+            }
+            let qfull = matvec(&g("attn_q.weight").unwrap(), &xn);
+            // A hybrid's query rows are `[q_h, gate_h]` per head.
+            let gated = s.delta_net.is_some();
+            let (mut q, qgate): (Vec<f64>, Vec<f64>) = match gated {
+                false => (qfull, vec![]),
+                true => (
+                    qfull
+                        .chunks_exact(2 * hd)
+                        .flat_map(|c| c[..hd].to_vec())
+                        .collect(),
+                    qfull
+                        .chunks_exact(2 * hd)
+                        .flat_map(|c| c[hd..].to_vec())
+                        .collect(),
+                ),
+            };
             let mut k = matvec(&g("attn_k.weight").unwrap(), &xn);
             let mut v = matvec(&g("attn_v.weight").unwrap(), &xn);
             for (buf, n) in [
@@ -208,19 +335,19 @@ fn reference_logits(f: &GgufFile, s: &SynthSpec, tokens: &[u32]) -> Vec<f64> {
                     }
                 }
             }
+            if gated {
+                att.iter_mut()
+                    .zip(&qgate)
+                    .for_each(|(a, g)| *a /= 1.0 + (-g).exp());
+            }
             let o = matvec(&g("attn_output.weight").unwrap(), &att);
             x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
-            let xn = rms(&x, &g("ffn_norm.weight").unwrap().0, eps);
-            let dn = match &s.moe {
-                None => swiglu_ffn(
-                    &g("ffn_gate.weight").unwrap(),
-                    &g("ffn_up.weight").unwrap(),
-                    &g("ffn_down.weight").unwrap(),
-                    &xn,
-                ),
-                Some(moe) => moe_ffn(&g, moe, &xn),
+            let norm_name = if gated {
+                "post_attention_norm.weight"
+            } else {
+                "ffn_norm.weight"
             };
-            x.iter_mut().zip(&dn).for_each(|(a, b)| *a += b);
+            ffn_residual(&g, s, norm_name, &mut x, eps);
         }
     }
     let xn = rms(&x, &tensor(f, "output_norm.weight").unwrap().0, eps);
@@ -303,6 +430,15 @@ fn moe_f32_matches_f64_reference() {
     check(Arch::Qwen3Moe, Format::F32, 1e-4);
     check(Arch::Qwen2Moe, Format::F32, 1e-4);
     check_spec(&SynthSpec::tiny_mixtral(), Format::F32, 1e-4);
+}
+// Qwen3.5 hybrids (3 DeltaNet layers + 1 gated attention layer; the MoE variant with its
+// gated shared expert), f32 and quantised: the reference keeps its state in f64.
+#[test]
+fn hybrid_matches_f64_reference() {
+    check(Arch::Qwen35, Format::F32, 1e-4);
+    check(Arch::Qwen35Moe, Format::F32, 1e-4);
+    check(Arch::Qwen35, Format::Q8_0, 5e-2);
+    check(Arch::Qwen35Moe, Format::Q4K, 5e-2);
 }
 // Quantised experts: as the dense quantised cases below.
 #[test]
@@ -419,6 +555,22 @@ fn rewrite(f: &GgufFile, name: &str, edit: Edit<'_>) -> Result<Model, hipfire_mo
     );
     std::fs::remove_file(&p).unwrap();
     r
+}
+
+/// `f` with a copy of tensor `from` added as `to` (a form hipfire does not read) is refused as
+/// unsupported, naming `to`.
+fn refuses_added_copy(f: &GgufFile, from: &str, to: &str) {
+    let err = rewrite(f, "added-copy.gguf", &|_, s| {
+        let mut t = s.iter().find(|t| t.name == from).unwrap().clone();
+        t.name = to.into();
+        s.push(t);
+    })
+    .unwrap_err();
+    let short = to.trim_start_matches("blk.0.").trim_end_matches(".weight");
+    assert!(
+        matches!(&err, hipfire_model::ModelError::Unsupported(m) if m.contains(short)),
+        "{err}"
+    );
 }
 
 /// Rewrite a tiny model with one tensor changed, and check loading fails with a typed error.
@@ -559,19 +711,10 @@ fn moe_files_with_bad_expert_metadata_are_refused_by_name() {
     })
     .unwrap_err();
     assert!(matches!(err, ModelError::Shape { .. }), "{err}");
-    let err = rewrite(&f, "moe-fused.gguf", &|_, s| {
-        let mut t = s
-            .iter()
-            .find(|t| t.name == "blk.0.ffn_up_exps.weight")
-            .unwrap()
-            .clone();
-        t.name = "blk.0.ffn_gate_up_exps.weight".into();
-        s.push(t);
-    })
-    .unwrap_err();
-    assert!(
-        matches!(&err, ModelError::Unsupported(m) if m.contains("ffn_gate_up_exps")),
-        "{err}"
+    refuses_added_copy(
+        &f,
+        "blk.0.ffn_up_exps.weight",
+        "blk.0.ffn_gate_up_exps.weight",
     );
     // A dense-only architecture declaring experts.
     let dense = tmp("moe-dense.gguf");
@@ -590,4 +733,49 @@ fn moe_files_with_bad_expert_metadata_are_refused_by_name() {
     m.session().step(5).unwrap();
     std::fs::remove_file(&good).unwrap();
     std::fs::remove_file(&dense).unwrap();
+}
+
+/// A hybrid's `ssm.*` keys are bounded before they size a state and refused by name when they
+/// disagree; the fused `ssm_ba` form (qwen3next) and a missing DeltaNet tensor are refused.
+#[test]
+fn hybrid_files_with_bad_ssm_metadata_are_refused_by_name() {
+    use hipfire_model::gguf::{GgufError, MetaValue};
+    use hipfire_model::ModelError;
+    let good = tmp("hybrid-good.gguf");
+    write_synthetic(&good, &SynthSpec::tiny(Arch::Qwen35), Format::Q8_0, 3, None).unwrap();
+    let f = GgufFile::open(&good).unwrap();
+    let set = |key: &'static str, v: MetaValue| {
+        move |m: &mut Vec<(String, MetaValue)>, _: &mut Vec<hipfire_model::gguf::TensorSpec>| {
+            m.iter_mut().find(|(k, _)| k == key).expect("key").1 = v.clone();
+        }
+    };
+    for (key, v) in [
+        ("qwen35.ssm.conv_kernel", MetaValue::U32(1 << 20)),
+        ("qwen35.ssm.conv_kernel", MetaValue::U32(1)),
+        ("qwen35.ssm.state_size", MetaValue::U32(0)),
+        ("qwen35.ssm.group_count", MetaValue::U32(1 << 30)),
+        ("qwen35.ssm.time_step_rank", MetaValue::U32(3)),
+        ("qwen35.ssm.inner_size", MetaValue::U32(100)),
+        ("qwen35.full_attention_interval", MetaValue::U32(0)),
+    ] {
+        match rewrite(&f, "hybrid-key.gguf", &set(key, v.clone())) {
+            Err(ModelError::BadMetadata { key: k, .. }) => assert_eq!(k, key, "{v:?}"),
+            Err(e) => panic!("{key} = {v:?}: wrong error {e}"),
+            Ok(_) => panic!("{key} = {v:?}: accepted"),
+        }
+    }
+    let err = rewrite(&f, "hybrid-missing.gguf", &|_, s| {
+        s.retain(|t| t.name != "blk.1.ssm_a")
+    })
+    .unwrap_err();
+    assert!(
+        matches!(err, ModelError::Gguf(GgufError::MissingTensor(_))),
+        "{err}"
+    );
+    refuses_added_copy(&f, "blk.0.ssm_beta.weight", "blk.0.ssm_ba.weight");
+    // Sanity: the unedited file loads with 3 DeltaNet layers and 1 attention layer.
+    let m = rewrite(&f, "hybrid-same.gguf", &|_, _| {}).unwrap();
+    assert_eq!(m.config().n_attention_layers(), 1);
+    m.session().step(5).unwrap();
+    std::fs::remove_file(&good).unwrap();
 }

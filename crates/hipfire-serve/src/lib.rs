@@ -67,10 +67,12 @@ pub struct ServeConfig {
     pub shutdown_grace: Duration,
 }
 
-/// KV cache bytes `slots` sequences of `model` can fill at full context.
+/// KV cache bytes `slots` sequences of `model` can fill at full context, plus each sequence's
+/// recurrent state (a hybrid model's DeltaNet layers).
 pub fn kv_reserve_bytes(model: &Model, slots: usize) -> u64 {
     (hipfire_model::kv_bytes_per_position(model) as u64)
         .saturating_mul(model.ctx_len() as u64)
+        .saturating_add(model.config().recurrent_bytes_per_sequence() as u64)
         .saturating_mul(slots as u64)
 }
 

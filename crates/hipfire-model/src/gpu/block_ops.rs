@@ -6,7 +6,7 @@ use hipfire_gpu::gemv::GemvForm;
 use hipfire_gpu::LaunchArgs;
 
 use super::{ActSlot, GpuDecoder, LayerRows, StepRows, DECODE_THREADS};
-use crate::block::{Act, BlockOps, MoeTensors};
+use crate::block::{Act, Attention, BlockOps, DeltaNet, MoeTensors};
 use crate::config::FfnActivation;
 use crate::ModelError;
 
@@ -128,6 +128,19 @@ impl BlockOps for GpuStep<'_, '_, '_> {
             FfnActivation::GeluTanh => &dec.k.geglu,
         };
         Ok(dec.launch_1d(kernel, n, args)?)
+    }
+
+    fn gated_attention(&mut self, _: usize, _: &Attention<usize, u64>) -> Result<(), ModelError> {
+        // `GpuDecoder::with_slots` refuses hybrid models before a step can reach here.
+        Err(ModelError::Unsupported(
+            "the GPU engine does not run gated attention layers".into(),
+        ))
+    }
+
+    fn delta_net(&mut self, _: usize, _: &DeltaNet<usize, u64>) -> Result<(), ModelError> {
+        Err(ModelError::Unsupported(
+            "the GPU engine does not run Gated DeltaNet layers".into(),
+        ))
     }
 
     fn moe(&mut self, _: &MoeTensors<usize, u64>) -> Result<(), ModelError> {

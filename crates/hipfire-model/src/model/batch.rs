@@ -16,8 +16,9 @@
 //! produces exactly the logits it would produce alone.
 
 use super::{Model, Session};
-use crate::block::{self, Act, BlockOps, MoeTensors};
+use crate::block::{self, Act, Attention, BlockOps, DeltaNet, MoeTensors};
 use crate::config::FfnActivation;
+use crate::delta_net;
 use crate::moe::{self, ExpertRows, Routes};
 use crate::{ops, ModelError};
 use std::time::{Duration, Instant};
@@ -200,6 +201,8 @@ fn forward_checked(m: &Model, items: &mut [BatchItem<'_, '_>]) -> Result<(), Mod
         let s = &mut *it.session;
         s.x.copy_from_slice(&x[lr * d..(lr + 1) * d]);
         s.pos += it.tokens.len();
+        // The step went through every layer: its recurrent states become the committed ones.
+        s.rec.iter_mut().flatten().for_each(|l| l.commit());
     }
     Ok(())
 }
@@ -429,6 +432,116 @@ impl<'a> BlockOps for CpuStep<'a, '_, '_, '_> {
         )
     }
 
+    fn gated_attention(
+        &mut self,
+        li: usize,
+        a: &Attention<usize, &'a [f32]>,
+    ) -> Result<(), ModelError> {
+        let (n, qd, hd) = (
+            self.rows.len(),
+            self.m.config.q_dim(),
+            self.m.config.head_dim,
+        );
+        let mut qg = vec![0f32; n * 2 * qd];
+        let (xn, mut k, mut v) = (self.take(Act::Xn), self.take(Act::K), self.take(Act::V));
+        let done = self.timed(
+            |t| &mut t.project,
+            |s| {
+                s.m.project(&[a.wq, a.wk, a.wv], &xn, &mut [&mut qg, &mut k, &mut v], n)
+            },
+        );
+        self.put(Act::Xn, xn);
+        self.put(Act::K, k);
+        self.put(Act::V, v);
+        done?;
+        // Each head's rows are `[q_h, g_h]` (llama.cpp's views of `Qcur_full`).
+        let mut q = self.take(Act::Q);
+        for (qr, qgr) in q.chunks_exact_mut(qd).zip(qg.chunks_exact(2 * qd)) {
+            for (qh, pair) in qr.chunks_exact_mut(hd).zip(qgr.chunks_exact(2 * hd)) {
+                qh.copy_from_slice(&pair[..hd]);
+            }
+        }
+        self.put(Act::Q, q);
+        for (b, act) in [(a.bk, Act::K), (a.bv, Act::V)] {
+            if let Some(b) = b {
+                self.add_bias(act, b)?;
+            }
+        }
+        if let Some(w) = a.q_norm {
+            self.rms_norm(Act::Q, w, Act::Q, hd)?;
+        }
+        if let Some(w) = a.k_norm {
+            self.rms_norm(Act::K, w, Act::K, hd)?;
+        }
+        self.attention(li)?;
+        for (ar, qgr) in self.bufs[Act::Att as usize]
+            .chunks_exact_mut(qd)
+            .zip(qg.chunks_exact(2 * qd))
+        {
+            for (ah, pair) in ar.chunks_exact_mut(hd).zip(qgr.chunks_exact(2 * hd)) {
+                ah.iter_mut()
+                    .zip(&pair[hd..])
+                    .for_each(|(x, &g)| *x *= moe::sigmoid(g));
+            }
+        }
+        self.project_residual(a.wo, Act::Att)
+    }
+
+    fn delta_net(&mut self, li: usize, t: &DeltaNet<usize, &'a [f32]>) -> Result<(), ModelError> {
+        let m = self.m;
+        let dn = m
+            .config
+            .delta_net
+            .as_ref()
+            .ok_or_else(|| no_delta_net(li))?;
+        let n = self.rows.len();
+        let (cd, vd, hv) = (dn.conv_dim(), dn.value_dim(), dn.n_v_heads);
+        let (mut qkv, mut z) = (vec![0f32; n * cd], vec![0f32; n * vd]);
+        let (mut beta, mut alpha) = (vec![0f32; n * hv], vec![0f32; n * hv]);
+        let xn = self.take(Act::Xn);
+        let done = self.timed(
+            |s| &mut s.project,
+            |s| {
+                s.m.project(
+                    &[t.qkv, t.gate, t.beta, t.alpha],
+                    &xn,
+                    &mut [&mut qkv, &mut z, &mut beta, &mut alpha],
+                    n,
+                )
+            },
+        );
+        self.put(Act::Xn, xn);
+        done?;
+        let p = delta_net::Params {
+            conv: t.conv,
+            dt_bias: t.dt_bias,
+            a: t.a,
+        };
+        let mut o = vec![0f32; n * vd];
+        self.timed(
+            |s| &mut s.attention,
+            |s| s.delta_rule(li, &p, &mut qkv, &mut beta, &mut alpha, &mut o),
+        )?;
+        delta_net::gated_norm(dn, t.norm, m.config.rms_eps, &mut o, &z);
+        self.timed(
+            |s| &mut s.project,
+            |s| match n {
+                1 => {
+                    let mut x = s.take(Act::X);
+                    let done = s.m.gemv(t.out, &o, &mut x, true);
+                    s.put(Act::X, x);
+                    done
+                }
+                _ => {
+                    let mut x = s.take(Act::X);
+                    let done = s.m.gemv_tokens(&[t.out], &o, &mut [&mut x[..]], true);
+                    s.put(Act::X, x);
+                    done
+                }
+            },
+        )
+    }
+
     fn moe(&mut self, t: &MoeTensors<usize, &'a [f32]>) -> Result<(), ModelError> {
         let m = self.m;
         let cfg = m.config.moe.as_ref().ok_or_else(|| {
@@ -465,6 +578,72 @@ impl<'a> BlockOps for CpuStep<'a, '_, '_, '_> {
 }
 
 impl CpuStep<'_, '_, '_, '_> {
+    /// Layer `li`'s DeltaNet recurrence for every item's rows: `qkv`, `beta`, `alpha` are the
+    /// step's projections (`beta` and `alpha` become β and the log-decay), `o` receives each
+    /// row's output heads before the gated norm.
+    fn delta_rule(
+        &mut self,
+        li: usize,
+        p: &delta_net::Params<'_>,
+        qkv: &mut [f32],
+        beta: &mut [f32],
+        alpha: &mut [f32],
+        o: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let m = self.m;
+        let (c, eps) = (&m.config, m.config.rms_eps);
+        let dn = c.delta_net.as_ref().ok_or_else(|| no_delta_net(li))?;
+        let (cd, vd, hv, hd) = (dn.conv_dim(), dn.value_dim(), dn.n_v_heads, dn.head_dim);
+        let mut r0 = 0;
+        for it in self.items.iter_mut() {
+            let r1 = r0 + it.tokens.len();
+            let state = it.session.rec[li]
+                .as_mut()
+                .ok_or_else(|| no_delta_net(li))?;
+            let (src, dst) = state.split();
+            let mut conv_out = vec![0f32; (r1 - r0) * cd];
+            delta_net::conv(
+                dn,
+                p.conv,
+                &src.conv,
+                &qkv[r0 * cd..r1 * cd],
+                &mut conv_out,
+                &mut dst.conv,
+            );
+            let (b, g) = (&mut beta[r0 * hv..r1 * hv], &mut alpha[r0 * hv..r1 * hv]);
+            delta_net::prepare(dn, p, eps, &mut conv_out, b, g);
+            let (b, g) = (&*b, &*g);
+            let o_out = super::PartsOut(o[r0 * vd..r1 * vd].as_mut_ptr());
+            let s_out = super::PartsOut(dst.s.as_mut_ptr());
+            let (o_out, s_out) = (&o_out, &s_out);
+            let (src_s, conv_out) = (&src.s, &conv_out);
+            let tokens = r1 - r0;
+            let heads = |hs: std::ops::Range<usize>| {
+                for h in hs {
+                    // SAFETY: head h's matrix (`hd²` values at `h·hd²`) lies inside `dst.s`
+                    // (`hv·hd²`) and each token's head-h output (`hd` at `t·vd + h·hd`) inside
+                    // this item's `tokens × vd` rows of `o`; both stay borrowed mutably for the
+                    // whole call and `parallel_for` hands each head to one part only.
+                    let (dst_h, mut rows) = unsafe {
+                        (
+                            std::slice::from_raw_parts_mut(s_out.0.add(h * hd * hd), hd * hd),
+                            (0..tokens)
+                                .map(|t| {
+                                    std::slice::from_raw_parts_mut(o_out.0.add(t * vd + h * hd), hd)
+                                })
+                                .collect::<Vec<_>>(),
+                        )
+                    };
+                    let src_h = &src_s[h * hd * hd..(h + 1) * hd * hd];
+                    delta_net::head(dn, h, conv_out, b, g, src_h, dst_h, &mut rows);
+                }
+            };
+            m.backend.parallel_for(hv, &heads)?;
+            r0 = r1;
+        }
+        Ok(())
+    }
+
     /// `out[r] += s_r · down(silu(gate · xn_r) ⊙ up · xn_r)` with `s_r` the shared expert's
     /// scalar gate `sigmoid(gate_inp · xn_r)` (1 where the file has none).
     fn shared_expert(
@@ -583,12 +762,19 @@ impl CpuStep<'_, '_, '_, '_> {
     }
 }
 
+/// The error of a DeltaNet layer without its configuration or state (a model built wrongly).
+fn no_delta_net(li: usize) -> ModelError {
+    ModelError::Unsupported(format!(
+        "layer {li} is a DeltaNet layer but the model or session has no recurrent state for it"
+    ))
+}
+
 /// Bytes of K/V cache one position of a session holds (keys and values in the model's
 /// [`crate::attention::CacheType`], every layer): what a serving scheduler counts per sequence
 /// against its memory budget.
 pub fn kv_bytes_per_position(model: &Model) -> usize {
     let c = &model.config;
-    2 * c.n_layer * model.cache_type.bytes(c.kv_dim())
+    2 * c.n_attention_layers() * model.cache_type.bytes(c.kv_dim())
 }
 
 #[cfg(test)]

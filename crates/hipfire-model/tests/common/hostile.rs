@@ -63,6 +63,8 @@ pub fn base_model(dir: &Path) -> Vec<u8> {
         tied_embeddings: false,
         rope_scaling: hipfire_model::RopeScaling::none(64),
         moe: None,
+        delta_net: None,
+        rope_dim: None,
     };
     std::fs::create_dir_all(dir).expect("corpus dir");
     let path = dir.join("base.gguf");
