@@ -642,6 +642,9 @@ pub enum SynthArch {
     /// Qwen3-30B-A3B shapes (48 layers, d 2048, GQA 32/4, 128 experts of 768, 8 a token).
     #[value(name = "qwen3-30b-a3b")]
     Qwen3_30bA3b,
+    /// Qwen3.5-9B shapes (32 layers, 3 Gated DeltaNet to 1 gated attention, d 4096).
+    #[value(name = "qwen3.5-9b")]
+    Qwen35_9b,
     /// A tiny Qwen3-MoE model (8 experts, 2 a token).
     #[value(name = "tiny-qwen3moe")]
     TinyQwen3Moe,
@@ -669,6 +672,7 @@ impl SynthArch {
             SynthArch::TinyQwen2 => "tiny-qwen2",
             SynthArch::TinyQwen3 => "tiny-qwen3",
             SynthArch::Qwen3_30bA3b => "qwen3-30b-a3b",
+            SynthArch::Qwen35_9b => "qwen3.5-9b",
             SynthArch::TinyQwen3Moe => "tiny-qwen3moe",
             SynthArch::TinyQwen2Moe => "tiny-qwen2moe",
             SynthArch::TinyMixtral => "tiny-mixtral",

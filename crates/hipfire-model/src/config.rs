@@ -402,8 +402,23 @@ impl ModelConfig {
             arch: arch.name(),
         };
         let key = |k: &str| keys.key(k);
-        let n_layer = keys.size("block_count", MAX_BLOCK_COUNT)?;
-        check_block_count(idx, &key("block_count"), n_layer)?;
+        let blocks = keys.size("block_count", MAX_BLOCK_COUNT)?;
+        check_block_count(idx, &key("block_count"), blocks)?;
+        // Qwen3.5 files may append multi-token-prediction blocks after the decoder's
+        // (`nextn_predict_layers`, counted in `block_count`): a draft head hipfire does not
+        // run, so its blocks are not layers.
+        let nextn_key = key("nextn_predict_layers");
+        let nextn = match idx.get(&nextn_key) {
+            None => 0,
+            Some(_) => idx.get_u64(&nextn_key)?,
+        };
+        if nextn >= blocks as u64 {
+            return Err(bad(
+                &nextn_key,
+                format!("{nextn} is not below block_count {blocks}"),
+            ));
+        }
+        let n_layer = blocks - nextn as usize;
         let d_model = keys.size("embedding_length", MAX_EMBEDDING_LENGTH)?;
         let moe = moe_config(&keys, arch)?;
         let delta_net = delta_net_config(&keys, arch, n_layer)?;

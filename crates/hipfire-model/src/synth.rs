@@ -187,6 +187,36 @@ impl SynthSpec {
         }
     }
 
+    /// Qwen3.5-9B's shapes (its GGUF metadata: 32 layers of which every 4th is gated
+    /// attention, 4096, FFN 12288, 16/4 heads of 256 rotating 64 dims, DeltaNet 16 key heads
+    /// and 32 value heads of 128 with a 4-tap conv, vocab 248320, rope θ 1e7, context 262144).
+    pub fn qwen35_9b() -> SynthSpec {
+        SynthSpec {
+            name: "qwen3.5-9b".into(),
+            arch: Arch::Qwen35,
+            n_layer: 32,
+            d_model: 4096,
+            n_ff: 12288,
+            n_head: 16,
+            n_head_kv: 4,
+            head_dim: 256,
+            vocab: 248_320,
+            ctx_len: 262_144,
+            rope_theta: 10_000_000.0,
+            tied_embeddings: false,
+            rope_scaling: RopeScaling::none(262_144),
+            moe: None,
+            delta_net: Some(SynthDeltaNet {
+                conv_kernel: 4,
+                n_k_heads: 16,
+                n_v_heads: 32,
+                head_dim: 128,
+                interval: 4,
+            }),
+            rope_dim: Some(64),
+        }
+    }
+
     /// A Qwen3-style ~9B (40 layers of Qwen3-8B's block: 4096, FFN 12288, 32/8 heads of 128,
     /// vocab 151936; 36 layers would be Qwen3-8B itself): ≈ 9.0 B parameters.
     pub fn qwen_9b() -> SynthSpec {
@@ -260,7 +290,7 @@ impl SynthSpec {
         }
     }
 
-    /// Preset by name: `llama3-8b`, `qwen-9b`, `qwen3-30b-a3b`, `tiny-llama`, `tiny-qwen2`,
+    /// Preset by name: `llama3-8b`, `qwen-9b`, `qwen3-30b-a3b`, `qwen3.5-9b`, `tiny-llama`, `tiny-qwen2`,
     /// `tiny-qwen3`, `tiny-gemma3`, `tiny-qwen2moe`, `tiny-qwen3moe`, `tiny-mixtral`,
     /// `tiny-qwen35`, `tiny-qwen35moe`.
     pub fn preset(name: &str) -> Option<SynthSpec> {
@@ -272,6 +302,7 @@ impl SynthSpec {
             "tiny-qwen3" => SynthSpec::tiny(Arch::Qwen3),
             "tiny-gemma3" => SynthSpec::tiny(Arch::Gemma3),
             "qwen3-30b-a3b" => SynthSpec::qwen3_30b_a3b(),
+            "qwen3.5-9b" => SynthSpec::qwen35_9b(),
             "tiny-qwen2moe" => SynthSpec::tiny(Arch::Qwen2Moe),
             "tiny-qwen3moe" => SynthSpec::tiny(Arch::Qwen3Moe),
             "tiny-mixtral" => SynthSpec::tiny_mixtral(),

@@ -512,6 +512,10 @@ fn presets_have_the_published_sizes() {
     assert!((8_000_000_000..8_060_000_000).contains(&p), "{p}");
     let q = SynthSpec::qwen_9b().n_params();
     assert!((8_800_000_000..9_300_000_000).contains(&q), "{q}");
+    // Qwen3.5-9B: 8.95 B parameters in its Q4_K_M GGUF's metadata (the language model; the
+    // vision tower is a separate file).
+    let h = SynthSpec::qwen35_9b().n_params();
+    assert!((8_800_000_000..9_100_000_000).contains(&h), "{h}");
     // Qwen3-30B-A3B: 30.5 B parameters (Qwen model card).
     let m = SynthSpec::qwen3_30b_a3b().n_params();
     assert!((30_300_000_000..30_700_000_000).contains(&m), "{m}");
@@ -746,9 +750,20 @@ fn hybrid_files_with_bad_ssm_metadata_are_refused_by_name() {
     let f = GgufFile::open(&good).unwrap();
     let set = |key: &'static str, v: MetaValue| {
         move |m: &mut Vec<(String, MetaValue)>, _: &mut Vec<hipfire_model::gguf::TensorSpec>| {
-            m.iter_mut().find(|(k, _)| k == key).expect("key").1 = v.clone();
+            match m.iter_mut().find(|(k, _)| k == key) {
+                Some(e) => e.1 = v.clone(),
+                None => m.push((key.to_owned(), v.clone())),
+            }
         }
     };
+    // A trailing multi-token-prediction block is not a layer (its tensors stay unread).
+    let mtp = rewrite(
+        &f,
+        "hybrid-mtp.gguf",
+        &set("qwen35.nextn_predict_layers", MetaValue::U32(1)),
+    )
+    .unwrap();
+    assert_eq!(mtp.config().n_layer, 3);
     for (key, v) in [
         ("qwen35.ssm.conv_kernel", MetaValue::U32(1 << 20)),
         ("qwen35.ssm.conv_kernel", MetaValue::U32(1)),
@@ -757,6 +772,7 @@ fn hybrid_files_with_bad_ssm_metadata_are_refused_by_name() {
         ("qwen35.ssm.time_step_rank", MetaValue::U32(3)),
         ("qwen35.ssm.inner_size", MetaValue::U32(100)),
         ("qwen35.full_attention_interval", MetaValue::U32(0)),
+        ("qwen35.nextn_predict_layers", MetaValue::U32(4)),
     ] {
         match rewrite(&f, "hybrid-key.gguf", &set(key, v.clone())) {
             Err(ModelError::BadMetadata { key: k, .. }) => assert_eq!(k, key, "{v:?}"),
