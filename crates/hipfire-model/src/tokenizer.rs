@@ -62,6 +62,9 @@ const PRE_DIGITS_THEN_GPT2: &[&str] = &[
 ];
 /// llama.cpp `LLAMA_VOCAB_PRE_TYPE_QWEN2` regex.
 const QWEN2_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// llama.cpp `LLAMA_VOCAB_PRE_TYPE_QWEN35` regex (Qwen3.5's `tokenizer.json`): Qwen2's with
+/// combining marks (`\p{M}`) kept inside words.
+const QWEN35_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// llama.cpp `LLAMA_VOCAB_PRE_TYPE_LLAMA3` regex.
 const LLAMA3_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
@@ -454,6 +457,12 @@ fn gpt2_pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper, ModelError> {
             ByteLevel::new(false, true, true).into(),
         ])
         .into()
+    } else if pre == "qwen35" {
+        PreSequence::new(vec![
+            split(QWEN35_REGEX)?,
+            ByteLevel::new(false, false, false).into(),
+        ])
+        .into()
     } else if matches!(pre, "qwen2" | "deepseek-r1-qwen") {
         PreSequence::new(vec![
             split(QWEN2_REGEX)?,
@@ -572,6 +581,15 @@ mod tests {
             split("llama-bpe", text),
             ["I", "'m", "Ġ", "123", "45", "Ġok", "ĊĊ", "yes"]
         );
+        assert_eq!(
+            split("qwen35", text),
+            ["I", "'m", "Ġ", "1", "2", "3", "4", "5", "Ġok", "ĊĊ", "yes"]
+        );
+        // A combining acute accent (U+0301, bytes CC 81 → "Ìģ") stays in its word for
+        // Qwen3.5 and is split off by Qwen2's `\p{L}+`.
+        let marked = "cafe\u{301} x";
+        assert_eq!(split("qwen35", marked), ["cafeÌģ", "Ġx"]);
+        assert_eq!(split("qwen2", marked), ["cafe", "Ìģ", "Ġx"]);
         assert_eq!(
             split("default", text),
             ["I", "'m", "Ġ12345", "Ġok", "Ċ", "Ċ", "yes"]
