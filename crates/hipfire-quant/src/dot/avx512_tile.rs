@@ -21,7 +21,7 @@ use crate::formats::kquant::QK_K;
 use std::arch::x86_64::*;
 
 /// Rows transposed into the lanes of one vector.
-const TILE_ROWS: usize = 16;
+pub(crate) const TILE_ROWS: usize = 16;
 /// Fewest activations for which the tiled kernel runs (fewer go to the lane-per-weight kernel).
 /// Measured on the H200 box's Xeon, 16 threads, DRAM-fed (gemv_gbs, k 4096 / 14336, GB/s
 /// lane-per-weight vs tiled): 4 activations 74.0 / 61.1 and 74.6 / 67.3, 5 activations 47.6 /
@@ -112,14 +112,14 @@ const MIN_PAIR_LO: [u8; 64] = min_pair(0);
 const MIN_PAIR_HI: [u8; 64] = min_pair(2);
 
 #[inline(always)]
-unsafe fn ld_idx(v: &[u32; 16]) -> __m512i {
+pub(crate) unsafe fn ld_idx(v: &[u32; 16]) -> __m512i {
     _mm512_loadu_si512(v.as_ptr() as *const _)
 }
 
 /// 16 rows × 8 dwords (`z[p]` = [row 2p | row 2p+1]) → `out[g]` lane r = row r's dword g.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn transpose(z: &[__m512i; 8]) -> [__m512i; 8] {
+pub(crate) unsafe fn transpose(z: &[__m512i; 8]) -> [__m512i; 8] {
     let i1 = [ld_idx(&TRANSPOSE_IDX[0]), ld_idx(&TRANSPOSE_IDX[1])];
     let i2 = [ld_idx(&TRANSPOSE_IDX[2]), ld_idx(&TRANSPOSE_IDX[3])];
     let i3 = [ld_idx(&TRANSPOSE_IDX[4]), ld_idx(&TRANSPOSE_IDX[5])];
@@ -154,7 +154,7 @@ unsafe fn transpose(z: &[__m512i; 8]) -> [__m512i; 8] {
 /// lane r of vector c holds dword c of row r (d|dmin, then the three scale words).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn headers(base: *const u8, rb: usize) -> [__m512i; 4] {
+pub(crate) unsafe fn headers(base: *const u8, rb: usize) -> [__m512i; 4] {
     let ld = |r: usize| _mm_loadu_si128(base.add(r * rb) as *const __m128i);
     let mut y = [_mm512_setzero_si512(); 4];
     for (k, yk) in y.iter_mut().enumerate() {
