@@ -3,13 +3,14 @@
 //!
 //! The lane-per-weight kernels of [`super::avx512`] spend one `vpdpbusd` per 64 weights of one
 //! column plus, per column and pair of blocks, the scale conversion, permutes and f32 work: at
-//! 16 columns they are compute-bound at a sixth of their one-column GB/s on the 2-core Zen 4 VM
-//! (`docs/perf-checkpoints/2026-12-04-cpu-multi-column-2core`). Here a block of 16 rows is
-//! transposed once so that lane r holds row r: per column and block, eight `vpdpbusd` (each with
-//! four activation bytes broadcast from memory) cover the 16 rows' 32 weights, started from the
-//! activation's `corr` (the Q8_0 sign bias / Q4_0 offset, exact in the integer lanes), and one
-//! conversion, one multiply by the rows' scales and one FMA finish the block for all 16 rows.
-//! The transpose and unpack are paid once per 16 rows and block whatever the column count.
+//! 16 columns they are compute-bound at a sixth (Q8_0) to an eighth (Q4_0) of their one-column
+//! GB/s on the 2-core Zen 4 VM (`docs/perf-checkpoints/2026-12-04-cpu-multi-column-2core`).
+//! Here a block of 16 rows is transposed once so that lane r holds row r: per column and block,
+//! eight `vpdpbusd` (each with four activation bytes broadcast from memory) cover the 16 rows'
+//! 32 weights, started from the activation's `corr` (the Q8_0 sign bias / Q4_0 offset, exact in
+//! the integer lanes), and one conversion, one multiply by the rows' scales and one FMA finish
+//! the block for all 16 rows. The transpose and unpack are paid once per 16 rows and block
+//! whatever the column count.
 //!
 //! Rounding: the integer block sums are exact as in the lane-per-weight kernels and each block's
 //! scale is the same f32 product `d_w·d_x`, but the f32 sums run in another order (one per block
