@@ -22,6 +22,10 @@ use std::arch::x86_64::*;
 
 /// Rows transposed into the lanes of one vector.
 pub(crate) const TILE_ROWS: usize = 16;
+/// Longest row the 32-bit gather offsets `r·rb` (r < [`TILE_ROWS`]) of the Q8_0 / Q4_0 / Q4_1 /
+/// Q6_K tiles can address; longer rows (k in the hundreds of millions) take the lane-per-weight
+/// kernels.
+pub(crate) const MAX_GATHER_ROW_BYTES: usize = i32::MAX as usize / TILE_ROWS;
 /// Fewest activations for which the tiled kernel runs (fewer go to the lane-per-weight kernel).
 /// Measured on the H200 box's Xeon, 16 threads, DRAM-fed (gemv_gbs, k 4096 / 14336, GB/s
 /// lane-per-weight vs tiled): 4 activations 74.0 / 61.1 and 74.6 / 67.3, 5 activations 47.6 /

@@ -20,7 +20,7 @@
 use crate::act::Q8K;
 use crate::dot::avx2::{Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_SCALES};
 use crate::dot::avx512::{dpwssd_vnni, vnni};
-use crate::dot::avx512_tile::{headers, transpose, TILE_ROWS};
+use crate::dot::avx512_tile::{headers, transpose, MAX_GATHER_ROW_BYTES, TILE_ROWS};
 use crate::formats::kquant::QK_K;
 use std::arch::x86_64::*;
 
@@ -226,11 +226,11 @@ pub(crate) unsafe fn gemv_q6k_multi(
 ) {
     let m = ys.first().map_or(0, |y| y.len());
     let tiled = (m / TILE_ROWS) * TILE_ROWS;
-    if acts.len() < Q6K_TILED_MIN_COLS || tiled == 0 {
+    if acts.len() < Q6K_TILED_MIN_COLS || tiled == 0 || rb > MAX_GATHER_ROW_BYTES {
         return vnni::gemv_q6k_multi(w_rows, rb, acts, ys, accumulate);
     }
     let nsb = rb / Q6K_BYTES;
-    // Row offsets of a tile: r·rb < 16·rb, in i32 range for any k a model has (k < 2^24).
+    // Row offsets of a tile: r·rb < 16·rb, in i32 range ([`MAX_GATHER_ROW_BYTES`]).
     let offs = _mm512_mullo_epi32(
         _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
         _mm512_set1_epi32(rb as i32),
