@@ -4,7 +4,8 @@ python3 chart.py  ->  chart.png (one panel per call mode and thread count; each 
 dashed = base 2e3b54e, solid = a255c33; per point the best of the two interleaved runs).
 python3 chart.py lanes  ->  chart_lanes.png, the same from lanes_{base,new}_run*.json (base
 486ff41, new = the rows-in-lanes kernels, be4b916; best of three interleaved runs), and prints
-table.md's "Rows in lanes" tables (CPU time and wall time).
+table.md's "Rows in lanes" tables (CPU time and wall time); python3 chart.py lanes41 the same
+from lanes41_*.json (new = 7be7146, with Q4_1) into chart_lanes41.png.
 """
 import json
 import pathlib
@@ -16,7 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 HERE = pathlib.Path(__file__).parent
-FORMATS = ["q4_k", "q6_k", "q8_0", "q4_0"]
+FORMATS = ["q4_k", "q6_k", "q8_0", "q4_0", "q4_1"]
 
 
 def best(version, field="cpu_gbs"):
@@ -53,9 +54,9 @@ def tables(prefix):
 
 
 def main():
-    lanes = sys.argv[1:] == ["lanes"]
-    prefix = "lanes_" if lanes else ""
-    if lanes:
+    name = sys.argv[1] if len(sys.argv) > 1 else ""
+    prefix = f"{name}_" if name else ""
+    if name:
         tables(prefix)
     base, new = best(f"{prefix}base"), best(f"{prefix}new")
     panels = sorted({(k[1], k[2]) for k in new})
@@ -76,7 +77,7 @@ def main():
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(HERE / ("chart_lanes.png" if lanes else "chart.png"), dpi=110)
+    fig.savefig(HERE / (f"chart_{name}.png" if name else "chart.png"), dpi=110)
 
 
 if __name__ == "__main__":
