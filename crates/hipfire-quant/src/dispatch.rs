@@ -294,7 +294,7 @@ enum MultiDot {
 fn multi_kernel(tier: SimdTier, fmt: Format) -> Option<MultiDot> {
     #[cfg(target_arch = "x86_64")]
     {
-        use crate::dot::avx512::{plain, vnni};
+        use crate::dot::avx512::plain;
         use crate::dot::avx512_mix as mix;
         use crate::dot::avx512_tile as tile;
         use crate::dot::avx512_tile32 as tile32;
@@ -303,7 +303,7 @@ fn multi_kernel(tier: SimdTier, fmt: Format) -> Option<MultiDot> {
             (SimdTier::Avx512, Format::Q5_0) => Some(MultiDot::Q8x32(mix::plain::gemv_q5_0_multi)),
             (SimdTier::Avx512, Format::Q5_1) => Some(MultiDot::Q8x32(mix::plain::gemv_q5_1_multi)),
             (SimdTier::Avx512, Format::Q5K) => Some(MultiDot::Q8K(plain::gemv_q5k_multi)),
-            (SimdTier::Avx512Vnni, Format::Q5K) => Some(MultiDot::Q8K(vnni::gemv_q5k_multi)),
+            (SimdTier::Avx512Vnni, Format::Q5K) => Some(MultiDot::Q8K(tile::gemv_q5k_multi)),
             (SimdTier::Avx512, Format::Iq4Nl) => {
                 Some(MultiDot::Q8x32(mix::plain::gemv_iq4nl_multi))
             }
@@ -341,18 +341,19 @@ fn multi_kernel(tier: SimdTier, fmt: Format) -> Option<MultiDot> {
 }
 
 /// Rows a [`gemv_rows_multi`] call should cover in multiples of, where it can: the AVX-512 VNNI
-/// Q4_K, Q6_K, Q8_0, Q4_0 and Q4_1 kernels of several activations transpose 16 rows at a time
-/// into the vector lanes, and run rows past the last whole 16 through the row-at-a-time kernel.
+/// Q4_K, Q5_K, Q6_K, Q8_0, Q4_0 and Q4_1 kernels of several activations transpose 16 rows at a
+/// time into the vector lanes, and run rows past the last whole 16 through the row-at-a-time
+/// kernel.
 pub const MULTI_ROW_TILE: usize = 16;
 
 /// Whether [`gemv_rows_multi_with`] on `tier` gives every output bit-identical to
 /// [`gemv_rows_with`] of that activation alone, for `acts` activations of format `fmt`. It does
-/// for every pair but the AVX-512 VNNI rows-in-lanes kernels: Q4_K from 5 activations
-/// (`dot/avx512_tile.rs`), Q6_K from 7 (`dot/avx512_tile_q6k.rs`), Q8_0 from 2, Q4_0 and Q4_1
-/// from 4 (`dot/avx512_tile32.rs`), whose f32 sums run in another order (same integer block
-/// sums; within 1e-6·Σ|w·x| of the scalar reference and of the one-activation kernel). There,
-/// each whole group of [`MULTI_ROW_TILE`] rows gives the same bits for every activation count
-/// from that minimum up.
+/// for every pair but the AVX-512 VNNI rows-in-lanes kernels: Q4_K from 5 activations and Q5_K
+/// from 9 (`dot/avx512_tile.rs`), Q6_K from 7 (`dot/avx512_tile_q6k.rs`), Q8_0 from 2, Q4_0
+/// and Q4_1 from 4 (`dot/avx512_tile32.rs`), whose f32 sums run in another order (same integer
+/// block sums; within 1e-6·Σ|w·x| of the scalar reference and of the one-activation kernel).
+/// There, each whole group of [`MULTI_ROW_TILE`] rows gives the same bits for every activation
+/// count from that minimum up.
 pub fn multi_matches_single(tier: SimdTier, fmt: Format, acts: usize) -> bool {
     match tiled_min_cols(tier, fmt) {
         Some(min) => acts < min,
@@ -369,6 +370,7 @@ fn tiled_min_cols(tier: SimdTier, fmt: Format) -> Option<usize> {
         use crate::dot::{avx512_tile as tile, avx512_tile32 as tile32, avx512_tile_q6k as tile6};
         return match fmt {
             Format::Q4K => Some(tile::TILED_MIN_COLS),
+            Format::Q5K => Some(tile::Q5K_TILED_MIN_COLS),
             Format::Q6K => Some(tile6::Q6K_TILED_MIN_COLS),
             Format::Q8_0 => Some(tile32::Q8_0_TILED_MIN_COLS),
             Format::Q4_0 => Some(tile32::Q4_0_TILED_MIN_COLS),
@@ -386,8 +388,8 @@ fn tiled_min_cols(tier: SimdTier, fmt: Format) -> Option<usize> {
 /// Where the tier has a multi-activation kernel for `fmt` (AVX-512 Q8_0, Q4_0, Q4_1, Q4_K, Q5_K,
 /// Q6_K, Q5_0, Q5_1, IQ4_NL, IQ4_XS), each weight block is unpacked once and dotted with up to
 /// eight activations (Q4_K: four, over two rows at a time, so each activation vector loaded also
-/// serves two rows; with VNNI and enough activations — Q4_K 5, Q6_K 7, Q8_0 2, Q4_0 and Q4_1 4
-/// — 16 rows transposed into the lanes and up to 32 activations); every other pair runs
+/// serves two rows; with VNNI and enough activations — Q4_K 5, Q5_K 9, Q6_K 7, Q8_0 2, Q4_0 and
+/// Q4_1 4 — 16 rows transposed into the lanes and up to 32 activations); every other pair runs
 /// [`gemv_rows`] once per activation. Either way
 /// the rows are walked in tiles of 16 KiB (`MULTI_TILE_BYTES`) with every activation run over a tile
 /// before the next, so each weight byte comes from DRAM once per call. `ys[j]` is

@@ -206,7 +206,7 @@ fn multi_bad_shapes_are_typed_errors() {
 /// single-activation form): the same exact integer block sums, f32 summation order apart, so
 /// within `1e-6·Σ|w·x|` (formats.rs's SIMD-vs-scalar bound and reasoning). K-quants with the
 /// paired-row kernel (Q4_K) and the one-row kernel (Q5_K), and the formats with a rows-in-lanes
-/// kernel (Q4_K, Q6_K, Q8_0, Q4_0, Q4_1); odd row counts so the last row of a pair is alone;
+/// kernel (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1); odd row counts so the last row of a pair is alone;
 /// 1..=9 activations, 16, 17 and 33 (a second pass of the tiled kernels' 32); k up to 4096 (the
 /// 8B's d_model; 800 leaves Q4_0 / Q4_1 a block outside their activation's 4-block groups); 17
 /// and 35 rows for the tiled kernels' 16-row groups and their tail.
@@ -286,16 +286,17 @@ fn multi_matches_scalar_reference_within_bound() {
 }
 
 /// Where `gemv_rows_multi` is not bit-identical to each activation alone (the tiled AVX-512 VNNI
-/// Q4_K, Q6_K, Q8_0, Q4_0 and Q4_1 kernels), each output still does not depend on how many other
-/// activations share the call: activation j's outputs are the same bits with the fewest that take
-/// the tiled kernel, 9 and 33 activations, accumulating or not, over whole 16-row groups and a
-/// tail.
+/// Q4_K, Q5_K, Q6_K, Q8_0, Q4_0 and Q4_1 kernels), each output still does not depend on how many
+/// other activations share the call: activation j's outputs are the same bits with the fewest
+/// that take the tiled kernel, 9 and 33 activations, accumulating or not, over whole 16-row
+/// groups and a tail.
 #[test]
 fn tiled_columns_do_not_depend_on_the_count() {
     let mut rng = ChaCha8Rng::seed_from_u64(SEED ^ 3);
     // Q4_0 / Q4_1 at 576: four whole activation groups and two blocks outside them.
     let cases = [
         (Format::Q4K, 512),
+        (Format::Q5K, 512),
         (Format::Q6K, 512),
         (Format::Q8_0, 576),
         (Format::Q4_0, 576),

@@ -149,7 +149,7 @@ pub fn compare(m: &Model, fixture: &Value, near_tie: f64) -> Parity {
 /// `prompt_len` seeded tokens gives the same bits as feeding them one `step` at a time: the last
 /// logits, then every decode step after it (which reads the whole KV cache the prefill wrote).
 /// Where the model has weights whose multi-token row dots are not bit-identical to one token's
-/// (`hipfire_quant::multi_matches_single`: AVX-512 VNNI Q4_K, Q6_K, Q8_0, Q4_0, Q4_1), the
+/// (`hipfire_quant::multi_matches_single`: AVX-512 VNNI rows-in-lanes kernels), the
 /// same argmax, a mean |Δ| within 8 % and a largest |Δ| within 25 % of the logits' range instead.
 /// The row dots themselves agree within 2e-7 of their outputs there (Gemma-3-270M Q4_K_M's Q4_K
 /// weights, 32 activations), but a real model carries that through 600 positions, the int8

@@ -22,7 +22,7 @@
 use crate::act::{Q8x32, LANES8, Q4_0_ACT_GROUP};
 use crate::dot::avx2::{Q4_0_BYTES, Q4_0_CORR_LANES, Q4_1_BYTES, Q8_0_BYTES};
 use crate::dot::avx512::vnni;
-use crate::dot::avx512_tile::{headers, transpose, MAX_GATHER_ROW_BYTES, TILE_ROWS};
+use crate::dot::avx512_tile::{headers, rows_transposed, MAX_GATHER_ROW_BYTES, TILE_ROWS};
 use crate::formats::legacy::QK;
 use std::arch::x86_64::*;
 
@@ -116,14 +116,7 @@ unsafe fn prefetch_rows(base: *const u8, rb: usize, bytes: usize) {
 unsafe fn fill_q8_0(t: &mut Tile, base: *const u8, rb: usize, offs: __m512i) {
     prefetch_rows(base, rb, Q8_0_BYTES);
     t.d = low_f16(first_dwords(base, offs));
-    let q = base.add(2);
-    let mut z = [_mm512_setzero_si512(); 8];
-    for (p, zp) in z.iter_mut().enumerate() {
-        let r0 = _mm256_loadu_si256(q.add(2 * p * rb) as *const __m256i);
-        let r1 = _mm256_loadu_si256(q.add((2 * p + 1) * rb) as *const __m256i);
-        *zp = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(r0), r1);
-    }
-    let o = transpose(&z);
+    let o = rows_transposed(base.add(2), rb);
     // vpdpbusd multiplies unsigned by signed bytes: w + 128, the bias removed by `corr`.
     let bias = _mm512_set1_epi8(i8::MIN);
     for (qg, og) in t.q.iter_mut().zip(o) {

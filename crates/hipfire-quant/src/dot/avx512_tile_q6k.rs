@@ -20,7 +20,7 @@
 use crate::act::Q8K;
 use crate::dot::avx2::{Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_SCALES};
 use crate::dot::avx512::{dpwssd_vnni, vnni};
-use crate::dot::avx512_tile::{headers, transpose, MAX_GATHER_ROW_BYTES, TILE_ROWS};
+use crate::dot::avx512_tile::{headers, rows_transposed, MAX_GATHER_ROW_BYTES, TILE_ROWS};
 use crate::formats::kquant::QK_K;
 use std::arch::x86_64::*;
 
@@ -73,20 +73,6 @@ const fn sc_pair(first: u8) -> [u8; 64] {
 const SC_PAIR_LO: [u8; 64] = sc_pair(0);
 const SC_PAIR_HI: [u8; 64] = sc_pair(2);
 
-/// The 32 bytes at `p` of 16 rows `rb` apart, transposed: lane r of vector g holds row r's
-/// dword g. (A function, not a closure: a closure would not inherit the target features.)
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn chunk(p: *const u8, rb: usize) -> [__m512i; 8] {
-    let mut z = [_mm512_setzero_si512(); 8];
-    for (i, zi) in z.iter_mut().enumerate() {
-        let r0 = _mm256_loadu_si256(p.add(2 * i * rb) as *const __m256i);
-        let r1 = _mm256_loadu_si256(p.add((2 * i + 1) * rb) as *const __m256i);
-        *zi = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(r0), r1);
-    }
-    transpose(&z)
-}
-
 /// Fills `t` from the super-blocks of 16 rows starting at `base`, `rb` bytes apart (`offs` holds
 /// `r·rb`).
 #[inline]
@@ -120,11 +106,11 @@ unsafe fn fill_tile(t: &mut Tile, base: *const u8, rb: usize, offs: __m512i) {
     // bytes 4d..4d+4 (d < 16).
     let mut ql = [_mm512_setzero_si512(); 32];
     for c in 0..4 {
-        ql[8 * c..8 * c + 8].copy_from_slice(&chunk(base.add(32 * c), rb));
+        ql[8 * c..8 * c + 8].copy_from_slice(&rows_transposed(base.add(32 * c), rb));
     }
     let mut qh = [_mm512_setzero_si512(); 16];
     for c in 0..2 {
-        qh[8 * c..8 * c + 8].copy_from_slice(&chunk(base.add(Q6K_QH + 32 * c), rb));
+        qh[8 * c..8 * c + 8].copy_from_slice(&rows_transposed(base.add(Q6K_QH + 32 * c), rb));
     }
     // ggml's layout: in half n, element 32t + l (l < 32) has the low nibble (t ≥ 2: high) of ql
     // byte 64n + 32(t & 1) + l and bits 2t..2t+2 of qh byte 32n + l as its bits 4, 5.
