@@ -4,8 +4,9 @@ python3 chart.py  ->  chart.png (one panel per call mode and thread count; each 
 dashed = base 2e3b54e, solid = a255c33; per point the best of the two interleaved runs).
 python3 chart.py lanes  ->  chart_lanes.png, the same from lanes_{base,new}_run*.json (base
 486ff41, new = the rows-in-lanes kernels, be4b916; best of three interleaved runs), and prints
-table.md's "Rows in lanes" tables (CPU time and wall time); python3 chart.py lanes41 the same
-from lanes41_*.json (new = 7be7146, with Q4_1) into chart_lanes41.png.
+table.md's "Rows in lanes" tables (CPU time and wall time); python3 chart.py lanes41 and
+lanesall the same from lanes41_*.json (new = 7be7146, with Q4_1) and lanesall_*.json (new =
+927a60e, with Q5_K) into chart_lanes41.png and chart_lanesall.png.
 """
 import json
 import pathlib
@@ -17,7 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 HERE = pathlib.Path(__file__).parent
-FORMATS = ["q4_k", "q6_k", "q8_0", "q4_0", "q4_1"]
+FORMATS = ["q4_k", "q5_k", "q6_k", "q8_0", "q4_0", "q4_1"]
 
 
 def best(version, field="cpu_gbs"):
