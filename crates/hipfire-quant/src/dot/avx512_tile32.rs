@@ -42,13 +42,19 @@ pub(crate) const Q4_0_TILED_MIN_COLS: usize = 4;
 /// ahead), 4: 9.44 / 9.90 and 9.12 / 9.94, 8: 4.83 / 7.48 and 4.68 / 7.25.
 pub(crate) const Q4_1_TILED_MIN_COLS: usize = 4;
 /// Activations whose integer sums are held in registers at once (8 code vectors + 8 sums + the
-/// scale vectors stay within the 32 zmm registers).
+/// scale vectors stay within the 32 zmm registers); the Q4_K tile's value, not swept here.
 const COL_GROUP: usize = 8;
-/// Activations per pass over the rows (their f32 accumulators live on the stack).
+/// Activations per pass over the rows (their f32 accumulators live on the stack): the
+/// dispatcher's `MULTI_GROUP`, so a call transposes each block once.
 const PASS_COLS: usize = 32;
 /// Blocks ahead of the tile that each row's line is prefetched: the 16 row streams are more
-/// than the hardware prefetcher follows, and a 32-element block is about half a line.
+/// than the hardware prefetcher follows, and a 32-element block is about half a line, so this
+/// is two lines ahead (not swept).
 const PREFETCH_BLOCKS: usize = 4;
+/// Offset of the codes in a Q8_0 or Q4_0 block (after the f16 scale).
+const QS_AFTER_D: usize = 2;
+/// Offset of the codes in a Q4_1 block (after the f16 scale and the f16 minimum).
+const QS_AFTER_DM: usize = 4;
 
 /// The formats of this file, as the `KIND` parameter of its generic functions.
 const Q8_0: u8 = 0;
@@ -116,7 +122,7 @@ unsafe fn prefetch_rows(base: *const u8, rb: usize, bytes: usize) {
 unsafe fn fill_q8_0(t: &mut Tile, base: *const u8, rb: usize, offs: __m512i) {
     prefetch_rows(base, rb, Q8_0_BYTES);
     t.d = low_f16(first_dwords(base, offs));
-    let o = rows_transposed(base.add(2), rb);
+    let o = rows_transposed(base.add(QS_AFTER_D), rb);
     // vpdpbusd multiplies unsigned by signed bytes: w + 128, the bias removed by `corr`.
     let bias = _mm512_set1_epi8(i8::MIN);
     for (qg, og) in t.q.iter_mut().zip(o) {
@@ -132,12 +138,11 @@ unsafe fn fill_q4<const KIND: u8>(t: &mut Tile, base: *const u8, rb: usize, offs
     prefetch_rows(base, rb, block_bytes(KIND));
     let h = first_dwords(base, offs);
     t.d = low_f16(h);
-    // Q4_1: d, m, then the codes.
     let codes = if KIND == Q4_1 {
         t.m = low_f16(_mm512_srli_epi32::<16>(h));
-        4
+        QS_AFTER_DM
     } else {
-        2
+        QS_AFTER_D
     };
     // Byte i of a block's codes holds weight i (low nibble) and weight 16 + i (high nibble).
     let o = headers(base.add(codes), rb);

@@ -31,11 +31,14 @@ use std::arch::x86_64::*;
 /// and 6.81 / 6.71, 7: 6.03 / 6.51 and 5.80 / 6.50, 16: 2.94 / 4.25
 /// (`docs/perf-checkpoints/2026-12-04-cpu-multi-column-2core`, `sweep_q6k_*.log`).
 pub(crate) const Q6K_TILED_MIN_COLS: usize = 7;
-/// Activations whose integer sums are held in registers at once.
+/// Activations whose integer sums are held in registers at once (the Q4_K tile's value, not
+/// swept here).
 const COL_GROUP: usize = 8;
-/// Activations per pass over the rows (their f32 accumulators live on the stack).
+/// Activations per pass over the rows (their f32 accumulators live on the stack): the
+/// dispatcher's `MULTI_GROUP`, so a call transposes each super-block once.
 const PASS_COLS: usize = 32;
-/// Super-blocks ahead of the tile that each row's lines are prefetched (as the Q4_K tile).
+/// Super-blocks ahead of the tile that each row's lines are prefetched (the Q4_K tile's value,
+/// not swept here).
 const PREFETCH_BLOCKS: usize = 2;
 /// Elements per Q6_K sub-block (one i8 scale each).
 const SUB: usize = 16;
@@ -56,7 +59,8 @@ struct Tile {
 }
 
 /// `vpshufb` patterns putting bytes (0, 1) (`SC_PAIR_LO`) or (2, 3) (`SC_PAIR_HI`) of each dword
-/// into the high bytes of its two i16 halves (an arithmetic shift right by 8 then sign-extends).
+/// into the high bytes of its two i16 halves (an arithmetic shift right by 8 then sign-extends);
+/// an index with bit 7 set (0x80) writes a zero byte.
 const fn sc_pair(first: u8) -> [u8; 64] {
     let mut p = [0u8; 64];
     let mut i = 0;
@@ -94,6 +98,8 @@ unsafe fn fill_tile(t: &mut Tile, base: *const u8, rb: usize, offs: __m512i) {
         _mm512_loadu_si512(SC_PAIR_LO.as_ptr() as *const _),
         _mm512_loadu_si512(SC_PAIR_HI.as_ptr() as *const _),
     );
+    // Dword c of a row holds its i8 scales 4c..4c+4: byte i sign-extended is a shift of it to
+    // the top of the dword and an arithmetic shift back by 24.
     for (c, v) in sc.iter().enumerate() {
         t.sc[4 * c] = _mm512_cvtepi32_ps(_mm512_srai_epi32::<24>(_mm512_slli_epi32::<24>(*v)));
         t.sc[4 * c + 1] = _mm512_cvtepi32_ps(_mm512_srai_epi32::<24>(_mm512_slli_epi32::<16>(*v)));
