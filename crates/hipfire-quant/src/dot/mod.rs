@@ -16,3 +16,7 @@ pub(crate) mod avx512;
 pub(crate) mod avx512_mix;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512_tile;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512_tile32;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512_tile_q6k;
