@@ -27,8 +27,9 @@ use crate::ops::exp_nonpos;
 /// Cache positions per tile: four K blocks. A tile's f32 scores for 24 rows (SmolLM2's 3 heads
 /// × 8 positions) are 6 KiB and its f16 K and V 16 KiB at head_dim 64, so everything an item
 /// touches per tile stays in L1 while the scores are exponentiated and the V pass reads them;
-/// the per-tile costs (the max, the rescale) are 1/64 of a row's work. A/B on the 2-core Zen 4
-/// VM (flash_tile_sizes bench, docs/perf-checkpoints/2026-12-04-cpu-prefill-attention-2core).
+/// the per-tile costs (the max, the rescale) are 1/64 of a row's work. Chosen from that
+/// footprint, not tuned: no tile-size A/B has been run
+/// (docs/perf-checkpoints/2026-12-04-cpu-prefill-attention-2core).
 pub const KV_TILE: usize = 64;
 /// Rows of one register tile of the AVX-512 Q·Kᵀ kernel (8 rows × 2 K blocks = 16 of the 32
 /// vector registers); row counts are padded to it.

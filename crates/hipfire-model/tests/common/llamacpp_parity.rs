@@ -187,7 +187,11 @@ pub fn check_chunked_prefill_matches_steps(m: &Model, prompt_len: u32) {
             .fold(f32::NEG_INFINITY, |a, (_, &v)| a.max(v));
         let gap = want[best] - second;
         if gap > worst {
-            assert_eq!(argmax(got) as usize, best, "{what}: argmax (top-2 gap {gap})");
+            assert_eq!(
+                argmax(got) as usize,
+                best,
+                "{what}: argmax (top-2 gap {gap})"
+            );
         } else if argmax(got) as usize != best {
             eprintln!("{what}: argmax differs at a near-tie (top-2 gap {gap} ≤ max |Δ| {worst})");
         }
