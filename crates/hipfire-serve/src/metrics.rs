@@ -82,6 +82,8 @@ pub struct Metrics {
     requests: Mutex<BTreeMap<(&'static str, u16), u64>>,
     /// Prompt tokens prefilled.
     pub prompt_tokens: AtomicU64,
+    /// Prompt tokens a slot already held from an earlier request (reused, not prefilled).
+    pub prompt_tokens_reused: AtomicU64,
     /// Tokens generated.
     pub generated_tokens: AtomicU64,
     /// Requests waiting for a slot.
@@ -107,6 +109,7 @@ impl Default for Metrics {
         Metrics {
             requests: Mutex::new(BTreeMap::new()),
             prompt_tokens: AtomicU64::new(0),
+            prompt_tokens_reused: AtomicU64::new(0),
             generated_tokens: AtomicU64::new(0),
             queue_depth: AtomicU64::new(0),
             running: AtomicU64::new(0),
@@ -164,6 +167,13 @@ impl Metrics {
             "counter",
             "Prompt tokens prefilled.",
             &self.prompt_tokens,
+        );
+        scalar(
+            &mut out,
+            "hipfire_prompt_tokens_reused_total",
+            "counter",
+            "Prompt tokens a slot already held from an earlier request (not prefilled again).",
+            &self.prompt_tokens_reused,
         );
         scalar(
             &mut out,
