@@ -92,7 +92,8 @@ pub struct Metrics {
     pub running: AtomicU64,
     /// KV cache bytes the running sequences fill now.
     pub kv_bytes: AtomicU64,
-    /// KV cache bytes the slots may fill (slots × context × bytes per position).
+    /// Bytes the slots may fill: slots × (context × KV bytes per position, plus a hybrid's
+    /// recurrent state and prefix snapshots) ([`crate::kv_reserve_bytes`]).
     pub kv_capacity_bytes: AtomicU64,
     /// Forward steps run.
     pub steps: AtomicU64,
@@ -214,7 +215,7 @@ impl Metrics {
             &mut out,
             "hipfire_kv_cache_capacity_bytes",
             "gauge",
-            "KV cache bytes the slots may fill (slots x context x bytes per position).",
+            "Bytes the slots may fill: KV cache at full context, plus a hybrid's recurrent state and prefix snapshots.",
             &self.kv_capacity_bytes,
         );
         self.batch_size.render(
