@@ -666,6 +666,14 @@ impl ModelConfig {
         }
     }
 
+    /// Bytes of one [`SessionSnapshot`](crate::model::SessionSnapshot): the recurrent state,
+    /// the residual stream (`d_model` floats) and the logits (`vocab` floats). An attention-only
+    /// model's snapshot holds no KV (positions are kept in place), only those two vectors.
+    pub fn snapshot_bytes(&self) -> usize {
+        self.recurrent_bytes_per_sequence()
+            + (self.d_model + self.vocab) * std::mem::size_of::<f32>()
+    }
+
     /// Width of the concatenated query heads.
     pub fn q_dim(&self) -> usize {
         self.n_head * self.head_dim

@@ -917,7 +917,8 @@ impl SessionSnapshot {
         self.pos
     }
 
-    /// Bytes it holds (the recurrent states dominate: Qwen3.5's ≈ 2 MiB a DeltaNet layer).
+    /// Bytes it holds (the recurrent states dominate: Qwen3.5's ≈ 2 MiB a DeltaNet layer);
+    /// [`ModelConfig::snapshot_bytes`](crate::ModelConfig::snapshot_bytes) of its model.
     pub fn bytes(&self) -> usize {
         let rec: usize = self
             .rec
@@ -962,9 +963,15 @@ impl<'m> Session<'m> {
         }
     }
 
-    /// Note a rewind to position `to`.
+    /// Note a rewind to position `to`. An earlier rewind to `to` or above says nothing this
+    /// one does not (any snapshot it outdates, this one outdates too), so it is dropped: the
+    /// list stays increasing in position, and a long-lived server slot that rewinds once per
+    /// request does not grow it without bound.
     fn rewound(&mut self, to: usize) {
         self.events += 1;
+        while self.rewinds.last().is_some_and(|&(_, t)| t >= to) {
+            self.rewinds.pop();
+        }
         self.rewinds.push((self.events, to));
     }
 
@@ -1018,6 +1025,45 @@ impl<'m> Session<'m> {
         self.pos = snap.pos;
         self.rewound(snap.pos);
         Ok(())
+    }
+
+    /// Back to position `pos` (at most the position now) by truncating the KV cache: a server
+    /// slot reusing the prefix a new prompt shares with what it holds. Only a session without
+    /// recurrent state can go back to any position (a hybrid's DeltaNet state cannot be
+    /// truncated: it goes back with [`Session::restore`]), except to where it is or to 0.
+    /// Continuing from `pos` is bit-identical to a session that was fed only the first `pos`
+    /// tokens; until the next token is fed, [`Session::logits`] are still those of the position
+    /// it left.
+    pub fn rewind(&mut self, pos: usize) -> Result<(), ModelError> {
+        if pos > self.pos {
+            return Err(ModelError::InvalidOption(format!(
+                "rewind to position {pos} of a session at {}",
+                self.pos
+            )));
+        }
+        if pos == self.pos {
+            return Ok(());
+        }
+        if pos == 0 {
+            self.reset();
+            return Ok(());
+        }
+        if self.is_recurrent() {
+            return Err(ModelError::InvalidOption(format!(
+                "rewind to position {pos} of a session with recurrent state (restore a \
+                 snapshot instead)"
+            )));
+        }
+        self.kv.iter_mut().for_each(|c| c.truncate(pos));
+        self.pos = pos;
+        self.rewound(pos);
+        Ok(())
+    }
+
+    /// Whether this session keeps recurrent state (a hybrid model), which only
+    /// [`Session::restore`] can take back to an earlier position.
+    pub fn is_recurrent(&self) -> bool {
+        self.rec.iter().any(Option::is_some)
     }
 
     /// Positions filled so far.
@@ -1565,9 +1611,56 @@ mod tests {
                 s.restore(&ahead).is_err(),
                 "a snapshot ahead of the session"
             );
+            assert_eq!(snap.bytes(), model.config().snapshot_bytes(), "{arch:?}");
             s.reset();
             assert!(s.restore(&snap).is_err(), "a snapshot from before a reset");
             assert_eq!(s.position(), 0, "a refused restore changes nothing");
         }
+    }
+
+    /// Rewinding an attention-only session continues bit for bit as a session fed only the
+    /// kept tokens; a hybrid refuses to rewind except to where it is or to 0; a snapshot above
+    /// the rewind point is outdated, one below it is not, however many rewinds follow.
+    #[test]
+    fn rewind_truncates_attention_only_sessions() {
+        let model = synth_model(Arch::Llama, Format::Q8_0, None);
+        let prompt: Vec<u32> = (0..45u32).map(|i| (i * 37 + 11) % 500 + 2).collect();
+        let turn: Vec<u32> = (0..9u32).map(|i| (i * 53 + 3) % 500 + 2).collect();
+        let mut s = model.session();
+        s.prefill(&prompt[..10]).expect("prefill");
+        let low = s.snapshot();
+        s.prefill(&prompt[10..]).expect("prefill");
+        let high = s.snapshot();
+        assert!(s.rewind(prompt.len() + 1).is_err(), "ahead of the session");
+        s.rewind(29).expect("rewind");
+        assert_eq!(s.position(), 29);
+        let mut fresh = model.session();
+        fresh.prefill(&prompt[..29]).expect("prefill");
+        assert_eq!(
+            bits_of(s.prefill(&turn).expect("turn")),
+            bits_of(fresh.prefill(&turn).expect("turn"))
+        );
+        assert!(s.restore(&high).is_err(), "a snapshot above the rewind");
+        for _ in 0..100 {
+            s.rewind(20).expect("rewind");
+            s.prefill(&turn).expect("turn");
+        }
+        assert!(s.rewinds.len() <= 2, "{} rewinds kept", s.rewinds.len());
+        s.restore(&low).expect("a snapshot below every rewind");
+        assert_eq!(s.position(), 10);
+
+        let hybrid = synth_model(Arch::Qwen35, Format::Q8_0, None);
+        let mut h = hybrid.session();
+        assert!(h.is_recurrent() && !s.is_recurrent());
+        h.prefill(&prompt).expect("prefill");
+        assert!(h.rewind(5).is_err(), "a hybrid cannot truncate");
+        assert_eq!(
+            h.position(),
+            prompt.len(),
+            "a refused rewind changes nothing"
+        );
+        h.rewind(prompt.len()).expect("where it is");
+        h.rewind(0).expect("to 0");
+        assert_eq!(h.position(), 0);
     }
 }

@@ -374,6 +374,8 @@ pub struct Usage {
     pub prompt_tokens: usize,
     /// Generated tokens.
     pub completion_tokens: usize,
+    /// Prompt tokens the slot already held from an earlier request (not prefilled again).
+    pub cached_tokens: usize,
 }
 
 impl Usage {
@@ -383,6 +385,7 @@ impl Usage {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
         })
     }
 }

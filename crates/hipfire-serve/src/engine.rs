@@ -8,6 +8,14 @@
 //! stream. The step is one [`StepModel::forward`]; then each sequence that got logits samples its
 //! next token, detokenises it, checks stop strings and sends the text to its client.
 //!
+//! A slot keeps what its last request left in it: the session and the token ids it was fed
+//! (prompt, then every generated token fed back). A new request goes to the free slot whose
+//! kept tokens share the longest usable prefix with its prompt; that slot goes back to the
+//! prefix ([`StepModel::rewind`]: an attention-only session truncates its KV cache, a hybrid
+//! restores a snapshot taken at the end of an earlier prompt or stays where it is) and only the
+//! rest of the prompt is prefilled. Without a usable prefix the least recently used free slot is
+//! reset, so the conversations used last stay cached longest.
+//!
 //! The engine never runs on tokio: a forward pass is long, CPU-bound work that would starve the
 //! runtime's tasks. The HTTP side talks to it through [`EngineHandle`] (the actor's handle, as in
 //! Ryhl's "Actors with Tokio"); replies go back on one unbounded tokio channel per request,
@@ -22,7 +30,8 @@ use crossbeam_channel::{Receiver, Sender};
 use tokio::sync::mpsc::UnboundedSender;
 
 use hipfire_model::{
-    forward_batch, BatchItem, Model, ModelError, Sampler, Session, StreamDecoder, Tokenizer,
+    forward_batch, BatchItem, Model, ModelError, Sampler, Session, SessionSnapshot, StreamDecoder,
+    Tokenizer,
 };
 
 use crate::api::{FinishReason, Generation, Usage};
@@ -41,6 +50,11 @@ pub const PREFILL_TOKENS_PER_STEP: usize = 2 * PREFILL_CHUNK;
 /// `Retry-After` of a 429: a short generation on a small model finishes within a second, so a
 /// client retrying then usually finds room.
 pub const RETRY_AFTER_S: u64 = 1;
+/// Snapshots a hybrid model's slot keeps (one is taken at the end of every prompt): the last
+/// prompt's end serves an edited or regenerated answer, the one before it a regenerated earlier
+/// turn. Each costs [`hipfire_model::ModelConfig::snapshot_bytes`] (≈ 2 MiB per DeltaNet layer
+/// for Qwen3.5), counted in the server's memory budget; where a slot is now needs none.
+pub const MAX_SNAPSHOTS_PER_SLOT: usize = 2;
 /// HTTP status counted for a request whose client disconnected (nginx's "client closed
 /// request"; never sent).
 pub const STATUS_CLIENT_CLOSED: u16 = 499;
@@ -71,6 +85,26 @@ pub trait StepModel {
     fn logits(&self, slot: usize) -> &[f32];
     /// Positions `slot` holds.
     fn position(&self, slot: usize) -> usize;
+    /// The furthest position at most `limit` (and at most [`StepModel::position`]) that `slot`
+    /// can go back to with [`StepModel::rewind`], keeping what it was fed before it; 0 when it
+    /// cannot reuse a prefix (the default: every request starts from an empty slot).
+    fn reusable(&self, _slot: usize, _limit: usize) -> usize {
+        0
+    }
+    /// Take `slot` back to `pos`, a position [`StepModel::reusable`] returned for it (0: an
+    /// empty slot, which every model can do).
+    fn rewind(&mut self, slot: usize, pos: usize) -> Result<(), ModelError> {
+        if pos != 0 {
+            return Err(ModelError::InvalidOption(format!(
+                "slot {slot} cannot go back to position {pos}"
+            )));
+        }
+        self.reset(slot);
+        Ok(())
+    }
+    /// Remember where `slot` is now as a position to come back to (a hybrid's snapshot). The
+    /// engine calls it at the end of every prompt.
+    fn checkpoint(&mut self, _slot: usize) {}
     /// How many prompt tokens a step may feed: per sequence and in all (the CPU engine's
     /// [`PREFILL_CHUNK`] and [`PREFILL_TOKENS_PER_STEP`] unless the model knows better).
     fn prefill_budget(&self) -> PrefillBudget {
@@ -91,9 +125,16 @@ pub struct PrefillBudget {
 }
 
 /// [`StepModel`] on the CPU: one [`Session`] per slot, stepped by [`forward_batch`].
+///
+/// A slot goes back to any earlier position of an attention-only model by truncating its KV
+/// cache ([`Session::rewind`]); a hybrid's recurrent state cannot be truncated, so its slot
+/// keeps up to [`MAX_SNAPSHOTS_PER_SLOT`] snapshots of the ends of earlier prompts and goes
+/// back to one of those (or stays where it is).
 #[derive(Debug)]
 pub struct CpuSlots<'m> {
     sessions: Vec<Session<'m>>,
+    /// Per slot, snapshots at positions the session holds, lowest first (hybrids only).
+    snaps: Vec<Vec<SessionSnapshot>>,
 }
 
 impl<'m> CpuSlots<'m> {
@@ -101,7 +142,13 @@ impl<'m> CpuSlots<'m> {
     pub fn new(model: &'m Model, slots: usize) -> CpuSlots<'m> {
         CpuSlots {
             sessions: (0..slots).map(|_| model.session()).collect(),
+            snaps: (0..slots).map(|_| Vec::new()).collect(),
         }
+    }
+
+    /// Snapshots `slot` keeps now (at most [`MAX_SNAPSHOTS_PER_SLOT`]).
+    pub fn snapshots(&self, slot: usize) -> usize {
+        self.snaps.get(slot).map_or(0, Vec::len)
     }
 }
 
@@ -113,6 +160,9 @@ impl StepModel for CpuSlots<'_> {
     fn reset(&mut self, slot: usize) {
         if let Some(s) = self.sessions.get_mut(slot) {
             s.reset();
+        }
+        if let Some(v) = self.snaps.get_mut(slot) {
+            v.clear();
         }
     }
 
@@ -151,6 +201,60 @@ impl StepModel for CpuSlots<'_> {
 
     fn position(&self, slot: usize) -> usize {
         self.sessions.get(slot).map_or(0, |s| s.position())
+    }
+
+    fn reusable(&self, slot: usize, limit: usize) -> usize {
+        let (Some(s), Some(snaps)) = (self.sessions.get(slot), self.snaps.get(slot)) else {
+            return 0;
+        };
+        if limit >= s.position() {
+            s.position()
+        } else if !s.is_recurrent() {
+            limit
+        } else {
+            snaps
+                .iter()
+                .map(SessionSnapshot::position)
+                .filter(|&p| p <= limit)
+                .max()
+                .unwrap_or(0)
+        }
+    }
+
+    fn rewind(&mut self, slot: usize, pos: usize) -> Result<(), ModelError> {
+        let (Some(s), Some(snaps)) = (self.sessions.get_mut(slot), self.snaps.get_mut(slot)) else {
+            return Err(ModelError::InvalidOption(format!("no slot {slot}")));
+        };
+        if pos == s.position() {
+            return Ok(());
+        }
+        if pos == 0 || !s.is_recurrent() {
+            s.rewind(pos)?;
+        } else {
+            let snap = snaps.iter().find(|p| p.position() == pos).ok_or_else(|| {
+                ModelError::InvalidOption(format!("slot {slot} has no snapshot at {pos}"))
+            })?;
+            s.restore(snap)?;
+        }
+        // A snapshot above the new position is outdated (and the session would refuse it).
+        snaps.retain(|p| p.position() <= pos);
+        Ok(())
+    }
+
+    fn checkpoint(&mut self, slot: usize) {
+        let (Some(s), Some(snaps)) = (self.sessions.get_mut(slot), self.snaps.get_mut(slot)) else {
+            return;
+        };
+        // An attention-only slot goes back anywhere by truncation: nothing to keep.
+        if !s.is_recurrent() {
+            return;
+        }
+        let pos = s.position();
+        snaps.retain(|p| p.position() < pos);
+        snaps.push(s.snapshot());
+        if snaps.len() > MAX_SNAPSHOTS_PER_SLOT {
+            snaps.remove(0);
+        }
     }
 }
 
@@ -321,8 +425,12 @@ where
                     return;
                 }
             };
+            let n = slots.slots();
             let mut engine = Engine {
-                free: (0..slots.slots()).rev().collect(),
+                free: (0..n).rev().collect(),
+                kept: vec![Vec::new(); n],
+                last_used: vec![0; n],
+                uses: 0,
                 slots,
                 tok: model.tokenizer(),
                 ctx_len: model.ctx_len(),
@@ -357,8 +465,10 @@ where
 struct Seq {
     job: Job,
     slot: usize,
-    /// Prompt tokens fed so far.
+    /// Prompt tokens fed so far (the reused prefix included).
     fed: usize,
+    /// Prompt tokens the slot already held (not prefilled again).
+    reused: usize,
     /// The sampled token to feed in the next step (decoding), if any.
     next: Option<u32>,
     sampler: Sampler,
@@ -389,8 +499,20 @@ struct Engine<'m> {
     metrics: Arc<Metrics>,
     waiting: VecDeque<Job>,
     running: Vec<Seq>,
-    /// Free slots (popped from the end).
+    /// Free slots.
     free: Vec<usize>,
+    /// Per slot, the token ids its sequence holds (one per position): what it was last fed.
+    kept: Vec<Vec<u32>>,
+    /// Per slot, when a request was last given it (in admissions), for least-recently-used
+    /// eviction among slots with no prefix to reuse.
+    last_used: Vec<u64>,
+    /// Admissions so far.
+    uses: u64,
+}
+
+/// Length of the common prefix of `a` and `b`.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 impl Engine<'_> {
@@ -444,11 +566,15 @@ impl Engine<'_> {
             s.job.reply_last(Event::Failed(why.into()));
             self.metrics.request(s.job.gen.endpoint.label(), 503);
             self.slots.reset(s.slot);
+            if let Some(k) = self.kept.get_mut(s.slot) {
+                k.clear();
+            }
             self.free.push(s.slot);
         }
     }
 
-    /// Drop every job whose client has gone (its receiver is closed), freeing its slot.
+    /// Drop every job whose client has gone (its receiver is closed), freeing its slot (which
+    /// keeps what it was fed, for a retry to reuse).
     fn reap_cancelled(&mut self) {
         let metrics = &self.metrics;
         self.waiting.retain(|j| {
@@ -458,13 +584,12 @@ impl Engine<'_> {
             }
             !gone
         });
-        let (slots, free) = (&mut self.slots, &mut self.free);
+        let free = &mut self.free;
         self.running.retain(|s| {
             let gone = s.job.events.is_closed();
             if gone {
                 metrics.request(s.job.gen.endpoint.label(), STATUS_CLIENT_CLOSED);
                 tracing::debug!(slot = s.slot, "client left; sequence cancelled");
-                slots.reset(s.slot);
                 free.push(s.slot);
             }
             !gone
@@ -486,15 +611,18 @@ impl Engine<'_> {
                     continue;
                 }
             };
-            let Some(slot) = self.free.pop() else {
+            let Some((slot, reused)) = self.take_slot(&job.gen.prompt) else {
                 return;
             };
-            self.slots.reset(slot);
+            self.metrics
+                .prompt_tokens_reused
+                .fetch_add(reused as u64, Ordering::Relaxed);
             let stop = StopMatcher::new(job.gen.stop.clone());
             self.running.push(Seq {
                 job,
                 slot,
-                fed: 0,
+                fed: reused,
+                reused,
                 next: None,
                 sampler,
                 detok: StreamDecoder::new(),
@@ -504,6 +632,49 @@ impl Engine<'_> {
                 finished: false,
             });
         }
+    }
+
+    /// Take the free slot that reuses the most of `prompt` (the least recently used among
+    /// equals), brought back to that prefix: at most all but the prompt's last token, which
+    /// must be fed for its logits. Returns the slot and the prompt tokens it already holds.
+    fn take_slot(&mut self, prompt: &[u32]) -> Option<(usize, usize)> {
+        let limit = prompt.len().saturating_sub(1);
+        let (i, slot, pos) = self
+            .free
+            .iter()
+            .enumerate()
+            .map(|(i, &slot)| {
+                let kept = self.kept.get(slot).map_or(&[][..], Vec::as_slice);
+                // A slot whose position disagrees with its kept tokens reuses nothing.
+                let pos = if self.slots.position(slot) == kept.len() {
+                    self.slots
+                        .reusable(slot, common_prefix(kept, prompt).min(limit))
+                } else {
+                    0
+                };
+                (i, slot, pos)
+            })
+            .max_by_key(|&(_, slot, pos)| {
+                let age = self.last_used.get(slot).copied().unwrap_or(0);
+                (pos, std::cmp::Reverse(age), std::cmp::Reverse(slot))
+            })?;
+        self.free.swap_remove(i);
+        let pos = match self.slots.rewind(slot, pos) {
+            Ok(()) => pos,
+            Err(e) => {
+                tracing::warn!(slot, pos, cause = %e, "cannot reuse the slot's prefix; reset");
+                self.slots.reset(slot);
+                0
+            }
+        };
+        self.uses += 1;
+        if let Some(u) = self.last_used.get_mut(slot) {
+            *u = self.uses;
+        }
+        if let Some(k) = self.kept.get_mut(slot) {
+            k.truncate(pos);
+        }
+        Some((slot, pos))
     }
 
     /// Build and run one forward step, then sample and send for every sequence in it.
@@ -558,6 +729,11 @@ impl Engine<'_> {
                     s.job.reply_last(Event::Failed(format!("model: {e}")));
                     self.metrics.request(s.job.gen.endpoint.label(), 500);
                     s.finished = true;
+                    // Keep nothing of a slot a step failed on.
+                    self.slots.reset(s.slot);
+                    if let Some(k) = self.kept.get_mut(s.slot) {
+                        k.clear();
+                    }
                 }
             }
         } else {
@@ -567,25 +743,32 @@ impl Engine<'_> {
                     Some(Planned::Prefill { end }) => {
                         let s = &mut self.running[i];
                         let n = end - s.fed;
+                        if let Some(k) = self.kept.get_mut(s.slot) {
+                            k.extend_from_slice(&s.job.gen.prompt[s.fed..end]);
+                        }
                         s.fed = end;
                         self.metrics
                             .prompt_tokens
                             .fetch_add(n as u64, Ordering::Relaxed);
                         if end == s.job.gen.prompt.len() {
+                            self.slots.checkpoint(s.slot);
                             self.sample(i);
                         }
                     }
                     Some(Planned::Decode) => {
-                        self.running[i].next = None;
+                        let s = &mut self.running[i];
+                        if let (Some(k), Some(t)) = (self.kept.get_mut(s.slot), s.next.take()) {
+                            k.push(t);
+                        }
                         self.sample(i);
                     }
                 }
             }
         }
-        let (slots, free) = (&mut self.slots, &mut self.free);
+        // A finished sequence's slot keeps its session and tokens for the next request.
+        let free = &mut self.free;
         self.running.retain(|s| {
             if s.finished {
-                slots.reset(s.slot);
                 free.push(s.slot);
             }
             !s.finished
@@ -659,6 +842,7 @@ impl Engine<'_> {
         let usage = Usage {
             prompt_tokens: s.job.gen.prompt.len(),
             completion_tokens: s.generated,
+            cached_tokens: s.reused,
         };
         self.metrics.request(s.job.gen.endpoint.label(), 200);
         s.job.reply_last(Event::Done { finish: why, usage });

@@ -6,7 +6,8 @@
 //! - [`http`] — the axum routes (`/v1/chat/completions`, `/v1/completions`, `/v1/models`,
 //!   `/health`, `/metrics`), the API-key check, SSE streaming.
 //! - [`engine`] — the engine thread: sequence slots, the scheduler (join/leave between steps,
-//!   chunked prefill beside decode), sampling, detokenising, stop strings.
+//!   chunked prefill beside decode, prefix reuse across requests), sampling, detokenising,
+//!   stop strings.
 //! - [`metrics`] — Prometheus text exposition.
 //! - [`stop`] — stop strings over streamed text.
 //! - [`error`] — [`ServeError`] (the server) and [`ApiError`] (one request, OpenAI's shape).
@@ -68,11 +69,21 @@ pub struct ServeConfig {
 }
 
 /// KV cache bytes `slots` sequences of `model` can fill at full context, plus each sequence's
-/// recurrent state (a hybrid model's DeltaNet layers).
+/// recurrent state (a hybrid model's DeltaNet layers) and, for a hybrid, the
+/// [`engine::MAX_SNAPSHOTS_PER_SLOT`] snapshots a slot keeps for prefix reuse (an
+/// attention-only slot reuses a prefix by truncating its cache and keeps none).
 pub fn kv_reserve_bytes(model: &Model, slots: usize) -> u64 {
+    let c = model.config();
+    let recurrent = c.recurrent_bytes_per_sequence() as u64;
+    let snapshots = if recurrent > 0 {
+        (c.snapshot_bytes() as u64).saturating_mul(engine::MAX_SNAPSHOTS_PER_SLOT as u64)
+    } else {
+        0
+    };
     (hipfire_model::kv_bytes_per_position(model) as u64)
         .saturating_mul(model.ctx_len() as u64)
-        .saturating_add(model.config().recurrent_bytes_per_sequence() as u64)
+        .saturating_add(recurrent)
+        .saturating_add(snapshots)
         .saturating_mul(slots as u64)
 }
 

@@ -82,6 +82,8 @@ pub struct Metrics {
     requests: Mutex<BTreeMap<(&'static str, u16), u64>>,
     /// Prompt tokens prefilled.
     pub prompt_tokens: AtomicU64,
+    /// Prompt tokens a slot already held from an earlier request (reused, not prefilled).
+    pub prompt_tokens_reused: AtomicU64,
     /// Tokens generated.
     pub generated_tokens: AtomicU64,
     /// Requests waiting for a slot.
@@ -90,7 +92,8 @@ pub struct Metrics {
     pub running: AtomicU64,
     /// KV cache bytes the running sequences fill now.
     pub kv_bytes: AtomicU64,
-    /// KV cache bytes the slots may fill (slots × context × bytes per position).
+    /// Bytes the slots may fill: slots × (context × KV bytes per position, plus a hybrid's
+    /// recurrent state and prefix snapshots) ([`crate::kv_reserve_bytes`]).
     pub kv_capacity_bytes: AtomicU64,
     /// Forward steps run.
     pub steps: AtomicU64,
@@ -107,6 +110,7 @@ impl Default for Metrics {
         Metrics {
             requests: Mutex::new(BTreeMap::new()),
             prompt_tokens: AtomicU64::new(0),
+            prompt_tokens_reused: AtomicU64::new(0),
             generated_tokens: AtomicU64::new(0),
             queue_depth: AtomicU64::new(0),
             running: AtomicU64::new(0),
@@ -167,6 +171,13 @@ impl Metrics {
         );
         scalar(
             &mut out,
+            "hipfire_prompt_tokens_reused_total",
+            "counter",
+            "Prompt tokens a slot already held from an earlier request (not prefilled again).",
+            &self.prompt_tokens_reused,
+        );
+        scalar(
+            &mut out,
             "hipfire_generated_tokens_total",
             "counter",
             "Tokens generated.",
@@ -204,7 +215,7 @@ impl Metrics {
             &mut out,
             "hipfire_kv_cache_capacity_bytes",
             "gauge",
-            "KV cache bytes the slots may fill (slots x context x bytes per position).",
+            "Bytes the slots may fill: KV cache at full context, plus a hybrid's recurrent state and prefix snapshots.",
             &self.kv_capacity_bytes,
         );
         self.batch_size.render(

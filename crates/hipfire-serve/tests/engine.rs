@@ -1,7 +1,8 @@
 //! The engine thread on a small synthetic model (no HTTP): every sequence's text equals the
 //! same request decoded alone; a long prompt is prefilled in bounded chunks while the other
 //! sequences keep decoding in the same steps; a full engine refuses with 429; a dropped client
-//! frees its slot for the next request.
+//! frees its slot for the next request; a slot reusing an earlier request's prefix gives the
+//! logits a fresh server gives (attention-only and hybrid models).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -53,12 +54,17 @@ impl StepModel for Recording<'_> {
 /// A tiny synthetic model; each call writes (and removes) its own file, as tests run in
 /// parallel.
 fn model() -> Arc<Model> {
+    model_of(Arch::Llama)
+}
+
+/// [`model`] of `arch`'s tiny synthetic shape.
+fn model_of(arch: Arch) -> Arc<Model> {
     static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!("hipfire-serve-engine-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("tmp");
     let path = dir.join(format!("tiny-{call}.gguf"));
-    let spec = hipfire_model::SynthSpec::tiny(Arch::Llama);
+    let spec = hipfire_model::SynthSpec::tiny(arch);
     hipfire_model::write_synthetic(&path, &spec, Format::Q8_0, 5, None).expect("synth");
     let opts = LoadOptions {
         threads: 2,
@@ -296,4 +302,333 @@ fn a_model_s_own_prompt_budget_shapes_the_steps() {
     // 34 prompt tokens at most 7 a step: at least 5 steps held prompt tokens.
     let prompt_steps = steps.iter().filter(|s| s.iter().any(|f| f.1 > 1)).count();
     assert!(prompt_steps >= 5, "{prompt_steps} prompt steps: {steps:?}");
+}
+
+/// Every logits vector a server computed, keyed by the tokens its sequence held then.
+type Contexts = Arc<Mutex<Vec<(Vec<u32>, Vec<u32>)>>>;
+
+/// [`CpuSlots`] that records, for every feed with logits, the slot's whole token history (the
+/// tokens it kept from earlier requests included) and the logits' bits: logits are a function
+/// of that history, whatever was reused. With `skip_restore`, going back to an earlier
+/// position is claimed but not done (a server that forgot to restore), to show the records
+/// would tell.
+struct Probe<'m> {
+    inner: CpuSlots<'m>,
+    history: Vec<Vec<u32>>,
+    log: Contexts,
+    skip_restore: bool,
+    /// Most snapshots any slot held.
+    most_snapshots: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl StepModel for Probe<'_> {
+    fn slots(&self) -> usize {
+        self.inner.slots()
+    }
+    fn reset(&mut self, slot: usize) {
+        self.history[slot].clear();
+        self.inner.reset(slot)
+    }
+    fn forward(&mut self, feeds: &[Feed<'_>]) -> Result<(), hipfire_model::ModelError> {
+        self.inner.forward(feeds)?;
+        for f in feeds {
+            self.history[f.slot].extend_from_slice(f.tokens);
+            if f.want_logits {
+                let bits = self.inner.logits(f.slot).iter().map(|v| v.to_bits());
+                let entry = (self.history[f.slot].clone(), bits.collect());
+                self.log.lock().expect("log").push(entry);
+            }
+        }
+        Ok(())
+    }
+    fn logits(&self, slot: usize) -> &[f32] {
+        self.inner.logits(slot)
+    }
+    fn position(&self, slot: usize) -> usize {
+        self.inner.position(slot)
+    }
+    fn reusable(&self, slot: usize, limit: usize) -> usize {
+        self.inner.reusable(slot, limit)
+    }
+    fn rewind(&mut self, slot: usize, pos: usize) -> Result<(), hipfire_model::ModelError> {
+        if self.skip_restore && pos > 0 {
+            // The history still says what the session really holds.
+            return Ok(());
+        }
+        self.history[slot].truncate(pos);
+        self.inner.rewind(slot, pos)
+    }
+    fn checkpoint(&mut self, slot: usize) {
+        self.inner.checkpoint(slot);
+        self.most_snapshots.fetch_max(
+            self.inner.snapshots(slot),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+}
+
+/// A server over [`Probe`] slots.
+struct Probed {
+    h: EngineHandle,
+    log: Contexts,
+    most_snapshots: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+fn start_probed(model: &Arc<Model>, parallel: usize, skip_restore: bool) -> Probed {
+    let log: Contexts = Arc::default();
+    let most_snapshots = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (l, m) = (log.clone(), most_snapshots.clone());
+    let (h, _join) = engine::spawn(
+        model.clone(),
+        EngineConfig { parallel, queue: 4 },
+        Arc::new(Metrics::default()),
+        move |model| {
+            Ok(Box::new(Probe {
+                inner: CpuSlots::new(model, parallel),
+                history: vec![Vec::new(); parallel],
+                log: l,
+                skip_restore,
+                most_snapshots: m,
+            }))
+        },
+    )
+    .expect("engine");
+    Probed {
+        h,
+        log,
+        most_snapshots,
+    }
+}
+
+impl Probed {
+    /// Serve `gens` together; per request its text and `usage.cached_tokens`, and the logits
+    /// computed meanwhile (sorted by history).
+    fn serve(&self, gens: &[Generation]) -> (Vec<(String, usize)>, Vec<(Vec<u32>, Vec<u32>)>) {
+        self.log.lock().expect("log").clear();
+        let rxs: Vec<_> = gens
+            .iter()
+            .map(|g| {
+                let (tx, rx) = unbounded_channel();
+                self.h.submit(g.clone(), tx).expect("admitted");
+                rx
+            })
+            .collect();
+        let out = rxs.into_iter().map(wait_cached).collect();
+        let mut log = std::mem::take(&mut *self.log.lock().expect("log"));
+        log.sort();
+        (out, log)
+    }
+}
+
+/// The text and `usage.cached_tokens` of one job.
+fn wait_cached(mut rx: UnboundedReceiver<Event>) -> (String, usize) {
+    let mut text = String::new();
+    while let Some(ev) = rx.blocking_recv() {
+        match ev {
+            Event::Text(t) => text.push_str(&t),
+            Event::Done { usage, .. } => return (text, usage.cached_tokens),
+            Event::Failed(why) => panic!("job failed: {why}"),
+        }
+    }
+    panic!("engine dropped the job");
+}
+
+/// The tokens a greedy `g` generates, decoded alone.
+fn tokens_alone(model: &Model, g: &Generation) -> Vec<u32> {
+    let mut s = model.session();
+    let mut out = Vec::new();
+    s.generate(&g.prompt, &g.params, |id| {
+        out.push(id);
+        true
+    })
+    .expect("generate");
+    out
+}
+
+fn cat(parts: &[&[u32]]) -> Vec<u32> {
+    parts.concat()
+}
+
+/// Serve `gens` together in a fresh server: its texts and logits.
+fn cold(model: &Arc<Model>, gens: &[Generation]) -> (Vec<String>, Vec<(Vec<u32>, Vec<u32>)>) {
+    let fresh = start_probed(model, gens.len(), false);
+    let (out, log) = fresh.serve(gens);
+    assert!(out.iter().all(|o| o.1 == 0), "a fresh server reused tokens");
+    (out.into_iter().map(|o| o.0).collect(), log)
+}
+
+/// Turn 2 of a conversation, then a prompt diverging in its middle, then strict prefixes, all
+/// served one after another by one server: each request's text and every logits vector equal
+/// those of the same prompt served cold in a fresh server, and the reuse is what the model
+/// allows (attention-only: the whole common prefix but the last prompt token; hybrid: the
+/// latest end of an earlier prompt within it).
+fn second_turns_match_cold(arch: Arch) {
+    let model = model_of(arch);
+    let hybrid = model.session().is_recurrent();
+    let r = start_probed(&model, 2, false);
+    const GEN: usize = 12;
+    let a = prompt(&model, 11, 70);
+    let t1 = gen(a.clone(), GEN, 0.0);
+    let g1 = tokens_alone(&model, &t1);
+    assert_eq!(g1.len(), GEN);
+    let (out, _) = r.serve(std::slice::from_ref(&t1));
+    assert_eq!(out[0], (alone(&model, &t1), 0));
+
+    // Turn 2: the slot holds `a` and all generated tokens but the last (never fed).
+    let b = prompt(&model, 12, 9);
+    let turn2 = cat(&[&a, &g1, &b]);
+    let cases: Vec<(&str, Vec<u32>, usize)> = vec![
+        ("second turn", turn2.clone(), a.len() + GEN - 1),
+        // Diverges 5 tokens into the first answer; the hybrid has a snapshot at the end of
+        // turn 1's prompt (and one at turn 2's, above the divergence).
+        (
+            "diverging",
+            cat(&[&turn2[..a.len() + 5], &prompt(&model, 13, 7)]),
+            if hybrid { a.len() } else { a.len() + 5 },
+        ),
+        // A strict prefix of what the slot holds (turn 1's prompt and 3 answer tokens).
+        (
+            "strict prefix",
+            turn2[..a.len() + 3].to_vec(),
+            if hybrid { a.len() } else { a.len() + 2 },
+        ),
+        // Turn 1's prompt again (a regenerate): its last token must be fed again, and the
+        // hybrid has no snapshot below it.
+        (
+            "regenerate",
+            a.clone(),
+            if hybrid { 0 } else { a.len() - 1 },
+        ),
+    ];
+    let mut reused_total = 0;
+    for (what, p, want_reused) in cases {
+        let g = gen(p, GEN, 0.0);
+        let (out, log) = r.serve(std::slice::from_ref(&g));
+        let (texts, cold_log) = cold(&model, std::slice::from_ref(&g));
+        assert_eq!(out[0].1, want_reused, "{arch:?} {what}: reused tokens");
+        assert_eq!(out[0].0, texts[0], "{arch:?} {what}: text");
+        assert_eq!(out[0].0, alone(&model, &g), "{arch:?} {what}: text alone");
+        assert!(log == cold_log, "{arch:?} {what}: logits differ from cold");
+        reused_total += want_reused;
+    }
+    assert_eq!(
+        r.h.metrics
+            .prompt_tokens_reused
+            .load(std::sync::atomic::Ordering::Relaxed),
+        reused_total as u64
+    );
+    let most = r.most_snapshots.load(std::sync::atomic::Ordering::Relaxed);
+    if hybrid {
+        assert_eq!(
+            most,
+            engine::MAX_SNAPSHOTS_PER_SLOT,
+            "{arch:?}: snapshots kept"
+        );
+    } else {
+        assert_eq!(
+            most, 0,
+            "{arch:?}: an attention-only slot keeps no snapshot"
+        );
+    }
+}
+
+#[test]
+fn second_turns_reuse_the_prefix_and_match_cold_attention_only() {
+    second_turns_match_cold(Arch::Llama);
+}
+
+#[test]
+fn second_turns_reuse_the_prefix_and_match_cold_hybrid() {
+    second_turns_match_cold(Arch::Qwen35);
+}
+
+/// Three conversations, then their next turns together (a second turn, a prompt diverging in
+/// the middle, a strict prefix): each goes to the slot holding its conversation, and the
+/// batch's logits equal those of the same requests served together cold.
+#[test]
+fn concurrent_second_turns_each_reuse_their_own_slot() {
+    for arch in [Arch::Llama, Arch::Qwen35] {
+        let model = model_of(arch);
+        let hybrid = model.session().is_recurrent();
+        let r = start_probed(&model, 3, false);
+        const GEN: usize = 6;
+        let firsts: Vec<Generation> = (0..3)
+            .map(|i| gen(prompt(&model, 20 + i, 40 + 17 * i as usize), GEN, 0.0))
+            .collect();
+        let (out, _) = r.serve(&firsts);
+        for (g, o) in firsts.iter().zip(&out) {
+            assert_eq!(o.0, alone(&model, g), "{arch:?}: turn 1 text");
+        }
+        let answer: Vec<Vec<u32>> = firsts.iter().map(|g| tokens_alone(&model, g)).collect();
+        let (p0, p1, p2) = (&firsts[0].prompt, &firsts[1].prompt, &firsts[2].prompt);
+        let seconds = [
+            gen(cat(&[p0, &answer[0], &prompt(&model, 30, 8)]), GEN, 0.0),
+            gen(cat(&[&p1[..25], &prompt(&model, 31, 8)]), GEN, 0.0),
+            gen(cat(&[p2, &answer[2][..2]]), GEN, 0.0),
+        ];
+        let want_reused = [
+            p0.len() + GEN - 1,
+            if hybrid { 0 } else { 25 },
+            // The hybrid's latest snapshot within the prefix is turn 1's prompt end.
+            if hybrid { p2.len() } else { p2.len() + 1 },
+        ];
+        let (out, log) = r.serve(&seconds);
+        let (texts, cold_log) = cold(&model, &seconds);
+        for (i, g) in seconds.iter().enumerate() {
+            assert_eq!(out[i].1, want_reused[i], "{arch:?} request {i}: reused");
+            assert_eq!(out[i].0, texts[i], "{arch:?} request {i}: text vs cold");
+            assert_eq!(
+                out[i].0,
+                alone(&model, g),
+                "{arch:?} request {i}: text alone"
+            );
+        }
+        assert!(log == cold_log, "{arch:?}: batched logits differ from cold");
+    }
+}
+
+/// The same diverging turn through slots that claim to go back but keep their state: the
+/// logits then differ from cold, so the tests above would catch a skipped restore.
+#[test]
+fn a_skipped_restore_is_caught() {
+    for arch in [Arch::Llama, Arch::Qwen35] {
+        let model = model_of(arch);
+        let r = start_probed(&model, 1, true);
+        let a = prompt(&model, 40, 50);
+        let t1 = gen(a.clone(), 8, 0.0);
+        let g1 = tokens_alone(&model, &t1);
+        r.serve(std::slice::from_ref(&t1));
+        let t2 = gen(cat(&[&a, &g1, &prompt(&model, 41, 5)]), 8, 0.0);
+        r.serve(std::slice::from_ref(&t2));
+        let diverging = gen(cat(&[&a, &prompt(&model, 42, 9)]), 8, 0.0);
+        let (out, log) = r.serve(std::slice::from_ref(&diverging));
+        assert_eq!(out[0].1, a.len(), "{arch:?}: claimed reuse");
+        let (_, cold_log) = cold(&model, std::slice::from_ref(&diverging));
+        let cold_bits: Vec<&Vec<u32>> = cold_log.iter().map(|e| &e.1).collect();
+        let bits: Vec<&Vec<u32>> = log.iter().map(|e| &e.1).collect();
+        assert_ne!(bits, cold_bits, "{arch:?}: stale state gave cold logits");
+    }
+}
+
+/// The server's memory budget counts a hybrid slot's snapshots, and an attention-only slot's
+/// none.
+#[test]
+fn the_memory_budget_counts_a_hybrid_slot_s_snapshots() {
+    for arch in [Arch::Llama, Arch::Qwen35] {
+        let m = model_of(arch);
+        let c = m.config();
+        let kv = (hipfire_model::kv_bytes_per_position(&m) * m.ctx_len()) as u64;
+        let rec = c.recurrent_bytes_per_sequence() as u64;
+        let snaps = if rec > 0 {
+            (engine::MAX_SNAPSHOTS_PER_SLOT * c.snapshot_bytes()) as u64
+        } else {
+            0
+        };
+        assert_eq!(arch == Arch::Qwen35, snaps > 0, "{arch:?}");
+        assert_eq!(
+            hipfire_serve::kv_reserve_bytes(&m, 3),
+            3 * (kv + rec + snaps),
+            "{arch:?}"
+        );
+    }
 }
