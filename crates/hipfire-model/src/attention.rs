@@ -18,8 +18,6 @@ use half::f16;
 
 use crate::ops::exp_nonpos;
 
-pub mod flash;
-
 /// Positions per transposed K block: one AVX-512 vector (two AVX2 vectors) of f32 scores.
 pub const KV_BLOCK: usize = 16;
 /// Work items one attention call aims for: with 2 threads, ≥ 8 per thread keeps the

@@ -64,16 +64,6 @@ impl Q8KvLayer {
         })
     }
 
-    /// KV heads.
-    pub fn n_kv(&self) -> usize {
-        self.n_kv
-    }
-
-    /// Values per head.
-    pub fn head_dim(&self) -> usize {
-        self.hd
-    }
-
     /// Positions held.
     pub fn n_pos(&self) -> usize {
         self.n_pos

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use hipfire_quant::Format;
 
-use crate::attention::{self, flash, CacheType, KvCache, KvLayer};
+use crate::attention::{self, CacheType, KvCache, KvLayer};
 use crate::backend::{Backend, CpuBackend, Weight};
 use crate::block::{LayerTensors, TensorSource};
 use crate::config::ModelConfig;
@@ -606,44 +606,18 @@ impl Model {
         }
         let group = c.n_head / c.n_head_kv;
         let scale = c.attn_scale;
-        let window = c.layer_window(li);
         let pl = attention::partial_len(hd);
         let item_len = group * pl;
-        // A prompt chunk of one session (consecutive positions against one cache) goes through
-        // the flash kernel in items of KV head × block of positions (`(first, end, head)`),
-        // when it has enough of them to fill the pool; a lone query (a decode step), or a run
-        // too short for that, through the split-KV items of each query.
-        let mut flash_items: Vec<(usize, usize, usize)> = Vec::new();
-        let mut split_q: Vec<usize> = Vec::new();
-        let mut i = 0;
-        while i < qs.len() {
-            let mut j = i + 1;
-            while j < qs.len() && std::ptr::eq(qs[j].1, qs[i].1) && qs[j].2 == qs[j - 1].2 + 1 {
-                j += 1;
-            }
-            if flash::worth(j - i, c.n_head_kv) {
-                let qb = flash::block_len(j - i, group, c.n_head_kv);
-                for h in 0..c.n_head_kv {
-                    for b0 in (i..j).step_by(qb) {
-                        flash_items.push((b0, (b0 + qb).min(j), h));
-                    }
-                }
-            } else {
-                split_q.extend(i..j);
-            }
-            i = j;
-        }
-        // Per split query: its split and its first item; items of split query s are
-        // `first[s]..first[s] + n_head_kv · n_chunks`, KV head major.
-        let splits: Vec<attention::Split> = split_q
+        // Per query: its split and its first item; items of query t are
+        // `first[t]..first[t] + n_head_kv · n_chunks`, KV head major.
+        let splits: Vec<attention::Split> = qs
             .iter()
-            .map(|&t| {
-                let n_pos = qs[t].2;
-                let first = window.map_or(0, |w| n_pos.saturating_sub(w));
+            .map(|&(_, _, n_pos)| {
+                let first = c.layer_window(li).map_or(0, |w| n_pos.saturating_sub(w));
                 attention::Split::new(first, n_pos, c.n_head_kv)
             })
             .collect();
-        let mut first = Vec::with_capacity(split_q.len() + 1);
+        let mut first = Vec::with_capacity(qs.len() + 1);
         first.push(0usize);
         for sp in &splits {
             let last = first.last().copied().unwrap_or(0);
@@ -660,46 +634,20 @@ impl Model {
         }
         let out = PartsOut(parts.as_mut_ptr());
         let out = &out;
-        let att_out = PartsOut(att.as_mut_ptr());
-        let att_out = &att_out;
-        let (splits, first, split_q, flash_items) = (&splits, &first, &split_q, &flash_items);
-        let n_flash = flash_items.len();
-        // Flash items first: the largest, claimed before the split items fill the gaps.
+        let (splits, first) = (&splits, &first);
         self.backend
-            .parallel_for(n_flash + total, &|items: std::ops::Range<usize>| {
+            .parallel_for(total, &|items: std::ops::Range<usize>| {
                 let mut scores = Vec::with_capacity(group * longest);
                 // A q8_0 cache's positions of one item, dequantised for the f16 kernels (empty,
                 // and never filled, for an f16 cache).
                 let mut staged = KvLayer::new(1, hd);
                 let mut staging = (Vec::new(), Vec::new());
-                let mut fs = flash::FlashScratch::new(hd);
                 for item in items {
-                    if let Some(&(b0, b1, h)) = flash_items.get(item) {
-                        let heads = h * group * hd..(h + 1) * group * hd;
-                        let qv: Vec<&[f32]> =
-                            qs[b0..b1].iter().map(|x| &x.0[heads.clone()]).collect();
-                        // SAFETY: `att` holds `qs.len() × n` values, borrowed mutably for the
-                        // whole call; query t's heads of KV head h are written by this item
-                        // alone (items are disjoint (query, head) blocks, and the split items
-                        // write only `parts`).
-                        let mut outs: Vec<&mut [f32]> = (b0..b1)
-                            .map(|t| unsafe {
-                                std::slice::from_raw_parts_mut(
-                                    att_out.0.add(t * n + heads.start),
-                                    heads.len(),
-                                )
-                            })
-                            .collect();
-                        let (_, kv, n0) = qs[b0];
-                        flash::attend_block(&qv, kv, h, n0, window, scale, &mut fs, &mut outs);
-                        continue;
-                    }
-                    let item = item - n_flash;
-                    // The split query of this item: the last s with first[s] <= item.
-                    let s = first.partition_point(|&f| f <= item) - 1;
-                    let (split, (q, kv, _)) = (&splits[s], qs[split_q[s]]);
+                    // The query of this item: the last t with first[t] <= item.
+                    let t = first.partition_point(|&f| f <= item) - 1;
+                    let (split, (q, kv, _)) = (&splits[t], qs[t]);
                     let n_chunks = split.n_chunks;
-                    let local = item - first[s];
+                    let local = item - first[t];
                     let (h, ci) = (local / n_chunks, local % n_chunks);
                     // SAFETY: `parts` holds `total × item_len` values and outlives the call
                     // (`parallel_for` returns after every part); parts are disjoint ranges of
@@ -733,25 +681,12 @@ impl Model {
                     }
                 }
             })?;
-        if split_q.is_empty() {
-            PARTS.with(|p| p.replace(parts));
-            return Ok(());
-        }
-        // Which split query each row is (`usize::MAX`: a flash row, already written).
-        let mut split_of = vec![usize::MAX; qs.len()];
-        for (s, &t) in split_q.iter().enumerate() {
-            split_of[t] = s;
-        }
-        let split_of = &split_of;
         // Each query's partials merged into its heads, queries split over the threads too (a
         // decode step, or a small model's chunk, in place).
         let parts_ro = &parts[..total * item_len];
         let merged = batch::par_rows(self, att, n, PAR_MIN_VALUES, &|t, att_t| {
-            let Some(&s) = split_of.get(t).filter(|&&s| s != usize::MAX) else {
-                return;
-            };
-            let n_chunks = splits[s].n_chunks;
-            let tparts = &parts_ro[first[s] * item_len..first[s + 1] * item_len];
+            let n_chunks = splits[t].n_chunks;
+            let tparts = &parts_ro[first[t] * item_len..first[t + 1] * item_len];
             for (qh, o) in att_t.chunks_exact_mut(hd).enumerate() {
                 let (h, j) = (qh / group, qh % group);
                 let it = (0..n_chunks).map(move |ci| {
@@ -1253,8 +1188,7 @@ mod tests {
     }
 
     /// Chunked prefill against one `step` per token: last logits, KV cache and the decode
-    /// steps after it, within [`prefill_tol`] (the first layer's cache bit for bit where the row
-    /// dots match), also appended to a session that already holds tokens.
+    /// steps after it, all bit for bit (also appended to a session that already holds tokens).
     fn check_prefill_matches_steps(model: &Model, what: &str) {
         let vocab = model.config().vocab as u32;
         // 70 = 32 + 32 + 6 chunks; 33 = 32 + 1 (a one-token tail); then 3 more after 5 held.
@@ -1277,8 +1211,7 @@ mod tests {
             assert_same(&la, &lb, tol, &format!("{what} len {len}: last logits"));
             assert_eq!(a.position(), b.position());
             for li in 0..model.config().n_layer {
-                // The first layer's K and V come before any attention: still bit for bit.
-                if exact && li == 0 {
+                if exact {
                     assert_eq!(a.kv[li].bits(), b.kv[li].bits(), "{what} KV layer {li}");
                 } else {
                     let (ka, kb) = (a.kv[li].values(), b.kv[li].values());
@@ -1315,35 +1248,24 @@ mod tests {
     /// they agree within 1e-5 (hipfire-quant's multi tests), but a random-weight model amplifies
     /// that (measured: 4e-5 in the KV cache and up to 3.7e-3 of the logits' range after a
     /// 70-token prompt, 1e-7 in the decode steps after it).
-    /// (With the flash attention of a chunk on top, measured 2026-12-04 on the Zen 4 VM: up to
-    /// 6.2e-3 of the range, qwen3moe q4_k.)
     pub(super) const REORDER_TOL: f32 = 1e-2;
     /// [`REORDER_TOL`] for a hybrid (Gated DeltaNet) model: its recurrent layers L2-normalise
     /// small conv outputs and carry the state across every token, which amplifies the reordered
     /// sums further. Measured 2026-12-04 on the Zen 4 VM with the rows-in-lanes Q8_0 kernels:
     /// 1.2e-2 (qwen35 q8_0) and 1.0e-2 (qwen35moe q8_0) of the range, in the KV cache of the
-    /// first attention layer after three DeltaNet layers; f32 weights stay within
-    /// [`FLASH_TOL`].
+    /// first attention layer after three DeltaNet layers (f32 weights stay bit-identical).
     pub(super) const HYBRID_REORDER_TOL: f32 = 3e-2;
-    /// Tolerance where only the chunk's attention sums in another order: the flash kernel's
-    /// online softmax (`attention::flash`) against a step's split-KV merge, which agree within
-    /// ~2e-7 of the outputs' range per layer; a random-weight model amplifies that through each
-    /// layer's int8 activation rounding. Measured 2026-12-04 on the Zen 4 VM: up to 5.0e-3 of
-    /// the range (gemma3 q8_0, last logits after a 70-token prompt; 4.1e-3 in its layer-1 KV
-    /// cache; 1e-4 to 2e-4 for llama q4_1 and qwen3 f32).
-    pub(super) const FLASH_TOL: f32 = 1e-2;
     /// Tolerance where a chunk runs on AMX: bf16 activations against the steps' q8 ones, each
     /// within ~1e-3 of Σ|w·x| per dot but different roundings; measured 1.27e-2 of the range on
     /// the H200 box (cpu llama q4_k, 70-token prompt, last logits, 2026-12-02), which broke
     /// [`REORDER_TOL`].
     pub(super) const AMX_TOL: f32 = 4e-2;
 
-    /// How chunked prefill of `model` compares with steps: within that fraction of the range
-    /// ([`FLASH_TOL`] where the row dots match, [`REORDER_TOL`] where they sum in another order,
-    /// [`AMX_TOL`] where a chunk runs on AMX).
+    /// How chunked prefill of `model` compares with steps: `None` bit for bit, else within that
+    /// fraction of the range ([`REORDER_TOL`], or [`AMX_TOL`] where a chunk runs on AMX).
     pub(super) fn prefill_tol(model: &Model) -> Option<f32> {
         if multi_token_exact(model) {
-            return Some(FLASH_TOL);
+            return None;
         }
         let chunk = model.prefill_chunk();
         let amx = model
