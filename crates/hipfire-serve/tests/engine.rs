@@ -51,6 +51,12 @@ impl StepModel for Recording<'_> {
     }
 }
 
+/// The tests' weight format: one whose multi-column row dots are bit-identical to one column's
+/// on every tier (`hipfire_quant::multi_matches_single`), so a sequence's text in a batch can be
+/// compared with its text alone bit for bit. Q8_0 was that until its AVX-512 VNNI rows-in-lanes
+/// kernel (from 2 columns), whose sums run in another order.
+const ENGINE_FORMAT: Format = Format::F32;
+
 /// A tiny synthetic model; each call writes (and removes) its own file, as tests run in
 /// parallel.
 fn model() -> Arc<Model> {
@@ -65,7 +71,15 @@ fn model_of(arch: Arch) -> Arc<Model> {
     std::fs::create_dir_all(&dir).expect("tmp");
     let path = dir.join(format!("tiny-{call}.gguf"));
     let spec = hipfire_model::SynthSpec::tiny(arch);
-    hipfire_model::write_synthetic(&path, &spec, Format::Q8_0, 5, None).expect("synth");
+    assert!(
+        (1..=64).all(|cols| hipfire_quant::multi_matches_single(
+            hipfire_quant::simd_tier(),
+            ENGINE_FORMAT,
+            cols
+        )),
+        "the engine tests compare batches bit for bit: ENGINE_FORMAT must stay exact"
+    );
+    hipfire_model::write_synthetic(&path, &spec, ENGINE_FORMAT, 5, None).expect("synth");
     let opts = LoadOptions {
         threads: 2,
         ..LoadOptions::default()
