@@ -318,8 +318,10 @@ fn a_model_s_own_prompt_budget_shapes_the_steps() {
     assert!(prompt_steps >= 5, "{prompt_steps} prompt steps: {steps:?}");
 }
 
+/// Logits' bits, each with the tokens its sequence held when they were computed.
+type LogitsLog = Vec<(Vec<u32>, Vec<u32>)>;
 /// Every logits vector a server computed, keyed by the tokens its sequence held then.
-type Contexts = Arc<Mutex<Vec<(Vec<u32>, Vec<u32>)>>>;
+type Contexts = Arc<Mutex<LogitsLog>>;
 
 /// [`CpuSlots`] that records, for every feed with logits, the slot's whole token history (the
 /// tokens it kept from earlier requests included) and the logits' bits: logits are a function
@@ -417,7 +419,7 @@ fn start_probed(model: &Arc<Model>, parallel: usize, skip_restore: bool) -> Prob
 impl Probed {
     /// Serve `gens` together; per request its text and `usage.cached_tokens`, and the logits
     /// computed meanwhile (sorted by history).
-    fn serve(&self, gens: &[Generation]) -> (Vec<(String, usize)>, Vec<(Vec<u32>, Vec<u32>)>) {
+    fn serve(&self, gens: &[Generation]) -> (Vec<(String, usize)>, LogitsLog) {
         self.log.lock().expect("log").clear();
         let rxs: Vec<_> = gens
             .iter()
@@ -464,7 +466,7 @@ fn cat(parts: &[&[u32]]) -> Vec<u32> {
 }
 
 /// Serve `gens` together in a fresh server: its texts and logits.
-fn cold(model: &Arc<Model>, gens: &[Generation]) -> (Vec<String>, Vec<(Vec<u32>, Vec<u32>)>) {
+fn cold(model: &Arc<Model>, gens: &[Generation]) -> (Vec<String>, LogitsLog) {
     let fresh = start_probed(model, gens.len(), false);
     let (out, log) = fresh.serve(gens);
     assert!(out.iter().all(|o| o.1 == 0), "a fresh server reused tokens");
