@@ -668,10 +668,10 @@ fn batched_shared_splits_equal_their_engines_back_to_back() {
 }
 
 /// A split's CPU rows against the same rows of `cpu` mode: bit for bit where the CPU's
-/// multi-column kernel sums each row as the one-column one does; otherwise (the tiled Q4_K,
-/// Q5_K, Q6_K, Q8_0, Q4_0 and Q4_1 kernels, which sum a row in another order where its 16-row group
-/// starts elsewhere: a fused split's second output starts at an unaligned row of the pool's row
-/// space) within float rounding, as the pool's own multi-token test bounds it.
+/// multi-column kernel sums each row as the one-column one does; otherwise (the tiled Q4_K
+/// kernel, which sums a row in another order where its 16-row group starts elsewhere: a fused
+/// split's second output starts at an unaligned row of the pool's row space) within float
+/// rounding, as the pool's own multi-token test bounds it.
 fn cpu_rows_agree(fmt: Format, cols: usize, got: &[f32], want: &[f32], what: &str) {
     if hipfire_quant::multi_matches_single(hipfire_quant::simd_tier(), fmt, cols) {
         assert_eq!(bits(got), bits(want), "{what}");

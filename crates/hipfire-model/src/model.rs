@@ -1234,7 +1234,7 @@ mod tests {
 
     /// Whether `model`'s multi-token steps on the CPU pool are bit-identical to one token at a
     /// time: its weights' row dots over a prefill chunk's tokens match each token's alone
-    /// (`hipfire_quant::multi_matches_single`; not so for the tiled AVX-512 VNNI kernels,
+    /// (`hipfire_quant::multi_matches_single`; not so for the tiled AVX-512 VNNI Q4_K kernel,
     /// nor where a chunk goes to the AMX bf16 GEMM, `hipfire_quant::amx_rows_used`).
     pub(super) fn multi_token_exact(model: &Model) -> bool {
         model.weights().iter().all(|w| {

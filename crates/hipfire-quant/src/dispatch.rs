@@ -296,16 +296,14 @@ enum MultiDot {
 fn multi_kernel(tier: SimdTier, fmt: Format) -> Option<MultiDot> {
     #[cfg(target_arch = "x86_64")]
     {
-        use crate::dot::avx512::plain;
+        use crate::dot::avx512::{plain, vnni};
         use crate::dot::avx512_mix as mix;
         use crate::dot::avx512_tile as tile;
-        use crate::dot::avx512_tile32 as tile32;
-        use crate::dot::avx512_tile_q6k as tile6;
         match (tier, fmt) {
             (SimdTier::Avx512, Format::Q5_0) => Some(MultiDot::Q8x32(mix::plain::gemv_q5_0_multi)),
             (SimdTier::Avx512, Format::Q5_1) => Some(MultiDot::Q8x32(mix::plain::gemv_q5_1_multi)),
             (SimdTier::Avx512, Format::Q5K) => Some(MultiDot::Q8K(plain::gemv_q5k_multi)),
-            (SimdTier::Avx512Vnni, Format::Q5K) => Some(MultiDot::Q8K(tile::gemv_q5k_multi)),
+            (SimdTier::Avx512Vnni, Format::Q5K) => Some(MultiDot::Q8K(vnni::gemv_q5k_multi)),
             (SimdTier::Avx512, Format::Iq4Nl) => {
                 Some(MultiDot::Q8x32(mix::plain::gemv_iq4nl_multi))
             }
@@ -329,14 +327,14 @@ fn multi_kernel(tier: SimdTier, fmt: Format) -> Option<MultiDot> {
                 Some(MultiDot::Q8x32(mix::vnni::gemv_q5_1_multi))
             }
             (SimdTier::Avx512, Format::Q4_0) => Some(MultiDot::Q8x32(plain::gemv_q4_0_multi)),
-            (SimdTier::Avx512Vnni, Format::Q4_0) => Some(MultiDot::Q8x32(tile32::gemv_q4_0_multi)),
+            (SimdTier::Avx512Vnni, Format::Q4_0) => Some(MultiDot::Q8x32(vnni::gemv_q4_0_multi)),
             (SimdTier::Avx512, Format::Q6K) => Some(MultiDot::Q8K(plain::gemv_q6k_multi)),
-            (SimdTier::Avx512Vnni, Format::Q6K) => Some(MultiDot::Q8K(tile6::gemv_q6k_multi)),
+            (SimdTier::Avx512Vnni, Format::Q6K) => Some(MultiDot::Q8K(vnni::gemv_q6k_multi)),
             (SimdTier::Avx512, Format::Q8_0) => Some(MultiDot::Q8x32(plain::gemv_q8_0_multi)),
             (SimdTier::Avx512, Format::Q4_1) => Some(MultiDot::Q8x32(plain::gemv_q4_1_multi)),
             (SimdTier::Avx512, Format::Q4K) => Some(MultiDot::Q8K(plain::gemv_q4k_multi)),
-            (SimdTier::Avx512Vnni, Format::Q8_0) => Some(MultiDot::Q8x32(tile32::gemv_q8_0_multi)),
-            (SimdTier::Avx512Vnni, Format::Q4_1) => Some(MultiDot::Q8x32(tile32::gemv_q4_1_multi)),
+            (SimdTier::Avx512Vnni, Format::Q8_0) => Some(MultiDot::Q8x32(vnni::gemv_q8_0_multi)),
+            (SimdTier::Avx512Vnni, Format::Q4_1) => Some(MultiDot::Q8x32(vnni::gemv_q4_1_multi)),
             (SimdTier::Avx512Vnni, Format::Q4K) => Some(MultiDot::Q8K(tile::gemv_q4k_multi)),
             _ => None,
         }
@@ -349,56 +347,33 @@ fn multi_kernel(tier: SimdTier, fmt: Format) -> Option<MultiDot> {
 }
 
 /// Rows a [`gemv_rows_multi`] call should cover in multiples of, where it can: the AVX-512 VNNI
-/// Q4_K, Q5_K, Q6_K, Q8_0, Q4_0 and Q4_1 kernels of several activations transpose 16 rows at a
-/// time into the vector lanes, and run rows past the last whole 16 through the row-at-a-time
-/// kernel.
+/// Q4_K kernel of several activations transposes 16 rows at a time into the vector lanes, and
+/// runs rows past the last whole 16 through the row-at-a-time kernel.
 pub const MULTI_ROW_TILE: usize = 16;
 
 /// Whether [`gemv_rows_multi_with`] on `tier` gives every output bit-identical to
 /// [`gemv_rows_with`] of that activation alone, for `acts` activations of format `fmt`. It does
-/// for every pair but the AVX-512 VNNI rows-in-lanes kernels: Q4_K from 5 activations and Q5_K
-/// from 9 (`dot/avx512_tile.rs`), Q6_K from 7 (`dot/avx512_tile_q6k.rs`), Q8_0 from 2, Q4_0
-/// and Q4_1 from 4 (`dot/avx512_tile32.rs`), whose f32 sums run in another order (same integer
-/// block sums; within 1e-6·Σ|w·x| of the scalar reference and of the one-activation kernel).
-/// There, each whole group of [`MULTI_ROW_TILE`] rows gives the same bits for every activation
-/// count from that minimum up.
+/// for every pair but one: AVX-512 VNNI Q4_K from 5 activations (the lanes-are-rows kernel of
+/// `dot/avx512_tile.rs`), whose f32 sums run in another order (same integer block sums; within
+/// 1e-6·Σ|w·x| of the scalar reference). There, each whole group of [`MULTI_ROW_TILE`] rows gives
+/// the same bits for every activation count from 5 up.
 pub fn multi_matches_single(tier: SimdTier, fmt: Format, acts: usize) -> bool {
-    match tiled_min_cols(tier, fmt) {
-        Some(min) => acts < min,
-        None => true,
-    }
-}
-
-/// The fewest activations from which `tier`'s multi-activation driver for `fmt` puts 16 rows
-/// into the vector lanes (`dot/avx512_tile*.rs`), `None` where it never
-/// does.
-fn tiled_min_cols(tier: SimdTier, fmt: Format) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
-    if tier == SimdTier::Avx512Vnni {
-        use crate::dot::{avx512_tile as tile, avx512_tile32 as tile32, avx512_tile_q6k as tile6};
-        return match fmt {
-            Format::Q4K => Some(tile::TILED_MIN_COLS),
-            Format::Q5K => Some(tile::Q5K_TILED_MIN_COLS),
-            Format::Q6K => Some(tile6::Q6K_TILED_MIN_COLS),
-            Format::Q8_0 => Some(tile32::Q8_0_TILED_MIN_COLS),
-            Format::Q4_0 => Some(tile32::Q4_0_TILED_MIN_COLS),
-            Format::Q4_1 => Some(tile32::Q4_1_TILED_MIN_COLS),
-            _ => None,
-        };
+    if tier == SimdTier::Avx512Vnni && fmt == Format::Q4K {
+        return acts < crate::dot::avx512_tile::TILED_MIN_COLS;
     }
-    let _ = (tier, fmt);
-    None
+    let _ = (tier, fmt, acts);
+    true
 }
 
 /// `ys[j][i] (+)= row_i · acts[j]` for every activation `j` and `i` in `0..ys[j].len()`, on the
 /// detected tier: [`gemv_rows`] of several activations (prompt tokens) over the same rows.
 ///
 /// Where the tier has a multi-activation kernel for `fmt` (AVX-512 Q8_0, Q4_0, Q4_1, Q4_K, Q5_K,
-/// Q6_K, Q5_0, Q5_1, IQ4_NL, IQ4_XS, MXFP4), each weight block is unpacked once and dotted with up to
-/// eight activations (Q4_K: four, over two rows at a time, so each activation vector loaded also
-/// serves two rows; with VNNI and enough activations — Q4_K 5, Q5_K 9, Q6_K 7, Q8_0 2, Q4_0 and
-/// Q4_1 4 — 16 rows transposed into the lanes and up to 32 activations); every other pair runs
-/// [`gemv_rows`] once per activation. Either way
+/// Q6_K, Q5_0, Q5_1, IQ4_NL, IQ4_XS, MXFP4), each weight block is unpacked once and dotted with
+/// up to eight activations (Q4_K: four, over two rows at a time, so each activation vector loaded also
+/// serves two rows; with VNNI and 5 or more activations, 16 rows transposed into the lanes and
+/// up to 32 activations); every other pair runs [`gemv_rows`] once per activation. Either way
 /// the rows are walked in tiles of 16 KiB (`MULTI_TILE_BYTES`) with every activation run over a tile
 /// before the next, so each weight byte comes from DRAM once per call. `ys[j]` is
 /// bit-identical to `gemv_rows(fmt, w_rows, k, acts[j], ys[j], accumulate)` wherever
@@ -570,7 +545,7 @@ fn run_groups<'a, A: 'a>(
 
 /// Activations validated and handed to a multi-activation driver per call (it splits them
 /// further into its own register-sized groups); a fixed array so nothing is allocated. 32: the
-/// tiled AVX-512 VNNI kernels' pass, which transposes each 16 rows once for all of them.
+/// tiled AVX-512 VNNI Q4_K kernel's pass, which transposes each 16 rows once for all of them.
 const MULTI_GROUP: usize = 32;
 
 /// Weight bytes per row tile of [`gemv_rows_multi`]: every activation group runs over one tile

@@ -30,12 +30,10 @@
 //! - `gemv_rows_multi(fmt, w_rows, k, acts: &[&ActivationBuf], ys: &mut [&mut [f32]], accumulate)`
 //!   — `gemv_rows` of several activations (prompt tokens) over the same rows, each `ys[j]`
 //!   bit-identical to `gemv_rows` of `acts[j]` where `multi_matches_single` says so; on AVX-512
-//!   Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_0 / Q5_1 / Q5_K / Q6_K / IQ4_NL / IQ4_XS / MXFP4 each weight block is
-//!   unpacked once per eight activations (with VNNI, Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 / Q4_1 from
-//!   a few activations transpose 16 rows into the vector lanes once per up to 32:
-//!   `dot/avx512_tile*.rs`), and on every tier the rows are walked in 16 KiB tiles
-//!   with all activations run over a tile before the next, so weight bytes are read from DRAM
-//!   once per call (`gemv_rows_multi_with(tier, ..)` for tests).
+//!   Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_0 / Q5_1 / Q5_K / Q6_K / IQ4_NL / IQ4_XS / MXFP4 each weight
+//!   block is unpacked once per eight activations, and on every tier the rows are walked in 16 KiB
+//!   tiles with all activations run over a tile before the next, so weight bytes are read from
+//!   DRAM once per call (`gemv_rows_multi_with(tier, ..)` for tests).
 //! - `simd_tier() -> SimdTier` — the detected path (printed by `hipfire version`).
 //!
 //! Also public: `gemv_rows_scalar` (same signature, scalar reference path) and

@@ -10,11 +10,10 @@
 //! prompt chunk a batch of one item. A step of one token runs the single-activation GEMVs
 //! ([`Model::project`]); more run the multi-token ones, which are bit-identical per token to
 //! those except for the kernels `hipfire_quant::multi_matches_single` names (AVX-512 VNNI Q4_K
-//! from 5 tokens, Q5_K from 9, Q6_K from 7, Q8_0 from 2, Q4_0 and Q4_1 from 4, whose f32 sums
-//! run in another order)
-//! and for steps of `hipfire_quant::AMX_MIN_TOKENS` tokens or more on a CPU with AMX, which
-//! multiply in bf16 (within `hipfire_quant::amx_error_bound`). Elsewhere a sequence decoded
-//! inside a batch produces exactly the logits it would produce alone.
+//! from 5 tokens, whose f32 sums run in another order) and for steps of
+//! `hipfire_quant::AMX_MIN_TOKENS` tokens or more on a CPU with AMX, which multiply in bf16
+//! (within `hipfire_quant::amx_error_bound`). Elsewhere a sequence decoded inside a batch
+//! produces exactly the logits it would produce alone.
 
 use super::{Model, Session};
 use crate::block::{self, Act, Attention, BlockOps, DeltaNet, MoeTensors};

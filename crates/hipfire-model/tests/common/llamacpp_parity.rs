@@ -149,12 +149,12 @@ pub fn compare(m: &Model, fixture: &Value, near_tie: f64) -> Parity {
 /// `prompt_len` seeded tokens gives the same bits as feeding them one `step` at a time: the last
 /// logits, then every decode step after it (which reads the whole KV cache the prefill wrote).
 /// Where the model has weights whose multi-token row dots are not bit-identical to one token's
-/// (`hipfire_quant::multi_matches_single`: AVX-512 VNNI rows-in-lanes kernels), the
-/// same argmax, a mean |Δ| within 8 % and a largest |Δ| within 25 % of the logits' range instead.
-/// The row dots themselves agree within 2e-7 of their outputs there (Gemma-3-270M Q4_K_M's Q4_K
-/// weights, 32 activations), but a real model carries that through 600 positions, the int8
-/// rounding of each layer's input and its sliding window: measured on that file, mean |Δ|
-/// 2.8–3.9 % and largest 5–11 % of the range, every argmax equal.
+/// (`hipfire_quant::multi_matches_single`: AVX-512 VNNI Q4_K), the same argmax, a mean |Δ| within
+/// 8 % and a largest |Δ| within 25 % of the logits' range instead. The row dots themselves agree
+/// within 2e-7 of their outputs there (Gemma-3-270M Q4_K_M's Q4_K weights, 32 activations), but
+/// a real model carries that through 600 positions, the int8 rounding of each layer's input and
+/// its sliding window: measured on that file, mean |Δ| 2.8–3.9 % and largest 5–11 % of the range,
+/// every argmax equal.
 pub fn check_chunked_prefill_matches_steps(m: &Model, prompt_len: u32) {
     let vocab = m.config().vocab as u32;
     let prompt: Vec<u32> = (0..prompt_len).map(|i| (i * 7919 + 13) % vocab).collect();

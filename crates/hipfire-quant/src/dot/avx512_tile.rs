@@ -1,5 +1,4 @@
-//! Q4_K and Q5_K rows against several q8_K activations with the rows in the vector lanes
-//! (AVX-512 VNNI); also the 16-row transposes the other rows-in-lanes kernels share.
+//! Q4_K rows against several q8_K activations with the rows in the vector lanes (AVX-512 VNNI).
 //!
 //! [`super::avx512`]'s multi kernel keeps one row's 256 weights of a super-block across the
 //! lanes, so every (row, activation) pair pays the sub-block scaling (packs, `vpdpwssd`, the
@@ -10,39 +9,25 @@
 //! broadcast from memory, and the per-sub-block scale, the super-block scales and the mins are
 //! applied once per 16 rows instead of once per row. The transpose is paid once per 16 rows and
 //! super-block whatever the column count, so the kernel runs from [`TILED_MIN_COLS`] columns.
-//! Q5_K is the same tile with each weight's fifth bit merged in after the transpose of its `qh`
-//! bytes (from [`Q5K_TILED_MIN_COLS`] columns).
 //!
 //! Rounding: the integer sums are exact as in the lane-per-weight kernel, but the f32 sums run in
 //! another order, so a column computed here differs in its last bits from the same column
-//! computed alone; every column count from the format's minimum up gives the same bits.
+//! computed alone; every column count from [`TILED_MIN_COLS`] up gives the same bits.
 
 use crate::act::Q8K;
-use crate::dot::avx2::{Q4K_BYTES, Q4K_QS, Q5K_BYTES, Q5K_QH, Q5K_QS};
+use crate::dot::avx2::{Q4K_BYTES, Q4K_QS};
 use crate::dot::avx512::vnni;
 use crate::formats::kquant::QK_K;
 use std::arch::x86_64::*;
 
 /// Rows transposed into the lanes of one vector.
-pub(crate) const TILE_ROWS: usize = 16;
-/// Longest row the 32-bit gather offsets `r·rb` (r < [`TILE_ROWS`]) of the Q8_0 / Q4_0 / Q4_1 /
-/// Q6_K tiles can address; longer rows (k in the hundreds of millions) take the lane-per-weight
-/// kernels.
-pub(crate) const MAX_GATHER_ROW_BYTES: usize = i32::MAX as usize / TILE_ROWS;
+const TILE_ROWS: usize = 16;
 /// Fewest activations for which the tiled kernel runs (fewer go to the lane-per-weight kernel).
 /// Measured on the H200 box's Xeon, 16 threads, DRAM-fed (gemv_gbs, k 4096 / 14336, GB/s
 /// lane-per-weight vs tiled): 4 activations 74.0 / 61.1 and 74.6 / 67.3, 5 activations 47.6 /
 /// 62.6 and 41.8 / 74.5 (the lane-per-weight kernel takes 4 at a time), 8: 35.5 / 58.2 and 34.1 /
 /// 57.9 (`docs/perf-checkpoints/2026-12-01-multi-column-kernels-h200`, sweep.log).
 pub(crate) const TILED_MIN_COLS: usize = 5;
-/// Fewest activations for which the tiled Q5_K kernel runs: its fifth-bit merge makes the
-/// transpose dearer than Q4_K's, and the lane-per-weight kernel takes 8 activations per pass.
-/// Measured on the 2-core Zen 4 VM (`multicol_gbs --modes tiled --threads 1`, k 4096, 64 MiB,
-/// CPU-time GB/s, lane-per-weight vs tiled, four runs at 8 and two at 9): 8 columns 5.85 /
-/// 5.70, 5.68 / 5.48, 5.47 / 5.66, 5.54 / 5.61 (a tie), 9: 4.62 / 5.13 and 4.67 / 5.21, 16:
-/// 3.00 / 3.94 (`docs/perf-checkpoints/2026-12-04-cpu-multi-column-2core`,
-/// `sweep_q5k_*.log`).
-pub(crate) const Q5K_TILED_MIN_COLS: usize = 9;
 /// Activations whose integer sums are held in registers at once.
 const COL_GROUP: usize = 8;
 /// Activations per pass over the rows (their f32 accumulators live on the stack).
@@ -52,10 +37,6 @@ const PASS_COLS: usize = 32;
 const ACT_POS: [usize; 8] = [0, 2, 1, 3, 4, 6, 5, 7];
 /// Super-blocks ahead of the tile that each row's lines are prefetched.
 const PREFETCH_BLOCKS: usize = 2;
-/// Cache lines a row's Q4_K super-block spans (144 bytes).
-const Q4K_LINES: usize = 3;
-/// Cache lines a row's Q5_K super-block can span (176 bytes at any alignment).
-const Q5K_LINES: usize = 4;
 /// Elements per Q4_K sub-block.
 const SUB: usize = 32;
 
@@ -131,7 +112,7 @@ const MIN_PAIR_LO: [u8; 64] = min_pair(0);
 const MIN_PAIR_HI: [u8; 64] = min_pair(2);
 
 #[inline(always)]
-pub(crate) unsafe fn ld_idx(v: &[u32; 16]) -> __m512i {
+unsafe fn ld_idx(v: &[u32; 16]) -> __m512i {
     _mm512_loadu_si512(v.as_ptr() as *const _)
 }
 
@@ -173,7 +154,7 @@ unsafe fn transpose(z: &[__m512i; 8]) -> [__m512i; 8] {
 /// lane r of vector c holds dword c of row r (d|dmin, then the three scale words).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn headers(base: *const u8, rb: usize) -> [__m512i; 4] {
+unsafe fn headers(base: *const u8, rb: usize) -> [__m512i; 4] {
     let ld = |r: usize| _mm_loadu_si128(base.add(r * rb) as *const __m128i);
     let mut y = [_mm512_setzero_si512(); 4];
     for (k, yk) in y.iter_mut().enumerate() {
@@ -227,46 +208,10 @@ const fn header_indices() -> [[u32; 16]; 4] {
 }
 const HEADER_IDX: [[u32; 16]; 4] = header_indices();
 
-/// The 32 bytes at `p` of 16 rows `rb` apart, transposed: lane r of vector g holds row r's
-/// dword g.
+/// Fills `t` from the super-blocks of 16 rows starting at `base`, `rb` bytes apart.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn rows_transposed(p: *const u8, rb: usize) -> [__m512i; 8] {
-    let mut z = [_mm512_setzero_si512(); 8];
-    for (i, zi) in z.iter_mut().enumerate() {
-        let r0 = _mm256_loadu_si256(p.add(2 * i * rb) as *const __m256i);
-        let r1 = _mm256_loadu_si256(p.add((2 * i + 1) * rb) as *const __m256i);
-        *zi = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(r0), r1);
-    }
-    transpose(&z)
-}
-
-/// Q5_K's fifth bit of sub-block `b` (bit `b` of each `qh` byte) moved to bit 4, other bits
-/// left for the caller to mask (16-bit shifts; `b` is a constant after unrolling).
-#[inline(always)]
-unsafe fn q5_bit(qh: __m512i, b: usize) -> __m512i {
-    match b {
-        0 => _mm512_slli_epi16::<4>(qh),
-        1 => _mm512_slli_epi16::<3>(qh),
-        2 => _mm512_slli_epi16::<2>(qh),
-        3 => _mm512_slli_epi16::<1>(qh),
-        4 => qh,
-        5 => _mm512_srli_epi16::<1>(qh),
-        6 => _mm512_srli_epi16::<2>(qh),
-        _ => _mm512_srli_epi16::<3>(qh),
-    }
-}
-
-/// Fills `t` from the Q4_K (`Q5` false) or Q5_K super-blocks of 16 rows starting at `base`, `rb`
-/// bytes apart (the two share the header and the nibble layout; Q5_K adds one bit per weight).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn fill_tile<const Q5: bool>(t: &mut Tile, base: *const u8, rb: usize) {
-    let (bytes, qs_at, lines) = if Q5 {
-        (Q5K_BYTES, Q5K_QS, Q5K_LINES)
-    } else {
-        (Q4K_BYTES, Q4K_QS, Q4K_LINES)
-    };
+unsafe fn fill_tile(t: &mut Tile, base: *const u8, rb: usize) {
     const KMASK1: i32 = 0x3f3f_3f3f;
     const KMASK2: i32 = 0x0f0f_0f0f;
     const KMASK3: i32 = 0x0303_0303;
@@ -305,28 +250,24 @@ unsafe fn fill_tile<const Q5: bool>(t: &mut Tile, base: *const u8, rb: usize) {
     ];
     // 16 row streams: the hardware prefetcher does not follow them all.
     for r in 0..TILE_ROWS {
-        let next = base.wrapping_add(r * rb + PREFETCH_BLOCKS * bytes);
-        for line in 0..lines {
+        let next = base.wrapping_add(r * rb + PREFETCH_BLOCKS * Q4K_BYTES);
+        for line in 0..3 {
             _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(64 * line) as *const i8);
         }
     }
     let m4 = _mm512_set1_epi8(0x0F);
     for j4 in 0..4 {
-        let o = rows_transposed(base.add(qs_at + 32 * j4), rb);
+        let q = base.add(Q4K_QS + 32 * j4);
+        let mut z = [_mm512_setzero_si512(); 8];
+        for (p, zp) in z.iter_mut().enumerate() {
+            let r0 = _mm256_loadu_si256(q.add(2 * p * rb) as *const __m256i);
+            let r1 = _mm256_loadu_si256(q.add((2 * p + 1) * rb) as *const __m256i);
+            *zp = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(r0), r1);
+        }
+        let o = transpose(&z);
         for (g, og) in o.iter().enumerate() {
             t.q[2 * j4][g] = _mm512_and_si512(*og, m4);
             t.q[2 * j4 + 1][g] = _mm512_and_si512(_mm512_srli_epi16::<4>(*og), m4);
-        }
-    }
-    if Q5 {
-        // Weight l of sub-block b (l < 32) has bit b of qh byte l as its bit 4.
-        let qh = rows_transposed(base.add(Q5K_QH), rb);
-        let m10 = _mm512_set1_epi8(0x10);
-        for (b, qb) in t.q.iter_mut().enumerate() {
-            for (qg, hg) in qb.iter_mut().zip(&qh) {
-                // q | (bits & 0x10) in one op (0xF8: A | (B & C)).
-                *qg = _mm512_ternarylogic_epi32::<0xF8>(*qg, q5_bit(*hg, b), m10);
-            }
         }
     }
 }
@@ -389,29 +330,29 @@ unsafe fn group_dots(t: &Tile, s: usize, a: &[&Q8K], acc: &mut [__m512], macc: &
     }
 }
 
-/// Rows whose count in `ys` is not a whole number of tiles, and every call below the format's
-/// minimum column count, go through `fallback` (the lane-per-weight driver).
-type Fallback = unsafe fn(&[u8], usize, &[&Q8K], &mut [&mut [f32]], bool);
-
-/// Shared driver of [`gemv_q4k_multi`] (`Q5` false) and [`gemv_q5k_multi`].
-#[inline]
+/// `ys[j][i] (+)= row_i · acts[j]` for Q4_K rows `rb` bytes apart (the multi-activation
+/// contract of [`vnni::gemv_q4k_multi`], whose shapes the dispatcher checked): whole groups of
+/// 16 rows through the tiled kernel when there are at least [`TILED_MIN_COLS`] activations, the
+/// rest through the lane-per-weight one.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL/VNNI; `w_rows` holds `ys[0].len()` rows of `rb` bytes, `rb` a
+/// multiple of the Q4_K block; every activation is q8_K of the rows' length; `ys` all have the
+/// same length, one per activation.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn gemv_k45<const Q5: bool>(
+pub(crate) unsafe fn gemv_q4k_multi(
     w_rows: &[u8],
     rb: usize,
     acts: &[&Q8K],
     ys: &mut [&mut [f32]],
     accumulate: bool,
-    min_cols: usize,
-    fallback: Fallback,
 ) {
     let m = ys.first().map_or(0, |y| y.len());
     let tiled = (m / TILE_ROWS) * TILE_ROWS;
-    if acts.len() < min_cols || tiled == 0 {
-        return fallback(w_rows, rb, acts, ys, accumulate);
+    if acts.len() < TILED_MIN_COLS || tiled == 0 {
+        return vnni::gemv_q4k_multi(w_rows, rb, acts, ys, accumulate);
     }
-    let bytes = if Q5 { Q5K_BYTES } else { Q4K_BYTES };
-    let nsb = rb / bytes;
+    let nsb = rb / Q4K_BYTES;
     let mut t: Tile = std::mem::zeroed();
     let mut acc = [_mm512_setzero_ps(); PASS_COLS];
     let mut macc = [_mm512_setzero_ps(); PASS_COLS];
@@ -422,7 +363,7 @@ unsafe fn gemv_k45<const Q5: bool>(
             macc[..n].fill(_mm512_setzero_ps());
             let rows = w_rows.as_ptr().add(row0 * rb);
             for s in 0..nsb {
-                fill_tile::<Q5>(&mut t, rows.add(s * bytes), rb);
+                fill_tile(&mut t, rows.add(s * Q4K_BYTES), rb);
                 for (g, ag) in a.chunks(COL_GROUP).enumerate() {
                     let j0 = g * COL_GROUP;
                     let j1 = j0 + ag.len();
@@ -443,58 +384,6 @@ unsafe fn gemv_k45<const Q5: bool>(
     }
     if tiled < m {
         let mut rest: Vec<&mut [f32]> = ys.iter_mut().map(|y| &mut y[tiled..]).collect();
-        fallback(&w_rows[tiled * rb..], rb, acts, &mut rest, accumulate);
+        vnni::gemv_q4k_multi(&w_rows[tiled * rb..], rb, acts, &mut rest, accumulate);
     }
-}
-
-/// `ys[j][i] (+)= row_i · acts[j]` for Q4_K rows `rb` bytes apart (the multi-activation
-/// contract of [`vnni::gemv_q4k_multi`], whose shapes the dispatcher checked): whole groups of
-/// 16 rows through the tiled kernel when there are at least [`TILED_MIN_COLS`] activations, the
-/// rest through the lane-per-weight one.
-///
-/// # Safety
-/// The CPU has AVX-512 F/BW/VL/VNNI; `w_rows` holds `ys[0].len()` rows of `rb` bytes, `rb` a
-/// multiple of the Q4_K block; every activation is q8_K of the rows' length; `ys` all have the
-/// same length, one per activation.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn gemv_q4k_multi(
-    w_rows: &[u8],
-    rb: usize,
-    acts: &[&Q8K],
-    ys: &mut [&mut [f32]],
-    accumulate: bool,
-) {
-    gemv_k45::<false>(
-        w_rows,
-        rb,
-        acts,
-        ys,
-        accumulate,
-        TILED_MIN_COLS,
-        vnni::gemv_q4k_multi,
-    )
-}
-
-/// [`gemv_q4k_multi`] for Q5_K rows, from [`Q5K_TILED_MIN_COLS`] activations (the contract of
-/// [`vnni::gemv_q5k_multi`]).
-///
-/// # Safety
-/// As [`gemv_q4k_multi`], with Q5_K rows and q8_K activations prepared for Q5_K.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn gemv_q5k_multi(
-    w_rows: &[u8],
-    rb: usize,
-    acts: &[&Q8K],
-    ys: &mut [&mut [f32]],
-    accumulate: bool,
-) {
-    gemv_k45::<true>(
-        w_rows,
-        rb,
-        acts,
-        ys,
-        accumulate,
-        Q5K_TILED_MIN_COLS,
-        vnni::gemv_q5k_multi,
-    )
 }

@@ -16,7 +16,3 @@ pub(crate) mod avx512;
 pub(crate) mod avx512_mix;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512_tile;
-#[cfg(target_arch = "x86_64")]
-pub(crate) mod avx512_tile32;
-#[cfg(target_arch = "x86_64")]
-pub(crate) mod avx512_tile_q6k;
