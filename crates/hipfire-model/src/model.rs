@@ -1251,9 +1251,10 @@ mod tests {
     pub(super) const REORDER_TOL: f32 = 1e-2;
     /// [`REORDER_TOL`] for a hybrid (Gated DeltaNet) model: its recurrent layers L2-normalise
     /// small conv outputs and carry the state across every token, which amplifies the reordered
-    /// sums further. Measured 2026-12-04 on the Zen 4 VM with the rows-in-lanes Q8_0 kernels:
-    /// 1.2e-2 (qwen35 q8_0) and 1.0e-2 (qwen35moe q8_0) of the range, in the KV cache of the
-    /// first attention layer after three DeltaNet layers (f32 weights stay bit-identical).
+    /// sums further. Measured 2026-12-04 on the Zen 4 VM with Q8_0 kernels that summed in lanes
+    /// (since reverted; Q4_K's tiled kernel still does from 5 tokens): 1.2e-2 (qwen35 q8_0) and
+    /// 1.0e-2 (qwen35moe q8_0) of the range, in the KV cache of the first attention layer after
+    /// three DeltaNet layers.
     pub(super) const HYBRID_REORDER_TOL: f32 = 3e-2;
     /// Tolerance where a chunk runs on AMX: bf16 activations against the steps' q8 ones, each
     /// within ~1e-3 of Σ|w·x| per dot but different roundings; measured 1.27e-2 of the range on
