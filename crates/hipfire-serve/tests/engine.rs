@@ -52,9 +52,10 @@ impl StepModel for Recording<'_> {
 }
 
 /// The tests' weight format: one whose multi-column row dots are bit-identical to one column's
-/// on every tier (`hipfire_quant::multi_matches_single`), so a sequence's text in a batch can be
-/// compared with its text alone bit for bit. Q8_0 was that until its AVX-512 VNNI rows-in-lanes
-/// kernel (from 2 columns), whose sums run in another order.
+/// on every tier and column count (`hipfire_quant::multi_matches_single`, asserted in
+/// [`model_of`]), so a sequence's text in a batch, or after a reused prefix, can be compared with
+/// a cold run bit for bit. A quantised format is so only where its kernels are (AVX-512 VNNI
+/// Q4_K sums in lanes from 5 columns).
 const ENGINE_FORMAT: Format = Format::F32;
 
 /// A tiny synthetic model; each call writes (and removes) its own file, as tests run in
