@@ -133,6 +133,12 @@ fn shape_err(t: &TensorInfo, want: &[u64]) -> ModelError {
     }
 }
 
+/// The format of tensor `t` (`name`), or an error naming a type hipfire does not multiply.
+fn tensor_format(t: &TensorInfo, name: &str) -> Result<Format, ModelError> {
+    Format::from_ggml_type(t.ggml_type.0)
+        .map_err(|_| ModelError::Unsupported(format!("tensor {name} has type {}", t.ggml_type)))
+}
+
 struct Loader<'a> {
     file: &'a GgufFile,
     weights: Vec<Weight>,
@@ -144,9 +150,7 @@ impl TensorSource<usize> for Loader<'_> {
         if t.dims != [k as u64, m as u64] {
             return Err(shape_err(t, &[k as u64, m as u64]));
         }
-        let format = Format::from_ggml_type(t.ggml_type.0).map_err(|_| {
-            ModelError::Unsupported(format!("tensor {name} has type {}", t.ggml_type))
-        })?;
+        let format = tensor_format(t, name)?;
         let n_bytes = m * format.row_bytes(k)?;
         if n_bytes as u64 != t.n_bytes {
             return Err(shape_err(t, &[k as u64, m as u64]));
@@ -176,9 +180,7 @@ impl TensorSource<usize> for Loader<'_> {
         if t.dims != want {
             return Err(shape_err(t, &want));
         }
-        let format = Format::from_ggml_type(t.ggml_type.0).map_err(|_| {
-            ModelError::Unsupported(format!("tensor {name} has type {}", t.ggml_type))
-        })?;
+        let format = tensor_format(t, name)?;
         // The reader bounded the tensor's bytes by the file, so these products fit.
         let slab = m * format.row_bytes(k)?;
         if (slab * n) as u64 != t.n_bytes {
@@ -204,9 +206,7 @@ impl TensorSource<usize> for Loader<'_> {
         if t.dims != [k as u64, m as u64] {
             return Err(shape_err(t, &[k as u64, m as u64]));
         }
-        let format = Format::from_ggml_type(t.ggml_type.0).map_err(|_| {
-            ModelError::Unsupported(format!("tensor {name} has type {}", t.ggml_type))
-        })?;
+        let format = tensor_format(t, name)?;
         let rb = format.row_bytes(k)?;
         if (rb * m) as u64 != t.n_bytes {
             return Err(shape_err(t, &[k as u64, m as u64]));
@@ -227,9 +227,7 @@ impl TensorSource<usize> for Loader<'_> {
         if t.n_elements() != n as u64 || t.n_rows() != 1 {
             return Err(shape_err(t, &[n as u64]));
         }
-        let format = Format::from_ggml_type(t.ggml_type.0).map_err(|_| {
-            ModelError::Unsupported(format!("tensor {name} has type {}", t.ggml_type))
-        })?;
+        let format = tensor_format(t, name)?;
         let mut v = vec![0f32; n];
         ops::dequantize_row(format, bytes, &mut v)?;
         Ok(v)
@@ -929,7 +927,7 @@ impl<'m> Session<'m> {
         }
     }
 
-    /// Back to `snap`, taken from this session at a position it has not gone below since
+    /// Back to `snap`, taken from this `Session` at a position it has not gone below since
     /// (its cache still holds those positions); refused otherwise, or for another model's
     /// snapshot. Continuing from here is bit-identical to never having gone past it.
     pub fn restore(&mut self, snap: &SessionSnapshot) -> Result<(), ModelError> {
@@ -995,7 +993,7 @@ impl<'m> Session<'m> {
         Ok(())
     }
 
-    /// Whether this session keeps recurrent state (a hybrid model), which only
+    /// Whether this `Session` keeps recurrent state (a hybrid model), which only
     /// [`Session::restore`] can take back to an earlier position.
     pub fn is_recurrent(&self) -> bool {
         self.rec.iter().any(Option::is_some)

@@ -318,18 +318,10 @@ impl<'a> BlockOps for CpuStep<'a, '_, '_, '_> {
     }
 
     fn project_residual(&mut self, w: usize, input: Act) -> Result<(), ModelError> {
-        self.timed(
-            |t| &mut t.project,
-            |s| {
-                let mut x = s.take(Act::X);
-                let done = match s.rows.len() {
-                    1 => s.m.gemv(w, s.buf(input), &mut x, true),
-                    _ => s.m.gemv_tokens(&[w], s.buf(input), &mut [&mut x[..]], true),
-                };
-                s.put(Act::X, x);
-                done
-            },
-        )
+        let inp = self.take(input);
+        let done = self.residual_from(w, &inp);
+        self.put(input, inp);
+        done
     }
 
     fn attention(&mut self, li: usize) -> Result<(), ModelError> {
@@ -523,23 +515,7 @@ impl<'a> BlockOps for CpuStep<'a, '_, '_, '_> {
             |s| s.delta_rule(li, &p, &mut qkv, &mut beta, &mut alpha, &mut o),
         )?;
         delta_net::gated_norm(dn, t.norm, m.config.rms_eps, &mut o, &z);
-        self.timed(
-            |s| &mut s.project,
-            |s| match n {
-                1 => {
-                    let mut x = s.take(Act::X);
-                    let done = s.m.gemv(t.out, &o, &mut x, true);
-                    s.put(Act::X, x);
-                    done
-                }
-                _ => {
-                    let mut x = s.take(Act::X);
-                    let done = s.m.gemv_tokens(&[t.out], &o, &mut [&mut x[..]], true);
-                    s.put(Act::X, x);
-                    done
-                }
-            },
-        )
+        self.residual_from(t.out, &o)
     }
 
     fn moe(&mut self, t: &MoeTensors<usize, &'a [f32]>) -> Result<(), ModelError> {
@@ -644,6 +620,49 @@ impl CpuStep<'_, '_, '_, '_> {
         Ok(())
     }
 
+    /// `X += W · input` over the step's rows (`input` one row per step row): one row through
+    /// the single-activation GEMV a decode step uses, more through the multi-token one.
+    fn residual_from(&mut self, w: usize, input: &[f32]) -> Result<(), ModelError> {
+        self.timed(
+            |t| &mut t.project,
+            |s| {
+                let mut x = s.take(Act::X);
+                let done = match s.rows.len() {
+                    1 => s.m.gemv(w, input, &mut x, true),
+                    _ => s.m.gemv_tokens(&[w], input, &mut [&mut x[..]], true),
+                };
+                s.put(Act::X, x);
+                done
+            },
+        )
+    }
+
+    /// `down · (silu(gate · x) ⊙ up · x)` for each of the `rows` rows of `xs` (an expert over
+    /// its tokens, or the shared expert over the step): `rows × d_model` values.
+    fn swiglu_rows(
+        &mut self,
+        (gate, up, down): (usize, usize, usize),
+        xs: &[f32],
+        rows: usize,
+    ) -> Result<Vec<f32>, ModelError> {
+        let m = self.m;
+        let ff = m.weights[gate].m;
+        let (mut g, mut u) = (vec![0f32; rows * ff], vec![0f32; rows * ff]);
+        self.timed(
+            |s| &mut s.project,
+            |_| m.project(&[gate, up], xs, &mut [&mut g, &mut u], rows),
+        )?;
+        g.chunks_exact_mut(ff)
+            .zip(u.chunks_exact(ff))
+            .for_each(|(gr, ur)| ops::swiglu(gr, ur));
+        let mut y = vec![0f32; rows * m.config.d_model];
+        self.timed(
+            |s| &mut s.project,
+            |_| m.project(&[down], &g, &mut [&mut y], rows),
+        )?;
+        Ok(y)
+    }
+
     /// `out[r] += s_r · down(silu(gate · xn_r) ⊙ up · xn_r)` with `s_r` the shared expert's
     /// scalar gate `sigmoid(gate_inp · xn_r)` (1 where the file has none).
     fn shared_expert(
@@ -652,22 +671,8 @@ impl CpuStep<'_, '_, '_, '_> {
         xn: &[f32],
         out: &mut [f32],
     ) -> Result<(), ModelError> {
-        let m = self.m;
-        let (n, d) = (self.rows.len(), m.config.d_model);
-        let ff = m.weights[sh.gate].m;
-        let (mut g, mut u) = (vec![0f32; n * ff], vec![0f32; n * ff]);
-        self.timed(
-            |s| &mut s.project,
-            |_| m.project(&[sh.gate, sh.up], xn, &mut [&mut g, &mut u], n),
-        )?;
-        g.chunks_exact_mut(ff)
-            .zip(u.chunks_exact(ff))
-            .for_each(|(gr, ur)| ops::swiglu(gr, ur));
-        let mut y = vec![0f32; n * d];
-        self.timed(
-            |s| &mut s.project,
-            |_| m.project(&[sh.down], &g, &mut [&mut y], n),
-        )?;
+        let (n, d) = (self.rows.len(), self.m.config.d_model);
+        let y = self.swiglu_rows((sh.gate, sh.up, sh.down), xn, n)?;
         for ((o, yr), xr) in out
             .chunks_exact_mut(d)
             .zip(y.chunks_exact(d))
@@ -728,25 +733,11 @@ impl CpuStep<'_, '_, '_, '_> {
         }
         for &(x, a, b) in &by_expert.groups {
             let rows = &by_expert.rows[a..b];
-            let cnt = rows.len();
-            let ff = m.weights[t.gate[x]].m;
-            let mut xs = vec![0f32; cnt * d];
+            let mut xs = vec![0f32; rows.len() * d];
             for (dst, &r) in xs.chunks_exact_mut(d).zip(rows) {
                 dst.copy_from_slice(&xn[r * d..(r + 1) * d]);
             }
-            let (mut g, mut u) = (vec![0f32; cnt * ff], vec![0f32; cnt * ff]);
-            self.timed(
-                |s| &mut s.project,
-                |_| m.project(&[t.gate[x], t.up[x]], &xs, &mut [&mut g, &mut u], cnt),
-            )?;
-            g.chunks_exact_mut(ff)
-                .zip(u.chunks_exact(ff))
-                .for_each(|(gr, ur)| ops::swiglu(gr, ur));
-            let mut y = vec![0f32; cnt * d];
-            self.timed(
-                |s| &mut s.project,
-                |_| m.project(&[t.down[x]], &g, &mut [&mut y], cnt),
-            )?;
+            let y = self.swiglu_rows((t.gate[x], t.up[x], t.down[x]), &xs, rows.len())?;
             for ((&r, &w), yr) in rows
                 .iter()
                 .zip(&by_expert.weights[a..b])
