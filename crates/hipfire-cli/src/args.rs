@@ -645,6 +645,13 @@ pub enum SynthArch {
     /// Qwen3.5-9B shapes (32 layers, 3 Gated DeltaNet to 1 gated attention, d 4096).
     #[value(name = "qwen3.5-9b")]
     Qwen35_9b,
+    /// Qwen3.5-35B-A3B shapes (40 layers, 3:1 hybrid, d 2048, 256 experts of 512, 8 a token,
+    /// a gated shared expert).
+    #[value(name = "qwen3.5-35b-a3b")]
+    Qwen35_35bA3b,
+    /// Qwen3.5-0.8B shapes (24 layers, 3:1 hybrid, d 1024, tied embeddings).
+    #[value(name = "qwen3.5-0.8b")]
+    Qwen35_0_8b,
     /// A tiny Qwen3-MoE model (8 experts, 2 a token).
     #[value(name = "tiny-qwen3moe")]
     TinyQwen3Moe,
@@ -673,6 +680,8 @@ impl SynthArch {
             SynthArch::TinyQwen3 => "tiny-qwen3",
             SynthArch::Qwen3_30bA3b => "qwen3-30b-a3b",
             SynthArch::Qwen35_9b => "qwen3.5-9b",
+            SynthArch::Qwen35_35bA3b => "qwen3.5-35b-a3b",
+            SynthArch::Qwen35_0_8b => "qwen3.5-0.8b",
             SynthArch::TinyQwen3Moe => "tiny-qwen3moe",
             SynthArch::TinyQwen2Moe => "tiny-qwen2moe",
             SynthArch::TinyMixtral => "tiny-mixtral",

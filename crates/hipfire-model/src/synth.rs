@@ -217,6 +217,55 @@ impl SynthSpec {
         }
     }
 
+    /// Qwen3.5-35B-A3B's shapes (Qwen's `config.json` as Megatron arguments in THUDM/slime's
+    /// `scripts/models/qwen3.5-35B-A3B.sh`: 40 layers of which every 4th is gated attention,
+    /// 2048, 16/2 heads of 256 rotating a quarter, DeltaNet 16 key heads and 32 value heads of
+    /// 128 with a 4-tap conv, 256 experts of width 512 with 8 a token plus a gated shared
+    /// expert of 512, vocab 248320, rope θ 1e7, context 262144).
+    pub fn qwen35_35b_a3b() -> SynthSpec {
+        SynthSpec {
+            name: "qwen3.5-35b-a3b".into(),
+            arch: Arch::Qwen35Moe,
+            n_layer: 40,
+            d_model: 2048,
+            // Unused: every layer is routed.
+            n_ff: 512,
+            n_head: 16,
+            n_head_kv: 2,
+            head_dim: 256,
+            moe: Some(SynthMoe {
+                n_expert: 256,
+                n_expert_used: 8,
+                n_ff_exp: 512,
+                n_ff_shared: Some(512),
+            }),
+            ..SynthSpec::qwen35_9b()
+        }
+    }
+
+    /// Qwen3.5-0.8B's shapes (its `config.json`: 24 layers of which every 4th is gated
+    /// attention, 1024, FFN 3584, 8/2 heads of 256 rotating a quarter, DeltaNet 16 key and 16
+    /// value heads of 128, tied embeddings, vocab 248320, rope θ 1e7, context 262144).
+    pub fn qwen35_0_8b() -> SynthSpec {
+        SynthSpec {
+            name: "qwen3.5-0.8b".into(),
+            n_layer: 24,
+            d_model: 1024,
+            n_ff: 3584,
+            n_head: 8,
+            n_head_kv: 2,
+            tied_embeddings: true,
+            delta_net: Some(SynthDeltaNet {
+                conv_kernel: 4,
+                n_k_heads: 16,
+                n_v_heads: 16,
+                head_dim: 128,
+                interval: 4,
+            }),
+            ..SynthSpec::qwen35_9b()
+        }
+    }
+
     /// A Qwen3-style ~9B (40 layers of Qwen3-8B's block: 4096, FFN 12288, 32/8 heads of 128,
     /// vocab 151936; 36 layers would be Qwen3-8B itself): ≈ 9.0 B parameters.
     pub fn qwen_9b() -> SynthSpec {
@@ -290,7 +339,8 @@ impl SynthSpec {
         }
     }
 
-    /// Preset by name: `llama3-8b`, `qwen-9b`, `qwen3-30b-a3b`, `qwen3.5-9b`, `tiny-llama`, `tiny-qwen2`,
+    /// Preset by name: `llama3-8b`, `qwen-9b`, `qwen3-30b-a3b`, `qwen3.5-9b`, `qwen3.5-35b-a3b`,
+    /// `qwen3.5-0.8b`, `tiny-llama`, `tiny-qwen2`,
     /// `tiny-qwen3`, `tiny-gemma3`, `tiny-qwen2moe`, `tiny-qwen3moe`, `tiny-mixtral`,
     /// `tiny-qwen35`, `tiny-qwen35moe`.
     pub fn preset(name: &str) -> Option<SynthSpec> {
@@ -303,6 +353,8 @@ impl SynthSpec {
             "tiny-gemma3" => SynthSpec::tiny(Arch::Gemma3),
             "qwen3-30b-a3b" => SynthSpec::qwen3_30b_a3b(),
             "qwen3.5-9b" => SynthSpec::qwen35_9b(),
+            "qwen3.5-35b-a3b" => SynthSpec::qwen35_35b_a3b(),
+            "qwen3.5-0.8b" => SynthSpec::qwen35_0_8b(),
             "tiny-qwen2moe" => SynthSpec::tiny(Arch::Qwen2Moe),
             "tiny-qwen3moe" => SynthSpec::tiny(Arch::Qwen3Moe),
             "tiny-mixtral" => SynthSpec::tiny_mixtral(),

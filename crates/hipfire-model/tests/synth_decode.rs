@@ -519,6 +519,12 @@ fn presets_have_the_published_sizes() {
     // Qwen3-30B-A3B: 30.5 B parameters (Qwen model card).
     let m = SynthSpec::qwen3_30b_a3b().n_params();
     assert!((30_300_000_000..30_700_000_000).contains(&m), "{m}");
+    // Qwen3.5-35B-A3B and -0.8B: the names' sizes (the language model without the vision
+    // tower, which their GGUFs keep in a separate file).
+    let a = SynthSpec::qwen35_35b_a3b().n_params();
+    assert!((34_000_000_000..36_000_000_000).contains(&a), "{a}");
+    let s = SynthSpec::qwen35_0_8b().n_params();
+    assert!((700_000_000..900_000_000).contains(&s), "{s}");
 }
 
 /// An edit of a model's metadata and tensor list.
