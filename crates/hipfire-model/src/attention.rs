@@ -349,6 +349,87 @@ impl Split {
     }
 }
 
+/// Most query heads one shared [`Job`] runs together: their scores at the longest chunk
+/// (32 × 512 f32, 64 KiB) stay in L2 beside the chunk's K and V rows, which they all reuse.
+/// Chosen, not tuned.
+pub const SHARED_HEADS_MAX: usize = 32;
+
+/// One KV head's chunk of positions for the queries that attend exactly that chunk — the same
+/// positions from the same first attended one in the same cache — so its K and V rows are read
+/// once for all of them (a prompt chunk's queries share every chunk but their last). Each
+/// query's partial is the one [`attend_chunk`] gives for it alone: the kernels treat every
+/// query head on its own, so sharing changes no bit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Job {
+    /// KV head.
+    pub h: usize,
+    /// Chunk index in each member's [`Split`].
+    pub ci: usize,
+    /// The members: indices into the queries given to [`plan_jobs`].
+    pub queries: std::ops::Range<usize>,
+}
+
+/// The jobs of queries with splits `splits` (query `t` in cache `cache[t]`) over `n_kv` KV heads
+/// with `group` query heads each, and the member list their `queries` ranges index. Consecutive
+/// queries of one cache with the same split start and chunk length share each chunk they both
+/// attend in full; at most `max(1, SHARED_HEADS_MAX / group)` queries a job. The jobs of one
+/// chunk are adjacent, so a thread's consecutive jobs reuse its K and V rows from cache.
+pub fn plan_jobs(
+    splits: &[Split],
+    cache: &[usize],
+    n_kv: usize,
+    group: usize,
+) -> (Vec<Job>, Vec<usize>) {
+    let per_job = (SHARED_HEADS_MAX / group.max(1)).max(1);
+    let (mut jobs, mut members) = (Vec::new(), Vec::new());
+    let mut a = 0;
+    while a < splits.len() {
+        // A run of queries whose chunk boundaries coincide.
+        let same = |t: usize| {
+            cache[t] == cache[a]
+                && splits[t].start == splits[a].start
+                && splits[t].chunk == splits[a].chunk
+        };
+        let b = (a..splits.len())
+            .find(|&t| !same(t))
+            .unwrap_or(splits.len());
+        let most = splits[a..b].iter().map(|s| s.n_chunks).max().unwrap_or(0);
+        for h in 0..n_kv {
+            for ci in 0..most {
+                let mut shared = Vec::new();
+                for t in a..b {
+                    let sp = &splits[t];
+                    if ci >= sp.n_chunks {
+                        continue;
+                    }
+                    let ((t0, t1), lo) = sp.range(ci);
+                    if t1 - t0 == sp.chunk && lo == t0 {
+                        shared.push(t);
+                    } else {
+                        members.push(t);
+                        jobs.push(Job {
+                            h,
+                            ci,
+                            queries: members.len() - 1..members.len(),
+                        });
+                    }
+                }
+                for ts in shared.chunks(per_job) {
+                    let from = members.len();
+                    members.extend_from_slice(ts);
+                    jobs.push(Job {
+                        h,
+                        ci,
+                        queries: from..members.len(),
+                    });
+                }
+            }
+        }
+        a = b;
+    }
+    (jobs, members)
+}
+
 /// Floats of one query head's partial: max, sum, then `head_dim` weighted values.
 pub fn partial_len(head_dim: usize) -> usize {
     head_dim + 2
@@ -815,6 +896,57 @@ mod tests {
         }
         assert_eq!(t.last(), Some(&tier()), "the dispatch picks the best tier");
         t
+    }
+
+    /// Every (query, KV head, chunk) item of the splits appears in exactly one job; a shared
+    /// job's members attend the same positions of the same cache.
+    #[test]
+    fn jobs_cover_every_item_once_and_share_only_equal_ranges() {
+        // A prompt chunk of 40 queries from depth 300 in cache 0 (chunk lengths change with
+        // depth), a sliding-window layer's queries in cache 1, decode queries in caches 2 and 3.
+        let mut splits = Vec::new();
+        let mut cache = Vec::new();
+        for n_pos in 301..=340 {
+            splits.push(Split::new(0, n_pos, 3));
+            cache.push(0);
+        }
+        for n_pos in 600..=620 {
+            splits.push(Split::new(n_pos - 500, n_pos, 3));
+            cache.push(1);
+        }
+        splits.push(Split::new(0, 5000, 3));
+        cache.push(2);
+        splits.push(Split::new(0, 5000, 3));
+        cache.push(3);
+        for group in [1, 3, 8, 40] {
+            let (jobs, members) = plan_jobs(&splits, &cache, 3, group);
+            let mut seen = std::collections::HashSet::new();
+            let mut shared = 0;
+            for j in &jobs {
+                let ts = &members[j.queries.clone()];
+                assert!(!ts.is_empty() && ts.len() <= (SHARED_HEADS_MAX / group).max(1));
+                let first = (cache[ts[0]], splits[ts[0]].range(j.ci));
+                for &t in ts {
+                    assert!(j.ci < splits[t].n_chunks);
+                    assert_eq!((cache[t], splits[t].range(j.ci)), first, "job {j:?}");
+                    assert!(
+                        seen.insert((t, j.h, j.ci)),
+                        "item ({t}, {}, {}) twice",
+                        j.h,
+                        j.ci
+                    );
+                }
+                shared += usize::from(ts.len() > 1);
+            }
+            let items: usize = splits.iter().map(|s| 3 * s.n_chunks).sum();
+            assert_eq!(seen.len(), items);
+            if SHARED_HEADS_MAX / group > 1 {
+                assert!(
+                    shared > 0,
+                    "a prompt chunk's queries share chunks (group {group})"
+                );
+            }
+        }
     }
 
     /// Split-KV attention of every query head against f64 softmax attention over the same f16

@@ -570,7 +570,9 @@ impl Model {
     /// `att[t·n..(t + 1)·n]` (`n = n_head × head_dim`): every head of `q` over the first `n_pos`
     /// positions of the layer's cache — the last `window` of them on a sliding-window layer. The
     /// work is cut into KV head × chunk of positions items ([`attention`](crate::attention)),
-    /// split over the backend's threads, and the chunks' partial softmaxes merged in order: a
+    /// the items of one cache's queries that cover the same positions run as one job that reads
+    /// those K and V rows once ([`attention::plan_jobs`]), the jobs are split over the
+    /// backend's threads, and each query's partial softmaxes merged in order: a
     /// long context made this, not the weights, the bulk of a token. Every query's items go in
     /// one `parallel_for`, each item and each merge the same arithmetic as one query alone (so
     /// the same bits whatever the batch). A prefill chunk's or a batched step's tokens used to take one `parallel_for`
@@ -623,6 +625,15 @@ impl Model {
         }
         let total = first.last().copied().unwrap_or(0);
         let longest = splits.iter().map(|sp| sp.chunk).max().unwrap_or(0);
+        // Queries of one cache share the K and V reads of the chunks they all attend (a
+        // prompt chunk's queries, every chunk but their last); the same cache is the same
+        // object.
+        let cache: Vec<usize> = qs
+            .iter()
+            .map(|&(_, kv, _)| std::ptr::from_ref(kv) as usize)
+            .collect();
+        let (jobs, members) = attention::plan_jobs(&splits, &cache, c.n_head_kv, group);
+        let most_members = jobs.iter().map(|j| j.queries.len()).max().unwrap_or(0);
         // Every item writes its whole partial (max, sum and every value), so a buffer of an
         // earlier call is reused as it is: fresh, a 512-token chunk's 17 MiB were zeroed and
         // faulted in on this thread alone, per layer.
@@ -632,50 +643,61 @@ impl Model {
         }
         let out = PartsOut(parts.as_mut_ptr());
         let out = &out;
-        let (splits, first) = (&splits, &first);
+        let (splits, first, jobs, members) = (&splits, &first, &jobs, &members);
         self.backend
-            .parallel_for(total, &|items: std::ops::Range<usize>| {
-                let mut scores = Vec::with_capacity(group * longest);
-                // A q8_0 cache's positions of one item, dequantised for the f16 kernels (empty,
+            .parallel_for(jobs.len(), &|range: std::ops::Range<usize>| {
+                let mut scores = Vec::with_capacity(most_members * group * longest);
+                // The members' query heads of the job's KV head, and their partials, side by
+                // side for one kernel call.
+                let mut qbuf = Vec::with_capacity(most_members * group * hd);
+                let mut pbuf = vec![0f32; most_members * item_len];
+                // A q8_0 cache's positions of one job, dequantised for the f16 kernels (empty,
                 // and never filled, for an f16 cache).
                 let mut staged = KvLayer::new(1, hd);
                 let mut staging = (Vec::new(), Vec::new());
-                for item in items {
-                    // The query of this item: the last t with first[t] <= item.
-                    let t = first.partition_point(|&f| f <= item) - 1;
-                    let (split, (q, kv, _)) = (&splits[t], qs[t]);
-                    let n_chunks = split.n_chunks;
-                    let local = item - first[t];
-                    let (h, ci) = (local / n_chunks, local % n_chunks);
-                    // SAFETY: `parts` holds `total × item_len` values and outlives the call
-                    // (`parallel_for` returns after every part); parts are disjoint ranges of
-                    // items, so this item's slice is written by this part alone.
-                    let part = unsafe {
-                        std::slice::from_raw_parts_mut(out.0.add(item * item_len), item_len)
-                    };
-                    let (range, lo) = split.range(ci);
-                    let qg = &q[h * group * hd..(h + 1) * group * hd];
+                for job in &jobs[range] {
+                    let ts = &members[job.queries.clone()];
+                    let (h, ci) = (job.h, job.ci);
+                    // Every member attends the same positions of the same cache.
+                    let (range, lo) = splits[ts[0]].range(ci);
+                    let kv = qs[ts[0]].1;
+                    qbuf.clear();
+                    for &t in ts {
+                        qbuf.extend_from_slice(&qs[t].0[h * group * hd..(h + 1) * group * hd]);
+                    }
+                    let pj = &mut pbuf[..ts.len() * item_len];
                     match kv {
                         KvCache::Q8(q8) => {
-                            // The item's positions alone, from lane 0 of a block (range.0 is a
+                            // The job's positions alone, from lane 0 of a block (range.0 is a
                             // multiple of KV_BLOCK), so the kernels see the same lanes.
                             q8.dequantize_into(h, range, &mut staged, &mut staging);
                             let local = (0, range.1 - range.0);
                             let from = lo - range.0;
                             attention::attend_chunk(
-                                qg,
+                                &qbuf,
                                 &staged,
                                 0,
                                 local,
                                 from,
                                 scale,
                                 &mut scores,
-                                part,
+                                pj,
                             );
                         }
                         KvCache::F16(f) => {
-                            attention::attend_chunk(qg, f, h, range, lo, scale, &mut scores, part);
+                            attention::attend_chunk(&qbuf, f, h, range, lo, scale, &mut scores, pj);
                         }
+                    }
+                    for (&t, p) in ts.iter().zip(pj.chunks_exact(item_len)) {
+                        let item = first[t] + h * splits[t].n_chunks + ci;
+                        // SAFETY: `parts` holds `total × item_len` values and outlives the call
+                        // (`parallel_for` returns after every part); each (query, KV head,
+                        // chunk) item belongs to exactly one job (`plan_jobs`), so this slice
+                        // is written by this job alone.
+                        let dst = unsafe {
+                            std::slice::from_raw_parts_mut(out.0.add(item * item_len), item_len)
+                        };
+                        dst.copy_from_slice(p);
                     }
                 }
             })?;
@@ -1407,6 +1429,64 @@ mod tests {
             })
         ));
         let _ = std::fs::remove_file(&path);
+    }
+
+    /// A prompt chunk's queries (depths 1..=700, so the chunk length changes under them),
+    /// interleaved with another cache's decode queries, give every query the bits it gets
+    /// alone: shared jobs read K and V once for several queries but change no arithmetic. Over
+    /// an f16 and a q8_0 cache, on global and sliding-window layers, on random data.
+    #[test]
+    fn shared_attention_jobs_give_each_query_the_bits_it_gets_alone() {
+        use rand::{Rng, SeedableRng};
+        const DEPTH: usize = 700;
+        let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        for (arch, ty) in [
+            (Arch::Llama, CacheType::F16),
+            (Arch::Llama, CacheType::Q8_0),
+            (Arch::Gemma3, CacheType::F16),
+        ] {
+            let m = synth_model(arch, Format::F32, None);
+            let c = m.config().clone();
+            let (kvd, qd) = (c.n_head_kv * c.head_dim, c.n_head * c.head_dim);
+            let mut fill = |n: usize| {
+                let mut kv = KvCache::new(ty, c.n_head_kv, c.head_dim).expect("cache type");
+                for _ in 0..n {
+                    let row = |r: &mut rand_chacha::ChaCha8Rng| -> Vec<f32> {
+                        (0..kvd).map(|_| r.random_range(-1.0f32..1.0)).collect()
+                    };
+                    let (k, v) = (row(&mut r), row(&mut r));
+                    kv.push(&k, &v);
+                }
+                kv
+            };
+            let (prompt, other) = (fill(DEPTH), fill(DEPTH / 2));
+            let q: Vec<Vec<f32>> = (0..DEPTH)
+                .map(|_| (0..qd).map(|_| r.random_range(-1.0f32..1.0)).collect())
+                .collect();
+            let mut queries: Vec<(&[f32], &KvCache, usize)> = Vec::new();
+            for (t, qt) in q.iter().enumerate() {
+                queries.push((qt, &prompt, t + 1));
+                if t % 97 == 0 {
+                    queries.push((qt, &other, DEPTH / 2 - t / 97));
+                }
+            }
+            for li in 0..c.n_layer {
+                let mut all = vec![f32::NAN; queries.len() * qd];
+                m.attention_many(li, &queries, &mut all).expect("together");
+                let mut one = vec![f32::NAN; qd];
+                for (i, qi) in queries.iter().enumerate() {
+                    m.attention_many(li, std::slice::from_ref(qi), &mut one)
+                        .expect("alone");
+                    let got = &all[i * qd..(i + 1) * qd];
+                    assert!(
+                        got.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{} {ty:?} layer {li} query {i} (depth {}) differs alone",
+                        arch.name(),
+                        qi.2
+                    );
+                }
+            }
+        }
     }
 
     #[test]
