@@ -397,8 +397,7 @@ pub fn plan_jobs(
         for h in 0..n_kv {
             for ci in 0..most {
                 let mut shared = Vec::new();
-                for t in a..b {
-                    let sp = &splits[t];
+                for (t, sp) in splits.iter().enumerate().take(b).skip(a) {
                     if ci >= sp.n_chunks {
                         continue;
                     }
@@ -548,9 +547,7 @@ fn run_tier(
     let pl = partial_len(hd);
     for (s, p) in scores.chunks_exact_mut(len).zip(part.chunks_exact_mut(pl)) {
         let m = s[..n].iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        for v in s.iter_mut() {
-            *v = exp_nonpos(*v - m);
-        }
+        crate::ops::exp_sub_inplace(s, m);
         p[0] = m;
         p[1] = crate::ops::sum_f32(&s[..n]);
     }

@@ -1479,7 +1479,9 @@ mod tests {
                         .expect("alone");
                     let got = &all[i * qd..(i + 1) * qd];
                     assert!(
-                        got.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        got.iter()
+                            .zip(&one)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
                         "{} {ty:?} layer {li} query {i} (depth {}) differs alone",
                         arch.name(),
                         qi.2
