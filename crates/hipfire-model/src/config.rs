@@ -341,7 +341,7 @@ pub struct MoeConfig {
     /// Whether the selected weights are divided by their sum (Qwen3-MoE, Mixtral: yes;
     /// Qwen2-MoE: no — llama.cpp's `norm_w`).
     pub norm_topk: bool,
-    /// Hidden width of the always-on shared expert (Qwen2-MoE:
+    /// Hidden width of the always-on shared expert (Qwen2-MoE, Qwen3.5-MoE, Qwen3-Next:
     /// `{arch}.expert_shared_feed_forward_length`, else `feed_forward_length`), `None` where
     /// the architecture has none. Its output is scaled by `sigmoid(ffn_gate_inp_shexp · x)`.
     pub n_ff_shared: Option<usize>,

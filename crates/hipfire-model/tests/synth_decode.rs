@@ -737,8 +737,9 @@ fn load_rejects_wrong_models_with_typed_errors() {
 
 /// Every expert key is bounded before it sizes anything, and a malformed MoE file is refused
 /// naming the key or tensor: counts out of range, a count that disagrees with the router, a
-/// missing expert tensor, an expert tensor of the wrong shape, the fused gate+up form, and
-/// experts declared by a dense-only architecture.
+/// missing expert tensor, an expert tensor of the wrong shape, the fused gate+up form (which
+/// llama.cpp's qwen3moe loader does not take), and experts declared by a dense-only
+/// architecture.
 #[test]
 fn moe_files_with_bad_expert_metadata_are_refused_by_name() {
     use hipfire_model::gguf::{GgufError, MetaValue};
@@ -828,7 +829,7 @@ fn moe_files_with_bad_expert_metadata_are_refused_by_name() {
 }
 
 /// A hybrid's `ssm.*` keys are bounded before they size a state and refused by name when they
-/// disagree; the fused `ssm_ba` form (qwen3next) and a missing DeltaNet tensor are refused.
+/// disagree; qwen3next's fused `ssm_ba` in a qwen35 file and a missing DeltaNet tensor are refused.
 #[test]
 fn hybrid_files_with_bad_ssm_metadata_are_refused_by_name() {
     use hipfire_model::gguf::{GgufError, MetaValue};
