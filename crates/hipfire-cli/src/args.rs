@@ -667,6 +667,19 @@ pub enum SynthArch {
     /// A tiny Qwen3.5-MoE hybrid (the same layers, 8 experts and a shared expert).
     #[value(name = "tiny-qwen35moe")]
     TinyQwen35Moe,
+    /// tiny-qwen35moe with each layer's expert gate and up in one `ffn_gate_up_exps`.
+    #[value(name = "tiny-qwen35moe-gate-up")]
+    TinyQwen35MoeGateUp,
+    /// Qwen3-Next-80B-A3B shapes (48 layers, 3 Gated DeltaNet to 1 gated attention, d 2048,
+    /// 512 experts of 512, 10 a token, a shared expert).
+    #[value(name = "qwen3-next-80b-a3b")]
+    Qwen3Next80bA3b,
+    /// A tiny Qwen3-Next hybrid (tiny-qwen35moe's shapes in qwen3next's tensor forms).
+    #[value(name = "tiny-qwen3next")]
+    TinyQwen3Next,
+    /// tiny-qwen3next with each DeltaNet's q, k, v and z in one `ssm_in` (older files).
+    #[value(name = "tiny-qwen3next-ssm-in")]
+    TinyQwen3NextSsmIn,
 }
 
 impl SynthArch {
@@ -687,6 +700,10 @@ impl SynthArch {
             SynthArch::TinyMixtral => "tiny-mixtral",
             SynthArch::TinyQwen35 => "tiny-qwen35",
             SynthArch::TinyQwen35Moe => "tiny-qwen35moe",
+            SynthArch::TinyQwen35MoeGateUp => "tiny-qwen35moe-gate-up",
+            SynthArch::Qwen3Next80bA3b => "qwen3-next-80b-a3b",
+            SynthArch::TinyQwen3Next => "tiny-qwen3next",
+            SynthArch::TinyQwen3NextSsmIn => "tiny-qwen3next-ssm-in",
         }
     }
 }

@@ -77,14 +77,12 @@ pub struct Attention<W, V> {
 /// A Gated DeltaNet layer's tensors (llama.cpp `ssm_*`, `attn_qkv`, `attn_gate`).
 #[derive(Debug, Clone)]
 pub struct DeltaNet<W, V> {
-    /// `attn_qkv`: the conv's input, q, k and v channels (`conv_dim` rows).
-    pub qkv: W,
-    /// `attn_gate`: z, the output gate (`value_dim` rows).
-    pub gate: W,
-    /// `ssm_beta`: the write strength's logits, one per value head.
-    pub beta: W,
-    /// `ssm_alpha`: the decay's input, one per value head.
-    pub alpha: W,
+    /// The conv's input (q, k and v channels, `conv_dim` rows) and z, the output gate
+    /// (`value_dim` rows): `attn_qkv` and `attn_gate`, or qwen3next's older fused `ssm_in`.
+    pub qkvz: Pair<W>,
+    /// The write strength's logits β and the decay's input α, one each per value head:
+    /// `ssm_beta` and `ssm_alpha`, or qwen3next's fused `ssm_ba`.
+    pub ba: Pair<W>,
     /// `ssm_out`: back to the residual width.
     pub out: W,
     /// `ssm_conv1d`: `conv_kernel` taps per channel (channel-major).
@@ -97,12 +95,38 @@ pub struct DeltaNet<W, V> {
     pub norm: V,
 }
 
+/// Two projections of the same input, stored as two tensors or fused in one whose rows are
+/// grouped by key head (qwen3next's `ssm_in` and `ssm_ba`; the CPU step splits the product,
+/// `delta_net::split_qkvz` and `split_ba`, as llama.cpp's views do).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pair<W> {
+    /// The two tensors.
+    Split(W, W),
+    /// One tensor holding both.
+    Fused(W),
+}
+
+impl<W: Copy> Pair<W> {
+    /// The matrices, in the order they are multiplied.
+    pub fn weights(&self) -> Vec<W> {
+        match *self {
+            Pair::Split(a, b) => vec![a, b],
+            Pair::Fused(w) => vec![w],
+        }
+    }
+}
+
 impl<W: Copy, V> Mixer<W, V> {
     /// Every matrix of the mixer, in the order the block multiplies them.
     pub fn projections(&self) -> Vec<W> {
         match self {
             Mixer::Attention(t) => vec![t.wq, t.wk, t.wv, t.wo],
-            Mixer::DeltaNet(t) => vec![t.qkv, t.gate, t.beta, t.alpha, t.out],
+            Mixer::DeltaNet(t) => {
+                let mut v = t.qkvz.weights();
+                v.extend(t.ba.weights());
+                v.push(t.out);
+                v
+            }
         }
     }
 }
@@ -189,6 +213,16 @@ pub(crate) trait TensorSource<W> {
     /// The 3-D tensor `name` of `n` stacked matrices of `m` rows of `k` (ggml dims
     /// `{k, m, n}`), one id per matrix, or an error naming it.
     fn matrices(&mut self, name: &str, k: usize, m: usize, n: usize) -> Result<Vec<W>, ModelError>;
+    /// The 3-D tensor `name` of `n` stacked matrices of `2m` rows of `k` (ggml dims
+    /// `{k, 2m, n}`), each split into its first `m` rows and its last `m` (a fused
+    /// `ffn_gate_up_exps`: gate, then up): the ids of the first halves and of the second.
+    fn matrix_halves(
+        &mut self,
+        name: &str,
+        k: usize,
+        m: usize,
+        n: usize,
+    ) -> Result<(Vec<W>, Vec<W>), ModelError>;
     /// The vector `name` of `n` values, or an error naming it.
     fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>, ModelError>;
     /// The small 2-D tensor `name` of `m` rows of `k` (ggml dims `{k, m}`) as `m × k` f32
@@ -302,18 +336,42 @@ fn load_delta_net<W: Copy>(
             "layer {i}: a DeltaNet layer in a model without ssm metadata"
         )));
     };
-    if src.has(&n("ssm_ba.weight")) || src.has(&n("ssm_in.weight")) {
+    let (hv, vd) = (dn.n_v_heads, dn.value_dim());
+    // Each architecture's llama.cpp loader reads one form; a tensor of the other form would
+    // go unread there (its tensor count check refuses the file), so it is refused here by
+    // name. qwen3next reads `attn_qkv` + `attn_gate` where present, else the older `ssm_in`.
+    let fused = c.arch == Arch::Qwen3Next;
+    let legacy = fused && !src.has(&n("attn_qkv.weight")) && src.has(&n("ssm_in.weight"));
+    let unread: &[&str] = match (fused, legacy) {
+        (false, _) => &["ssm_in.weight", "ssm_ba.weight"],
+        (true, false) => &["ssm_in.weight", "ssm_beta.weight", "ssm_alpha.weight"],
+        (true, true) => &["attn_gate.weight", "ssm_beta.weight", "ssm_alpha.weight"],
+    };
+    if let Some(t) = unread.iter().find(|t| src.has(&n(t))) {
         return Err(ModelError::Unsupported(format!(
-            "layer {i}: the fused ssm_ba / ssm_in form (qwen3next); hipfire reads ssm_beta, \
-             ssm_alpha, attn_qkv and attn_gate"
+            "layer {i}: tensor {} in a {} file (the layer's other tensors say it stores its \
+             DeltaNet projections in the other form)",
+            n(t),
+            c.arch.name()
         )));
     }
-    let (hv, vd) = (dn.n_v_heads, dn.value_dim());
+    let qkvz = match legacy {
+        true => Pair::Fused(src.matrix(&n("ssm_in.weight"), d, dn.conv_dim() + vd)?),
+        false => Pair::Split(
+            src.matrix(&n("attn_qkv.weight"), d, dn.conv_dim())?,
+            src.matrix(&n("attn_gate.weight"), d, vd)?,
+        ),
+    };
+    let ba = match fused {
+        true => Pair::Fused(src.matrix(&n("ssm_ba.weight"), d, 2 * hv)?),
+        false => Pair::Split(
+            src.matrix(&n("ssm_beta.weight"), d, hv)?,
+            src.matrix(&n("ssm_alpha.weight"), d, hv)?,
+        ),
+    };
     Ok(DeltaNet {
-        qkv: src.matrix(&n("attn_qkv.weight"), d, dn.conv_dim())?,
-        gate: src.matrix(&n("attn_gate.weight"), d, vd)?,
-        beta: src.matrix(&n("ssm_beta.weight"), d, hv)?,
-        alpha: src.matrix(&n("ssm_alpha.weight"), d, hv)?,
+        qkvz,
+        ba,
         out: src.matrix(&n("ssm_out.weight"), vd, d)?,
         conv: src.table(&n("ssm_conv1d.weight"), dn.conv_kernel, dn.conv_dim())?,
         dt_bias: src.vector(&n("ssm_dt.bias"), hv)?,
@@ -337,12 +395,6 @@ fn load_ffn<W: Copy>(
             down: src.matrix(&n("ffn_down.weight"), c.n_ff, d)?,
         });
     };
-    if src.has(&n("ffn_gate_up_exps.weight")) {
-        return Err(ModelError::Unsupported(format!(
-            "layer {i}: fused ffn_gate_up_exps (hipfire reads ffn_gate_exps and ffn_up_exps as \
-             separate tensors)"
-        )));
-    }
     let (e, ff) = (moe.n_expert, moe.n_ff_exp);
     let shared = match moe.n_ff_shared {
         None => None,
@@ -353,10 +405,36 @@ fn load_ffn<W: Copy>(
             gate_inp: src.opt_vector(&n("ffn_gate_inp_shexp.weight"), d)?,
         }),
     };
+    let router = src.matrix(&n("ffn_gate_inp.weight"), d, e)?;
+    let fused = n("ffn_gate_up_exps.weight");
+    let (gate, up) = match (src.has(&fused), c.arch.fused_gate_up()) {
+        (false, _) => (
+            src.matrices(&n("ffn_gate_exps.weight"), d, ff, e)?,
+            src.matrices(&n("ffn_up_exps.weight"), d, ff, e)?,
+        ),
+        (true, false) => {
+            return Err(ModelError::Unsupported(format!(
+                "layer {i}: fused ffn_gate_up_exps in a {} file (llama.cpp's loader for it \
+                 reads ffn_gate_exps and ffn_up_exps as separate tensors)",
+                c.arch.name()
+            )))
+        }
+        (true, true) => {
+            // llama.cpp reads the fused tensor alone; separate ones beside it would be unread.
+            for t in ["ffn_gate_exps.weight", "ffn_up_exps.weight"] {
+                if src.has(&n(t)) {
+                    return Err(ModelError::Unsupported(format!(
+                        "layer {i}: both ffn_gate_up_exps and {t}"
+                    )));
+                }
+            }
+            src.matrix_halves(&fused, d, ff, e)?
+        }
+    };
     Ok(Ffn::Moe(MoeTensors {
-        router: src.matrix(&n("ffn_gate_inp.weight"), d, e)?,
-        gate: src.matrices(&n("ffn_gate_exps.weight"), d, ff, e)?,
-        up: src.matrices(&n("ffn_up_exps.weight"), d, ff, e)?,
+        router,
+        gate,
+        up,
         down: src.matrices(&n("ffn_down_exps.weight"), ff, d, e)?,
         shared,
     }))
@@ -393,10 +471,8 @@ impl<W: Copy, V> LayerTensors<W, V> {
                 })
             }
             Mixer::DeltaNet(t) => Mixer::DeltaNet(DeltaNet {
-                qkv: t.qkv,
-                gate: t.gate,
-                beta: t.beta,
-                alpha: t.alpha,
+                qkvz: t.qkvz,
+                ba: t.ba,
                 out: t.out,
                 conv: f(&t.conv)?,
                 dt_bias: f(&t.dt_bias)?,

@@ -32,6 +32,11 @@ pub enum Arch {
     /// Qwen3.5 MoE (llama.cpp `LLM_ARCH_QWEN35MOE`): Qwen3.5's layers with a routed FFN
     /// (renormalised top-k) and a sigmoid-gated shared expert.
     Qwen35Moe,
+    /// Qwen3-Next (Qwen3-Next-80B-A3B; llama.cpp `LLM_ARCH_QWEN3NEXT`): Qwen3.5-MoE's layers
+    /// as first published — β and α in one `ssm_ba` tensor (older files: q, k, v and z in one
+    /// `ssm_in`), each value head sharing the key head of its group
+    /// ([`KeyHeadShare::Grouped`]), plain NEOX RoPE.
+    Qwen3Next,
 }
 
 /// The FFN's gate activation (`act(gate) · up`).
@@ -55,9 +60,10 @@ impl Arch {
             "qwen3moe" => Ok(Arch::Qwen3Moe),
             "qwen35" => Ok(Arch::Qwen35),
             "qwen35moe" => Ok(Arch::Qwen35Moe),
+            "qwen3next" => Ok(Arch::Qwen3Next),
             other => Err(ModelError::Unsupported(format!(
                 "architecture {} (supported: llama (Mixtral-style experts included), qwen2, \
-                 qwen3, gemma3, qwen2moe, qwen3moe, qwen35, qwen35moe)",
+                 qwen3, gemma3, qwen2moe, qwen3moe, qwen35, qwen35moe, qwen3next)",
                 Quoted::new(other)
             ))),
         }
@@ -74,6 +80,7 @@ impl Arch {
             Arch::Qwen3Moe => "qwen3moe",
             Arch::Qwen35 => "qwen35",
             Arch::Qwen35Moe => "qwen35moe",
+            Arch::Qwen3Next => "qwen3next",
         }
     }
 
@@ -87,7 +94,8 @@ impl Arch {
             | Arch::Qwen2Moe
             | Arch::Qwen3Moe
             | Arch::Qwen35
-            | Arch::Qwen35Moe => FfnActivation::Silu,
+            | Arch::Qwen35Moe
+            | Arch::Qwen3Next => FfnActivation::Silu,
         }
     }
 
@@ -101,19 +109,35 @@ impl Arch {
     pub fn qk_norms(self) -> bool {
         matches!(
             self,
-            Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe | Arch::Qwen35 | Arch::Qwen35Moe
+            Arch::Qwen3
+                | Arch::Gemma3
+                | Arch::Qwen3Moe
+                | Arch::Qwen35
+                | Arch::Qwen35Moe
+                | Arch::Qwen3Next
         )
     }
 
     /// Whether the architecture interleaves Gated DeltaNet layers with gated attention ones.
     pub fn hybrid(self) -> bool {
-        matches!(self, Arch::Qwen35 | Arch::Qwen35Moe)
+        matches!(self, Arch::Qwen35 | Arch::Qwen35Moe | Arch::Qwen3Next)
     }
 
     /// Whether every layer's FFN is a routed Mixture-of-Experts (the `llama` architecture is
     /// routed only when its file declares `llama.expert_count`: Mixtral).
     pub fn always_moe(self) -> bool {
-        matches!(self, Arch::Qwen2Moe | Arch::Qwen3Moe | Arch::Qwen35Moe)
+        matches!(
+            self,
+            Arch::Qwen2Moe | Arch::Qwen3Moe | Arch::Qwen35Moe | Arch::Qwen3Next
+        )
+    }
+
+    /// Whether a layer's routed gate and up projections may come as one `ffn_gate_up_exps`
+    /// tensor, each expert's gate rows then its up rows: the architectures whose llama.cpp
+    /// loader goes through `create_tensor_gate_up_exps` (of those hipfire runs, qwen35moe and
+    /// qwen3next; its qwen2moe, qwen3moe and llama loaders read only the separate tensors).
+    pub fn fused_gate_up(self) -> bool {
+        matches!(self, Arch::Qwen35Moe | Arch::Qwen3Next)
     }
 
     /// RoPE pairing, as llama.cpp's `llama_model_rope_type`: llama uses "normal" rope
@@ -240,9 +264,11 @@ pub struct DeltaNetConfig {
     pub conv_kernel: usize,
     /// Query/key heads (`{arch}.ssm.group_count`).
     pub n_k_heads: usize,
-    /// Value heads (`{arch}.ssm.time_step_rank`), a multiple of `n_k_heads`: value head `h`
-    /// reads key head `h mod n_k_heads` (ggml's repeat; the converter orders the value heads so).
+    /// Value heads (`{arch}.ssm.time_step_rank`), a multiple of `n_k_heads`; which key head
+    /// each reads is [`DeltaNetConfig::key_share`].
     pub n_v_heads: usize,
+    /// How the value heads share the key heads.
+    pub key_share: KeyHeadShare,
     /// Width of every q/k/v head (`{arch}.ssm.state_size`; `ssm.inner_size / time_step_rank`
     /// must equal it).
     pub head_dim: usize,
@@ -272,10 +298,31 @@ impl DeltaNetConfig {
         (self.conv_kernel - 1) * self.conv_dim() + self.n_v_heads * self.head_dim * self.head_dim
     }
 
+    /// The key (and query) head value head `h` reads.
+    pub fn key_head(&self, h: usize) -> usize {
+        match self.key_share {
+            KeyHeadShare::Tiled => h % self.n_k_heads,
+            KeyHeadShare::Grouped => h / (self.n_v_heads / self.n_k_heads),
+        }
+    }
+
     /// Whether layer `li` is a DeltaNet layer.
     pub fn is_recurrent(&self, li: usize) -> bool {
         self.recurrent.get(li).copied().unwrap_or(false)
     }
+}
+
+/// Which key head a DeltaNet value head reads when there are fewer key heads than value heads
+/// (llama.cpp repeats q and k up to the value heads before the recurrence).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyHeadShare {
+    /// Value head `h` reads key head `h mod n_k_heads` (qwen35, qwen35moe: `ggml_repeat_4d`
+    /// tiles the key heads; their converter reorders the value heads to match).
+    Tiled,
+    /// Value head `h` reads key head `h / (n_v_heads / n_k_heads)` (qwen3next: a
+    /// repeat-interleave, HF's grouped order, `[k0_v0, k0_v1, k1_v2, k1_v3]` in llama.cpp's
+    /// words).
+    Grouped,
 }
 
 /// A Mixture-of-Experts FFN's shape and routing rule (llama.cpp `build_moe_ffn` with
@@ -294,7 +341,7 @@ pub struct MoeConfig {
     /// Whether the selected weights are divided by their sum (Qwen3-MoE, Mixtral: yes;
     /// Qwen2-MoE: no — llama.cpp's `norm_w`).
     pub norm_topk: bool,
-    /// Hidden width of the always-on shared expert (Qwen2-MoE:
+    /// Hidden width of the always-on shared expert (Qwen2-MoE, Qwen3.5-MoE, Qwen3-Next:
     /// `{arch}.expert_shared_feed_forward_length`, else `feed_forward_length`), `None` where
     /// the architecture has none. Its output is scaled by `sigmoid(ffn_gate_inp_shexp · x)`.
     pub n_ff_shared: Option<usize>,
@@ -421,7 +468,7 @@ impl ModelConfig {
         let n_layer = blocks - nextn as usize;
         let d_model = keys.size("embedding_length", MAX_EMBEDDING_LENGTH)?;
         let moe = moe_config(&keys, arch)?;
-        let delta_net = delta_net_config(&keys, arch, n_layer)?;
+        let delta_net = delta_net_config(&keys, arch, blocks, n_layer)?;
         // A routed model's dense width is optional (llama.cpp reads it as a fallback only).
         let n_ff = match &moe {
             Some(m) => keys
@@ -732,15 +779,14 @@ fn moe_config(keys: &Keys<'_>, arch: Arch) -> Result<Option<MoeConfig>, ModelErr
         },
     };
     let n_ff_shared = match arch {
-        Arch::Qwen2Moe => Some(
+        // llama.cpp requires the shared expert of these, `feed_forward_length` wide when the
+        // key is absent.
+        Arch::Qwen2Moe | Arch::Qwen35Moe | Arch::Qwen3Next => Some(
             match keys.opt_size("expert_shared_feed_forward_length", MAX_FEED_FORWARD_LENGTH)? {
                 Some(w) => w,
                 None => keys.size("feed_forward_length", MAX_FEED_FORWARD_LENGTH)?,
             },
         ),
-        Arch::Qwen35Moe => {
-            keys.opt_size("expert_shared_feed_forward_length", MAX_FEED_FORWARD_LENGTH)?
-        }
         _ => None,
     };
     Ok(Some(MoeConfig {
@@ -758,6 +804,7 @@ fn moe_config(keys: &Keys<'_>, arch: Arch) -> Result<Option<MoeConfig>, ModelErr
 fn delta_net_config(
     keys: &Keys<'_>,
     arch: Arch,
+    blocks: usize,
     n_layer: usize,
 ) -> Result<Option<DeltaNetConfig>, ModelError> {
     if !arch.hybrid() {
@@ -798,14 +845,51 @@ fn delta_net_config(
             MAX_BLOCK_COUNT,
         )?,
     };
-    let recurrent = (0..n_layer).map(|i| (i + 1) % interval != 0).collect();
+    let recurrent = match recurrent_layers(keys, blocks)? {
+        Some(flags) => flags[..n_layer].to_vec(),
+        None => (0..n_layer).map(|i| (i + 1) % interval != 0).collect(),
+    };
+    let key_share = match arch {
+        Arch::Qwen3Next => KeyHeadShare::Grouped,
+        _ => KeyHeadShare::Tiled,
+    };
     Ok(Some(DeltaNetConfig {
         conv_kernel,
         n_k_heads,
         n_v_heads,
+        key_share,
         head_dim,
         recurrent,
     }))
+}
+
+/// `{arch}.attention.recurrent_layers`, one bool per block (`block_count`, the trailing
+/// multi-token-prediction blocks included, as the converter writes it from HF `layer_types`),
+/// or `None` when absent; llama.cpp prefers it to `full_attention_interval`.
+fn recurrent_layers(keys: &Keys<'_>, blocks: usize) -> Result<Option<Vec<bool>>, ModelError> {
+    let key = keys.key("attention.recurrent_layers");
+    match keys.idx.get(&key) {
+        None => Ok(None),
+        Some(MetaValue::Array(_, flags)) => layer_flags(&key, flags, blocks).map(Some),
+        Some(_) => Err(bad(&key, "is not an array of bools".into())),
+    }
+}
+
+/// One bool per block from the array `flags` of `key`, which must hold exactly `blocks`.
+fn layer_flags(key: &str, flags: &[MetaValue], blocks: usize) -> Result<Vec<bool>, ModelError> {
+    if flags.len() != blocks {
+        return Err(bad(
+            key,
+            format!("has {} flags for {blocks} blocks", flags.len()),
+        ));
+    }
+    flags
+        .iter()
+        .map(|f| {
+            f.as_bool()
+                .ok_or_else(|| bad(key, format!("holds {f:?}, not a bool")))
+        })
+        .collect()
 }
 
 /// Gemma 3's sliding-window layout, as llama.cpp's `load_arch_hparams`: no window (absent or
@@ -823,21 +907,7 @@ fn sliding_window(keys: &Keys<'_>, n_layer: usize) -> Result<Option<SlidingWindo
     };
     let pkey = keys.key("attention.sliding_window_pattern");
     let local: Vec<bool> = match keys.idx.get(&pkey) {
-        Some(MetaValue::Array(_, flags)) => {
-            if flags.len() != n_layer {
-                return Err(bad(
-                    &pkey,
-                    format!("has {} flags for {n_layer} blocks", flags.len()),
-                ));
-            }
-            flags
-                .iter()
-                .map(|f| {
-                    f.as_bool()
-                        .ok_or_else(|| bad(&pkey, format!("holds {f:?}, not a bool")))
-                })
-                .collect::<Result<_, _>>()?
-        }
+        Some(MetaValue::Array(_, flags)) => layer_flags(&pkey, flags, n_layer)?,
         other => {
             let n = match other {
                 None => GEMMA3_SWA_PATTERN,

@@ -202,7 +202,7 @@ pub(crate) fn head(
     o_rows: &mut [&mut [f32]],
 ) {
     let (hd, kd) = (c.head_dim, c.key_dim());
-    let kh = h % c.n_k_heads;
+    let kh = c.key_head(h);
     let mut row = vec![0f32; hd];
     for (ti, o) in o_rows.iter_mut().enumerate() {
         let base = ti * c.conv_dim();
@@ -229,6 +229,53 @@ pub(crate) fn head(
     }
 }
 
+/// The rows of qwen3next's fused `ssm_in` product (`t × (conv_dim + value_dim)`) as the conv's
+/// input `qkv` (`t × conv_dim`: every q head, every k head, every v head) and `z`
+/// (`t × value_dim`). Per key head the fused row holds that head's q, its k, then the v and z
+/// of the `n_v_heads / n_k_heads` value heads it serves (llama.cpp `build_qkvz`'s legacy
+/// path: `qkvz_new_dim` per key head, split `head_k_dim, head_k_dim, v, z`).
+pub(crate) fn split_qkvz(c: &DeltaNetConfig, fused: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let (hd, kd, cd, vd) = (c.head_dim, c.key_dim(), c.conv_dim(), c.value_dim());
+    let group = vd / c.n_k_heads;
+    let t = fused.len() / (cd + vd);
+    let (mut qkv, mut z) = (vec![0f32; t * cd], vec![0f32; t * vd]);
+    for ((row, q), zr) in fused
+        .chunks_exact(cd + vd)
+        .zip(qkv.chunks_exact_mut(cd))
+        .zip(z.chunks_exact_mut(vd))
+    {
+        for (kh, head) in row.chunks_exact(2 * hd + 2 * group).enumerate() {
+            let (qk, vz) = head.split_at(2 * hd);
+            q[kh * hd..(kh + 1) * hd].copy_from_slice(&qk[..hd]);
+            q[kd + kh * hd..kd + (kh + 1) * hd].copy_from_slice(&qk[hd..]);
+            let v0 = 2 * kd + kh * group;
+            q[v0..v0 + group].copy_from_slice(&vz[..group]);
+            zr[kh * group..(kh + 1) * group].copy_from_slice(&vz[group..]);
+        }
+    }
+    (qkv, z)
+}
+
+/// The rows of qwen3next's fused `ssm_ba` product (`t × 2·n_v_heads`) as β's logits and α
+/// (`t × n_v_heads` each, value heads in order). Per key head the fused row holds the β of the
+/// value heads it serves, then their α (llama.cpp reshapes to `2·n_v/n_k` per key head and
+/// views the two halves).
+pub(crate) fn split_ba(c: &DeltaNetConfig, fused: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let hv = c.n_v_heads;
+    let group = hv / c.n_k_heads;
+    let t = fused.len() / (2 * hv);
+    let (mut beta, mut alpha) = (vec![0f32; t * hv], vec![0f32; t * hv]);
+    let heads = fused.chunks_exact(2 * group);
+    for ((head, b), a) in heads
+        .zip(beta.chunks_exact_mut(group))
+        .zip(alpha.chunks_exact_mut(group))
+    {
+        b.copy_from_slice(&head[..group]);
+        a.copy_from_slice(&head[group..]);
+    }
+    (beta, alpha)
+}
+
 /// `o_h = rms_norm(o_h) · w · silu(z_h)` for every value head of every row (`value_dim` each).
 pub(crate) fn gated_norm(c: &DeltaNetConfig, w: &[f32], eps: f32, o: &mut [f32], z: &[f32]) {
     for (oh, zh) in o
@@ -237,5 +284,81 @@ pub(crate) fn gated_norm(c: &DeltaNetConfig, w: &[f32], eps: f32, o: &mut [f32],
     {
         ops::rms_norm_inplace(oh, w, eps);
         oh.iter_mut().zip(zh).for_each(|(x, &zz)| *x *= silu(zz));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::KeyHeadShare;
+
+    /// 2 key heads, 6 value heads (3 a key head) of width 2: small enough to write the
+    /// layouts out by hand.
+    fn config(key_share: KeyHeadShare) -> DeltaNetConfig {
+        DeltaNetConfig {
+            conv_kernel: 4,
+            n_k_heads: 2,
+            n_v_heads: 6,
+            key_share,
+            head_dim: 2,
+            recurrent: vec![true],
+        }
+    }
+
+    #[test]
+    fn value_heads_read_key_heads_tiled_or_grouped() {
+        let tiled: Vec<usize> = (0..6)
+            .map(|h| config(KeyHeadShare::Tiled).key_head(h))
+            .collect();
+        assert_eq!(tiled, [0, 1, 0, 1, 0, 1]);
+        let grouped: Vec<usize> = (0..6)
+            .map(|h| config(KeyHeadShare::Grouped).key_head(h))
+            .collect();
+        assert_eq!(grouped, [0, 0, 0, 1, 1, 1]);
+    }
+
+    /// Each fused value names where it must land (`100·part + index`), written per key head
+    /// as llama.cpp's views read it; two tokens, so a row stride error shows too.
+    #[test]
+    fn fused_ssm_in_and_ssm_ba_split_into_llama_cpp_layout() {
+        let c = config(KeyHeadShare::Grouped);
+        let (q, k, v, z) = (0.0, 100.0, 200.0, 300.0);
+        let mut fused = vec![];
+        for token in [0.0, 1000.0] {
+            for kh in 0..2 {
+                let at = |base: f32, i: usize| base + token + i as f32;
+                fused.extend((0..2).map(|i| at(q, kh * 2 + i)));
+                fused.extend((0..2).map(|i| at(k, kh * 2 + i)));
+                fused.extend((0..6).map(|i| at(v, kh * 6 + i)));
+                fused.extend((0..6).map(|i| at(z, kh * 6 + i)));
+            }
+        }
+        let (qkv, zs) = split_qkvz(&c, &fused);
+        let want_row = |token: f32, parts: &[(f32, usize)]| -> Vec<f32> {
+            parts
+                .iter()
+                .flat_map(|&(base, n)| (0..n).map(move |i| base + token + i as f32))
+                .collect()
+        };
+        let want_qkv = [0.0, 1000.0]
+            .map(|t| want_row(t, &[(q, 4), (k, 4), (v, 12)]))
+            .concat();
+        assert_eq!(qkv, want_qkv);
+        assert_eq!(zs, [0.0, 1000.0].map(|t| want_row(t, &[(z, 12)])).concat());
+
+        let (b, a) = (0.0, 100.0);
+        let mut ba = vec![];
+        for token in [0.0, 1000.0] {
+            for kh in 0..2 {
+                ba.extend((0..3).map(|j| b + token + (kh * 3 + j) as f32));
+                ba.extend((0..3).map(|j| a + token + (kh * 3 + j) as f32));
+            }
+        }
+        let (beta, alpha) = split_ba(&c, &ba);
+        assert_eq!(beta, [0.0, 1000.0].map(|t| want_row(t, &[(b, 6)])).concat());
+        assert_eq!(
+            alpha,
+            [0.0, 1000.0].map(|t| want_row(t, &[(a, 6)])).concat()
+        );
     }
 }

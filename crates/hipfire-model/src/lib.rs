@@ -77,7 +77,9 @@ pub mod tokenizer;
 
 pub use backend::{Backend, CpuBackend, ReferenceBackend, Weight};
 pub use chat_template::{ChatTemplate, Rendered, TemplateError, TemplateOrigin};
-pub use config::{Arch, DeltaNetConfig, FfnActivation, ModelConfig, MoeConfig, SlidingWindow};
+pub use config::{
+    Arch, DeltaNetConfig, FfnActivation, KeyHeadShare, ModelConfig, MoeConfig, SlidingWindow,
+};
 pub use error::ModelError;
 pub use model::{
     forward_batch, generate, kv_bytes_per_position, resolve_ctx_len, BatchItem, Decoder,

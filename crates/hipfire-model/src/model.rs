@@ -144,6 +144,53 @@ struct Loader<'a> {
     weights: Vec<Weight>,
 }
 
+impl Loader<'_> {
+    /// The 3-D tensor `name` of `n` stacked matrices of `P·m` rows of `k` (ggml dims
+    /// `{k, P·m, n}`), each cut into `P` row ranges of `m` rows: `ids[p][e]` is the `p`-th range
+    /// of matrix `e`, a [`Weight`] that points into the file's bytes (no copy), as ggml's row
+    /// views of the tensor do.
+    fn stacked<const P: usize>(
+        &mut self,
+        name: &str,
+        k: usize,
+        m: usize,
+        n: usize,
+    ) -> Result<[Vec<usize>; P], ModelError> {
+        let (t, _) = self.file.tensor(name)?;
+        // The config bounded m and n, so P·m cannot overflow.
+        let want = [k as u64, (P * m) as u64, n as u64];
+        if t.dims != want {
+            return Err(shape_err(t, &want));
+        }
+        let format = tensor_format(t, name)?;
+        // The reader bounded the tensor's bytes by the file, so these products fit.
+        let part = m * format.row_bytes(k)?;
+        if (P * part * n) as u64 != t.n_bytes {
+            return Err(shape_err(t, &want));
+        }
+        let mut ids: [Vec<usize>; P] = std::array::from_fn(|_| Vec::with_capacity(n));
+        for e in 0..n {
+            for (p, out) in ids.iter_mut().enumerate() {
+                let id = self.weights.len();
+                self.weights.push(Weight {
+                    id,
+                    name: match P {
+                        1 => format!("{name}[{e}]"),
+                        _ => format!("{name}[{e}] rows {}..{}", p * m, (p + 1) * m),
+                    },
+                    format,
+                    m,
+                    k,
+                    offset: t.start as usize + (e * P + p) * part,
+                    n_bytes: part,
+                });
+                out.push(id);
+            }
+        }
+        Ok(ids)
+    }
+}
+
 impl TensorSource<usize> for Loader<'_> {
     fn matrix(&mut self, name: &str, k: usize, m: usize) -> Result<usize, ModelError> {
         let (t, _) = self.file.tensor(name)?;
@@ -175,30 +222,19 @@ impl TensorSource<usize> for Loader<'_> {
         m: usize,
         n: usize,
     ) -> Result<Vec<usize>, ModelError> {
-        let (t, _) = self.file.tensor(name)?;
-        let want = [k as u64, m as u64, n as u64];
-        if t.dims != want {
-            return Err(shape_err(t, &want));
-        }
-        let format = tensor_format(t, name)?;
-        // The reader bounded the tensor's bytes by the file, so these products fit.
-        let slab = m * format.row_bytes(k)?;
-        if (slab * n) as u64 != t.n_bytes {
-            return Err(shape_err(t, &want));
-        }
-        let first = self.weights.len();
-        for e in 0..n {
-            self.weights.push(Weight {
-                id: first + e,
-                name: format!("{name}[{e}]"),
-                format,
-                m,
-                k,
-                offset: t.start as usize + e * slab,
-                n_bytes: slab,
-            });
-        }
-        Ok((first..first + n).collect())
+        let [ids] = self.stacked(name, k, m, n)?;
+        Ok(ids)
+    }
+
+    fn matrix_halves(
+        &mut self,
+        name: &str,
+        k: usize,
+        m: usize,
+        n: usize,
+    ) -> Result<(Vec<usize>, Vec<usize>), ModelError> {
+        let [first, second] = self.stacked(name, k, m, n)?;
+        Ok((first, second))
     }
 
     fn table(&self, name: &str, k: usize, m: usize) -> Result<Vec<f32>, ModelError> {
@@ -1319,7 +1355,7 @@ mod tests {
     /// Architecture × format cases of the multi-token bit-identity tests (here and in
     /// `batch`): every architecture's extras (biases, q/k norms) and block formats with
     /// different activation preparation.
-    pub(super) const ARCH_FORMATS: [(Arch, Format); 9] = [
+    pub(super) const ARCH_FORMATS: [(Arch, Format); 10] = [
         (Arch::Llama, Format::Q4_1),
         (Arch::Llama, Format::Q4K),
         (Arch::Qwen2, Format::Q8_0),
@@ -1329,6 +1365,7 @@ mod tests {
         (Arch::Qwen2Moe, Format::Q8_0),
         (Arch::Qwen35, Format::Q8_0),
         (Arch::Qwen35Moe, Format::F32),
+        (Arch::Qwen3Next, Format::Q8_0),
     ];
 
     /// A tiny synthetic model of `arch` in `fmt` (also used by `batch`'s tests). Each call
@@ -1579,7 +1616,11 @@ mod tests {
     /// the session are refused without changing anything.
     #[test]
     fn snapshot_restore_continues_bit_identically() {
-        for (arch, fmt) in [(Arch::Qwen35, Format::Q8_0), (Arch::Llama, Format::Q4K)] {
+        for (arch, fmt) in [
+            (Arch::Qwen35, Format::Q8_0),
+            (Arch::Qwen3Next, Format::Q8_0),
+            (Arch::Llama, Format::Q4K),
+        ] {
             let model = synth_model(arch, fmt, None);
             let prompt: Vec<u32> = (0..19u32).map(|i| (i * 37 + 11) % 500 + 2).collect();
             let turn: Vec<u32> = (0..7u32).map(|i| (i * 53 + 3) % 500 + 2).collect();

@@ -55,6 +55,17 @@ const SYNTH_GEMMA3_SWA_PATTERN: usize = 2;
 const TINY_EXPERTS: usize = 8;
 /// Experts a token uses in the tiny MoE presets.
 const TINY_EXPERTS_USED: usize = 2;
+/// The DeltaNet of the published Qwen hybrids, Qwen3.5-9B and Qwen3-Next-80B-A3B alike (their
+/// `config.json`: `linear_num_key_heads` 16, `linear_num_value_heads` 32, key and value heads
+/// of 128, `linear_conv_kernel_dim` 4, `full_attention_interval` 4).
+const PUBLISHED_DELTA_NET: SynthDeltaNet = SynthDeltaNet {
+    conv_kernel: 4,
+    n_k_heads: 16,
+    n_v_heads: 32,
+    head_dim: 128,
+    interval: 4,
+    fused_qkvz: false,
+};
 /// GGML type id of f32 (norms and biases stay f32, as in converted models).
 const GGML_F32: u32 = 0;
 
@@ -109,6 +120,9 @@ pub struct SynthDeltaNet {
     pub head_dim: usize,
     /// Every this many layers the last is attention.
     pub interval: usize,
+    /// Write q, k, v and z as one `ssm_in` per layer (qwen3next's older converter), not as
+    /// `attn_qkv` and `attn_gate`.
+    pub fused_qkvz: bool,
 }
 
 /// The routed FFN of a synthetic Mixture-of-Experts model.
@@ -122,6 +136,9 @@ pub struct SynthMoe {
     pub n_ff_exp: usize,
     /// The shared expert's hidden width (Qwen2-MoE), `None` for none.
     pub n_ff_shared: Option<usize>,
+    /// Write each layer's expert gate and up matrices as one `ffn_gate_up_exps` (per expert its
+    /// gate rows, then its up rows), as llama.cpp's converter does with `fuse_gate_up_exps`.
+    pub fused_gate_up: bool,
 }
 
 /// How a tensor of a synthetic file is stored.
@@ -181,6 +198,7 @@ impl SynthSpec {
                 n_expert_used: 8,
                 n_ff_exp: 768,
                 n_ff_shared: None,
+                fused_gate_up: false,
             }),
             delta_net: None,
             rope_dim: None,
@@ -206,13 +224,40 @@ impl SynthSpec {
             tied_embeddings: false,
             rope_scaling: RopeScaling::none(262_144),
             moe: None,
-            delta_net: Some(SynthDeltaNet {
-                conv_kernel: 4,
-                n_k_heads: 16,
-                n_v_heads: 32,
-                head_dim: 128,
-                interval: 4,
+            delta_net: Some(PUBLISHED_DELTA_NET),
+            rope_dim: Some(64),
+        }
+    }
+
+    /// Qwen3-Next-80B-A3B's shapes (Qwen's `config.json`: 48 layers of which every 4th
+    /// (`full_attention_interval`) is gated attention, `hidden_size` 2048, 16/2 heads of
+    /// `head_dim` 256 rotating a quarter (`partial_rotary_factor` 0.25: 64 dims), `rope_theta`
+    /// 1e7, DeltaNet 16 key heads and 32 value heads of 128 with a 4-tap conv, 512 experts of
+    /// `moe_intermediate_size` 512 with 10 a token, a shared expert of 512, `intermediate_size`
+    /// 5120, vocab 151936, context 262144).
+    pub fn qwen3_next_80b_a3b() -> SynthSpec {
+        SynthSpec {
+            name: "qwen3-next-80b-a3b".into(),
+            arch: Arch::Qwen3Next,
+            n_layer: 48,
+            d_model: 2048,
+            n_ff: 5120,
+            n_head: 16,
+            n_head_kv: 2,
+            head_dim: 256,
+            vocab: 151_936,
+            ctx_len: 262_144,
+            rope_theta: 10_000_000.0,
+            tied_embeddings: false,
+            rope_scaling: RopeScaling::none(262_144),
+            moe: Some(SynthMoe {
+                n_expert: 512,
+                n_expert_used: 10,
+                n_ff_exp: 512,
+                n_ff_shared: Some(512),
+                fused_gate_up: false,
             }),
+            delta_net: Some(PUBLISHED_DELTA_NET),
             rope_dim: Some(64),
         }
     }
@@ -308,7 +353,9 @@ impl SynthSpec {
                 n_expert: TINY_EXPERTS,
                 n_expert_used: TINY_EXPERTS_USED,
                 n_ff_exp: 256,
-                n_ff_shared: matches!(arch, Arch::Qwen2Moe | Arch::Qwen35Moe).then_some(512),
+                n_ff_shared: matches!(arch, Arch::Qwen2Moe | Arch::Qwen35Moe | Arch::Qwen3Next)
+                    .then_some(512),
+                fused_gate_up: false,
             }),
             // Three DeltaNet layers and one attention layer: Qwen3.5's 3:1 pattern once.
             n_layer: if arch.hybrid() { 4 } else { 2 },
@@ -318,6 +365,7 @@ impl SynthSpec {
                 n_v_heads: 4,
                 head_dim: 64,
                 interval: 4,
+                fused_qkvz: false,
             }),
             // Qwen3.5 rotates a quarter of each head.
             rope_dim: arch.hybrid().then_some(16),
@@ -334,15 +382,34 @@ impl SynthSpec {
                 n_expert_used: TINY_EXPERTS_USED,
                 n_ff_exp: 256,
                 n_ff_shared: None,
+                fused_gate_up: false,
             }),
             ..SynthSpec::tiny(Arch::Llama)
         }
     }
 
+    /// `spec` with its experts' gate and up matrices written as one `ffn_gate_up_exps`.
+    pub fn with_fused_gate_up(mut self) -> SynthSpec {
+        if let Some(m) = &mut self.moe {
+            m.fused_gate_up = true;
+        }
+        self.name.push_str("-gate-up");
+        self
+    }
+
+    /// `spec` with its DeltaNet's q, k, v and z written as one `ssm_in` (qwen3next only).
+    pub fn with_ssm_in(mut self) -> SynthSpec {
+        if let Some(dn) = &mut self.delta_net {
+            dn.fused_qkvz = true;
+        }
+        self.name.push_str("-ssm-in");
+        self
+    }
+
     /// Preset by name: `llama3-8b`, `qwen-9b`, `qwen3-30b-a3b`, `qwen3.5-9b`, `qwen3.5-35b-a3b`,
-    /// `qwen3.5-0.8b`, `tiny-llama`, `tiny-qwen2`,
-    /// `tiny-qwen3`, `tiny-gemma3`, `tiny-qwen2moe`, `tiny-qwen3moe`, `tiny-mixtral`,
-    /// `tiny-qwen35`, `tiny-qwen35moe`.
+    /// `qwen3.5-0.8b`, `qwen3-next-80b-a3b`, `tiny-llama`, `tiny-qwen2`, `tiny-qwen3`,
+    /// `tiny-gemma3`, `tiny-qwen2moe`, `tiny-qwen3moe`, `tiny-mixtral`, `tiny-qwen35`,
+    /// `tiny-qwen35moe`, `tiny-qwen35moe-gate-up`, `tiny-qwen3next`, `tiny-qwen3next-ssm-in`.
     pub fn preset(name: &str) -> Option<SynthSpec> {
         Some(match name {
             "llama3-8b" => SynthSpec::llama3_8b(),
@@ -360,6 +427,10 @@ impl SynthSpec {
             "tiny-mixtral" => SynthSpec::tiny_mixtral(),
             "tiny-qwen35" => SynthSpec::tiny(Arch::Qwen35),
             "tiny-qwen35moe" => SynthSpec::tiny(Arch::Qwen35Moe),
+            "tiny-qwen35moe-gate-up" => SynthSpec::tiny(Arch::Qwen35Moe).with_fused_gate_up(),
+            "qwen3-next-80b-a3b" => SynthSpec::qwen3_next_80b_a3b(),
+            "tiny-qwen3next" => SynthSpec::tiny(Arch::Qwen3Next),
+            "tiny-qwen3next-ssm-in" => SynthSpec::tiny(Arch::Qwen3Next).with_ssm_in(),
             _ => return None,
         })
     }
@@ -392,10 +463,19 @@ impl SynthSpec {
                     dn.n_v_heads as u64,
                 );
                 let cd = 2 * kd + vd;
-                t.push((n("attn_qkv.weight"), vec![d, cd], Kind::Quantised));
-                t.push((n("attn_gate.weight"), vec![d, vd], Kind::Quantised));
-                t.push((n("ssm_beta.weight"), vec![d, hv], Kind::Quantised));
-                t.push((n("ssm_alpha.weight"), vec![d, hv], Kind::Quantised));
+                if dn.fused_qkvz {
+                    t.push((n("ssm_in.weight"), vec![d, cd + vd], Kind::Quantised));
+                } else {
+                    t.push((n("attn_qkv.weight"), vec![d, cd], Kind::Quantised));
+                    t.push((n("attn_gate.weight"), vec![d, vd], Kind::Quantised));
+                }
+                // qwen3next keeps β and α in one tensor, grouped by key head.
+                if self.arch == Arch::Qwen3Next {
+                    t.push((n("ssm_ba.weight"), vec![d, 2 * hv], Kind::Quantised));
+                } else {
+                    t.push((n("ssm_beta.weight"), vec![d, hv], Kind::Quantised));
+                    t.push((n("ssm_alpha.weight"), vec![d, hv], Kind::Quantised));
+                }
                 t.push((
                     n("ssm_conv1d.weight"),
                     vec![dn.conv_kernel as u64, cd],
@@ -440,8 +520,17 @@ impl SynthSpec {
                 Some(m) => {
                     let (e, fe) = (m.n_expert as u64, m.n_ff_exp as u64);
                     t.push((n("ffn_gate_inp.weight"), vec![d, e], Kind::F32Matrix));
-                    t.push((n("ffn_gate_exps.weight"), vec![d, fe, e], Kind::Quantised));
-                    t.push((n("ffn_up_exps.weight"), vec![d, fe, e], Kind::Quantised));
+                    if m.fused_gate_up {
+                        let rows = 2 * fe;
+                        t.push((
+                            n("ffn_gate_up_exps.weight"),
+                            vec![d, rows, e],
+                            Kind::Quantised,
+                        ));
+                    } else {
+                        t.push((n("ffn_gate_exps.weight"), vec![d, fe, e], Kind::Quantised));
+                        t.push((n("ffn_up_exps.weight"), vec![d, fe, e], Kind::Quantised));
+                    }
                     t.push((n("ffn_down_exps.weight"), vec![fe, d, e], Kind::Quantised));
                     if let Some(sf) = m.n_ff_shared {
                         let sf = sf as u64;
@@ -529,11 +618,14 @@ impl SynthSpec {
                 (format!("{a}.ssm.time_step_rank"), u(dn.n_v_heads)),
                 (format!("{a}.ssm.inner_size"), u(dn.n_v_heads * dn.head_dim)),
                 (format!("{a}.full_attention_interval"), u(dn.interval)),
-                (
+            ]);
+            // qwen3next's RoPE is plain NEOX: its files have no sections.
+            if self.arch != Arch::Qwen3Next {
+                m.push((
                     format!("{a}.rope.dimension_sections"),
                     MetaValue::Array(MetaValueType::I32, sections),
-                ),
-            ]);
+                ));
+            }
         }
         if let Some(e) = &self.moe {
             m.extend([

@@ -291,3 +291,34 @@ fn gpu_rope_scaling_matches_cpu() {
     }
     assert!(failures.is_empty(), "over the bound: {failures:?}");
 }
+
+/// What only the CPU engine runs — qwen3next's hybrid layers, the fused `ffn_gate_up_exps` of a
+/// qwen35moe — the GPU decoder refuses by the architecture's name, pointing at `--device cpu`,
+/// before it touches a device (so this runs without a GPU).
+#[test]
+fn gpu_decoder_refuses_cpu_only_architectures_by_name() {
+    for spec in [
+        SynthSpec::tiny(Arch::Qwen3Next),
+        SynthSpec::tiny(Arch::Qwen3Next).with_ssm_in(),
+        SynthSpec::tiny(Arch::Qwen35Moe).with_fused_gate_up(),
+    ] {
+        let path = tmp(&format!("{}-refused.gguf", spec.name));
+        let (model, pool) = gpu_harness::load_synth(&path, &spec, Format::Q8_0, 7);
+        let opts = gpu_options(
+            None,
+            OffloadMode::Pcie,
+            FlagsTuning::default(),
+            hipfire_model::gpu::DEFAULT_UBATCH,
+        );
+        match GpuDecoder::new(&model, pool, &opts) {
+            Err(hipfire_model::ModelError::Unsupported(m)) => assert!(
+                m.contains(spec.arch.name()) && m.contains("--device cpu"),
+                "{}: {m}",
+                spec.name
+            ),
+            Err(e) => panic!("{}: wrong error {e}", spec.name),
+            Ok(_) => panic!("{}: the GPU decoder accepted it", spec.name),
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+}

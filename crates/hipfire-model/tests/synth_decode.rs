@@ -95,20 +95,28 @@ fn moe_ffn(
         // Qwen2-MoE keeps the softmax weights as they are (`norm_topk_prob = false`).
         false => 1.0,
     };
-    let (gate, up, down) = (
-        g("ffn_gate_exps.weight").unwrap(),
-        g("ffn_up_exps.weight").unwrap(),
-        g("ffn_down_exps.weight").unwrap(),
-    );
+    let ff = moe.n_ff_exp;
+    // Expert `i`'s gate and up: its slabs of the two tensors, or of the fused one its first
+    // `ff` rows and its last `ff` (llama.cpp `build_moe_ffn`'s views of `ffn_gate_up_exps`).
+    let gate_up = |i: usize| -> (Mat, Mat) {
+        match moe.fused_gate_up {
+            false => (
+                expert(&g("ffn_gate_exps.weight").unwrap(), i, ff),
+                expert(&g("ffn_up_exps.weight").unwrap(), i, ff),
+            ),
+            true => {
+                let (both, k) = expert(&g("ffn_gate_up_exps.weight").unwrap(), i, 2 * ff);
+                let (gate, up) = both.split_at(ff * k);
+                ((gate.to_vec(), k), (up.to_vec(), k))
+            }
+        }
+    };
+    let down = g("ffn_down_exps.weight").unwrap();
     let d = x.len();
     let mut out = vec![0f64; d];
     for &i in top {
-        let y = swiglu_ffn(
-            &expert(&gate, i, moe.n_ff_exp),
-            &expert(&up, i, moe.n_ff_exp),
-            &expert(&down, i, d),
-            x,
-        );
+        let (gate, up) = gate_up(i);
+        let y = swiglu_ffn(&gate, &up, &expert(&down, i, d), x);
         out.iter_mut()
             .zip(&y)
             .for_each(|(o, v)| *o += p[i] / norm * v);
@@ -157,11 +165,17 @@ struct DeltaNetRef {
 }
 
 /// A Gated DeltaNet layer over one token, from the definition (HF `Qwen3NextGatedDeltaNet`
-/// with llama.cpp's tensor layout: `ssm_a` = −exp(A_log), value head `h` reads key head
-/// `h mod n_k`): causal conv + SiLU, L2-normalised q and k, β = σ(b), g = softplus(a + dt)·A,
-/// `S ← e^g S`, `S ← S + k (β (v − Sᵀ k))ᵀ`, `o = Sᵀ q / √d`, gated RMSNorm, output projection.
+/// with llama.cpp's tensor layout: `ssm_a` = −exp(A_log); value head `h` reads key head
+/// `h mod n_k` for qwen35 (its converter tiles the value heads), `h / (n_v / n_k)` for
+/// qwen3next (HF's grouped order)): causal conv + SiLU, L2-normalised q and k, β = σ(b),
+/// g = softplus(a + dt)·A, `S ← e^g S`, `S ← S + k (β (v − Sᵀ k))ᵀ`, `o = Sᵀ q / √d`, gated
+/// RMSNorm, output projection. qwen3next's fused projections are taken apart as llama.cpp's
+/// `build_qkvz` and `build_layer_attn_linear` view them: `ssm_in` per key head `[q, k, v of
+/// its value heads, z of its value heads]`, `ssm_ba` per key head `[b of its value heads,
+/// a of its value heads]`.
 fn delta_net_layer(
     g: &dyn Fn(&str) -> Option<Mat>,
+    s: &SynthSpec,
     dn: &hipfire_model::SynthDeltaNet,
     st: &mut DeltaNetRef,
     x: &[f64],
@@ -170,10 +184,42 @@ fn delta_net_layer(
     let (hd, nk, nv) = (dn.head_dim, dn.n_k_heads, dn.n_v_heads);
     let (kd, vd) = (nk * hd, nv * hd);
     let cd = 2 * kd + vd;
-    let qkv = matvec(&g("attn_qkv.weight").unwrap(), x);
-    let z = matvec(&g("attn_gate.weight").unwrap(), x);
-    let b = matvec(&g("ssm_beta.weight").unwrap(), x);
-    let a = matvec(&g("ssm_alpha.weight").unwrap(), x);
+    let next = s.arch == Arch::Qwen3Next;
+    let per_k = nv / nk;
+    let (qkv, z) = match dn.fused_qkvz {
+        false => (
+            matvec(&g("attn_qkv.weight").unwrap(), x),
+            matvec(&g("attn_gate.weight").unwrap(), x),
+        ),
+        true => {
+            let fused = matvec(&g("ssm_in.weight").unwrap(), x);
+            let (mut q, mut k, mut v, mut z) = (vec![], vec![], vec![], vec![]);
+            for head in fused.chunks_exact(2 * hd + 2 * per_k * hd) {
+                q.extend_from_slice(&head[..hd]);
+                k.extend_from_slice(&head[hd..2 * hd]);
+                v.extend_from_slice(&head[2 * hd..2 * hd + per_k * hd]);
+                z.extend_from_slice(&head[2 * hd + per_k * hd..]);
+            }
+            ([q, k, v].concat(), z)
+        }
+    };
+    let (b, a) = match next {
+        false => (
+            matvec(&g("ssm_beta.weight").unwrap(), x),
+            matvec(&g("ssm_alpha.weight").unwrap(), x),
+        ),
+        true => {
+            let ba = matvec(&g("ssm_ba.weight").unwrap(), x);
+            let mut b = vec![0f64; nv];
+            let mut a = vec![0f64; nv];
+            for h in 0..nv {
+                let (kh, j) = (h / per_k, h % per_k);
+                b[h] = ba[kh * 2 * per_k + j];
+                a[h] = ba[kh * 2 * per_k + per_k + j];
+            }
+            (b, a)
+        }
+    };
     let taps = g("ssm_conv1d.weight").unwrap().0;
     let (dt, aa) = (g("ssm_dt.bias").unwrap().0, g("ssm_a").unwrap().0);
     let norm_w = g("ssm_norm.weight").unwrap().0;
@@ -198,7 +244,7 @@ fn delta_net_layer(
     };
     let mut o = vec![0f64; vd];
     for h in 0..nv {
-        let kh = h % nk;
+        let kh = if next { h / per_k } else { h % nk };
         let q: Vec<f64> = l2(&conv[kh * hd..(kh + 1) * hd])
             .iter()
             .map(|v| v / (hd as f64).sqrt())
@@ -258,7 +304,7 @@ fn reference_logits(f: &GgufFile, s: &SynthSpec, tokens: &[u32]) -> Vec<f64> {
             let g = |n: &str| tensor(f, &format!("blk.{l}.{n}"));
             let xn = rms(&x, &g("attn_norm.weight").unwrap().0, eps);
             if let Some(dn) = s.delta_net.as_ref().filter(|dn| (l + 1) % dn.interval != 0) {
-                let o = delta_net_layer(&g, dn, &mut dn_state[l], &xn, eps);
+                let o = delta_net_layer(&g, s, dn, &mut dn_state[l], &xn, eps);
                 x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
                 ffn_residual(&g, s, "post_attention_norm.weight", &mut x, eps);
                 continue;
@@ -396,7 +442,7 @@ fn check_spec(spec: &SynthSpec, fmt: Format, rel_bound: f64) {
         .fold(0f64, |a, (g, w)| a.max((f64::from(*g) - w).abs()));
     eprintln!(
         "{} {}: max |logit err| {err:.3e} of max |logit| {scale:.3e}",
-        arch.name(),
+        spec.name,
         fmt.name()
     );
     assert!(scale > 1e-3, "degenerate logits");
@@ -439,6 +485,36 @@ fn hybrid_matches_f64_reference() {
     check(Arch::Qwen35Moe, Format::F32, 1e-4);
     check(Arch::Qwen35, Format::Q8_0, 5e-2);
     check(Arch::Qwen35Moe, Format::Q4K, 5e-2);
+}
+// Qwen3-Next (the same layers in qwen3next's forms: fused `ssm_ba`, value heads sharing the
+// key head of their group; older files' fused `ssm_in`) and fused `ffn_gate_up_exps` (the
+// experts' gate and up as row halves of one tensor), f32 and quantised, as the hybrids above.
+#[test]
+fn qwen3next_and_fused_gate_up_match_f64_reference() {
+    check(Arch::Qwen3Next, Format::F32, 1e-4);
+    check_spec(
+        &SynthSpec::tiny(Arch::Qwen3Next).with_ssm_in(),
+        Format::F32,
+        1e-4,
+    );
+    check_spec(
+        &SynthSpec::tiny(Arch::Qwen3Next).with_fused_gate_up(),
+        Format::F32,
+        1e-4,
+    );
+    check_spec(
+        &SynthSpec::tiny(Arch::Qwen35Moe).with_fused_gate_up(),
+        Format::F32,
+        1e-4,
+    );
+    check(Arch::Qwen3Next, Format::Q8_0, 5e-2);
+    check_spec(
+        &SynthSpec::tiny(Arch::Qwen3Next)
+            .with_ssm_in()
+            .with_fused_gate_up(),
+        Format::Q4K,
+        5e-2,
+    );
 }
 // Quantised experts: as the dense quantised cases below.
 #[test]
@@ -525,6 +601,16 @@ fn presets_have_the_published_sizes() {
     assert!((34_000_000_000..36_000_000_000).contains(&a), "{a}");
     let s = SynthSpec::qwen35_0_8b().n_params();
     assert!((700_000_000..900_000_000).contains(&s), "{s}");
+    // Qwen3-Next-80B-A3B: "80B in total", 79B without the embeddings (Qwen model card); the
+    // preset has no multi-token-prediction block.
+    let n = SynthSpec::qwen3_next_80b_a3b();
+    let embeddings = 2 * (n.vocab * n.d_model) as u64;
+    let p = n.n_params();
+    assert!((79_000_000_000..80_500_000_000).contains(&p), "{p}");
+    assert!(
+        (78_500_000_000..80_000_000_000).contains(&(p - embeddings)),
+        "{p}"
+    );
 }
 
 /// An edit of a model's metadata and tensor list.
@@ -570,7 +656,9 @@ fn rewrite(f: &GgufFile, name: &str, edit: Edit<'_>) -> Result<Model, hipfire_mo
 /// `f` with a copy of tensor `from` added as `to` (a form hipfire does not read) is refused as
 /// unsupported, naming `to`.
 fn refuses_added_copy(f: &GgufFile, from: &str, to: &str) {
-    let err = rewrite(f, "added-copy.gguf", &|_, s| {
+    // A name of its own: the tests calling this run in parallel.
+    let file = format!("added-{}.gguf", to.replace('.', "-"));
+    let err = rewrite(f, &file, &|_, s| {
         let mut t = s.iter().find(|t| t.name == from).unwrap().clone();
         t.name = to.into();
         s.push(t);
@@ -655,8 +743,9 @@ fn load_rejects_wrong_models_with_typed_errors() {
 
 /// Every expert key is bounded before it sizes anything, and a malformed MoE file is refused
 /// naming the key or tensor: counts out of range, a count that disagrees with the router, a
-/// missing expert tensor, an expert tensor of the wrong shape, the fused gate+up form, and
-/// experts declared by a dense-only architecture.
+/// missing expert tensor, an expert tensor of the wrong shape, the fused gate+up form (which
+/// llama.cpp's qwen3moe loader does not take), and experts declared by a dense-only
+/// architecture.
 #[test]
 fn moe_files_with_bad_expert_metadata_are_refused_by_name() {
     use hipfire_model::gguf::{GgufError, MetaValue};
@@ -746,7 +835,7 @@ fn moe_files_with_bad_expert_metadata_are_refused_by_name() {
 }
 
 /// A hybrid's `ssm.*` keys are bounded before they size a state and refused by name when they
-/// disagree; the fused `ssm_ba` form (qwen3next) and a missing DeltaNet tensor are refused.
+/// disagree; qwen3next's fused `ssm_ba` in a qwen35 file and a missing DeltaNet tensor are refused.
 #[test]
 fn hybrid_files_with_bad_ssm_metadata_are_refused_by_name() {
     use hipfire_model::gguf::{GgufError, MetaValue};
@@ -800,4 +889,125 @@ fn hybrid_files_with_bad_ssm_metadata_are_refused_by_name() {
     assert_eq!(m.config().n_attention_layers(), 1);
     m.session().step(5).unwrap();
     std::fs::remove_file(&good).unwrap();
+}
+
+/// qwen3next's fused tensors are shape-checked against the `ssm.*` and expert keys and refused
+/// by name when wrong: an `ssm_ba` or `ssm_in` of the wrong width, a fused
+/// `ffn_gate_up_exps` whose rows are not twice the expert width, tensors of the other form
+/// beside them (which llama.cpp would leave unread), neither projection form; and
+/// `attention.recurrent_layers` is bounded by the block count and, when valid, decides which
+/// layers are DeltaNet layers.
+#[test]
+fn qwen3next_files_with_bad_fused_tensors_are_refused_by_name() {
+    use hipfire_model::gguf::{GgufError, MetaValue, MetaValueType, TensorSpec};
+    use hipfire_model::ModelError;
+    let write = |name: &str, spec: &SynthSpec| {
+        let p = tmp(name);
+        write_synthetic(&p, spec, Format::Q8_0, 3, None).unwrap();
+        let f = GgufFile::open(&p).unwrap();
+        std::fs::remove_file(&p).unwrap();
+        f
+    };
+    let next = write("next-good.gguf", &SynthSpec::tiny(Arch::Qwen3Next));
+    let legacy = write(
+        "next-legacy.gguf",
+        &SynthSpec::tiny(Arch::Qwen3Next)
+            .with_ssm_in()
+            .with_fused_gate_up(),
+    );
+    let widen = |tensor: &'static str, axis: usize, by: u64| {
+        move |_: &mut Vec<(String, MetaValue)>, s: &mut Vec<TensorSpec>| {
+            s.iter_mut().find(|t| t.name == tensor).unwrap().dims[axis] += by;
+        }
+    };
+    let shape_of = |r: Result<Model, ModelError>| match r {
+        Err(ModelError::Shape { name, .. }) => name.to_string(),
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("accepted"),
+    };
+    // β/α for 4 value heads are 8 rows; q, k, v, z of 2 key heads and 4 value heads of 64 are
+    // 768 rows; each expert's gate and up 2 × 256 rows.
+    for (f, tensor, axis, by) in [
+        (&next, "blk.0.ssm_ba.weight", 1, 2),
+        (&legacy, "blk.1.ssm_in.weight", 1, 64),
+        (&legacy, "blk.2.ffn_gate_up_exps.weight", 1, 256),
+        (&legacy, "blk.0.ffn_gate_up_exps.weight", 2, 1),
+    ] {
+        let got = shape_of(rewrite(f, "next-shape.gguf", &widen(tensor, axis, by)));
+        assert!(got.contains(tensor), "{tensor}: {got}");
+    }
+    // The other form's tensors beside the fused ones.
+    refuses_added_copy(&next, "blk.0.ssm_ba.weight", "blk.0.ssm_beta.weight");
+    refuses_added_copy(&legacy, "blk.0.ssm_out.weight", "blk.0.attn_gate.weight");
+    let err = rewrite(&legacy, "next-both-gate-up.gguf", &|_, s| {
+        let mut t = s
+            .iter()
+            .find(|t| t.name == "blk.3.ffn_down_exps.weight")
+            .unwrap()
+            .clone();
+        t.name = "blk.3.ffn_up_exps.weight".into();
+        t.dims = vec![256, 256, 8];
+        s.push(t);
+    })
+    .unwrap_err();
+    assert!(
+        matches!(&err, ModelError::Unsupported(m) if m.contains("ffn_up_exps")),
+        "{err}"
+    );
+    // Neither `attn_qkv` nor `ssm_in`: the current form is named as missing.
+    let err = rewrite(&legacy, "next-no-qkv.gguf", &|_, s| {
+        s.retain(|t| t.name != "blk.1.ssm_in.weight")
+    })
+    .unwrap_err();
+    assert!(
+        matches!(&err, ModelError::Gguf(GgufError::MissingTensor(n)) if n.to_string().contains("blk.1.attn_qkv")),
+        "{err}"
+    );
+    // attention.recurrent_layers: one bool per block, else refused by key.
+    const KEY: &str = "qwen3next.attention.recurrent_layers";
+    let flags = |v: &[bool]| {
+        MetaValue::Array(
+            MetaValueType::Bool,
+            v.iter().map(|&b| MetaValue::Bool(b)).collect(),
+        )
+    };
+    let set = |v: MetaValue| {
+        move |m: &mut Vec<(String, MetaValue)>, _: &mut Vec<TensorSpec>| {
+            m.push((KEY.to_owned(), v.clone()))
+        }
+    };
+    for v in [
+        flags(&[true, true, true]),
+        MetaValue::Array(MetaValueType::U32, vec![MetaValue::U32(1); 4]),
+        MetaValue::Bool(true),
+    ] {
+        match rewrite(&next, "next-recurrent.gguf", &set(v.clone())) {
+            Err(ModelError::BadMetadata { key, .. }) => assert_eq!(key, KEY, "{v:?}"),
+            Err(e) => panic!("{v:?}: wrong error {e}"),
+            Ok(_) => panic!("{v:?}: accepted"),
+        }
+    }
+    // The flags are read: the file's own layout loads, another one misses layer 1's attention.
+    let same = rewrite(
+        &next,
+        "next-recurrent-same.gguf",
+        &set(flags(&[true, true, true, false])),
+    )
+    .unwrap();
+    assert_eq!(same.config().n_attention_layers(), 1);
+    let err = rewrite(
+        &next,
+        "next-recurrent-moved.gguf",
+        &set(flags(&[true, false, true, false])),
+    )
+    .unwrap_err();
+    // Layer 1 is read as attention, and its DeltaNet tensors lack the q/k norms it needs.
+    let msg = err.to_string();
+    assert!(msg.contains("layer 1 lacks q/k norms"), "{msg}");
+    // Sanity: both unedited files load and decode a token.
+    for f in [&next, &legacy] {
+        let m = rewrite(f, "next-same.gguf", &|_, _| {}).unwrap();
+        assert_eq!(m.config().arch, Arch::Qwen3Next);
+        m.session().step(5).unwrap();
+    }
 }

@@ -559,6 +559,13 @@ fn second_turns_reuse_the_prefix_and_match_cold_hybrid() {
     second_turns_match_cold(Arch::Qwen35);
 }
 
+/// The same through Qwen3-Next's layers (fused tensors, grouped value heads, routed experts):
+/// the slot's snapshots hold its state as they do Qwen3.5's.
+#[test]
+fn second_turns_reuse_the_prefix_and_match_cold_qwen3next() {
+    second_turns_match_cold(Arch::Qwen3Next);
+}
+
 /// Three conversations, then their next turns together (a second turn, a prompt diverging in
 /// the middle, a strict prefix): each goes to the slot holding its conversation, and the
 /// batch's logits equal those of the same requests served together cold.

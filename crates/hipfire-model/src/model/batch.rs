@@ -16,7 +16,7 @@
 //! produces exactly the logits it would produce alone.
 
 use super::{Model, Session};
-use crate::block::{self, Act, Attention, BlockOps, DeltaNet, MoeTensors};
+use crate::block::{self, Act, Attention, BlockOps, DeltaNet, MoeTensors, Pair};
 use crate::config::FfnActivation;
 use crate::delta_net;
 use crate::moe::{self, ExpertRows, Routes};
@@ -487,23 +487,31 @@ impl<'a> BlockOps for CpuStep<'a, '_, '_, '_> {
             .as_ref()
             .ok_or_else(|| no_delta_net(li))?;
         let n = self.rows.len();
-        let (cd, vd, hv) = (dn.conv_dim(), dn.value_dim(), dn.n_v_heads);
-        let (mut qkv, mut z) = (vec![0f32; n * cd], vec![0f32; n * vd]);
-        let (mut beta, mut alpha) = (vec![0f32; n * hv], vec![0f32; n * hv]);
+        let vd = dn.value_dim();
+        // The file's two to four input projections in one dispatch; a fused one is then
+        // split into llama.cpp's layout.
+        let ws: Vec<usize> = t.qkvz.weights().into_iter().chain(t.ba.weights()).collect();
+        let mut outs: Vec<Vec<f32>> = ws.iter().map(|&w| vec![0f32; n * m.weights[w].m]).collect();
         let xn = self.take(Act::Xn);
         let done = self.timed(
             |s| &mut s.project,
             |s| {
-                s.m.project(
-                    &[t.qkv, t.gate, t.beta, t.alpha],
-                    &xn,
-                    &mut [&mut qkv, &mut z, &mut beta, &mut alpha],
-                    n,
-                )
+                let mut ys: Vec<&mut [f32]> = outs.iter_mut().map(|v| &mut v[..]).collect();
+                s.m.project(&ws, &xn, &mut ys, n)
             },
         );
         self.put(Act::Xn, xn);
         done?;
+        let mut outs = outs.into_iter();
+        let mut next = || outs.next().unwrap_or_default();
+        let (mut qkv, z) = match t.qkvz {
+            Pair::Split(..) => (next(), next()),
+            Pair::Fused(_) => delta_net::split_qkvz(dn, &next()),
+        };
+        let (mut beta, mut alpha) = match t.ba {
+            Pair::Split(..) => (next(), next()),
+            Pair::Fused(_) => delta_net::split_ba(dn, &next()),
+        };
         let p = delta_net::Params {
             conv: t.conv,
             dt_bias: t.dt_bias,

@@ -100,3 +100,20 @@ pub fn top1_agreement(rows: &[Vec<f32>], want: &Value) -> f64 {
         .count() as f64
         / rows.len() as f64
 }
+
+/// As [`top1_agreement`], counting also the rows where `want[i]` is within `tol` × the row's
+/// range of the row's largest logit: a near-tie that rounding within the tolerance the values
+/// are checked to may flip either way.
+pub fn top1_agreement_within(rows: &[Vec<f32>], want: &Value, tol: f64) -> f64 {
+    let want = ids(want);
+    rows.iter()
+        .zip(&want)
+        .filter(|(row, &w)| {
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let min = row.iter().copied().fold(f32::INFINITY, f32::min);
+            let behind = f64::from(max - row[w as usize]);
+            behind <= tol * f64::from(max - min)
+        })
+        .count() as f64
+        / rows.len() as f64
+}
