@@ -667,6 +667,14 @@ pub enum SynthArch {
     /// A tiny Qwen3.5-MoE hybrid (the same layers, 8 experts and a shared expert).
     #[value(name = "tiny-qwen35moe")]
     TinyQwen35Moe,
+    /// GLM-4.5-Air shapes (46 layers + 1 NextN, d 4096, GQA 96/8, 128 experts of 1408, 8 a
+    /// token, sigmoid routing, a shared expert, layer 0 dense).
+    #[value(name = "glm-4.5-air")]
+    Glm45Air,
+    /// A tiny GLM-4.5 (1 dense + 2 routed layers + 1 NextN; 8 experts, 2 a token, sigmoid
+    /// routing with a selection bias, a shared expert).
+    #[value(name = "tiny-glm4moe")]
+    TinyGlm4Moe,
 }
 
 impl SynthArch {
@@ -687,6 +695,8 @@ impl SynthArch {
             SynthArch::TinyMixtral => "tiny-mixtral",
             SynthArch::TinyQwen35 => "tiny-qwen35",
             SynthArch::TinyQwen35Moe => "tiny-qwen35moe",
+            SynthArch::Glm45Air => "glm-4.5-air",
+            SynthArch::TinyGlm4Moe => "tiny-glm4moe",
         }
     }
 }

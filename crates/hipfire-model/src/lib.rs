@@ -77,7 +77,9 @@ pub mod tokenizer;
 
 pub use backend::{Backend, CpuBackend, ReferenceBackend, Weight};
 pub use chat_template::{ChatTemplate, Rendered, TemplateError, TemplateOrigin};
-pub use config::{Arch, DeltaNetConfig, FfnActivation, ModelConfig, MoeConfig, SlidingWindow};
+pub use config::{
+    Arch, DeltaNetConfig, FfnActivation, Gating, ModelConfig, MoeConfig, SlidingWindow,
+};
 pub use error::ModelError;
 pub use model::{
     forward_batch, generate, kv_bytes_per_position, resolve_ctx_len, BatchItem, Decoder,
@@ -86,7 +88,7 @@ pub use model::{
 pub use rope::{Rope, RopeScaling, RopeScalingKind};
 pub use sampling::{Sampler, SamplingParams};
 pub use synth::{
-    write_synthetic, write_synthetic_to, Overwrite, SynthDeltaNet, SynthMoe, SynthReport,
+    write_synthetic, write_synthetic_to, Overwrite, SynthDeltaNet, SynthGlm, SynthMoe, SynthReport,
     SynthSpec, SYNTH_DESCRIPTION,
 };
 pub use tokenizer::{ChatMessage, StreamDecoder, Tokenizer};
