@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Record llama.cpp logits of random-weight Mixture-of-Experts files (qwen3moe, qwen2moe with
-its gated shared expert, Mixtral-style llama with experts) and Qwen3.5 hybrids (qwen35,
-qwen35moe: Gated DeltaNet + gated attention) into a small JSON fixture, for hipfire-model's
+its gated shared expert, Mixtral-style llama with experts, glm4moe with sigmoid routing, a
+selection bias, a dense first layer and a NextN block) and Qwen3.5 hybrids (qwen35, qwen35moe:
+Gated DeltaNet + gated attention) into a small JSON fixture, for hipfire-model's
 `moe_hybrid_llamacpp` test.
 
 Usage:
@@ -36,6 +37,8 @@ CASES = [
     ("qwen35-f32", "tiny-qwen35", "f32"),
     ("qwen35moe-f32", "tiny-qwen35moe", "f32"),
     ("qwen35-q8_0", "tiny-qwen35", "q8_0"),
+    ("glm4moe-f32", "tiny-glm4moe", "f32"),
+    ("glm4moe-q8_0", "tiny-glm4moe", "q8_0"),
 ]
 
 

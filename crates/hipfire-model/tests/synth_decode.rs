@@ -487,7 +487,9 @@ fn hybrid_matches_f64_reference() {
 }
 // GLM-4.5 (a dense first layer, two routed ones with sigmoid routing, a selection bias, a
 // scale and an ungated shared expert; partial RoPE, q/k/v biases, q/k norms in one layer; a
-// NextN block left unread), f32 and quantised, with the bounds of the cases above.
+// NextN block left unread), f32 and quantised, with the bounds of the cases above. Measured
+// 2026-12-05: f32 1.6e-7 of max |logit| 1.13, q4_k 1.6e-2 of 1.00; with the selection bias
+// left out of the routing the f32 case is off by 0.22.
 #[test]
 fn glm4moe_matches_f64_reference() {
     check(Arch::Glm4Moe, Format::F32, 1e-4);
@@ -1002,7 +1004,7 @@ fn glm_pre_type_prepends_no_bos() {
     let path = tmp("glm-pre.gguf");
     write_synthetic(&path, &SynthSpec::tiny(Arch::Llama), Format::Q8_0, 1, None).unwrap();
     let f = GgufFile::open(&path).unwrap();
-    let hi = vec![2 + u32::from(b'h'), 2 + u32::from(b'i')];
+    let hi = [2 + u32::from(b'h'), 2 + u32::from(b'i')];
     for (pre, first) in [("default", Some(0)), ("glm4", None)] {
         let m = rewrite(
             &f,
