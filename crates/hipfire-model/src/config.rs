@@ -461,7 +461,6 @@ impl ModelConfig {
         };
         let key = |k: &str| keys.key(k);
         let blocks = keys.size("block_count", MAX_BLOCK_COUNT)?;
-        check_block_count(idx, &key("block_count"), blocks)?;
         // Qwen3.5 and GLM-4.5 files may append multi-token-prediction blocks after the
         // decoder's (`nextn_predict_layers`, counted in `block_count`): a draft head hipfire
         // does not run, so its blocks are not layers.
@@ -477,6 +476,7 @@ impl ModelConfig {
             ));
         }
         let n_layer = blocks - nextn as usize;
+        check_block_count(idx, &key("block_count"), blocks, n_layer)?;
         let d_model = keys.size("embedding_length", MAX_EMBEDDING_LENGTH)?;
         let moe = moe_config(&keys, arch, n_layer)?;
         let delta_net = delta_net_config(&keys, arch, n_layer)?;
@@ -1050,8 +1050,15 @@ fn sliding_window(keys: &Keys<'_>, n_layer: usize) -> Result<Option<SlidingWindo
 
 /// `block_count` against the `blk.N.*` tensors: the blocks present must be exactly
 /// `blk.0 … blk.{n_layer - 1}` (fewer would silently drop layers, more would leave tensors
-/// unused; llama.cpp refuses both through its tensor count check).
-fn check_block_count(idx: &GgufIndex, key: &str, n_layer: usize) -> Result<(), ModelError> {
+/// unused; llama.cpp refuses both through its tensor count check), or only the `decoder`
+/// blocks when the file declares NextN blocks but carries none of their tensors (llama.cpp's
+/// GLM-4.5 loader accepts such a "trunk only" file).
+fn check_block_count(
+    idx: &GgufIndex,
+    key: &str,
+    n_layer: usize,
+    decoder: usize,
+) -> Result<(), ModelError> {
     let mut blocks = std::collections::BTreeSet::new();
     for t in &idx.tensors {
         let Some(rest) = t.name.strip_prefix(BLOCK_PREFIX) else {
@@ -1067,7 +1074,9 @@ fn check_block_count(idx: &GgufIndex, key: &str, n_layer: usize) -> Result<(), M
         blocks.insert(i);
     }
     match blocks.last() {
-        Some(&last) if blocks.len() == n_layer && last + 1 == n_layer => Ok(()),
+        Some(&last) if blocks.len() == last + 1 && (last + 1 == n_layer || last + 1 == decoder) => {
+            Ok(())
+        }
         Some(&last) => Err(bad(
             key,
             format!(

@@ -902,6 +902,8 @@ fn glm4moe_files_with_bad_metadata_are_refused_by_name() {
         ("glm4moe.expert_shared_count", MetaValue::U32(0)),
         ("glm4moe.expert_shared_count", MetaValue::U32(1 << 20)),
         ("glm4moe.nextn_predict_layers", MetaValue::U32(4)),
+        // Block 1's router has 8 rows (block 0 is dense: the check reads the first routed one).
+        ("glm4moe.expert_count", MetaValue::U32(4)),
     ] {
         match rewrite(&f, "glm-key.gguf", &set(key, v.clone())) {
             Err(ModelError::BadMetadata { key: k, .. }) => assert_eq!(k, key, "{v:?}"),
@@ -955,6 +957,21 @@ fn glm4moe_files_with_bad_metadata_are_refused_by_name() {
     .unwrap_err();
     assert!(
         matches!(&err, ModelError::Gguf(GgufError::MissingTensor(n)) if *n == "blk.2.exp_probs_b.bias"),
+        "{err}"
+    );
+    // A file declaring its NextN block without carrying it loads (llama.cpp's "trunk only");
+    // one missing a decoder block as well is refused by name.
+    let trunk = rewrite(&f, "glm-trunk.gguf", &|_, s| {
+        s.retain(|t| !t.name.starts_with("blk.3."))
+    })
+    .unwrap();
+    assert_eq!(trunk.config().n_layer, 3);
+    let err = rewrite(&f, "glm-short.gguf", &|_, s| {
+        s.retain(|t| !t.name.starts_with("blk.3.") && !t.name.starts_with("blk.2."))
+    })
+    .unwrap_err();
+    assert!(
+        matches!(&err, ModelError::BadMetadata { key, .. } if key == "glm4moe.block_count"),
         "{err}"
     );
     // Sanity: the unedited file loads with its NextN block skipped and its first layer dense,
