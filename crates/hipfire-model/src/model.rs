@@ -1297,7 +1297,7 @@ mod tests {
     /// Architecture × format cases of the multi-token bit-identity tests (here and in
     /// `batch`): every architecture's extras (biases, q/k norms) and block formats with
     /// different activation preparation.
-    pub(super) const ARCH_FORMATS: [(Arch, Format); 9] = [
+    pub(super) const ARCH_FORMATS: [(Arch, Format); 10] = [
         (Arch::Llama, Format::Q4_1),
         (Arch::Llama, Format::Q4K),
         (Arch::Qwen2, Format::Q8_0),
@@ -1307,6 +1307,7 @@ mod tests {
         (Arch::Qwen2Moe, Format::Q8_0),
         (Arch::Qwen35, Format::Q8_0),
         (Arch::Qwen35Moe, Format::F32),
+        (Arch::Glm4Moe, Format::Q8_0),
     ];
 
     /// A tiny synthetic model of `arch` in `fmt` (also used by `batch`'s tests). Each call
