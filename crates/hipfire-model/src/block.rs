@@ -161,8 +161,11 @@ pub struct MoeTensors<W, V> {
     pub up: Vec<W>,
     /// Expert `e`'s down projection.
     pub down: Vec<W>,
-    /// The always-on shared expert (Qwen2-MoE).
+    /// The always-on shared expert (Qwen2-MoE, GLM-4.5).
     pub shared: Option<SharedExpert<W, V>>,
+    /// `exp_probs_b`: `n_expert` values added to the scores to choose experts, not to weigh
+    /// them (GLM-4.5's `e_score_correction_bias`).
+    pub selection_bias: Option<V>,
 }
 
 /// An expert every token uses, its output scaled by `sigmoid(gate_inp · x)` where the file
@@ -257,9 +260,9 @@ impl<W: Copy> LayerTensors<W, Vec<f32>> {
             Some(dn) if dn.is_recurrent(i) => Mixer::DeltaNet(load_delta_net(src, c, i)?),
             _ => Mixer::Attention(load_attention(src, c, i)?),
         };
-        // Qwen3.5 normalises the FFN's input with the tensor llama.cpp calls
+        // Qwen3.5 and GLM-4.5 normalise the FFN's input with the tensor llama.cpp calls
         // `attn_post_norm` (its output is the FFN's input, not added to the residual).
-        let ffn_norm_name = match c.arch.hybrid() {
+        let ffn_norm_name = match c.arch.ffn_norm_is_post_attention() {
             true => "post_attention_norm.weight",
             false => "ffn_norm.weight",
         };
@@ -388,7 +391,8 @@ fn load_ffn<W: Copy>(
 ) -> Result<Ffn<W, Vec<f32>>, ModelError> {
     let n = |s: &str| format!("blk.{i}.{s}");
     let d = c.d_model;
-    let Some(moe) = &c.moe else {
+    // GLM-4.5's leading layers are dense in a routed model.
+    let Some(moe) = c.moe.as_ref().filter(|m| i >= m.n_dense_lead) else {
         return Ok(Ffn::Dense {
             gate: src.matrix(&n("ffn_gate.weight"), d, c.n_ff)?,
             up: src.matrix(&n("ffn_up.weight"), d, c.n_ff)?,
@@ -431,12 +435,19 @@ fn load_ffn<W: Copy>(
             src.matrix_halves(&fused, d, ff, e)?
         }
     };
+    // llama.cpp requires GLM-4.5's selection bias (`ffn_exp_probs_b`); the other routed
+    // architectures have none.
+    let selection_bias = match c.arch {
+        Arch::Glm4Moe => Some(src.vector(&n("exp_probs_b.bias"), e)?),
+        _ => None,
+    };
     Ok(Ffn::Moe(MoeTensors {
         router,
         gate,
         up,
         down: src.matrices(&n("ffn_down_exps.weight"), ff, d, e)?,
         shared,
+        selection_bias,
     }))
 }
 
@@ -500,6 +511,7 @@ impl<W: Copy, V> LayerTensors<W, V> {
                         gate_inp: sh.gate_inp.as_ref().map(&mut f).transpose()?,
                     }),
                 },
+                selection_bias: m.selection_bias.as_ref().map(&mut f).transpose()?,
             }),
         };
         let mut opt = |v: &'s Option<V>| v.as_ref().map(&mut f).transpose();

@@ -37,6 +37,12 @@ pub enum Arch {
     /// `ssm_in`), each value head sharing the key head of its group
     /// ([`KeyHeadShare::Grouped`]), plain NEOX RoPE.
     Qwen3Next,
+    /// GLM-4.5 / GLM-4.5-Air / GLM-4.6 (llama.cpp `LLM_ARCH_GLM4_MOE`): attention with
+    /// optional q/k/v biases and q/k RMSNorms, partial NEOX RoPE, the FFN's input normalised by
+    /// `post_attention_norm`; the first `leading_dense_block_count` FFNs dense, the others
+    /// routed by sigmoid scores with a per-expert selection bias ([`Gating::Sigmoid`]) plus an
+    /// ungated shared expert; trailing NextN (multi-token prediction) blocks are not run.
+    Glm4Moe,
 }
 
 /// The FFN's gate activation (`act(gate) · up`).
@@ -61,9 +67,10 @@ impl Arch {
             "qwen35" => Ok(Arch::Qwen35),
             "qwen35moe" => Ok(Arch::Qwen35Moe),
             "qwen3next" => Ok(Arch::Qwen3Next),
+            "glm4moe" => Ok(Arch::Glm4Moe),
             other => Err(ModelError::Unsupported(format!(
                 "architecture {} (supported: llama (Mixtral-style experts included), qwen2, \
-                 qwen3, gemma3, qwen2moe, qwen3moe, qwen35, qwen35moe, qwen3next)",
+                 qwen3, gemma3, qwen2moe, qwen3moe, qwen35, qwen35moe, qwen3next, glm4moe)",
                 Quoted::new(other)
             ))),
         }
@@ -81,6 +88,7 @@ impl Arch {
             Arch::Qwen35 => "qwen35",
             Arch::Qwen35Moe => "qwen35moe",
             Arch::Qwen3Next => "qwen3next",
+            Arch::Glm4Moe => "glm4moe",
         }
     }
 
@@ -95,7 +103,8 @@ impl Arch {
             | Arch::Qwen3Moe
             | Arch::Qwen35
             | Arch::Qwen35Moe
-            | Arch::Qwen3Next => FfnActivation::Silu,
+            | Arch::Qwen3Next
+            | Arch::Glm4Moe => FfnActivation::Silu,
         }
     }
 
@@ -128,7 +137,7 @@ impl Arch {
     pub fn always_moe(self) -> bool {
         matches!(
             self,
-            Arch::Qwen2Moe | Arch::Qwen3Moe | Arch::Qwen35Moe | Arch::Qwen3Next
+            Arch::Qwen2Moe | Arch::Qwen3Moe | Arch::Qwen35Moe | Arch::Qwen3Next | Arch::Glm4Moe
         )
     }
 
@@ -138,6 +147,13 @@ impl Arch {
     /// qwen3next; its qwen2moe, qwen3moe and llama loaders read only the separate tensors).
     pub fn fused_gate_up(self) -> bool {
         matches!(self, Arch::Qwen35Moe | Arch::Qwen3Next)
+    }
+
+    /// Whether the FFN's input norm is the tensor llama.cpp calls `attn_post_norm`
+    /// (`blk.N.post_attention_norm`; its output feeds the FFN, it is not added to the residual)
+    /// rather than `ffn_norm`: Qwen3.5 and GLM-4.5.
+    pub fn ffn_norm_is_post_attention(self) -> bool {
+        self.hybrid() || self == Arch::Glm4Moe
     }
 
     /// RoPE pairing, as llama.cpp's `llama_model_rope_type`: llama uses "normal" rope
@@ -173,6 +189,25 @@ pub const MAX_HEAD_DIM: u64 = 1024;
 /// MoE models route over 512 (Qwen3-Next) or 384 (Kimi K2); the count sizes per-token routing
 /// buffers and the weight table (three matrices an expert a layer).
 pub const MAX_EXPERT_COUNT: u64 = 1024;
+/// Most shared experts (`{arch}.expert_shared_count`): published models have 1 (GLM-4.5,
+/// DeepSeek-V3) or 2 (DeepSeek-V2); their widths add up to one shared FFN.
+pub const MAX_SHARED_EXPERTS: u64 = 64;
+/// Largest `{arch}.expert_weights_scale`: published factors are 1.0 (GLM-4.5-Air), 2.5
+/// (GLM-4.5, DeepSeek-V3) and 2.827 (Kimi K2); a much larger one only scales a broken file's
+/// experts into overflow.
+pub const MAX_EXPERT_WEIGHTS_SCALE: f64 = 100.0;
+/// llama.cpp's `llama_expert_gating_func_type` ids (`{arch}.expert_gating_func`): 0 is "none"
+/// (GLM-4.5 then means sigmoid), 1 softmax, 2 sigmoid, 3 softmax over the chosen logits
+/// (gpt-oss), 4 sqrt(softplus).
+const GATING_NONE: u64 = 0;
+/// See [`GATING_NONE`].
+const GATING_SOFTMAX: u64 = 1;
+/// See [`GATING_NONE`].
+const GATING_SIGMOID: u64 = 2;
+/// See [`GATING_NONE`].
+const GATING_SOFTMAX_WEIGHT: u64 = 3;
+/// See [`GATING_NONE`].
+const GATING_SQRT_SOFTPLUS: u64 = 4;
 /// Most taps of a DeltaNet conv (`{arch}.ssm.conv_kernel`): published models use 4; the
 /// window sizes per-sequence state.
 pub const MAX_CONV_KERNEL: u64 = 64;
@@ -343,8 +378,28 @@ pub struct MoeConfig {
     pub norm_topk: bool,
     /// Hidden width of the always-on shared expert (Qwen2-MoE, Qwen3.5-MoE, Qwen3-Next:
     /// `{arch}.expert_shared_feed_forward_length`, else `feed_forward_length`), `None` where
-    /// the architecture has none. Its output is scaled by `sigmoid(ffn_gate_inp_shexp · x)`.
+    /// the architecture has none. Its output is scaled by `sigmoid(ffn_gate_inp_shexp · x)`
+    /// where the file has that tensor (GLM-4.5's is not gated).
     pub n_ff_shared: Option<usize>,
+    /// How router logits become the scores the experts are chosen by and weighted with.
+    pub gating: Gating,
+    /// Factor on the chosen weights after any renormalisation (`{arch}.expert_weights_scale`,
+    /// GLM-4.5's `routed_scaling_factor`; 1 where absent or 0, as llama.cpp skips the scale).
+    pub weights_scale: f32,
+    /// Leading layers whose FFN is dense, `n_ff` wide (`{arch}.leading_dense_block_count`,
+    /// GLM-4.5's `first_k_dense_replace`); 0 for the other architectures.
+    pub n_dense_lead: usize,
+}
+
+/// A routed FFN's gating: how the router's logits become per-expert scores (llama.cpp
+/// `build_moe_ffn`). The chosen experts' scores are their weights; a layer's selection bias
+/// (`exp_probs_b`), where it has one, is added to the scores for choosing only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gating {
+    /// `softmax(logits)` over every expert (Qwen-MoE, Mixtral).
+    Softmax,
+    /// `sigmoid(logit)` per expert (GLM-4.5, DeepSeek-V3).
+    Sigmoid,
 }
 
 /// Which layers attend over a sliding window, and how.
@@ -450,10 +505,9 @@ impl ModelConfig {
         };
         let key = |k: &str| keys.key(k);
         let blocks = keys.size("block_count", MAX_BLOCK_COUNT)?;
-        check_block_count(idx, &key("block_count"), blocks)?;
-        // Qwen3.5 files may append multi-token-prediction blocks after the decoder's
-        // (`nextn_predict_layers`, counted in `block_count`): a draft head hipfire does not
-        // run, so its blocks are not layers.
+        // Qwen3.5 and GLM-4.5 files may append multi-token-prediction blocks after the
+        // decoder's (`nextn_predict_layers`, counted in `block_count`): a draft head hipfire
+        // does not run, so its blocks are not layers.
         let nextn_key = key("nextn_predict_layers");
         let nextn = match idx.get(&nextn_key) {
             None => 0,
@@ -466,15 +520,20 @@ impl ModelConfig {
             ));
         }
         let n_layer = blocks - nextn as usize;
+        check_block_count(idx, &key("block_count"), blocks, n_layer)?;
         let d_model = keys.size("embedding_length", MAX_EMBEDDING_LENGTH)?;
-        let moe = moe_config(&keys, arch)?;
+        let moe = moe_config(&keys, arch, n_layer)?;
         let delta_net = delta_net_config(&keys, arch, blocks, n_layer)?;
-        // A routed model's dense width is optional (llama.cpp reads it as a fallback only).
+        if arch == Arch::Glm4Moe {
+            refuse_mrope(&keys)?;
+        }
+        // A routed model's dense width is optional (llama.cpp reads it as a fallback only),
+        // unless its leading layers are dense.
         let n_ff = match &moe {
-            Some(m) => keys
+            Some(m) if m.n_dense_lead == 0 => keys
                 .opt_size("feed_forward_length", MAX_FEED_FORWARD_LENGTH)?
                 .unwrap_or(m.n_ff_exp),
-            None => keys.size("feed_forward_length", MAX_FEED_FORWARD_LENGTH)?,
+            _ => keys.size("feed_forward_length", MAX_FEED_FORWARD_LENGTH)?,
         };
         let n_head = keys.size("attention.head_count", MAX_HEAD_COUNT)?;
         let n_head_kv = keys
@@ -619,6 +678,11 @@ impl ModelConfig {
             Some(_) => "",
             None => "blk.0.attn_q.weight",
         };
+        // The first routed layer's router (GLM-4.5's leading layers are dense).
+        let router = format!(
+            "blk.{}.ffn_gate_inp.weight",
+            self.moe.as_ref().map_or(0, |m| m.n_dense_lead)
+        );
         let mut checks = vec![
             (
                 q_check,
@@ -655,7 +719,7 @@ impl ModelConfig {
         ];
         if let Some(m) = &self.moe {
             checks.push((
-                "blk.0.ffn_gate_inp.weight",
+                router.as_str(),
                 m.n_expert,
                 "expert_count",
                 format!("is {}", m.n_expert),
@@ -735,7 +799,11 @@ impl ModelConfig {
 /// The routed FFN's shape from `{arch}.expert_*` keys, each bounded before it sizes anything:
 /// required for the MoE architectures, `None` for a `llama` file without experts (or with
 /// `expert_count` 0), refused for the other dense architectures if they declare experts.
-fn moe_config(keys: &Keys<'_>, arch: Arch) -> Result<Option<MoeConfig>, ModelError> {
+fn moe_config(
+    keys: &Keys<'_>,
+    arch: Arch,
+    n_layer: usize,
+) -> Result<Option<MoeConfig>, ModelError> {
     let count_key = keys.key("expert_count");
     let declared = match keys.idx.get(&count_key) {
         None => 0,
@@ -758,6 +826,17 @@ fn moe_config(keys: &Keys<'_>, arch: Arch) -> Result<Option<MoeConfig>, ModelErr
     }
     let n_expert = bounded(&count_key, declared, MAX_EXPERT_COUNT)?;
     let n_expert_used = keys.size("expert_used_count", n_expert as u64)?;
+    // llama.cpp routes within the best `expert_group_used_count` of `expert_group_count`
+    // groups when there are more than one (DeepSeek-V3); hipfire ranks every expert at once.
+    let groups_key = keys.key("expert_group_count");
+    if keys.idx.get(&groups_key).is_some() {
+        let groups = keys.idx.get_u64(&groups_key)?;
+        if groups > 1 {
+            return Err(ModelError::Unsupported(format!(
+                "group-limited expert routing ({groups_key} = {groups})"
+            )));
+        }
+    }
     let n_ff_exp = match arch {
         // Mixtral's experts are as wide as the model's FFN (llama.cpp `ffn_*_exps` {n_embd, n_ff}).
         Arch::Llama => keys.size("feed_forward_length", MAX_FEED_FORWARD_LENGTH)?,
@@ -787,15 +866,118 @@ fn moe_config(keys: &Keys<'_>, arch: Arch) -> Result<Option<MoeConfig>, ModelErr
                 None => keys.size("feed_forward_length", MAX_FEED_FORWARD_LENGTH)?,
             },
         ),
+        Arch::Glm4Moe => Some(glm_shared_width(keys, n_ff_exp)?),
         _ => None,
     };
-    Ok(Some(MoeConfig {
+    let mut moe = MoeConfig {
         n_expert,
         n_expert_used,
         n_ff_exp,
         norm_topk: arch != Arch::Qwen2Moe,
         n_ff_shared,
-    }))
+        gating: Gating::Softmax,
+        weights_scale: 1.0,
+        n_dense_lead: 0,
+    };
+    if arch == Arch::Glm4Moe {
+        glm_routing(keys, n_layer, &mut moe)?;
+    }
+    Ok(Some(moe))
+}
+
+/// GLM-4.5's shared expert: `expert_shared_count` (required, as llama.cpp reads it) experts of
+/// `expert_feed_forward_length` each, one FFN of their total width.
+fn glm_shared_width(keys: &Keys<'_>, n_ff_exp: usize) -> Result<usize, ModelError> {
+    let count = keys.size("expert_shared_count", MAX_SHARED_EXPERTS)?;
+    match n_ff_exp.checked_mul(count) {
+        Some(w) if w as u64 <= MAX_FEED_FORWARD_LENGTH => Ok(w),
+        _ => Err(bad(
+            &keys.key("expert_shared_count"),
+            format!(
+                "{count} shared experts of width {n_ff_exp} are wider than \
+                 {MAX_FEED_FORWARD_LENGTH}"
+            ),
+        )),
+    }
+}
+
+/// GLM-4.5's routing keys, as llama.cpp's `llama_model_glm4_moe::load_arch_hparams` reads
+/// them (every one optional): the gating function (none means sigmoid), whether the chosen
+/// weights are renormalised (default no), their scale (0 or absent: none), and how many
+/// leading layers have a dense FFN (at most `n_layer`, the decoder's blocks).
+fn glm_routing(keys: &Keys<'_>, n_layer: usize, moe: &mut MoeConfig) -> Result<(), ModelError> {
+    let gating_key = keys.key("expert_gating_func");
+    moe.gating = match keys.idx.get(&gating_key) {
+        None => Gating::Sigmoid,
+        Some(_) => match keys.idx.get_u64(&gating_key)? {
+            GATING_NONE | GATING_SIGMOID => Gating::Sigmoid,
+            GATING_SOFTMAX => Gating::Softmax,
+            GATING_SOFTMAX_WEIGHT => {
+                return Err(ModelError::Unsupported(format!(
+                    "{gating_key} = {GATING_SOFTMAX_WEIGHT} (softmax over the chosen logits)"
+                )))
+            }
+            GATING_SQRT_SOFTPLUS => {
+                return Err(ModelError::Unsupported(format!(
+                    "{gating_key} = {GATING_SQRT_SOFTPLUS} (sqrt-softplus gating)"
+                )))
+            }
+            other => {
+                return Err(bad(
+                    &gating_key,
+                    format!("{other} is not a gating function (0 to {GATING_SQRT_SOFTPLUS})"),
+                ))
+            }
+        },
+    };
+    let norm_key = keys.key("expert_weights_norm");
+    moe.norm_topk = match keys.idx.get(&norm_key) {
+        None => false,
+        Some(v) => v
+            .as_bool()
+            .ok_or_else(|| bad(&norm_key, format!("holds {v:?}, not a bool")))?,
+    };
+    let scale = keys.number(
+        "expert_weights_scale",
+        0.0,
+        &format!("a finite number in [0, {MAX_EXPERT_WEIGHTS_SCALE}]"),
+        |v| v.is_finite() && (0.0..=MAX_EXPERT_WEIGHTS_SCALE).contains(&v),
+    )? as f32;
+    moe.weights_scale = if scale == 0.0 { 1.0 } else { scale };
+    let lead_key = keys.key("leading_dense_block_count");
+    moe.n_dense_lead = match keys.idx.get(&lead_key) {
+        None => 0,
+        Some(_) => match keys.idx.get_u64(&lead_key)? {
+            v if v <= n_layer as u64 => v as usize,
+            v => {
+                return Err(bad(
+                    &lead_key,
+                    format!("{v} is more than the {n_layer} decoder blocks"),
+                ))
+            }
+        },
+    };
+    Ok(())
+}
+
+/// GLM-4.5's M-RoPE (`{arch}.rope.dimension_sections` with a non-zero section: the vision
+/// variants' position ids per section) is refused; text files carry none, or all zeros, and
+/// llama.cpp then uses plain NEOX RoPE.
+fn refuse_mrope(keys: &Keys<'_>) -> Result<(), ModelError> {
+    let key = keys.key("rope.dimension_sections");
+    let Some(v) = keys.idx.get(&key) else {
+        return Ok(());
+    };
+    let sections = v
+        .as_array()
+        .ok_or_else(|| bad(&key, format!("holds {v:?}, not an array")))?;
+    if sections.iter().any(|s| s.as_f64() != Some(0.0)) {
+        return Err(ModelError::Unsupported(format!(
+            "{} with M-RoPE sections ({key})",
+            keys.arch
+        )));
+    }
+    Ok(())
 }
 
 /// The DeltaNet layers of a hybrid architecture from `{arch}.ssm.*` and
@@ -935,8 +1117,15 @@ fn sliding_window(keys: &Keys<'_>, n_layer: usize) -> Result<Option<SlidingWindo
 
 /// `block_count` against the `blk.N.*` tensors: the blocks present must be exactly
 /// `blk.0 … blk.{n_layer - 1}` (fewer would silently drop layers, more would leave tensors
-/// unused; llama.cpp refuses both through its tensor count check).
-fn check_block_count(idx: &GgufIndex, key: &str, n_layer: usize) -> Result<(), ModelError> {
+/// unused; llama.cpp refuses both through its tensor count check), or only the `decoder`
+/// blocks when the file declares NextN blocks but carries none of their tensors (llama.cpp's
+/// GLM-4.5 loader accepts such a "trunk only" file).
+fn check_block_count(
+    idx: &GgufIndex,
+    key: &str,
+    n_layer: usize,
+    decoder: usize,
+) -> Result<(), ModelError> {
     let mut blocks = std::collections::BTreeSet::new();
     for t in &idx.tensors {
         let Some(rest) = t.name.strip_prefix(BLOCK_PREFIX) else {
@@ -952,7 +1141,9 @@ fn check_block_count(idx: &GgufIndex, key: &str, n_layer: usize) -> Result<(), M
         blocks.insert(i);
     }
     match blocks.last() {
-        Some(&last) if blocks.len() == n_layer && last + 1 == n_layer => Ok(()),
+        Some(&last) if blocks.len() == last + 1 && (last + 1 == n_layer || last + 1 == decoder) => {
+            Ok(())
+        }
         Some(&last) => Err(bad(
             key,
             format!(

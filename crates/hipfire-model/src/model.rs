@@ -1366,6 +1366,7 @@ mod tests {
         (Arch::Qwen35, Format::Q8_0),
         (Arch::Qwen35Moe, Format::F32),
         (Arch::Qwen3Next, Format::Q8_0),
+        (Arch::Glm4Moe, Format::Q8_0),
     ];
 
     /// A tiny synthetic model of `arch` in `fmt` (also used by `batch`'s tests). Each call

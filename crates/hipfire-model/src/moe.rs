@@ -1,16 +1,25 @@
 //! Mixture-of-Experts routing, the same arithmetic for every engine: each token's router
-//! logits → softmax over all experts → the `n_expert_used` most probable → their weights
-//! (renormalised to sum to 1 where [`MoeConfig::norm_topk`] says), as llama.cpp's
-//! `build_moe_ffn` with softmax gating does. [`ExpertRows`] then groups a step's tokens by
-//! expert, so an engine reads each used expert's weights once for all the tokens routed to it.
+//! logits → scores (softmax over all experts, or a sigmoid each: [`Gating`]) → the
+//! `n_expert_used` highest, ranked after adding the layer's selection bias where it has one →
+//! their unbiased scores as weights (renormalised to sum to 1 where [`MoeConfig::norm_topk`]
+//! says, then times [`MoeConfig::weights_scale`]), as llama.cpp's `build_moe_ffn` does.
+//! [`ExpertRows`] then groups a step's tokens by expert, so an engine reads each used expert's
+//! weights once for all the tokens routed to it.
 
-use crate::config::MoeConfig;
+use crate::config::{Gating, MoeConfig};
 use crate::ops;
 use crate::ModelError;
 
+/// Smallest sum the chosen weights are divided by when renormalised: llama.cpp clamps the sum
+/// to the smallest normal f16 (`build_moe_ffn`), so sigmoid scores that all underflow give
+/// small weights rather than a division by zero. A softmax's top k of at most
+/// [`crate::config::MAX_EXPERT_COUNT`] experts sum to at least `k / n_expert` ≥ 1/1024, far
+/// above it, so softmax routing never meets the clamp.
+const MIN_WEIGHT_SUM: f32 = 6.103_515_6e-5;
+
 /// The experts each token of a step uses: token `t`'s `j`-th choice is
 /// `experts[t·k + j]` with weight `weights[t·k + j]` (`k = n_expert_used`), in descending
-/// probability, ties to the lower expert index.
+/// selection score (the score plus any selection bias), ties to the lower expert index.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Routes {
     /// Experts per token.
@@ -22,49 +31,76 @@ pub struct Routes {
 }
 
 impl Routes {
-    /// Route every token of `logits` (`n_expert` router outputs a token).
+    /// Route every token of `logits` (`n_expert` router outputs a token), without a
+    /// selection bias.
     pub fn from_logits(logits: &[f32], cfg: &MoeConfig) -> Result<Routes, ModelError> {
+        Routes::from_logits_biased(logits, cfg, None)
+    }
+
+    /// Route every token of `logits`; `bias` (`n_expert` values: a layer's `exp_probs_b`),
+    /// where given, is added to each token's scores to choose its experts, and the weights
+    /// are the chosen experts' unbiased scores.
+    pub fn from_logits_biased(
+        logits: &[f32],
+        cfg: &MoeConfig,
+        bias: Option<&[f32]>,
+    ) -> Result<Routes, ModelError> {
         let (e, k) = (cfg.n_expert, cfg.n_expert_used);
-        if e == 0 || k == 0 || k > e || logits.len() % e != 0 {
+        if e == 0 || k == 0 || k > e || logits.len() % e != 0 || bias.is_some_and(|b| b.len() != e)
+        {
             return Err(ModelError::InvalidOption(format!(
-                "routing {} logits over {e} experts, {k} a token",
-                logits.len()
+                "routing {} logits over {e} experts, {k} a token, with {} selection biases",
+                logits.len(),
+                bias.map_or(0, <[f32]>::len)
             )));
         }
         let n = logits.len() / e;
         let mut experts = Vec::with_capacity(n * k);
         let mut weights = Vec::with_capacity(n * k);
         let mut probs = vec![0f32; e];
+        let mut select = vec![0f32; e];
         let mut order: Vec<u32> = Vec::with_capacity(e);
         for row in logits.chunks_exact(e) {
             probs.copy_from_slice(row);
-            ops::softmax(&mut probs);
+            match cfg.gating {
+                Gating::Softmax => ops::softmax(&mut probs),
+                Gating::Sigmoid => probs.iter_mut().for_each(|p| *p = sigmoid(*p)),
+            }
+            let scores = match bias {
+                None => &probs,
+                Some(b) => {
+                    select
+                        .iter_mut()
+                        .zip(probs.iter().zip(b))
+                        .for_each(|(s, (p, b))| *s = p + b);
+                    &select
+                }
+            };
+            // Descending score; equal ones by index, so the choice is deterministic.
+            // A NaN logit (a broken model) sorts as equal and routes by index, never panics.
+            let rank = |a: &u32, b: &u32| {
+                scores[*b as usize]
+                    .partial_cmp(&scores[*a as usize])
+                    .unwrap_or(std::cmp::Ordering::Equal)
+                    .then(a.cmp(b))
+            };
             order.clear();
             order.extend(0..e as u32);
-            // Descending probability; equal ones by index, so the choice is deterministic.
-            // A NaN logit (a broken model) sorts as equal and routes by index, never panics.
-            order.select_nth_unstable_by(k - 1, |&a, &b| {
-                probs[b as usize]
-                    .partial_cmp(&probs[a as usize])
-                    .unwrap_or(std::cmp::Ordering::Equal)
-                    .then(a.cmp(&b))
-            });
+            order.select_nth_unstable_by(k - 1, rank);
             let top = &mut order[..k];
-            top.sort_unstable_by(|&a, &b| {
-                probs[b as usize]
-                    .partial_cmp(&probs[a as usize])
-                    .unwrap_or(std::cmp::Ordering::Equal)
-                    .then(a.cmp(&b))
-            });
+            top.sort_unstable_by(rank);
             let w0 = weights.len();
             for &x in top.iter() {
                 experts.push(x);
                 weights.push(probs[x as usize]);
             }
+            let chosen = &mut weights[w0..];
             if cfg.norm_topk {
-                let sum: f32 = weights[w0..].iter().sum();
-                weights[w0..].iter_mut().for_each(|w| *w /= sum);
+                let sum = chosen.iter().sum::<f32>().max(MIN_WEIGHT_SUM);
+                chosen.iter_mut().for_each(|w| *w /= sum);
             }
+            // × 1 is exact, so models without a scale keep their weights bit for bit.
+            chosen.iter_mut().for_each(|w| *w *= cfg.weights_scale);
         }
         Ok(Routes {
             k,
@@ -138,6 +174,9 @@ mod tests {
             n_ff_exp: 8,
             norm_topk: norm,
             n_ff_shared: None,
+            gating: Gating::Softmax,
+            weights_scale: 1.0,
+            n_dense_lead: 0,
         }
     }
 
@@ -169,6 +208,79 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// GLM-4.5's routing against a direct f64 computation (HF `Glm4MoeTopkRouter` /
+    /// `Glm4MoeMoE.route_tokens_to_experts`): sigmoid scores, top k of score + bias, weights
+    /// the chosen unbiased scores, optionally renormalised, times the scale. The bias is large
+    /// enough to reorder the choice, and the test checks that it did for some token (else the
+    /// weights-from-unbiased-scores rule would go untested).
+    #[test]
+    fn sigmoid_routes_choose_by_biased_scores_and_weigh_by_unbiased_ones() {
+        let (e, k, tokens) = (16, 4, 6);
+        let logits: Vec<f32> = (0..tokens * e)
+            .map(|i| ((i * 7919 % 97) as f32 - 48.0) / 20.0)
+            .collect();
+        let bias: Vec<f32> = (0..e).map(|i| ((i * 37 % 11) as f32 - 5.0) / 8.0).collect();
+        let mut reordered = 0;
+        for (norm, scale) in [(true, 2.5f32), (false, 1.0)] {
+            let c = MoeConfig {
+                gating: Gating::Sigmoid,
+                weights_scale: scale,
+                ..cfg(e, k, norm)
+            };
+            let r = Routes::from_logits_biased(&logits, &c, Some(&bias)).expect("route");
+            for (t, row) in logits.chunks_exact(e).enumerate() {
+                let p: Vec<f64> = row
+                    .iter()
+                    .map(|&l| 1.0 / (1.0 + (-f64::from(l)).exp()))
+                    .collect();
+                let sel: Vec<f64> = p
+                    .iter()
+                    .zip(&bias)
+                    .map(|(a, &b)| a + f64::from(b))
+                    .collect();
+                let by = |v: &[f64]| {
+                    let mut idx: Vec<usize> = (0..e).collect();
+                    idx.sort_by(|&a, &b| v[b].partial_cmp(&v[a]).unwrap().then(a.cmp(&b)));
+                    idx.truncate(k);
+                    idx
+                };
+                let top = by(&sel);
+                let mut unbiased = by(&p);
+                let mut chosen = top.clone();
+                unbiased.sort_unstable();
+                chosen.sort_unstable();
+                reordered += usize::from(unbiased != chosen);
+                let sum: f64 = top.iter().map(|&i| p[i]).sum();
+                for (j, &i) in top.iter().enumerate() {
+                    assert_eq!(r.experts[t * k + j] as usize, i, "token {t} choice {j}");
+                    let want = p[i] / if norm { sum } else { 1.0 } * f64::from(scale);
+                    let got = f64::from(r.weights[t * k + j]);
+                    assert!((got - want).abs() < 1e-6, "token {t}: {got} vs {want}");
+                }
+            }
+        }
+        assert!(
+            reordered > 0,
+            "the bias never changed which experts were chosen"
+        );
+    }
+
+    /// Sigmoid scores that underflow to 0 are renormalised by llama.cpp's clamped sum: zero
+    /// weights, not NaN. A selection bias of the wrong length is refused.
+    #[test]
+    fn sigmoid_routes_survive_underflow_and_refuse_a_short_bias() {
+        let c = MoeConfig {
+            gating: Gating::Sigmoid,
+            ..cfg(4, 2, true)
+        };
+        let r = Routes::from_logits(&[-1e4; 4], &c).expect("route");
+        assert_eq!(
+            (r.experts.as_slice(), r.weights.as_slice()),
+            (&[0, 1][..], &[0.0, 0.0][..])
+        );
+        assert!(Routes::from_logits_biased(&[0.0; 4], &c, Some(&[0.0; 3])).is_err());
     }
 
     #[test]

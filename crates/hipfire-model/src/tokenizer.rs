@@ -65,7 +65,10 @@ const QWEN2_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'
 /// llama.cpp `LLAMA_VOCAB_PRE_TYPE_QWEN35` regex (Qwen3.5's `tokenizer.json`): Qwen2's with
 /// combining marks (`\p{M}`) kept inside words.
 const QWEN35_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-/// llama.cpp `LLAMA_VOCAB_PRE_TYPE_LLAMA3` regex.
+/// The pre-types llama.cpp maps to `LLAMA_VOCAB_PRE_TYPE_CHATGLM4` (GLM-4 and GLM-4.5's
+/// `glm4`, GLM-5's `glm5`, `chatglm-bpe`): the llama 3 regex, and no BOS token.
+const GLM_PRE_TYPES: &[&str] = &["glm4", "glm5", "chatglm-bpe"];
+/// llama.cpp `LLAMA_VOCAB_PRE_TYPE_LLAMA3` regex (also `LLAMA_VOCAB_PRE_TYPE_CHATGLM4`'s).
 const LLAMA3_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// Names llama.cpp treats as end-of-generation when they are control tokens
@@ -220,7 +223,12 @@ impl Tokenizer {
                 None => Ok(None),
             }
         };
-        let bos = id_key("tokenizer.ggml.bos_token_id")?;
+        // llama.cpp drops the BOS of the GLM pre-types (`special_bos_id = LLAMA_TOKEN_NULL`):
+        // their files name `[gMASK]` as BOS, which the chat template writes itself.
+        let bos = match idx.get("tokenizer.ggml.pre").and_then(|v| v.as_str()) {
+            Some(pre) if GLM_PRE_TYPES.contains(&pre) => None,
+            _ => id_key("tokenizer.ggml.bos_token_id")?,
+        };
         let eos = id_key("tokenizer.ggml.eos_token_id")?;
         let eot = id_key("tokenizer.ggml.eot_token_id")?;
         // llama.cpp defaults: SPM adds BOS, BPE does not, unless the key says otherwise.
@@ -469,10 +477,12 @@ fn gpt2_pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper, ModelError> {
             ByteLevel::new(false, false, false).into(),
         ])
         .into()
-    } else if matches!(
-        pre,
-        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "smaug-bpe"
-    ) {
+    } else if GLM_PRE_TYPES.contains(&pre)
+        || matches!(
+            pre,
+            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "smaug-bpe"
+        )
+    {
         PreSequence::new(vec![
             split(LLAMA3_REGEX)?,
             ByteLevel::new(false, false, false).into(),
@@ -584,6 +594,11 @@ mod tests {
         assert_eq!(
             split("qwen35", text),
             ["I", "'m", "Ġ", "1", "2", "3", "4", "5", "Ġok", "ĊĊ", "yes"]
+        );
+        // GLM-4.5 (`glm4`): digits in threes, as llama 3.
+        assert_eq!(
+            split("glm4", text),
+            ["I", "'m", "Ġ", "123", "45", "Ġok", "ĊĊ", "yes"]
         );
         // A combining acute accent (U+0301, bytes CC 81 → "Ìģ") stays in its word for
         // Qwen3.5 and is split off by Qwen2's `\p{L}+`.

@@ -539,7 +539,7 @@ impl<'a> BlockOps for CpuStep<'a, '_, '_, '_> {
                 |s| &mut s.project,
                 |s| s.m.project(&[t.router], &xn, &mut [&mut logits], n),
             )
-            .and_then(|()| Routes::from_logits(&logits, cfg));
+            .and_then(|()| Routes::from_logits_biased(&logits, cfg, t.selection_bias));
         let routes = match done {
             Ok(r) => r,
             Err(e) => {
