@@ -660,6 +660,13 @@ pub enum SynthArch {
     /// A tiny Qwen3.5-MoE hybrid (the same layers, 8 experts and a shared expert).
     #[value(name = "tiny-qwen35moe")]
     TinyQwen35Moe,
+    /// gpt-oss-20b shapes (24 layers alternating sliding-window and full attention, d 2880,
+    /// GQA 64/8 of 64, 32 experts of 2880, 4 a token, YaRN ×32).
+    #[value(name = "gpt-oss-20b")]
+    GptOss20b,
+    /// A tiny gpt-oss (4 layers, 8 experts, 2 a token, sinks, biases, YaRN).
+    #[value(name = "tiny-gpt-oss")]
+    TinyGptOss,
 }
 
 impl SynthArch {
@@ -678,6 +685,8 @@ impl SynthArch {
             SynthArch::TinyMixtral => "tiny-mixtral",
             SynthArch::TinyQwen35 => "tiny-qwen35",
             SynthArch::TinyQwen35Moe => "tiny-qwen35moe",
+            SynthArch::GptOss20b => "gpt-oss-20b",
+            SynthArch::TinyGptOss => "tiny-gpt-oss",
         }
     }
 }

@@ -32,6 +32,12 @@ pub enum Arch {
     /// Qwen3.5 MoE (llama.cpp `LLM_ARCH_QWEN35MOE`): Qwen3.5's layers with a routed FFN
     /// (renormalised top-k) and a sigmoid-gated shared expert.
     Qwen35Moe,
+    /// OpenAI gpt-oss-20b / 120b (llama.cpp `LLM_ARCH_OPENAI_MOE`, GGUF name `gpt-oss`):
+    /// biased q/k/v/output projections, a learned attention sink per head, sliding-window and
+    /// full layers alternating (even layers local), YaRN RoPE on every layer, and a routed FFN
+    /// with a biased router (softmax over the top-k logits) and biased experts whose gate is
+    /// [`ExpertActivation::SwigluOai`].
+    GptOss,
 }
 
 /// The FFN's gate activation (`act(gate) · up`).
@@ -55,9 +61,10 @@ impl Arch {
             "qwen3moe" => Ok(Arch::Qwen3Moe),
             "qwen35" => Ok(Arch::Qwen35),
             "qwen35moe" => Ok(Arch::Qwen35Moe),
+            "gpt-oss" => Ok(Arch::GptOss),
             other => Err(ModelError::Unsupported(format!(
                 "architecture {} (supported: llama (Mixtral-style experts included), qwen2, \
-                 qwen3, gemma3, qwen2moe, qwen3moe, qwen35, qwen35moe)",
+                 qwen3, gemma3, qwen2moe, qwen3moe, qwen35, qwen35moe, gpt-oss)",
                 Quoted::new(other)
             ))),
         }
@@ -74,6 +81,7 @@ impl Arch {
             Arch::Qwen3Moe => "qwen3moe",
             Arch::Qwen35 => "qwen35",
             Arch::Qwen35Moe => "qwen35moe",
+            Arch::GptOss => "gpt-oss",
         }
     }
 
@@ -87,7 +95,8 @@ impl Arch {
             | Arch::Qwen2Moe
             | Arch::Qwen3Moe
             | Arch::Qwen35
-            | Arch::Qwen35Moe => FfnActivation::Silu,
+            | Arch::Qwen35Moe
+            | Arch::GptOss => FfnActivation::Silu,
         }
     }
 
@@ -113,7 +122,20 @@ impl Arch {
     /// Whether every layer's FFN is a routed Mixture-of-Experts (the `llama` architecture is
     /// routed only when its file declares `llama.expert_count`: Mixtral).
     pub fn always_moe(self) -> bool {
-        matches!(self, Arch::Qwen2Moe | Arch::Qwen3Moe | Arch::Qwen35Moe)
+        matches!(
+            self,
+            Arch::Qwen2Moe | Arch::Qwen3Moe | Arch::Qwen35Moe | Arch::GptOss
+        )
+    }
+
+    /// The tensor that normalises the FFN's input: `post_attention_norm` for Qwen3.5 and
+    /// gpt-oss (llama.cpp's `attn_post_norm`, whose output feeds the FFN, not the residual),
+    /// `ffn_norm` elsewhere.
+    pub fn ffn_norm_name(self) -> &'static str {
+        match self.hybrid() || self == Arch::GptOss {
+            true => "post_attention_norm.weight",
+            false => "ffn_norm.weight",
+        }
     }
 
     /// RoPE pairing, as llama.cpp's `llama_model_rope_type`: llama uses "normal" rope
@@ -169,7 +191,11 @@ pub const DEFAULT_FULL_ATTENTION_INTERVAL: usize = 4;
 /// and the 6th global (llama.cpp `llama_model_gemma3::load_arch_hparams`:
 /// `load_swa_pattern(ml, 6)`; HF `Gemma3TextConfig.sliding_window_pattern = 6`).
 pub const GEMMA3_SWA_PATTERN: u64 = 6;
-/// RoPE base of sliding-window layers when `{arch}.rope.freq_base_swa` is absent (llama.cpp's
+/// gpt-oss's layer pattern: of every 2 blocks the first (even) is local and the second global
+/// (llama.cpp `llama_model_openai_moe::load_arch_hparams`: `load_swa_pattern(ml, 2)`; HF
+/// `GptOssConfig.layer_types` alternates `sliding_attention`, `full_attention`).
+pub const GPT_OSS_SWA_PATTERN: u64 = 2;
+/// RoPE base of Gemma 3's sliding-window layers when `{arch}.rope.freq_base_swa` is absent (llama.cpp's
 /// `rope_freq_base_train_swa` default; HF `Gemma3TextConfig.rope_local_base_freq`).
 const DEFAULT_ROPE_THETA_SWA: f64 = 10_000.0;
 /// Gemma-3-27B's block count: llama.cpp scales its queries by `1/√(d_model / n_head)` (the
@@ -298,6 +324,31 @@ pub struct MoeConfig {
     /// `{arch}.expert_shared_feed_forward_length`, else `feed_forward_length`), `None` where
     /// the architecture has none. Its output is scaled by `sigmoid(ffn_gate_inp_shexp · x)`.
     pub n_ff_shared: Option<usize>,
+    /// How router logits become the chosen experts and their weights.
+    pub gating: ExpertGating,
+    /// The routed experts' gated activation.
+    pub activation: ExpertActivation,
+}
+
+/// How a routed FFN turns a token's router logits into its experts and their weights (llama.cpp
+/// `llama_expert_gating_func_type`); ties go to the lower expert index either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertGating {
+    /// `SOFTMAX`: softmax over every expert, the `n_expert_used` most probable, their
+    /// probabilities renormalised where [`MoeConfig::norm_topk`] says.
+    Softmax,
+    /// `SOFTMAX_WEIGHT` (gpt-oss): the `n_expert_used` largest logits, their weights a softmax
+    /// over those alone.
+    SoftmaxTopK,
+}
+
+/// The gated activation of a routed expert, `act(gate · x, up · x)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertActivation {
+    /// `silu(g) · u` (SwiGLU).
+    Silu,
+    /// gpt-oss's clamped SwiGLU (ggml `swiglu_oai`, see [`crate::ops::swiglu_oai`]).
+    SwigluOai,
 }
 
 /// Which layers attend over a sliding window, and how.
@@ -310,9 +361,23 @@ pub struct SlidingWindow {
     /// Per layer, whether it is local.
     pub local: Vec<bool>,
     /// RoPE base of the local layers (`{arch}.rope.freq_base_swa`); the global layers use
-    /// [`ModelConfig::rope_theta`] with the file's RoPE scaling, the local ones no scaling
-    /// (llama.cpp's `rope_freq_scale_train_swa` = 1).
+    /// [`ModelConfig::rope_theta`] with the file's RoPE scaling.
     pub rope_theta: f64,
+    /// Whether the local layers apply the file's RoPE scaling too: gpt-oss's do (llama.cpp
+    /// `rope_freq_scale_train_swa = rope_freq_scale_train`), Gemma 3's apply none
+    /// (`rope_freq_scale_train_swa` = 1).
+    pub scaled_rope: bool,
+}
+
+impl SlidingWindow {
+    /// The RoPE scaling of the local layers, given the global layers' `scaling` and the
+    /// trained context `ctx_len`.
+    pub fn rope_scaling(&self, scaling: &RopeScaling, ctx_len: usize) -> RopeScaling {
+        match self.scaled_rope {
+            true => *scaling,
+            false => RopeScaling::none(ctx_len),
+        }
+    }
 }
 
 /// `plain` for ordinary magnitudes, `sci` for tiny or huge ones (a message stays readable).
@@ -493,10 +558,9 @@ impl ModelConfig {
             |v| v.is_finite() && v <= MAX_RMS_EPS && (v as f32) > 0.0,
         )? as f32;
         let gemma = arch == Arch::Gemma3;
-        let sliding_window = if gemma {
-            sliding_window(&keys, n_layer)?
-        } else {
-            None
+        let sliding_window = match arch {
+            Arch::Gemma3 | Arch::GptOss => sliding_window(&keys, arch, n_layer, rope_theta)?,
+            _ => None,
         };
         // llama.cpp reads the soft-cap for Gemma 2/3 only; 0 (or absent) means none.
         let final_logit_softcap = if gemma {
@@ -639,6 +703,9 @@ impl ModelConfig {
 
     /// What in this model only the CPU engine runs (`None`: the GPU runs all of it).
     pub fn cpu_only_layers(&self) -> Option<&'static str> {
+        if self.arch == Arch::GptOss {
+            return Some("attention sinks and biased Mixture-of-Experts layers");
+        }
         match (&self.delta_net, &self.moe) {
             (Some(_), _) => Some("hybrid Gated DeltaNet / gated attention layers"),
             (None, Some(_)) => Some("Mixture-of-Experts layers"),
@@ -743,12 +810,22 @@ fn moe_config(keys: &Keys<'_>, arch: Arch) -> Result<Option<MoeConfig>, ModelErr
         }
         _ => None,
     };
+    let gpt_oss = arch == Arch::GptOss;
     Ok(Some(MoeConfig {
         n_expert,
         n_expert_used,
         n_ff_exp,
-        norm_topk: arch != Arch::Qwen2Moe,
+        // gpt-oss's weights are already a softmax over the k (llama.cpp passes norm_w false).
+        norm_topk: !matches!(arch, Arch::Qwen2Moe | Arch::GptOss),
         n_ff_shared,
+        gating: match gpt_oss {
+            true => ExpertGating::SoftmaxTopK,
+            false => ExpertGating::Softmax,
+        },
+        activation: match gpt_oss {
+            true => ExpertActivation::SwigluOai,
+            false => ExpertActivation::Silu,
+        },
     }))
 }
 
@@ -808,16 +885,27 @@ fn delta_net_config(
     }))
 }
 
-/// Gemma 3's sliding-window layout, as llama.cpp's `load_arch_hparams`: no window (absent or
-/// 0) means every layer is global; `attention.sliding_window_pattern` is either a bool per
-/// layer or a period `n` (default [`GEMMA3_SWA_PATTERN`]) where layer `il` is local when
-/// `il % n < n − 1` (0: every layer local, llama.cpp's `set_swa_pattern`).
-fn sliding_window(keys: &Keys<'_>, n_layer: usize) -> Result<Option<SlidingWindow>, ModelError> {
+/// The sliding-window layout of Gemma 3 and gpt-oss, as their llama.cpp `load_arch_hparams`:
+/// `attention.sliding_window_pattern` is either a bool per layer or a period `n` (default
+/// [`GEMMA3_SWA_PATTERN`], gpt-oss [`GPT_OSS_SWA_PATTERN`]) where layer `il` is local when
+/// `il % n < n − 1` (0: every layer local, llama.cpp's `set_swa_pattern`). Gemma 3 without a
+/// window (absent or 0) is global everywhere; gpt-oss requires one (llama.cpp reads the key as
+/// required, and a window of 0 would mask every position). The local layers' RoPE base is
+/// `rope.freq_base_swa`, defaulting to [`DEFAULT_ROPE_THETA_SWA`] for Gemma 3 and to
+/// `rope_theta` for gpt-oss (llama.cpp `rope_freq_base_train_swa = rope_freq_base_train`).
+fn sliding_window(
+    keys: &Keys<'_>,
+    arch: Arch,
+    n_layer: usize,
+    rope_theta: f64,
+) -> Result<Option<SlidingWindow>, ModelError> {
+    let gpt_oss = arch == Arch::GptOss;
     let wkey = keys.key("attention.sliding_window");
     let window = match keys.idx.get(&wkey) {
+        None if gpt_oss => keys.size("attention.sliding_window", MAX_CONTEXT_LENGTH)?,
         None => return Ok(None),
         Some(_) => match keys.idx.get_u64(&wkey)? {
-            0 => return Ok(None),
+            0 if !gpt_oss => return Ok(None),
             w => bounded(&wkey, w, MAX_CONTEXT_LENGTH)?,
         },
     };
@@ -840,6 +928,7 @@ fn sliding_window(keys: &Keys<'_>, n_layer: usize) -> Result<Option<SlidingWindo
         }
         other => {
             let n = match other {
+                None if gpt_oss => GPT_OSS_SWA_PATTERN,
                 None => GEMMA3_SWA_PATTERN,
                 Some(_) => keys.idx.get_u64(&pkey)?,
             };
@@ -852,7 +941,11 @@ fn sliding_window(keys: &Keys<'_>, n_layer: usize) -> Result<Option<SlidingWindo
     };
     let rope_theta = keys.number(
         "rope.freq_base_swa",
-        DEFAULT_ROPE_THETA_SWA,
+        if gpt_oss {
+            rope_theta
+        } else {
+            DEFAULT_ROPE_THETA_SWA
+        },
         &format!("a finite number of at least {MIN_ROPE_FREQ_BASE}"),
         |v| v.is_finite() && v >= MIN_ROPE_FREQ_BASE,
     )?;
@@ -860,6 +953,7 @@ fn sliding_window(keys: &Keys<'_>, n_layer: usize) -> Result<Option<SlidingWindo
         window,
         local,
         rope_theta,
+        scaled_rope: gpt_oss,
     }))
 }
 
@@ -903,9 +997,13 @@ mod tests {
     use crate::gguf::{GgufWriter, MetaValueType};
 
     fn index(meta: &[(&str, MetaValue)]) -> GgufIndex {
+        index_for("gemma3", meta)
+    }
+
+    fn index_for(prefix: &str, meta: &[(&str, MetaValue)]) -> GgufIndex {
         let meta: Vec<(String, MetaValue)> = meta
             .iter()
-            .map(|(k, v)| (format!("gemma3.{k}"), v.clone()))
+            .map(|(k, v)| (format!("{prefix}.{k}"), v.clone()))
             .collect();
         let bytes = GgufWriter::new(Vec::new(), &meta, &[])
             .and_then(GgufWriter::finish)
@@ -923,7 +1021,9 @@ mod tests {
                 idx: &idx,
                 arch: "gemma3",
             },
+            Arch::Gemma3,
             n_layer,
+            DEFAULT_ROPE_THETA,
         )
     }
 
@@ -965,6 +1065,43 @@ mod tests {
         );
         assert_eq!(window(&[w(0)], 3).expect("ok"), None);
         assert_eq!(window(&[], 3).expect("ok"), None);
+    }
+
+    /// gpt-oss (llama.cpp `load_swa_pattern(ml, 2)`): even layers local by default, the local
+    /// base the global one unless the file says, the file's RoPE scaling on both; the window
+    /// is required and 0 refused.
+    #[test]
+    fn gpt_oss_windows_alternate_and_share_the_rope() {
+        let w = |v| ("attention.sliding_window", MetaValue::U32(v));
+        let win = |meta: &[(&str, MetaValue)]| {
+            let idx = index_for("gpt-oss", meta);
+            let keys = Keys {
+                idx: &idx,
+                arch: "gpt-oss",
+            };
+            sliding_window(&keys, Arch::GptOss, 5, 150_000.0)
+        };
+        let sw = win(&[w(128)]).expect("ok").expect("window");
+        assert_eq!(sw.local, [true, false, true, false, true]);
+        assert_eq!(
+            (sw.window, sw.rope_theta, sw.scaled_rope),
+            (128, 150_000.0, true)
+        );
+        let yarn = RopeScaling {
+            kind: crate::rope::RopeScalingKind::Yarn,
+            factor: 32.0,
+            ..RopeScaling::none(4096)
+        };
+        assert_eq!(sw.rope_scaling(&yarn, 131_072), yarn);
+        let theta = ("rope.freq_base_swa", MetaValue::F32(1_000.0));
+        let sw = win(&[w(128), theta]).expect("ok").expect("window");
+        assert_eq!(sw.rope_theta, 1_000.0);
+        for bad in [vec![], vec![w(0)]] {
+            assert!(win(&bad).is_err(), "{bad:?}");
+        }
+        // Gemma 3's local layers keep no scaling.
+        let g = window(&[w(64)], 2).expect("ok").expect("window");
+        assert_eq!(g.rope_scaling(&yarn, 256), RopeScaling::none(256));
     }
 
     #[test]

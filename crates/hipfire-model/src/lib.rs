@@ -77,7 +77,10 @@ pub mod tokenizer;
 
 pub use backend::{Backend, CpuBackend, ReferenceBackend, Weight};
 pub use chat_template::{ChatTemplate, Rendered, TemplateError, TemplateOrigin};
-pub use config::{Arch, DeltaNetConfig, FfnActivation, ModelConfig, MoeConfig, SlidingWindow};
+pub use config::{
+    Arch, DeltaNetConfig, ExpertActivation, ExpertGating, FfnActivation, ModelConfig, MoeConfig,
+    SlidingWindow,
+};
 pub use error::ModelError;
 pub use model::{
     forward_batch, generate, kv_bytes_per_position, resolve_ctx_len, BatchItem, Decoder,
@@ -87,6 +90,6 @@ pub use rope::{Rope, RopeScaling, RopeScalingKind};
 pub use sampling::{Sampler, SamplingParams};
 pub use synth::{
     write_synthetic, write_synthetic_to, Overwrite, SynthDeltaNet, SynthMoe, SynthReport,
-    SynthSpec, SYNTH_DESCRIPTION,
+    SynthSpec, SYNTH_DESCRIPTION, SYNTH_GPT_OSS_WINDOW,
 };
 pub use tokenizer::{ChatMessage, StreamDecoder, Tokenizer};

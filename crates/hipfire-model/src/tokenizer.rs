@@ -68,6 +68,14 @@ const QWEN35_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|
 /// llama.cpp `LLAMA_VOCAB_PRE_TYPE_LLAMA3` regex.
 const LLAMA3_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// llama.cpp `LLAMA_VOCAB_PRE_TYPE_GPT4O` regex (gpt-oss's o200k, Llama 4), the form llama.cpp
+/// runs: `tokenizer.json`'s `[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]` and `[\p{Ll}\p{Lm}\p{Lo}\p{M}]`
+/// written as "a letter but not a–z" and "a letter but not A–Z" (lookaheads), and its
+/// case-insensitive contractions spelled out.
+const GPT4O_REGEX: &str = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// `tokenizer.ggml.pre` names llama.cpp maps to [`GPT4O_REGEX`] (`gpt-4o` is gpt-oss's).
+const PRE_GPT4O: &[&str] = &["gpt-4o", "llama4", "kanana2", "talkie"];
+
 /// Names llama.cpp treats as end-of-generation when they are control tokens
 /// (`llama_vocab::impl::load`, the EOG auto-detection list).
 const EOG_NAMES: &[&str] = &[
@@ -457,6 +465,12 @@ fn gpt2_pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper, ModelError> {
             ByteLevel::new(false, true, true).into(),
         ])
         .into()
+    } else if PRE_GPT4O.contains(&pre) {
+        PreSequence::new(vec![
+            split(GPT4O_REGEX)?,
+            ByteLevel::new(false, false, false).into(),
+        ])
+        .into()
     } else if pre == "qwen35" {
         PreSequence::new(vec![
             split(QWEN35_REGEX)?,
@@ -587,6 +601,17 @@ mod tests {
         );
         // A combining acute accent (U+0301, bytes CC 81 → "Ìģ") stays in its word for
         // Qwen3.5 and is split off by Qwen2's `\p{L}+`.
+        // o200k (gpt-oss): up to 3 digits a piece, a case change starts a word only before a
+        // lower-case run ("HTTPServer" → "HTTPServer", "fooBar" → "foo", "Bar"), contractions
+        // stay on their word, "/" and newlines stay on punctuation.
+        assert_eq!(
+            split("gpt-4o", text),
+            ["I'm", "Ġ", "123", "45", "Ġok", "ĊĊ", "yes"]
+        );
+        assert_eq!(
+            split("gpt-4o", "fooBar HTTPServer a+=b//\n"),
+            ["foo", "Bar", "ĠHTTPServer", "Ġa", "+=", "b", "//Ċ"]
+        );
         let marked = "cafe\u{301} x";
         assert_eq!(split("qwen35", marked), ["cafeÌģ", "Ġx"]);
         assert_eq!(split("qwen2", marked), ["cafe", "Ìģ", "Ġx"]);
