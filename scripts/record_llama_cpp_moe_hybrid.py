@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
 """Record llama.cpp logits of random-weight Mixture-of-Experts files (qwen3moe, qwen2moe with
-its gated shared expert, Mixtral-style llama with experts) and Qwen3.5 hybrids (qwen35,
-qwen35moe: Gated DeltaNet + gated attention) into a small JSON fixture, for hipfire-model's
+its gated shared expert, Mixtral-style llama with experts, gpt-oss with sinks, biases,
+alternating sliding-window layers and YaRN) and Qwen3.5 hybrids (qwen35, qwen35moe: Gated
+DeltaNet + gated attention) into a small JSON fixture, for hipfire-model's
 `moe_hybrid_llamacpp` test.
 
 Usage:
     pip install llama-cpp-python==0.3.36      # builds llama.cpp from source
     cargo build --release -p hipfire-cli
     python3 scripts/record_llama_cpp_moe_hybrid.py --hipfire target/release/hipfire \\
-        [--out tests/fixtures/moe_hybrid_llamacpp.json]
+        [--out tests/fixtures/moe_hybrid_llamacpp.json] [--only gpt-oss-f32 gpt-oss-mxfp4]
+
+`--only` records just the named cases into the existing fixture, leaving the others' recorded
+values as they are.
 
 Each case is a file written by `hipfire synth` with the flags stored in the fixture, and its
 SHA-256, so the test can prove it regenerated the same bytes. A fixed prompt of random token
@@ -36,6 +40,10 @@ CASES = [
     ("qwen35-f32", "tiny-qwen35", "f32"),
     ("qwen35moe-f32", "tiny-qwen35moe", "f32"),
     ("qwen35-q8_0", "tiny-qwen35", "q8_0"),
+    # gpt-oss: f32, and MXFP4 as its experts ship (llama.cpp quantises the activations to q8_0
+    # for MXFP4 weights as hipfire does).
+    ("gpt-oss-f32", "tiny-gpt-oss", "f32"),
+    ("gpt-oss-mxfp4", "tiny-gpt-oss", "mxfp4"),
 ]
 
 
@@ -43,9 +51,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--hipfire", required=True, help="hipfire binary (for `synth`)")
     ap.add_argument("--out", default="tests/fixtures/moe_hybrid_llamacpp.json")
+    ap.add_argument("--only", nargs="+", metavar="CASE", help="record only these cases into --out")
     a = ap.parse_args()
     cases = [(name, ["--arch", arch, "--format", fmt, "--seed", str(SEED)]) for name, arch, fmt in CASES]
-    record(a.hipfire, cases, PROMPT_LEN, LOGIT_POSITIONS, PROMPT_SEED, VOCAB, a.out, {})
+    record(a.hipfire, cases, PROMPT_LEN, LOGIT_POSITIONS, PROMPT_SEED, VOCAB, a.out, {}, a.only)
 
 
 if __name__ == "__main__":

@@ -1059,6 +1059,36 @@ fn hybrid_files_with_bad_ssm_metadata_are_refused_by_name() {
     std::fs::remove_file(&good).unwrap();
 }
 
+/// The GPU decoder refuses gpt-oss by name before it touches a device (so this runs on a
+/// machine without one): sinks and biased experts are CPU-only.
+#[test]
+fn gpu_decoder_refuses_gpt_oss_by_name() {
+    use hipfire_model::gpu::{GpuDecoder, GpuOptions, DEFAULT_RAM_MARGIN_BYTES, DEFAULT_UBATCH};
+    let path = tmp("gpt-oss-gpu.gguf");
+    write_synthetic(&path, &SynthSpec::tiny(Arch::GptOss), Format::Q8_0, 3, None).unwrap();
+    let model = Model::load(&path, &LoadOptions::default()).unwrap();
+    let opts = GpuOptions {
+        ordinal: 0,
+        gpu_layer_budget: None,
+        mode: hipfire_exec::offload::OffloadMode::Pcie,
+        ram_margin_bytes: DEFAULT_RAM_MARGIN_BYTES,
+        flags: hipfire_exec::flags::FlagsTuning::default(),
+        ubatch: DEFAULT_UBATCH,
+    };
+    let pool = hipfire_exec::offload::offload_pool(1).unwrap();
+    match GpuDecoder::new(&model, pool, &opts) {
+        Err(hipfire_model::ModelError::Unsupported(m)) => {
+            assert!(
+                m.starts_with("gpt-oss:") && m.contains("attention sinks"),
+                "{m}"
+            )
+        }
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("the GPU decoder took gpt-oss"),
+    }
+    std::fs::remove_file(&path).unwrap();
+}
+
 /// gpt-oss's keys are bounded before they size anything and refused by name when they
 /// disagree: expert counts, the sliding window (required, and 0 would mask every position),
 /// its layer pattern, the head shape; a missing or misshapen sink or expert bias is refused
