@@ -577,9 +577,10 @@ pub(crate) trait BlockOps {
     /// `Gate = f(Gate) · Up`, element-wise.
     fn gated_activation(&mut self, f: FfnActivation) -> Result<(), ModelError>;
 
-    /// `X += moe(Xn)` for every row: the router's softmax, each row's top
-    /// `n_expert_used` experts (weights renormalised where [`crate::config::MoeConfig`] says),
-    /// their gated FFNs weighted and summed, plus the shared expert (see
+    /// `X += moe(Xn)` for every row: the router's logits (plus its bias where there is one),
+    /// each row's top `n_expert_used` experts and their weights by the configured gating
+    /// (renormalised where [`crate::config::MoeConfig`] says), their gated FFNs (with the
+    /// experts' biases where there are) weighted and summed, plus the shared expert (see
     /// [`crate::config::MoeConfig`]).
     fn moe(&mut self, t: &MoeTensors<usize, Self::Vector>) -> Result<(), ModelError>;
 

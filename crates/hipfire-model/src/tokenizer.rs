@@ -82,11 +82,30 @@ const EOG_NAMES: &[&str] = &[
     "<|eot_id|>",
     "<|im_end|>",
     "<|end|>",
+    HARMONY_RETURN,
+    HARMONY_CALL,
     "<end_of_turn>",
     "<|endoftext|>",
     "<|eom_id|>",
     "<EOT>",
 ];
+
+/// gpt-oss's (o200k_harmony) end of a final answer.
+const HARMONY_RETURN: &str = "<|return|>";
+/// gpt-oss's end of a tool call.
+const HARMONY_CALL: &str = "<|call|>";
+/// The end of a harmony message, which is not the end of generation: the analysis channel ends
+/// with it and the final channel follows.
+const HARMONY_END: &str = "<|end|>";
+
+/// Drop `<|end|>` from `eog` when `<|return|>` and `<|call|>` are there too (a harmony
+/// vocabulary), as llama.cpp's `llama_vocab::impl::load` does.
+fn harmony_eog(tokens: &[String], eog: &mut Vec<u32>) {
+    let has = |name: &str| eog.iter().any(|&i| tokens[i as usize] == name);
+    if has(HARMONY_RETURN) && has(HARMONY_CALL) {
+        eog.retain(|&i| tokens[i as usize] != HARMONY_END);
+    }
+}
 
 /// Vocabulary family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -361,6 +380,7 @@ impl Tokenizer {
                 eog.push(i as u32);
             }
         }
+        harmony_eog(&tokens, &mut eog);
         let token_text = |id: Option<u32>| id.map_or("", |i| tokens[i as usize].as_str());
         let chat = ChatTemplate::new(
             idx.get("tokenizer.chat_template").and_then(|v| v.as_str()),
@@ -575,6 +595,21 @@ mod tests {
             .into_iter()
             .map(|(w, _, _)| w.to_owned())
             .collect()
+    }
+
+    /// `<|end|>` ends generation unless the vocabulary is harmony's (it has `<|return|>` and
+    /// `<|call|>`), where it only ends a message.
+    #[test]
+    fn harmony_end_is_not_end_of_generation() {
+        let toks: Vec<String> = ["a", "<|end|>", "<|return|>", "<|call|>", "<|im_end|>"]
+            .map(String::from)
+            .to_vec();
+        let mut eog = vec![1, 2, 3, 4];
+        harmony_eog(&toks, &mut eog);
+        assert_eq!(eog, [2, 3, 4]);
+        let mut eog = vec![1, 2, 4];
+        harmony_eog(&toks, &mut eog);
+        assert_eq!(eog, [1, 2, 4]);
     }
 
     /// Every pre-tokenizer regex compiles under fancy-regex and splits as llama.cpp's
