@@ -688,6 +688,13 @@ pub enum SynthArch {
     /// routing with a selection bias, a shared expert).
     #[value(name = "tiny-glm4moe")]
     TinyGlm4Moe,
+    /// gpt-oss-20b shapes (24 layers alternating sliding-window and full attention, d 2880,
+    /// GQA 64/8 of 64, 32 experts of 2880, 4 a token, YaRN ×32).
+    #[value(name = "gpt-oss-20b")]
+    GptOss20b,
+    /// A tiny gpt-oss (4 layers, 8 experts, 2 a token, sinks, biases, YaRN).
+    #[value(name = "tiny-gpt-oss")]
+    TinyGptOss,
 }
 
 impl SynthArch {
@@ -714,6 +721,8 @@ impl SynthArch {
             SynthArch::TinyQwen3NextSsmIn => "tiny-qwen3next-ssm-in",
             SynthArch::Glm45Air => "glm-4.5-air",
             SynthArch::TinyGlm4Moe => "tiny-glm4moe",
+            SynthArch::GptOss20b => "gpt-oss-20b",
+            SynthArch::TinyGptOss => "tiny-gpt-oss",
         }
     }
 }

@@ -43,6 +43,12 @@ pub enum Arch {
     /// routed by sigmoid scores with a per-expert selection bias ([`Gating::Sigmoid`]) plus an
     /// ungated shared expert; trailing NextN (multi-token prediction) blocks are not run.
     Glm4Moe,
+    /// OpenAI gpt-oss-20b / 120b (llama.cpp `LLM_ARCH_OPENAI_MOE`, GGUF name `gpt-oss`):
+    /// biased q/k/v/output projections, a learned attention sink per head, sliding-window and
+    /// full layers alternating (even layers local), YaRN RoPE on every layer, and a routed FFN
+    /// with a biased router (softmax over the top-k logits) and biased experts whose gate is
+    /// [`ExpertActivation::SwigluOai`].
+    GptOss,
 }
 
 /// The FFN's gate activation (`act(gate) · up`).
@@ -68,9 +74,11 @@ impl Arch {
             "qwen35moe" => Ok(Arch::Qwen35Moe),
             "qwen3next" => Ok(Arch::Qwen3Next),
             "glm4moe" => Ok(Arch::Glm4Moe),
+            "gpt-oss" => Ok(Arch::GptOss),
             other => Err(ModelError::Unsupported(format!(
                 "architecture {} (supported: llama (Mixtral-style experts included), qwen2, \
-                 qwen3, gemma3, qwen2moe, qwen3moe, qwen35, qwen35moe, qwen3next, glm4moe)",
+                 qwen3, gemma3, qwen2moe, qwen3moe, qwen35, qwen35moe, qwen3next, glm4moe, \
+                 gpt-oss)",
                 Quoted::new(other)
             ))),
         }
@@ -89,6 +97,7 @@ impl Arch {
             Arch::Qwen35Moe => "qwen35moe",
             Arch::Qwen3Next => "qwen3next",
             Arch::Glm4Moe => "glm4moe",
+            Arch::GptOss => "gpt-oss",
         }
     }
 
@@ -104,7 +113,8 @@ impl Arch {
             | Arch::Qwen35
             | Arch::Qwen35Moe
             | Arch::Qwen3Next
-            | Arch::Glm4Moe => FfnActivation::Silu,
+            | Arch::Glm4Moe
+            | Arch::GptOss => FfnActivation::Silu,
         }
     }
 
@@ -137,7 +147,12 @@ impl Arch {
     pub fn always_moe(self) -> bool {
         matches!(
             self,
-            Arch::Qwen2Moe | Arch::Qwen3Moe | Arch::Qwen35Moe | Arch::Qwen3Next | Arch::Glm4Moe
+            Arch::Qwen2Moe
+                | Arch::Qwen3Moe
+                | Arch::Qwen35Moe
+                | Arch::Qwen3Next
+                | Arch::Glm4Moe
+                | Arch::GptOss
         )
     }
 
@@ -151,9 +166,17 @@ impl Arch {
 
     /// Whether the FFN's input norm is the tensor llama.cpp calls `attn_post_norm`
     /// (`blk.N.post_attention_norm`; its output feeds the FFN, it is not added to the residual)
-    /// rather than `ffn_norm`: Qwen3.5 and GLM-4.5.
+    /// rather than `ffn_norm`: Qwen3.5, GLM-4.5 and gpt-oss.
     pub fn ffn_norm_is_post_attention(self) -> bool {
-        self.hybrid() || self == Arch::Glm4Moe
+        self.hybrid() || matches!(self, Arch::Glm4Moe | Arch::GptOss)
+    }
+
+    /// The tensor that normalises the FFN's input (see [`Arch::ffn_norm_is_post_attention`]).
+    pub fn ffn_norm_name(self) -> &'static str {
+        match self.ffn_norm_is_post_attention() {
+            true => "post_attention_norm.weight",
+            false => "ffn_norm.weight",
+        }
     }
 
     /// RoPE pairing, as llama.cpp's `llama_model_rope_type`: llama uses "normal" rope
@@ -228,7 +251,11 @@ pub const DEFAULT_FULL_ATTENTION_INTERVAL: usize = 4;
 /// and the 6th global (llama.cpp `llama_model_gemma3::load_arch_hparams`:
 /// `load_swa_pattern(ml, 6)`; HF `Gemma3TextConfig.sliding_window_pattern = 6`).
 pub const GEMMA3_SWA_PATTERN: u64 = 6;
-/// RoPE base of sliding-window layers when `{arch}.rope.freq_base_swa` is absent (llama.cpp's
+/// gpt-oss's layer pattern: of every 2 blocks the first (even) is local and the second global
+/// (llama.cpp `llama_model_openai_moe::load_arch_hparams`: `load_swa_pattern(ml, 2)`; HF
+/// `GptOssConfig.layer_types` alternates `sliding_attention`, `full_attention`).
+pub const GPT_OSS_SWA_PATTERN: u64 = 2;
+/// RoPE base of Gemma 3's sliding-window layers when `{arch}.rope.freq_base_swa` is absent (llama.cpp's
 /// `rope_freq_base_train_swa` default; HF `Gemma3TextConfig.rope_local_base_freq`).
 const DEFAULT_ROPE_THETA_SWA: f64 = 10_000.0;
 /// Gemma-3-27B's block count: llama.cpp scales its queries by `1/√(d_model / n_head)` (the
@@ -389,6 +416,8 @@ pub struct MoeConfig {
     /// Leading layers whose FFN is dense, `n_ff` wide (`{arch}.leading_dense_block_count`,
     /// GLM-4.5's `first_k_dense_replace`); 0 for the other architectures.
     pub n_dense_lead: usize,
+    /// The routed experts' gated activation.
+    pub activation: ExpertActivation,
 }
 
 /// A routed FFN's gating: how the router's logits become per-expert scores (llama.cpp
@@ -400,6 +429,18 @@ pub enum Gating {
     Softmax,
     /// `sigmoid(logit)` per expert (GLM-4.5, DeepSeek-V3).
     Sigmoid,
+    /// `SOFTMAX_WEIGHT` (gpt-oss): the `n_expert_used` largest logits, their weights a softmax
+    /// over those alone.
+    SoftmaxTopK,
+}
+
+/// The gated activation of a routed expert, `act(gate · x, up · x)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertActivation {
+    /// `silu(g) · u` (SwiGLU).
+    Silu,
+    /// gpt-oss's clamped SwiGLU (ggml `swiglu_oai`, see [`crate::ops::swiglu_oai`]).
+    SwigluOai,
 }
 
 /// Which layers attend over a sliding window, and how.
@@ -412,9 +453,23 @@ pub struct SlidingWindow {
     /// Per layer, whether it is local.
     pub local: Vec<bool>,
     /// RoPE base of the local layers (`{arch}.rope.freq_base_swa`); the global layers use
-    /// [`ModelConfig::rope_theta`] with the file's RoPE scaling, the local ones no scaling
-    /// (llama.cpp's `rope_freq_scale_train_swa` = 1).
+    /// [`ModelConfig::rope_theta`] with the file's RoPE scaling.
     pub rope_theta: f64,
+    /// Whether the local layers apply the file's RoPE scaling too: gpt-oss's do (llama.cpp
+    /// `rope_freq_scale_train_swa = rope_freq_scale_train`), Gemma 3's apply none
+    /// (`rope_freq_scale_train_swa` = 1).
+    pub scaled_rope: bool,
+}
+
+impl SlidingWindow {
+    /// The RoPE scaling of the local layers, given the global layers' `scaling` and the
+    /// trained context `ctx_len`.
+    pub fn rope_scaling(&self, scaling: &RopeScaling, ctx_len: usize) -> RopeScaling {
+        match self.scaled_rope {
+            true => *scaling,
+            false => RopeScaling::none(ctx_len),
+        }
+    }
 }
 
 /// `plain` for ordinary magnitudes, `sci` for tiny or huge ones (a message stays readable).
@@ -599,10 +654,9 @@ impl ModelConfig {
             |v| v.is_finite() && v <= MAX_RMS_EPS && (v as f32) > 0.0,
         )? as f32;
         let gemma = arch == Arch::Gemma3;
-        let sliding_window = if gemma {
-            sliding_window(&keys, n_layer)?
-        } else {
-            None
+        let sliding_window = match arch {
+            Arch::Gemma3 | Arch::GptOss => sliding_window(&keys, arch, n_layer, rope_theta)?,
+            _ => None,
         };
         // llama.cpp reads the soft-cap for Gemma 2/3 only; 0 (or absent) means none.
         let final_logit_softcap = if gemma {
@@ -750,6 +804,9 @@ impl ModelConfig {
 
     /// What in this model only the CPU engine runs (`None`: the GPU runs all of it).
     pub fn cpu_only_layers(&self) -> Option<&'static str> {
+        if self.arch == Arch::GptOss {
+            return Some("attention sinks and biased Mixture-of-Experts layers");
+        }
         match (&self.delta_net, &self.moe) {
             (Some(_), _) => Some("hybrid Gated DeltaNet / gated attention layers"),
             (None, Some(_)) => Some("Mixture-of-Experts layers"),
@@ -869,15 +926,24 @@ fn moe_config(
         Arch::Glm4Moe => Some(glm_shared_width(keys, n_ff_exp)?),
         _ => None,
     };
+    let gpt_oss = arch == Arch::GptOss;
     let mut moe = MoeConfig {
         n_expert,
         n_expert_used,
         n_ff_exp,
-        norm_topk: arch != Arch::Qwen2Moe,
+        // gpt-oss's weights are already a softmax over the k (llama.cpp passes norm_w false).
+        norm_topk: !matches!(arch, Arch::Qwen2Moe | Arch::GptOss),
         n_ff_shared,
-        gating: Gating::Softmax,
+        gating: match gpt_oss {
+            true => Gating::SoftmaxTopK,
+            false => Gating::Softmax,
+        },
         weights_scale: 1.0,
         n_dense_lead: 0,
+        activation: match gpt_oss {
+            true => ExpertActivation::SwigluOai,
+            false => ExpertActivation::Silu,
+        },
     };
     if arch == Arch::Glm4Moe {
         glm_routing(keys, n_layer, &mut moe)?;
@@ -1074,16 +1140,27 @@ fn layer_flags(key: &str, flags: &[MetaValue], blocks: usize) -> Result<Vec<bool
         .collect()
 }
 
-/// Gemma 3's sliding-window layout, as llama.cpp's `load_arch_hparams`: no window (absent or
-/// 0) means every layer is global; `attention.sliding_window_pattern` is either a bool per
-/// layer or a period `n` (default [`GEMMA3_SWA_PATTERN`]) where layer `il` is local when
-/// `il % n < n − 1` (0: every layer local, llama.cpp's `set_swa_pattern`).
-fn sliding_window(keys: &Keys<'_>, n_layer: usize) -> Result<Option<SlidingWindow>, ModelError> {
+/// The sliding-window layout of Gemma 3 and gpt-oss, as their llama.cpp `load_arch_hparams`:
+/// `attention.sliding_window_pattern` is either a bool per layer or a period `n` (default
+/// [`GEMMA3_SWA_PATTERN`], gpt-oss [`GPT_OSS_SWA_PATTERN`]) where layer `il` is local when
+/// `il % n < n − 1` (0: every layer local, llama.cpp's `set_swa_pattern`). Gemma 3 without a
+/// window (absent or 0) is global everywhere; gpt-oss requires one (llama.cpp reads the key as
+/// required, and a window of 0 would mask every position). The local layers' RoPE base is
+/// `rope.freq_base_swa`, defaulting to [`DEFAULT_ROPE_THETA_SWA`] for Gemma 3 and to
+/// `rope_theta` for gpt-oss (llama.cpp `rope_freq_base_train_swa = rope_freq_base_train`).
+fn sliding_window(
+    keys: &Keys<'_>,
+    arch: Arch,
+    n_layer: usize,
+    rope_theta: f64,
+) -> Result<Option<SlidingWindow>, ModelError> {
+    let gpt_oss = arch == Arch::GptOss;
     let wkey = keys.key("attention.sliding_window");
     let window = match keys.idx.get(&wkey) {
+        None if gpt_oss => keys.size("attention.sliding_window", MAX_CONTEXT_LENGTH)?,
         None => return Ok(None),
         Some(_) => match keys.idx.get_u64(&wkey)? {
-            0 => return Ok(None),
+            0 if !gpt_oss => return Ok(None),
             w => bounded(&wkey, w, MAX_CONTEXT_LENGTH)?,
         },
     };
@@ -1092,6 +1169,7 @@ fn sliding_window(keys: &Keys<'_>, n_layer: usize) -> Result<Option<SlidingWindo
         Some(MetaValue::Array(_, flags)) => layer_flags(&pkey, flags, n_layer)?,
         other => {
             let n = match other {
+                None if gpt_oss => GPT_OSS_SWA_PATTERN,
                 None => GEMMA3_SWA_PATTERN,
                 Some(_) => keys.idx.get_u64(&pkey)?,
             };
@@ -1104,7 +1182,11 @@ fn sliding_window(keys: &Keys<'_>, n_layer: usize) -> Result<Option<SlidingWindo
     };
     let rope_theta = keys.number(
         "rope.freq_base_swa",
-        DEFAULT_ROPE_THETA_SWA,
+        if gpt_oss {
+            rope_theta
+        } else {
+            DEFAULT_ROPE_THETA_SWA
+        },
         &format!("a finite number of at least {MIN_ROPE_FREQ_BASE}"),
         |v| v.is_finite() && v >= MIN_ROPE_FREQ_BASE,
     )?;
@@ -1112,6 +1194,7 @@ fn sliding_window(keys: &Keys<'_>, n_layer: usize) -> Result<Option<SlidingWindo
         window,
         local,
         rope_theta,
+        scaled_rope: gpt_oss,
     }))
 }
 
@@ -1164,9 +1247,13 @@ mod tests {
     use crate::gguf::{GgufWriter, MetaValueType};
 
     fn index(meta: &[(&str, MetaValue)]) -> GgufIndex {
+        index_for("gemma3", meta)
+    }
+
+    fn index_for(prefix: &str, meta: &[(&str, MetaValue)]) -> GgufIndex {
         let meta: Vec<(String, MetaValue)> = meta
             .iter()
-            .map(|(k, v)| (format!("gemma3.{k}"), v.clone()))
+            .map(|(k, v)| (format!("{prefix}.{k}"), v.clone()))
             .collect();
         let bytes = GgufWriter::new(Vec::new(), &meta, &[])
             .and_then(GgufWriter::finish)
@@ -1184,7 +1271,9 @@ mod tests {
                 idx: &idx,
                 arch: "gemma3",
             },
+            Arch::Gemma3,
             n_layer,
+            DEFAULT_ROPE_THETA,
         )
     }
 
@@ -1226,6 +1315,43 @@ mod tests {
         );
         assert_eq!(window(&[w(0)], 3).expect("ok"), None);
         assert_eq!(window(&[], 3).expect("ok"), None);
+    }
+
+    /// gpt-oss (llama.cpp `load_swa_pattern(ml, 2)`): even layers local by default, the local
+    /// base the global one unless the file says, the file's RoPE scaling on both; the window
+    /// is required and 0 refused.
+    #[test]
+    fn gpt_oss_windows_alternate_and_share_the_rope() {
+        let w = |v| ("attention.sliding_window", MetaValue::U32(v));
+        let win = |meta: &[(&str, MetaValue)]| {
+            let idx = index_for("gpt-oss", meta);
+            let keys = Keys {
+                idx: &idx,
+                arch: "gpt-oss",
+            };
+            sliding_window(&keys, Arch::GptOss, 5, 150_000.0)
+        };
+        let sw = win(&[w(128)]).expect("ok").expect("window");
+        assert_eq!(sw.local, [true, false, true, false, true]);
+        assert_eq!(
+            (sw.window, sw.rope_theta, sw.scaled_rope),
+            (128, 150_000.0, true)
+        );
+        let yarn = RopeScaling {
+            kind: crate::rope::RopeScalingKind::Yarn,
+            factor: 32.0,
+            ..RopeScaling::none(4096)
+        };
+        assert_eq!(sw.rope_scaling(&yarn, 131_072), yarn);
+        let theta = ("rope.freq_base_swa", MetaValue::F32(1_000.0));
+        let sw = win(&[w(128), theta]).expect("ok").expect("window");
+        assert_eq!(sw.rope_theta, 1_000.0);
+        for bad in [vec![], vec![w(0)]] {
+            assert!(win(&bad).is_err(), "{bad:?}");
+        }
+        // Gemma 3's local layers keep no scaling.
+        let g = window(&[w(64)], 2).expect("ok").expect("window");
+        assert_eq!(g.rope_scaling(&yarn, 256), RopeScaling::none(256));
     }
 
     #[test]

@@ -78,7 +78,8 @@ pub mod tokenizer;
 pub use backend::{Backend, CpuBackend, ReferenceBackend, Weight};
 pub use chat_template::{ChatTemplate, Rendered, TemplateError, TemplateOrigin};
 pub use config::{
-    Arch, DeltaNetConfig, FfnActivation, Gating, KeyHeadShare, ModelConfig, MoeConfig,
+    Arch, DeltaNetConfig, ExpertActivation, FfnActivation, Gating, KeyHeadShare, ModelConfig,
+    MoeConfig,
     SlidingWindow,
 };
 pub use error::ModelError;
@@ -90,6 +91,6 @@ pub use rope::{Rope, RopeScaling, RopeScalingKind};
 pub use sampling::{Sampler, SamplingParams};
 pub use synth::{
     write_synthetic, write_synthetic_to, Overwrite, SynthDeltaNet, SynthGlm, SynthMoe, SynthReport,
-    SynthSpec, SYNTH_DESCRIPTION,
+    SynthSpec, SYNTH_DESCRIPTION, SYNTH_GPT_OSS_WINDOW,
 };
 pub use tokenizer::{ChatMessage, StreamDecoder, Tokenizer};

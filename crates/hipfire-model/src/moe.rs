@@ -2,11 +2,13 @@
 //! logits → scores (softmax over all experts, or a sigmoid each: [`Gating`]) → the
 //! `n_expert_used` highest, ranked after adding the layer's selection bias where it has one →
 //! their unbiased scores as weights (renormalised to sum to 1 where [`MoeConfig::norm_topk`]
-//! says, then times [`MoeConfig::weights_scale`]), as llama.cpp's `build_moe_ffn` does.
-//! [`ExpertRows`] then groups a step's tokens by expert, so an engine reads each used expert's
-//! weights once for all the tokens routed to it.
+//! says, then times [`MoeConfig::weights_scale`]), as llama.cpp's `build_moe_ffn` does; or, with
+//! [`Gating::SoftmaxTopK`] (gpt-oss), the `n_expert_used` largest logits → a softmax over those
+//! alone. [`ExpertRows`] then groups a step's tokens by expert, so an engine reads each used
+//! expert's weights once for all the tokens routed to it.
 
-use crate::config::{Gating, MoeConfig};
+use crate::config::{ExpertActivation, Gating, MoeConfig};
+
 use crate::ops;
 use crate::ModelError;
 
@@ -61,10 +63,15 @@ impl Routes {
         let mut select = vec![0f32; e];
         let mut order: Vec<u32> = Vec::with_capacity(e);
         for row in logits.chunks_exact(e) {
+            // The scores the top k is taken from: probabilities, or the logits themselves
+            // (the same order unless the softmax rounds two apart logits to one value).
             probs.copy_from_slice(row);
             match cfg.gating {
                 Gating::Softmax => ops::softmax(&mut probs),
                 Gating::Sigmoid => probs.iter_mut().for_each(|p| *p = sigmoid(*p)),
+                // The top k of the logits themselves (the same order as their softmax unless
+                // it rounds two apart logits to one value), softmaxed once chosen.
+                Gating::SoftmaxTopK => {}
             }
             let scores = match bias {
                 None => &probs,
@@ -93,6 +100,9 @@ impl Routes {
             for &x in top.iter() {
                 experts.push(x);
                 weights.push(probs[x as usize]);
+            }
+            if cfg.gating == Gating::SoftmaxTopK {
+                ops::softmax(&mut weights[w0..]);
             }
             let chosen = &mut weights[w0..];
             if cfg.norm_topk {
@@ -158,6 +168,51 @@ impl ExpertRows {
     }
 }
 
+/// What a routed expert does around its three projections, on host rows: its activation and,
+/// for gpt-oss, a bias after each projection (the layer's [`crate::block::ExpertBiases`] of
+/// this expert). The shared expert is plain SwiGLU ([`ExpertExtras::SWIGLU`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ExpertExtras<'v> {
+    /// The gated activation.
+    pub act: ExpertActivation,
+    /// The gate, up and down biases.
+    pub biases: Option<(&'v [f32], &'v [f32], &'v [f32])>,
+}
+
+impl ExpertExtras<'_> {
+    /// Plain SwiGLU, no biases.
+    pub const SWIGLU: ExpertExtras<'static> = ExpertExtras {
+        act: ExpertActivation::Silu,
+        biases: None,
+    };
+
+    /// `g ← act(g + b_gate, u + b_up)` for each row of `ff` values of `g` and `u`.
+    pub fn activate(&self, g: &mut [f32], u: &mut [f32], ff: usize) {
+        for (gr, ur) in g.chunks_exact_mut(ff).zip(u.chunks_exact_mut(ff)) {
+            if let Some((bg, bu, _)) = self.biases {
+                add_row(gr, bg);
+                add_row(ur, bu);
+            }
+            match self.act {
+                ExpertActivation::Silu => ops::swiglu(gr, ur),
+                ExpertActivation::SwigluOai => ops::swiglu_oai(gr, ur),
+            }
+        }
+    }
+
+    /// `y ← y + b_down` for each row of `y` (`d_model` values each).
+    pub fn finish(&self, y: &mut [f32]) {
+        if let Some((_, _, bd)) = self.biases {
+            y.chunks_exact_mut(bd.len()).for_each(|r| add_row(r, bd));
+        }
+    }
+}
+
+/// `r += b` element-wise.
+pub(crate) fn add_row(r: &mut [f32], b: &[f32]) {
+    r.iter_mut().zip(b).for_each(|(y, &v)| *y += v);
+}
+
 /// `1 / (1 + e^{−x})`: the shared expert's scalar gate.
 pub fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
@@ -177,6 +232,17 @@ mod tests {
             gating: Gating::Softmax,
             weights_scale: 1.0,
             n_dense_lead: 0,
+            activation: crate::config::ExpertActivation::Silu,
+        }
+    }
+
+    /// Token `t` of `r` chose `top` in that order, each with weight `want(expert)` (to 1e-6).
+    fn assert_route(r: &Routes, t: usize, top: &[usize], want: impl Fn(usize) -> f64) {
+        let k = top.len();
+        for (j, &i) in top.iter().enumerate() {
+            assert_eq!(r.experts[t * k + j] as usize, i, "token {t} choice {j}");
+            let (got, want) = (f64::from(r.weights[t * k + j]), want(i));
+            assert!((got - want).abs() < 1e-6, "token {t}: {got} vs {want}");
         }
     }
 
@@ -200,12 +266,7 @@ mod tests {
                 idx.sort_by(|&a, &b| ex[b].partial_cmp(&ex[a]).unwrap().then(a.cmp(&b)));
                 let top = &idx[..k];
                 let s: f64 = top.iter().map(|&i| ex[i] / z).sum();
-                for (j, &i) in top.iter().enumerate() {
-                    assert_eq!(r.experts[t * k + j] as usize, i, "token {t} choice {j}");
-                    let want = ex[i] / z / if norm { s } else { 1.0 };
-                    let got = f64::from(r.weights[t * k + j]);
-                    assert!((got - want).abs() < 1e-6, "token {t}: {got} vs {want}");
-                }
+                assert_route(&r, t, top, |i| ex[i] / z / if norm { s } else { 1.0 });
             }
         }
     }
@@ -281,6 +342,38 @@ mod tests {
             (&[0, 1][..], &[0.0, 0.0][..])
         );
         assert!(Routes::from_logits_biased(&[0.0; 4], &c, Some(&[0.0; 3])).is_err());
+    }
+
+    /// gpt-oss's gating against a direct f64 computation: the k largest logits (ties to the
+    /// lower index), then a softmax over those k alone.
+    #[test]
+    fn softmax_after_top_k_matches_f64() {
+        let (e, k) = (32, 4);
+        let logits: Vec<f32> = (0..5 * e)
+            .map(|i| ((i * 7919 % 211) as f32 - 100.0) / 17.0)
+            .collect();
+        let c = MoeConfig {
+            gating: Gating::SoftmaxTopK,
+            ..cfg(e, k, false)
+        };
+        let r = Routes::from_logits(&logits, &c).expect("route");
+        for (t, row) in logits.chunks_exact(e).enumerate() {
+            let mut idx: Vec<usize> = (0..e).collect();
+            idx.sort_by(|&a, &b| row[b].partial_cmp(&row[a]).unwrap().then(a.cmp(&b)));
+            let top = &idx[..k];
+            let mx = f64::from(row[top[0]]);
+            let z: f64 = top.iter().map(|&i| (f64::from(row[i]) - mx).exp()).sum();
+            assert_route(&r, t, top, |i| (f64::from(row[i]) - mx).exp() / z);
+        }
+        // Not the softmax-over-all weights renormalised by accident: those equal these, so
+        // check the k weights differ from the full softmax's probabilities.
+        let full = Routes::from_logits(&logits, &cfg(e, k, false)).expect("route");
+        assert_eq!(full.experts, r.experts);
+        assert!(full
+            .weights
+            .iter()
+            .zip(&r.weights)
+            .any(|(a, b)| (a - b).abs() > 1e-3));
     }
 
     #[test]

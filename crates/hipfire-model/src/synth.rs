@@ -50,6 +50,14 @@ pub const SYNTH_GEMMA3_WINDOW: usize = 24;
 /// Layer pattern of a synthetic Gemma 3: of every 2 blocks the first is local, so even the
 /// 2-block tiny model has one local and one global layer (real ones use 6).
 const SYNTH_GEMMA3_SWA_PATTERN: usize = 2;
+/// Sliding window of a synthetic gpt-oss (positions): as [`SYNTH_GEMMA3_WINDOW`], shorter
+/// than the tests' 64-token prompts so the even (local) layers' window is exercised; the real
+/// ones use 128.
+pub const SYNTH_GPT_OSS_WINDOW: usize = 24;
+/// YaRN of the tiny gpt-oss: a trained context of 64 stretched 4× to the tiny presets' 256, so
+/// the ramp between kept and interpolated frequencies falls inside the 32 pairs of a 64-wide
+/// head (the real model stretches 4096 by 32).
+const TINY_GPT_OSS_YARN: (f64, usize) = (4.0, 64);
 /// Experts a layer of the tiny MoE presets: enough that routing chooses (2 of 8), few
 /// enough that a test's handful of tokens reaches most of them.
 const TINY_EXPERTS: usize = 8;
@@ -114,6 +122,19 @@ pub struct SynthSpec {
     pub delta_net: Option<SynthDeltaNet>,
     /// Leading dims of each head that RoPE rotates (`None`: all of them).
     pub rope_dim: Option<usize>,
+    /// gpt-oss's `attention.sliding_window` (`None` for the others; Gemma 3's is
+    /// [`SYNTH_GEMMA3_WINDOW`]).
+    pub sliding_window: Option<usize>,
+}
+
+/// YaRN by `factor` over an original context of `orig` positions, default betas.
+fn yarn(factor: f64, orig: usize) -> RopeScaling {
+    RopeScaling {
+        kind: RopeScalingKind::Yarn,
+        factor,
+        orig_ctx: orig,
+        ..RopeScaling::none(orig)
+    }
 }
 
 /// The Gated DeltaNet layers of a synthetic hybrid model.
@@ -175,7 +196,7 @@ enum Kind {
     Quantised,
     /// A matrix kept in f32, as converters keep MoE routers (`ffn_gate_inp`).
     F32Matrix,
-    /// A norm or bias vector (f32).
+    /// A norm or bias vector (f32), or a table of them (gpt-oss's per-expert biases).
     Vector,
 }
 
@@ -200,6 +221,7 @@ impl SynthSpec {
             moe: None,
             delta_net: None,
             rope_dim: None,
+            sliding_window: None,
         }
     }
 
@@ -230,6 +252,42 @@ impl SynthSpec {
             }),
             delta_net: None,
             rope_dim: None,
+            sliding_window: None,
+        }
+    }
+
+    /// gpt-oss-20b's shapes (OpenAI's `config.json` for `openai/gpt-oss-20b`, also in
+    /// llama.cpp's `LLM_TYPE_20B` = 24 blocks: 24 layers alternating sliding-window (128) and
+    /// full attention, hidden 2880, 64 query / 8 KV heads of 64, 32 experts of width 2880 with
+    /// 4 a token, vocab 201088, rope θ 150000 with YaRN ×32 over a 4096-token original context
+    /// (131072 positions), untied head): ≈ 20.9 B parameters.
+    pub fn gpt_oss_20b() -> SynthSpec {
+        let ctx = 131_072;
+        SynthSpec {
+            name: "gpt-oss-20b".into(),
+            arch: Arch::GptOss,
+            n_layer: 24,
+            d_model: 2880,
+            n_ff: 2880,
+            n_head: 64,
+            n_head_kv: 8,
+            head_dim: 64,
+            vocab: 201_088,
+            ctx_len: ctx,
+            rope_theta: 150_000.0,
+            tied_embeddings: false,
+            rope_scaling: yarn(32.0, 4096),
+            moe: Some(SynthMoe {
+                n_expert: 32,
+                n_expert_used: 4,
+                n_ff_exp: 2880,
+                n_ff_shared: None,
+                fused_gate_up: false,
+                glm: None,
+            }),
+            delta_net: None,
+            rope_dim: None,
+            sliding_window: Some(128),
         }
     }
 
@@ -272,6 +330,7 @@ impl SynthSpec {
             }),
             delta_net: None,
             rope_dim: Some(64),
+            sliding_window: None,
         }
     }
 
@@ -296,6 +355,7 @@ impl SynthSpec {
             moe: None,
             delta_net: Some(PUBLISHED_DELTA_NET),
             rope_dim: Some(64),
+            sliding_window: None,
         }
     }
 
@@ -330,6 +390,7 @@ impl SynthSpec {
             }),
             delta_net: Some(PUBLISHED_DELTA_NET),
             rope_dim: Some(64),
+            sliding_window: None,
         }
     }
 
@@ -405,27 +466,35 @@ impl SynthSpec {
             moe: None,
             delta_net: None,
             rope_dim: None,
+            sliding_window: None,
         }
     }
 
-    /// A tiny model for tests (every dim a multiple of 256 so every format applies).
+    /// A tiny model for tests (every dim a multiple of 256 so every format applies). The tiny
+    /// gpt-oss has 4 layers (two local, two global), 8 query heads of 64 over a residual of
+    /// 256 (so `n_head · head_dim ≠ d_model`, as the real model's 4096 ≠ 2880) and YaRN.
     pub fn tiny(arch: Arch) -> SynthSpec {
         if arch == Arch::Glm4Moe {
             return SynthSpec::tiny_glm4moe();
         }
+        let gpt_oss = arch == Arch::GptOss;
+        let (yarn_factor, yarn_orig) = TINY_GPT_OSS_YARN;
         SynthSpec {
             name: format!("tiny-{}", arch.name()),
             arch,
             d_model: 256,
             n_ff: 512,
-            n_head: 4,
+            n_head: if gpt_oss { 8 } else { 4 },
             n_head_kv: 2,
             head_dim: 64,
             vocab: 512,
             ctx_len: 256,
             rope_theta: 10_000.0,
             tied_embeddings: matches!(arch, Arch::Qwen2 | Arch::Gemma3),
-            rope_scaling: RopeScaling::none(256),
+            rope_scaling: match gpt_oss {
+                true => yarn(yarn_factor, yarn_orig),
+                false => RopeScaling::none(256),
+            },
             moe: arch.always_moe().then(|| SynthMoe {
                 n_expert: TINY_EXPERTS,
                 n_expert_used: TINY_EXPERTS_USED,
@@ -435,8 +504,9 @@ impl SynthSpec {
                 fused_gate_up: false,
                 glm: None,
             }),
-            // Three DeltaNet layers and one attention layer: Qwen3.5's 3:1 pattern once.
-            n_layer: if arch.hybrid() { 4 } else { 2 },
+            // Three DeltaNet layers and one attention layer: Qwen3.5's 3:1 pattern once;
+            // gpt-oss's local/global alternation twice.
+            n_layer: if arch.hybrid() || gpt_oss { 4 } else { 2 },
             delta_net: arch.hybrid().then_some(SynthDeltaNet {
                 conv_kernel: 4,
                 n_k_heads: 2,
@@ -447,6 +517,7 @@ impl SynthSpec {
             }),
             // Qwen3.5 rotates a quarter of each head.
             rope_dim: arch.hybrid().then_some(16),
+            sliding_window: gpt_oss.then_some(SYNTH_GPT_OSS_WINDOW),
         }
     }
 
@@ -515,10 +586,10 @@ impl SynthSpec {
     }
 
     /// Preset by name: `llama3-8b`, `qwen-9b`, `qwen3-30b-a3b`, `qwen3.5-9b`, `qwen3.5-35b-a3b`,
-    /// `qwen3.5-0.8b`, `qwen3-next-80b-a3b`, `glm-4.5-air`, `tiny-llama`, `tiny-qwen2`,
-    /// `tiny-qwen3`, `tiny-gemma3`, `tiny-qwen2moe`, `tiny-qwen3moe`, `tiny-mixtral`,
-    /// `tiny-qwen35`, `tiny-qwen35moe`, `tiny-qwen35moe-gate-up`, `tiny-qwen3next`,
-    /// `tiny-qwen3next-ssm-in`, `tiny-glm4moe`.
+    /// `qwen3.5-0.8b`, `qwen3-next-80b-a3b`, `glm-4.5-air`, `gpt-oss-20b`, `tiny-llama`,
+    /// `tiny-qwen2`, `tiny-qwen3`, `tiny-gemma3`, `tiny-qwen2moe`, `tiny-qwen3moe`,
+    /// `tiny-mixtral`, `tiny-qwen35`, `tiny-qwen35moe`, `tiny-qwen35moe-gate-up`,
+    /// `tiny-qwen3next`, `tiny-qwen3next-ssm-in`, `tiny-glm4moe`, `tiny-gpt-oss`.
     pub fn preset(name: &str) -> Option<SynthSpec> {
         Some(match name {
             "llama3-8b" => SynthSpec::llama3_8b(),
@@ -542,6 +613,8 @@ impl SynthSpec {
             "tiny-qwen3next-ssm-in" => SynthSpec::tiny(Arch::Qwen3Next).with_ssm_in(),
             "glm-4.5-air" => SynthSpec::glm45_air(),
             "tiny-glm4moe" => SynthSpec::tiny_glm4moe(),
+            "gpt-oss-20b" => SynthSpec::gpt_oss_20b(),
+            "tiny-gpt-oss" => SynthSpec::tiny(Arch::GptOss),
             _ => return None,
         })
     }
@@ -604,7 +677,10 @@ impl SynthSpec {
                 t.push((n("attn_q.weight"), vec![d, qrows], Kind::Quantised));
                 t.push((n("attn_k.weight"), vec![d, kv], Kind::Quantised));
                 t.push((n("attn_v.weight"), vec![d, kv], Kind::Quantised));
-                if matches!(self.arch, Arch::Qwen2 | Arch::Qwen2Moe | Arch::Glm4Moe) {
+                if matches!(
+                    self.arch,
+                    Arch::Qwen2 | Arch::Qwen2Moe | Arch::Glm4Moe | Arch::GptOss
+                ) {
                     t.push((n("attn_q.bias"), vec![q], Kind::Vector));
                     t.push((n("attn_k.bias"), vec![kv], Kind::Vector));
                     t.push((n("attn_v.bias"), vec![kv], Kind::Vector));
@@ -614,16 +690,19 @@ impl SynthSpec {
                     t.push((n("attn_k_norm.weight"), vec![hd], Kind::Vector));
                 }
                 t.push((n("attn_output.weight"), vec![q, d], Kind::Quantised));
+                if self.arch == Arch::GptOss {
+                    t.push((n("attn_output.bias"), vec![d], Kind::Vector));
+                    t.push((
+                        n("attn_sinks.weight"),
+                        vec![self.n_head as u64],
+                        Kind::Vector,
+                    ));
+                }
                 if self.arch.post_norms() {
                     t.push((n("post_attention_norm.weight"), vec![d], Kind::Vector));
                 }
             }
-            // Qwen3.5 and GLM-4.5 name the FFN's input norm `post_attention_norm`.
-            let ffn_norm = match self.arch.ffn_norm_is_post_attention() {
-                true => "post_attention_norm.weight",
-                false => "ffn_norm.weight",
-            };
-            t.push((n(ffn_norm), vec![d], Kind::Vector));
+            t.push((n(self.arch.ffn_norm_name()), vec![d], Kind::Vector));
             let dense_lead = glm.map_or(0, |g| g.n_dense_lead);
             match self.moe.as_ref().filter(|_| i >= dense_lead) {
                 None => {
@@ -649,6 +728,12 @@ impl SynthSpec {
                         t.push((n("ffn_up_exps.weight"), vec![d, fe, e], Kind::Quantised));
                     }
                     t.push((n("ffn_down_exps.weight"), vec![fe, d, e], Kind::Quantised));
+                    if self.arch == Arch::GptOss {
+                        t.push((n("ffn_gate_inp.bias"), vec![e], Kind::Vector));
+                        t.push((n("ffn_gate_exps.bias"), vec![fe, e], Kind::Vector));
+                        t.push((n("ffn_up_exps.bias"), vec![fe, e], Kind::Vector));
+                        t.push((n("ffn_down_exps.bias"), vec![d, e], Kind::Vector));
+                    }
                     if let Some(sf) = m.n_ff_shared {
                         let sf = sf as u64;
                         // GLM-4.5's shared expert has no scalar gate.
@@ -785,6 +870,9 @@ impl SynthSpec {
                 ]),
                 (None, None) => {}
             }
+        }
+        if let Some(w) = self.sliding_window {
+            m.push((format!("{a}.attention.sliding_window"), u(w)));
         }
         if self.arch == Arch::Gemma3 {
             m.extend([
@@ -1020,6 +1108,10 @@ const SYNTH_CONV_TAP: f32 = 0.5;
 fn vector_value(name: &str, rng: &mut ChaCha8Rng) -> f32 {
     if name.ends_with("ssm_a") {
         rng.random_range(-8.0f32..-1.0)
+    } else if name.ends_with("attn_sinks.weight") {
+        // Trained sinks are logits of a few units; these weigh against the synthetic scores
+        // (near 0) enough that a sink left out shows in the logits.
+        rng.random_range(-1.0f32..2.0)
     } else if name.ends_with("ssm_dt.bias") {
         rng.random_range(-6.0f32..-2.5)
     } else if name.ends_with("exp_probs_b.bias") {
@@ -1096,9 +1188,10 @@ fn write_file(
             continue;
         }
         if *kind == Kind::Vector {
-            // Norm weights near 1 (as trained models have), biases near 0.
+            // Norm weights near 1 (as trained models have), biases near 0; one stream for the
+            // whole table (a vector is a table of one row).
             let mut rng = ChaCha8Rng::seed_from_u64(row_seed(seed, ti, 0));
-            let v: Vec<u8> = (0..k)
+            let v: Vec<u8> = (0..k * rows)
                 .flat_map(|_| vector_value(name, &mut rng).to_le_bytes())
                 .collect();
             w.write_data(&v)?;
