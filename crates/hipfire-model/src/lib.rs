@@ -79,8 +79,7 @@ pub use backend::{Backend, CpuBackend, ReferenceBackend, Weight};
 pub use chat_template::{ChatTemplate, Rendered, TemplateError, TemplateOrigin};
 pub use config::{
     Arch, DeltaNetConfig, ExpertActivation, FfnActivation, Gating, KeyHeadShare, ModelConfig,
-    MoeConfig,
-    SlidingWindow,
+    MoeConfig, SlidingWindow,
 };
 pub use error::ModelError;
 pub use model::{

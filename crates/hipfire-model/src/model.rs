@@ -1520,7 +1520,8 @@ mod tests {
             }
             for li in 0..c.n_layer {
                 let mut all = vec![f32::NAN; queries.len() * qd];
-                m.attention_many(li, &queries, None, &mut all).expect("together");
+                m.attention_many(li, &queries, None, &mut all)
+                    .expect("together");
                 let mut one = vec![f32::NAN; qd];
                 for (i, qi) in queries.iter().enumerate() {
                     m.attention_many(li, std::slice::from_ref(qi), None, &mut one)
