@@ -157,19 +157,21 @@ pub(crate) fn load(
     };
     let model = Model::from_gguf(file, &opts, backend)
         .with_context(|| format!("loading {}", path.display()))?;
-    // The GPU engine refuses routed experts and hybrid layers; `auto` runs such a model on the
-    // CPU instead.
+    // The GPU engine refuses routed experts (a hybrid model's among them) and DeltaNet shapes
+    // beyond its kernels; `auto` runs such a model on the CPU instead.
     let engine = match engine {
-        Engine::Gpu if s.device == Device::Auto => match model.config().cpu_only_layers() {
-            Some(what) => {
-                ctx.note(format!(
-                    "gpu: the GPU engine does not run {what} ({}) yet; running on the CPU",
-                    model.config().arch.name()
-                ));
-                Engine::Cpu
+        Engine::Gpu if s.device == Device::Auto => {
+            match hipfire_model::gpu::refusal(model.config()) {
+                Some(why) => {
+                    ctx.note(format!(
+                        "gpu: {why} ({}); running on the CPU",
+                        model.config().arch.name()
+                    ));
+                    Engine::Cpu
+                }
+                None => Engine::Gpu,
             }
-            None => Engine::Gpu,
-        },
+        }
         e => e,
     };
     // The CPU session's cache grows as positions fill; refuse up front a context whose full

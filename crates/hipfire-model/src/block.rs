@@ -672,14 +672,14 @@ pub(crate) trait BlockOps {
     /// [`crate::config::MoeConfig`]).
     fn moe(&mut self, t: &MoeTensors<usize, Self::Vector>) -> Result<(), ModelError>;
 
-    /// `X += wo · (attention(q) ⊙ sigmoid(g))` for every row, from `Xn`: Qwen3.5's gated
-    /// attention (its query projection yields `[q_h, g_h]` per head; q/k RMSNorm; RoPE, the
-    /// cache and the attention as [`BlockOps::attention`]).
-    fn gated_attention(
-        &mut self,
-        li: usize,
-        t: &Attention<usize, Self::Vector>,
-    ) -> Result<(), ModelError>;
+    /// Qwen3.5's gated attention, first part: `[q_h, g_h]` per head `= wq · Xn` (the query
+    /// heads into `Q`, the gates kept for [`BlockOps::output_gate`]), `K = wk · Xn`,
+    /// `V = wv · Xn`.
+    fn gated_query(&mut self, t: &Attention<usize, Self::Vector>) -> Result<(), ModelError>;
+
+    /// Qwen3.5's gated attention, after the attention: `Att_h *= sigmoid(g_h)` per head, with
+    /// the gates of the last [`BlockOps::gated_query`].
+    fn output_gate(&mut self) -> Result<(), ModelError>;
 
     /// `X += out · gated_norm(delta_rule(conv(qkv · Xn)))` for every row: layer `li`'s Gated
     /// DeltaNet over each row's sequence state, rows of one sequence in position order (see
@@ -697,9 +697,12 @@ pub(crate) fn layer<O: BlockOps>(
 ) -> Result<(), ModelError> {
     ops.rms_norm(Act::X, t.attn_norm, Act::Xn, c.d_model)?;
     match &t.mixer {
-        Mixer::Attention(a) if a.gated => ops.gated_attention(li, a)?,
         Mixer::Attention(a) => {
-            ops.project(&[(a.wq, Act::Q), (a.wk, Act::K), (a.wv, Act::V)], Act::Xn)?;
+            match a.gated {
+                // The loader refuses a query bias on a gated layer.
+                true => ops.gated_query(a)?,
+                false => ops.project(&[(a.wq, Act::Q), (a.wk, Act::K), (a.wv, Act::V)], Act::Xn)?,
+            }
             for (b, act) in [(a.bq, Act::Q), (a.bk, Act::K), (a.bv, Act::V)] {
                 if let Some(b) = b {
                     ops.add_bias(act, b)?;
@@ -712,6 +715,9 @@ pub(crate) fn layer<O: BlockOps>(
                 ops.rms_norm(Act::K, w, Act::K, c.head_dim)?;
             }
             ops.attention(li, a.sinks)?;
+            if a.gated {
+                ops.output_gate()?;
+            }
             residual(ops, a.wo, a.bo, Act::Att, t.post_attn_norm)?;
         }
         Mixer::DeltaNet(dn) => ops.delta_net(li, dn)?,

@@ -802,15 +802,20 @@ impl ModelConfig {
             .then_some(sw.window)
     }
 
-    /// What in this model only the CPU engine runs (`None`: the GPU runs all of it).
+    /// What in this model only the CPU engine runs (`None`: the GPU runs all of it). A hybrid
+    /// model's Gated DeltaNet and gated attention layers run on both; its routed FFNs (qwen35moe,
+    /// qwen3next) only on the CPU so far.
     pub fn cpu_only_layers(&self) -> Option<&'static str> {
         if self.arch == Arch::GptOss {
             return Some("attention sinks and biased Mixture-of-Experts layers");
         }
         match (&self.delta_net, &self.moe) {
-            (Some(_), _) => Some("hybrid Gated DeltaNet / gated attention layers"),
+            (_, None) => None,
             (None, Some(_)) => Some("Mixture-of-Experts layers"),
-            (None, None) => None,
+            (Some(_), Some(_)) => Some(
+                "the Mixture-of-Experts FFNs of this hybrid model (its Gated DeltaNet and gated \
+                 attention layers would run on the GPU; its routed FFNs do not yet)",
+            ),
         }
     }
 

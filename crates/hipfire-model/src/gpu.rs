@@ -40,17 +40,24 @@ use crate::{Model, ModelError, Weight};
 mod block_ops;
 mod decode_batch;
 mod decode_graph;
+mod delta_net;
 mod placement;
 mod short_runs;
+mod snapshot;
 use block_ops::GpuStep;
 pub use decode_batch::MAX_SLOTS;
 use decode_batch::{DecodeBatch, StepActs};
 use decode_graph::DecodeGraphs;
 pub use decode_graph::DISABLE_GRAPHS_ENV;
+pub use delta_net::{
+    unsupported_shape as unsupported_delta_net_shape, DELTA_NET_KERNEL_NAMES, DELTA_NET_SOURCE,
+};
+use delta_net::{Hybrid, HybridKernels, HybridScratch};
 use hipfire_gpu::dequant::DequantKernels;
 use hipfire_gpu::{gemm_available, gemm_f16, GemmShape};
 use placement::{gib, LayerPlacement, VramBudget};
 use short_runs::{ShortRunChooser, StepForm};
+pub use snapshot::GpuSnapshot;
 
 /// `kernels/decode.cu`: RMSNorm, RoPE, the f16 and q8_0 KV stores, attention, SwiGLU, add.
 pub const DECODE_SOURCE: KernelSource = KernelSource {
@@ -144,6 +151,17 @@ impl From<GpuError> for ModelError {
     }
 }
 
+/// Why the GPU engine cannot run a model of configuration `c` (`None`: it can): layers only the
+/// CPU engine runs, or DeltaNet shapes beyond the GPU's kernels. [`GpuDecoder::new`] refuses such
+/// a model with this reason; `--device auto` runs it on the CPU instead.
+pub fn refusal(c: &crate::ModelConfig) -> Option<String> {
+    if let Some(what) = c.cpu_only_layers() {
+        return Some(format!("the GPU engine does not run {what} yet"));
+    }
+    let dn = c.delta_net.as_ref()?;
+    delta_net::unsupported_shape(dn).map(|why| format!("the GPU engine does not run {why}"))
+}
+
 /// Names the step of a GPU failure (a [`ModelError::Gpu`] without one, or a GPU error from the
 /// executor), so the message says what was being done: which weight, which position.
 fn at_step(e: ModelError, step: impl FnOnce() -> String) -> ModelError {
@@ -200,9 +218,13 @@ impl GpuWeight {
 struct GpuLayer {
     /// The block's tensors ([`Model`]'s table): projection ids, norms and biases in VRAM.
     t: LayerTensors<usize, DeviceBuffer<f32>>,
-    /// Per sequence slot, `ctx_len` positions in the decoder's [`crate::gpu_kv::GpuKvLayout`].
+    /// Per sequence slot, `ctx_len` positions in the decoder's [`crate::gpu_kv::GpuKvLayout`];
+    /// none for a DeltaNet layer.
     k_cache: Vec<DeviceBuffer<u8>>,
     v_cache: Vec<DeviceBuffer<u8>>,
+    /// Per sequence slot, a DeltaNet layer's recurrent state (`gpu/delta_net.rs`); none for an
+    /// attention layer.
+    rec: Vec<DeviceBuffer<f32>>,
     /// Positions a sliding-window (local) layer's query sees; `None` for a global layer.
     window: Option<usize>,
 }
@@ -275,6 +297,13 @@ pub struct GpuDecoder<'m> {
     /// Captured decode steps (`None`: each kernel launched; always so with spilled layers,
     /// whose steps need the host between kernels).
     graphs: Option<DecodeGraphs>,
+    /// A hybrid model's kernels and scratch (`None` for the other architectures).
+    hybrid: Option<Hybrid>,
+    /// Per slot, whether a failed step left its recurrent states half-advanced
+    /// ([`GpuDecoder::states_begin`]).
+    rec_lost: Vec<bool>,
+    /// Snapshot bookkeeping ([`GpuSnapshot`]).
+    snaps: snapshot::SnapshotLog,
     ctx_len: usize,
     summary: String,
 }
@@ -377,9 +406,9 @@ impl<'m> GpuDecoder<'m> {
                 "{slots} sequence slots (1 to {MAX_SLOTS})"
             )));
         }
-        if let Some(what) = model.config().cpu_only_layers() {
+        if let Some(why) = refusal(model.config()) {
             return Err(ModelError::Unsupported(format!(
-                "{}: the GPU engine does not run {what} yet; run it on the CPU (--device cpu)",
+                "{}: {why}; run it on the CPU (--device cpu)",
                 model.config().arch.name()
             )));
         }
@@ -464,8 +493,25 @@ impl<'m> GpuDecoder<'m> {
             (Some(_), true) => Some(slots),
             (Some(_), false) => None,
         };
+        // A hybrid model's scratch serves every step form: as many rows as the widest (a
+        // micro-batch, a batched decode step or a short run, one token).
+        let hybrid_rows = [
+            1,
+            cols_rows(want_graphs).unwrap_or(1),
+            if batch_off.is_none() { ubatch } else { 1 },
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(1);
+        let hybrid_bytes = c
+            .delta_net
+            .as_ref()
+            .map_or(0, |dn| HybridScratch::vram_bytes(&c, dn, hybrid_rows));
+        // `kv_cache_bytes` counts the attention layers' caches and the DeltaNet layers'
+        // recurrent states of one sequence.
         let kv = model.kv_cache_bytes() * slots as u64
-            + cols_rows(want_graphs).map_or(0, |rows| DecodeBatch::vram_bytes(&c, rows));
+            + cols_rows(want_graphs).map_or(0, |rows| DecodeBatch::vram_bytes(&c, rows))
+            + hybrid_bytes;
         let mut widths = BatchWidths {
             d_model: c.d_model,
             q_dim: c.q_dim(),
@@ -563,9 +609,25 @@ impl<'m> GpuDecoder<'m> {
             // Rounded up to whole 32-bit words so the zero fill covers every byte.
             let cache_len = kv_layout.alloc_bytes(ctx_len);
             let kv_step = || format!("allocating layer {i}'s KV cache ({ctx_len} positions)");
+            let recurrent = c.delta_net.as_ref().filter(|dn| dn.is_recurrent(i));
             let mut k_cache = Vec::with_capacity(slots);
             let mut v_cache = Vec::with_capacity(slots);
-            for _ in 0..slots {
+            let mut rec = Vec::new();
+            if let Some(dn) = recurrent {
+                let rec_step = || format!("allocating layer {i}'s recurrent state");
+                for _ in 0..slots {
+                    // Zeroed again whenever a step starts the slot from position 0.
+                    let mut b = ctx
+                        .alloc::<f32>(dn.state_values())
+                        .map_err(|e| at_step(e.into(), rec_step))?;
+                    stream
+                        .fill_u32_async(&mut b, 0)
+                        .map_err(|e| at_step(e.into(), rec_step))?;
+                    rec.push(b);
+                }
+            }
+            let cache_slots = if recurrent.is_some() { 0 } else { slots };
+            for _ in 0..cache_slots {
                 for cache in [&mut k_cache, &mut v_cache] {
                     let mut b = ctx
                         .alloc::<u8>(cache_len)
@@ -580,6 +642,7 @@ impl<'m> GpuDecoder<'m> {
                 t: host.map_vectors(|v| upload_f32(&ctx, &stream, v))?,
                 k_cache,
                 v_cache,
+                rec,
                 window: c.layer_window(i),
             });
         }
@@ -631,9 +694,22 @@ impl<'m> GpuDecoder<'m> {
             },
         };
         stream.synchronize()?;
-        let max_k = c.d_model.max(c.n_ff).max(qd);
-        // The widest call: gate + up, or q + k + v, go to the executor together.
-        let max_m = c.d_model.max(2 * c.n_ff).max(qd + 2 * kvd);
+        // The widest call: gate + up, or q + k + v, go to the executor together; a hybrid's
+        // gated query is two heads' widths a head, its DeltaNet input projections go together
+        // and its output projection reads value_dim.
+        let (dn_k, dn_m) = c.delta_net.as_ref().map_or((0, 0), |dn| {
+            (
+                dn.value_dim(),
+                dn.conv_dim() + dn.value_dim() + 2 * dn.n_v_heads,
+            )
+        });
+        let gated_q = if c.arch.hybrid() { qd } else { 0 };
+        let max_k = c.d_model.max(c.n_ff).max(qd).max(dn_k);
+        let max_m = c
+            .d_model
+            .max(2 * c.n_ff)
+            .max(qd + gated_q + 2 * kvd)
+            .max(dn_m);
         let mut offload = OffloadExecutor::new(&ctx, pool, opts.mode.clone(), max_k, max_m)?;
         offload.set_flags_tuning(opts.flags);
         // Replayed steps run the batched step's form (positions and caches read from device
@@ -694,6 +770,21 @@ impl<'m> GpuDecoder<'m> {
             ),
             Some(why) => format!("prefill token by token ({why})"),
         };
+        let hybrid = match &c.delta_net {
+            Some(dn) => {
+                let module = registry.module(&DELTA_NET_SOURCE, &[])?;
+                let scratch = HybridScratch::new(&ctx, &c, dn, hybrid_rows).map_err(|e| {
+                    at_step(e, || {
+                        format!("allocating the DeltaNet scratch for {hybrid_rows} rows")
+                    })
+                })?;
+                Some(Hybrid {
+                    k: HybridKernels::new(&module)?,
+                    scratch,
+                })
+            }
+            None => None,
+        };
         let resident_gib = gib(placement.resident_bytes());
         let graph_text = if graphs.is_some() {
             "; decode steps replayed from CUDA graphs"
@@ -708,8 +799,16 @@ impl<'m> GpuDecoder<'m> {
         } else {
             format!("{}, ctx {ctx_len}", kv_layout.cache_type.name())
         };
+        let rec_text = match &c.delta_net {
+            Some(_) => format!(
+                ", {} DeltaNet layers' recurrent state ({:.1} MiB a sequence)",
+                c.n_layer - c.n_attention_layers(),
+                c.recurrent_bytes_per_sequence() as f64 / f64::from(1u32 << 20)
+            ),
+            None => String::new(),
+        };
         let summary = format!(
-            "{} on {} ({}): {} of {} layers resident ({:.2} GiB VRAM), {} spilled to pinned host memory ({:.2} GiB, offload_exec={}); embeddings, head, KV cache ({kv_text}, {:.2} GiB) and attention on the GPU; {prefill_text}{graph_text}",
+            "{} on {} ({}): {} of {} layers resident ({:.2} GiB VRAM), {} spilled to pinned host memory ({:.2} GiB, offload_exec={}); embeddings, head, KV cache ({kv_text}{rec_text}, {:.2} GiB) and attention on the GPU; {prefill_text}{graph_text}",
             c.arch.name(),
             ctx.info().name,
             ctx.info().arch,
@@ -746,6 +845,9 @@ impl<'m> GpuDecoder<'m> {
             step_counts: StepCounts::default(),
             short_runs: ShortRunChooser::default(),
             graphs,
+            hybrid,
+            rec_lost: vec![false; slots],
+            snaps: snapshot::SnapshotLog::new(slots),
             ctx_len,
             summary,
         })
@@ -771,9 +873,11 @@ impl<'m> GpuDecoder<'m> {
         self.pos()
     }
 
-    /// Forget the conversation (of the selected slot).
+    /// Forget the conversation (of the selected slot); a hybrid model's recurrent states are
+    /// zeroed when the next step starts the slot from position 0.
     pub fn reset(&mut self) {
         self.slot_pos[self.slot] = 0;
+        self.snaps.rewound(self.slot, 0);
     }
 
     fn pos(&self) -> usize {
@@ -805,9 +909,18 @@ impl<'m> GpuDecoder<'m> {
 
     /// Forget every position of `slot` from `pos` on (no-op past its end): what a failed step
     /// wrote there is never read.
+    ///
+    /// A hybrid model's recurrent state cannot go back: truncating below the slot's position
+    /// to anything but 0 leaves the slot refused until it is reset or a snapshot restored.
     pub fn truncate_slot(&mut self, slot: usize, pos: usize) {
         if let Some(p) = self.slot_pos.get_mut(slot) {
-            *p = (*p).min(pos);
+            if pos < *p {
+                *p = pos;
+                self.snaps.rewound(slot, pos);
+                if self.hybrid.is_some() && pos > 0 {
+                    self.rec_lost[slot] = true;
+                }
+            }
         }
     }
 
@@ -996,7 +1109,7 @@ impl<'m> GpuDecoder<'m> {
             .as_ref()
             .ok_or_else(|| ModelError::Unsupported(format!("weight {} not placed", w.name)))?;
         let wr = gw.weight_ref(w)?;
-        let act = self.s.a.act(which_act);
+        let act = self.s.a.act(which_act)?;
         let mut yv = DeviceView {
             ptr: y,
             bytes: y_len * 4,
@@ -1084,24 +1197,20 @@ impl<'m> GpuDecoder<'m> {
                 form: GemvForm::Plain,
             })
             .collect();
-        let act = self.s.a.act(which_act);
+        let act = self.s.a.act(which_act)?;
         self.offload
             .run_shared(&self.stream, &self.gemv, act, &mut steps)?;
         Ok(())
     }
 
-    fn prepare(&mut self, slot: ActSlot, x: u64, k: usize) -> Result<(), GpuError> {
+    fn prepare(&mut self, slot: ActSlot, x: u64, k: usize) -> Result<(), ModelError> {
         let xv = DeviceView {
             ptr: x,
             bytes: k * 4,
             ctx: &self.ctx,
         };
-        let act = match slot {
-            ActSlot::Model => &mut self.s.a.act_model,
-            ActSlot::Q => &mut self.s.a.act_q,
-            ActSlot::Ff => &mut self.s.a.act_ff,
-        };
-        self.gemv.prepare(&self.stream, &xv, act)
+        let act = self.s.a.act_mut(slot)?;
+        Ok(self.gemv.prepare(&self.stream, &xv, act)?)
     }
 
     /// Device addresses of the activations of a step of `n` tokens: the decode scratch for one
@@ -1506,6 +1615,8 @@ impl<'m> GpuDecoder<'m> {
         let r = self.rows(n)?;
         let batched = n > 1;
         let started = Instant::now();
+        let slots: Vec<usize> = segs.iter().map(|s| s.0).collect();
+        self.states_begin(&slots)?;
         // A short run's projections through the multi-column GEMV (within its reach, and unless
         // the measured step times say the GEMM is faster at this length: `short_runs`).
         let cols = batched
@@ -1610,6 +1721,7 @@ impl<'m> GpuDecoder<'m> {
         for &(slot, tokens) in segs {
             self.slot_pos[slot] += tokens.len();
         }
+        self.states_done(&slots);
         if batched && self.batch.is_some() {
             let form = if cols { StepForm::Cols } else { StepForm::Gemm };
             let seconds = started.elapsed().as_secs_f64();
@@ -1722,11 +1834,15 @@ fn unreachable_batch() -> Result<(), ModelError> {
     })
 }
 
+/// Which quantised-activation buffer a projection's input is prepared in (each as wide as the
+/// activations it serves).
 #[derive(Debug, Clone, Copy)]
 enum ActSlot {
     Model,
     Q,
     Ff,
+    /// A hybrid model's DeltaNet output (`value_dim`).
+    Value,
 }
 
 impl Decoder for GpuDecoder<'_> {
@@ -1806,12 +1922,13 @@ mod tests {
         assert!(matches!(e, ModelError::BadToken { id: 5, vocab: 4 }));
     }
 
-    /// Compiles `decode.cu` for sm_90 with NVRTC (no GPU needed) and checks that every kernel
-    /// [`GpuDecoder::new`] looks up is in the image. Skips, saying so, without libnvrtc, unless
-    /// CI's `HIPFIRE_REQUIRE_NVRTC=1` says it must be there.
-    #[test]
-    fn decode_kernels_compile_for_sm90_with_nvrtc() {
-        let src = &DECODE_SOURCE;
+    /// Compiles `src` for sm_90 with NVRTC (no GPU needed) and checks that each of `names` is
+    /// in the image. Skips, saying so, without libnvrtc, unless CI's `HIPFIRE_REQUIRE_NVRTC=1`
+    /// says it must be there.
+    pub(super) fn assert_kernels_compile<'n>(
+        src: &KernelSource,
+        names: impl IntoIterator<Item = &'n str>,
+    ) {
         let image =
             match hipfire_gpu::cuda::nvrtc_compile(src.name, src.source, src.headers, "sm_90", &[])
             {
@@ -1826,17 +1943,24 @@ mod tests {
                 }
                 Err(e) => panic!("{e}"),
             };
-        for n in DECODE_KERNEL_NAMES
-            .into_iter()
-            .chain(ATTENTION_KERNEL_NAMES)
-            .chain(ATTENTION_Q8_KERNEL_NAMES)
-        {
+        for n in names {
             let needle = format!("{n}\0");
             assert!(
                 image.windows(needle.len()).any(|w| w == needle.as_bytes()),
-                "decode.cu: kernel {n} missing"
+                "{}: kernel {n} missing",
+                src.name
             );
         }
+    }
+
+    /// Every kernel [`GpuDecoder::new`] looks up in `decode.cu` compiles.
+    #[test]
+    fn decode_kernels_compile_for_sm90_with_nvrtc() {
+        let names = DECODE_KERNEL_NAMES
+            .into_iter()
+            .chain(ATTENTION_KERNEL_NAMES)
+            .chain(ATTENTION_Q8_KERNEL_NAMES);
+        assert_kernels_compile(&DECODE_SOURCE, names);
     }
 
     /// The CPU cache rounds with `half::f16::from_f32`; `kv_store_f16` with `cvt.rn.f16.f32`

@@ -136,17 +136,16 @@ impl BlockOps for GpuStep<'_, '_, '_> {
         Ok(dec.launch_1d(kernel, n, args)?)
     }
 
-    fn gated_attention(&mut self, _: usize, _: &Attention<usize, u64>) -> Result<(), ModelError> {
-        // `GpuDecoder::with_slots` refuses hybrid models before a step can reach here.
-        Err(ModelError::Unsupported(
-            "the GPU engine does not run gated attention layers".into(),
-        ))
+    fn gated_query(&mut self, a: &Attention<usize, u64>) -> Result<(), ModelError> {
+        self.dec.gated_query(a, self.r, self.rows)
     }
 
-    fn delta_net(&mut self, _: usize, _: &DeltaNet<usize, u64>) -> Result<(), ModelError> {
-        Err(ModelError::Unsupported(
-            "the GPU engine does not run Gated DeltaNet layers".into(),
-        ))
+    fn output_gate(&mut self) -> Result<(), ModelError> {
+        self.dec.gate_attention(self.r, self.rows.len())
+    }
+
+    fn delta_net(&mut self, li: usize, t: &DeltaNet<usize, u64>) -> Result<(), ModelError> {
+        self.dec.delta_net_rows(li, t, self.r, self.x, self.rows)
     }
 
     fn moe(&mut self, _: &MoeTensors<usize, u64>) -> Result<(), ModelError> {

@@ -45,6 +45,8 @@ pub(super) struct StepActs {
     pub(super) act_model: Activation,
     pub(super) act_q: Activation,
     pub(super) act_ff: Activation,
+    /// A hybrid model's DeltaNet output (`value_dim`), the input of `ssm_out`.
+    pub(super) act_value: Option<Activation>,
     pub(super) stage_x: HostMappedBuffer,
     pub(super) stage_logits: HostMappedBuffer,
 }
@@ -70,6 +72,10 @@ impl StepActs {
             act_model: Activation::with_columns(ctx, d, rows)?,
             act_q: Activation::with_columns(ctx, qd, rows)?,
             act_ff: Activation::with_columns(ctx, c.n_ff, rows)?,
+            act_value: match &c.delta_net {
+                Some(dn) => Some(Activation::with_columns(ctx, dn.value_dim(), rows)?),
+                None => None,
+            },
             stage_x: ctx.alloc_pinned_host(rows * d * 4)?,
             stage_logits: ctx.alloc_pinned_host(rows * c.vocab * 4)?,
         })
@@ -79,16 +85,27 @@ impl StepActs {
     pub(super) fn vram_bytes(c: &ModelConfig, rows: usize) -> u64 {
         let f32s = rows * (3 * c.d_model + 3 * c.q_dim() + 2 * c.kv_dim() + 2 * c.n_ff + c.vocab);
         // Activations: an f32 copy and int8 values per element, a (d, s) f32 pair per 32.
-        let elems = rows * (c.d_model + c.q_dim() + c.n_ff);
+        let value = c.delta_net.as_ref().map_or(0, |dn| dn.value_dim());
+        let elems = rows * (c.d_model + c.q_dim() + c.n_ff + value);
         let act = elems * (4 + 1) + elems.div_ceil(32) * 8;
         (f32s * 4 + act) as u64
     }
 
-    pub(super) fn act(&self, slot: ActSlot) -> &Activation {
+    pub(super) fn act(&self, slot: ActSlot) -> Result<&Activation, ModelError> {
         match slot {
-            ActSlot::Model => &self.act_model,
-            ActSlot::Q => &self.act_q,
-            ActSlot::Ff => &self.act_ff,
+            ActSlot::Model => Ok(&self.act_model),
+            ActSlot::Q => Ok(&self.act_q),
+            ActSlot::Ff => Ok(&self.act_ff),
+            ActSlot::Value => self.act_value.as_ref().ok_or_else(no_value_act),
+        }
+    }
+
+    pub(super) fn act_mut(&mut self, slot: ActSlot) -> Result<&mut Activation, ModelError> {
+        match slot {
+            ActSlot::Model => Ok(&mut self.act_model),
+            ActSlot::Q => Ok(&mut self.act_q),
+            ActSlot::Ff => Ok(&mut self.act_ff),
+            ActSlot::Value => self.act_value.as_mut().ok_or_else(no_value_act),
         }
     }
 }
@@ -99,8 +116,9 @@ pub(crate) struct DecodeBatch {
     a: StepActs,
     /// The step's logits on the host, `rows × vocab` in feed order.
     host_logits: Vec<f32>,
-    /// Per layer, each row's K then V cache address: `[layer][k | v][row]`.
-    caches: DeviceBuffer<u64>,
+    /// Per layer, each row's K then V cache address: `[layer][k | v][row]`; for a DeltaNet
+    /// layer the first half holds each row's recurrent state address (the second is unused).
+    pub(super) caches: DeviceBuffer<u64>,
     /// Each row's position, then its depth (position + 1), then per layer its first attended
     /// position: `[pos | npos | first(layer 0) | first(layer 1) ..][row]`.
     places: DeviceBuffer<i32>,
@@ -274,10 +292,14 @@ impl<'m> GpuDecoder<'m> {
     ) -> Result<(), ModelError> {
         let b = feeds.len();
         let tokens: Vec<u32> = feeds.iter().map(|f| f.1).collect();
+        let slots: Vec<usize> = feeds.iter().map(|f| f.0).collect();
         self.stage_embeddings(&tokens)?;
         self.stage_slot_tables(feeds)?;
+        // Outside the captured part: the zero fill of a slot starting at position 0.
+        self.states_begin(&slots)?;
         self.run_batch_step(feeds)?;
         self.stream.synchronize()?;
+        self.states_done(&slots);
         let n = b * c.vocab;
         let db = self.decode_batch.as_mut().ok_or_else(no_batch)?;
         let dst = if b == 1 {
@@ -392,7 +414,16 @@ impl<'m> GpuDecoder<'m> {
         for (li, l) in self.layers.iter().enumerate() {
             for (i, &(slot, _)) in feeds.iter().enumerate() {
                 let at = |half: usize| 8 * ((2 * li + half) * rows + i);
-                let (kp, vp) = (l.k_cache[slot].device_ptr(), l.v_cache[slot].device_ptr());
+                let (kp, vp) = match (l.rec.get(slot), l.k_cache.get(slot), l.v_cache.get(slot)) {
+                    (Some(st), _, _) => (st.device_ptr(), 0),
+                    (None, Some(kc), Some(vc)) => (kc.device_ptr(), vc.device_ptr()),
+                    _ => {
+                        return Err(ModelError::Backend {
+                            backend: "gpu",
+                            message: format!("layer {li} holds no state for slot {slot}"),
+                        })
+                    }
+                };
                 caches[at(0)..at(0) + 8].copy_from_slice(&kp.to_ne_bytes());
                 caches[at(1)..at(1) + 8].copy_from_slice(&vp.to_ne_bytes());
             }
@@ -558,15 +589,11 @@ impl<'m> GpuDecoder<'m> {
         };
         {
             let db = self.decode_batch.as_mut().ok_or_else(no_batch)?;
-            let act = match slot {
-                ActSlot::Model => &mut db.a.act_model,
-                ActSlot::Q => &mut db.a.act_q,
-                ActSlot::Ff => &mut db.a.act_ff,
-            };
+            let act = db.a.act_mut(slot)?;
             self.gemv.prepare_cols(&self.stream, &xv, act, b)?;
         }
         let db = self.decode_batch.as_ref().ok_or_else(no_batch)?;
-        let act = db.a.act(slot);
+        let act = db.a.act(slot)?;
         // Resident weights go through the multi-column GEMV one by one; the spilled ones are
         // handed to the executor together, so that those over this x run as one split.
         let mut spilled = Vec::new();
@@ -620,6 +647,15 @@ impl<'m> GpuDecoder<'m> {
         self.offload
             .run_cols_shared(&self.stream, &self.gemv, act, &mut steps)?;
         Ok(())
+    }
+}
+
+/// The error of a DeltaNet output projection on a model without DeltaNet layers (a broken
+/// invariant: only a hybrid model's layers project from it).
+fn no_value_act() -> ModelError {
+    ModelError::Backend {
+        backend: "gpu",
+        message: "a DeltaNet output projection on a decoder without its activation".into(),
     }
 }
 

@@ -147,6 +147,7 @@ fn forward_checked(m: &Model, items: &mut [BatchItem<'_, '_>]) -> Result<(), Mod
             vec![0f32; n * ff],
         ],
         times: StepTimes::default(),
+        gates: Vec::new(),
     };
     let started = Instant::now();
     for (li, l) in m.layers.iter().enumerate() {
@@ -219,6 +220,9 @@ struct CpuStep<'a, 'b, 's, 'm> {
     bufs: [Vec<f32>; 8],
     /// Where the step's time went (logged at debug level for multi-token steps).
     times: StepTimes,
+    /// The gated attention's `[q_h, g_h]` rows, from [`BlockOps::gated_query`] to
+    /// [`BlockOps::output_gate`].
+    gates: Vec<f32>,
 }
 
 /// Wall time of a [`CpuStep`] by kind of operation: the breakdown a prefill's speed is read
@@ -424,17 +428,14 @@ impl<'a> BlockOps for CpuStep<'a, '_, '_, '_> {
         )
     }
 
-    fn gated_attention(
-        &mut self,
-        li: usize,
-        a: &Attention<usize, &'a [f32]>,
-    ) -> Result<(), ModelError> {
+    fn gated_query(&mut self, a: &Attention<usize, &'a [f32]>) -> Result<(), ModelError> {
         let (n, qd, hd) = (
             self.rows.len(),
             self.m.config.q_dim(),
             self.m.config.head_dim,
         );
-        let mut qg = vec![0f32; n * 2 * qd];
+        let mut qg = std::mem::take(&mut self.gates);
+        qg.resize(n * 2 * qd, 0.0);
         let (xn, mut k, mut v) = (self.take(Act::Xn), self.take(Act::K), self.take(Act::V));
         let done = self.timed(
             |t| &mut t.project,
@@ -445,7 +446,6 @@ impl<'a> BlockOps for CpuStep<'a, '_, '_, '_> {
         self.put(Act::Xn, xn);
         self.put(Act::K, k);
         self.put(Act::V, v);
-        done?;
         // Each head's rows are `[q_h, g_h]` (llama.cpp's views of `Qcur_full`).
         let mut q = self.take(Act::Q);
         for (qr, qgr) in q.chunks_exact_mut(qd).zip(qg.chunks_exact(2 * qd)) {
@@ -454,21 +454,15 @@ impl<'a> BlockOps for CpuStep<'a, '_, '_, '_> {
             }
         }
         self.put(Act::Q, q);
-        for (b, act) in [(a.bk, Act::K), (a.bv, Act::V)] {
-            if let Some(b) = b {
-                self.add_bias(act, b)?;
-            }
-        }
-        if let Some(w) = a.q_norm {
-            self.rms_norm(Act::Q, w, Act::Q, hd)?;
-        }
-        if let Some(w) = a.k_norm {
-            self.rms_norm(Act::K, w, Act::K, hd)?;
-        }
-        self.attention(li, a.sinks)?;
+        self.gates = qg;
+        done
+    }
+
+    fn output_gate(&mut self) -> Result<(), ModelError> {
+        let (qd, hd) = (self.m.config.q_dim(), self.m.config.head_dim);
         for (ar, qgr) in self.bufs[Act::Att as usize]
             .chunks_exact_mut(qd)
-            .zip(qg.chunks_exact(2 * qd))
+            .zip(self.gates.chunks_exact(2 * qd))
         {
             for (ah, pair) in ar.chunks_exact_mut(hd).zip(qgr.chunks_exact(2 * hd)) {
                 ah.iter_mut()
@@ -476,7 +470,7 @@ impl<'a> BlockOps for CpuStep<'a, '_, '_, '_> {
                     .for_each(|(x, &g)| *x *= moe::sigmoid(g));
             }
         }
-        self.project_residual(a.wo, Act::Att)
+        Ok(())
     }
 
     fn delta_net(&mut self, li: usize, t: &DeltaNet<usize, &'a [f32]>) -> Result<(), ModelError> {
