@@ -145,6 +145,12 @@ pub fn compare(m: &Model, fixture: &Value, near_tie: f64) -> Parity {
     p
 }
 
+/// Mean |chunked − steps| bound, as a fraction of the logits' range, where prompt chunks run on
+/// AMX tiles (see [`check_chunked_prefill_matches_steps`]; measured ≈ 8 %).
+const AMX_MEAN_BOUND: f32 = 0.12;
+/// Largest |chunked − steps| bound there (measured ≈ 16 %).
+const AMX_MAX_BOUND: f32 = 0.30;
+
 /// Chunked prefill (`Session::prefill`, weights read once per chunk of prompt tokens) of
 /// `prompt_len` seeded tokens gives the same bits as feeding them one `step` at a time: the last
 /// logits, then every decode step after it (which reads the whole KV cache the prefill wrote).
@@ -154,14 +160,33 @@ pub fn compare(m: &Model, fixture: &Value, near_tie: f64) -> Parity {
 /// within 2e-7 of their outputs there (Gemma-3-270M Q4_K_M's Q4_K weights, 32 activations), but
 /// a real model carries that through 600 positions, the int8 rounding of each layer's input and
 /// its sliding window: measured on that file, mean |Δ| 2.8–3.9 % and largest 5–11 % of the range,
-/// every argmax equal.
+/// every argmax equal. Where prompt chunks multiply on AMX tiles (`amx_rows_used`: bf16
+/// activations, against the steps' int8 ones) the two sides round differently in every layer:
+/// each product of the bf16 route is the closer to f64 (0.2–0.75 % of its largest output
+/// against 1–4 % for the int8 route, measured 2026-12-05 on the Xeon dev VM) and both sides stay
+/// as close to llama.cpp's logits (910-token prompt: mean |Δ| 0.209 chunked, 0.201 steps), but
+/// this seeded prompt of arbitrary ids amplifies rounding (5 tokens of scalar against SIMD steps
+/// already differ by a mean 4 % of the range): measured mean |Δ| ≈ 8 % and largest ≈ 16 %, so
+/// the bounds are [`AMX_MEAN_BOUND`] and [`AMX_MAX_BOUND`] and the argmax is not compared.
 pub fn check_chunked_prefill_matches_steps(m: &Model, prompt_len: u32) {
     let vocab = m.config().vocab as u32;
     let prompt: Vec<u32> = (0..prompt_len).map(|i| (i * 7919 + 13) % vocab).collect();
-    let exact = m.weights().iter().all(|w| {
-        hipfire_quant::multi_matches_single(hipfire_quant::simd_tier(), w.format, m.prefill_chunk())
-            && !hipfire_quant::amx_rows_used(w.format, m.prefill_chunk())
-    });
+    let amx = m
+        .weights()
+        .iter()
+        .any(|w| hipfire_quant::amx_rows_used(w.format, m.prefill_chunk()));
+    let exact = !amx
+        && m.weights().iter().all(|w| {
+            hipfire_quant::multi_matches_single(
+                hipfire_quant::simd_tier(),
+                w.format,
+                m.prefill_chunk(),
+            )
+        });
+    let (mean_bound, max_bound) = match amx {
+        true => (AMX_MEAN_BOUND, AMX_MAX_BOUND),
+        false => (0.08, 0.25),
+    };
     let same = |got: &[f32], want: &[f32], what: &str| {
         if exact {
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
@@ -174,15 +199,17 @@ pub fn check_chunked_prefill_matches_steps(m: &Model, prompt_len: u32) {
         let mean = diffs().sum::<f32>() / got.len().max(1) as f32;
         eprintln!("{what}: |chunked - steps| max {worst:.3}, mean {mean:.3}, range {range:.2}");
         assert!(
-            mean <= 0.08 * range,
+            mean <= mean_bound * range,
             "{what}: mean |Δ| {mean} of range {range}"
         );
         assert!(
-            worst <= 0.25 * range,
+            worst <= max_bound * range,
             "{what}: max |Δ| {worst} of range {range}"
         );
-        let argmax = hipfire_model::sampling::argmax;
-        assert_eq!(argmax(got), argmax(want), "{what}: argmax");
+        if !amx {
+            let argmax = hipfire_model::sampling::argmax;
+            assert_eq!(argmax(got), argmax(want), "{what}: argmax");
+        }
     };
     let mut a = m.session();
     let mut b = m.session();
