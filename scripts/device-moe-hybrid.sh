@@ -8,6 +8,8 @@
 #   scripts/device-moe-hybrid.sh cpu      # CPU only, 16 threads: decode and pp512 per model
 #                                         # (chain it right after `prep`: the box keeps its files
 #                                         # while warm)
+#   scripts/device-moe-hybrid.sh gpu      # GPU rows per $GPU_ROWS entry `model:format:engine:flags`
+#                                         # against llama-bench's row of the same placement
 #
 # Carried: device-bundle/hipfire.gz (release binary, gzipped), device-bundle/tests/*.gz (GPU
 # tier test executables, `gpu` only), and either .llamacpp/llama.cpp-src.tar.gz (built here,
@@ -31,7 +33,9 @@ THREADS=${THREADS:-16}
 log() { echo "$*" | tee -a "$LOG"; }
 
 unpack() {
-    gunzip -c "$ROOT/device-bundle/hipfire.gz" >"$HF" && chmod +x "$HF"
+    for b in "$ROOT"/device-bundle/hipfire*.gz; do
+        gunzip -c "$b" >"$WORK/bin/$(basename "$b" .gz)" && chmod +x "$WORK/bin/$(basename "$b" .gz)"
+    done
     "$HF" version | tee -a "$LOG"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee -a "$LOG"
     lscpu | grep -E "Model name|^CPU\(s\)|Flags" | cut -c1-200 | tee -a "$LOG"
@@ -55,7 +59,8 @@ build_llama() {
         return 1
     }
     strip "$LB"
-    tar cJf - -C "$(dirname "$LB")" llama-bench | split -b 20M - "$OUT/llama-bin.tar.xz.part"
+    # Files come back 16 MiB at most.
+    tar cJf - -C "$(dirname "$LB")" llama-bench | split -b 15M - "$OUT/llama-bin.tar.xz.part"
 }
 
 synth() { # preset format -> path
@@ -117,8 +122,27 @@ cpu)
         rm -f "$m"
     done
     ;;
+gpu)
+    [[ -x "$HF" ]] || unpack
+    build_llama || { log "no llama-bench"; exit 1; }
+    # An entry: preset:format:hipfire-binary:hipfire flags (',' for ' '):llama-bench flags.
+    for r in 1 2; do
+        for e in ${GPU_ROWS:?}; do
+            IFS=: read -r preset fmt bin hflags lflags <<<"$e"
+            m=$(synth "$preset" "$fmt")
+            tag="$preset-$fmt-$bin-${hflags//[, =]/_}"
+            hj="$WORK/json/$tag-r$r-hipfire.json" lj="$WORK/json/$tag-r$r-llama.json"
+            log "== $tag round $r"
+            run_h() { timeout 300 "$WORK/bin/$bin" bench "$m" --device gpu ${hflags//,/ } -p "${PP:-512}" \
+                -n "${TG:-64}" -r "${REPS:-2}" --json >"$hj" 2>>"$WORK/hipfire.log"; log "  hipfire rc=$? $(row "$hj")"; }
+            run_l() { timeout 300 "$LB" -m "$m" -p "${PP:-512}" -n "${TG:-64}" -r "${REPS:-2}" -t "$THREADS" \
+                -fa 1 ${lflags//,/ } -o json >"$lj" 2>>"$WORK/llama.log"; log "  llama   rc=$? $(row "$lj")"; }
+            if (( r % 2 == 1 )); then run_h; run_l; else run_l; run_h; fi
+        done
+    done
+    ;;
 *)
-    sed -n 2,15p "$0"
+    sed -n 2,17p "$0"
     exit 2
     ;;
 esac

@@ -483,6 +483,13 @@ impl<'m> GpuDecoder<'m> {
                 "no GEMM library on {} (cuBLAS not found)",
                 ctx.backend().name()
             ))
+        } else if let Some(w) = model.weights().iter().find(|w| !w.format.has_gpu_kernel()) {
+            // The GEMM step expands every weight on the device; a format without a GPU kernel
+            // stays with the CPU engine, which the GEMV path's planner runs it on.
+            Some(format!(
+                "{} weights have no GPU dequantiser",
+                w.format.name()
+            ))
         } else {
             None
         };
