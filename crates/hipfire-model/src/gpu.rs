@@ -483,15 +483,14 @@ impl<'m> GpuDecoder<'m> {
                 "no GEMM library on {} (cuBLAS not found)",
                 ctx.backend().name()
             ))
-        } else if let Some(w) = model.weights().iter().find(|w| !w.format.has_gpu_kernel()) {
+        } else {
             // The GEMM step expands every weight on the device; a format without a GPU kernel
             // stays with the CPU engine, which the GEMV path's planner runs it on.
-            Some(format!(
-                "{} weights have no GPU dequantiser",
-                w.format.name()
-            ))
-        } else {
-            None
+            model
+                .weights()
+                .iter()
+                .find(|w| !w.format.has_gpu_kernel())
+                .map(|w| format!("{} weights have no GPU dequantiser", w.format.name()))
         };
         // Rows of the multi-column scratch: one per slot, and with batched prefill at least a
         // short run's (SHORT_RUN_MAX_TOKENS); none for one slot without either.
