@@ -126,7 +126,7 @@ gpu)
     [[ -x "$HF" ]] || unpack
     build_llama || { log "no llama-bench"; exit 1; }
     # An entry: preset:format:hipfire-binary:hipfire flags (',' for ' '):llama-bench flags.
-    for r in 1 2; do
+    for r in ${ROUNDS:-1 2}; do
         for e in ${GPU_ROWS:?}; do
             IFS=: read -r preset fmt bin hflags lflags <<<"$e"
             m=$(synth "$preset" "$fmt")
