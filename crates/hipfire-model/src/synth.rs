@@ -283,6 +283,7 @@ impl SynthSpec {
                 n_expert_used: 8,
                 n_ff_exp: 512,
                 n_ff_shared: Some(512),
+                fused_gate_up: false,
             }),
             ..SynthSpec::qwen35_9b()
         }
@@ -306,6 +307,7 @@ impl SynthSpec {
                 n_v_heads: 16,
                 head_dim: 128,
                 interval: 4,
+                fused_qkvz: false,
             }),
             ..SynthSpec::qwen35_9b()
         }
