@@ -157,8 +157,8 @@ pub(crate) fn load(
     };
     let model = Model::from_gguf(file, &opts, backend)
         .with_context(|| format!("loading {}", path.display()))?;
-    // The GPU engine refuses routed experts and hybrid layers; `auto` runs such a model on the
-    // CPU instead.
+    // The GPU engine refuses hybrid layers (routed experts it runs); `auto` runs such a model on
+    // the CPU instead.
     let engine = match engine {
         Engine::Gpu if s.device == Device::Auto => match model.config().cpu_only_layers() {
             Some(what) => {
@@ -226,6 +226,7 @@ pub(crate) fn gpu_options(s: &Settings, mode: OffloadMode) -> GpuOptions {
             ..hipfire_exec::flags::FlagsTuning::default()
         },
         ubatch: s.ubatch as usize,
+        host_experts: hipfire_model::gpu::HostExperts::None,
     }
 }
 

@@ -686,11 +686,10 @@ impl ModelConfig {
 
     /// What in this model only the CPU engine runs (`None`: the GPU runs all of it).
     pub fn cpu_only_layers(&self) -> Option<&'static str> {
-        match (&self.delta_net, &self.moe) {
-            (Some(_), _) => Some("hybrid Gated DeltaNet / gated attention layers"),
-            (None, Some(_)) => Some("Mixture-of-Experts layers"),
-            (None, None) => None,
-        }
+        // Routed experts run on both engines; hybrid layers only on the CPU so far.
+        self.delta_net
+            .as_ref()
+            .map(|_| "hybrid Gated DeltaNet / gated attention layers")
     }
 
     /// Layers with a KV cache (all but a hybrid's DeltaNet layers).

@@ -45,6 +45,8 @@ pub(super) struct StepActs {
     pub(super) act_model: Activation,
     pub(super) act_q: Activation,
     pub(super) act_ff: Activation,
+    /// The shared expert's hidden (`n_ff_shared` wide), for a model with one.
+    pub(super) act_shared: Option<Activation>,
     pub(super) stage_x: HostMappedBuffer,
     pub(super) stage_logits: HostMappedBuffer,
 }
@@ -70,6 +72,10 @@ impl StepActs {
             act_model: Activation::with_columns(ctx, d, rows)?,
             act_q: Activation::with_columns(ctx, qd, rows)?,
             act_ff: Activation::with_columns(ctx, c.n_ff, rows)?,
+            act_shared: match shared_width(c) {
+                0 => None,
+                sf => Some(Activation::with_columns(ctx, sf, rows)?),
+            },
             stage_x: ctx.alloc_pinned_host(rows * d * 4)?,
             stage_logits: ctx.alloc_pinned_host(rows * c.vocab * 4)?,
         })
@@ -79,17 +85,40 @@ impl StepActs {
     pub(super) fn vram_bytes(c: &ModelConfig, rows: usize) -> u64 {
         let f32s = rows * (3 * c.d_model + 3 * c.q_dim() + 2 * c.kv_dim() + 2 * c.n_ff + c.vocab);
         // Activations: an f32 copy and int8 values per element, a (d, s) f32 pair per 32.
-        let elems = rows * (c.d_model + c.q_dim() + c.n_ff);
+        let elems = rows * (c.d_model + c.q_dim() + c.n_ff + shared_width(c));
         let act = elems * (4 + 1) + elems.div_ceil(32) * 8;
         (f32s * 4 + act) as u64
     }
 
-    pub(super) fn act(&self, slot: ActSlot) -> &Activation {
+    pub(super) fn act(&self, slot: ActSlot) -> Result<&Activation, ModelError> {
         match slot {
-            ActSlot::Model => &self.act_model,
-            ActSlot::Q => &self.act_q,
-            ActSlot::Ff => &self.act_ff,
+            ActSlot::Model => Ok(&self.act_model),
+            ActSlot::Q => Ok(&self.act_q),
+            ActSlot::Ff => Ok(&self.act_ff),
+            ActSlot::Shared => self.act_shared.as_ref().ok_or_else(no_shared),
         }
+    }
+
+    pub(super) fn act_mut(&mut self, slot: ActSlot) -> Result<&mut Activation, ModelError> {
+        match slot {
+            ActSlot::Model => Ok(&mut self.act_model),
+            ActSlot::Q => Ok(&mut self.act_q),
+            ActSlot::Ff => Ok(&mut self.act_ff),
+            ActSlot::Shared => self.act_shared.as_mut().ok_or_else(no_shared),
+        }
+    }
+}
+
+/// Width of the model's shared expert, 0 where it has none.
+fn shared_width(c: &ModelConfig) -> usize {
+    c.moe.as_ref().and_then(|m| m.n_ff_shared).unwrap_or(0)
+}
+
+/// A projection of the shared expert's hidden in a model without one (a broken invariant).
+fn no_shared() -> ModelError {
+    ModelError::Backend {
+        backend: "gpu",
+        message: "a shared-expert projection in a model without a shared expert".into(),
     }
 }
 
@@ -558,15 +587,11 @@ impl<'m> GpuDecoder<'m> {
         };
         {
             let db = self.decode_batch.as_mut().ok_or_else(no_batch)?;
-            let act = match slot {
-                ActSlot::Model => &mut db.a.act_model,
-                ActSlot::Q => &mut db.a.act_q,
-                ActSlot::Ff => &mut db.a.act_ff,
-            };
+            let act = db.a.act_mut(slot)?;
             self.gemv.prepare_cols(&self.stream, &xv, act, b)?;
         }
         let db = self.decode_batch.as_ref().ok_or_else(no_batch)?;
-        let act = db.a.act(slot);
+        let act = db.a.act(slot)?;
         // Resident weights go through the multi-column GEMV one by one; the spilled ones are
         // handed to the executor together, so that those over this x run as one split.
         let mut spilled = Vec::new();
