@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Record llama.cpp logits of random-weight Mixture-of-Experts files (qwen3moe, qwen2moe with
-its gated shared expert, Mixtral-style llama with experts), Qwen3.5 hybrids (qwen35,
-qwen35moe: Gated DeltaNet + gated attention; qwen35moe also with a fused ffn_gate_up_exps) and
-Qwen3-Next hybrids (qwen3next: fused ssm_ba, grouped value heads; also with the older fused
-ssm_in) into a small JSON fixture, for hipfire-model's `moe_hybrid_llamacpp` test.
+its gated shared expert, Mixtral-style llama with experts, glm4moe with sigmoid routing, a
+selection bias, a dense first layer and a NextN block, gpt-oss with sinks, biases, alternating
+sliding-window layers and YaRN), Qwen3.5 hybrids (qwen35, qwen35moe: Gated DeltaNet + gated
+attention; qwen35moe also with a fused ffn_gate_up_exps) and Qwen3-Next hybrids (qwen3next:
+fused ssm_ba, grouped value heads; also with the older fused ssm_in) into a small JSON fixture,
+for hipfire-model's `moe_hybrid_llamacpp` test.
 
 Usage:
     pip install llama-cpp-python==0.3.36      # builds llama.cpp from source
@@ -43,6 +45,12 @@ CASES = [
     ("qwen3next-f32", "tiny-qwen3next", "f32"),
     ("qwen3next-ssm-in-f32", "tiny-qwen3next-ssm-in", "f32"),
     ("qwen3next-q8_0", "tiny-qwen3next", "q8_0"),
+    ("glm4moe-f32", "tiny-glm4moe", "f32"),
+    ("glm4moe-q8_0", "tiny-glm4moe", "q8_0"),
+    # gpt-oss: f32, and MXFP4 as its experts ship (llama.cpp quantises the activations to q8_0
+    # for MXFP4 weights as hipfire does).
+    ("gpt-oss-f32", "tiny-gpt-oss", "f32"),
+    ("gpt-oss-mxfp4", "tiny-gpt-oss", "mxfp4"),
 ]
 
 

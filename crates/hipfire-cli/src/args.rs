@@ -680,6 +680,21 @@ pub enum SynthArch {
     /// tiny-qwen3next with each DeltaNet's q, k, v and z in one `ssm_in` (older files).
     #[value(name = "tiny-qwen3next-ssm-in")]
     TinyQwen3NextSsmIn,
+    /// GLM-4.5-Air shapes (46 layers + 1 NextN, d 4096, GQA 96/8, 128 experts of 1408, 8 a
+    /// token, sigmoid routing, a shared expert, layer 0 dense).
+    #[value(name = "glm-4.5-air")]
+    Glm45Air,
+    /// A tiny GLM-4.5 (1 dense + 2 routed layers + 1 NextN; 8 experts, 2 a token, sigmoid
+    /// routing with a selection bias, a shared expert).
+    #[value(name = "tiny-glm4moe")]
+    TinyGlm4Moe,
+    /// gpt-oss-20b shapes (24 layers alternating sliding-window and full attention, d 2880,
+    /// GQA 64/8 of 64, 32 experts of 2880, 4 a token, YaRN ×32).
+    #[value(name = "gpt-oss-20b")]
+    GptOss20b,
+    /// A tiny gpt-oss (4 layers, 8 experts, 2 a token, sinks, biases, YaRN).
+    #[value(name = "tiny-gpt-oss")]
+    TinyGptOss,
 }
 
 impl SynthArch {
@@ -704,6 +719,10 @@ impl SynthArch {
             SynthArch::Qwen3Next80bA3b => "qwen3-next-80b-a3b",
             SynthArch::TinyQwen3Next => "tiny-qwen3next",
             SynthArch::TinyQwen3NextSsmIn => "tiny-qwen3next-ssm-in",
+            SynthArch::Glm45Air => "glm-4.5-air",
+            SynthArch::TinyGlm4Moe => "tiny-glm4moe",
+            SynthArch::GptOss20b => "gpt-oss-20b",
+            SynthArch::TinyGptOss => "tiny-gpt-oss",
         }
     }
 }

@@ -614,12 +614,23 @@ fn values_portable(
 /// Merge the partials of one query head over its chunks (in chunk order) into `out`
 /// (`head_dim` values): `Σ_c e^(m_c − M) acc_c / Σ_c e^(m_c − M) l_c`.
 pub fn combine<'a>(parts: impl Iterator<Item = &'a [f32]> + Clone, out: &mut [f32]) {
+    combine_with_sink(parts, None, out);
+}
+
+/// [`combine`] with an attention sink: a logit `s` in the softmax that has no value, so the
+/// denominator gains `e^(s − M)` (`M` the largest of the chunks' maxima and `s`), as ggml's
+/// `soft_max` with sinks does (gpt-oss).
+pub fn combine_with_sink<'a>(
+    parts: impl Iterator<Item = &'a [f32]> + Clone,
+    sink: Option<f32>,
+    out: &mut [f32],
+) {
     let m = parts
         .clone()
         .map(|p| p[0])
-        .fold(f32::NEG_INFINITY, f32::max);
+        .fold(sink.unwrap_or(f32::NEG_INFINITY), f32::max);
     out.fill(0.0);
-    let mut l = 0f32;
+    let mut l = sink.map_or(0.0, |s| exp_nonpos(s - m));
     for p in parts {
         let w = exp_nonpos(p[0] - m);
         l += w * p[1];

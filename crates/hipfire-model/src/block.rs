@@ -65,6 +65,11 @@ pub struct Attention<W, V> {
     pub bk: Option<V>,
     /// See [`Attention::bq`].
     pub bv: Option<V>,
+    /// Output projection bias (gpt-oss).
+    pub bo: Option<V>,
+    /// One learned logit per query head that joins its softmax's denominator and carries no
+    /// value (gpt-oss `attn_sinks`; llama.cpp `ggml_soft_max_add_sinks`).
+    pub sinks: Option<V>,
     /// Per-head RMSNorms of q and k (Qwen3, Gemma 3, Qwen3.5).
     pub q_norm: Option<V>,
     /// See [`Attention::q_norm`].
@@ -161,8 +166,27 @@ pub struct MoeTensors<W, V> {
     pub up: Vec<W>,
     /// Expert `e`'s down projection.
     pub down: Vec<W>,
-    /// The always-on shared expert (Qwen2-MoE).
+    /// The always-on shared expert (Qwen2-MoE, GLM-4.5).
     pub shared: Option<SharedExpert<W, V>>,
+    /// `exp_probs_b`: `n_expert` values added to the scores to choose experts, not to weigh
+    /// them (GLM-4.5's `e_score_correction_bias`).
+    pub selection_bias: Option<V>,
+    /// Added to the router's logits before routing (gpt-oss `ffn_gate_inp.bias`).
+    pub router_bias: Option<V>,
+    /// Per-expert biases of the three projections (gpt-oss `ffn_*_exps.bias`).
+    pub biases: Option<ExpertBiases<V>>,
+}
+
+/// The routed experts' biases, one vector per expert and projection, each added right after
+/// its projection (llama.cpp's `ggml_add_id` after each `MUL_MAT_ID`).
+#[derive(Debug, Clone)]
+pub struct ExpertBiases<V> {
+    /// Expert `e`'s gate bias (`n_ff_exp` values).
+    pub gate: Vec<V>,
+    /// Expert `e`'s up bias (`n_ff_exp` values).
+    pub up: Vec<V>,
+    /// Expert `e`'s down bias (`d_model` values).
+    pub down: Vec<V>,
 }
 
 impl<W: Copy, V> MoeTensors<W, V> {
@@ -269,16 +293,10 @@ impl<W: Copy> LayerTensors<W, Vec<f32>> {
             Some(dn) if dn.is_recurrent(i) => Mixer::DeltaNet(load_delta_net(src, c, i)?),
             _ => Mixer::Attention(load_attention(src, c, i)?),
         };
-        // Qwen3.5 normalises the FFN's input with the tensor llama.cpp calls
-        // `attn_post_norm` (its output is the FFN's input, not added to the residual).
-        let ffn_norm_name = match c.arch.hybrid() {
-            true => "post_attention_norm.weight",
-            false => "ffn_norm.weight",
-        };
         Ok(LayerTensors {
             attn_norm,
             mixer,
-            ffn_norm: src.vector(&n(ffn_norm_name), d)?,
+            ffn_norm: src.vector(&n(c.arch.ffn_norm_name()), d)?,
             ffn: load_ffn(src, c, i)?,
             post_attn_norm,
             post_ffn_norm,
@@ -295,8 +313,9 @@ fn load_attention<W: Copy>(
     let n = |s: &str| format!("blk.{i}.{s}");
     let (d, qd, kvd) = (c.d_model, c.q_dim(), c.kv_dim());
     // Optional everywhere (some llama fine-tunes and Qwen2-MoE carry them); Qwen2 requires
-    // them.
+    // them. gpt-oss's are optional in llama.cpp too (its checkpoints carry them).
     let biases = c.arch == Arch::Qwen2;
+    let gpt_oss = c.arch == Arch::GptOss;
     let read_bias = |s: &str, len: usize| match biases {
         true => src.vector(&n(s), len).map(Some),
         false => src.opt_vector(&n(s), len),
@@ -321,6 +340,15 @@ fn load_attention<W: Copy>(
             c.arch.name()
         )));
     }
+    // gpt-oss requires its output bias and sinks (llama.cpp creates both with flag 0); no
+    // other architecture reads them.
+    let (bo, sinks) = match gpt_oss {
+        true => (
+            Some(src.vector(&n("attn_output.bias"), d)?),
+            Some(src.vector(&n("attn_sinks.weight"), c.n_head)?),
+        ),
+        false => (None, None),
+    };
     Ok(Attention {
         wq: src.matrix(&n("attn_q.weight"), d, if gated { 2 * qd } else { qd })?,
         wk: src.matrix(&n("attn_k.weight"), d, kvd)?,
@@ -329,6 +357,8 @@ fn load_attention<W: Copy>(
         bq,
         bk,
         bv,
+        bo,
+        sinks,
         q_norm,
         k_norm,
         gated,
@@ -400,7 +430,8 @@ fn load_ffn<W: Copy>(
 ) -> Result<Ffn<W, Vec<f32>>, ModelError> {
     let n = |s: &str| format!("blk.{i}.{s}");
     let d = c.d_model;
-    let Some(moe) = &c.moe else {
+    // GLM-4.5's leading layers are dense in a routed model.
+    let Some(moe) = c.moe.as_ref().filter(|m| i >= m.n_dense_lead) else {
         return Ok(Ffn::Dense {
             gate: src.matrix(&n("ffn_gate.weight"), d, c.n_ff)?,
             up: src.matrix(&n("ffn_up.weight"), d, c.n_ff)?,
@@ -443,12 +474,40 @@ fn load_ffn<W: Copy>(
             src.matrix_halves(&fused, d, ff, e)?
         }
     };
+    // llama.cpp requires GLM-4.5's selection bias (`ffn_exp_probs_b`); the other routed
+    // architectures have none.
+    let selection_bias = match c.arch {
+        Arch::Glm4Moe => Some(src.vector(&n("exp_probs_b.bias"), e)?),
+        _ => None,
+    };
+    // gpt-oss's router and experts are biased (required by llama.cpp); the others' are not.
+    let (router_bias, biases) = match c.arch == Arch::GptOss {
+        true => {
+            // One row of `len` values an expert.
+            let per_expert = |name: &str, len: usize| -> Result<Vec<Vec<f32>>, ModelError> {
+                let t = src.table(&n(name), len, e)?;
+                Ok(t.chunks_exact(len).map(<[f32]>::to_vec).collect())
+            };
+            (
+                Some(src.vector(&n("ffn_gate_inp.bias"), e)?),
+                Some(ExpertBiases {
+                    gate: per_expert("ffn_gate_exps.bias", ff)?,
+                    up: per_expert("ffn_up_exps.bias", ff)?,
+                    down: per_expert("ffn_down_exps.bias", d)?,
+                }),
+            )
+        }
+        false => (None, None),
+    };
     Ok(Ffn::Moe(MoeTensors {
         router,
         gate,
         up,
         down: src.matrices(&n("ffn_down_exps.weight"), ff, d, e)?,
         shared,
+        selection_bias,
+        router_bias,
+        biases,
     }))
 }
 
@@ -494,6 +553,8 @@ impl<W: Copy, V> LayerTensors<W, V> {
                     bq: opt(&t.bq)?,
                     bk: opt(&t.bk)?,
                     bv: opt(&t.bv)?,
+                    bo: opt(&t.bo)?,
+                    sinks: opt(&t.sinks)?,
                     q_norm: opt(&t.q_norm)?,
                     k_norm: opt(&t.k_norm)?,
                     gated: t.gated,
@@ -528,6 +589,20 @@ impl<W: Copy, V> LayerTensors<W, V> {
                         down: sh.down,
                         gate_inp: sh.gate_inp.as_ref().map(&mut f).transpose()?,
                     }),
+                },
+                selection_bias: m.selection_bias.as_ref().map(&mut f).transpose()?,
+                router_bias: m.router_bias.as_ref().map(&mut f).transpose()?,
+                biases: match &m.biases {
+                    None => None,
+                    Some(b) => {
+                        let mut all =
+                            |v: &'s Vec<V>| v.iter().map(&mut f).collect::<Result<Vec<_>, E>>();
+                        Some(ExpertBiases {
+                            gate: all(&b.gate)?,
+                            up: all(&b.up)?,
+                            down: all(&b.down)?,
+                        })
+                    }
                 },
             }),
         };
@@ -609,8 +684,9 @@ pub(crate) trait BlockOps {
     /// Layer `li`'s attention: RoPE on `Q` and `K` at each row's position (the layer's own
     /// table on a sliding-window layer), `K` and `V` into the layer's cache of the row's
     /// sequence, then each row's query over its sequence's cached positions (its window on a
-    /// sliding-window layer) into `Att`.
-    fn attention(&mut self, li: usize) -> Result<(), ModelError>;
+    /// sliding-window layer) into `Att`; with `sinks`, query head `h`'s softmax denominator
+    /// also counts `e^sinks[h]` ([`Attention::sinks`]).
+    fn attention(&mut self, li: usize, sinks: Option<Self::Vector>) -> Result<(), ModelError>;
 
     /// `X[r] += rms_norm(src[r]) · w` for every row (`d_model` values).
     fn rms_norm_add(&mut self, src: Act, w: Self::Vector) -> Result<(), ModelError>;
@@ -618,9 +694,10 @@ pub(crate) trait BlockOps {
     /// `Gate = f(Gate) · Up`, element-wise.
     fn gated_activation(&mut self, f: FfnActivation) -> Result<(), ModelError>;
 
-    /// `X += moe(Xn)` for every row: the router's softmax, each row's top
-    /// `n_expert_used` experts (weights renormalised where [`crate::config::MoeConfig`] says),
-    /// their gated FFNs weighted and summed, plus the shared expert (see
+    /// `X += moe(Xn)` for every row: the router's logits (plus its bias where there is one),
+    /// each row's top `n_expert_used` experts and their weights by the configured gating
+    /// (renormalised where [`crate::config::MoeConfig`] says), their gated FFNs (with the
+    /// experts' biases where there are) weighted and summed, plus the shared expert (see
     /// [`crate::config::MoeConfig`]).
     fn moe(&mut self, t: &MoeTensors<usize, Self::Vector>) -> Result<(), ModelError>;
 
@@ -663,8 +740,8 @@ pub(crate) fn layer<O: BlockOps>(
             if let Some(w) = a.k_norm {
                 ops.rms_norm(Act::K, w, Act::K, c.head_dim)?;
             }
-            ops.attention(li)?;
-            residual(ops, a.wo, Act::Att, t.post_attn_norm)?;
+            ops.attention(li, a.sinks)?;
+            residual(ops, a.wo, a.bo, Act::Att, t.post_attn_norm)?;
         }
         Mixer::DeltaNet(dn) => ops.delta_net(li, dn)?,
     }
@@ -674,7 +751,7 @@ pub(crate) fn layer<O: BlockOps>(
         Ffn::Dense { gate, up, down } => {
             ops.project(&[(*gate, Act::Gate), (*up, Act::Up)], Act::Xn)?;
             ops.gated_activation(c.arch.ffn_activation())?;
-            residual(ops, *down, Act::Gate, t.post_ffn_norm)
+            residual(ops, *down, None, Act::Gate, t.post_ffn_norm)
         }
         // No routed architecture normalises the FFN output (the loader reads no post-norm
         // for them).
@@ -682,19 +759,26 @@ pub(crate) fn layer<O: BlockOps>(
     }
 }
 
-/// `X += post(W · input)`: folded into the projection, or — where the architecture normalises
-/// the output first (Gemma) — projected into `Xn` (free once the block's projections of it are
-/// done), then normalised and added.
+/// `X += post(W · input + bias)`: folded into the projection (the bias added to `X` after),
+/// or — where the architecture normalises the output first (Gemma) — projected into `Xn` (free
+/// once the block's projections of it are done), then biased, normalised and added.
 fn residual<O: BlockOps>(
     ops: &mut O,
     w: usize,
+    bias: Option<O::Vector>,
     input: Act,
     post: Option<O::Vector>,
 ) -> Result<(), ModelError> {
     match post {
-        None => ops.project_residual(w, input),
+        None => {
+            ops.project_residual(w, input)?;
+            bias.map_or(Ok(()), |b| ops.add_bias(Act::X, b))
+        }
         Some(n) => {
             ops.project(&[(w, Act::Xn)], input)?;
+            if let Some(b) = bias {
+                ops.add_bias(Act::Xn, b)?;
+            }
             ops.rms_norm_add(Act::Xn, n)
         }
     }

@@ -37,6 +37,18 @@ pub enum Arch {
     /// `ssm_in`), each value head sharing the key head of its group
     /// ([`KeyHeadShare::Grouped`]), plain NEOX RoPE.
     Qwen3Next,
+    /// GLM-4.5 / GLM-4.5-Air / GLM-4.6 (llama.cpp `LLM_ARCH_GLM4_MOE`): attention with
+    /// optional q/k/v biases and q/k RMSNorms, partial NEOX RoPE, the FFN's input normalised by
+    /// `post_attention_norm`; the first `leading_dense_block_count` FFNs dense, the others
+    /// routed by sigmoid scores with a per-expert selection bias ([`Gating::Sigmoid`]) plus an
+    /// ungated shared expert; trailing NextN (multi-token prediction) blocks are not run.
+    Glm4Moe,
+    /// OpenAI gpt-oss-20b / 120b (llama.cpp `LLM_ARCH_OPENAI_MOE`, GGUF name `gpt-oss`):
+    /// biased q/k/v/output projections, a learned attention sink per head, sliding-window and
+    /// full layers alternating (even layers local), YaRN RoPE on every layer, and a routed FFN
+    /// with a biased router (softmax over the top-k logits) and biased experts whose gate is
+    /// [`ExpertActivation::SwigluOai`].
+    GptOss,
 }
 
 /// The FFN's gate activation (`act(gate) · up`).
@@ -61,9 +73,12 @@ impl Arch {
             "qwen35" => Ok(Arch::Qwen35),
             "qwen35moe" => Ok(Arch::Qwen35Moe),
             "qwen3next" => Ok(Arch::Qwen3Next),
+            "glm4moe" => Ok(Arch::Glm4Moe),
+            "gpt-oss" => Ok(Arch::GptOss),
             other => Err(ModelError::Unsupported(format!(
                 "architecture {} (supported: llama (Mixtral-style experts included), qwen2, \
-                 qwen3, gemma3, qwen2moe, qwen3moe, qwen35, qwen35moe, qwen3next)",
+                 qwen3, gemma3, qwen2moe, qwen3moe, qwen35, qwen35moe, qwen3next, glm4moe, \
+                 gpt-oss)",
                 Quoted::new(other)
             ))),
         }
@@ -81,6 +96,8 @@ impl Arch {
             Arch::Qwen35 => "qwen35",
             Arch::Qwen35Moe => "qwen35moe",
             Arch::Qwen3Next => "qwen3next",
+            Arch::Glm4Moe => "glm4moe",
+            Arch::GptOss => "gpt-oss",
         }
     }
 
@@ -95,7 +112,9 @@ impl Arch {
             | Arch::Qwen3Moe
             | Arch::Qwen35
             | Arch::Qwen35Moe
-            | Arch::Qwen3Next => FfnActivation::Silu,
+            | Arch::Qwen3Next
+            | Arch::Glm4Moe
+            | Arch::GptOss => FfnActivation::Silu,
         }
     }
 
@@ -128,7 +147,12 @@ impl Arch {
     pub fn always_moe(self) -> bool {
         matches!(
             self,
-            Arch::Qwen2Moe | Arch::Qwen3Moe | Arch::Qwen35Moe | Arch::Qwen3Next
+            Arch::Qwen2Moe
+                | Arch::Qwen3Moe
+                | Arch::Qwen35Moe
+                | Arch::Qwen3Next
+                | Arch::Glm4Moe
+                | Arch::GptOss
         )
     }
 
@@ -138,6 +162,21 @@ impl Arch {
     /// qwen3next; its qwen2moe, qwen3moe and llama loaders read only the separate tensors).
     pub fn fused_gate_up(self) -> bool {
         matches!(self, Arch::Qwen35Moe | Arch::Qwen3Next)
+    }
+
+    /// Whether the FFN's input norm is the tensor llama.cpp calls `attn_post_norm`
+    /// (`blk.N.post_attention_norm`; its output feeds the FFN, it is not added to the residual)
+    /// rather than `ffn_norm`: Qwen3.5, GLM-4.5 and gpt-oss.
+    pub fn ffn_norm_is_post_attention(self) -> bool {
+        self.hybrid() || matches!(self, Arch::Glm4Moe | Arch::GptOss)
+    }
+
+    /// The tensor that normalises the FFN's input (see [`Arch::ffn_norm_is_post_attention`]).
+    pub fn ffn_norm_name(self) -> &'static str {
+        match self.ffn_norm_is_post_attention() {
+            true => "post_attention_norm.weight",
+            false => "ffn_norm.weight",
+        }
     }
 
     /// RoPE pairing, as llama.cpp's `llama_model_rope_type`: llama uses "normal" rope
@@ -173,6 +212,25 @@ pub const MAX_HEAD_DIM: u64 = 1024;
 /// MoE models route over 512 (Qwen3-Next) or 384 (Kimi K2); the count sizes per-token routing
 /// buffers and the weight table (three matrices an expert a layer).
 pub const MAX_EXPERT_COUNT: u64 = 1024;
+/// Most shared experts (`{arch}.expert_shared_count`): published models have 1 (GLM-4.5,
+/// DeepSeek-V3) or 2 (DeepSeek-V2); their widths add up to one shared FFN.
+pub const MAX_SHARED_EXPERTS: u64 = 64;
+/// Largest `{arch}.expert_weights_scale`: published factors are 1.0 (GLM-4.5-Air), 2.5
+/// (GLM-4.5, DeepSeek-V3) and 2.827 (Kimi K2); a much larger one only scales a broken file's
+/// experts into overflow.
+pub const MAX_EXPERT_WEIGHTS_SCALE: f64 = 100.0;
+/// llama.cpp's `llama_expert_gating_func_type` ids (`{arch}.expert_gating_func`): 0 is "none"
+/// (GLM-4.5 then means sigmoid), 1 softmax, 2 sigmoid, 3 softmax over the chosen logits
+/// (gpt-oss), 4 sqrt(softplus).
+const GATING_NONE: u64 = 0;
+/// See [`GATING_NONE`].
+const GATING_SOFTMAX: u64 = 1;
+/// See [`GATING_NONE`].
+const GATING_SIGMOID: u64 = 2;
+/// See [`GATING_NONE`].
+const GATING_SOFTMAX_WEIGHT: u64 = 3;
+/// See [`GATING_NONE`].
+const GATING_SQRT_SOFTPLUS: u64 = 4;
 /// Most taps of a DeltaNet conv (`{arch}.ssm.conv_kernel`): published models use 4; the
 /// window sizes per-sequence state.
 pub const MAX_CONV_KERNEL: u64 = 64;
@@ -193,7 +251,11 @@ pub const DEFAULT_FULL_ATTENTION_INTERVAL: usize = 4;
 /// and the 6th global (llama.cpp `llama_model_gemma3::load_arch_hparams`:
 /// `load_swa_pattern(ml, 6)`; HF `Gemma3TextConfig.sliding_window_pattern = 6`).
 pub const GEMMA3_SWA_PATTERN: u64 = 6;
-/// RoPE base of sliding-window layers when `{arch}.rope.freq_base_swa` is absent (llama.cpp's
+/// gpt-oss's layer pattern: of every 2 blocks the first (even) is local and the second global
+/// (llama.cpp `llama_model_openai_moe::load_arch_hparams`: `load_swa_pattern(ml, 2)`; HF
+/// `GptOssConfig.layer_types` alternates `sliding_attention`, `full_attention`).
+pub const GPT_OSS_SWA_PATTERN: u64 = 2;
+/// RoPE base of Gemma 3's sliding-window layers when `{arch}.rope.freq_base_swa` is absent (llama.cpp's
 /// `rope_freq_base_train_swa` default; HF `Gemma3TextConfig.rope_local_base_freq`).
 const DEFAULT_ROPE_THETA_SWA: f64 = 10_000.0;
 /// Gemma-3-27B's block count: llama.cpp scales its queries by `1/√(d_model / n_head)` (the
@@ -343,8 +405,42 @@ pub struct MoeConfig {
     pub norm_topk: bool,
     /// Hidden width of the always-on shared expert (Qwen2-MoE, Qwen3.5-MoE, Qwen3-Next:
     /// `{arch}.expert_shared_feed_forward_length`, else `feed_forward_length`), `None` where
-    /// the architecture has none. Its output is scaled by `sigmoid(ffn_gate_inp_shexp · x)`.
+    /// the architecture has none. Its output is scaled by `sigmoid(ffn_gate_inp_shexp · x)`
+    /// where the file has that tensor (GLM-4.5's is not gated).
     pub n_ff_shared: Option<usize>,
+    /// How router logits become the scores the experts are chosen by and weighted with.
+    pub gating: Gating,
+    /// Factor on the chosen weights after any renormalisation (`{arch}.expert_weights_scale`,
+    /// GLM-4.5's `routed_scaling_factor`; 1 where absent or 0, as llama.cpp skips the scale).
+    pub weights_scale: f32,
+    /// Leading layers whose FFN is dense, `n_ff` wide (`{arch}.leading_dense_block_count`,
+    /// GLM-4.5's `first_k_dense_replace`); 0 for the other architectures.
+    pub n_dense_lead: usize,
+    /// The routed experts' gated activation.
+    pub activation: ExpertActivation,
+}
+
+/// A routed FFN's gating: how the router's logits become per-expert scores (llama.cpp
+/// `build_moe_ffn`). The chosen experts' scores are their weights; a layer's selection bias
+/// (`exp_probs_b`), where it has one, is added to the scores for choosing only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gating {
+    /// `softmax(logits)` over every expert (Qwen-MoE, Mixtral).
+    Softmax,
+    /// `sigmoid(logit)` per expert (GLM-4.5, DeepSeek-V3).
+    Sigmoid,
+    /// `SOFTMAX_WEIGHT` (gpt-oss): the `n_expert_used` largest logits, their weights a softmax
+    /// over those alone.
+    SoftmaxTopK,
+}
+
+/// The gated activation of a routed expert, `act(gate · x, up · x)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertActivation {
+    /// `silu(g) · u` (SwiGLU).
+    Silu,
+    /// gpt-oss's clamped SwiGLU (ggml `swiglu_oai`, see [`crate::ops::swiglu_oai`]).
+    SwigluOai,
 }
 
 /// Which layers attend over a sliding window, and how.
@@ -357,9 +453,23 @@ pub struct SlidingWindow {
     /// Per layer, whether it is local.
     pub local: Vec<bool>,
     /// RoPE base of the local layers (`{arch}.rope.freq_base_swa`); the global layers use
-    /// [`ModelConfig::rope_theta`] with the file's RoPE scaling, the local ones no scaling
-    /// (llama.cpp's `rope_freq_scale_train_swa` = 1).
+    /// [`ModelConfig::rope_theta`] with the file's RoPE scaling.
     pub rope_theta: f64,
+    /// Whether the local layers apply the file's RoPE scaling too: gpt-oss's do (llama.cpp
+    /// `rope_freq_scale_train_swa = rope_freq_scale_train`), Gemma 3's apply none
+    /// (`rope_freq_scale_train_swa` = 1).
+    pub scaled_rope: bool,
+}
+
+impl SlidingWindow {
+    /// The RoPE scaling of the local layers, given the global layers' `scaling` and the
+    /// trained context `ctx_len`.
+    pub fn rope_scaling(&self, scaling: &RopeScaling, ctx_len: usize) -> RopeScaling {
+        match self.scaled_rope {
+            true => *scaling,
+            false => RopeScaling::none(ctx_len),
+        }
+    }
 }
 
 /// `plain` for ordinary magnitudes, `sci` for tiny or huge ones (a message stays readable).
@@ -450,10 +560,9 @@ impl ModelConfig {
         };
         let key = |k: &str| keys.key(k);
         let blocks = keys.size("block_count", MAX_BLOCK_COUNT)?;
-        check_block_count(idx, &key("block_count"), blocks)?;
-        // Qwen3.5 files may append multi-token-prediction blocks after the decoder's
-        // (`nextn_predict_layers`, counted in `block_count`): a draft head hipfire does not
-        // run, so its blocks are not layers.
+        // Qwen3.5 and GLM-4.5 files may append multi-token-prediction blocks after the
+        // decoder's (`nextn_predict_layers`, counted in `block_count`): a draft head hipfire
+        // does not run, so its blocks are not layers.
         let nextn_key = key("nextn_predict_layers");
         let nextn = match idx.get(&nextn_key) {
             None => 0,
@@ -466,15 +575,20 @@ impl ModelConfig {
             ));
         }
         let n_layer = blocks - nextn as usize;
+        check_block_count(idx, &key("block_count"), blocks, n_layer)?;
         let d_model = keys.size("embedding_length", MAX_EMBEDDING_LENGTH)?;
-        let moe = moe_config(&keys, arch)?;
+        let moe = moe_config(&keys, arch, n_layer)?;
         let delta_net = delta_net_config(&keys, arch, blocks, n_layer)?;
-        // A routed model's dense width is optional (llama.cpp reads it as a fallback only).
+        if arch == Arch::Glm4Moe {
+            refuse_mrope(&keys)?;
+        }
+        // A routed model's dense width is optional (llama.cpp reads it as a fallback only),
+        // unless its leading layers are dense.
         let n_ff = match &moe {
-            Some(m) => keys
+            Some(m) if m.n_dense_lead == 0 => keys
                 .opt_size("feed_forward_length", MAX_FEED_FORWARD_LENGTH)?
                 .unwrap_or(m.n_ff_exp),
-            None => keys.size("feed_forward_length", MAX_FEED_FORWARD_LENGTH)?,
+            _ => keys.size("feed_forward_length", MAX_FEED_FORWARD_LENGTH)?,
         };
         let n_head = keys.size("attention.head_count", MAX_HEAD_COUNT)?;
         let n_head_kv = keys
@@ -540,10 +654,9 @@ impl ModelConfig {
             |v| v.is_finite() && v <= MAX_RMS_EPS && (v as f32) > 0.0,
         )? as f32;
         let gemma = arch == Arch::Gemma3;
-        let sliding_window = if gemma {
-            sliding_window(&keys, n_layer)?
-        } else {
-            None
+        let sliding_window = match arch {
+            Arch::Gemma3 | Arch::GptOss => sliding_window(&keys, arch, n_layer, rope_theta)?,
+            _ => None,
         };
         // llama.cpp reads the soft-cap for Gemma 2/3 only; 0 (or absent) means none.
         let final_logit_softcap = if gemma {
@@ -619,6 +732,11 @@ impl ModelConfig {
             Some(_) => "",
             None => "blk.0.attn_q.weight",
         };
+        // The first routed layer's router (GLM-4.5's leading layers are dense).
+        let router = format!(
+            "blk.{}.ffn_gate_inp.weight",
+            self.moe.as_ref().map_or(0, |m| m.n_dense_lead)
+        );
         let mut checks = vec![
             (
                 q_check,
@@ -655,7 +773,7 @@ impl ModelConfig {
         ];
         if let Some(m) = &self.moe {
             checks.push((
-                "blk.0.ffn_gate_inp.weight",
+                router.as_str(),
                 m.n_expert,
                 "expert_count",
                 format!("is {}", m.n_expert),
@@ -686,10 +804,19 @@ impl ModelConfig {
 
     /// What in this model only the CPU engine runs (`None`: the GPU runs all of it).
     pub fn cpu_only_layers(&self) -> Option<&'static str> {
-        // Routed experts run on both engines; hybrid layers only on the CPU so far.
-        self.delta_net
-            .as_ref()
-            .map(|_| "hybrid Gated DeltaNet / gated attention layers")
+        // Routed experts run on both engines; hybrid layers, gpt-oss's sinks and biased
+        // experts, and (until the routing kernel gates by sigmoid) GLM-4.5's experts only on
+        // the CPU so far.
+        if self.delta_net.is_some() {
+            return Some("hybrid Gated DeltaNet / gated attention layers");
+        }
+        if self.arch == Arch::GptOss {
+            return Some("attention sinks and biased Mixture-of-Experts layers");
+        }
+        match &self.moe {
+            Some(m) if m.gating != Gating::Softmax => Some("Mixture-of-Experts layers"),
+            _ => None,
+        }
     }
 
     /// Layers with a KV cache (all but a hybrid's DeltaNet layers).
@@ -734,7 +861,11 @@ impl ModelConfig {
 /// The routed FFN's shape from `{arch}.expert_*` keys, each bounded before it sizes anything:
 /// required for the MoE architectures, `None` for a `llama` file without experts (or with
 /// `expert_count` 0), refused for the other dense architectures if they declare experts.
-fn moe_config(keys: &Keys<'_>, arch: Arch) -> Result<Option<MoeConfig>, ModelError> {
+fn moe_config(
+    keys: &Keys<'_>,
+    arch: Arch,
+    n_layer: usize,
+) -> Result<Option<MoeConfig>, ModelError> {
     let count_key = keys.key("expert_count");
     let declared = match keys.idx.get(&count_key) {
         None => 0,
@@ -757,6 +888,17 @@ fn moe_config(keys: &Keys<'_>, arch: Arch) -> Result<Option<MoeConfig>, ModelErr
     }
     let n_expert = bounded(&count_key, declared, MAX_EXPERT_COUNT)?;
     let n_expert_used = keys.size("expert_used_count", n_expert as u64)?;
+    // llama.cpp routes within the best `expert_group_used_count` of `expert_group_count`
+    // groups when there are more than one (DeepSeek-V3); hipfire ranks every expert at once.
+    let groups_key = keys.key("expert_group_count");
+    if keys.idx.get(&groups_key).is_some() {
+        let groups = keys.idx.get_u64(&groups_key)?;
+        if groups > 1 {
+            return Err(ModelError::Unsupported(format!(
+                "group-limited expert routing ({groups_key} = {groups})"
+            )));
+        }
+    }
     let n_ff_exp = match arch {
         // Mixtral's experts are as wide as the model's FFN (llama.cpp `ffn_*_exps` {n_embd, n_ff}).
         Arch::Llama => keys.size("feed_forward_length", MAX_FEED_FORWARD_LENGTH)?,
@@ -786,15 +928,127 @@ fn moe_config(keys: &Keys<'_>, arch: Arch) -> Result<Option<MoeConfig>, ModelErr
                 None => keys.size("feed_forward_length", MAX_FEED_FORWARD_LENGTH)?,
             },
         ),
+        Arch::Glm4Moe => Some(glm_shared_width(keys, n_ff_exp)?),
         _ => None,
     };
-    Ok(Some(MoeConfig {
+    let gpt_oss = arch == Arch::GptOss;
+    let mut moe = MoeConfig {
         n_expert,
         n_expert_used,
         n_ff_exp,
-        norm_topk: arch != Arch::Qwen2Moe,
+        // gpt-oss's weights are already a softmax over the k (llama.cpp passes norm_w false).
+        norm_topk: !matches!(arch, Arch::Qwen2Moe | Arch::GptOss),
         n_ff_shared,
-    }))
+        gating: match gpt_oss {
+            true => Gating::SoftmaxTopK,
+            false => Gating::Softmax,
+        },
+        weights_scale: 1.0,
+        n_dense_lead: 0,
+        activation: match gpt_oss {
+            true => ExpertActivation::SwigluOai,
+            false => ExpertActivation::Silu,
+        },
+    };
+    if arch == Arch::Glm4Moe {
+        glm_routing(keys, n_layer, &mut moe)?;
+    }
+    Ok(Some(moe))
+}
+
+/// GLM-4.5's shared expert: `expert_shared_count` (required, as llama.cpp reads it) experts of
+/// `expert_feed_forward_length` each, one FFN of their total width.
+fn glm_shared_width(keys: &Keys<'_>, n_ff_exp: usize) -> Result<usize, ModelError> {
+    let count = keys.size("expert_shared_count", MAX_SHARED_EXPERTS)?;
+    match n_ff_exp.checked_mul(count) {
+        Some(w) if w as u64 <= MAX_FEED_FORWARD_LENGTH => Ok(w),
+        _ => Err(bad(
+            &keys.key("expert_shared_count"),
+            format!(
+                "{count} shared experts of width {n_ff_exp} are wider than \
+                 {MAX_FEED_FORWARD_LENGTH}"
+            ),
+        )),
+    }
+}
+
+/// GLM-4.5's routing keys, as llama.cpp's `llama_model_glm4_moe::load_arch_hparams` reads
+/// them (every one optional): the gating function (none means sigmoid), whether the chosen
+/// weights are renormalised (default no), their scale (0 or absent: none), and how many
+/// leading layers have a dense FFN (at most `n_layer`, the decoder's blocks).
+fn glm_routing(keys: &Keys<'_>, n_layer: usize, moe: &mut MoeConfig) -> Result<(), ModelError> {
+    let gating_key = keys.key("expert_gating_func");
+    moe.gating = match keys.idx.get(&gating_key) {
+        None => Gating::Sigmoid,
+        Some(_) => match keys.idx.get_u64(&gating_key)? {
+            GATING_NONE | GATING_SIGMOID => Gating::Sigmoid,
+            GATING_SOFTMAX => Gating::Softmax,
+            GATING_SOFTMAX_WEIGHT => {
+                return Err(ModelError::Unsupported(format!(
+                    "{gating_key} = {GATING_SOFTMAX_WEIGHT} (softmax over the chosen logits)"
+                )))
+            }
+            GATING_SQRT_SOFTPLUS => {
+                return Err(ModelError::Unsupported(format!(
+                    "{gating_key} = {GATING_SQRT_SOFTPLUS} (sqrt-softplus gating)"
+                )))
+            }
+            other => {
+                return Err(bad(
+                    &gating_key,
+                    format!("{other} is not a gating function (0 to {GATING_SQRT_SOFTPLUS})"),
+                ))
+            }
+        },
+    };
+    let norm_key = keys.key("expert_weights_norm");
+    moe.norm_topk = match keys.idx.get(&norm_key) {
+        None => false,
+        Some(v) => v
+            .as_bool()
+            .ok_or_else(|| bad(&norm_key, format!("holds {v:?}, not a bool")))?,
+    };
+    let scale = keys.number(
+        "expert_weights_scale",
+        0.0,
+        &format!("a finite number in [0, {MAX_EXPERT_WEIGHTS_SCALE}]"),
+        |v| v.is_finite() && (0.0..=MAX_EXPERT_WEIGHTS_SCALE).contains(&v),
+    )? as f32;
+    moe.weights_scale = if scale == 0.0 { 1.0 } else { scale };
+    let lead_key = keys.key("leading_dense_block_count");
+    moe.n_dense_lead = match keys.idx.get(&lead_key) {
+        None => 0,
+        Some(_) => match keys.idx.get_u64(&lead_key)? {
+            v if v <= n_layer as u64 => v as usize,
+            v => {
+                return Err(bad(
+                    &lead_key,
+                    format!("{v} is more than the {n_layer} decoder blocks"),
+                ))
+            }
+        },
+    };
+    Ok(())
+}
+
+/// GLM-4.5's M-RoPE (`{arch}.rope.dimension_sections` with a non-zero section: the vision
+/// variants' position ids per section) is refused; text files carry none, or all zeros, and
+/// llama.cpp then uses plain NEOX RoPE.
+fn refuse_mrope(keys: &Keys<'_>) -> Result<(), ModelError> {
+    let key = keys.key("rope.dimension_sections");
+    let Some(v) = keys.idx.get(&key) else {
+        return Ok(());
+    };
+    let sections = v
+        .as_array()
+        .ok_or_else(|| bad(&key, format!("holds {v:?}, not an array")))?;
+    if sections.iter().any(|s| s.as_f64() != Some(0.0)) {
+        return Err(ModelError::Unsupported(format!(
+            "{} with M-RoPE sections ({key})",
+            keys.arch
+        )));
+    }
+    Ok(())
 }
 
 /// The DeltaNet layers of a hybrid architecture from `{arch}.ssm.*` and
@@ -891,16 +1145,27 @@ fn layer_flags(key: &str, flags: &[MetaValue], blocks: usize) -> Result<Vec<bool
         .collect()
 }
 
-/// Gemma 3's sliding-window layout, as llama.cpp's `load_arch_hparams`: no window (absent or
-/// 0) means every layer is global; `attention.sliding_window_pattern` is either a bool per
-/// layer or a period `n` (default [`GEMMA3_SWA_PATTERN`]) where layer `il` is local when
-/// `il % n < n − 1` (0: every layer local, llama.cpp's `set_swa_pattern`).
-fn sliding_window(keys: &Keys<'_>, n_layer: usize) -> Result<Option<SlidingWindow>, ModelError> {
+/// The sliding-window layout of Gemma 3 and gpt-oss, as their llama.cpp `load_arch_hparams`:
+/// `attention.sliding_window_pattern` is either a bool per layer or a period `n` (default
+/// [`GEMMA3_SWA_PATTERN`], gpt-oss [`GPT_OSS_SWA_PATTERN`]) where layer `il` is local when
+/// `il % n < n − 1` (0: every layer local, llama.cpp's `set_swa_pattern`). Gemma 3 without a
+/// window (absent or 0) is global everywhere; gpt-oss requires one (llama.cpp reads the key as
+/// required, and a window of 0 would mask every position). The local layers' RoPE base is
+/// `rope.freq_base_swa`, defaulting to [`DEFAULT_ROPE_THETA_SWA`] for Gemma 3 and to
+/// `rope_theta` for gpt-oss (llama.cpp `rope_freq_base_train_swa = rope_freq_base_train`).
+fn sliding_window(
+    keys: &Keys<'_>,
+    arch: Arch,
+    n_layer: usize,
+    rope_theta: f64,
+) -> Result<Option<SlidingWindow>, ModelError> {
+    let gpt_oss = arch == Arch::GptOss;
     let wkey = keys.key("attention.sliding_window");
     let window = match keys.idx.get(&wkey) {
+        None if gpt_oss => keys.size("attention.sliding_window", MAX_CONTEXT_LENGTH)?,
         None => return Ok(None),
         Some(_) => match keys.idx.get_u64(&wkey)? {
-            0 => return Ok(None),
+            0 if !gpt_oss => return Ok(None),
             w => bounded(&wkey, w, MAX_CONTEXT_LENGTH)?,
         },
     };
@@ -909,6 +1174,7 @@ fn sliding_window(keys: &Keys<'_>, n_layer: usize) -> Result<Option<SlidingWindo
         Some(MetaValue::Array(_, flags)) => layer_flags(&pkey, flags, n_layer)?,
         other => {
             let n = match other {
+                None if gpt_oss => GPT_OSS_SWA_PATTERN,
                 None => GEMMA3_SWA_PATTERN,
                 Some(_) => keys.idx.get_u64(&pkey)?,
             };
@@ -921,7 +1187,11 @@ fn sliding_window(keys: &Keys<'_>, n_layer: usize) -> Result<Option<SlidingWindo
     };
     let rope_theta = keys.number(
         "rope.freq_base_swa",
-        DEFAULT_ROPE_THETA_SWA,
+        if gpt_oss {
+            rope_theta
+        } else {
+            DEFAULT_ROPE_THETA_SWA
+        },
         &format!("a finite number of at least {MIN_ROPE_FREQ_BASE}"),
         |v| v.is_finite() && v >= MIN_ROPE_FREQ_BASE,
     )?;
@@ -929,13 +1199,21 @@ fn sliding_window(keys: &Keys<'_>, n_layer: usize) -> Result<Option<SlidingWindo
         window,
         local,
         rope_theta,
+        scaled_rope: gpt_oss,
     }))
 }
 
 /// `block_count` against the `blk.N.*` tensors: the blocks present must be exactly
 /// `blk.0 … blk.{n_layer - 1}` (fewer would silently drop layers, more would leave tensors
-/// unused; llama.cpp refuses both through its tensor count check).
-fn check_block_count(idx: &GgufIndex, key: &str, n_layer: usize) -> Result<(), ModelError> {
+/// unused; llama.cpp refuses both through its tensor count check), or only the `decoder`
+/// blocks when the file declares NextN blocks but carries none of their tensors (llama.cpp's
+/// GLM-4.5 loader accepts such a "trunk only" file).
+fn check_block_count(
+    idx: &GgufIndex,
+    key: &str,
+    n_layer: usize,
+    decoder: usize,
+) -> Result<(), ModelError> {
     let mut blocks = std::collections::BTreeSet::new();
     for t in &idx.tensors {
         let Some(rest) = t.name.strip_prefix(BLOCK_PREFIX) else {
@@ -951,7 +1229,9 @@ fn check_block_count(idx: &GgufIndex, key: &str, n_layer: usize) -> Result<(), M
         blocks.insert(i);
     }
     match blocks.last() {
-        Some(&last) if blocks.len() == n_layer && last + 1 == n_layer => Ok(()),
+        Some(&last) if blocks.len() == last + 1 && (last + 1 == n_layer || last + 1 == decoder) => {
+            Ok(())
+        }
         Some(&last) => Err(bad(
             key,
             format!(
@@ -972,9 +1252,13 @@ mod tests {
     use crate::gguf::{GgufWriter, MetaValueType};
 
     fn index(meta: &[(&str, MetaValue)]) -> GgufIndex {
+        index_for("gemma3", meta)
+    }
+
+    fn index_for(prefix: &str, meta: &[(&str, MetaValue)]) -> GgufIndex {
         let meta: Vec<(String, MetaValue)> = meta
             .iter()
-            .map(|(k, v)| (format!("gemma3.{k}"), v.clone()))
+            .map(|(k, v)| (format!("{prefix}.{k}"), v.clone()))
             .collect();
         let bytes = GgufWriter::new(Vec::new(), &meta, &[])
             .and_then(GgufWriter::finish)
@@ -992,7 +1276,9 @@ mod tests {
                 idx: &idx,
                 arch: "gemma3",
             },
+            Arch::Gemma3,
             n_layer,
+            DEFAULT_ROPE_THETA,
         )
     }
 
@@ -1034,6 +1320,43 @@ mod tests {
         );
         assert_eq!(window(&[w(0)], 3).expect("ok"), None);
         assert_eq!(window(&[], 3).expect("ok"), None);
+    }
+
+    /// gpt-oss (llama.cpp `load_swa_pattern(ml, 2)`): even layers local by default, the local
+    /// base the global one unless the file says, the file's RoPE scaling on both; the window
+    /// is required and 0 refused.
+    #[test]
+    fn gpt_oss_windows_alternate_and_share_the_rope() {
+        let w = |v| ("attention.sliding_window", MetaValue::U32(v));
+        let win = |meta: &[(&str, MetaValue)]| {
+            let idx = index_for("gpt-oss", meta);
+            let keys = Keys {
+                idx: &idx,
+                arch: "gpt-oss",
+            };
+            sliding_window(&keys, Arch::GptOss, 5, 150_000.0)
+        };
+        let sw = win(&[w(128)]).expect("ok").expect("window");
+        assert_eq!(sw.local, [true, false, true, false, true]);
+        assert_eq!(
+            (sw.window, sw.rope_theta, sw.scaled_rope),
+            (128, 150_000.0, true)
+        );
+        let yarn = RopeScaling {
+            kind: crate::rope::RopeScalingKind::Yarn,
+            factor: 32.0,
+            ..RopeScaling::none(4096)
+        };
+        assert_eq!(sw.rope_scaling(&yarn, 131_072), yarn);
+        let theta = ("rope.freq_base_swa", MetaValue::F32(1_000.0));
+        let sw = win(&[w(128), theta]).expect("ok").expect("window");
+        assert_eq!(sw.rope_theta, 1_000.0);
+        for bad in [vec![], vec![w(0)]] {
+            assert!(win(&bad).is_err(), "{bad:?}");
+        }
+        // Gemma 3's local layers keep no scaling.
+        let g = window(&[w(64)], 2).expect("ok").expect("window");
+        assert_eq!(g.rope_scaling(&yarn, 256), RopeScaling::none(256));
     }
 
     #[test]

@@ -696,7 +696,7 @@ impl<'m> GpuDecoder<'m> {
                 c.rope_dim,
                 sw.rope_theta,
                 c.rope_neox,
-                &crate::rope::RopeScaling::none(c.ctx_len),
+                &sw.rope_scaling(&c.rope_scaling, c.ctx_len),
                 factors.as_deref(),
             )
         });

@@ -78,7 +78,8 @@ pub mod tokenizer;
 pub use backend::{Backend, CpuBackend, ReferenceBackend, Weight};
 pub use chat_template::{ChatTemplate, Rendered, TemplateError, TemplateOrigin};
 pub use config::{
-    Arch, DeltaNetConfig, FfnActivation, KeyHeadShare, ModelConfig, MoeConfig, SlidingWindow,
+    Arch, DeltaNetConfig, ExpertActivation, FfnActivation, Gating, KeyHeadShare, ModelConfig,
+    MoeConfig, SlidingWindow,
 };
 pub use error::ModelError;
 pub use model::{
@@ -88,7 +89,7 @@ pub use model::{
 pub use rope::{Rope, RopeScaling, RopeScalingKind};
 pub use sampling::{Sampler, SamplingParams};
 pub use synth::{
-    write_synthetic, write_synthetic_to, Overwrite, SynthDeltaNet, SynthMoe, SynthReport,
-    SynthSpec, SYNTH_DESCRIPTION,
+    write_synthetic, write_synthetic_to, Overwrite, SynthDeltaNet, SynthGlm, SynthMoe, SynthReport,
+    SynthSpec, SYNTH_DESCRIPTION, SYNTH_GPT_OSS_WINDOW,
 };
 pub use tokenizer::{ChatMessage, StreamDecoder, Tokenizer};

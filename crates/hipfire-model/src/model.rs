@@ -344,14 +344,14 @@ impl Model {
             &c.rope_scaling,
             factors.as_deref(),
         );
-        // llama.cpp's `get_rope_freq_base/scale`: local layers use their own base and no
-        // context scaling (`rope_freq_scale_train_swa` = 1).
+        // llama.cpp's `get_rope_freq_base/scale`: local layers use their own base and, but for
+        // gpt-oss, no context scaling (`rope_freq_scale_train_swa` = 1).
         let rope_local = c.sliding_window.as_ref().map(|sw| {
             Rope::new(
                 c.rope_dim,
                 sw.rope_theta,
                 c.rope_neox,
-                &crate::rope::RopeScaling::none(c.ctx_len),
+                &sw.rope_scaling(&c.rope_scaling, c.ctx_len),
                 factors.as_deref(),
             )
         });
@@ -615,10 +615,12 @@ impl Model {
     /// each; at 16 threads on the H200 box the chunk's GEMMs on AMX were left at ~2.5 s of a
     /// 10.5 s 512-token prefill of an 8B model, and 8 threads ran it as fast as 16 (2026-12-02),
     /// which a per-token dispatch of 16 workers over a few microseconds of work explains.
+    /// `sinks` (gpt-oss): one logit per query head that joins its softmax with no value.
     pub(crate) fn attention_many(
         &self,
         li: usize,
         qs: &[(&[f32], &KvCache, usize)],
+        sinks: Option<&[f32]>,
         att: &mut [f32],
     ) -> Result<(), ModelError> {
         let c = &self.config;
@@ -629,6 +631,13 @@ impl Model {
                 name: "attention outputs (queries × n_head × head_dim)".into(),
                 want: vec![(qs.len() * n) as u64],
                 got: vec![att.len() as u64],
+            });
+        }
+        if let Some(s) = sinks.filter(|s| s.len() != c.n_head) {
+            return Err(ModelError::Shape {
+                name: "attention sinks (one per query head)".into(),
+                want: vec![c.n_head as u64],
+                got: vec![s.len() as u64],
             });
         }
         for &(q, kv, n_pos) in qs {
@@ -749,7 +758,7 @@ impl Model {
                     let base = (h * n_chunks + ci) * item_len + j * pl;
                     &tparts[base..base + pl]
                 });
-                attention::combine(it, o);
+                attention::combine_with_sink(it, sinks.map(|s| s[qh]), o);
             }
         });
         PARTS.with(|p| p.replace(parts));
@@ -1355,7 +1364,7 @@ mod tests {
     /// Architecture × format cases of the multi-token bit-identity tests (here and in
     /// `batch`): every architecture's extras (biases, q/k norms) and block formats with
     /// different activation preparation.
-    pub(super) const ARCH_FORMATS: [(Arch, Format); 10] = [
+    pub(super) const ARCH_FORMATS: [(Arch, Format); 12] = [
         (Arch::Llama, Format::Q4_1),
         (Arch::Llama, Format::Q4K),
         (Arch::Qwen2, Format::Q8_0),
@@ -1366,6 +1375,8 @@ mod tests {
         (Arch::Qwen35, Format::Q8_0),
         (Arch::Qwen35Moe, Format::F32),
         (Arch::Qwen3Next, Format::Q8_0),
+        (Arch::Glm4Moe, Format::Q8_0),
+        (Arch::GptOss, Format::Mxfp4),
     ];
 
     /// A tiny synthetic model of `arch` in `fmt` (also used by `batch`'s tests). Each call
@@ -1509,10 +1520,11 @@ mod tests {
             }
             for li in 0..c.n_layer {
                 let mut all = vec![f32::NAN; queries.len() * qd];
-                m.attention_many(li, &queries, &mut all).expect("together");
+                m.attention_many(li, &queries, None, &mut all)
+                    .expect("together");
                 let mut one = vec![f32::NAN; qd];
                 for (i, qi) in queries.iter().enumerate() {
-                    m.attention_many(li, std::slice::from_ref(qi), &mut one)
+                    m.attention_many(li, std::slice::from_ref(qi), None, &mut one)
                         .expect("alone");
                     let got = &all[i * qd..(i + 1) * qd];
                     assert!(

@@ -250,6 +250,23 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// gpt-oss's SwiGLU slope: `σ(α·g)` with α = 1.702 (ggml `swiglu_oai`'s `alpha`, HF
+/// `GptOssExperts.alpha`), the sigmoid approximation of GELU.
+pub const SWIGLU_OAI_ALPHA: f32 = 1.702;
+/// gpt-oss's SwiGLU clamp: the gate is capped at 7 and the up projection held in [−7, 7]
+/// (ggml `swiglu_oai`'s `limit`, HF `GptOssExperts.limit`).
+pub const SWIGLU_OAI_LIMIT: f32 = 7.0;
+
+/// `gate = g·σ(α·g)·(u + 1)` with `g = min(gate, limit)`, `u = clamp(up, −limit, limit)`:
+/// gpt-oss's expert activation, as ggml's `ggml_compute_forward_swiglu_oai_f32` writes it.
+pub fn swiglu_oai(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = g.min(SWIGLU_OAI_LIMIT);
+        let y = u.clamp(-SWIGLU_OAI_LIMIT, SWIGLU_OAI_LIMIT);
+        *g = x / (1.0 + (SWIGLU_OAI_ALPHA * -x).exp()) * (y + 1.0);
+    }
+}
+
 /// √(2/π), the tanh GELU's inner scale (Hendrycks & Gimpel's approximation; ggml's
 /// `SQRT_2_OVER_PI`, PyTorch's `gelu(approximate="tanh")`).
 const GELU_SQRT_2_OVER_PI: f32 = 0.797_884_6;
@@ -406,5 +423,30 @@ mod tests {
             assert!((tanh_form - erf_form).abs() < 1e-3, "{a}");
             assert!(g[i] != 0.0 || a == 0.0);
         }
+    }
+
+    /// Against the formula in f64 (HF `GptOssExperts._apply_gate`), over values that reach
+    /// both clamps: f32 `exp` and rounding only, measured below 3e-7 relative.
+    #[test]
+    fn swiglu_oai_matches_an_f64_formula_and_clamps() {
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let n = 4096;
+        let g: Vec<f32> = (0..n).map(|_| rng.random_range(-20.0f32..20.0)).collect();
+        let u: Vec<f32> = (0..n).map(|_| rng.random_range(-20.0f32..20.0)).collect();
+        let mut out = g.clone();
+        swiglu_oai(&mut out, &u);
+        let mut worst = 0f64;
+        for ((&gv, &uv), &o) in g.iter().zip(&u).zip(&out) {
+            let x = f64::from(gv).min(7.0);
+            let y = f64::from(uv).clamp(-7.0, 7.0);
+            let want = x / (1.0 + (-1.702 * x).exp()) * (y + 1.0);
+            worst = worst.max((f64::from(o) - want).abs() / want.abs().max(1e-3));
+        }
+        assert!(worst < 1e-5, "max relative error {worst:e}");
+        // The clamps act: a gate above 7 counts as 7, an up beyond ±7 as ±7.
+        let mut a = [9.0f32, 7.0, 1.0, 1.0];
+        swiglu_oai(&mut a, &[0.0, 0.0, 50.0, 7.0]);
+        assert_eq!(a[0], a[1]);
+        assert_eq!(a[2], a[3]);
     }
 }

@@ -50,6 +50,14 @@ pub const SYNTH_GEMMA3_WINDOW: usize = 24;
 /// Layer pattern of a synthetic Gemma 3: of every 2 blocks the first is local, so even the
 /// 2-block tiny model has one local and one global layer (real ones use 6).
 const SYNTH_GEMMA3_SWA_PATTERN: usize = 2;
+/// Sliding window of a synthetic gpt-oss (positions): as [`SYNTH_GEMMA3_WINDOW`], shorter
+/// than the tests' 64-token prompts so the even (local) layers' window is exercised; the real
+/// ones use 128.
+pub const SYNTH_GPT_OSS_WINDOW: usize = 24;
+/// YaRN of the tiny gpt-oss: a trained context of 64 stretched 4× to the tiny presets' 256, so
+/// the ramp between kept and interpolated frequencies falls inside the 32 pairs of a 64-wide
+/// head (the real model stretches 4096 by 32).
+const TINY_GPT_OSS_YARN: (f64, usize) = (4.0, 64);
 /// Experts a layer of the tiny MoE presets: enough that routing chooses (2 of 8), few
 /// enough that a test's handful of tokens reaches most of them.
 const TINY_EXPERTS: usize = 8;
@@ -66,6 +74,15 @@ const PUBLISHED_DELTA_NET: SynthDeltaNet = SynthDeltaNet {
     interval: 4,
     fused_qkvz: false,
 };
+/// `expert_weights_scale` of the tiny GLM model: GLM-4.5's `routed_scaling_factor` (2.5,
+/// slime `scripts/models/glm4.5-355B-A32B.sh`), not 1, so a scale left out shows.
+const TINY_GLM_WEIGHTS_SCALE: f32 = 2.5;
+/// Half-width of a synthetic `exp_probs_b` (uniform): the tiny models' sigmoid scores spread
+/// about ±0.1 around 0.5, so a bias this wide reorders the choice for many tokens, while the
+/// weights stay the unbiased scores; a near-zero bias would leave the rule untested.
+const SYNTH_SELECTION_BIAS: f32 = 0.25;
+/// llama.cpp's `LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID`, as the GLM-4.5 converter writes it.
+const SYNTH_GATING_SIGMOID: usize = 2;
 /// GGML type id of f32 (norms and biases stay f32, as in converted models).
 const GGML_F32: u32 = 0;
 
@@ -105,6 +122,19 @@ pub struct SynthSpec {
     pub delta_net: Option<SynthDeltaNet>,
     /// Leading dims of each head that RoPE rotates (`None`: all of them).
     pub rope_dim: Option<usize>,
+    /// gpt-oss's `attention.sliding_window` (`None` for the others; Gemma 3's is
+    /// [`SYNTH_GEMMA3_WINDOW`]).
+    pub sliding_window: Option<usize>,
+}
+
+/// YaRN by `factor` over an original context of `orig` positions, default betas.
+fn yarn(factor: f64, orig: usize) -> RopeScaling {
+    RopeScaling {
+        kind: RopeScalingKind::Yarn,
+        factor,
+        orig_ctx: orig,
+        ..RopeScaling::none(orig)
+    }
 }
 
 /// The Gated DeltaNet layers of a synthetic hybrid model.
@@ -139,6 +169,24 @@ pub struct SynthMoe {
     /// Write each layer's expert gate and up matrices as one `ffn_gate_up_exps` (per expert its
     /// gate rows, then its up rows), as llama.cpp's converter does with `fuse_gate_up_exps`.
     pub fused_gate_up: bool,
+    /// GLM-4.5's routing and block (arch `glm4moe`), `None` for the other architectures.
+    pub glm: Option<SynthGlm>,
+}
+
+/// What a synthetic GLM-4.5 (`glm4moe`) has beyond the common MoE shapes. Its routing is
+/// sigmoid scores with a selection bias (`exp_probs_b`) and renormalised weights; its shared
+/// expert (`n_ff_shared`, a multiple of `n_ff_exp`) is ungated; q, k and v have biases.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SynthGlm {
+    /// Leading layers with a dense FFN of `n_ff` (`first_k_dense_replace`).
+    pub n_dense_lead: usize,
+    /// `expert_weights_scale` (`routed_scaling_factor`).
+    pub weights_scale: f32,
+    /// Layers whose attention has q/k RMSNorms (GLM-4.5: all; GLM-4.5-Air: none).
+    pub qk_norm_layers: std::ops::Range<usize>,
+    /// NextN (multi-token prediction) blocks written after the decoder's, counted in
+    /// `block_count` and named by `nextn_predict_layers`: a loader must skip them.
+    pub n_nextn: usize,
 }
 
 /// How a tensor of a synthetic file is stored.
@@ -148,7 +196,7 @@ enum Kind {
     Quantised,
     /// A matrix kept in f32, as converters keep MoE routers (`ffn_gate_inp`).
     F32Matrix,
-    /// A norm or bias vector (f32).
+    /// A norm or bias vector (f32), or a table of them (gpt-oss's per-expert biases).
     Vector,
 }
 
@@ -173,6 +221,7 @@ impl SynthSpec {
             moe: None,
             delta_net: None,
             rope_dim: None,
+            sliding_window: None,
         }
     }
 
@@ -199,9 +248,89 @@ impl SynthSpec {
                 n_ff_exp: 768,
                 n_ff_shared: None,
                 fused_gate_up: false,
+                glm: None,
             }),
             delta_net: None,
             rope_dim: None,
+            sliding_window: None,
+        }
+    }
+
+    /// gpt-oss-20b's shapes (OpenAI's `config.json` for `openai/gpt-oss-20b`, also in
+    /// llama.cpp's `LLM_TYPE_20B` = 24 blocks: 24 layers alternating sliding-window (128) and
+    /// full attention, hidden 2880, 64 query / 8 KV heads of 64, 32 experts of width 2880 with
+    /// 4 a token, vocab 201088, rope θ 150000 with YaRN ×32 over a 4096-token original context
+    /// (131072 positions), untied head): ≈ 20.9 B parameters.
+    pub fn gpt_oss_20b() -> SynthSpec {
+        let ctx = 131_072;
+        SynthSpec {
+            name: "gpt-oss-20b".into(),
+            arch: Arch::GptOss,
+            n_layer: 24,
+            d_model: 2880,
+            n_ff: 2880,
+            n_head: 64,
+            n_head_kv: 8,
+            head_dim: 64,
+            vocab: 201_088,
+            ctx_len: ctx,
+            rope_theta: 150_000.0,
+            tied_embeddings: false,
+            rope_scaling: yarn(32.0, 4096),
+            moe: Some(SynthMoe {
+                n_expert: 32,
+                n_expert_used: 4,
+                n_ff_exp: 2880,
+                n_ff_shared: None,
+                fused_gate_up: false,
+                glm: None,
+            }),
+            delta_net: None,
+            rope_dim: None,
+            sliding_window: Some(128),
+        }
+    }
+
+    /// GLM-4.5-Air's shapes. From slime `scripts/models/glm4.5-106B-A12B.sh` (THUDM's
+    /// Megatron recipe for it): 1 dense + 45 MoE layers, d 4096, dense FFN 10944, 96 query / 8
+    /// kv heads of 128, q/k/v biases, no q/k norm, RoPE on half of each head (`rotary-percent
+    /// 0.5`) with θ 1e6, vocab 151552, 128 experts of 1408 with 8 a token, a shared expert of
+    /// 1408, sigmoid scores with an expert bias, and no `topk-scaling-factor` (Megatron's
+    /// default 1.0; the GLM-4.5 recipe sets 2.5). HF `Glm4MoeConfig`'s defaults agree (46
+    /// layers, 131072 context, rms ε 1e-5). One NextN block: llama.cpp's GLM-4.5 MTP graph
+    /// supports exactly one; zai-org's `config.json` (`num_nextn_predict_layers`) is not among
+    /// the sources read, so that count is unverified.
+    pub fn glm45_air() -> SynthSpec {
+        SynthSpec {
+            name: "glm-4.5-air".into(),
+            arch: Arch::Glm4Moe,
+            n_layer: 46,
+            d_model: 4096,
+            n_ff: 10944,
+            n_head: 96,
+            n_head_kv: 8,
+            head_dim: 128,
+            vocab: 151_552,
+            ctx_len: 131_072,
+            rope_theta: 1_000_000.0,
+            tied_embeddings: false,
+            rope_scaling: RopeScaling::none(131_072),
+            moe: Some(SynthMoe {
+                n_expert: 128,
+                n_expert_used: 8,
+                n_ff_exp: 1408,
+                n_ff_shared: Some(1408),
+                fused_gate_up: false,
+                glm: Some(SynthGlm {
+                    n_dense_lead: 1,
+                    weights_scale: 1.0,
+                    qk_norm_layers: 0..0,
+                    n_nextn: 1,
+                }),
+            }),
+            delta_net: None,
+            rope_dim: Some(64),
+            sliding_window: None,
         }
     }
 
@@ -226,6 +355,7 @@ impl SynthSpec {
             moe: None,
             delta_net: Some(PUBLISHED_DELTA_NET),
             rope_dim: Some(64),
+            sliding_window: None,
         }
     }
 
@@ -256,9 +386,11 @@ impl SynthSpec {
                 n_ff_exp: 512,
                 n_ff_shared: Some(512),
                 fused_gate_up: false,
+                glm: None,
             }),
             delta_net: Some(PUBLISHED_DELTA_NET),
             rope_dim: Some(64),
+            sliding_window: None,
         }
     }
 
@@ -284,6 +416,7 @@ impl SynthSpec {
                 n_ff_exp: 512,
                 n_ff_shared: Some(512),
                 fused_gate_up: false,
+                glm: None,
             }),
             ..SynthSpec::qwen35_9b()
         }
@@ -333,24 +466,35 @@ impl SynthSpec {
             moe: None,
             delta_net: None,
             rope_dim: None,
+            sliding_window: None,
         }
     }
 
-    /// A tiny model for tests (every dim a multiple of 256 so every format applies).
+    /// A tiny model for tests (every dim a multiple of 256 so every format applies). The tiny
+    /// gpt-oss has 4 layers (two local, two global), 8 query heads of 64 over a residual of
+    /// 256 (so `n_head · head_dim ≠ d_model`, as the real model's 4096 ≠ 2880) and YaRN.
     pub fn tiny(arch: Arch) -> SynthSpec {
+        if arch == Arch::Glm4Moe {
+            return SynthSpec::tiny_glm4moe();
+        }
+        let gpt_oss = arch == Arch::GptOss;
+        let (yarn_factor, yarn_orig) = TINY_GPT_OSS_YARN;
         SynthSpec {
             name: format!("tiny-{}", arch.name()),
             arch,
             d_model: 256,
             n_ff: 512,
-            n_head: 4,
+            n_head: if gpt_oss { 8 } else { 4 },
             n_head_kv: 2,
             head_dim: 64,
             vocab: 512,
             ctx_len: 256,
             rope_theta: 10_000.0,
             tied_embeddings: matches!(arch, Arch::Qwen2 | Arch::Gemma3),
-            rope_scaling: RopeScaling::none(256),
+            rope_scaling: match gpt_oss {
+                true => yarn(yarn_factor, yarn_orig),
+                false => RopeScaling::none(256),
+            },
             moe: arch.always_moe().then(|| SynthMoe {
                 n_expert: TINY_EXPERTS,
                 n_expert_used: TINY_EXPERTS_USED,
@@ -358,9 +502,11 @@ impl SynthSpec {
                 n_ff_shared: matches!(arch, Arch::Qwen2Moe | Arch::Qwen35Moe | Arch::Qwen3Next)
                     .then_some(512),
                 fused_gate_up: false,
+                glm: None,
             }),
-            // Three DeltaNet layers and one attention layer: Qwen3.5's 3:1 pattern once.
-            n_layer: if arch.hybrid() { 4 } else { 2 },
+            // Three DeltaNet layers and one attention layer: Qwen3.5's 3:1 pattern once;
+            // gpt-oss's local/global alternation twice.
+            n_layer: if arch.hybrid() || gpt_oss { 4 } else { 2 },
             delta_net: arch.hybrid().then_some(SynthDeltaNet {
                 conv_kernel: 4,
                 n_k_heads: 2,
@@ -371,6 +517,7 @@ impl SynthSpec {
             }),
             // Qwen3.5 rotates a quarter of each head.
             rope_dim: arch.hybrid().then_some(16),
+            sliding_window: gpt_oss.then_some(SYNTH_GPT_OSS_WINDOW),
         }
     }
 
@@ -385,6 +532,7 @@ impl SynthSpec {
                 n_ff_exp: 256,
                 n_ff_shared: None,
                 fused_gate_up: false,
+                glm: None,
             }),
             ..SynthSpec::tiny(Arch::Llama)
         }
@@ -408,10 +556,40 @@ impl SynthSpec {
         self
     }
 
+    /// A tiny GLM-4.5: 1 dense and 2 routed layers, then one NextN block; half of each head
+    /// rotated, q/k/v biases, q/k norms in the last layer only (GLM-4.5 has them everywhere,
+    /// Air nowhere: one file tests both), a shared expert as wide as a routed one, weights
+    /// scaled by [`TINY_GLM_WEIGHTS_SCALE`].
+    pub fn tiny_glm4moe() -> SynthSpec {
+        let n_layer = 3;
+        SynthSpec {
+            name: "tiny-glm4moe".into(),
+            arch: Arch::Glm4Moe,
+            n_layer,
+            tied_embeddings: false,
+            moe: Some(SynthMoe {
+                n_expert: TINY_EXPERTS,
+                n_expert_used: TINY_EXPERTS_USED,
+                n_ff_exp: 256,
+                n_ff_shared: Some(256),
+                fused_gate_up: false,
+                glm: Some(SynthGlm {
+                    n_dense_lead: 1,
+                    weights_scale: TINY_GLM_WEIGHTS_SCALE,
+                    qk_norm_layers: n_layer - 1..n_layer,
+                    n_nextn: 1,
+                }),
+            }),
+            rope_dim: Some(32),
+            ..SynthSpec::tiny(Arch::Qwen3Moe)
+        }
+    }
+
     /// Preset by name: `llama3-8b`, `qwen-9b`, `qwen3-30b-a3b`, `qwen3.5-9b`, `qwen3.5-35b-a3b`,
-    /// `qwen3.5-0.8b`, `qwen3-next-80b-a3b`, `tiny-llama`, `tiny-qwen2`, `tiny-qwen3`,
-    /// `tiny-gemma3`, `tiny-qwen2moe`, `tiny-qwen3moe`, `tiny-mixtral`, `tiny-qwen35`,
-    /// `tiny-qwen35moe`, `tiny-qwen35moe-gate-up`, `tiny-qwen3next`, `tiny-qwen3next-ssm-in`.
+    /// `qwen3.5-0.8b`, `qwen3-next-80b-a3b`, `glm-4.5-air`, `gpt-oss-20b`, `tiny-llama`,
+    /// `tiny-qwen2`, `tiny-qwen3`, `tiny-gemma3`, `tiny-qwen2moe`, `tiny-qwen3moe`,
+    /// `tiny-mixtral`, `tiny-qwen35`, `tiny-qwen35moe`, `tiny-qwen35moe-gate-up`,
+    /// `tiny-qwen3next`, `tiny-qwen3next-ssm-in`, `tiny-glm4moe`, `tiny-gpt-oss`.
     pub fn preset(name: &str) -> Option<SynthSpec> {
         Some(match name {
             "llama3-8b" => SynthSpec::llama3_8b(),
@@ -433,6 +611,10 @@ impl SynthSpec {
             "qwen3-next-80b-a3b" => SynthSpec::qwen3_next_80b_a3b(),
             "tiny-qwen3next" => SynthSpec::tiny(Arch::Qwen3Next),
             "tiny-qwen3next-ssm-in" => SynthSpec::tiny(Arch::Qwen3Next).with_ssm_in(),
+            "glm-4.5-air" => SynthSpec::glm45_air(),
+            "tiny-glm4moe" => SynthSpec::tiny_glm4moe(),
+            "gpt-oss-20b" => SynthSpec::gpt_oss_20b(),
+            "tiny-gpt-oss" => SynthSpec::tiny(Arch::GptOss),
             _ => return None,
         })
     }
@@ -451,7 +633,9 @@ impl SynthSpec {
             vec![d, self.vocab as u64],
             Kind::Quantised,
         )];
-        for i in 0..self.n_layer {
+        let glm = self.moe.as_ref().and_then(|m| m.glm.as_ref());
+        let nextn = glm.map_or(0, |g| g.n_nextn);
+        for i in 0..self.n_layer + nextn {
             let n = |s: &str| format!("blk.{i}.{s}");
             t.push((n("attn_norm.weight"), vec![d], Kind::Vector));
             let recurrent = self
@@ -493,27 +677,34 @@ impl SynthSpec {
                 t.push((n("attn_q.weight"), vec![d, qrows], Kind::Quantised));
                 t.push((n("attn_k.weight"), vec![d, kv], Kind::Quantised));
                 t.push((n("attn_v.weight"), vec![d, kv], Kind::Quantised));
-                if matches!(self.arch, Arch::Qwen2 | Arch::Qwen2Moe) {
+                if matches!(
+                    self.arch,
+                    Arch::Qwen2 | Arch::Qwen2Moe | Arch::Glm4Moe | Arch::GptOss
+                ) {
                     t.push((n("attn_q.bias"), vec![q], Kind::Vector));
                     t.push((n("attn_k.bias"), vec![kv], Kind::Vector));
                     t.push((n("attn_v.bias"), vec![kv], Kind::Vector));
                 }
-                if self.arch.qk_norms() {
+                if self.arch.qk_norms() || glm.is_some_and(|g| g.qk_norm_layers.contains(&i)) {
                     t.push((n("attn_q_norm.weight"), vec![hd], Kind::Vector));
                     t.push((n("attn_k_norm.weight"), vec![hd], Kind::Vector));
                 }
                 t.push((n("attn_output.weight"), vec![q, d], Kind::Quantised));
+                if self.arch == Arch::GptOss {
+                    t.push((n("attn_output.bias"), vec![d], Kind::Vector));
+                    t.push((
+                        n("attn_sinks.weight"),
+                        vec![self.n_head as u64],
+                        Kind::Vector,
+                    ));
+                }
                 if self.arch.post_norms() {
                     t.push((n("post_attention_norm.weight"), vec![d], Kind::Vector));
                 }
             }
-            // Qwen3.5 names the FFN's input norm `post_attention_norm`.
-            let ffn_norm = match self.arch.hybrid() {
-                true => "post_attention_norm.weight",
-                false => "ffn_norm.weight",
-            };
-            t.push((n(ffn_norm), vec![d], Kind::Vector));
-            match &self.moe {
+            t.push((n(self.arch.ffn_norm_name()), vec![d], Kind::Vector));
+            let dense_lead = glm.map_or(0, |g| g.n_dense_lead);
+            match self.moe.as_ref().filter(|_| i >= dense_lead) {
                 None => {
                     t.push((n("ffn_gate.weight"), vec![d, ff], Kind::Quantised));
                     t.push((n("ffn_up.weight"), vec![d, ff], Kind::Quantised));
@@ -522,6 +713,9 @@ impl SynthSpec {
                 Some(m) => {
                     let (e, fe) = (m.n_expert as u64, m.n_ff_exp as u64);
                     t.push((n("ffn_gate_inp.weight"), vec![d, e], Kind::F32Matrix));
+                    if glm.is_some() {
+                        t.push((n("exp_probs_b.bias"), vec![e], Kind::Vector));
+                    }
                     if m.fused_gate_up {
                         let rows = 2 * fe;
                         t.push((
@@ -534,9 +728,18 @@ impl SynthSpec {
                         t.push((n("ffn_up_exps.weight"), vec![d, fe, e], Kind::Quantised));
                     }
                     t.push((n("ffn_down_exps.weight"), vec![fe, d, e], Kind::Quantised));
+                    if self.arch == Arch::GptOss {
+                        t.push((n("ffn_gate_inp.bias"), vec![e], Kind::Vector));
+                        t.push((n("ffn_gate_exps.bias"), vec![fe, e], Kind::Vector));
+                        t.push((n("ffn_up_exps.bias"), vec![fe, e], Kind::Vector));
+                        t.push((n("ffn_down_exps.bias"), vec![d, e], Kind::Vector));
+                    }
                     if let Some(sf) = m.n_ff_shared {
                         let sf = sf as u64;
-                        t.push((n("ffn_gate_inp_shexp.weight"), vec![d], Kind::Vector));
+                        // GLM-4.5's shared expert has no scalar gate.
+                        if glm.is_none() {
+                            t.push((n("ffn_gate_inp_shexp.weight"), vec![d], Kind::Vector));
+                        }
                         t.push((n("ffn_gate_shexp.weight"), vec![d, sf], Kind::Quantised));
                         t.push((n("ffn_up_shexp.weight"), vec![d, sf], Kind::Quantised));
                         t.push((n("ffn_down_shexp.weight"), vec![sf, d], Kind::Quantised));
@@ -545,6 +748,14 @@ impl SynthSpec {
             }
             if self.arch.post_norms() {
                 t.push((n("post_ffw_norm.weight"), vec![d], Kind::Vector));
+            }
+            if i >= self.n_layer {
+                // A NextN block's own tensors (llama.cpp `LLM_TENSOR_NEXTN_*`): the projection
+                // of [embedding; hidden state] and its norms.
+                t.push((n("nextn.eh_proj.weight"), vec![2 * d, d], Kind::Quantised));
+                for v in ["enorm", "hnorm", "shared_head_norm"] {
+                    t.push((n(&format!("nextn.{v}.weight")), vec![d], Kind::Vector));
+                }
             }
         }
         t.push(("output_norm.weight".to_owned(), vec![d], Kind::Vector));
@@ -568,6 +779,8 @@ impl SynthSpec {
 
     fn metadata(&self) -> Vec<(String, MetaValue)> {
         let a = self.arch.name();
+        let glm = self.moe.as_ref().and_then(|m| m.glm.as_ref());
+        let nextn = glm.map_or(0, |g| g.n_nextn);
         let u = |v: usize| MetaValue::U32(v as u32);
         let mut m = vec![
             (
@@ -583,7 +796,7 @@ impl SynthSpec {
                 MetaValue::String(SYNTH_DESCRIPTION.into()),
             ),
             (SYNTH_KEY.to_owned(), MetaValue::Bool(true)),
-            (format!("{a}.block_count"), u(self.n_layer)),
+            (format!("{a}.block_count"), u(self.n_layer + nextn)),
             (format!("{a}.context_length"), u(self.ctx_len)),
             (format!("{a}.embedding_length"), u(self.d_model)),
             (format!("{a}.feed_forward_length"), u(self.n_ff)),
@@ -635,9 +848,31 @@ impl SynthSpec {
                 (format!("{a}.expert_used_count"), u(e.n_expert_used)),
                 (format!("{a}.expert_feed_forward_length"), u(e.n_ff_exp)),
             ]);
-            if let Some(sf) = e.n_ff_shared {
-                m.push((format!("{a}.expert_shared_feed_forward_length"), u(sf)));
+            match (e.n_ff_shared, glm) {
+                (Some(sf), None) => {
+                    m.push((format!("{a}.expert_shared_feed_forward_length"), u(sf)));
+                }
+                // GLM-4.5 counts shared experts of the routed width (llama.cpp: `n_ff_shexp =
+                // n_ff_exp · expert_shared_count`), and states its routing (as the converter).
+                (sf, Some(g)) => m.extend([
+                    (
+                        format!("{a}.expert_shared_count"),
+                        u(sf.unwrap_or(0) / e.n_ff_exp),
+                    ),
+                    (format!("{a}.leading_dense_block_count"), u(g.n_dense_lead)),
+                    (
+                        format!("{a}.expert_weights_scale"),
+                        MetaValue::F32(g.weights_scale),
+                    ),
+                    (format!("{a}.expert_weights_norm"), MetaValue::Bool(true)),
+                    (format!("{a}.expert_gating_func"), u(SYNTH_GATING_SIGMOID)),
+                    (format!("{a}.nextn_predict_layers"), u(g.n_nextn)),
+                ]),
+                (None, None) => {}
             }
+        }
+        if let Some(w) = self.sliding_window {
+            m.push((format!("{a}.attention.sliding_window"), u(w)));
         }
         if self.arch == Arch::Gemma3 {
             m.extend([
@@ -868,12 +1103,19 @@ const SYNTH_CONV_TAP: f32 = 0.5;
 /// earlier synthetic file had), and a DeltaNet's decay parameters where trained models keep
 /// them — `ssm_a = −exp(A_log)` with `A_log` of a few units (HF init `log(U(1, 16))`),
 /// `ssm_dt.bias` the inverse softplus of a step of 0.001–0.1 (HF `dt_bias` init) — so `e^g` is
-/// a decay in (0, 1).
+/// a decay in (0, 1); and GLM's selection bias as wide as the scores it reorders
+/// ([`SYNTH_SELECTION_BIAS`]).
 fn vector_value(name: &str, rng: &mut ChaCha8Rng) -> f32 {
     if name.ends_with("ssm_a") {
         rng.random_range(-8.0f32..-1.0)
+    } else if name.ends_with("attn_sinks.weight") {
+        // Trained sinks are logits of a few units; these weigh against the synthetic scores
+        // (near 0) enough that a sink left out shows in the logits.
+        rng.random_range(-1.0f32..2.0)
     } else if name.ends_with("ssm_dt.bias") {
         rng.random_range(-6.0f32..-2.5)
+    } else if name.ends_with("exp_probs_b.bias") {
+        rng.random_range(-SYNTH_SELECTION_BIAS..SYNTH_SELECTION_BIAS)
     } else {
         let base = if name.ends_with(".bias") { 0.0 } else { 1.0 };
         base + rng.random_range(-0.1f32..0.1)
@@ -946,9 +1188,10 @@ fn write_file(
             continue;
         }
         if *kind == Kind::Vector {
-            // Norm weights near 1 (as trained models have), biases near 0.
+            // Norm weights near 1 (as trained models have), biases near 0; one stream for the
+            // whole table (a vector is a table of one row).
             let mut rng = ChaCha8Rng::seed_from_u64(row_seed(seed, ti, 0));
-            let v: Vec<u8> = (0..k)
+            let v: Vec<u8> = (0..k * rows)
                 .flat_map(|_| vector_value(name, &mut rng).to_le_bytes())
                 .collect();
             w.write_data(&v)?;

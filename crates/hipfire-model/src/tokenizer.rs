@@ -65,8 +65,19 @@ const QWEN2_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'
 /// llama.cpp `LLAMA_VOCAB_PRE_TYPE_QWEN35` regex (Qwen3.5's `tokenizer.json`): Qwen2's with
 /// combining marks (`\p{M}`) kept inside words.
 const QWEN35_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-/// llama.cpp `LLAMA_VOCAB_PRE_TYPE_LLAMA3` regex.
+/// The pre-types llama.cpp maps to `LLAMA_VOCAB_PRE_TYPE_CHATGLM4` (GLM-4 and GLM-4.5's
+/// `glm4`, GLM-5's `glm5`, `chatglm-bpe`): the llama 3 regex, and no BOS token.
+const GLM_PRE_TYPES: &[&str] = &["glm4", "glm5", "chatglm-bpe"];
+/// llama.cpp `LLAMA_VOCAB_PRE_TYPE_LLAMA3` regex (also `LLAMA_VOCAB_PRE_TYPE_CHATGLM4`'s).
 const LLAMA3_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// llama.cpp `LLAMA_VOCAB_PRE_TYPE_GPT4O` regex (gpt-oss's o200k, Llama 4), the form llama.cpp
+/// runs: `tokenizer.json`'s `[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]` and `[\p{Ll}\p{Lm}\p{Lo}\p{M}]`
+/// written as "a letter but not a–z" and "a letter but not A–Z" (lookaheads), and its
+/// case-insensitive contractions spelled out.
+const GPT4O_REGEX: &str = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// `tokenizer.ggml.pre` names llama.cpp maps to [`GPT4O_REGEX`] (`gpt-4o` is gpt-oss's).
+const PRE_GPT4O: &[&str] = &["gpt-4o", "llama4", "kanana2", "talkie"];
 
 /// Names llama.cpp treats as end-of-generation when they are control tokens
 /// (`llama_vocab::impl::load`, the EOG auto-detection list).
@@ -74,11 +85,30 @@ const EOG_NAMES: &[&str] = &[
     "<|eot_id|>",
     "<|im_end|>",
     "<|end|>",
+    HARMONY_RETURN,
+    HARMONY_CALL,
     "<end_of_turn>",
     "<|endoftext|>",
     "<|eom_id|>",
     "<EOT>",
 ];
+
+/// gpt-oss's (o200k_harmony) end of a final answer.
+const HARMONY_RETURN: &str = "<|return|>";
+/// gpt-oss's end of a tool call.
+const HARMONY_CALL: &str = "<|call|>";
+/// The end of a harmony message, which is not the end of generation: the analysis channel ends
+/// with it and the final channel follows.
+const HARMONY_END: &str = "<|end|>";
+
+/// Drop `<|end|>` from `eog` when `<|return|>` and `<|call|>` are there too (a harmony
+/// vocabulary), as llama.cpp's `llama_vocab::impl::load` does.
+fn harmony_eog(tokens: &[String], eog: &mut Vec<u32>) {
+    let has = |name: &str| eog.iter().any(|&i| tokens[i as usize] == name);
+    if has(HARMONY_RETURN) && has(HARMONY_CALL) {
+        eog.retain(|&i| tokens[i as usize] != HARMONY_END);
+    }
+}
 
 /// Vocabulary family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -220,7 +250,12 @@ impl Tokenizer {
                 None => Ok(None),
             }
         };
-        let bos = id_key("tokenizer.ggml.bos_token_id")?;
+        // llama.cpp drops the BOS of the GLM pre-types (`special_bos_id = LLAMA_TOKEN_NULL`):
+        // their files name `[gMASK]` as BOS, which the chat template writes itself.
+        let bos = match idx.get("tokenizer.ggml.pre").and_then(|v| v.as_str()) {
+            Some(pre) if GLM_PRE_TYPES.contains(&pre) => None,
+            _ => id_key("tokenizer.ggml.bos_token_id")?,
+        };
         let eos = id_key("tokenizer.ggml.eos_token_id")?;
         let eot = id_key("tokenizer.ggml.eot_token_id")?;
         // llama.cpp defaults: SPM adds BOS, BPE does not, unless the key says otherwise.
@@ -353,6 +388,7 @@ impl Tokenizer {
                 eog.push(i as u32);
             }
         }
+        harmony_eog(&tokens, &mut eog);
         let token_text = |id: Option<u32>| id.map_or("", |i| tokens[i as usize].as_str());
         let chat = ChatTemplate::new(
             idx.get("tokenizer.chat_template").and_then(|v| v.as_str()),
@@ -457,6 +493,12 @@ fn gpt2_pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper, ModelError> {
             ByteLevel::new(false, true, true).into(),
         ])
         .into()
+    } else if PRE_GPT4O.contains(&pre) {
+        PreSequence::new(vec![
+            split(GPT4O_REGEX)?,
+            ByteLevel::new(false, false, false).into(),
+        ])
+        .into()
     } else if pre == "qwen35" {
         PreSequence::new(vec![
             split(QWEN35_REGEX)?,
@@ -469,10 +511,12 @@ fn gpt2_pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper, ModelError> {
             ByteLevel::new(false, false, false).into(),
         ])
         .into()
-    } else if matches!(
-        pre,
-        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "smaug-bpe"
-    ) {
+    } else if GLM_PRE_TYPES.contains(&pre)
+        || matches!(
+            pre,
+            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "smaug-bpe"
+        )
+    {
         PreSequence::new(vec![
             split(LLAMA3_REGEX)?,
             ByteLevel::new(false, false, false).into(),
@@ -563,6 +607,21 @@ mod tests {
             .collect()
     }
 
+    /// `<|end|>` ends generation unless the vocabulary is harmony's (it has `<|return|>` and
+    /// `<|call|>`), where it only ends a message.
+    #[test]
+    fn harmony_end_is_not_end_of_generation() {
+        let toks: Vec<String> = ["a", "<|end|>", "<|return|>", "<|call|>", "<|im_end|>"]
+            .map(String::from)
+            .to_vec();
+        let mut eog = vec![1, 2, 3, 4];
+        harmony_eog(&toks, &mut eog);
+        assert_eq!(eog, [2, 3, 4]);
+        let mut eog = vec![1, 2, 4];
+        harmony_eog(&toks, &mut eog);
+        assert_eq!(eog, [1, 2, 4]);
+    }
+
     /// Every pre-tokenizer regex compiles under fancy-regex and splits as llama.cpp's
     /// (expected splits written from the regexes by hand; Ġ is the byte-level space).
     #[test]
@@ -585,8 +644,24 @@ mod tests {
             split("qwen35", text),
             ["I", "'m", "Ġ", "1", "2", "3", "4", "5", "Ġok", "ĊĊ", "yes"]
         );
+        // GLM-4.5 (`glm4`): digits in threes, as llama 3.
+        assert_eq!(
+            split("glm4", text),
+            ["I", "'m", "Ġ", "123", "45", "Ġok", "ĊĊ", "yes"]
+        );
         // A combining acute accent (U+0301, bytes CC 81 → "Ìģ") stays in its word for
         // Qwen3.5 and is split off by Qwen2's `\p{L}+`.
+        // o200k (gpt-oss): up to 3 digits a piece, a case change starts a word only before a
+        // lower-case run ("HTTPServer" → "HTTPServer", "fooBar" → "foo", "Bar"), contractions
+        // stay on their word, "/" and newlines stay on punctuation.
+        assert_eq!(
+            split("gpt-4o", text),
+            ["I'm", "Ġ", "123", "45", "Ġok", "ĊĊ", "yes"]
+        );
+        assert_eq!(
+            split("gpt-4o", "fooBar HTTPServer a+=b//\n"),
+            ["foo", "Bar", "ĠHTTPServer", "Ġa", "+=", "b", "//Ċ"]
+        );
         let marked = "cafe\u{301} x";
         assert_eq!(split("qwen35", marked), ["cafeÌģ", "Ġx"]);
         assert_eq!(split("qwen2", marked), ["cafe", "Ìģ", "Ġx"]);

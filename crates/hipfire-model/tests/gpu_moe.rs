@@ -13,7 +13,7 @@
 use hipfire_exec::flags::FlagsTuning;
 use hipfire_exec::offload::OffloadMode;
 use hipfire_gpu::{KernelRegistry, LaunchArgs};
-use hipfire_model::config::MoeConfig;
+use hipfire_model::config::{ExpertActivation, Gating, MoeConfig};
 use hipfire_model::gpu::{GpuDecoder, GpuOptions, HostExperts, DEFAULT_UBATCH, MOE_SOURCE};
 use hipfire_model::moe::Routes;
 use hipfire_model::sampling::argmax;
@@ -97,6 +97,10 @@ fn route_kernel_matches_cpu_routing() {
             n_ff_exp: 32,
             norm_topk: norm,
             n_ff_shared: None,
+            gating: Gating::Softmax,
+            weights_scale: 1.0,
+            n_dense_lead: 0,
+            activation: ExpertActivation::Silu,
         };
         let want = Routes::from_logits(&logits, &cfg).expect("cpu routes");
         let mut l = ctx.alloc::<f32>(logits.len()).expect("logits");

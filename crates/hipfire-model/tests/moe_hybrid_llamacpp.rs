@@ -1,7 +1,8 @@
-//! Mixture-of-Experts (qwen3moe, qwen2moe, Mixtral-style llama), Qwen3.5 hybrid (qwen35,
-//! qwen35moe: Gated DeltaNet + gated attention; qwen35moe also with a fused `ffn_gate_up_exps`)
-//! and Qwen3-Next (qwen3next: fused `ssm_ba`, grouped value heads; also with the older fused
-//! `ssm_in`) random-weight files against llama.cpp's own logits, recorded by `scripts/record_llama_cpp_moe_hybrid.py` into
+//! Mixture-of-Experts (qwen3moe, qwen2moe, Mixtral-style llama, glm4moe, gpt-oss), Qwen3.5
+//! hybrid (qwen35, qwen35moe: Gated DeltaNet + gated attention; qwen35moe also with a fused
+//! `ffn_gate_up_exps`) and Qwen3-Next (qwen3next: fused `ssm_ba`, grouped value heads; also with
+//! the older fused `ssm_in`) random-weight files against llama.cpp's own logits, recorded by
+//! `scripts/record_llama_cpp_moe_hybrid.py` into
 //! `tests/fixtures/moe_hybrid_llamacpp.json` (llama-cpp-python 0.3.36, one thread, f32 KV).
 //!
 //! Each file is regenerated here from the `hipfire synth` flags stored with it, and its SHA-256
@@ -25,17 +26,21 @@ use synth_fixture::{fixture, floats, row_err, top1_agreement, top1_agreement_wit
 /// VM (steps / prefill): qwen3moe 0.00017 / 0.00017, qwen2moe 0.00013 / 0.00013, mixtral
 /// 0.00014 / 0.00013, qwen35 0.00055 / 0.00055, qwen35moe 0.00047 / 0.00047; 2026-12-05:
 /// qwen35moe with fused gate/up 0.00090 / 0.00090, qwen3next 0.00009 / 0.00003, qwen3next with
-/// `ssm_in` 0.00010 / 0.00003.
+/// `ssm_in` 0.00010 / 0.00003, glm4moe 0.00017 / 0.00010 (with its selection bias left out:
+/// 0.23, so routing is tested), gpt-oss 0.00007 / 0.00003 (its 64-token prompt passes the
+/// 24-position window of the even layers).
 const MAX_REL_RANGE_F32: f64 = 0.002;
 /// See [`MAX_REL_RANGE_F32`]; quantised activations. Measured: qwen3moe q8_0 0.0061 / 0.0051,
 /// qwen35 q8_0 0.018 / 0.015, qwen3next q8_0 0.019 / 0.017 (four layers of a random model
-/// amplify the rounding).
+/// amplify the rounding), glm4moe q8_0 0.0065 / 0.0055, gpt-oss MXFP4 0.0060 / 0.0043 (MXFP4
+/// weights take q8_0 activations on both sides).
 const MAX_REL_RANGE_Q8: f64 = 0.03;
 /// Fewest positions (of the prompt) whose argmax must equal llama.cpp's, a near-tie counting as
 /// equal: llama.cpp's choice within the case's bound (× the row's range) of hipfire's largest
 /// logit, as rounding within that bound may flip it. Measured exactly equal: 64/64 everywhere
-/// but qwen35 q8_0 (62/64) and qwen3next q8_0 (60/64), whose other positions are all such
-/// near-ties (0.0016 to 0.024 of the range apart, bound 0.03): 64/64 counting them.
+/// but qwen35 q8_0 (62/64), qwen3next q8_0 (60/64) and glm4moe q8_0 (63/64), whose other
+/// positions are all such near-ties (0.0016 to 0.024 of the range apart, bound 0.03): 64/64
+/// counting them.
 const MIN_TOP1: f64 = 0.95;
 
 fn flag<'a>(flags: &'a [String], name: &str) -> &'a str {

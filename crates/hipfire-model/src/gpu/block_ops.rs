@@ -88,7 +88,13 @@ impl BlockOps for GpuStep<'_, '_, '_> {
         self.project_form(&out, input, GemvForm::Residual)
     }
 
-    fn attention(&mut self, li: usize) -> Result<(), ModelError> {
+    fn attention(&mut self, li: usize, sinks: Option<u64>) -> Result<(), ModelError> {
+        // `GpuDecoder::with_slots` refuses gpt-oss (the one architecture with sinks) first.
+        if sinks.is_some() {
+            return Err(ModelError::Unsupported(
+                "the GPU engine does not run attention sinks".into(),
+            ));
+        }
         let c = self.dec.model.config();
         let (n_head, n_head_kv) = (c.n_head, c.n_head_kv);
         let (r, m) = (self.r, self.rows.len());

@@ -19,7 +19,7 @@ use super::{Model, Session};
 use crate::block::{self, Act, Attention, BlockOps, DeltaNet, MoeTensors, Pair};
 use crate::config::FfnActivation;
 use crate::delta_net;
-use crate::moe::{self, ExpertRows, Routes};
+use crate::moe::{self, ExpertExtras, ExpertRows, Routes};
 use crate::{ops, ModelError};
 use std::time::{Duration, Instant};
 
@@ -324,7 +324,7 @@ impl<'a> BlockOps for CpuStep<'a, '_, '_, '_> {
         done
     }
 
-    fn attention(&mut self, li: usize) -> Result<(), ModelError> {
+    fn attention(&mut self, li: usize, sinks: Option<&'a [f32]>) -> Result<(), ModelError> {
         self.timed(
             |t| &mut t.attention,
             |s| {
@@ -380,7 +380,7 @@ impl<'a> BlockOps for CpuStep<'a, '_, '_, '_> {
                     .zip(q.chunks_exact(qd))
                     .map(|(&(i, pos), qt)| (qt, &s.items[i].session.kv[li], pos + 1))
                     .collect();
-                s.m.attention_many(li, &queries, &mut att[..s.rows.len() * qd])
+                s.m.attention_many(li, &queries, sinks, &mut att[..s.rows.len() * qd])
             },
         )
     }
@@ -465,7 +465,7 @@ impl<'a> BlockOps for CpuStep<'a, '_, '_, '_> {
         if let Some(w) = a.k_norm {
             self.rms_norm(Act::K, w, Act::K, hd)?;
         }
-        self.attention(li)?;
+        self.attention(li, a.sinks)?;
         for (ar, qgr) in self.bufs[Act::Att as usize]
             .chunks_exact_mut(qd)
             .zip(qg.chunks_exact(2 * qd))
@@ -539,7 +539,14 @@ impl<'a> BlockOps for CpuStep<'a, '_, '_, '_> {
                 |s| &mut s.project,
                 |s| s.m.project(&[t.router], &xn, &mut [&mut logits], n),
             )
-            .and_then(|()| Routes::from_logits(&logits, cfg));
+            .and_then(|()| {
+                if let Some(b) = t.router_bias {
+                    logits
+                        .chunks_exact_mut(b.len())
+                        .for_each(|r| moe::add_row(r, b));
+                }
+                Routes::from_logits_biased(&logits, cfg, t.selection_bias)
+            });
         let routes = match done {
             Ok(r) => r,
             Err(e) => {
@@ -645,11 +652,13 @@ impl CpuStep<'_, '_, '_, '_> {
         )
     }
 
-    /// `down · (silu(gate · x) ⊙ up · x)` for each of the `rows` rows of `xs` (an expert over
-    /// its tokens, or the shared expert over the step): `rows × d_model` values.
+    /// `down · act(gate · x, up · x)` for each of the `rows` rows of `xs` (an expert over
+    /// its tokens, or the shared expert over the step), with the expert's biases where it has
+    /// them (`extras`): `rows × d_model` values.
     fn swiglu_rows(
         &mut self,
         (gate, up, down): (usize, usize, usize),
+        extras: ExpertExtras<'_>,
         xs: &[f32],
         rows: usize,
     ) -> Result<Vec<f32>, ModelError> {
@@ -660,14 +669,13 @@ impl CpuStep<'_, '_, '_, '_> {
             |s| &mut s.project,
             |_| m.project(&[gate, up], xs, &mut [&mut g, &mut u], rows),
         )?;
-        g.chunks_exact_mut(ff)
-            .zip(u.chunks_exact(ff))
-            .for_each(|(gr, ur)| ops::swiglu(gr, ur));
+        extras.activate(&mut g, &mut u, ff);
         let mut y = vec![0f32; rows * m.config.d_model];
         self.timed(
             |s| &mut s.project,
             |_| m.project(&[down], &g, &mut [&mut y], rows),
         )?;
+        extras.finish(&mut y);
         Ok(y)
     }
 
@@ -680,7 +688,7 @@ impl CpuStep<'_, '_, '_, '_> {
         out: &mut [f32],
     ) -> Result<(), ModelError> {
         let (n, d) = (self.rows.len(), self.m.config.d_model);
-        let y = self.swiglu_rows((sh.gate, sh.up, sh.down), xn, n)?;
+        let y = self.swiglu_rows((sh.gate, sh.up, sh.down), ExpertExtras::SWIGLU, xn, n)?;
         for ((o, yr), xr) in out
             .chunks_exact_mut(d)
             .zip(y.chunks_exact(d))
@@ -711,6 +719,15 @@ impl CpuStep<'_, '_, '_, '_> {
         let d = m.config.d_model;
         let n = self.rows.len();
         let by_expert = ExpertRows::new(routes, t.gate.len());
+        let act = m
+            .config
+            .moe
+            .as_ref()
+            .map_or(crate::config::ExpertActivation::Silu, |c| c.activation);
+        let extras = |x: usize| ExpertExtras {
+            act,
+            biases: t.biases.as_ref().map(|b| (b.gate[x], b.up[x], b.down[x])),
+        };
         if n == 1 {
             // One token (decode): every chosen expert's gate and up in one dispatch over the
             // same activation, then each down.
@@ -732,8 +749,9 @@ impl CpuStep<'_, '_, '_, '_> {
             let mut y = vec![0f32; d];
             for (j, &(x, a, _)) in by_expert.groups.iter().enumerate() {
                 let (g, u) = h[2 * j * ff..(2 * j + 2) * ff].split_at_mut(ff);
-                ops::swiglu(g, u);
+                extras(x).activate(g, u, ff);
                 self.timed(|s| &mut s.project, |_| m.gemv(t.down[x], g, &mut y, false))?;
+                extras(x).finish(&mut y);
                 let w = by_expert.weights[a];
                 out.iter_mut().zip(&y).for_each(|(o, &v)| *o += w * v);
             }
@@ -745,7 +763,8 @@ impl CpuStep<'_, '_, '_, '_> {
             for (dst, &r) in xs.chunks_exact_mut(d).zip(rows) {
                 dst.copy_from_slice(&xn[r * d..(r + 1) * d]);
             }
-            let y = self.swiglu_rows((t.gate[x], t.up[x], t.down[x]), &xs, rows.len())?;
+            let y =
+                self.swiglu_rows((t.gate[x], t.up[x], t.down[x]), extras(x), &xs, rows.len())?;
             for ((&r, &w), yr) in rows
                 .iter()
                 .zip(&by_expert.weights[a..b])

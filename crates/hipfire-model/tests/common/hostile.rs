@@ -65,6 +65,7 @@ pub fn base_model(dir: &Path) -> Vec<u8> {
         moe: None,
         delta_net: None,
         rope_dim: None,
+        sliding_window: None,
     };
     std::fs::create_dir_all(dir).expect("corpus dir");
     let path = dir.join("base.gguf");
