@@ -157,8 +157,8 @@ pub(crate) fn load(
     };
     let model = Model::from_gguf(file, &opts, backend)
         .with_context(|| format!("loading {}", path.display()))?;
-    // The GPU engine refuses hybrid layers (routed experts it runs); `auto` runs such a model on
-    // the CPU instead.
+    // The GPU engine refuses what only the CPU runs (hybrid layers, gpt-oss's sinks and biased
+    // experts: `ModelConfig::cpu_only_layers`); `auto` runs such a model on the CPU instead.
     let engine = match engine {
         Engine::Gpu if s.device == Device::Auto => match model.config().cpu_only_layers() {
             Some(what) => {

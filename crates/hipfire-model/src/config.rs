@@ -443,6 +443,12 @@ pub enum ExpertActivation {
     SwigluOai,
 }
 
+/// What of gpt-oss only the CPU engine runs ([`ModelConfig::cpu_only_layers`]): the per-head
+/// attention sinks, the router's and the experts' biases, the softmax over the top k logits and
+/// the clamped `swiglu_oai` activation.
+pub const GPT_OSS_CPU_ONLY: &str = "attention sinks, biased routers and experts (softmax over \
+     the top-k logits, a bias after each projection) and the clamped swiglu_oai activation";
+
 /// Which layers attend over a sliding window, and how.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SlidingWindow {
@@ -804,17 +810,19 @@ impl ModelConfig {
 
     /// What in this model only the CPU engine runs (`None`: the GPU runs all of it).
     pub fn cpu_only_layers(&self) -> Option<&'static str> {
-        // Routed experts run on both engines; hybrid layers, gpt-oss's sinks and biased
-        // experts, and (until the routing kernel gates by sigmoid) GLM-4.5's experts only on
-        // the CPU so far.
+        // Routed experts run on both engines; hybrid layers, gpt-oss's pieces and (until the
+        // routing kernel gates by sigmoid) GLM-4.5's experts only on the CPU so far.
         if self.delta_net.is_some() {
             return Some("hybrid Gated DeltaNet / gated attention layers");
         }
-        if self.arch == Arch::GptOss {
-            return Some("attention sinks and biased Mixture-of-Experts layers");
+        let oai_experts = self.moe.as_ref().is_some_and(|m| {
+            m.gating == Gating::SoftmaxTopK || m.activation == ExpertActivation::SwigluOai
+        });
+        if self.arch == Arch::GptOss || oai_experts {
+            return Some(GPT_OSS_CPU_ONLY);
         }
         match &self.moe {
-            Some(m) if m.gating != Gating::Softmax => Some("Mixture-of-Experts layers"),
+            Some(m) if m.gating == Gating::Sigmoid => Some("Mixture-of-Experts layers"),
             _ => None,
         }
     }

@@ -1522,6 +1522,11 @@ fn gpu_decoder_refuses_gpt_oss_by_name() {
     let path = tmp("gpt-oss-gpu.gguf");
     write_synthetic(&path, &SynthSpec::tiny(Arch::GptOss), Format::Q8_0, 3, None).unwrap();
     let model = Model::load(&path, &LoadOptions::default()).unwrap();
+    // What `--device auto` keys its fall-back to the CPU on.
+    assert_eq!(
+        model.config().cpu_only_layers(),
+        Some(hipfire_model::config::GPT_OSS_CPU_ONLY)
+    );
     let opts = GpuOptions {
         ordinal: 0,
         gpu_layer_budget: None,
@@ -1535,7 +1540,14 @@ fn gpu_decoder_refuses_gpt_oss_by_name() {
     match GpuDecoder::new(&model, pool, &opts) {
         Err(hipfire_model::ModelError::Unsupported(m)) => {
             assert!(
-                m.starts_with("gpt-oss:") && m.contains("attention sinks"),
+                m.starts_with("gpt-oss:")
+                    && [
+                        "attention sinks",
+                        "biased routers and experts",
+                        "swiglu_oai"
+                    ]
+                    .iter()
+                    .all(|w| m.contains(w)),
                 "{m}"
             )
         }

@@ -211,6 +211,14 @@ impl GpuDecoder<'_> {
         t: &MoeTensors<usize, u64>,
     ) -> Result<(), ModelError> {
         let (_, k, _, sf) = shape(self.model.config())?;
+        // `GpuDecoder::with_slots` refuses gpt-oss (`ModelConfig::cpu_only_layers`) first; a
+        // file of another architecture carrying its biases is refused here rather than run
+        // without them.
+        if t.router_bias.is_some() || t.biases.is_some() {
+            return Err(ModelError::Unsupported(format!(
+                "layer {li}: the GPU engine does not run biased routers or experts"
+            )));
+        }
         let m = rows.len();
         self.routed_experts(li, r.xn, m)?;
         let shared = match (&t.shared, sf) {
