@@ -5,9 +5,12 @@
 //
 // Everything stays on the device (ids and weights are device scratch the ids GEMV reads), so a
 // layer's MoE needs no host round trip and a decode step containing it can be captured in a graph.
-// The routing follows the CPU engine (crates/hipfire-model/src/moe.rs): softmax over every expert,
-// the n_used most probable in descending probability with ties to the lower expert index, weights
-// divided by their sum where norm_topk says. The sum into the residual takes each row's experts in
+// The routing follows the CPU engine (crates/hipfire-model/src/moe.rs `Routes::from_logits_biased`):
+// scores by the gating (softmax over every expert, or a sigmoid per expert), the n_used best in
+// descending score with ties to the lower expert index — scored with a per-expert selection bias
+// added where the layer has one (GLM-4.5's exp_probs_b), weighted by the unbiased scores — the
+// weights divided by their sum (clamped below, as llama.cpp) where norm_topk says, then multiplied by
+// the model's weights scale. The sum into the residual takes each row's experts in
 // ascending id, as the CPU engine does, so a token's result does not depend on the other rows.
 // llama.cpp's fused equivalent is ggml-cuda `topk-moe.cu`.
 //
@@ -18,9 +21,15 @@
 typedef unsigned long long hf_u64;
 
 // Gating rules (crates/hipfire-model/src/gpu/moe.rs `Gating`, passed as an int so a rule is a new
-// case here and a new variant there). Softmax: p = softmax(logits) over every expert, the top k by
-// p, weights p (renormalised where norm_topk).
+// case here and a new variant there). Softmax: p = softmax(logits) over every expert. Sigmoid:
+// p = sigmoid(logit) per expert. Either way the top k by p (+ bias), weights p.
 #define HF_GATING_SOFTMAX 0
+#define HF_GATING_SIGMOID 1
+
+// The floor of the chosen weights' sum before renormalising (crates/hipfire-model/src/moe.rs
+// MIN_WEIGHT_SUM, llama.cpp build_moe_ffn's clamp to 6.103515625e-5, the smallest normal f16):
+// sigmoid scores that underflow to 0 give zero weights, not NaN.
+#define HF_MOE_MIN_WEIGHT_SUM 6.103515625e-5f
 
 __device__ __forceinline__ float hf_shfl_xor_f(float v, int o) {
 #ifdef HF_CUDA
@@ -66,16 +75,24 @@ __device__ __forceinline__ bool hf_ranks_before(float v, int e, float bv, int be
 }
 
 // One warp per row: logits[row * n_expert ..] -> ids[row * n_used ..] (int32, descending
-// probability) and weights[row * n_used ..]. Dynamic shared memory: n_expert floats (the
-// probabilities) + n_expert bytes (taken marks). 1 <= n_used <= n_expert (the host checks).
+// selection score) and weights[row * n_used ..]. bias: n_expert selection biases, or 0 for none;
+// scale: the factor on the final weights (1 is exact). Dynamic shared memory: 2 * n_expert floats
+// (the scores, the selection scores) + n_expert bytes (taken marks). 1 <= n_used <= n_expert (the
+// host checks).
 extern "C" __global__ void __launch_bounds__(HF_WARP)
     moe_route_f32(const float* __restrict__ logits, int n_expert, int n_used, int gating, int norm_topk,
-                  int* __restrict__ ids, float* __restrict__ weights) {
+                  const float* __restrict__ bias, float scale, int* __restrict__ ids,
+                  float* __restrict__ weights) {
     extern __shared__ float moe_p[];
-    unsigned char* taken = (unsigned char*)(moe_p + n_expert);
+    float* moe_s = moe_p + n_expert;
+    unsigned char* taken = (unsigned char*)(moe_s + n_expert);
     const int row = blockIdx.x, lane = threadIdx.x;
     const float* l = logits + (hf_u64)row * n_expert;
     switch (gating) {
+    case HF_GATING_SIGMOID:
+        // As moe.rs `sigmoid`: 1 / (1 + exp(-x)).
+        for (int e = lane; e < n_expert; e += HF_WARP) moe_p[e] = 1.0f / (1.0f + expf(-l[e]));
+        break;
     case HF_GATING_SOFTMAX:
     default: {
         // As ops::softmax: exp(x - max), then times 1 / sum.
@@ -90,14 +107,15 @@ extern "C" __global__ void __launch_bounds__(HF_WARP)
         }
         sum = hf_moe_warp_sum(sum);
         const float inv = 1.0f / sum;
-        for (int e = lane; e < n_expert; e += HF_WARP) {
-            const float p = moe_p[e] * inv;
-            // A NaN (a broken model) ranks last, so every row still gets n_used distinct ids.
-            moe_p[e] = p != p ? HF_NEG_INF : p;
-            taken[e] = 0;
-        }
+        for (int e = lane; e < n_expert; e += HF_WARP) moe_p[e] *= inv;
         break;
     }
+    }
+    for (int e = lane; e < n_expert; e += HF_WARP) {
+        const float s = bias != 0 ? moe_p[e] + bias[e] : moe_p[e];
+        // A NaN (a broken model) ranks last, so every row still gets n_used distinct ids.
+        moe_s[e] = s != s ? HF_NEG_INF : s;
+        taken[e] = 0;
     }
     hf_moe_syncwarp();
     int* row_ids = ids + (hf_u64)row * n_used;
@@ -106,8 +124,8 @@ extern "C" __global__ void __launch_bounds__(HF_WARP)
         float bv = HF_NEG_INF;
         int be = -1;
         for (int e = lane; e < n_expert; e += HF_WARP) {
-            if (!taken[e] && hf_ranks_before(moe_p[e], e, bv, be)) {
-                bv = moe_p[e];
+            if (!taken[e] && hf_ranks_before(moe_s[e], e, bv, be)) {
+                bv = moe_s[e];
                 be = e;
             }
         }
@@ -123,15 +141,19 @@ extern "C" __global__ void __launch_bounds__(HF_WARP)
         if (lane == 0) {
             taken[be] = 1;
             row_ids[j] = be;
-            row_w[j] = bv;
+            row_w[j] = moe_p[be];
         }
         hf_moe_syncwarp();
     }
-    if (norm_topk && lane == 0) {
-        // In choice order, as the CPU sums them.
-        float s = 0.0f;
-        for (int j = 0; j < n_used; ++j) s += row_w[j];
-        for (int j = 0; j < n_used; ++j) row_w[j] /= s;
+    if (lane == 0) {
+        if (norm_topk) {
+            // In choice order, as the CPU sums them.
+            float s = 0.0f;
+            for (int j = 0; j < n_used; ++j) s += row_w[j];
+            s = fmaxf(s, HF_MOE_MIN_WEIGHT_SUM);
+            for (int j = 0; j < n_used; ++j) row_w[j] /= s;
+        }
+        for (int j = 0; j < n_used; ++j) row_w[j] *= scale;
     }
 }
 

@@ -810,21 +810,16 @@ impl ModelConfig {
 
     /// What in this model only the CPU engine runs (`None`: the GPU runs all of it).
     pub fn cpu_only_layers(&self) -> Option<&'static str> {
-        // Routed experts run on both engines; hybrid layers, gpt-oss's pieces and (until the
-        // routing kernel gates by sigmoid) GLM-4.5's experts only on the CPU so far.
+        // Routed experts (softmax or sigmoid gating, selection biases, ungated shared experts,
+        // leading dense layers) run on both engines; hybrid layers and gpt-oss's pieces only on
+        // the CPU so far.
         if self.delta_net.is_some() {
             return Some("hybrid Gated DeltaNet / gated attention layers");
         }
         let oai_experts = self.moe.as_ref().is_some_and(|m| {
             m.gating == Gating::SoftmaxTopK || m.activation == ExpertActivation::SwigluOai
         });
-        if self.arch == Arch::GptOss || oai_experts {
-            return Some(GPT_OSS_CPU_ONLY);
-        }
-        match &self.moe {
-            Some(m) if m.gating == Gating::Sigmoid => Some("Mixture-of-Experts layers"),
-            _ => None,
-        }
+        (self.arch == Arch::GptOss || oai_experts).then_some(GPT_OSS_CPU_ONLY)
     }
 
     /// Layers with a KV cache (all but a hybrid's DeltaNet layers).

@@ -50,7 +50,7 @@ use decode_graph::DecodeGraphs;
 pub use decode_graph::DISABLE_GRAPHS_ENV;
 use hipfire_gpu::dequant::DequantKernels;
 use hipfire_gpu::{gemm_available, gemm_f16, GemmShape};
-pub use moe::{Gating, MOE_KERNEL_NAMES, MOE_SOURCE};
+pub use moe::{route_shared_bytes, Gating, MOE_KERNEL_NAMES, MOE_SOURCE};
 use moe::{GpuMoe, LayerExperts, MoeKernels, MoeScratch};
 pub use placement::HostExperts;
 use placement::{gib, ExpertPlacement, LayerPlacement, VramBudget};
@@ -794,14 +794,14 @@ impl<'m> GpuDecoder<'m> {
             format!("{}, ctx {ctx_len}", kv_layout.cache_type.name())
         };
         let moe = match &c.moe {
-            Some(_) => Some(GpuMoe {
+            Some(mc) => Some(GpuMoe {
                 k: MoeKernels::new(&registry.module(&MOE_SOURCE, &[])?)?,
                 scratch: MoeScratch::new(&ctx, &c, moe_rows).map_err(|e| {
                     at_step(e, || {
                         format!("allocating the routed-expert scratch for {moe_rows} rows")
                     })
                 })?,
-                gating: Gating::Softmax,
+                gating: Gating::for_config(mc.gating)?,
             }),
             None => None,
         };

@@ -1,9 +1,13 @@
 //! GPU tier: Mixture-of-Experts layers on the GPU engine.
 //! - the routing kernel (`moe_route_f32`) against the CPU engine's [`Routes`] on random logits
 //!   spaced apart (no near-ties), outputs poisoned first;
-//! - decoding tiny qwen3moe, qwen2moe (shared expert) and Mixtral-style models against the CPU
-//!   engine, experts resident, all in pinned host memory (`--cpu-moe`), the first layer's on the
-//!   host (`--n-cpu-moe 1`) and with a layer spilled; resident and host-mapped experts give the
+//! - the routing kernel's sigmoid gating (GLM-4.5) with a selection bias and a weights scale
+//!   against the CPU's [`Routes::from_logits_biased`], and its clamped renormalisation of
+//!   underflowed scores;
+//! - decoding tiny qwen3moe, qwen2moe (shared expert), Mixtral-style and glm4moe (sigmoid
+//!   routing, ungated shared expert, a leading dense layer) models against the CPU engine,
+//!   experts resident, all in pinned host memory (`--cpu-moe`), the first routed layer's on the
+//!   host (`--n-cpu-moe`) and with layers spilled; resident and host-mapped experts give the
 //!   same bits (the ids GEMV reads either memory with one kernel);
 //! - a batched prefill against the same tokens fed one by one, batched slots against each
 //!   sequence alone, graph replays against launched steps.
@@ -12,9 +16,11 @@
 
 use hipfire_exec::flags::FlagsTuning;
 use hipfire_exec::offload::OffloadMode;
-use hipfire_gpu::{KernelRegistry, LaunchArgs};
-use hipfire_model::config::{ExpertActivation, Gating, MoeConfig};
-use hipfire_model::gpu::{GpuDecoder, GpuOptions, HostExperts, DEFAULT_UBATCH, MOE_SOURCE};
+use hipfire_gpu::{DeviceMemory, KernelRegistry, LaunchArgs};
+use hipfire_model::config::{ExpertActivation, Gating as CpuGating, MoeConfig};
+use hipfire_model::gpu::{
+    route_shared_bytes, Gating, GpuDecoder, GpuOptions, HostExperts, DEFAULT_UBATCH, MOE_SOURCE,
+};
 use hipfire_model::moe::Routes;
 use hipfire_model::sampling::argmax;
 use hipfire_model::synth::SynthSpec;
@@ -24,8 +30,15 @@ use hipfire_quant::Format;
 mod gpu_harness;
 use gpu_harness::{gpu_options, launch_kernel_shared, rel, rel_bound, require_gpu, tokens};
 
-/// Routed tiny presets the GPU runs (tiny-qwen35moe is hybrid: refused, see gpu_synth.rs).
-const PRESETS: [&str; 3] = ["tiny-qwen3moe", "tiny-qwen2moe", "tiny-mixtral"];
+/// Routed tiny presets the GPU runs (tiny-qwen35moe is hybrid and tiny-gpt-oss has sinks and
+/// biased experts: refused, see gpu_synth.rs and synth_decode.rs). tiny-glm4moe: sigmoid routing
+/// with a selection bias and a weights scale, an ungated shared expert, a leading dense layer.
+const PRESETS: [&str; 4] = [
+    "tiny-qwen3moe",
+    "tiny-qwen2moe",
+    "tiny-mixtral",
+    "tiny-glm4moe",
+];
 const FORMATS: [Format; 3] = [Format::F32, Format::Q8_0, Format::Q4K];
 /// Tokens fed in the decode comparisons.
 const N_TOKENS: usize = 12;
@@ -67,77 +80,175 @@ fn permutation(n: usize, seed: u64) -> Vec<usize> {
     v
 }
 
+/// One routing case: `e` experts, `k` a token, renormalised or not, the gating, a selection
+/// bias or none, the weights scale.
+struct RouteCase {
+    e: usize,
+    k: usize,
+    norm: bool,
+    gating: Gating,
+    bias: bool,
+    scale: f32,
+}
+
+const fn case(e: usize, k: usize, norm: bool) -> RouteCase {
+    RouteCase {
+        e,
+        k,
+        norm,
+        gating: Gating::Softmax,
+        bias: false,
+        scale: 1.0,
+    }
+}
+
+/// GLM-4.5's routing: sigmoid scores, a selection bias, a weights scale.
+const fn sigmoid_case(e: usize, k: usize, norm: bool, bias: bool, scale: f32) -> RouteCase {
+    RouteCase {
+        gating: Gating::Sigmoid,
+        bias,
+        scale,
+        ..case(e, k, norm)
+    }
+}
+
+/// `moe_route_f32` on device 0, run on host slices.
+struct RouteKernel {
+    ctx: std::sync::Arc<hipfire_gpu::Context>,
+    module: std::sync::Arc<hipfire_gpu::Module>,
+    stream: hipfire_gpu::Stream,
+}
+
+impl RouteKernel {
+    fn new() -> RouteKernel {
+        let ctx = require_gpu();
+        let module = KernelRegistry::new(&ctx)
+            .module(&MOE_SOURCE, &[])
+            .expect("moe.cu");
+        let stream = ctx.new_stream().expect("stream");
+        RouteKernel {
+            ctx,
+            module,
+            stream,
+        }
+    }
+
+    /// Routes every row of `logits` (`c.e` a row) as `c` says, with selection biases `bias`:
+    /// the ids and weights, from outputs poisoned first (-1 and NaN).
+    fn route(&self, logits: &[f32], c: &RouteCase, bias: Option<&[f32]>) -> (Vec<i32>, Vec<f32>) {
+        let (ctx, stream) = (&self.ctx, &self.stream);
+        let (e, k) = (c.e, c.k);
+        let rows = logits.len() / e;
+        let mut l = ctx.alloc::<f32>(logits.len()).expect("logits");
+        l.upload(stream, logits).expect("upload");
+        let b = bias.map(|b| {
+            let mut d = ctx.alloc::<f32>(e).expect("bias");
+            d.upload(stream, b).expect("upload bias");
+            d
+        });
+        let mut ids = ctx.alloc::<i32>(rows * k).expect("ids");
+        ids.upload(stream, &vec![-1; rows * k]).expect("poison ids");
+        let mut w = ctx.alloc::<f32>(rows * k).expect("weights");
+        w.upload(stream, &vec![f32::NAN; rows * k])
+            .expect("poison weights");
+        let args = LaunchArgs::new()
+            .buf(&l)
+            .i32(e as i32)
+            .i32(k as i32)
+            .i32(c.gating as i32)
+            .i32(i32::from(c.norm))
+            .ptr(b.as_ref().map_or(0, |b| b.device_ptr()))
+            .f32(c.scale)
+            .buf(&ids)
+            .buf(&w);
+        launch_kernel_shared(
+            &self.module,
+            stream,
+            "moe_route_f32",
+            (rows as u32, 32, route_shared_bytes(e)),
+            args,
+        );
+        let mut got_ids = vec![0i32; rows * k];
+        let mut got_w = vec![0f32; rows * k];
+        ids.download(stream, &mut got_ids).expect("ids");
+        w.download(stream, &mut got_w).expect("weights");
+        (got_ids, got_w)
+    }
+}
+
 #[test]
 #[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
 fn route_kernel_matches_cpu_routing() {
-    let ctx = require_gpu();
-    let module = KernelRegistry::new(&ctx)
-        .module(&MOE_SOURCE, &[])
-        .expect("moe.cu");
-    let stream = ctx.new_stream().expect("stream");
+    let kernel = RouteKernel::new();
     let rows = 37;
     let mut failures = Vec::new();
-    for (e, k, norm) in [
-        (8, 2, true),
-        (8, 2, false),
-        (60, 4, false),
-        (128, 8, true),
-        (512, 10, true),
-        (33, 33, true),
+    let mut reordered = 0usize;
+    for c in [
+        case(8, 2, true),
+        case(8, 2, false),
+        case(60, 4, false),
+        case(128, 8, true),
+        case(512, 10, true),
+        case(33, 33, true),
+        sigmoid_case(8, 2, true, true, 2.5),
+        sigmoid_case(64, 4, true, false, 1.0),
+        sigmoid_case(128, 8, true, true, 2.5),
+        sigmoid_case(128, 8, false, true, 1.5),
+        sigmoid_case(160, 8, true, true, 1.0),
+        sigmoid_case(33, 33, true, true, 2.0),
     ] {
-        // Distinct logits 0.05 apart (probabilities ≥ 5 % apart): no near-tie can reorder.
+        let RouteCase {
+            e, k, norm, gating, ..
+        } = c;
+        // Distinct logits apart (scores ≥ ~0.2 % apart): no near-tie can reorder. Softmax:
+        // 0.05 apart; sigmoid: within ±3, where its slope keeps them apart in f32.
+        let step = match gating {
+            Gating::Softmax => 0.05,
+            Gating::Sigmoid => 6.0 / e as f32,
+        };
         let mut logits = Vec::with_capacity(rows * e);
         for r in 0..rows {
             let p = permutation(e, 0x9e37 + r as u64 * 31 + e as u64);
-            logits.extend(p.iter().map(|&i| i as f32 * 0.05 - 3.0));
+            logits.extend(p.iter().map(|&i| i as f32 * step - 3.0));
         }
+        // Selection biases a whole number apart in four groups: sigmoid scores lie in (0, 1),
+        // so no two biased scores come near each other, and the bias reorders the choice.
+        let bias: Option<Vec<f32>> = c.bias.then(|| {
+            permutation(e, 0x51ed + e as u64)
+                .iter()
+                .map(|&i| (i % 4) as f32 - 1.5)
+                .collect()
+        });
         let cfg = MoeConfig {
             n_expert: e,
             n_expert_used: k,
             n_ff_exp: 32,
             norm_topk: norm,
             n_ff_shared: None,
-            gating: Gating::Softmax,
-            weights_scale: 1.0,
+            gating: match gating {
+                Gating::Softmax => CpuGating::Softmax,
+                Gating::Sigmoid => CpuGating::Sigmoid,
+            },
+            weights_scale: c.scale,
             n_dense_lead: 0,
             activation: ExpertActivation::Silu,
         };
-        let want = Routes::from_logits(&logits, &cfg).expect("cpu routes");
-        let mut l = ctx.alloc::<f32>(logits.len()).expect("logits");
-        l.upload(&stream, &logits).expect("upload");
-        let mut ids = ctx.alloc::<i32>(rows * k).expect("ids");
-        ids.upload(&stream, &vec![-1; rows * k])
-            .expect("poison ids");
-        let mut w = ctx.alloc::<f32>(rows * k).expect("weights");
-        w.upload(&stream, &vec![f32::NAN; rows * k])
-            .expect("poison weights");
-        let args = LaunchArgs::new()
-            .buf(&l)
-            .i32(e as i32)
-            .i32(k as i32)
-            .i32(0)
-            .i32(i32::from(norm))
-            .buf(&ids)
-            .buf(&w);
-        let shared = (5 * e).next_multiple_of(4) as u32;
-        launch_kernel_shared(
-            &module,
-            &stream,
-            "moe_route_f32",
-            (rows as u32, 32, shared),
-            args,
-        );
-        let mut got_ids = vec![0i32; rows * k];
-        let mut got_w = vec![0f32; rows * k];
-        ids.download(&stream, &mut got_ids).expect("ids");
-        w.download(&stream, &mut got_w).expect("weights");
+        let want = Routes::from_logits_biased(&logits, &cfg, bias.as_deref()).expect("cpu routes");
+        if bias.is_some() {
+            let unbiased = Routes::from_logits(&logits, &cfg).expect("cpu routes");
+            reordered += usize::from(unbiased.experts != want.experts);
+        }
+        let (got_ids, got_w) = kernel.route(&logits, &c, bias.as_deref());
         for i in 0..rows * k {
             let (gi, wi) = (got_ids[i], want.experts[i] as i32);
-            let rel_w = (got_w[i] - want.weights[i]).abs() / want.weights[i].abs();
+            let err = (got_w[i] - want.weights[i]).abs();
             // A NaN (an unwritten weight) fails too.
-            if gi != wi || rel_w.is_nan() || rel_w > ROUTE_WEIGHT_BOUND {
+            if gi != wi || err.is_nan() || err > ROUTE_WEIGHT_BOUND * want.weights[i].abs() {
                 failures.push(format!(
-                    "e {e} k {k} norm {norm}: row {} choice {}: id {gi} vs {wi}, weight {} vs {}",
+                    "e {e} k {k} norm {norm} {gating:?} bias {} scale {}: row {} choice {}: \
+                     id {gi} vs {wi}, weight {} vs {}",
+                    c.bias,
+                    c.scale,
                     i / k,
                     i % k,
                     got_w[i],
@@ -146,7 +257,21 @@ fn route_kernel_matches_cpu_routing() {
             }
         }
     }
+    assert!(
+        reordered > 0,
+        "the selection biases never changed a choice: the test checks nothing of them"
+    );
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Sigmoid scores that underflow to 0 (every logit −1e4): ties to the lower ids and zero
+/// weights through the clamped renormalisation (llama.cpp's floor), not NaN, as the CPU's.
+#[test]
+#[ignore = "GPU tier: needs a CUDA GPU; run with --include-ignored on the GPU box"]
+fn route_kernel_sigmoid_underflow_gives_zero_weights() {
+    let c = sigmoid_case(16, 4, true, false, 2.5);
+    let (ids, w) = RouteKernel::new().route(&[-1e4; 16], &c, None);
+    assert_eq!((ids, w), (vec![0, 1, 2, 3], vec![0.0; 4]));
 }
 
 /// The CPU engine's logits after each of `toks`.
@@ -182,11 +307,15 @@ fn gpu_moe_decode_matches_cpu_in_every_placement() {
             let want = cpu_logits(&model, &toks);
             let bound = rel_bound(fmt);
             let mut resident_logits: Vec<Vec<f32>> = Vec::new();
+            // The first routed layer's experts on the host (glm4moe's layer 0 is dense, so
+            // `--n-cpu-moe 1` would place nothing there: llama.cpp counts layers, not routed
+            // ones).
+            let first_routed = model.config().moe.as_ref().map_or(0, |m| m.n_dense_lead) + 1;
             for (what, budget, host) in [
                 ("resident", None, HostExperts::None),
                 ("cpu-moe", None, HostExperts::All),
-                ("n-cpu-moe 1", None, HostExperts::FirstLayers(1)),
-                ("layer 0 spilled", Some(1), HostExperts::None),
+                ("n-cpu-moe", None, HostExperts::FirstLayers(first_routed)),
+                ("one layer resident", Some(1), HostExperts::None),
             ] {
                 let o = opts(budget, host, DEFAULT_UBATCH);
                 let mut dec = GpuDecoder::new(&model, pool.clone(), &o).expect("gpu decoder");
@@ -214,7 +343,7 @@ fn gpu_moe_decode_matches_cpu_in_every_placement() {
                 match what {
                     "resident" => resident_logits = got_all,
                     // One kernel reads experts in either memory: the same bits.
-                    "cpu-moe" | "n-cpu-moe 1" => {
+                    "cpu-moe" | "n-cpu-moe" => {
                         let same = got_all
                             .iter()
                             .zip(&resident_logits)

@@ -7,13 +7,14 @@
 //! 1. the router's logits through the multi-column GEMV, wherever the router lives (its int8
 //!    activation and summation order do not depend on the step's form or offload mode, so a token
 //!    routes the same in a prompt, a decode step and a batched step);
-//! 2. `moe_route_f32` (kernels/moe.cu): the CPU engine's gating, top-k and renormalisation
-//!    ([`crate::moe::Routes`]), ids and weights into device scratch;
+//! 2. `moe_route_f32` (kernels/moe.cu): the CPU engine's gating (softmax or sigmoid), top-k by
+//!    the scores plus any selection bias, renormalisation (clamped sum) and weights scale
+//!    ([`crate::moe::Routes::from_logits_biased`]), ids and weights into device scratch;
 //! 3. gate and up of every `(row, slot)` pair through the GEMV's ids form (each pair's expert
 //!    read from a per-layer table of base addresses, in VRAM or host-mapped), SwiGLU over the
 //!    `m·k` pairs, then down with ids over each pair's own activated hidden;
 //! 4. the shared expert, where there is one, through the decoder's ordinary projections (planned
-//!    and split like any layer weight) and its sigmoid gate;
+//!    and split like any layer weight) and its sigmoid gate (1 where the file has none: GLM-4.5);
 //! 5. `moe_combine_f32`: each row's experts in ascending id, weighted, plus the gated shared
 //!    expert, added into the residual stream — the CPU engine's order.
 //!
@@ -53,6 +54,29 @@ const ROUTE_THREADS: u32 = 32;
 pub enum Gating {
     /// Softmax over every expert, the top k by probability (`HF_GATING_SOFTMAX`).
     Softmax = 0,
+    /// A sigmoid per expert, the top k by score plus any selection bias (`HF_GATING_SIGMOID`:
+    /// GLM-4.5).
+    Sigmoid = 1,
+}
+
+impl Gating {
+    /// The kernel's rule for a model's gating; gpt-oss's softmax over the top k logits has
+    /// none yet (`ModelConfig::cpu_only_layers` refuses it before this is asked).
+    pub fn for_config(g: crate::config::Gating) -> Result<Gating, ModelError> {
+        match g {
+            crate::config::Gating::Softmax => Ok(Gating::Softmax),
+            crate::config::Gating::Sigmoid => Ok(Gating::Sigmoid),
+            crate::config::Gating::SoftmaxTopK => Err(ModelError::Unsupported(
+                "the GPU engine does not route by a softmax over the top-k logits".into(),
+            )),
+        }
+    }
+}
+
+/// Dynamic shared memory of `moe_route_f32` over `n_expert` experts: the scores and the
+/// selection scores (f32 each) and a taken mark (a byte) per expert, rounded to 4 bytes.
+pub fn route_shared_bytes(n_expert: usize) -> u32 {
+    (n_expert * 9).next_multiple_of(4) as u32
 }
 
 /// The routed FFN's kernels.
@@ -220,7 +244,7 @@ impl GpuDecoder<'_> {
             )));
         }
         let m = rows.len();
-        self.routed_experts(li, r.xn, m)?;
+        self.routed_experts(li, r.xn, m, t.selection_bias)?;
         let shared = match (&t.shared, sf) {
             (Some(sh), Some(sf)) => Some(self.shared_expert(sh, r.xn, rows, sf)?),
             (None, _) => None,
@@ -263,12 +287,21 @@ impl GpuDecoder<'_> {
 
     /// Steps 1–3 of the module documentation over the `m` rows of `xn`: the router, the routing,
     /// and the chosen experts' gate, up, SwiGLU and down, into the scratch's `down` (a row per
-    /// pair).
-    fn routed_experts(&mut self, li: usize, xn: u64, m: usize) -> Result<(), ModelError> {
+    /// pair). `selection_bias`: the layer's per-expert bias on the scores experts are chosen by.
+    fn routed_experts(
+        &mut self,
+        li: usize,
+        xn: u64,
+        m: usize,
+        selection_bias: Option<u64>,
+    ) -> Result<(), ModelError> {
         let c = self.model.config();
         let (e, k, ff, _) = shape(c)?;
         let d = c.d_model;
-        let norm = c.moe.as_ref().is_some_and(|mc| mc.norm_topk);
+        let (norm, scale) = c
+            .moe
+            .as_ref()
+            .map_or((false, 1.0), |mc| (mc.norm_topk, mc.weights_scale));
         let pairs = m * k;
         let GpuDecoder {
             ref mut moe,
@@ -315,19 +348,22 @@ impl GpuDecoder<'_> {
             GemvForm::Plain,
             m,
         )?;
-        // Routing: one warp a row, its probabilities and taken marks in shared memory.
+        // Routing: one warp a row, its scores, selection scores and taken marks in shared
+        // memory.
         let args = LaunchArgs::new()
             .buf(&s.logits)
             .i32(e as i32)
             .i32(k as i32)
             .i32(moe.gating as i32)
             .i32(i32::from(norm))
+            .ptr(selection_bias.unwrap_or(0))
+            .f32(scale)
             .buf(&s.ids)
             .buf(&s.weights);
         let dims = LaunchDims {
             grid: m as u32,
             block: ROUTE_THREADS,
-            shared_bytes: (e * 4 + e).next_multiple_of(4) as u32,
+            shared_bytes: route_shared_bytes(e),
         };
         launch_on(ctx, stream, &moe.k.route, dims, args)?;
         // Gate and up over each token's row, SwiGLU, down over each pair's own hidden.

@@ -536,6 +536,32 @@ mod tests {
         assert_eq!(dense.summary(), "");
     }
 
+    /// GLM-4.5's leading dense layers have no experts: they take no room, hold nothing on the
+    /// host, and the summary's per-layer list names the routed layers alone. `--n-cpu-moe`
+    /// counts layers, dense ones included (llama.cpp's `blk.0..N-1`).
+    #[test]
+    fn leading_dense_layers_have_no_experts_to_place() {
+        let mut eb = experts_of(4);
+        eb[0] = 0;
+        let one = eb[1];
+        // Room for 8 + 3: layer 3 whole, 3 of layer 2, none of 1, layer 0 nothing to place.
+        let p = ExpertPlacement::new(eb.clone(), 8, 0, 0, 11 * one + one / 2);
+        assert!((0..8).all(|e| p.is_resident(3, e)));
+        assert!((0..3).all(|e| p.is_resident(2, e)) && !p.is_resident(2, 3));
+        assert!(!p.is_resident(1, 0) && !p.is_resident(0, 0));
+        assert_eq!((p.resident_bytes(), p.host_bytes()), (11 * one, 13 * one));
+        let s = p.summary();
+        assert!(s.contains("routed experts 11 of 24 in VRAM"), "{s}");
+        assert!(s.contains("(per layer: 0 3 8)"), "{s}");
+        // --n-cpu-moe 1 names only the dense layer: every expert stays resident.
+        let p = ExpertPlacement::new(eb.clone(), 8, 1, 0, u64::MAX);
+        assert_eq!((p.resident_bytes(), p.host_bytes()), (24 * one, 0));
+        // --n-cpu-moe 2: the first routed layer's experts on the host.
+        let p = ExpertPlacement::new(eb, 8, 2, 0, u64::MAX);
+        assert_eq!((p.resident_bytes(), p.host_bytes()), (16 * one, 8 * one));
+        assert!(!p.is_resident(1, 0) && p.is_resident(2, 0));
+    }
+
     #[test]
     fn host_experts_requests_are_checked_against_the_model() {
         assert_eq!(HostExperts::None.host_layers(4, false).unwrap(), 0);
