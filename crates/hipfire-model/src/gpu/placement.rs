@@ -230,7 +230,8 @@ impl HostExperts {
         }
         if n > n_layer {
             return Err(ModelError::InvalidOption(format!(
-                "{flag}: the model has {n_layer} layers"
+                "{flag}: the model has {n_layer} layers (give at most {n_layer}, or --cpu-moe \
+                 for every layer's experts)"
             )));
         }
         Ok(n)
