@@ -7,10 +7,10 @@
 
 mod common;
 
-use common::{gpu, random_weights, random_x, rng};
+use common::{gpu, place, random_weights, random_x, rng, Placed};
 use hipfire_gpu::{
-    Activation, Context, DeviceBuffer, DeviceMemory, ExpertSet, GemvForm, GemvKernels, IdsInput,
-    IdsShape, KernelRegistry, RowRange, Stream, WeightRef,
+    Activation, Context, ExpertSet, GemvForm, GemvKernels, IdsInput, IdsShape, KernelRegistry,
+    RowRange, Stream, WeightRef,
 };
 use hipfire_quant::Format;
 use std::sync::Arc;
@@ -24,33 +24,6 @@ const ROWS: usize = 3;
 const USED: usize = 2;
 /// Floats of padding between pairs' outputs (`ldy = m + PAD`): never written.
 const PAD: usize = 3;
-
-/// An expert's bytes in one of the two memories.
-enum Placed {
-    Device(DeviceBuffer<u8>),
-    Host(hipfire_gpu::HostMappedBuffer),
-}
-
-impl Placed {
-    fn mem(&self) -> &dyn DeviceMemory {
-        match self {
-            Placed::Device(b) => b,
-            Placed::Host(b) => b,
-        }
-    }
-}
-
-fn place(ctx: &Arc<Context>, stream: &Stream, bytes: &[u8], host: bool) -> Placed {
-    if host {
-        let mut b = ctx.alloc_host_mapped(bytes.len()).expect("pinned alloc");
-        b.as_mut_slice().copy_from_slice(bytes);
-        Placed::Host(b)
-    } else {
-        let mut b = ctx.alloc::<u8>(bytes.len()).expect("device alloc");
-        b.upload(stream, bytes).expect("upload");
-        Placed::Device(b)
-    }
-}
 
 /// `cols` columns of `k` values (column-major) as one activation.
 fn prepare(

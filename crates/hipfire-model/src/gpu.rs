@@ -1913,12 +1913,13 @@ mod tests {
         assert!(matches!(e, ModelError::BadToken { id: 5, vocab: 4 }));
     }
 
-    /// Compiles `decode.cu` for sm_90 with NVRTC (no GPU needed) and checks that every kernel
-    /// [`GpuDecoder::new`] looks up is in the image. Skips, saying so, without libnvrtc, unless
-    /// CI's `HIPFIRE_REQUIRE_NVRTC=1` says it must be there.
-    #[test]
-    fn decode_kernels_compile_for_sm90_with_nvrtc() {
-        let src = &DECODE_SOURCE;
+    /// Compiles `src` for sm_90 with NVRTC (no GPU needed) and checks that every kernel of
+    /// `names` is in the image. Skips, saying so, without libnvrtc, unless CI's
+    /// `HIPFIRE_REQUIRE_NVRTC=1` says it must be there.
+    pub(super) fn assert_kernels_compile<'a>(
+        src: &KernelSource,
+        names: impl IntoIterator<Item = &'a str>,
+    ) {
         let image =
             match hipfire_gpu::cuda::nvrtc_compile(src.name, src.source, src.headers, "sm_90", &[])
             {
@@ -1933,17 +1934,26 @@ mod tests {
                 }
                 Err(e) => panic!("{e}"),
             };
-        for n in DECODE_KERNEL_NAMES
-            .into_iter()
-            .chain(ATTENTION_KERNEL_NAMES)
-            .chain(ATTENTION_Q8_KERNEL_NAMES)
-        {
+        for n in names {
             let needle = format!("{n}\0");
             assert!(
                 image.windows(needle.len()).any(|w| w == needle.as_bytes()),
-                "decode.cu: kernel {n} missing"
+                "{}: kernel {n} missing",
+                src.name
             );
         }
+    }
+
+    /// Every kernel [`GpuDecoder::new`] looks up in `decode.cu` compiles for sm_90.
+    #[test]
+    fn decode_kernels_compile_for_sm90_with_nvrtc() {
+        assert_kernels_compile(
+            &DECODE_SOURCE,
+            DECODE_KERNEL_NAMES
+                .into_iter()
+                .chain(ATTENTION_KERNEL_NAMES)
+                .chain(ATTENTION_Q8_KERNEL_NAMES),
+        );
     }
 
     /// The CPU cache rounds with `half::f16::from_f32`; `kv_store_f16` with `cvt.rn.f16.f32`

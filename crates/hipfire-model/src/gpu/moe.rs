@@ -480,33 +480,11 @@ fn no_moe() -> ModelError {
 mod tests {
     use super::*;
 
-    /// Compiles `moe.cu` for sm_90 with NVRTC (no GPU needed) and checks every kernel
-    /// [`MoeKernels::new`] looks up is in the image. Skips, saying so, without libnvrtc, unless
-    /// CI's `HIPFIRE_REQUIRE_NVRTC=1` says it must be there.
+    /// Every kernel [`MoeKernels::new`] looks up in `moe.cu` compiles for sm_90 (NVRTC, no
+    /// GPU needed; skipped without libnvrtc unless `HIPFIRE_REQUIRE_NVRTC=1`).
     #[test]
     fn moe_kernels_compile_for_sm90_with_nvrtc() {
-        let src = &MOE_SOURCE;
-        let image =
-            match hipfire_gpu::cuda::nvrtc_compile(src.name, src.source, src.headers, "sm_90", &[])
-            {
-                Ok(image) => image,
-                Err(hipfire_gpu::GpuError::NoGpu { reason }) => {
-                    assert!(
-                        std::env::var("HIPFIRE_REQUIRE_NVRTC").as_deref() != Ok("1"),
-                        "HIPFIRE_REQUIRE_NVRTC=1 but {reason}"
-                    );
-                    println!("skipped: {reason}");
-                    return;
-                }
-                Err(e) => panic!("{e}"),
-            };
-        for n in MOE_KERNEL_NAMES {
-            let needle = format!("{n}\0");
-            assert!(
-                image.windows(needle.len()).any(|w| w == needle.as_bytes()),
-                "moe.cu: kernel {n} missing"
-            );
-        }
+        crate::gpu::tests::assert_kernels_compile(&MOE_SOURCE, MOE_KERNEL_NAMES);
     }
 
     /// The scratch's byte count is what `new` allocates, per element kind (the placement budget
