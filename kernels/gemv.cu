@@ -677,18 +677,19 @@ static_assert(HF_WARPS % HF_KSPLIT == 0, "HF_KSPLIT must divide HF_WARPS");
 
 // A warp's place in the block: its group of HF_KSPLIT warps owns HF_ROWS rows from row0 and the
 // warp takes the group's tiles kpart, kpart + HF_KSPLIT, ...; the rows' pointers are clamped to the
-// last row (valid memory, no divergence; rows past nrows are never written).
+// last row (valid memory, no divergence; rows past nrows are never written). rblock is the block's
+// index among the row blocks (blockIdx.x, except where the grid also spans expert pairs).
 struct HfGroup {
     int warp, lane, kpart, row0;
     const hf_u8* rowp[HF_ROWS];
 };
-__device__ __forceinline__ HfGroup hf_group(const hf_u8* W, hf_u64 row_bytes, int nrows) {
+__device__ __forceinline__ HfGroup hf_group(const hf_u8* W, hf_u64 row_bytes, int nrows, int rblock) {
     constexpr int GROUPS = HF_WARPS / HF_KSPLIT;
     HfGroup g;
     g.warp = threadIdx.x / HF_WARP;
     g.lane = threadIdx.x % HF_WARP;
     g.kpart = g.warp % HF_KSPLIT;
-    g.row0 = (blockIdx.x * GROUPS + g.warp / HF_KSPLIT) * HF_ROWS;
+    g.row0 = (rblock * GROUPS + g.warp / HF_KSPLIT) * HF_ROWS;
 #pragma unroll
     for (int r = 0; r < HF_ROWS; ++r) g.rowp[r] = W + (hf_u64)min(g.row0 + r, nrows - 1) * row_bytes;
     return g;
@@ -728,7 +729,7 @@ __device__ __forceinline__ void hf_store_tile(hf_u8 (&rows)[HF_ROWS][STRIDE], co
 
 template <class T, typename LoadT, bool RESIDUAL>
 __device__ __forceinline__ void hf_gemv(const hf_u8* __restrict__ W, hf_u64 row_bytes, XArgs xa,
-                                        float* __restrict__ y, int nrows, int nblocks) {
+                                        float* __restrict__ y, int nrows, int nblocks, int rblock) {
     constexpr int TILE = T::CB * T::BYTES;
     static_assert(TILE % 16 == 0, "tile must keep 16-byte alignment");
     constexpr int MAXU = TILE / (int)sizeof(LoadT);
@@ -738,7 +739,7 @@ __device__ __forceinline__ void hf_gemv(const hf_u8* __restrict__ W, hf_u64 row_
     __shared__ __align__(16) hf_u8 smem[HF_WARPS][HF_ROWS][TILE + (T::QX ? HF_TILE_PAD : 0)];
     __shared__ float partial[HF_WARPS][HF_ROWS];
 
-    const HfGroup gr = hf_group(W, row_bytes, nrows);
+    const HfGroup gr = hf_group(W, row_bytes, nrows, rblock);
     const int warp = gr.warp, lane = gr.lane, kpart = gr.kpart, row0 = gr.row0;
     const hf_u8* const(&rowp)[HF_ROWS] = gr.rowp;
 
@@ -841,7 +842,7 @@ __device__ __forceinline__ void hf_gemv(const hf_u8* __restrict__ W, hf_u64 row_
         gemv_##NAME##_##FORM##_v##LW(const hf_u8* __restrict__ W, hf_u64 row_bytes,                     \
                                      const signed char* qs, const float2* ds, const float* xf,          \
                                      float* __restrict__ y, int nrows, int nblocks) {                   \
-        hf_gemv<T, LT, RES>(W, row_bytes, hf_xargs(qs, ds, xf), y, nrows, nblocks);                     \
+        hf_gemv<T, LT, RES>(W, row_bytes, hf_xargs(qs, ds, xf), y, nrows, nblocks, blockIdx.x);         \
     }
 // The 3 load widths x 2 forms of one format, each an ENTRY(NAME, T, LoadT, width, form, residual).
 #define HF_GEMV_INSTANCES(ENTRY, NAME, T)                                                               \
@@ -871,6 +872,43 @@ __device__ __forceinline__ void hf_gemv(const hf_u8* __restrict__ W, hf_u64 row_
     X(q2_k, TQ2K)
 #define HF_GEMV_FORMAT(NAME, T) HF_GEMV_INSTANCES(HF_GEMV_ENTRY, NAME, T)
 HF_GEMV_FORMATS(HF_GEMV_FORMAT)
+
+// ---------------------------------------------------------------------------------------------
+// GEMV with expert ids (the routed experts of a MoE layer; ggml-cuda's mul_mat_vec_q with ids,
+// https://github.com/ggml-org/llama.cpp/blob/b4600/ggml/src/ggml-cuda/mmvq.cu): the 1-D grid spans
+// row blocks x pairs (the launch API is 1-D): block b handles row block b % rblocks of the (token
+// row, slot) pair pair0 + b / rblocks = row * n_used + slot. Its weight is the expert
+// experts[ids[pair]] (a table of base addresses, each in device or host-mapped memory: the kernel
+// reads either), its activation column is the row's (col_per_pair 0: the gate and up projections of
+// the token's normalised input) or the pair's own (col_per_pair 1: the down projection of the pair's
+// activated hidden), and its output is y + pair * ldy. Everything else is hf_gemv's, so each pair's
+// rows are bit-identical to a plain launch of that expert's matrix on that column. An id outside
+// [0, n_experts) is clamped (the routing kernel never writes one; the clamp keeps every read inside
+// the table).
+// ---------------------------------------------------------------------------------------------
+#define HF_GEMV_IDS_ENTRY(NAME, T, LT, LW, FORM, RES)                                                   \
+    extern "C" __global__ void __launch_bounds__(HF_WARPS * HF_WARP, HF_MINB)                           \
+        gemv_##NAME##_##FORM##_v##LW##_ids(const hf_u64* __restrict__ experts, int n_experts,          \
+                                           const int* __restrict__ ids, int n_used, int col_per_pair,  \
+                                           int pair0, int rblocks, hf_u64 row_bytes,                   \
+                                           const signed char* qs, const float2* ds, const float* xf,   \
+                                           hf_u64 xstride, float* __restrict__ y, hf_u64 ldy,          \
+                                           int nrows, int nblocks) {                                   \
+        const int pair = pair0 + (int)(blockIdx.x / rblocks);                                           \
+        const int e = min(max(ids[pair], 0), n_experts - 1);                                            \
+        const hf_u64 col = col_per_pair ? (hf_u64)pair : (hf_u64)(pair / n_used);                       \
+        const hf_u64 xo = col * xstride;                                                                \
+        hf_gemv<T, LT, RES>((const hf_u8*)experts[e], row_bytes,                                        \
+                            hf_xargs(qs + xo, ds + xo / HF_QX_BLOCK, xf + xo), y + (hf_u64)pair * ldy,  \
+                            nrows, nblocks, (int)(blockIdx.x % rblocks));                               \
+    }
+// The 3 load widths of the plain form (the experts' outputs are summed by moe.cu, never added in
+// place).
+#define HF_GEMV_IDS_FORMAT(NAME, T)                                                                     \
+    HF_GEMV_IDS_ENTRY(NAME, T, uint4, 16, plain, false)                                                 \
+    HF_GEMV_IDS_ENTRY(NAME, T, hf_u32, 4, plain, false)                                                 \
+    HF_GEMV_IDS_ENTRY(NAME, T, hf_u16, 2, plain, false)
+HF_GEMV_FORMATS(HF_GEMV_IDS_FORMAT)
 
 // ---------------------------------------------------------------------------------------------
 // Multi-column GEMV (batched decode): y_c = W x_c (or y_c += W x_c) for ncols <= HF_MAX_COLS
@@ -1042,7 +1080,7 @@ __device__ __forceinline__ void hf_gemv_cols(const hf_u8* __restrict__ W, hf_u64
     __shared__ __align__(16) hf_u8 smem[HF_WARPS][HF_ROWS][TILE + (T::QX ? HF_TILE_PAD : 0)];
     __shared__ float partial[HF_WARPS][HF_ROWS][HF_MAX_COLS];
 
-    const HfGroup gr = hf_group(W, row_bytes, nrows);
+    const HfGroup gr = hf_group(W, row_bytes, nrows, blockIdx.x);
     const int warp = gr.warp, lane = gr.lane, kpart = gr.kpart;
     const hf_u8* const(&rowp)[HF_ROWS] = gr.rowp;
     float acc[HF_ROWS][HF_MAX_COLS];

@@ -114,6 +114,7 @@ def main():
     if expect is None and os.path.basename(src_path) == "gemv.cu":
         expect = [f"gemv_{f}_{m}_v{w}" for f in FORMATS for m in FORMS for w in WIDTHS]
         expect += [f"gemv_{f}_{m}_dev" for f in DEVICE_FORMATS for m in FORMS]
+        expect += [f"gemv_{f}_plain_v{w}_ids" for f in FORMATS for w in WIDTHS]
         expect.append("quantize_x_q8")
     missing = [e for e in expect or [] if (e.encode() + b"\0") not in blob]
     # Spills in any kernel are worth knowing about.

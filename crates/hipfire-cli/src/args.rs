@@ -165,6 +165,22 @@ pub struct EngineArgs {
         long_help = key_long("memory.gpu_layer_budget"))]
     pub gpu_layer_budget: Option<String>,
 
+    /// Every routed expert in pinned host memory (MoE models; = --n-cpu-moe all).
+    ///
+    /// llama.cpp's `--cpu-moe`. A Mixture-of-Experts layer's routed experts are most of its
+    /// weights but a token reads only the few its router chooses, so they are the cheapest
+    /// weights to leave in host RAM: the GPU reads the chosen ones over PCIe (zero-copy) while
+    /// attention, routers, shared experts and the KV cache take the VRAM. Without this flag
+    /// experts are resident while VRAM allows. The placement line says how many experts of
+    /// each layer ended up resident. Refused on a dense model and together with
+    /// `--n-cpu-moe`; the CPU engine ignores it. Config key: memory.n_cpu_moe = all.
+    #[arg(long, conflicts_with = "n_cpu_moe")]
+    pub cpu_moe: bool,
+
+    #[arg(long, value_name = "N", help = key_help("memory.n_cpu_moe"),
+        long_help = key_long("memory.n_cpu_moe"))]
+    pub n_cpu_moe: Option<String>,
+
     #[arg(long, value_name = "S", help = key_help("memory.offload_passback_share"),
         long_help = key_long("memory.offload_passback_share"))]
     pub share: Option<String>,
@@ -197,6 +213,10 @@ impl EngineArgs {
             "--gpu-layer-budget",
             &self.gpu_layer_budget,
         );
+        if self.cpu_moe {
+            v.push(CliOverride::new("memory.n_cpu_moe", "--cpu-moe", "all"));
+        }
+        push(&mut v, "memory.n_cpu_moe", "--n-cpu-moe", &self.n_cpu_moe);
         push(
             &mut v,
             "memory.offload_passback_share",

@@ -10,7 +10,7 @@ use anyhow::{bail, Context as _};
 use hipfire_config::{Device, JoinStrategy, OffloadExec, PassbackShare, Settings, Source};
 use hipfire_exec::offload::{JoinStrategy as ExecJoin, OffloadMode};
 use hipfire_exec::share::ShareSetting;
-use hipfire_model::gpu::{GpuDecoder, GpuOptions};
+use hipfire_model::gpu::{GpuDecoder, GpuOptions, HostExperts};
 use hipfire_model::{write_synthetic_to, Overwrite, RopeScaling, RopeScalingKind, SynthSpec};
 use hipfire_model::{
     ChatMessage, GenerationStats, LoadOptions, LoadProgress, Model, ProgressFn, SamplingParams,
@@ -157,8 +157,14 @@ pub(crate) fn load(
     };
     let model = Model::from_gguf(file, &opts, backend)
         .with_context(|| format!("loading {}", path.display()))?;
-    // The GPU engine refuses routed experts (a hybrid model's among them) and DeltaNet shapes
-    // beyond its kernels; `auto` runs such a model on the CPU instead.
+    // `--cpu-moe` / `--n-cpu-moe` must fit the model whichever engine runs it (a dense model
+    // has no experts to hold; a layer count past the model's is a typo).
+    let host = host_experts(s);
+    let c = model.config();
+    host.host_layers(c.n_layer, c.moe.is_some())
+        .with_context(|| format!("loading {}", path.display()))?;
+    // The GPU engine refuses what only the CPU runs (a hybrid model's routed experts, gpt-oss's
+    // sinks and biased experts: `ModelConfig::cpu_only_layers`); `auto` runs such a model on the CPU instead.
     let engine = match engine {
         Engine::Gpu if s.device == Device::Auto => {
             match hipfire_model::gpu::refusal(model.config()) {
@@ -174,6 +180,12 @@ pub(crate) fn load(
         }
         e => e,
     };
+    if matches!(engine, Engine::Cpu) && host != HostExperts::None {
+        ctx.note(
+            "note: memory.n_cpu_moe (--cpu-moe / --n-cpu-moe) is inert on the CPU engine: its \
+             experts are in RAM already",
+        );
+    }
     // The CPU session's cache grows as positions fill; refuse up front a context whose full
     // cache would not fit in RAM. (On the GPU the cache is in VRAM: GpuDecoder counts it.)
     if matches!(engine, Engine::Cpu) {
@@ -228,6 +240,16 @@ pub(crate) fn gpu_options(s: &Settings, mode: OffloadMode) -> GpuOptions {
             ..hipfire_exec::flags::FlagsTuning::default()
         },
         ubatch: s.ubatch as usize,
+        host_experts: host_experts(s),
+    }
+}
+
+/// `memory.n_cpu_moe` (`--cpu-moe`, `--n-cpu-moe N`) as the GPU placement takes it.
+pub(crate) fn host_experts(s: &Settings) -> HostExperts {
+    match s.n_cpu_moe {
+        hipfire_config::CpuMoe::Layers(0) => HostExperts::None,
+        hipfire_config::CpuMoe::Layers(n) => HostExperts::FirstLayers(n as usize),
+        hipfire_config::CpuMoe::All => HostExperts::All,
     }
 }
 

@@ -45,6 +45,26 @@ impl Scratch {
         self.command(args).output().expect("spawn hipfire")
     }
 
+    /// `hipfire run MODEL hello` greedy for 2 tokens on the CPU, raw text, JSON out, with
+    /// `extra` flags and `env` on top.
+    fn run_cpu(&self, model: &str, extra: &[&str], env: &[(&str, &str)]) -> Output {
+        let mut a = vec![
+            "run",
+            model,
+            "hello",
+            "-n",
+            "2",
+            "-t",
+            "0",
+            "--no-chat",
+            "--json",
+            "--device",
+            "cpu",
+        ];
+        a.extend_from_slice(extra);
+        self.run_env(&a, env)
+    }
+
     /// As [`Scratch::run`], with `env` set on top.
     fn run_env(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
         let mut c = self.command(args);
@@ -639,19 +659,7 @@ fn synth_then_run_on_cpu() {
         std::fs::read(&out).expect("a"),
         std::fs::read(&again).expect("b")
     );
-    let o = s.run(&[
-        "run",
-        &out_s,
-        "hello",
-        "-n",
-        "2",
-        "-t",
-        "0",
-        "--no-chat",
-        "--json",
-        "--device",
-        "cpu",
-    ]);
+    let o = s.run_cpu(&out_s, &[], &[]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
     assert!(
@@ -674,23 +682,7 @@ fn ctx_size_is_validated_with_the_rule() {
     // The tiny preset's trained context is 256.
     let o = s.run(&["synth", "--arch", "tiny", "--format", "q8_0", "--out", &m]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
-    let run = |extra: &[&str], env: &[(&str, &str)]| {
-        let mut a = vec![
-            "run",
-            &m,
-            "hello",
-            "-n",
-            "2",
-            "-t",
-            "0",
-            "--no-chat",
-            "--json",
-            "--device",
-            "cpu",
-        ];
-        a.extend_from_slice(extra);
-        s.run_env(&a, env)
-    };
+    let run = |extra: &[&str], env: &[(&str, &str)]| s.run_cpu(&m, extra, env);
     let rule = "`auto` or an integer in [1, 1048576], and at most the model's trained context";
     for bad in ["0", "-3", "1048577", "4k"] {
         let flag = format!("--ctx-size={bad}");
@@ -772,23 +764,7 @@ fn synth_ctx_len_sets_the_trained_context_sessions_get() {
         &out_s,
     ]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
-    let run = |extra: &[&str]| {
-        let mut args = vec![
-            "run",
-            &out_s,
-            "hi",
-            "-n",
-            "1",
-            "-t",
-            "0",
-            "--no-chat",
-            "--json",
-            "--device",
-            "cpu",
-        ];
-        args.extend_from_slice(extra);
-        s.run(&args)
-    };
+    let run = |extra: &[&str]| s.run_cpu(&out_s, extra, &[]);
     // The session defaults to the declared context ...
     let o = run(&[]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
@@ -1460,19 +1436,7 @@ fn synth_writes_rope_scaling_and_run_reports_it() {
         "64",
     ]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
-    let o = s.run(&[
-        "run",
-        &out,
-        "hello",
-        "-n",
-        "2",
-        "-t",
-        "0",
-        "--no-chat",
-        "--json",
-        "--device",
-        "cpu",
-    ]);
+    let o = s.run_cpu(&out, &[], &[]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
     let placement = v["placement"].as_str().expect("placement");
@@ -1497,4 +1461,113 @@ fn synth_writes_rope_scaling_and_run_reports_it() {
         "{}",
         stderr(&o)
     );
+}
+
+/// `--cpu-moe` / `--n-cpu-moe N` (llama.cpp's spellings, config key `memory.n_cpu_moe`) on
+/// `run`, `bench` and `serve`: parsed by the schema's rule, refused together, refused on a dense
+/// model and past the model's layer count (on any engine: the request does not fit the model),
+/// a note on the CPU engine, where they are inert.
+#[test]
+fn cpu_moe_flags_parse_and_refuse_what_cannot_apply() {
+    let s = Scratch::new("cpu-moe");
+    let dense = s.dir.join("dense.gguf").display().to_string();
+    let moe = s.dir.join("moe.gguf").display().to_string();
+    for (arch, out) in [("tiny", &dense), ("tiny-qwen3moe", &moe)] {
+        let o = s.run(&["synth", "--arch", arch, "--format", "q8_0", "--out", out]);
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+    }
+    let run = |m: &str, extra: &[&str], env: &[(&str, &str)]| s.run_cpu(m, extra, env);
+    // Both flags at once: a usage error naming both.
+    let o = run(&moe, &["--cpu-moe", "--n-cpu-moe", "1"], &[]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains("--cpu-moe") && e.contains("--n-cpu-moe"), "{e}");
+    // The schema's rule, by flag and by env var.
+    let rule = "`all` or an integer in [0, 4096]";
+    for bad in ["-1", "4097", "some"] {
+        let flag = format!("--n-cpu-moe={bad}");
+        let o = run(&moe, &[&flag], &[]);
+        assert_eq!(code(&o), 2, "{bad}: {}", stderr(&o));
+        let e = stderr(&o);
+        assert!(e.contains(rule) && e.contains("flag --n-cpu-moe"), "{e}");
+    }
+    let o = run(&moe, &[], &[("HIPFIRE_N_CPU_MOE", "many")]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("env HIPFIRE_N_CPU_MOE"),
+        "{}",
+        stderr(&o)
+    );
+    // A dense model has no experts to hold, whichever way it is asked.
+    for (extra, env, flag) in [
+        (&["--cpu-moe"][..], &[][..], "--cpu-moe"),
+        (&["--n-cpu-moe", "1"], &[], "--n-cpu-moe 1"),
+        (&[], &[("HIPFIRE_N_CPU_MOE", "all")], "--cpu-moe"),
+    ] {
+        let o = run(&dense, extra, env);
+        assert_ne!(code(&o), 0, "{extra:?} {env:?}");
+        let e = stderr(&o);
+        assert!(
+            e.contains(flag) && e.contains("no routed experts"),
+            "{extra:?} {env:?}: {e}"
+        );
+    }
+    // `0` holds none: a dense model takes it.
+    let o = run(&dense, &["--n-cpu-moe", "0"], &[]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    // More layers than the model has.
+    let o = run(&moe, &["--n-cpu-moe", "99"], &[]);
+    assert_ne!(code(&o), 0);
+    let e = stderr(&o);
+    assert!(
+        e.contains("--n-cpu-moe 99: the model has") && e.contains("--cpu-moe"),
+        "{e}"
+    );
+    // On a MoE model they load; the CPU engine says they are inert.
+    for extra in [&["--cpu-moe"][..], &["--n-cpu-moe", "1"]] {
+        let o = run(&moe, extra, &[]);
+        assert_eq!(code(&o), 0, "{extra:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("inert on the CPU engine"),
+            "{}",
+            stderr(&o)
+        );
+    }
+    let o = run(&moe, &[], &[]);
+    assert!(!stderr(&o).contains("n_cpu_moe"), "{}", stderr(&o));
+    // bench takes them (and refuses them the same way).
+    let o = s.run(&[
+        "bench",
+        &dense,
+        "--device",
+        "cpu",
+        "-p",
+        "4",
+        "-n",
+        "2",
+        "-r",
+        "1",
+        "--cpu-moe",
+    ]);
+    assert_ne!(code(&o), 0);
+    assert!(stderr(&o).contains("no routed experts"), "{}", stderr(&o));
+    // The key, its default, and help that teaches on every command with placement flags.
+    let o = s.run(&["config", "get", "memory.n_cpu_moe"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stdout(&o).contains('0'), "{}", stdout(&o));
+    for cmd in ["run", "bench", "serve"] {
+        let o = s.run(&[cmd, "--help"]);
+        assert_eq!(code(&o), 0);
+        let h = stdout(&o).split_whitespace().collect::<Vec<_>>().join(" ");
+        for want in [
+            "--cpu-moe",
+            "--n-cpu-moe <N>",
+            "llama.cpp's `--cpu-moe`",
+            "pinned host memory",
+            "HIPFIRE_N_CPU_MOE",
+            &format!("Rule: {rule}"),
+        ] {
+            assert!(h.contains(want), "{cmd} --help lacks {want}: {h}");
+        }
+    }
 }

@@ -452,6 +452,7 @@ mod tests {
             ("model.ubatch", "256"),
             ("model.cache_type", "q8_0"),
             ("memory.gpu_layer_budget", "0"),
+            ("memory.n_cpu_moe", "all"),
             ("memory.offload_exec", "cpu"),
             ("memory.offload_passback_share", "0.377"),
             ("memory.join_strategy", "flags"),

@@ -35,8 +35,8 @@ pub use file::{config_path, hipfire_home, require_existing, ConfigFile, CONFIG_E
 pub use resolve::{CliOverride, Config, EnvSource, ProcessEnv, Resolved, Source};
 pub use schema::{key, KeySpec, Kind, KEYS, MAX_CTX_SIZE};
 pub use value::{
-    CacheType, CtxSize, Device, FlagsXPublish, JoinStrategy, KernelCache, LayerBudget, OffloadExec,
-    PassbackShare, Sampling, Settings, Threads, Value,
+    CacheType, CpuMoe, CtxSize, Device, FlagsXPublish, JoinStrategy, KernelCache, LayerBudget,
+    OffloadExec, PassbackShare, Sampling, Settings, Threads, Value,
 };
 
 /// Everything that can go wrong reading, validating or writing configuration.

@@ -358,6 +358,7 @@ mod tests {
             ("model.ubatch", "64"),
             ("model.cache_type", "q8_0"),
             ("memory.gpu_layer_budget", "12"),
+            ("memory.n_cpu_moe", "3"),
             ("memory.offload_exec", "pcie"),
             ("memory.offload_passback_share", "0"),
             ("memory.join_strategy", "two-stream"),
@@ -386,6 +387,7 @@ mod tests {
         assert_eq!(s.ubatch, 64);
         assert_eq!(s.cache_type, CacheType::Q8_0);
         assert_eq!(s.gpu_layer_budget, LayerBudget::Layers(12));
+        assert_eq!(s.n_cpu_moe, CpuMoe::Layers(3));
         assert_eq!(s.offload_exec, OffloadExec::Pcie);
         assert_eq!(s.passback_share, PassbackShare::CpuOnly);
         assert_eq!(s.join_strategy, JoinStrategy::TwoStream);

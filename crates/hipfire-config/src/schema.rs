@@ -211,6 +211,27 @@ pub static KEYS: &[KeySpec] = &[
               llama.cpp's `-ngl`, the output layer and embeddings are not counted.",
     },
     KeySpec {
+        name: "memory.n_cpu_moe",
+        kind: Kind::Int { word: Some("all"), min: 0, max: MAX_GPU_LAYERS },
+        default: "0",
+        rule: "`all` or an integer in [0, 4096] (leading layers whose routed experts stay in host memory)",
+        env: "HIPFIRE_N_CPU_MOE",
+        flag: Some("--n-cpu-moe"),
+        summary: "Layers whose MoE experts stay in host RAM",
+        doc: "Mixture-of-Experts models only (llama.cpp's `--n-cpu-moe N` and `--cpu-moe`). The \
+              routed experts of the first N layers (counted as llama.cpp counts them: every layer, \
+              a leading dense layer included) stay in pinned host memory, where the GPU reads the \
+              few a token chooses over PCIe (zero-copy); `all` (the flag `--cpu-moe`) keeps every \
+              layer's there. Everything else of those layers (attention, router, shared expert) \
+              stays placed by `memory.gpu_layer_budget`. Experts not held on the host are resident \
+              while VRAM allows (filled from the last layer backwards, then the rest on the host \
+              too); this key frees VRAM for the KV cache or for whole layers, at the cost of \
+              reading the held experts over the link each token. `0` (default) holds none. The \
+              placement line shows how many experts of each layer are resident. A number above \
+              the model's layer count, or any value but 0 on a dense model, is refused when the \
+              model loads; the CPU engine ignores it (its experts are in RAM already).",
+    },
+    KeySpec {
         name: "memory.offload_exec",
         kind: Kind::Choice(OffloadExec::NAMES),
         default: "passback",
@@ -634,6 +655,12 @@ mod tests {
         assert!(b.parse("-1", "t").is_err());
         assert!(b.parse("4097", "t").is_err());
         assert!(b.parse("1.5", "t").is_err());
+        let m = key("memory.n_cpu_moe").expect("key");
+        assert_eq!(m.parse("0", "t").expect("0"), Value::Int(0));
+        assert_eq!(m.parse("All", "t").expect("all"), Value::Word("all"));
+        assert!(m.parse("auto", "t").is_err());
+        assert!(m.parse("-1", "t").is_err());
+        assert!(m.parse("4097", "t").is_err());
         let t = key("cpu.threads").expect("key");
         assert!(
             t.parse("0", "t").is_err(),

@@ -137,6 +137,15 @@ pub enum LayerBudget {
     Layers(u32),
 }
 
+/// `memory.n_cpu_moe`: whose routed experts stay in pinned host memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CpuMoe {
+    /// The first this many layers' (0: none).
+    Layers(u32),
+    /// Every layer's (`all`, `--cpu-moe`).
+    All,
+}
+
 /// `model.ctx_size`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CtxSize {
@@ -239,6 +248,8 @@ pub struct Settings {
     pub cache_type: CacheType,
     /// `memory.gpu_layer_budget`.
     pub gpu_layer_budget: LayerBudget,
+    /// `memory.n_cpu_moe`.
+    pub n_cpu_moe: CpuMoe,
     /// `memory.offload_exec`.
     pub offload_exec: OffloadExec,
     /// `memory.offload_passback_share`.
@@ -287,6 +298,10 @@ impl Settings {
                 (s, x) => {
                     LayerBudget::Layers(u32::try_from(int(s, x)?).map_err(|_| mismatch(s, x))?)
                 }
+            },
+            n_cpu_moe: match v("memory.n_cpu_moe")? {
+                (_, Value::Word("all")) => CpuMoe::All,
+                (s, x) => CpuMoe::Layers(u32::try_from(int(s, x)?).map_err(|_| mismatch(s, x))?),
             },
             offload_exec: word(v("memory.offload_exec")?, OffloadExec::from_word)?,
             passback_share: match v("memory.offload_passback_share")? {

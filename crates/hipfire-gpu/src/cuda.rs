@@ -788,6 +788,9 @@ mod tests {
                             v.push(format!("gemv_{}_{form}_v{w}_cols", f.name()));
                         }
                     }
+                    for w in [16, 4, 2] {
+                        v.push(format!("gemv_{}_plain_v{w}_ids", f.name()));
+                    }
                 }
                 v
             };

@@ -17,6 +17,9 @@ use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+mod ids;
+pub use ids::{ExpertSet, IdsInput, IdsShape};
+
 /// Elements per activation block of the int8 form (kernels/blocks.cuh `HF_QX_BLOCK`, ggml's QK8_1).
 pub const QX_BLOCK: usize = 32;
 /// Elements per "block" of the float formats in the kernel (two 16-byte f32 loads of x per unit).
@@ -486,6 +489,8 @@ pub struct GemvKernels {
     gemv: HashMap<(Format, GemvForm, usize), Function>,
     /// The multi-column kernels (`gemv_<fmt>_<form>_v<width>_cols`).
     cols: HashMap<(Format, GemvForm, usize), Function>,
+    /// The expert-ids kernels by format and load width (`gemv_<fmt>_plain_v<width>_ids`, [`ids`]).
+    ids: HashMap<(Format, usize), Function>,
     /// The device-resident kernels (empty when the config has none or a k-split).
     dev: HashMap<(Format, GemvForm), Function>,
     /// The tensor-core multi-column kernels by format, form and column capacity (empty where the
@@ -548,7 +553,12 @@ impl GemvKernels {
         let module = registry.module(&GEMV_SOURCE, &options)?;
         let mut gemv = HashMap::new();
         let mut cols = HashMap::new();
+        let mut ids = HashMap::new();
         for format in Format::ALL.into_iter().filter(|f| f.has_gpu_kernel()) {
+            for width in LOAD_WIDTHS {
+                let name = format!("gemv_{}_plain_v{width}_ids", format.name());
+                ids.insert((format, width), module.function(&name)?);
+            }
             for form in [GemvForm::Plain, GemvForm::Residual] {
                 for width in LOAD_WIDTHS {
                     let name = format!("gemv_{}_{}_v{width}", format.name(), form.name());
@@ -588,6 +598,7 @@ impl GemvKernels {
             config,
             gemv,
             cols,
+            ids,
             dev,
             mma,
             quantize,

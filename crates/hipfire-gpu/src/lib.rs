@@ -101,8 +101,8 @@ pub use flags::{
 };
 pub use gemm::{gemm_available, gemm_f16, GemmShape};
 pub use gemv::{
-    Activation, GemvConfig, GemvForm, GemvKernels, ReadKernel, RowRange, WeightLocation, WeightRef,
-    GEMV_MAX_COLS, QX_BLOCK,
+    Activation, ExpertSet, GemvConfig, GemvForm, GemvKernels, IdsInput, IdsShape, ReadKernel,
+    RowRange, WeightLocation, WeightRef, GEMV_MAX_COLS, QX_BLOCK,
 };
 pub use launch::{LaunchArgs, MAX_LAUNCH_PARAMS};
 pub use registry::{

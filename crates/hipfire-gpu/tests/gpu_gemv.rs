@@ -5,44 +5,19 @@
 
 mod common;
 
-use common::{check_rows, dequant_f64, gpu, random_weights, random_x, rng, uses_int8_activation};
+use common::{
+    check_rows, dequant_f64, gpu, place, random_weights, random_x, rng, uses_int8_activation,
+};
 use hipfire_gpu::gemv::DeviceGemv;
 use hipfire_gpu::{
-    Activation, Context, DeviceBuffer, DeviceMemory, GemvConfig, GemvForm, GemvKernels, GpuError,
-    KernelRegistry, RowRange, Stream, WeightRef, GEMV_SOURCE,
+    Activation, Context, GemvConfig, GemvForm, GemvKernels, GpuError, KernelRegistry, RowRange,
+    Stream, WeightRef, GEMV_SOURCE,
 };
 use hipfire_quant::Format;
 use std::sync::Arc;
 
 /// Quiet NaN bit pattern used to poison outputs: any row left unwritten keeps exactly these bits.
 const POISON: u32 = 0x7FC0_0000;
-
-/// The weight bytes in one of the two memories.
-enum Placed {
-    Device(DeviceBuffer<u8>),
-    Host(hipfire_gpu::HostMappedBuffer),
-}
-
-impl Placed {
-    fn mem(&self) -> &dyn DeviceMemory {
-        match self {
-            Placed::Device(b) => b,
-            Placed::Host(b) => b,
-        }
-    }
-}
-
-fn place(ctx: &Arc<Context>, stream: &Stream, bytes: &[u8], host: bool) -> Placed {
-    if host {
-        let mut b = ctx.alloc_host_mapped(bytes.len()).expect("pinned alloc");
-        b.as_mut_slice().copy_from_slice(bytes);
-        Placed::Host(b)
-    } else {
-        let mut b = ctx.alloc::<u8>(bytes.len()).expect("device alloc");
-        b.upload(stream, bytes).expect("upload");
-        Placed::Device(b)
-    }
-}
 
 struct Gpu {
     ctx: Arc<Context>,

@@ -189,6 +189,18 @@ pub struct ExpertBiases<V> {
     pub down: Vec<V>,
 }
 
+impl<W: Copy, V> MoeTensors<W, V> {
+    /// Expert `e`'s matrices: gate, up, down.
+    pub fn expert(&self, e: usize) -> [W; 3] {
+        [self.gate[e], self.up[e], self.down[e]]
+    }
+
+    /// Every routed expert's matrices, expert by expert.
+    pub fn experts(&self) -> Vec<W> {
+        (0..self.gate.len()).flat_map(|e| self.expert(e)).collect()
+    }
+}
+
 /// An expert every token uses, its output scaled by `sigmoid(gate_inp · x)` where the file
 /// has `ffn_gate_inp_shexp`.
 #[derive(Debug, Clone)]
@@ -505,6 +517,23 @@ impl<W: Copy, V> LayerTensors<W, V> {
     pub fn projections(&self) -> Vec<W> {
         let mut v = self.mixer.projections();
         v.extend(self.ffn.projections());
+        v
+    }
+
+    /// Every projection but the routed experts' (the mixer's, a dense FFN's, or the router and
+    /// shared expert of a routed one): what an engine places layer by layer, the experts being
+    /// placed on their own ([`MoeTensors::experts`]).
+    pub fn layer_projections(&self) -> Vec<W> {
+        let mut v = self.mixer.projections();
+        match &self.ffn {
+            Ffn::Dense { gate, up, down } => v.extend([*gate, *up, *down]),
+            Ffn::Moe(m) => {
+                v.push(m.router);
+                if let Some(sh) = &m.shared {
+                    v.extend([sh.gate, sh.up, sh.down]);
+                }
+            }
+        }
         v
     }
 

@@ -443,6 +443,12 @@ pub enum ExpertActivation {
     SwigluOai,
 }
 
+/// What of gpt-oss only the CPU engine runs ([`ModelConfig::cpu_only_layers`]): the per-head
+/// attention sinks, the router's and the experts' biases, the softmax over the top k logits and
+/// the clamped `swiglu_oai` activation.
+pub const GPT_OSS_CPU_ONLY: &str = "attention sinks, biased routers and experts (softmax over \
+     the top-k logits, a bias after each projection) and the clamped swiglu_oai activation";
+
 /// Which layers attend over a sliding window, and how.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SlidingWindow {
@@ -806,17 +812,20 @@ impl ModelConfig {
     /// model's Gated DeltaNet and gated attention layers run on both; its routed FFNs (qwen35moe,
     /// qwen3next) only on the CPU so far.
     pub fn cpu_only_layers(&self) -> Option<&'static str> {
-        if self.arch == Arch::GptOss {
-            return Some("attention sinks and biased Mixture-of-Experts layers");
-        }
-        match (&self.delta_net, &self.moe) {
-            (_, None) => None,
-            (None, Some(_)) => Some("Mixture-of-Experts layers"),
-            (Some(_), Some(_)) => Some(
+        // Routed experts (softmax or sigmoid gating, selection biases, ungated shared experts,
+        // leading dense layers) and hybrid layers each run on both engines; a hybrid model's
+        // routed FFNs and gpt-oss's pieces only on the CPU so far.
+        if self.delta_net.is_some() && self.moe.is_some() {
+            return Some(
                 "the Mixture-of-Experts FFNs of this hybrid model (its Gated DeltaNet and gated \
-                 attention layers would run on the GPU; its routed FFNs do not yet)",
-            ),
+                 attention layers run on the GPU, as do other models' routed FFNs, but the two \
+                 are not validated together there yet)",
+            );
         }
+        let oai_experts = self.moe.as_ref().is_some_and(|m| {
+            m.gating == Gating::SoftmaxTopK || m.activation == ExpertActivation::SwigluOai
+        });
+        (self.arch == Arch::GptOss || oai_experts).then_some(GPT_OSS_CPU_ONLY)
     }
 
     /// Layers with a KV cache (all but a hybrid's DeltaNet layers).

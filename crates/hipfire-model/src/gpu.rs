@@ -20,7 +20,7 @@ use hipfire_exec::offload::{OffloadExecutor, OffloadMode, SpilledStep};
 use hipfire_exec::CpuPool;
 use hipfire_gpu::backend::LaunchDims;
 use hipfire_gpu::{
-    Context, DeviceBuffer, DeviceMemory, Function, GemvForm, GemvKernels, GpuError,
+    Context, DeviceBuffer, DeviceMemory, ExpertSet, Function, GemvForm, GemvKernels, GpuError,
     HostMappedBuffer, KernelRegistry, KernelSource, LaunchArgs, RowRange, Stream, WeightLocation,
     WeightRef,
 };
@@ -41,6 +41,7 @@ mod block_ops;
 mod decode_batch;
 mod decode_graph;
 mod delta_net;
+mod moe;
 mod placement;
 mod short_runs;
 mod snapshot;
@@ -55,7 +56,10 @@ pub use delta_net::{
 use delta_net::{Hybrid, HybridKernels, HybridScratch};
 use hipfire_gpu::dequant::DequantKernels;
 use hipfire_gpu::{gemm_available, gemm_f16, GemmShape};
-use placement::{gib, LayerPlacement, VramBudget};
+pub use moe::{route_shared_bytes, Gating, MOE_KERNEL_NAMES, MOE_SOURCE};
+use moe::{GpuMoe, LayerExperts, MoeKernels, MoeScratch};
+pub use placement::HostExperts;
+use placement::{gib, ExpertPlacement, LayerPlacement, VramBudget};
 use short_runs::{ShortRunChooser, StepForm};
 pub use snapshot::GpuSnapshot;
 
@@ -113,6 +117,9 @@ pub struct GpuOptions {
     /// Tokens per batched prefill step (`model.ubatch`): the prompt runs through the layers in
     /// micro-batches of this many, each projection a GEMM; 1 feeds it token by token (GEMV).
     pub ubatch: usize,
+    /// Layers whose routed experts stay in pinned host memory whatever VRAM is free
+    /// (`--cpu-moe`, `--n-cpu-moe N`); the others' are resident while VRAM allows.
+    pub host_experts: HostExperts,
 }
 
 /// Default of [`GpuOptions::ubatch`] (and of `model.ubatch`). Measured on the H200 box with the
@@ -227,6 +234,8 @@ struct GpuLayer {
     rec: Vec<DeviceBuffer<f32>>,
     /// Positions a sliding-window (local) layer's query sees; `None` for a global layer.
     window: Option<usize>,
+    /// The routed experts' tables (`None` for a dense FFN).
+    experts: Option<LayerExperts>,
 }
 
 struct DecodeKernels {
@@ -280,6 +289,8 @@ pub struct GpuDecoder<'m> {
     /// Batched-prefill kernels and scratch; `None` runs prompts token by token (no GEMM library,
     /// a head the chunk attention does not cover, or `ubatch` 1).
     batch: Option<Batch>,
+    /// The routed FFN's kernels and scratch (`None` for a dense model).
+    moe: Option<GpuMoe>,
     logits: Vec<f32>,
     /// Logits of each segment of the last [`GpuDecoder::forward_segments`], `segs × vocab`.
     seg_logits: Vec<f32>,
@@ -373,6 +384,37 @@ fn read_vector(model: &Model, name: &str, n: usize) -> Result<Option<Vec<f32>>, 
     Ok(Some(v))
 }
 
+/// The tables of one layer's routed experts `m` (each placed already, in VRAM or pinned host
+/// memory), for the ids GEMV.
+fn expert_tables(
+    model: &Model,
+    ctx: &Arc<Context>,
+    stream: &Stream,
+    weights: &[Option<GpuWeight>],
+    m: &block::MoeTensors<usize, Vec<f32>>,
+) -> Result<LayerExperts, ModelError> {
+    let set = |ids: &[usize]| -> Result<ExpertSet, ModelError> {
+        let mut refs = Vec::with_capacity(ids.len());
+        for &id in ids {
+            let w = &model.weights()[id];
+            let gw = weights[id]
+                .as_ref()
+                .ok_or_else(|| ModelError::Unsupported(format!("weight {} not placed", w.name)))?;
+            refs.push(gw.weight_ref(w)?);
+        }
+        // SAFETY: each expert's buffer is owned by the decoder's `weights` table for the
+        // decoder's whole life, and the tables are read only by launches the decoder queues
+        // while it lives (each step synchronises its stream before returning).
+        Ok(unsafe { ExpertSet::new(ctx, stream, &refs)? })
+    };
+    Ok(LayerExperts {
+        router: m.router,
+        gate: set(&m.gate)?,
+        up: set(&m.up)?,
+        down: set(&m.down)?,
+    })
+}
+
 fn weight_id(model: &Model, name: &str) -> Result<usize, ModelError> {
     model
         .weights()
@@ -448,11 +490,20 @@ impl<'m> GpuDecoder<'m> {
         attention.set_scale(c.attn_scale);
         let ctx_len = model.ctx_len();
 
-        // Budget: bytes of one layer's projections, and of what stays resident regardless.
+        // Budget: bytes of one layer's projections but its routed experts, of one routed expert
+        // per layer (placed apart: `ExpertPlacement`), and of what stays resident regardless.
+        let host_layers = opts.host_experts.host_layers(c.n_layer, c.moe.is_some())?;
         let mut layer_bytes = vec![0u64; c.n_layer];
-        for (i, lb) in layer_bytes.iter_mut().enumerate() {
-            for id in model.layer_tensors(i).projections() {
-                *lb += model.weights()[id].n_bytes as u64;
+        let mut expert_bytes = vec![0u64; c.n_layer];
+        for i in 0..c.n_layer {
+            let t = model.layer_tensors(i);
+            for id in t.layer_projections() {
+                layer_bytes[i] += model.weights()[id].n_bytes as u64;
+            }
+            if let Some(m) = t.ffn.moe() {
+                for id in m.expert(0) {
+                    expert_bytes[i] += model.weights()[id].n_bytes as u64;
+                }
             }
         }
         // The kernels index a cache with 32-bit ints (row × kv_dim).
@@ -513,11 +564,16 @@ impl<'m> GpuDecoder<'m> {
             .delta_net
             .as_ref()
             .map_or(0, |dn| HybridScratch::vram_bytes(&c, dn, hybrid_rows));
+        // Rows of one layer call: a micro-batch, a short run or a batched decode step.
+        let moe_rows = cols_rows(want_graphs)
+            .unwrap_or(1)
+            .max(if batch_off.is_none() { ubatch } else { 1 });
         // `kv_cache_bytes` counts the attention layers' caches and the DeltaNet layers'
         // recurrent states of one sequence.
         let kv = model.kv_cache_bytes() * slots as u64
             + cols_rows(want_graphs).map_or(0, |rows| DecodeBatch::vram_bytes(&c, rows))
-            + hybrid_bytes;
+            + hybrid_bytes
+            + MoeScratch::vram_bytes(&c, moe_rows);
         let mut widths = BatchWidths {
             d_model: c.d_model,
             q_dim: c.q_dim(),
@@ -531,7 +587,7 @@ impl<'m> GpuDecoder<'m> {
         let mut max_proj_bytes = 0usize;
         for i in 0..c.n_layer {
             let mut sizes = Vec::with_capacity(7);
-            for id in model.layer_tensors(i).projections() {
+            for id in model.layer_tensors(i).layer_projections() {
                 let w = &model.weights()[id];
                 widths.max_k = widths.max_k.max(w.k);
                 widths.max_weight_elems = widths.max_weight_elems.max(w.m * w.k);
@@ -568,49 +624,70 @@ impl<'m> GpuDecoder<'m> {
             ubatch,
         };
         let placement = LayerPlacement::new(layer_bytes, opts.gpu_layer_budget, &vram)?;
-        placement.check_pinned_ram(hipfire_gpu::mem_available_bytes(), opts.ram_margin_bytes)?;
         let n_spilled = placement.spilled();
+        // The experts get what the layers left, less the margin `auto` keeps.
+        let scratch = match n_spilled {
+            0 => vram.scratch_resident,
+            _ => vram.scratch_spilled,
+        };
+        let room = free_now
+            .saturating_sub(VRAM_MARGIN_BYTES + fixed + kv + scratch + placement.resident_bytes());
+        let n_expert = c.moe.as_ref().map_or(0, |m| m.n_expert);
+        let experts = ExpertPlacement::new(expert_bytes, n_expert, host_layers, n_spilled, room);
+        placement.check_pinned_ram(
+            hipfire_gpu::mem_available_bytes(),
+            opts.ram_margin_bytes,
+            experts.host_bytes(),
+        )?;
 
         let mut weights: Vec<Option<GpuWeight>> =
             (0..model.weights().len()).map(|_| None).collect();
-        let mut place = |id: usize, host: bool| -> Result<(), ModelError> {
-            if weights[id].is_some() {
-                return Ok(());
-            }
-            let w = &model.weights()[id];
-            let bytes = model.weight_bytes(w);
-            let placed = (|| -> Result<GpuWeight, GpuError> {
-                Ok(if host {
-                    let mut b = ctx.alloc_host_mapped(bytes.len())?;
-                    b.as_mut_slice().copy_from_slice(bytes);
-                    GpuWeight::Host(Arc::new(b))
-                } else {
-                    let mut b = ctx.alloc::<u8>(bytes.len())?;
-                    b.upload(&stream, bytes)?;
-                    GpuWeight::Device(b)
-                })
-            })()
-            .map_err(|e| {
-                at_step(e.into(), || {
-                    format!(
-                        "placing weight {} ({} bytes, {})",
-                        w.name,
-                        bytes.len(),
-                        if host { "pinned host memory" } else { "VRAM" }
-                    )
-                })
-            })?;
-            weights[id] = Some(placed);
-            Ok(())
-        };
+        let place =
+            |weights: &mut [Option<GpuWeight>], id: usize, host: bool| -> Result<(), ModelError> {
+                if weights[id].is_some() {
+                    return Ok(());
+                }
+                let w = &model.weights()[id];
+                let bytes = model.weight_bytes(w);
+                let placed = (|| -> Result<GpuWeight, GpuError> {
+                    Ok(if host {
+                        let mut b = ctx.alloc_host_mapped(bytes.len())?;
+                        b.as_mut_slice().copy_from_slice(bytes);
+                        GpuWeight::Host(Arc::new(b))
+                    } else {
+                        let mut b = ctx.alloc::<u8>(bytes.len())?;
+                        b.upload(&stream, bytes)?;
+                        GpuWeight::Device(b)
+                    })
+                })()
+                .map_err(|e| {
+                    at_step(e.into(), || {
+                        format!(
+                            "placing weight {} ({} bytes, {})",
+                            w.name,
+                            bytes.len(),
+                            if host { "pinned host memory" } else { "VRAM" }
+                        )
+                    })
+                })?;
+                weights[id] = Some(placed);
+                Ok(())
+            };
         let mut layers = Vec::with_capacity(c.n_layer);
         let (qd, kvd) = (c.q_dim(), c.kv_dim());
         let kv_layout = attention.layout();
         for i in 0..c.n_layer {
             let spilled = placement.is_spilled(i);
             let host = model.layer_tensors(i);
-            for id in host.projections() {
-                place(id, spilled)?;
+            for id in host.layer_projections() {
+                place(&mut weights, id, spilled)?;
+            }
+            if let Some(m) = host.ffn.moe() {
+                for e in 0..m.gate.len() {
+                    for id in m.expert(e) {
+                        place(&mut weights, id, !experts.is_resident(i, e))?;
+                    }
+                }
             }
             // Rounded up to whole 32-bit words so the zero fill covers every byte.
             let cache_len = kv_layout.alloc_bytes(ctx_len);
@@ -644,12 +721,17 @@ impl<'m> GpuDecoder<'m> {
                     cache.push(b);
                 }
             }
+            let layer_experts = match host.ffn.moe() {
+                Some(m) => Some(expert_tables(model, &ctx, &stream, &weights, m)?),
+                None => None,
+            };
             layers.push(GpuLayer {
                 t: host.map_vectors(|v| upload_f32(&ctx, &stream, v))?,
                 k_cache,
                 v_cache,
                 rec,
                 window: c.layer_window(i),
+                experts: layer_experts,
             });
         }
         let head = match model
@@ -660,7 +742,7 @@ impl<'m> GpuDecoder<'m> {
             Some(id) => id,
             None => weight_id(model, "token_embd.weight")?,
         };
-        place(head, false)?;
+        place(&mut weights, head, false)?;
         let token_embd = weight_id(model, "token_embd.weight")?;
         let output_norm = upload_f32(&ctx, &stream, model.output_norm())?;
 
@@ -702,20 +784,23 @@ impl<'m> GpuDecoder<'m> {
         stream.synchronize()?;
         // The widest call: gate + up, or q + k + v, go to the executor together; a hybrid's
         // gated query is two heads' widths a head, its DeltaNet input projections go together
-        // and its output projection reads value_dim.
+        // and its output projection reads value_dim; the shared expert's projections go to the
+        // executor too (the routed ones never do).
         let (dn_k, dn_m) = c.delta_net.as_ref().map_or((0, 0), |dn| {
             (
                 dn.value_dim(),
                 dn.conv_dim() + dn.value_dim() + 2 * dn.n_v_heads,
             )
         });
+        let sf = c.moe.as_ref().and_then(|m| m.n_ff_shared).unwrap_or(0);
         let gated_q = if c.arch.hybrid() { qd } else { 0 };
-        let max_k = c.d_model.max(c.n_ff).max(qd).max(dn_k);
+        let max_k = c.d_model.max(c.n_ff).max(qd).max(dn_k).max(sf);
         let max_m = c
             .d_model
             .max(2 * c.n_ff)
             .max(qd + gated_q + 2 * kvd)
-            .max(dn_m);
+            .max(dn_m)
+            .max(2 * sf);
         let mut offload = OffloadExecutor::new(&ctx, pool, opts.mode.clone(), max_k, max_m)?;
         offload.set_flags_tuning(opts.flags);
         // Replayed steps run the batched step's form (positions and caches read from device
@@ -750,7 +835,8 @@ impl<'m> GpuDecoder<'m> {
                     let mut order = Vec::new();
                     for (li, l) in layers[..n_spilled].iter().enumerate() {
                         let mut ws = Vec::new();
-                        for id in l.t.projections() {
+                        // The routed experts are read where they are by the ids GEMV, never staged.
+                        for id in l.t.layer_projections() {
                             if let Some(GpuWeight::Host(h)) = &weights[id] {
                                 ws.push((id, h.clone()));
                             }
@@ -805,6 +891,19 @@ impl<'m> GpuDecoder<'m> {
         } else {
             format!("{}, ctx {ctx_len}", kv_layout.cache_type.name())
         };
+        let moe = match &c.moe {
+            Some(mc) => Some(GpuMoe {
+                k: MoeKernels::new(&registry.module(&MOE_SOURCE, &[])?)?,
+                scratch: MoeScratch::new(&ctx, &c, moe_rows).map_err(|e| {
+                    at_step(e, || {
+                        format!("allocating the routed-expert scratch for {moe_rows} rows")
+                    })
+                })?,
+                gating: Gating::for_config(mc.gating)?,
+            }),
+            None => None,
+        };
+        let experts_text = experts.summary();
         let rec_text = match &c.delta_net {
             Some(_) => format!(
                 ", {} DeltaNet layers' recurrent state ({:.1} MiB a sequence)",
@@ -814,7 +913,7 @@ impl<'m> GpuDecoder<'m> {
             None => String::new(),
         };
         let summary = format!(
-            "{} on {} ({}): {} of {} layers resident ({:.2} GiB VRAM), {} spilled to pinned host memory ({:.2} GiB, offload_exec={}); embeddings, head, KV cache ({kv_text}{rec_text}, {:.2} GiB) and attention on the GPU; {prefill_text}{graph_text}",
+            "{} on {} ({}): {} of {} layers resident ({:.2} GiB VRAM), {} spilled to pinned host memory ({:.2} GiB, offload_exec={}){experts_text}; embeddings, head, KV cache ({kv_text}{rec_text}, {:.2} GiB) and attention on the GPU; {prefill_text}{graph_text}",
             c.arch.name(),
             ctx.info().name,
             ctx.info().arch,
@@ -843,6 +942,7 @@ impl<'m> GpuDecoder<'m> {
             s,
             offload,
             batch,
+            moe,
             logits: vec![0.0; vocab],
             seg_logits: vec![0.0; vocab],
             slot_pos: vec![0; slots],
@@ -1001,23 +1101,14 @@ impl<'m> GpuDecoder<'m> {
         grid: u32,
         block: u32,
         shared: u32,
-        mut args: LaunchArgs,
+        args: LaunchArgs,
     ) -> Result<(), GpuError> {
         let dims = LaunchDims {
             grid,
             block,
             shared_bytes: shared,
         };
-        let params = args.params()?;
-        // SAFETY: every caller passes parameters matching the kernel's signature in
-        // kernels/decode.cu (typed one by one in `args`, whose slots outlive the launch), over
-        // device buffers owned by `self` (alive for the launch, freed only by Drop after the
-        // stream is synchronised), with extents checked at allocation.
-        unsafe {
-            self.ctx
-                .backend()
-                .launch(f.raw(), dims, self.stream.raw(), params)
-        }
+        launch_on(&self.ctx, &self.stream, f, dims, args)
     }
 
     /// An elementwise kernel over `n` items: one thread each, [`DECODE_THREADS`] per block.
@@ -1531,6 +1622,7 @@ impl<'m> GpuDecoder<'m> {
         block::layer(
             &mut GpuStep {
                 dec: self,
+                li,
                 r,
                 x,
                 rows,
@@ -1793,6 +1885,23 @@ impl<'m> GpuDecoder<'m> {
     }
 }
 
+/// Launches `f` (a kernel of kernels/decode.cu or kernels/moe.cu) on `stream` over `dims`.
+fn launch_on(
+    ctx: &Context,
+    stream: &Stream,
+    f: &Function,
+    dims: LaunchDims,
+    mut args: LaunchArgs,
+) -> Result<(), GpuError> {
+    let params = args.params()?;
+    // SAFETY: every caller passes parameters matching the kernel's signature in
+    // kernels/decode.cu or kernels/moe.cu (typed one by one in `args`, whose slots outlive the
+    // launch), over device buffers owned by the decoder (alive for the launch, freed only by
+    // Drop after the stream is synchronised), with extents checked at allocation and the
+    // launch's grid within the rows those buffers hold.
+    unsafe { ctx.backend().launch(f.raw(), dims, stream.raw(), params) }
+}
+
 /// The rows a layer runs over ([`GpuDecoder::layer`]).
 #[derive(Debug, Clone, Copy)]
 enum LayerRows<'f> {
@@ -1849,6 +1958,8 @@ enum ActSlot {
     Ff,
     /// A hybrid model's DeltaNet output (`value_dim`).
     Value,
+    /// The shared expert's activated hidden (its width may differ from `n_ff`).
+    Shared,
 }
 
 impl Decoder for GpuDecoder<'_> {

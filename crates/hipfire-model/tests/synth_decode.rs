@@ -1360,8 +1360,8 @@ fn qwen3next_files_with_bad_fused_tensors_are_refused_by_name() {
 /// A GLM-4.5 file's keys are bounded and refused by name: more leading dense layers than
 /// decoder blocks, a gating id that is no gating function (by key) or one hipfire does not run
 /// (unsupported), a scale out of range, shared experts out of range, group-limited routing,
-/// M-RoPE sections; a selection bias of the wrong length or missing, by tensor. The GPU engine
-/// refuses the model by architecture name before touching a device.
+/// M-RoPE sections; a selection bias of the wrong length or missing, by tensor. The good file
+/// is not refused by the GPU engine (it runs glm4moe).
 #[test]
 fn glm4moe_files_with_bad_metadata_are_refused_by_name() {
     use hipfire_model::gguf::{GgufError, MetaValue, MetaValueType};
@@ -1472,8 +1472,10 @@ fn glm4moe_files_with_bad_metadata_are_refused_by_name() {
         (hipfire_model::Gating::Sigmoid, 2.5, true)
     );
     m.session().step(5).unwrap();
-    // What the GPU engine's refusal and `--device auto`'s fall-back to the CPU key on.
-    assert_eq!(c.cpu_only_layers(), Some("Mixture-of-Experts layers"));
+    // What the GPU engine's refusal and `--device auto`'s fall-back to the CPU key on: the GPU
+    // runs glm4moe (sigmoid routing with a selection bias, the ungated shared expert, the
+    // leading dense layers; gpu_moe.rs compares it with this engine).
+    assert_eq!(c.cpu_only_layers(), None);
     let pool = hipfire_exec::offload::offload_pool(1).unwrap();
     let opts = hipfire_model::gpu::GpuOptions {
         ordinal: 0,
@@ -1482,11 +1484,12 @@ fn glm4moe_files_with_bad_metadata_are_refused_by_name() {
         ram_margin_bytes: hipfire_model::gpu::DEFAULT_RAM_MARGIN_BYTES,
         flags: hipfire_exec::flags::FlagsTuning::default(),
         ubatch: hipfire_model::gpu::DEFAULT_UBATCH,
+        host_experts: hipfire_model::gpu::HostExperts::None,
     };
-    match hipfire_model::gpu::GpuDecoder::new(&m, pool, &opts) {
-        Err(ModelError::Unsupported(msg)) => assert!(msg.starts_with("glm4moe: "), "{msg}"),
-        Err(e) => panic!("wrong error {e}"),
-        Ok(_) => panic!("the GPU engine accepted a glm4moe model"),
+    // Without a GPU the decoder fails for want of one, never by refusing the model.
+    if let Err(ModelError::Unsupported(msg)) = hipfire_model::gpu::GpuDecoder::new(&m, pool, &opts)
+    {
+        panic!("the GPU engine refused a glm4moe model: {msg}");
     }
     std::fs::remove_file(&good).unwrap();
 }
@@ -1521,6 +1524,11 @@ fn gpu_decoder_refuses_gpt_oss_by_name() {
     let path = tmp("gpt-oss-gpu.gguf");
     write_synthetic(&path, &SynthSpec::tiny(Arch::GptOss), Format::Q8_0, 3, None).unwrap();
     let model = Model::load(&path, &LoadOptions::default()).unwrap();
+    // What `--device auto` keys its fall-back to the CPU on.
+    assert_eq!(
+        model.config().cpu_only_layers(),
+        Some(hipfire_model::config::GPT_OSS_CPU_ONLY)
+    );
     let opts = GpuOptions {
         ordinal: 0,
         gpu_layer_budget: None,
@@ -1528,12 +1536,20 @@ fn gpu_decoder_refuses_gpt_oss_by_name() {
         ram_margin_bytes: DEFAULT_RAM_MARGIN_BYTES,
         flags: hipfire_exec::flags::FlagsTuning::default(),
         ubatch: DEFAULT_UBATCH,
+        host_experts: hipfire_model::gpu::HostExperts::None,
     };
     let pool = hipfire_exec::offload::offload_pool(1).unwrap();
     match GpuDecoder::new(&model, pool, &opts) {
         Err(hipfire_model::ModelError::Unsupported(m)) => {
             assert!(
-                m.starts_with("gpt-oss:") && m.contains("attention sinks"),
+                m.starts_with("gpt-oss:")
+                    && [
+                        "attention sinks",
+                        "biased routers and experts",
+                        "swiglu_oai"
+                    ]
+                    .iter()
+                    .all(|w| m.contains(w)),
                 "{m}"
             )
         }

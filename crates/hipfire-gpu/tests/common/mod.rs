@@ -1,4 +1,5 @@
-//! Shared pieces of the GPU test tier: device 0 (a failure without one), seeded random weights in every format, and an
+//! Shared pieces of the GPU test tier: device 0 (a failure without one), weight bytes placed in
+//! VRAM or pinned host memory, seeded random weights in every format, and an
 //! independent f64 dequantiser written from ggml's `dequantize_row_*` (ggml/src/ggml-quants.c).
 #![allow(dead_code)]
 // The reference dequantisers keep ggml's index loops so they can be read side by side with it.
@@ -7,7 +8,7 @@
 pub mod dequant;
 
 use half::{bf16, f16};
-use hipfire_gpu::{Context, GemvForm};
+use hipfire_gpu::{Context, DeviceBuffer, DeviceMemory, GemvForm, HostMappedBuffer, Stream};
 use hipfire_quant::Format;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -17,6 +18,35 @@ use std::sync::Arc;
 /// for (`--ignored`); a machine without a usable GPU is then a failure, with the reason.
 pub fn gpu() -> Arc<Context> {
     Context::new(0).unwrap_or_else(|e| panic!("GPU tier: no usable GPU: {e}"))
+}
+
+/// Bytes (a weight, an expert) in one of the two memories the GEMV reads: VRAM or pinned,
+/// host-mapped memory.
+pub enum Placed {
+    Device(DeviceBuffer<u8>),
+    Host(HostMappedBuffer),
+}
+
+impl Placed {
+    pub fn mem(&self) -> &dyn DeviceMemory {
+        match self {
+            Placed::Device(b) => b,
+            Placed::Host(b) => b,
+        }
+    }
+}
+
+/// `bytes` copied into pinned host memory (`host`) or uploaded to VRAM.
+pub fn place(ctx: &Arc<Context>, stream: &Stream, bytes: &[u8], host: bool) -> Placed {
+    if host {
+        let mut b = ctx.alloc_host_mapped(bytes.len()).expect("pinned alloc");
+        b.as_mut_slice().copy_from_slice(bytes);
+        Placed::Host(b)
+    } else {
+        let mut b = ctx.alloc::<u8>(bytes.len()).expect("device alloc");
+        b.upload(stream, bytes).expect("upload");
+        Placed::Device(b)
+    }
 }
 
 pub fn rng(seed: u64) -> ChaCha8Rng {

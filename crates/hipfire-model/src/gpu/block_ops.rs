@@ -14,6 +14,8 @@ use crate::ModelError;
 /// residual stream starts (`x`, a micro-batch's rows inside the step's) and what the rows are.
 pub(super) struct GpuStep<'d, 'm, 'r> {
     pub(super) dec: &'d mut GpuDecoder<'m>,
+    /// The layer the rows run through (its routed experts' tables).
+    pub(super) li: usize,
     pub(super) r: &'r StepRows,
     pub(super) x: u64,
     pub(super) rows: LayerRows<'r>,
@@ -148,10 +150,7 @@ impl BlockOps for GpuStep<'_, '_, '_> {
         self.dec.delta_net_rows(li, t, self.r, self.x, self.rows)
     }
 
-    fn moe(&mut self, _: &MoeTensors<usize, u64>) -> Result<(), ModelError> {
-        // `GpuDecoder::with_slots` refuses routed models before a step can reach here.
-        Err(ModelError::Unsupported(
-            "the GPU engine does not run Mixture-of-Experts layers".into(),
-        ))
+    fn moe(&mut self, t: &MoeTensors<usize, u64>) -> Result<(), ModelError> {
+        self.dec.moe_rows(self.li, self.r, self.x, self.rows, t)
     }
 }

@@ -47,6 +47,8 @@ pub(super) struct StepActs {
     pub(super) act_ff: Activation,
     /// A hybrid model's DeltaNet output (`value_dim`), the input of `ssm_out`.
     pub(super) act_value: Option<Activation>,
+    /// The shared expert's hidden (`n_ff_shared` wide), for a model with one.
+    pub(super) act_shared: Option<Activation>,
     pub(super) stage_x: HostMappedBuffer,
     pub(super) stage_logits: HostMappedBuffer,
 }
@@ -76,6 +78,10 @@ impl StepActs {
                 Some(dn) => Some(Activation::with_columns(ctx, dn.value_dim(), rows)?),
                 None => None,
             },
+            act_shared: match shared_width(c) {
+                0 => None,
+                sf => Some(Activation::with_columns(ctx, sf, rows)?),
+            },
             stage_x: ctx.alloc_pinned_host(rows * d * 4)?,
             stage_logits: ctx.alloc_pinned_host(rows * c.vocab * 4)?,
         })
@@ -86,7 +92,7 @@ impl StepActs {
         let f32s = rows * (3 * c.d_model + 3 * c.q_dim() + 2 * c.kv_dim() + 2 * c.n_ff + c.vocab);
         // Activations: an f32 copy and int8 values per element, a (d, s) f32 pair per 32.
         let value = c.delta_net.as_ref().map_or(0, |dn| dn.value_dim());
-        let elems = rows * (c.d_model + c.q_dim() + c.n_ff + value);
+        let elems = rows * (c.d_model + c.q_dim() + c.n_ff + value + shared_width(c));
         let act = elems * (4 + 1) + elems.div_ceil(32) * 8;
         (f32s * 4 + act) as u64
     }
@@ -97,6 +103,7 @@ impl StepActs {
             ActSlot::Q => Ok(&self.act_q),
             ActSlot::Ff => Ok(&self.act_ff),
             ActSlot::Value => self.act_value.as_ref().ok_or_else(no_value_act),
+            ActSlot::Shared => self.act_shared.as_ref().ok_or_else(no_shared),
         }
     }
 
@@ -106,7 +113,21 @@ impl StepActs {
             ActSlot::Q => Ok(&mut self.act_q),
             ActSlot::Ff => Ok(&mut self.act_ff),
             ActSlot::Value => self.act_value.as_mut().ok_or_else(no_value_act),
+            ActSlot::Shared => self.act_shared.as_mut().ok_or_else(no_shared),
         }
+    }
+}
+
+/// Width of the model's shared expert, 0 where it has none.
+fn shared_width(c: &ModelConfig) -> usize {
+    c.moe.as_ref().and_then(|m| m.n_ff_shared).unwrap_or(0)
+}
+
+/// A projection of the shared expert's hidden in a model without one (a broken invariant).
+fn no_shared() -> ModelError {
+    ModelError::Backend {
+        backend: "gpu",
+        message: "a shared-expert projection in a model without a shared expert".into(),
     }
 }
 

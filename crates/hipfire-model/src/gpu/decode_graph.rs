@@ -108,14 +108,20 @@ impl<G> DecodeGraphs<G> {
 impl GpuDecoder<'_> {
     /// Turns the replay of captured decode steps on or off; returns whether it is on. It is on
     /// from the start unless [`DISABLE_GRAPHS_ENV`] is set, and cannot be turned on with
-    /// spilled layers (their steps need the host between kernels) or on a decoder built with
+    /// spilled layers (their steps need the host between kernels; routed experts in host
+    /// memory do not count) or on a decoder built with
     /// graphs off, one slot and no batched prefill (no multi-column scratch). Off drops every
     /// captured step.
     pub fn set_graphs(&mut self, on: bool) -> bool {
-        let spilled = self
-            .weights
-            .iter()
-            .any(|w| matches!(w, Some(GpuWeight::Host(_))));
+        // Layers whose projections the planner splits with the CPU; routed experts in host
+        // memory are read by the GPU alone (zero-copy), with no host step between kernels.
+        let spilled = (0..self.model.config().n_layer).any(|i| {
+            self.model
+                .layer_tensors(i)
+                .layer_projections()
+                .into_iter()
+                .any(|id| matches!(self.weights[id], Some(GpuWeight::Host(_))))
+        });
         if !on || spilled || self.decode_batch.is_none() || !self.ctx.backend().has_graphs() {
             self.graphs = None;
         } else if self.graphs.is_none() {

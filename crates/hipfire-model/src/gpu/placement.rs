@@ -135,26 +135,34 @@ impl LayerPlacement {
     /// of host RAM: pinned pages cannot be reclaimed, so the load is refused up front rather
     /// than stalling the host. `available` is `MemAvailable` (`None` where it cannot be read,
     /// which skips the check).
+    /// `host_experts` is the routed experts' bytes kept in pinned host memory
+    /// ([`ExpertPlacement::host_bytes`]), pinned beside the spilled layers.
     pub(crate) fn check_pinned_ram(
         &self,
         available: Option<u64>,
         margin: u64,
+        host_experts: u64,
     ) -> Result<(), ModelError> {
         let Some(avail) = available else {
             return Ok(());
         };
         let (n_spilled, spilled_bytes) = (self.n_spilled, self.spilled_bytes());
-        if spilled_bytes + margin > avail {
+        let pinned = spilled_bytes + host_experts;
+        if pinned + margin > avail {
+            let experts = match host_experts {
+                0 => String::new(),
+                b => format!(" and routed experts ({:.2} GiB)", gib(b)),
+            };
             return Err(ModelError::OutOfMemory {
                 memory: "RAM",
                 what: format!(
-                    "pinning {n_spilled} spilled layers ({:.2} GiB) plus the {:.1} GiB margin (memory.ram_margin_mib)",
+                    "pinning {n_spilled} spilled layers ({:.2} GiB){experts} plus the {:.1} GiB margin (memory.ram_margin_mib)",
                     gib(spilled_bytes),
                     gib(margin)
                 ),
-                need: spilled_bytes + margin,
+                need: pinned + margin,
                 free: avail,
-                hint: "raise memory.gpu_layer_budget or lower the margin",
+                hint: "raise memory.gpu_layer_budget, keep fewer experts on the host (--n-cpu-moe) or lower the margin",
             });
         }
         Ok(())
@@ -188,6 +196,146 @@ impl LayerPlacement {
     /// Bytes of the resident layers' projections.
     pub(crate) fn resident_bytes(&self) -> u64 {
         self.layer_bytes[self.n_spilled..].iter().sum()
+    }
+}
+
+/// Which layers' routed experts stay in pinned host memory whatever VRAM is free (llama.cpp's
+/// spellings: `--cpu-moe`, `--n-cpu-moe N`). The others' go to VRAM while it allows
+/// ([`ExpertPlacement`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HostExperts {
+    /// None forced: experts are resident while VRAM allows.
+    #[default]
+    None,
+    /// The experts of the first `n` layers (`--n-cpu-moe n`).
+    FirstLayers(usize),
+    /// Every layer's experts (`--cpu-moe`).
+    All,
+}
+
+impl HostExperts {
+    /// Leading layers of a model of `n_layer` layers whose experts this keeps on the host;
+    /// refuses a request on a model without experts (`has_experts` false) and more layers than
+    /// the model has.
+    pub fn host_layers(self, n_layer: usize, has_experts: bool) -> Result<usize, ModelError> {
+        let (n, flag) = match self {
+            HostExperts::None => return Ok(0),
+            HostExperts::FirstLayers(n) => (n, format!("--n-cpu-moe {n}")),
+            HostExperts::All => (n_layer, "--cpu-moe".to_string()),
+        };
+        if !has_experts {
+            return Err(ModelError::InvalidOption(format!(
+                "{flag}: the model has no routed experts (it is not a Mixture-of-Experts model)"
+            )));
+        }
+        if n > n_layer {
+            return Err(ModelError::InvalidOption(format!(
+                "{flag}: the model has {n_layer} layers (give at most {n_layer}, or --cpu-moe \
+                 for every layer's experts)"
+            )));
+        }
+        Ok(n)
+    }
+}
+
+/// Where each layer's routed experts live: experts `0..resident(li)` of layer `li` in VRAM, the
+/// others in pinned host memory, read there by the GPU's ids GEMV over PCIe (zero-copy). Experts
+/// are placed apart from the layer planner ([`LayerPlacement`] counts the rest of each layer):
+/// one expert at a time through it would cost a copy and a host sync per expert.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ExpertPlacement {
+    /// Bytes of one expert (gate + up + down) per layer; 0 for a dense layer.
+    expert_bytes: Vec<u64>,
+    /// Experts per routed layer.
+    n_expert: usize,
+    /// Experts of each layer kept in VRAM (the lowest ids).
+    resident: Vec<usize>,
+}
+
+impl ExpertPlacement {
+    /// Places `n_expert` experts of `expert_bytes[li]` bytes each per layer. The experts of the
+    /// first `host_layers` layers and of the first `spilled` layers (whose other weights spill)
+    /// stay on the host; the others fill `room` bytes of VRAM from the last layer backwards, as
+    /// many of each layer's experts as fit (lowest ids first), the rest on the host.
+    pub(crate) fn new(
+        expert_bytes: Vec<u64>,
+        n_expert: usize,
+        host_layers: usize,
+        spilled: usize,
+        room: u64,
+    ) -> ExpertPlacement {
+        let n_layer = expert_bytes.len();
+        let first_gpu = host_layers.max(spilled).min(n_layer);
+        let mut resident = vec![0usize; n_layer];
+        let mut left = room;
+        for li in (first_gpu..n_layer).rev() {
+            let eb = expert_bytes[li];
+            if eb == 0 {
+                continue;
+            }
+            let fit = (left / eb).min(n_expert as u64) as usize;
+            resident[li] = fit;
+            left -= fit as u64 * eb;
+            if fit < n_expert {
+                break;
+            }
+        }
+        ExpertPlacement {
+            expert_bytes,
+            n_expert,
+            resident,
+        }
+    }
+
+    /// Whether expert `e` of layer `li` lives in VRAM.
+    pub(crate) fn is_resident(&self, li: usize, e: usize) -> bool {
+        self.resident.get(li).is_some_and(|&r| e < r)
+    }
+
+    /// Bytes of the experts in VRAM.
+    pub(crate) fn resident_bytes(&self) -> u64 {
+        self.expert_bytes
+            .iter()
+            .zip(&self.resident)
+            .map(|(&b, &r)| b * r as u64)
+            .sum()
+    }
+
+    /// Bytes of the experts in pinned host memory.
+    pub(crate) fn host_bytes(&self) -> u64 {
+        self.expert_bytes
+            .iter()
+            .zip(&self.resident)
+            .map(|(&b, &r)| b * (self.n_expert - r) as u64)
+            .sum()
+    }
+
+    /// One phrase for the placement line: experts resident of all, and the per-layer counts
+    /// where they differ (`""` for a dense model).
+    pub(crate) fn summary(&self) -> String {
+        let routed: Vec<usize> = (0..self.resident.len())
+            .filter(|&li| self.expert_bytes[li] > 0)
+            .collect();
+        if routed.is_empty() {
+            return String::new();
+        }
+        let total = routed.len() * self.n_expert;
+        let resident: usize = routed.iter().map(|&li| self.resident[li]).sum();
+        let per_layer = if resident == 0 || resident == total {
+            String::new()
+        } else {
+            let counts: Vec<String> = routed
+                .iter()
+                .map(|&li| self.resident[li].to_string())
+                .collect();
+            format!(" (per layer: {})", counts.join(" "))
+        };
+        format!(
+            "; routed experts {resident} of {total} in VRAM ({:.2} GiB), {} in pinned host memory ({:.2} GiB, read over PCIe){per_layer}",
+            gib(self.resident_bytes()),
+            total - resident,
+            gib(self.host_bytes())
+        )
     }
 }
 
@@ -336,6 +484,123 @@ mod tests {
         assert!(!hint.contains("gpu_layer_budget"), "{hint}");
     }
 
+    /// Expert bytes of a 4-layer routed model: 8 experts a layer of 3 MiB + a little each.
+    fn experts_of(n_layer: usize) -> Vec<u64> {
+        vec![3 * MIB + 777; n_layer]
+    }
+
+    #[test]
+    fn experts_fill_vram_from_the_last_layer_backwards_expert_by_expert() {
+        let eb = experts_of(4);
+        let one = eb[0];
+        // Room for 8 + 8 + 3 experts (and a bit): layers 3 and 2 whole, 3 of layer 1, none of 0.
+        let p = ExpertPlacement::new(eb.clone(), 8, 0, 0, 19 * one + one / 2);
+        assert!((0..8).all(|e| p.is_resident(3, e) && p.is_resident(2, e)));
+        assert!((0..3).all(|e| p.is_resident(1, e)));
+        assert!((3..8).all(|e| !p.is_resident(1, e)));
+        assert!((0..8).all(|e| !p.is_resident(0, e)));
+        assert_eq!(p.resident_bytes(), 19 * one);
+        assert_eq!(p.host_bytes(), 13 * one);
+        assert_eq!(p.resident_bytes() + p.host_bytes(), 32 * one);
+        let s = p.summary();
+        assert!(s.contains("routed experts 19 of 32 in VRAM"), "{s}");
+        assert!(s.contains("13 in pinned host memory"), "{s}");
+        assert!(s.contains("(per layer: 0 3 8 8)"), "{s}");
+        // Plenty of room: everything resident, no per-layer list.
+        let all = ExpertPlacement::new(eb.clone(), 8, 0, 0, u64::MAX);
+        assert_eq!((all.resident_bytes(), all.host_bytes()), (32 * one, 0));
+        assert!(!all.summary().contains("per layer"));
+        // No room: everything on the host.
+        let none = ExpertPlacement::new(eb, 8, 0, 0, one - 1);
+        assert_eq!((none.resident_bytes(), none.host_bytes()), (0, 32 * one));
+    }
+
+    #[test]
+    fn host_layers_and_spilled_layers_keep_their_experts_on_the_host() {
+        let eb = experts_of(4);
+        let one = eb[0];
+        // --n-cpu-moe 2 with room for everything: layers 0 and 1 on the host.
+        let p = ExpertPlacement::new(eb.clone(), 8, 2, 0, u64::MAX);
+        assert!((0..8).all(|e| !p.is_resident(0, e) && !p.is_resident(1, e)));
+        assert!((0..8).all(|e| p.is_resident(2, e) && p.is_resident(3, e)));
+        assert_eq!(p.host_bytes(), 16 * one);
+        // A spilled layer's experts follow it, whatever --n-cpu-moe says.
+        let p = ExpertPlacement::new(eb.clone(), 8, 1, 3, u64::MAX);
+        assert_eq!(p.resident_bytes(), 8 * one);
+        assert!(p.is_resident(3, 7) && !p.is_resident(2, 0));
+        // --cpu-moe: every layer.
+        let p = ExpertPlacement::new(eb, 8, 4, 0, u64::MAX);
+        assert_eq!(p.resident_bytes(), 0);
+        // A dense model has no experts to place and says nothing.
+        let dense = ExpertPlacement::new(vec![0; 4], 0, 0, 0, u64::MAX);
+        assert_eq!((dense.resident_bytes(), dense.host_bytes()), (0, 0));
+        assert_eq!(dense.summary(), "");
+    }
+
+    /// GLM-4.5's leading dense layers have no experts: they take no room, hold nothing on the
+    /// host, and the summary's per-layer list names the routed layers alone. `--n-cpu-moe`
+    /// counts layers, dense ones included (llama.cpp's `blk.0..N-1`).
+    #[test]
+    fn leading_dense_layers_have_no_experts_to_place() {
+        let mut eb = experts_of(4);
+        eb[0] = 0;
+        let one = eb[1];
+        // Room for 8 + 3: layer 3 whole, 3 of layer 2, none of 1, layer 0 nothing to place.
+        let p = ExpertPlacement::new(eb.clone(), 8, 0, 0, 11 * one + one / 2);
+        assert!((0..8).all(|e| p.is_resident(3, e)));
+        assert!((0..3).all(|e| p.is_resident(2, e)) && !p.is_resident(2, 3));
+        assert!(!p.is_resident(1, 0) && !p.is_resident(0, 0));
+        assert_eq!((p.resident_bytes(), p.host_bytes()), (11 * one, 13 * one));
+        let s = p.summary();
+        assert!(s.contains("routed experts 11 of 24 in VRAM"), "{s}");
+        assert!(s.contains("(per layer: 0 3 8)"), "{s}");
+        // --n-cpu-moe 1 names only the dense layer: every expert stays resident.
+        let p = ExpertPlacement::new(eb.clone(), 8, 1, 0, u64::MAX);
+        assert_eq!((p.resident_bytes(), p.host_bytes()), (24 * one, 0));
+        // --n-cpu-moe 2: the first routed layer's experts on the host.
+        let p = ExpertPlacement::new(eb, 8, 2, 0, u64::MAX);
+        assert_eq!((p.resident_bytes(), p.host_bytes()), (16 * one, 8 * one));
+        assert!(!p.is_resident(1, 0) && p.is_resident(2, 0));
+    }
+
+    #[test]
+    fn host_experts_requests_are_checked_against_the_model() {
+        assert_eq!(HostExperts::None.host_layers(4, false).unwrap(), 0);
+        assert_eq!(HostExperts::None.host_layers(4, true).unwrap(), 0);
+        assert_eq!(HostExperts::All.host_layers(4, true).unwrap(), 4);
+        assert_eq!(HostExperts::FirstLayers(3).host_layers(4, true).unwrap(), 3);
+        assert_eq!(HostExperts::FirstLayers(4).host_layers(4, true).unwrap(), 4);
+        let msg = |r: Result<usize, ModelError>| match r {
+            Err(ModelError::InvalidOption(m)) => m,
+            other => panic!("expected InvalidOption, got {other:?}"),
+        };
+        let m = msg(HostExperts::FirstLayers(5).host_layers(4, true));
+        assert!(m.contains("--n-cpu-moe 5") && m.contains("4 layers"), "{m}");
+        let m = msg(HostExperts::All.host_layers(4, false));
+        assert!(
+            m.contains("--cpu-moe") && m.contains("no routed experts"),
+            "{m}"
+        );
+        let m = msg(HostExperts::FirstLayers(1).host_layers(4, false));
+        assert!(m.contains("--n-cpu-moe 1"), "{m}");
+    }
+
+    #[test]
+    fn pinned_ram_counts_the_experts_kept_on_the_host() {
+        let lb = layers();
+        let p = LayerPlacement::new(lb.clone(), Some(6), &vram(24 * GIB)).unwrap();
+        let spilled: u64 = lb[..2].iter().sum();
+        let (margin, experts) = (4 * GIB, 5 * GIB + 3);
+        p.check_pinned_ram(Some(spilled + experts + margin), margin, experts)
+            .unwrap();
+        let avail = spilled + experts + margin - 1;
+        let (_, what, need, _, _) = oom(p
+            .check_pinned_ram(Some(avail), margin, experts)
+            .unwrap_err());
+        assert_eq!(need, spilled + experts + margin);
+        assert!(what.contains("and routed experts (5.00 GiB)"), "{what}");
+    }
+
     #[test]
     fn pinned_ram_is_checked_against_the_spilled_bytes_and_margin() {
         let lb = layers();
@@ -343,18 +608,19 @@ mod tests {
         let spilled: u64 = lb[..6].iter().sum();
         let margin = 4 * GIB;
         // Exactly enough passes; unreadable MemAvailable skips the check.
-        p.check_pinned_ram(Some(spilled + margin), margin).unwrap();
-        p.check_pinned_ram(None, margin).unwrap();
+        p.check_pinned_ram(Some(spilled + margin), margin, 0)
+            .unwrap();
+        p.check_pinned_ram(None, margin, 0).unwrap();
         let avail = spilled + margin - 1;
         let (memory, what, need, free, hint) =
-            oom(p.check_pinned_ram(Some(avail), margin).unwrap_err());
+            oom(p.check_pinned_ram(Some(avail), margin, 0).unwrap_err());
         assert_eq!(memory, "RAM");
         assert_eq!((need, free), (spilled + margin, avail));
         assert!(what.starts_with("pinning 6 spilled layers ("), "{what}");
         assert!(what.contains("plus the 4.0 GiB margin"), "{what}");
-        assert_eq!(hint, "raise memory.gpu_layer_budget or lower the margin");
+        assert!(hint.starts_with("raise memory.gpu_layer_budget"), "{hint}");
         // Nothing spilled pins nothing: only the margin has to fit.
         let all = LayerPlacement::new(lb, Some(8), &vram(24 * GIB)).unwrap();
-        all.check_pinned_ram(Some(margin), margin).unwrap();
+        all.check_pinned_ram(Some(margin), margin, 0).unwrap();
     }
 }

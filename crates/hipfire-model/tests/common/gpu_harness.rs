@@ -40,13 +40,24 @@ pub fn launch_kernel(
     stream: &Stream,
     name: &str,
     (grid, block): (u32, u32),
+    args: LaunchArgs,
+) {
+    launch_kernel_shared(module, stream, name, (grid, block, 0), args)
+}
+
+/// As [`launch_kernel`] with `shared` bytes of dynamic shared memory.
+pub fn launch_kernel_shared(
+    module: &Arc<Module>,
+    stream: &Stream,
+    name: &str,
+    (grid, block, shared): (u32, u32, u32),
     mut args: LaunchArgs,
 ) {
     let f = module.function(name).expect("kernel");
     let dims = LaunchDims {
         grid,
         block,
-        shared_bytes: 0,
+        shared_bytes: shared,
     };
     let params = args.params().expect("within the launch slots");
     // SAFETY: each caller passes the kernel's parameters in its signature's order and types
@@ -96,6 +107,7 @@ pub fn gpu_options(
         ram_margin_bytes: hipfire_model::gpu::DEFAULT_RAM_MARGIN_BYTES,
         flags,
         ubatch,
+        host_experts: hipfire_model::gpu::HostExperts::None,
     }
 }
 
