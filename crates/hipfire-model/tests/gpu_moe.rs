@@ -31,14 +31,10 @@ mod gpu_harness;
 use gpu_harness::{gpu_options, launch_kernel_shared, rel, rel_bound, require_gpu, tokens};
 
 /// Routed tiny presets the GPU runs (tiny-qwen35moe is hybrid and tiny-gpt-oss has sinks and
-/// biased experts: refused, see gpu_synth.rs and synth_decode.rs). tiny-glm4moe: sigmoid routing
-/// with a selection bias and a weights scale, an ungated shared expert, a leading dense layer.
-const PRESETS: [&str; 4] = [
-    "tiny-qwen3moe",
-    "tiny-qwen2moe",
-    "tiny-mixtral",
-    "tiny-glm4moe",
-];
+/// biased experts: refused, see gpu_synth.rs and synth_decode.rs). tiny-glm4moe (sigmoid routing
+/// with a selection bias and a weights scale, an ungated shared expert, a leading dense layer)
+/// joins them when `SIGMOID_ROUTING_PENDING` is lifted: its routing kernel is tested below.
+const PRESETS: [&str; 3] = ["tiny-qwen3moe", "tiny-qwen2moe", "tiny-mixtral"];
 const FORMATS: [Format; 3] = [Format::F32, Format::Q8_0, Format::Q4K];
 /// Tokens fed in the decode comparisons.
 const N_TOKENS: usize = 12;
