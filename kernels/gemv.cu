@@ -895,7 +895,8 @@ HF_GEMV_FORMATS(HF_GEMV_FORMAT)
                                            hf_u64 xstride, float* __restrict__ y, hf_u64 ldy,          \
                                            int nrows, int nblocks) {                                   \
         const int pair = pair0 + (int)(blockIdx.x / rblocks);                                           \
-        const int e = min(max(ids[pair], 0), n_experts - 1);                                            \
+        const int id = ids[pair];                                                                       \
+        const int e = id < 0 ? 0 : (id >= n_experts ? n_experts - 1 : id); /* g++ host harness: no min */ \
         const hf_u64 col = col_per_pair ? (hf_u64)pair : (hf_u64)(pair / n_used);                       \
         const hf_u64 xo = col * xstride;                                                                \
         hf_gemv<T, LT, RES>((const hf_u8*)experts[e], row_bytes,                                        \
