@@ -53,18 +53,6 @@ fn launch(module: &Arc<Module>, stream: &Stream, name: &str, grid: u32, args: La
     gpu_harness::launch_kernel(module, stream, name, (grid, THREADS), args);
 }
 
-fn worst(got: &[f32], want: &[f64]) -> f64 {
-    assert_eq!(got.len(), want.len());
-    got.iter().zip(want).fold(0f64, |m, (&g, &w)| {
-        let d = (f64::from(g) - w).abs() / w.abs().max(1.0);
-        if d.is_nan() {
-            f64::INFINITY
-        } else {
-            m.max(d)
-        }
-    })
-}
-
 fn gelu_tanh_f64(x: f64) -> f64 {
     0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
 }
@@ -103,12 +91,12 @@ fn gemma_kernels_match_f64_on_the_gpu() {
         .zip(&u)
         .map(|(&a, &b)| gelu_tanh_f64(f64::from(a)) * f64::from(b))
         .collect();
-    let e = worst(&down(&ob, n), &want);
+    let e = gpu_harness::worst(&down(&ob, n), &want);
     assert!(e < REL_BOUND, "geglu_f32: {e:e}");
     // And the CPU path's GeGLU, which the decoder's output must match.
     let mut cpu = g.clone();
     hipfire_model::ops::geglu_tanh(&mut cpu, &u);
-    let e = worst(&cpu, &want);
+    let e = gpu_harness::worst(&cpu, &want);
     assert!(e < REL_BOUND, "ops::geglu_tanh: {e:e}");
 
     // Embedding scale √640 and soft-cap 30 in place.
@@ -126,7 +114,7 @@ fn gemma_kernels_match_f64_on_the_gpu() {
         let args = LaunchArgs::new().buf(&xb).f32(arg).i32(n as i32);
         launch(&module, &stream, name, grid(n), args);
         let want: Vec<f64> = x.iter().map(|&v| f(f64::from(v), f64::from(arg))).collect();
-        let e = worst(&down(&xb, n), &want);
+        let e = gpu_harness::worst(&down(&xb, n), &want);
         assert!(e < REL_BOUND, "{name}: {e:e}");
     }
 
@@ -158,6 +146,6 @@ fn gemma_kernels_match_f64_on_the_gpu() {
                 .map(move |(i, (&a, &b))| f64::from(b) + f64::from(a) * inv * f64::from(w[i]))
         })
         .collect();
-    let e = worst(&down(&yb, rows * d), &want);
+    let e = gpu_harness::worst(&down(&yb, rows * d), &want);
     assert!(e < REL_BOUND, "rms_norm_add_f32: {e:e}");
 }

@@ -227,19 +227,6 @@ fn rand_vec(r: &mut ChaCha8Rng, n: usize, lo: f32, hi: f32) -> Vec<f32> {
     (0..n).map(|_| r.random_range(lo..hi)).collect()
 }
 
-/// max |got − want| / max(|want|, 1); NaN counts as infinitely far.
-fn worst(got: &[f32], want: &[f64]) -> f64 {
-    assert_eq!(got.len(), want.len());
-    got.iter().zip(want).fold(0f64, |m, (&g, &w)| {
-        let d = (f64::from(g) - w).abs() / w.abs().max(1.0);
-        if d.is_nan() {
-            f64::INFINITY
-        } else {
-            m.max(d)
-        }
-    })
-}
-
 fn widen(v: &[f32]) -> Vec<f64> {
     v.iter().map(|&x| f64::from(x)).collect()
 }
@@ -326,12 +313,15 @@ fn conv_rule_norm_case(dev: &Dev, sh: Shape, n_seq: usize, t: usize, seed: u64) 
         .i32(t as i32)
         .i32(bps as i32);
     dev.launch("dn_conv_silu_f32", bps * n_seq as u32, THREADS, args);
-    check("conv", worst(&dev.down(&qkv, rows * cd), &want_conv));
+    check(
+        "conv",
+        gpu_harness::worst(&dev.down(&qkv, rows * cd), &want_conv),
+    );
     for (s, b) in state_bufs.iter().enumerate() {
         let got = dev.down(b, sh.state_len());
         check(
             &format!("conv window of sequence {s}"),
-            worst(&got[..window], &want_states[s][..window]),
+            gpu_harness::worst(&got[..window], &want_states[s][..window]),
         );
     }
     let (beta_b, alpha_b, dt_b, a_b) =
@@ -356,12 +346,15 @@ fn conv_rule_norm_case(dev: &Dev, sh: Shape, n_seq: usize, t: usize, seed: u64) 
         .f32(EPS)
         .i32(bps as i32);
     dev.launch("dn_rule_f32", bps * n_seq as u32, RULE_THREADS, args);
-    check("rule output", worst(&dev.down(&o, rows * vd), &want_o));
+    check(
+        "rule output",
+        gpu_harness::worst(&dev.down(&o, rows * vd), &want_o),
+    );
     for (s, b) in state_bufs.iter().enumerate() {
         let got = dev.down(b, sh.state_len());
         check(
             &format!("state of sequence {s}"),
-            worst(&got, &want_states[s]),
+            gpu_harness::worst(&got, &want_states[s]),
         );
     }
     let (w_b, z_b) = (dev.up(&norm_w), dev.up(&z));
@@ -379,7 +372,10 @@ fn conv_rule_norm_case(dev: &Dev, sh: Shape, n_seq: usize, t: usize, seed: u64) 
         RULE_THREADS,
         args,
     );
-    check("gated norm", worst(&dev.down(&o, rows * vd), &want_norm));
+    check(
+        "gated norm",
+        gpu_harness::worst(&dev.down(&o, rows * vd), &want_norm),
+    );
     fails
 }
 
@@ -536,7 +532,7 @@ fn hybrid_split_and_gate_kernels_place_every_value() {
         .i32(qd as i32)
         .i32(n as i32);
     dev.launch("ga_gate_f32", grid, THREADS, args);
-    let e = worst(&dev.down(&attb, n), &want_att);
+    let e = gpu_harness::worst(&dev.down(&attb, n), &want_att);
     assert!(e < KERNEL_BOUND, "ga_gate: {e:e}");
 }
 

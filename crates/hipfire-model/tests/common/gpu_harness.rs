@@ -165,6 +165,20 @@ pub fn rel(a: &[f32], b: &[f32]) -> f64 {
     })
 }
 
+/// A kernel's output against its f64 reference: max |got − want| / max(|want|, 1); NaN counts
+/// as infinitely far.
+pub fn worst(got: &[f32], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    got.iter().zip(want).fold(0f64, |m, (&g, &w)| {
+        let d = (f64::from(g) - w).abs() / w.abs().max(1.0);
+        if d.is_nan() {
+            f64::INFINITY
+        } else {
+            m.max(d)
+        }
+    })
+}
+
 /// max over positions of [`rel`].
 pub fn max_rel(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
     a.iter().zip(b).map(|(x, y)| rel(x, y)).fold(0.0, f64::max)
